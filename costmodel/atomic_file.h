@@ -1,0 +1,18 @@
+// Crash-safe file output: every file the project writes goes through write_file_atomically().
+//
+// The content is written to a temporary file in the destination's folder, flushed to disk
+// (fsync), and renamed over the destination, so a reader sees either the old file or the new
+// one, never a half-written file, even if the writer is killed mid-write. Safe to call from
+// several threads for different destinations.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace oom {
+
+// Writes `content` to `path` atomically. On failure throws std::runtime_error naming the path
+// and the system error, removes its temporary file, and leaves an existing `path` untouched.
+void write_file_atomically(const std::string& path, std::string_view content);
+
+}  // namespace oom

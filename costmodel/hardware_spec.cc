@@ -1,0 +1,120 @@
+#include "costmodel/hardware_spec.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "costmodel/config_paths.h"
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+namespace {
+
+constexpr double kMaxRate = 1e18;
+constexpr double kMaxGib = 1 << 24;  // 16 PiB
+
+}  // namespace
+
+HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& file) {
+  const JsonReader r(j, file);
+  HardwareSpec h;
+  h.name = r.string("name");
+  h.description = r.string_or("description", "");
+  h.nodes = static_cast<int>(r.integer_or("nodes", 1, 1, 65536));
+
+  const JsonReader g = r.object("gpu");
+  h.gpu.name = g.string("name");
+  h.gpus_per_node = static_cast<int>(g.integer("count", 1, 1024));
+  h.gpu.hbm_bytes = from_gib(g.number("hbm_gib", 0.001, kMaxGib));
+  h.gpu.bf16_flops_per_s = g.number("bf16_flops", 1e9, kMaxRate);
+  h.gpu.hbm_Bps = g.number("hbm_Bps", 1e6, kMaxRate);
+
+  const JsonReader p = r.object("pcie");
+  h.pcie.generation = static_cast<int>(p.integer("generation", 1, 16));
+  h.pcie.h2d_Bps = p.number("h2d_Bps", 1e6, kMaxRate);
+  h.pcie.d2h_Bps = p.number("d2h_Bps", 1e6, kMaxRate);
+  h.pcie.latency_s = p.number("latency_s", 0.0, 1.0);
+
+  const JsonReader f = r.object("fabric");
+  h.fabric.kind = f.one_of("kind", {"nvlink", "pcie_peer"}) == "nvlink" ? FabricKind::kNvlink : FabricKind::kPciePeer;
+  h.fabric.per_gpu_Bps = f.number("per_gpu_Bps", 1e6, kMaxRate);
+  h.fabric.latency_s = f.number("latency_s", 0.0, 1.0);
+
+  if (!r.has("numa") || !r.raw()["numa"].is_array() || r.raw()["numa"].empty()) {
+    r.fail("numa", "expected a non-empty list of NUMA nodes");
+  }
+  const auto& numa = r.raw()["numa"];
+  for (std::size_t i = 0; i < numa.size(); ++i) {
+    const JsonReader n(numa[i], file, fmt::format("numa[{}]", i));
+    NumaSpec s;
+    s.dram_bytes = from_gib(n.number("dram_gib", 0.001, kMaxGib));
+    s.dram_Bps = n.number("dram_Bps", 1e6, kMaxRate);
+    s.cores = static_cast<int>(n.integer("cores", 1, 65536));
+    s.adamw_params_per_s = n.number("adamw_params_per_s", 1e3, kMaxRate);
+    h.numa.push_back(s);
+  }
+
+  const auto numa_count = static_cast<std::int64_t>(h.numa.size());
+  const auto gpu_numa = r.integer_list("gpu_numa", 0, numa_count - 1);
+  if (static_cast<int>(gpu_numa.size()) != h.gpus_per_node) {
+    r.fail("gpu_numa", fmt::format("has {} entries, gpu.count is {}", gpu_numa.size(), h.gpus_per_node));
+  }
+  for (auto n : gpu_numa) h.gpu_numa.push_back(static_cast<int>(n));
+
+  if (r.has("network")) {
+    const JsonReader n = r.object("network");
+    h.network.per_node_Bps = n.number("per_node_Bps", 0.0, kMaxRate);
+    h.network.latency_s = n.number("latency_s", 0.0, 1.0);
+  }
+  if (h.nodes > 1 && h.network.per_node_Bps <= 0) {
+    r.fail("network", "a multi-node spec needs network.per_node_Bps > 0");
+  }
+  h.sources = r.has("sources") ? r.raw()["sources"] : nlohmann::json::object();
+  if (!h.sources.is_object()) r.fail("sources", "expected an object of field → source");
+  return h;
+}
+
+nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
+  nlohmann::json j;
+  j["name"] = h.name;
+  j["description"] = h.description;
+  j["nodes"] = h.nodes;
+  j["gpu"] = {{"name", h.gpu.name}, {"count", h.gpus_per_node}, {"hbm_gib", to_gib(h.gpu.hbm_bytes)},
+              {"bf16_flops", h.gpu.bf16_flops_per_s}, {"hbm_Bps", h.gpu.hbm_Bps}};
+  j["gpu_numa"] = h.gpu_numa;
+  j["pcie"] = {{"generation", h.pcie.generation}, {"h2d_Bps", h.pcie.h2d_Bps}, {"d2h_Bps", h.pcie.d2h_Bps},
+               {"latency_s", h.pcie.latency_s}};
+  j["fabric"] = {{"kind", h.fabric.kind == FabricKind::kNvlink ? "nvlink" : "pcie_peer"},
+                 {"per_gpu_Bps", h.fabric.per_gpu_Bps}, {"latency_s", h.fabric.latency_s}};
+  auto& numa = j["numa"] = nlohmann::json::array();
+  for (const auto& n : h.numa) {
+    numa.push_back({{"dram_gib", to_gib(n.dram_bytes)}, {"dram_Bps", n.dram_Bps}, {"cores", n.cores},
+                    {"adamw_params_per_s", n.adamw_params_per_s}});
+  }
+  j["network"] = {{"per_node_Bps", h.network.per_node_Bps}, {"latency_s", h.network.latency_s}};
+  j["sources"] = h.sources;
+  return j;
+}
+
+HardwareSpec load_hardware_spec(const std::string& name_or_path) {
+  const auto path = resolve_config("hardware", name_or_path);
+  if (!path) {
+    throw InputError("", "hardware", "\"" + name_or_path + "\"",
+                     "unknown hardware (known: " + known_config_names("hardware") + ")");
+  }
+  return hardware_spec_from_json(read_json_file(*path), *path);
+}
+
+std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
+  std::vector<std::string> f = {"gpu.hbm_gib",     "gpu.bf16_flops",     "gpu.hbm_Bps",       "pcie.h2d_Bps",
+                                "pcie.d2h_Bps",    "pcie.latency_s",     "fabric.per_gpu_Bps", "fabric.latency_s",
+                                "numa.dram_gib",   "numa.dram_Bps",      "numa.cores",         "numa.adamw_params_per_s"};
+  if (h.nodes > 1) {
+    f.push_back("network.per_node_Bps");
+    f.push_back("network.latency_s");
+  }
+  return f;
+}
+
+}  // namespace oom

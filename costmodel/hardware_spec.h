@@ -1,0 +1,87 @@
+// HardwareSpec: a training node (or several identical nodes) as the cost model sees it.
+//
+// GPUs (count, HBM, BF16 dense FLOP/s, HBM bandwidth), each GPU's PCIe link to the host (H2D and
+// D2H bandwidth, latency) and the CPU socket (= NUMA node) it hangs off, the GPU–GPU fabric
+// (NVLink bandwidth per GPU, or PCIe peer-to-peer through the host bridge), the NUMA nodes
+// (DRAM capacity and bandwidth, cores, CPU AdamW throughput) and, for multi-node specs, the
+// inter-node network. Peak numbers come from datasheets; achieved numbers are estimates until
+// calibration replaces them. Every number in a configs/hardware file names its source in the
+// file's "sources" object. Plain value type.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/units.h"
+
+namespace oom {
+
+struct GpuSpec {
+  std::string name;
+  Bytes hbm_bytes = 0;
+  FlopsPerS bf16_flops_per_s = 0;  // dense BF16 tensor peak
+  BytesPerS hbm_Bps = 0;
+  bool operator==(const GpuSpec&) const = default;
+};
+
+struct PcieSpec {
+  int generation = 0;
+  BytesPerS h2d_Bps = 0;  // achieved host-to-device, pinned memory
+  BytesPerS d2h_Bps = 0;
+  Seconds latency_s = 0;
+  bool operator==(const PcieSpec&) const = default;
+};
+
+enum class FabricKind { kNvlink, kPciePeer };
+
+struct FabricSpec {
+  FabricKind kind = FabricKind::kPciePeer;
+  BytesPerS per_gpu_Bps = 0;  // one direction per GPU (NVLink), or the peer path's PCIe rate
+  Seconds latency_s = 0;
+  bool operator==(const FabricSpec&) const = default;
+};
+
+struct NumaSpec {
+  Bytes dram_bytes = 0;
+  BytesPerS dram_Bps = 0;            // achievable DRAM bandwidth (STREAM-like)
+  int cores = 0;
+  double adamw_params_per_s = 0;     // CPU AdamW throughput of the whole socket
+  bool operator==(const NumaSpec&) const = default;
+};
+
+struct NetworkSpec {
+  BytesPerS per_node_Bps = 0;  // 0 for a single node
+  Seconds latency_s = 0;
+  bool operator==(const NetworkSpec&) const = default;
+};
+
+struct HardwareSpec {
+  std::string name;
+  std::string description;
+  int nodes = 1;
+  int gpus_per_node = 0;
+  GpuSpec gpu;
+  std::vector<int> gpu_numa;  // per GPU of a node: the NUMA node (socket) its PCIe link hangs off
+  PcieSpec pcie;
+  FabricSpec fabric;
+  std::vector<NumaSpec> numa;  // per node
+  NetworkSpec network;
+  nlohmann::json sources;      // field path → source ("NVIDIA H100 datasheet", "estimate: ...")
+
+  int total_gpus() const { return nodes * gpus_per_node; }
+  // NUMA node of the node-local GPU index `gpu` (0-based within a node).
+  int numa_of_gpu(int gpu) const { return gpu_numa.at(static_cast<std::size_t>(gpu % gpus_per_node)); }
+  bool operator==(const HardwareSpec&) const = default;
+};
+
+// Parses a hardware JSON object. Throws InputError naming the field.
+HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& file);
+nlohmann::json hardware_spec_to_json(const HardwareSpec& h);
+// Loads configs/hardware/NAME.json or a path. Throws InputError for unknown names or bad files.
+HardwareSpec load_hardware_spec(const std::string& name_or_path);
+// Field paths of the numeric fields that the "sources" object must name.
+std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h);
+
+}  // namespace oom

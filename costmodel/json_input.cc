@@ -1,0 +1,200 @@
+#include "costmodel/json_input.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+
+namespace oom {
+
+nlohmann::json read_json_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(path, "file not found");
+  if (fs::is_directory(path, ec)) throw InputError(path, "is a directory, expected a JSON file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "cannot be read");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_json_text(buffer.str(), path);
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw InputError(origin, "empty, expected JSON");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
+    std::string what = e.what();
+    const auto pos = what.find("] ");
+    throw InputError(origin, "malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
+  }
+}
+
+std::string json_value_text(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+JsonReader::JsonReader(const nlohmann::json& json, std::string file, std::string path)
+    : json_(json), file_(std::move(file)), path_(std::move(path)) {
+  if (!json_.is_object()) {
+    throw InputError(file_, path_.empty() ? "document" : path_, json_value_text(json_),
+                     "expected a JSON object");
+  }
+}
+
+std::string JsonReader::field(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+bool JsonReader::has(const std::string& key) const {
+  const auto it = json_.find(key);
+  return it != json_.end() && !it->is_null();
+}
+
+void JsonReader::fail(const std::string& key, const std::string& reason) const {
+  const auto it = json_.find(key);
+  fail_value(field(key), it == json_.end() ? nlohmann::json() : *it, reason);
+}
+
+void JsonReader::fail_value(const std::string& field_path, const nlohmann::json& value,
+                            const std::string& reason) const {
+  throw InputError(file_, field_path, value.is_null() ? "(missing)" : json_value_text(value), reason);
+}
+
+const nlohmann::json& JsonReader::require(const std::string& key) const {
+  const auto it = json_.find(key);
+  if (it == json_.end() || it->is_null()) fail(key, "required field is missing");
+  return *it;
+}
+
+JsonReader JsonReader::object(const std::string& key) const {
+  const auto& v = require(key);
+  if (!v.is_object()) fail(key, "expected an object");
+  return JsonReader(v, file_, field(key));
+}
+
+std::int64_t JsonReader::to_integer(const std::string& field_path, const nlohmann::json& v,
+                                    std::int64_t min, std::int64_t max) const {
+  std::int64_t value = 0;
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(INT64_MAX)) fail_value(field_path, v, "integer too large");
+    value = static_cast<std::int64_t>(u);
+  } else if (v.is_number_integer()) {
+    value = v.get<std::int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e15) {
+      fail_value(field_path, v, "expected an integer");
+    }
+    value = static_cast<std::int64_t>(d);
+  } else {
+    fail_value(field_path, v, "expected an integer");
+  }
+  if (value < min || value > max) {
+    fail_value(field_path, v, fmt::format("out of range {}..{}", min, max));
+  }
+  return value;
+}
+
+std::int64_t JsonReader::integer(const std::string& key, std::int64_t min, std::int64_t max) const {
+  return to_integer(field(key), require(key), min, max);
+}
+
+std::optional<std::int64_t> JsonReader::optional_integer(const std::string& key, std::int64_t min,
+                                                         std::int64_t max) const {
+  if (!has(key)) return std::nullopt;
+  return integer(key, min, max);
+}
+
+std::int64_t JsonReader::integer_or(const std::string& key, std::int64_t fallback, std::int64_t min,
+                                    std::int64_t max) const {
+  return has(key) ? integer(key, min, max) : fallback;
+}
+
+double JsonReader::number(const std::string& key, double min, double max) const {
+  const auto& v = require(key);
+  if (!v.is_number()) fail(key, "expected a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) fail(key, "expected a finite number");
+  if (d < min || d > max) fail(key, fmt::format("out of range {}..{}", min, max));
+  return d;
+}
+
+std::optional<double> JsonReader::optional_number(const std::string& key, double min, double max) const {
+  if (!has(key)) return std::nullopt;
+  return number(key, min, max);
+}
+
+double JsonReader::number_or(const std::string& key, double fallback, double min, double max) const {
+  return has(key) ? number(key, min, max) : fallback;
+}
+
+bool JsonReader::boolean(const std::string& key) const {
+  const auto& v = require(key);
+  if (!v.is_boolean()) fail(key, "expected true or false");
+  return v.get<bool>();
+}
+
+bool JsonReader::boolean_or(const std::string& key, bool fallback) const {
+  return has(key) ? boolean(key) : fallback;
+}
+
+std::string JsonReader::string(const std::string& key) const {
+  const auto& v = require(key);
+  if (!v.is_string()) fail(key, "expected a string");
+  return v.get<std::string>();
+}
+
+std::string JsonReader::string_or(const std::string& key, const std::string& fallback) const {
+  return has(key) ? string(key) : fallback;
+}
+
+std::string JsonReader::one_of(const std::string& key, std::initializer_list<const char*> allowed) const {
+  const std::string s = string(key);
+  std::string names;
+  for (const char* a : allowed) {
+    if (s == a) return s;
+    names += names.empty() ? "" : ", ";
+    names += a;
+  }
+  fail(key, "expected one of " + names);
+}
+
+std::vector<std::int64_t> JsonReader::integer_list(const std::string& key, std::int64_t min,
+                                                   std::int64_t max) const {
+  const auto& v = require(key);
+  if (!v.is_array()) fail(key, "expected a list of integers");
+  std::vector<std::int64_t> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    out.push_back(to_integer(fmt::format("{}[{}]", field(key), i), v[i], min, max));
+  }
+  return out;
+}
+
+std::vector<std::string> JsonReader::string_list(const std::string& key) const {
+  const auto& v = require(key);
+  if (!v.is_array()) fail(key, "expected a list of strings");
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) fail_value(fmt::format("{}[{}]", field(key), i), v[i], "expected a string");
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
+}
+
+void JsonReader::reject_unknown_keys(std::initializer_list<const char*> known) const {
+  for (const auto& [key, value] : json_.items()) {
+    bool found = false;
+    for (const char* k : known) found = found || key == k;
+    if (!found) fail_value(field(key), value, "unknown field");
+  }
+}
+
+}  // namespace oom

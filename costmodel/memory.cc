@@ -1,0 +1,90 @@
+#include "costmodel/memory.h"
+
+#include <algorithm>
+
+namespace oom {
+
+Bytes canonical_state_bytes(ParamCount p) { return kCanonicalBytesPerParam * p; }
+Bytes working_weight_bytes(ParamCount p) { return kWorkingBytesPerParam * p; }
+Bytes gradient_bytes(ParamCount p) { return kGradientBytesPerParam * p; }
+
+Bytes boundary_bytes(std::int64_t L, std::int64_t B, std::int64_t S, std::int64_t h) {
+  return kBf16Bytes * L * B * S * h;  // L × [B, S, h] BF16
+}
+
+Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t B, std::int64_t S) {
+  const std::int64_t tokens = B * S;
+  return tokens * a.heads * a.head_dim * kBf16Bytes  // O   [B·S, heads·d] BF16
+         + tokens * a.heads * kFp32Bytes;            // LSE [B·S, heads]   FP32
+}
+
+Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t B, std::int64_t S, std::int64_t C) {
+  if (C <= 0 || C >= S) return 0;
+  const std::int64_t chunks = (S + C - 1) / C;
+  // (⌈S/C⌉−1) states [B, H_v, d_k, d_v] FP32
+  return kFp32Bytes * B * (chunks - 1) * g.value_heads * g.key_head_dim * g.value_head_dim;
+}
+
+Bytes ep_a2a_bytes(int k, std::int64_t N, std::int64_t h, Bytes b, int P) {
+  // dispatch and return: 2 × [k·N, h] of which (P−1)/P leaves the GPU
+  return 2 * k * N * h * b * (P - 1) / P;
+}
+
+Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t h, std::int64_t seqs, std::int64_t S,
+                                 int head_group) {
+  const std::int64_t T = seqs * S;
+  const std::int64_t d = a.head_dim;
+  const std::int64_t live_q = head_group > 0 ? std::min<std::int64_t>(head_group, a.heads) : a.heads;
+  Bytes bytes = 0;
+  bytes += T * h * kBf16Bytes;                                   // normed input [T, h]
+  bytes += T * a.kv_heads * d * kBf16Bytes * (a.k_eq_v ? 1 : 2);  // K, V [T, kv·d] (shared by all groups)
+  bytes += T * live_q * d * kBf16Bytes;                          // Q of the live head group [T, g·d]
+  bytes += a.output_gate ? T * live_q * d * kBf16Bytes : 0;      // output gate [T, g·d]
+  bytes += T * live_q * kFp32Bytes;                              // LSE of the live group [T, g] FP32
+  bytes += T * a.heads * d * kBf16Bytes;                         // O, all heads [T, heads·d]
+  return bytes;
+}
+
+Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, std::int64_t S, std::int64_t C) {
+  const std::int64_t live = (C > 0 && C < S) ? C : S;
+  const std::int64_t T = seqs * live;
+  const std::int64_t kd = g.key_dim(), vd = g.value_dim();
+  Bytes bytes = 0;
+  bytes += T * h * kBf16Bytes;                         // normed input [T, h]
+  bytes += T * (2 * kd + 2 * vd) * kBf16Bytes;          // q, k, v, z projections [T, 2kd + 2vd]
+  bytes += T * (2 * kd + vd) * kBf16Bytes;              // conv outputs [T, 2kd + vd]
+  bytes += T * 2 * g.value_heads * kFp32Bytes;          // beta, decay [T, 2·H_v] FP32
+  bytes += T * vd * kBf16Bytes * 2;                     // core output and gated-norm output [T, vd] ×2
+  bytes += gdn_chunk_state_bytes(g, seqs, S, C);        // Eq. 4 states
+  return bytes;
+}
+
+Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t T) {
+  const std::int64_t h = m.hidden, k = m.moe.top_k, I = m.moe.expert_intermediate;
+  Bytes bytes = 0;
+  bytes += T * h * kBf16Bytes;                         // normed input [T, h]
+  bytes += T * m.moe.experts * kFp32Bytes;             // router logits [T, E] FP32
+  bytes += T * k * (kFp32Bytes + 8);                   // top-k weights FP32 + indices int64 [T, k]
+  bytes += T * k * h * kBf16Bytes;                     // dispatched tokens [k·T, h]
+  bytes += T * k * 3 * I * kBf16Bytes;                 // gate, up, activation [k·T, I] ×3
+  bytes += T * k * h * kBf16Bytes;                     // expert outputs [k·T, h]
+  bytes += T * 3 * m.moe.shared_expert_intermediate * kBf16Bytes;  // shared expert [T, I_s] ×3
+  bytes += T * 3 * m.moe.dense_intermediate * kBf16Bytes;          // dense MLP [T, I_d] ×3
+  return bytes;
+}
+
+Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t c) {
+  return 2 * std::int64_t{m.moe.top_k} * c * m.hidden * kBf16Bytes;  // send + receive [k·c, h]
+}
+
+Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t T) {
+  return T * m.vocab * (kBf16Bytes + kFp32Bytes);  // logits [T, V] BF16 + softmax grad [T, V] FP32
+}
+
+GpuPeakTerms eq2_gpu_peak(Bytes fixed, Bytes state, Bytes keep, Bytes work, double headroom_fraction) {
+  GpuPeakTerms t{fixed, state, keep, work, 0};
+  t.headroom = static_cast<Bytes>(headroom_fraction * static_cast<double>(fixed + state + keep + work));
+  return t;
+}
+
+}  // namespace oom

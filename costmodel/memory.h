@@ -1,0 +1,77 @@
+// Memory sizes (bytes) of state, activations, boundaries and transfers (reference §1, §3–§5).
+//
+// Pure functions, one line per tensor with its shape in a comment. Activations are BF16 (2 B)
+// unless noted; routing logits, softmax statistics and recurrent states are FP32 (4 B).
+// "Activation bytes" of a sublayer are the tensors its forward saves for its backward, i.e. what
+// the recompute of a checkpointed decoder holds while that decoder's backward runs.
+#pragma once
+
+#include <cstdint>
+
+#include "costmodel/model_spec.h"
+#include "costmodel/params.h"
+#include "costmodel/units.h"
+
+namespace oom {
+
+// Canonical state: FP32 master + two FP32 Adam moments (reference §1).
+inline constexpr Bytes kCanonicalBytesPerParam = 3 * kFp32Bytes;  // 12
+inline constexpr Bytes kWorkingBytesPerParam = kBf16Bytes;         // BF16 weights
+inline constexpr Bytes kGradientBytesPerParam = kBf16Bytes;        // BF16 gradients
+
+Bytes canonical_state_bytes(ParamCount params);  // 12·P
+Bytes working_weight_bytes(ParamCount params);   // 2·P
+Bytes gradient_bytes(ParamCount params);         // 2·P
+
+// Decoder boundaries (inputs of checkpointed decoders): 2·L·B·S·h bytes for L BF16 boundaries.
+Bytes boundary_bytes(std::int64_t boundaries, std::int64_t batch, std::int64_t seq_len, std::int64_t hidden);
+
+// Attention output O [B·S × heads·d] BF16 and its log-sum-exp [B·S × heads] FP32 for one layer.
+Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t batch, std::int64_t seq_len);
+
+// Eq. 4: GDN chunk-boundary states 4·B·(⌈S/C⌉−1)·H_v·d_k·d_v bytes for sequence chunk C.
+// Zero when C is 0 (unpartitioned) or C ≥ S.
+Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t batch, std::int64_t seq_len, std::int64_t chunk_tokens);
+
+// Eq. 6: EP all-to-all volume per GPU for dispatch + return in one MoE pass:
+// 2·k·N·h·b·(P−1)/P bytes for N tokens per GPU, b bytes per element, P GPUs.
+Bytes ep_a2a_bytes(int top_k, std::int64_t tokens_per_gpu, std::int64_t hidden, Bytes bytes_per_element, int gpus);
+
+// Activations saved by an attention sublayer over `seqs` sequences of S tokens, with query heads
+// processed `head_group` at a time within each KV group (0 = all heads at once).
+Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, std::int64_t seqs,
+                                 std::int64_t seq_len, int head_group);
+// Activations saved by a GDN sublayer when `chunk_tokens` of each sequence are live at once
+// (0 = whole sequence); the chunk-boundary states of Eq. 4 are included.
+Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t hidden, std::int64_t seqs, std::int64_t seq_len,
+                           std::int64_t chunk_tokens);
+// Activations saved by the MoE sublayer for `tokens` tokens (routing, dispatched copies, expert
+// intermediates, shared expert and dense MLP).
+Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t tokens);
+// Send + receive buffers of one EP dispatch round of `chunk_tokens` tokens: 2·k·c·h BF16.
+Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t chunk_tokens);
+// Logits workspace of the vocabulary projection for `tokens` tokens at once: BF16 logits and
+// their FP32 softmax gradient.
+Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens);
+
+// Runtime constants that no equation gives (estimates until calibration replaces them).
+struct MemoryConstants {
+  Bytes gpu_fixed_bytes = 3 * kGiB / 2;    // M_0: CUDA context, cuBLAS/NCCL workspaces (estimate)
+  double gpu_headroom_fraction = 0.02;     // ε: allocator fragmentation, as a fraction of the rest
+  Bytes host_process_bytes = 4 * kGiB;     // per rank: the process's own resident memory (estimate)
+  std::int64_t loss_chunk_tokens = 8192;   // tokens per vocabulary-projection chunk
+};
+
+// Eq. 2: M_peak = M_0 + M_state + max_t {M_keep + M_work} + ε.
+struct GpuPeakTerms {
+  Bytes fixed = 0;       // M_0
+  Bytes state = 0;       // M_state: resident state
+  Bytes keep = 0;        // M_keep at the peak
+  Bytes work = 0;        // M_work at the peak
+  Bytes headroom = 0;    // ε
+  Bytes total() const { return fixed + state + keep + work + headroom; }
+};
+// Fills `headroom` as `fraction` of the other terms and returns the completed terms.
+GpuPeakTerms eq2_gpu_peak(Bytes fixed, Bytes state, Bytes keep, Bytes work, double headroom_fraction);
+
+}  // namespace oom

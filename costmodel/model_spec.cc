@@ -1,0 +1,221 @@
+#include "costmodel/model_spec.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "costmodel/config_paths.h"
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+namespace {
+
+constexpr std::int64_t kMaxDim = 1 << 24;  // generous bound on any width, count or vocabulary
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Qwen3.5 / Qwen3.6 / Qwen3-Next gate the attention output and use GDN with an interval.
+bool is_qwen_hybrid(const std::string& t) { return starts_with(t, "qwen3_5") || starts_with(t, "qwen3_next"); }
+bool is_gemma(const std::string& t) { return starts_with(t, "gemma"); }
+
+int dim(const JsonReader& r, const std::string& key) { return static_cast<int>(r.integer(key, 1, kMaxDim)); }
+int dim_or(const JsonReader& r, const std::string& key, int fallback) {
+  return static_cast<int>(r.integer_or(key, fallback, 1, kMaxDim));
+}
+
+LayerKind parse_layer_kind(const JsonReader& r, const std::string& key, std::size_t i, const std::string& s) {
+  if (s == "full_attention" || s == "attention" || s == "global_attention") return LayerKind::kFullAttention;
+  if (s == "sliding_attention" || s == "sliding_window_attention" || s == "local_attention") {
+    return LayerKind::kSlidingAttention;
+  }
+  if (s == "linear_attention") return LayerKind::kLinearAttention;
+  r.fail_value(fmt::format("{}[{}]", r.field(key), i), s,
+               "unknown layer type (expected full_attention, sliding_attention or linear_attention)");
+}
+
+std::vector<LayerKind> read_layer_kinds(const JsonReader& r, int layers, bool has_window) {
+  std::vector<LayerKind> kinds;
+  if (r.has("layer_types")) {
+    const auto names = r.string_list("layer_types");
+    if (static_cast<int>(names.size()) != layers) {
+      r.fail("layer_types", fmt::format("has {} entries, num_hidden_layers is {}", names.size(), layers));
+    }
+    for (std::size_t i = 0; i < names.size(); ++i) kinds.push_back(parse_layer_kind(r, "layer_types", i, names[i]));
+    return kinds;
+  }
+  if (r.has("full_attention_interval")) {
+    const auto interval = r.integer("full_attention_interval", 1, layers);
+    for (int i = 0; i < layers; ++i) {
+      kinds.push_back((i + 1) % interval == 0 ? LayerKind::kFullAttention : LayerKind::kLinearAttention);
+    }
+    return kinds;
+  }
+  if (r.has("sliding_window_pattern")) {  // every N-th layer is global, the rest slide
+    const auto pattern = r.integer("sliding_window_pattern", 1, layers);
+    for (int i = 0; i < layers; ++i) {
+      kinds.push_back((i + 1) % pattern == 0 ? LayerKind::kFullAttention : LayerKind::kSlidingAttention);
+    }
+    return kinds;
+  }
+  kinds.assign(layers, has_window ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+  return kinds;
+}
+
+}  // namespace
+
+std::string_view layer_kind_name(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kFullAttention: return "full_attention";
+    case LayerKind::kSlidingAttention: return "sliding_attention";
+    case LayerKind::kLinearAttention: return "linear_attention";
+  }
+  return "unknown";
+}
+
+const AttentionSpec& ModelSpec::attention(LayerKind kind) const {
+  OOM_ASSERT(kind != LayerKind::kLinearAttention, "linear attention layers have no softmax attention");
+  return kind == LayerKind::kSlidingAttention ? sliding_attention : full_attention;
+}
+
+int ModelSpec::count(LayerKind kind) const {
+  int n = 0;
+  for (auto k : layer_kinds) n += k == kind ? 1 : 0;
+  return n;
+}
+
+ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::string& file, const std::string& name) {
+  const JsonReader outer(config, file);
+  const JsonReader r = outer.has("text_config") ? outer.object("text_config") : outer;
+
+  ModelSpec s;
+  s.name = name;
+  s.model_type = r.string_or("model_type", outer.string_or("model_type", "unknown"));
+  const std::string& type = s.model_type;
+  s.layers = dim(r, "num_hidden_layers");
+  s.hidden = dim(r, "hidden_size");
+  s.vocab = dim(r, "vocab_size");
+  s.tied_embeddings = r.boolean_or("tie_word_embeddings", is_gemma(type));
+  s.max_position = r.integer_or("max_position_embeddings", 0, 0, std::int64_t{1} << 40);
+  double theta = s.rope_theta;
+  if (r.has("rope_parameters") && r.raw()["rope_parameters"].is_object()) {
+    theta = r.object("rope_parameters").number_or("rope_theta", theta, 1.0, 1e15);
+  }
+  s.rope_theta = r.number_or("rope_theta", theta, 1.0, 1e15);
+  s.partial_rotary_factor = r.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
+  s.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0, 0.0, 1e6);
+  s.activation = r.string_or("hidden_activation", r.string_or("hidden_act", "silu"));
+
+  // Softmax attention. Gemma 4 global layers have their own KV heads and head dim.
+  AttentionSpec attn;
+  attn.heads = dim(r, "num_attention_heads");
+  attn.kv_heads = dim_or(r, "num_key_value_heads", attn.heads);
+  attn.head_dim = dim_or(r, "head_dim", std::max(1, s.hidden / attn.heads));
+  attn.output_gate = r.boolean_or("attn_output_gate", is_qwen_hybrid(type));
+  attn.qk_norm = r.boolean_or("qk_norm", starts_with(type, "qwen3") || is_gemma(type));
+  if (attn.heads % attn.kv_heads != 0) {
+    r.fail("num_key_value_heads", fmt::format("must divide num_attention_heads = {}", attn.heads));
+  }
+  const auto window = r.integer_or("sliding_window", 0, 0, std::int64_t{1} << 40);
+  s.sliding_attention = attn;
+  s.sliding_attention.window_tokens = window;
+  s.full_attention = attn;
+  if (r.has("global_head_dim")) s.full_attention.head_dim = dim(r, "global_head_dim");
+  if (r.has("num_global_key_value_heads")) s.full_attention.kv_heads = dim(r, "num_global_key_value_heads");
+  s.full_attention.k_eq_v = r.boolean_or("attention_k_eq_v", false);
+  if (s.full_attention.heads % s.full_attention.kv_heads != 0) {
+    r.fail("num_global_key_value_heads", fmt::format("must divide num_attention_heads = {}", attn.heads));
+  }
+
+  // Mixtral keeps one window for every layer; models with layer types name which slide.
+  const bool explicit_kinds = r.has("layer_types") || r.has("full_attention_interval") || r.has("sliding_window_pattern");
+  s.layer_kinds = read_layer_kinds(r, s.layers, window > 0 && !explicit_kinds);
+  if (s.count(LayerKind::kSlidingAttention) > 0 && window == 0) {
+    r.fail("sliding_window", "sliding_attention layers need a window");
+  }
+
+  if (s.count(LayerKind::kLinearAttention) > 0) {
+    s.gdn.key_heads = dim(r, "linear_num_key_heads");
+    s.gdn.value_heads = dim(r, "linear_num_value_heads");
+    s.gdn.key_head_dim = dim(r, "linear_key_head_dim");
+    s.gdn.value_head_dim = dim(r, "linear_value_head_dim");
+    s.gdn.conv_kernel = dim_or(r, "linear_conv_kernel_dim", 4);
+    if (s.gdn.value_heads % s.gdn.key_heads != 0) {
+      r.fail("linear_num_value_heads", fmt::format("must be a multiple of linear_num_key_heads = {}", s.gdn.key_heads));
+    }
+  }
+
+  // Experts. Mixtral names them num_local_experts and sizes them with intermediate_size; Gemma 4
+  // uses intermediate_size for the dense MLP beside the experts; Qwen's intermediate_size is for
+  // dense-only layers, which the models here do not have.
+  MoeSpec& m = s.moe;
+  m.experts = r.has("num_experts") ? dim(r, "num_experts") : dim(r, "num_local_experts");
+  const char* topk_key = r.has("num_experts_per_tok") ? "num_experts_per_tok" : "top_k_experts";
+  m.top_k = static_cast<int>(r.integer(topk_key, 1, m.experts));
+  if (r.has("moe_intermediate_size")) {
+    m.expert_intermediate = dim(r, "moe_intermediate_size");
+    if (r.has("dense_mlp_intermediate_size")) {
+      m.dense_intermediate = dim(r, "dense_mlp_intermediate_size");
+    } else if (is_gemma(type) && r.has("intermediate_size")) {
+      m.dense_intermediate = dim(r, "intermediate_size");
+    }
+  } else {
+    m.expert_intermediate = dim(r, "intermediate_size");
+  }
+  m.shared_expert_intermediate = static_cast<int>(r.integer_or("shared_expert_intermediate_size", 0, 0, kMaxDim));
+  m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  return s;
+}
+
+nlohmann::json model_spec_to_hf_config(const ModelSpec& s) {
+  nlohmann::json j;
+  j["model_type"] = s.model_type;
+  j["num_hidden_layers"] = s.layers;
+  j["hidden_size"] = s.hidden;
+  j["vocab_size"] = s.vocab;
+  j["tie_word_embeddings"] = s.tied_embeddings;
+  j["max_position_embeddings"] = s.max_position;
+  j["rope_theta"] = s.rope_theta;
+  j["partial_rotary_factor"] = s.partial_rotary_factor;
+  j["final_logit_softcapping"] = s.final_logit_softcap;
+  j["hidden_act"] = s.activation;
+  const AttentionSpec& a = s.sliding_attention;
+  j["num_attention_heads"] = a.heads;
+  j["num_key_value_heads"] = a.kv_heads;
+  j["head_dim"] = a.head_dim;
+  j["attn_output_gate"] = a.output_gate;
+  j["qk_norm"] = a.qk_norm;
+  j["sliding_window"] = a.window_tokens;
+  j["global_head_dim"] = s.full_attention.head_dim;
+  j["num_global_key_value_heads"] = s.full_attention.kv_heads;
+  j["attention_k_eq_v"] = s.full_attention.k_eq_v;
+  auto& types = j["layer_types"] = nlohmann::json::array();
+  for (auto k : s.layer_kinds) types.push_back(std::string(layer_kind_name(k)));
+  if (s.count(LayerKind::kLinearAttention) > 0) {
+    j["linear_num_key_heads"] = s.gdn.key_heads;
+    j["linear_num_value_heads"] = s.gdn.value_heads;
+    j["linear_key_head_dim"] = s.gdn.key_head_dim;
+    j["linear_value_head_dim"] = s.gdn.value_head_dim;
+    j["linear_conv_kernel_dim"] = s.gdn.conv_kernel;
+  }
+  j["num_experts"] = s.moe.experts;
+  j["num_experts_per_tok"] = s.moe.top_k;
+  j["moe_intermediate_size"] = s.moe.expert_intermediate;
+  j["shared_expert_intermediate_size"] = s.moe.shared_expert_intermediate;
+  if (s.moe.dense_intermediate > 0) j["dense_mlp_intermediate_size"] = s.moe.dense_intermediate;
+  j["norm_topk_prob"] = s.moe.norm_topk_prob;
+  return j;
+}
+
+ModelSpec load_model_spec(const std::string& name_or_path) {
+  const auto path = resolve_config("models", name_or_path);
+  if (!path) {
+    throw InputError("", "model", "\"" + name_or_path + "\"",
+                     "unknown model (known: " + known_config_names("models") + ")");
+  }
+  return model_spec_from_hf_config(read_json_file(*path), *path, std::filesystem::path(*path).stem().string());
+}
+
+}  // namespace oom

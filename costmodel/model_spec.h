@@ -1,0 +1,97 @@
+// ModelSpec: the dimensions of a Mixture-of-Experts decoder, read from a Hugging Face config.
+//
+// Covers the layer kinds of the models we train: full causal attention (GQA, optional output
+// gate), sliding-window causal attention, and Gated DeltaNet linear attention ("linear_attention"),
+// each followed by a MoE block of routed SwiGLU experts with an optional shared expert and an
+// optional dense MLP beside the experts (Gemma 4). Gemma 4's global layers have their own KV head
+// count and head dim and may reuse K as V. Plain value type; the loaders validate every field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace oom {
+
+enum class LayerKind { kFullAttention, kSlidingAttention, kLinearAttention };
+
+// "full_attention", "sliding_attention", "linear_attention" (the Hugging Face layer_types names).
+std::string_view layer_kind_name(LayerKind kind);
+
+// Softmax attention of one layer kind.
+struct AttentionSpec {
+  int heads = 0;             // query heads
+  int kv_heads = 0;          // key/value heads (GQA groups)
+  int head_dim = 0;          // per-head dimension of Q, K and V
+  bool output_gate = false;  // Q projection also produces a sigmoid gate on the output (doubles Q)
+  bool k_eq_v = false;       // V reuses K: no V projection (Gemma 4 global layers)
+  bool qk_norm = false;      // per-head RMSNorm of Q and K
+  std::int64_t window_tokens = 0;  // sliding window; 0 = unlimited (full causal)
+
+  bool operator==(const AttentionSpec&) const = default;
+};
+
+// Gated DeltaNet (chunked linear attention with a recurrent FP32 state per value head).
+struct GdnSpec {
+  int key_heads = 0;
+  int value_heads = 0;
+  int key_head_dim = 0;
+  int value_head_dim = 0;
+  int conv_kernel = 0;  // causal depthwise conv over q, k, v
+
+  std::int64_t key_dim() const { return std::int64_t{key_heads} * key_head_dim; }
+  std::int64_t value_dim() const { return std::int64_t{value_heads} * value_head_dim; }
+  bool operator==(const GdnSpec&) const = default;
+};
+
+struct MoeSpec {
+  int experts = 0;                     // routed experts E
+  int top_k = 0;                       // experts per token k
+  int expert_intermediate = 0;         // I of each routed SwiGLU expert
+  int shared_expert_intermediate = 0;  // 0 = no shared expert
+  int dense_intermediate = 0;          // 0 = no dense MLP beside the experts
+  bool norm_topk_prob = true;          // renormalize the top-k routing weights
+
+  bool operator==(const MoeSpec&) const = default;
+};
+
+struct ModelSpec {
+  std::string name;        // project name (configs/models/<name>.json) or the file stem
+  std::string model_type;  // Hugging Face model_type of the text backbone
+  int layers = 0;
+  int hidden = 0;
+  int vocab = 0;
+  bool tied_embeddings = false;
+  std::vector<LayerKind> layer_kinds;  // one per decoder layer
+  AttentionSpec full_attention;        // used by kFullAttention layers
+  AttentionSpec sliding_attention;     // used by kSlidingAttention layers
+  GdnSpec gdn;                         // used by kLinearAttention layers
+  MoeSpec moe;
+  std::int64_t max_position = 0;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  double final_logit_softcap = 0.0;  // 0 = none
+  std::string activation = "silu";
+
+  const AttentionSpec& attention(LayerKind kind) const;
+  int count(LayerKind kind) const;
+  bool operator==(const ModelSpec&) const = default;
+};
+
+// Reads a Hugging Face config.json object (or the "text_config" of a multimodal config).
+// `file` names the origin for error messages; `name` becomes ModelSpec::name. Throws InputError
+// naming the field for a missing, mistyped or out-of-range value.
+ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::string& file,
+                                    const std::string& name);
+
+// Writes the spec back as a Hugging Face style config (round-trips through the reader).
+nlohmann::json model_spec_to_hf_config(const ModelSpec& spec);
+
+// Loads a model by project name (configs/models/NAME.json) or by path to a config.json.
+// Throws InputError for an unknown name (listing the known ones) or a bad file.
+ModelSpec load_model_spec(const std::string& name_or_path);
+
+}  // namespace oom

@@ -1,0 +1,74 @@
+#include "costmodel/workload.h"
+
+#include <fmt/format.h>
+
+#include "costmodel/config_paths.h"
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+
+Workload workload_from_json(const nlohmann::json& j, const std::string& file) {
+  const JsonReader r(j, file);
+  r.reject_unknown_keys({"model", "hardware", "gpus", "global_batch", "seq_len", "gpu_budget_gib",
+                         "host_budget_gib", "yarn_factor"});
+  Workload w;
+  w.model = r.string("model");
+  w.hardware = r.string("hardware");
+  w.gpus = static_cast<int>(r.integer("gpus", 1, 65536));
+  w.global_batch = r.integer("global_batch", 1, std::int64_t{1} << 32);
+  w.seq_len = r.integer("seq_len", 1, std::int64_t{1} << 32);
+  w.gpu_budget_gib = r.optional_number("gpu_budget_gib", 0.001, 1e6);
+  w.host_budget_gib = r.optional_number("host_budget_gib", 0.001, 1e9);
+  w.yarn_factor = r.number_or("yarn_factor", 1.0, 1.0, 1024.0);
+  if (w.global_batch % w.gpus != 0) {
+    r.fail("global_batch", fmt::format("must be a multiple of gpus = {}", w.gpus));
+  }
+  return w;
+}
+
+nlohmann::json workload_to_json(const Workload& w) {
+  nlohmann::json j = {{"model", w.model}, {"hardware", w.hardware}, {"gpus", w.gpus},
+                      {"global_batch", w.global_batch}, {"seq_len", w.seq_len}};
+  j["gpu_budget_gib"] = w.gpu_budget_gib ? nlohmann::json(*w.gpu_budget_gib) : nlohmann::json();
+  j["host_budget_gib"] = w.host_budget_gib ? nlohmann::json(*w.host_budget_gib) : nlohmann::json();
+  j["yarn_factor"] = w.yarn_factor;
+  return j;
+}
+
+Workload load_workload(const std::string& path) { return workload_from_json(read_json_file(path), path); }
+
+Bytes WorkloadContext::gpu_budget_bytes() const {
+  return workload.gpu_budget_gib ? from_gib(*workload.gpu_budget_gib) : hardware.gpu.hbm_bytes;
+}
+
+Bytes WorkloadContext::host_budget_bytes() const {
+  if (workload.host_budget_gib) return from_gib(*workload.host_budget_gib);
+  Bytes total = 0;
+  for (const auto& n : hardware.numa) total += n.dram_bytes;
+  return total * hardware.nodes;
+}
+
+WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
+  WorkloadContext c{w, {}, {}};
+  const nlohmann::json j = workload_to_json(w);
+  const JsonReader r(j, file);
+  // An unknown name is the workload's error; a broken config file names that file.
+  if (!resolve_config("models", w.model)) r.fail("model", "unknown model (known: " + known_config_names("models") + ")");
+  if (!resolve_config("hardware", w.hardware)) {
+    r.fail("hardware", "unknown hardware (known: " + known_config_names("hardware") + ")");
+  }
+  c.model = load_model_spec(w.model);
+  c.hardware = load_hardware_spec(w.hardware);
+  if (w.gpus > c.hardware.total_gpus()) {
+    r.fail("gpus", fmt::format("hardware {} has {} GPUs", c.hardware.name, c.hardware.total_gpus()));
+  }
+  const double max_len = static_cast<double>(c.model.max_position) * w.yarn_factor;
+  if (c.model.max_position > 0 && static_cast<double>(w.seq_len) > max_len) {
+    r.fail("seq_len", fmt::format("exceeds max_position_embeddings {} × yarn_factor {} of {}", c.model.max_position,
+                                  w.yarn_factor, c.model.name));
+  }
+  return c;
+}
+
+}  // namespace oom

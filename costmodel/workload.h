@@ -1,0 +1,56 @@
+// Workload: what to train and where: model, hardware, GPUs, global batch, context, budgets.
+//
+// JSON form (DESIGN.md): {"model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", "gpus": 4,
+// "global_batch": 32, "seq_len": 4096, "gpu_budget_gib": null, "host_budget_gib": null,
+// "yarn_factor": 1}. A null budget means "the hardware's capacity". The global batch is split
+// evenly over the GPUs (whole sequences per GPU; no gradient accumulation). Plain value type.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/hardware_spec.h"
+#include "costmodel/model_spec.h"
+#include "costmodel/units.h"
+
+namespace oom {
+
+struct Workload {
+  std::string model;     // name in configs/models or a path to a config.json
+  std::string hardware;  // name in configs/hardware or a path
+  int gpus = 1;
+  std::int64_t global_batch = 1;  // sequences per step over all GPUs
+  std::int64_t seq_len = 1;       // tokens per sequence
+  std::optional<double> gpu_budget_gib;   // per GPU
+  std::optional<double> host_budget_gib;  // whole node (split over NUMA nodes by capacity)
+  double yarn_factor = 1.0;               // context extension factor over max_position_embeddings
+
+  std::int64_t seqs_per_gpu() const { return global_batch / gpus; }
+  std::int64_t tokens_per_gpu() const { return seqs_per_gpu() * seq_len; }
+  bool operator==(const Workload&) const = default;
+};
+
+// Parses the JSON object (type and range checks only). Throws InputError naming the field.
+Workload workload_from_json(const nlohmann::json& j, const std::string& file);
+nlohmann::json workload_to_json(const Workload& w);
+Workload load_workload(const std::string& path);
+
+// A workload with its model and hardware loaded and checked against each other.
+struct WorkloadContext {
+  Workload workload;
+  ModelSpec model;
+  HardwareSpec hardware;
+
+  // Per-GPU budgets in bytes: the given budget, else the GPU's HBM / the node's DRAM.
+  Bytes gpu_budget_bytes() const;
+  Bytes host_budget_bytes() const;
+};
+
+// Loads the model and hardware the workload names and checks: gpus ≤ GPUs of the hardware,
+// global_batch a multiple of gpus, seq_len ≤ max_position_embeddings · yarn_factor.
+// Errors name `file` and the workload field (model, hardware, gpus, ...).
+WorkloadContext resolve_workload(const Workload& w, const std::string& file);
+
+}  // namespace oom
