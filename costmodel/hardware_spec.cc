@@ -1,5 +1,6 @@
 #include "costmodel/hardware_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -95,6 +96,29 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   j["network"] = {{"per_node_Bps", h.network.per_node_Bps}, {"latency_s", h.network.latency_s}};
   j["sources"] = h.sources;
   return j;
+}
+
+std::vector<int> HardwareSpec::rank_gpus(int ranks) const {
+  std::vector<std::vector<int>> by_numa(numa.size());
+  for (int g = 0; g < gpus_per_node; ++g) by_numa[static_cast<std::size_t>(gpu_numa[g])].push_back(g);
+  std::vector<int> order;  // round robin over sockets
+  for (std::size_t i = 0; order.size() < static_cast<std::size_t>(gpus_per_node); ++i) {
+    for (const auto& gpus : by_numa) {
+      if (i < gpus.size()) order.push_back(gpus[i]);
+    }
+  }
+  std::vector<int> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(order[static_cast<std::size_t>(r % gpus_per_node)]);
+  return out;
+}
+
+int HardwareSpec::numa_of_rank(int rank, int ranks) const { return numa_of_gpu(rank_gpus(ranks).at(static_cast<std::size_t>(rank))); }
+
+std::vector<int> HardwareSpec::ranks_per_numa(int ranks) const {
+  std::vector<int> count(numa.size(), 0);
+  const auto gpus = rank_gpus(std::min(ranks, gpus_per_node));
+  for (int g : gpus) ++count[static_cast<std::size_t>(numa_of_gpu(g))];
+  return count;
 }
 
 HardwareSpec load_hardware_spec(const std::string& name_or_path) {

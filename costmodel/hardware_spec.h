@@ -73,6 +73,14 @@ struct HardwareSpec {
   int total_gpus() const { return nodes * gpus_per_node; }
   // NUMA node of the node-local GPU index `gpu` (0-based within a node).
   int numa_of_gpu(int gpu) const { return gpu_numa.at(static_cast<std::size_t>(gpu % gpus_per_node)); }
+  // The node-local GPUs that `ranks` training ranks use: spread evenly over the NUMA nodes
+  // (round robin over sockets, lowest GPU index first), so that each rank's CPU work runs on its
+  // own socket and a partial node uses every socket. Ranks beyond one node wrap to the next node.
+  std::vector<int> rank_gpus(int ranks) const;
+  // NUMA node of training rank r under rank_gpus().
+  int numa_of_rank(int rank, int ranks) const;
+  // Ranks per NUMA node (of the first node) for `ranks` ranks.
+  std::vector<int> ranks_per_numa(int ranks) const;
   bool operator==(const HardwareSpec&) const = default;
 };
 

@@ -59,7 +59,7 @@ struct MemoryConstants {
   Bytes gpu_fixed_bytes = 3 * kGiB / 2;    // M_0: CUDA context, cuBLAS/NCCL workspaces (estimate)
   double gpu_headroom_fraction = 0.02;     // ε: allocator fragmentation, as a fraction of the rest
   Bytes host_process_bytes = 4 * kGiB;     // per rank: the process's own resident memory (estimate)
-  std::int64_t loss_chunk_tokens = 8192;   // tokens per vocabulary-projection chunk
+  std::int64_t loss_chunk_tokens = 1024;   // tokens per vocabulary-projection chunk (estimate)
 };
 
 // Eq. 2: M_peak = M_0 + M_state + max_t {M_keep + M_work} + ε.

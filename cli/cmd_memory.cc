@@ -1,0 +1,98 @@
+// `oom memory --workload W.json --plan P.json [--json] [-o FILE]` and
+// `oom report [--workload W.json] [--plan P.json] [--json] [-o FILE]`.
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "costmodel/params.h"
+#include "planner/cost_report.h"
+#include "planner/memory_report.h"
+
+namespace oom::cli {
+namespace {
+
+struct PlanInputs {
+  std::string workload_path;
+  std::string plan_path;
+  bool json = false;
+  std::string output;
+};
+
+// Loads and cross-checks the workload and plan; a missing path takes the default.
+struct Loaded {
+  WorkloadContext ctx;
+  Plan plan;
+};
+
+Loaded load_inputs(const PlanInputs& in) {
+  const Workload w = in.workload_path.empty() ? default_workload() : load_workload(in.workload_path);
+  const std::string wfile = in.workload_path.empty() ? "(default workload)" : in.workload_path;
+  Loaded l{resolve_workload(w, wfile), in.plan_path.empty() ? default_plan() : load_plan(in.plan_path)};
+  validate_plan(l.plan, l.ctx.model, l.ctx.workload, in.plan_path.empty() ? "(default plan)" : in.plan_path);
+  return l;
+}
+
+std::string workload_line(const WorkloadContext& c, const Plan& p) {
+  const Workload& w = c.workload;
+  const ParamCount total = model_params(c.model).total();
+  return fmt::format("{} ({:.2f}B params) on {} × {} ({}), global batch {}, {} tokens per sequence, plan: {} path, "
+                     "{} resident, {} MoE-retained, routing chunk {}{}\n",
+                     c.model.name, total / 1e9, w.gpus, c.hardware.gpu.name, c.hardware.name, w.global_batch, w.seq_len,
+                     path_name(p.path), p.resident_layers.size(), p.moe_retained_layers.size(), p.routing_chunk_tokens,
+                     p.keep_attention_results ? ", O/LSE kept on host" : "");
+}
+
+void add_inputs(CLI::App* cmd, PlanInputs& in, bool required) {
+  auto* w = cmd->add_option("--workload", in.workload_path, "Workload JSON (model, hardware, gpus, batch, context, budgets)");
+  auto* p = cmd->add_option("--plan", in.plan_path, "Plan JSON (DESIGN.md format)");
+  if (required) {
+    w->required();
+    p->required();
+  }
+  cmd->add_flag("--json", in.json, "Print one JSON object");
+  cmd->add_option("-o,--output", in.output, "Write the output to this file (atomically) instead of stdout");
+}
+
+}  // namespace
+
+void add_memory_commands(CLI::App& app, Io io) {
+  auto mem_in = std::make_shared<PlanInputs>();
+  auto* mem = app.add_subcommand("memory", "Static GPU and host memory of a plan: Eq. 2 terms and host per NUMA node");
+  add_inputs(mem, *mem_in, true);
+  mem->callback([=] {
+    const Loaded l = load_inputs(*mem_in);
+    const MemoryReport r = static_memory(l.ctx, l.plan);
+    if (mem_in->json) {
+      nlohmann::json j = memory_report_to_json(r);
+      j["workload"] = workload_to_json(l.ctx.workload);
+      j["plan"] = plan_to_json(l.plan);
+      emit(mem_in->output, j.dump(2) + "\n", io);
+    } else {
+      emit(mem_in->output, workload_line(l.ctx, l.plan) + memory_report_text(r), io);
+    }
+  });
+
+  auto rep_in = std::make_shared<PlanInputs>();
+  auto* rep = app.add_subcommand(
+      "report", "Static cost and memory report of a workload and plan (default: Qwen3.6-35B-A3B, 4× H100, batch 32, 4K, R23)");
+  add_inputs(rep, *rep_in, false);
+  rep->callback([=] {
+    const Loaded l = load_inputs(*rep_in);
+    const StaticCost c = static_cost(l.ctx, l.plan);
+    const MemoryReport r = static_memory(l.ctx, l.plan);
+    if (rep_in->json) {
+      nlohmann::json j;
+      j["workload"] = workload_to_json(l.ctx.workload);
+      j["plan"] = plan_to_json(l.plan);
+      j["cost"] = static_cost_to_json(c);
+      j["memory"] = memory_report_to_json(r);
+      emit(rep_in->output, j.dump(2) + "\n", io);
+    } else {
+      emit(rep_in->output, workload_line(l.ctx, l.plan) + static_cost_text(c, l.ctx) + memory_report_text(r), io);
+    }
+  });
+}
+
+}  // namespace oom::cli

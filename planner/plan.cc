@@ -1,0 +1,157 @@
+#include "planner/plan.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+namespace {
+
+constexpr std::int64_t kMaxLayers = 1 << 16;
+constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
+
+std::vector<int> to_int_vector(const std::vector<std::int64_t>& v) { return {v.begin(), v.end()}; }
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Layer lists: every index within the model, no duplicates.
+void check_layers(const JsonReader& r, const std::string& key, const std::vector<int>& layers, int model_layers,
+                  const std::string& model_name) {
+  std::set<int> seen;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const std::string field = fmt::format("{}[{}]", r.field(key), i);
+    if (layers[i] < 0 || layers[i] >= model_layers) {
+      r.fail_value(field, layers[i], fmt::format("layer index out of range 0..{} of {}", model_layers - 1, model_name));
+    }
+    if (!seen.insert(layers[i]).second) r.fail_value(field, layers[i], "duplicate layer index");
+  }
+}
+
+}  // namespace
+
+BoundaryPolicy::Place BoundaryPolicy::place(int layer) const {
+  if (contains(gpu_held, layer)) return Place::kGpu;
+  if (host_kept_all || contains(host_kept, layer)) return Place::kHost;
+  return Place::kRegenerated;
+}
+
+bool Plan::is_resident(int layer) const { return contains(resident_layers, layer); }
+bool Plan::is_moe_retained(int layer) const { return contains(moe_retained_layers, layer); }
+
+std::string_view path_name(ExpertPath p) { return p == ExpertPath::kEp ? "ep" : "local"; }
+
+Plan plan_from_json(const nlohmann::json& j, const std::string& file) {
+  const JsonReader r(j, file);
+  r.reject_unknown_keys({"version", "path", "resident_layers", "moe_retained_layers", "routing_chunk_tokens",
+                         "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
+                         "keep_attention_results", "boundaries", "notes"});
+  Plan p;
+  p.version = static_cast<int>(r.integer("version", 1, 1));
+  p.path = r.one_of("path", {"ep", "local"}) == "ep" ? ExpertPath::kEp : ExpertPath::kLocal;
+  p.resident_layers = to_int_vector(r.integer_list("resident_layers", 0, kMaxLayers));
+  p.moe_retained_layers = to_int_vector(r.integer_list("moe_retained_layers", 0, kMaxLayers));
+  p.routing_chunk_tokens = r.integer("routing_chunk_tokens", 1, kMaxTokens);
+  p.param_transfer = r.one_of("param_transfer", {"full", "shard"}) == "full" ? ParamTransfer::kFull : ParamTransfer::kShard;
+  p.transfer_chunk_mib = r.integer("transfer_chunk_mib", 1, 1 << 20);
+  p.cpu_grad_slots = static_cast<int>(r.integer("cpu_grad_slots", 1, 64));
+
+  const JsonReader s = r.object("split");
+  s.reject_unknown_keys({"attention_head_group", "gdn_chunk_tokens", "moe_chunk_tokens", "sub_batch_seqs"});
+  p.split.attention_head_group = static_cast<int>(s.integer("attention_head_group", 0, 1 << 16));
+  p.split.gdn_chunk_tokens = s.integer("gdn_chunk_tokens", 0, kMaxTokens);
+  p.split.moe_chunk_tokens = s.integer("moe_chunk_tokens", 0, kMaxTokens);
+  p.split.sub_batch_seqs = s.integer("sub_batch_seqs", 0, kMaxTokens);
+
+  p.keep_attention_results = r.boolean("keep_attention_results");
+
+  const JsonReader b = r.object("boundaries");
+  b.reject_unknown_keys({"host_kept", "gpu_held", "regenerate_cap"});
+  const auto& kept = b.raw().contains("host_kept") ? b.raw()["host_kept"] : nlohmann::json();
+  if (kept.is_string()) {
+    if (kept.get<std::string>() != "all") b.fail("host_kept", "expected \"all\" or a list of decoder indices");
+    p.boundaries.host_kept_all = true;
+  } else if (kept.is_array()) {
+    p.boundaries.host_kept_all = false;
+    p.boundaries.host_kept = to_int_vector(b.integer_list("host_kept", 0, kMaxLayers));
+  } else {
+    b.fail("host_kept", "expected \"all\" or a list of decoder indices");
+  }
+  p.boundaries.gpu_held = to_int_vector(b.integer_list("gpu_held", 0, kMaxLayers));
+  p.boundaries.regenerate_cap = static_cast<int>(b.integer("regenerate_cap", 0, kMaxLayers));
+  p.notes = r.string_or("notes", "");
+  return p;
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  nlohmann::json j;
+  j["version"] = p.version;
+  j["path"] = std::string(path_name(p.path));
+  j["resident_layers"] = p.resident_layers;
+  j["moe_retained_layers"] = p.moe_retained_layers;
+  j["routing_chunk_tokens"] = p.routing_chunk_tokens;
+  j["param_transfer"] = p.param_transfer == ParamTransfer::kFull ? "full" : "shard";
+  j["transfer_chunk_mib"] = p.transfer_chunk_mib;
+  j["cpu_grad_slots"] = p.cpu_grad_slots;
+  j["split"] = {{"attention_head_group", p.split.attention_head_group},
+                {"gdn_chunk_tokens", p.split.gdn_chunk_tokens},
+                {"moe_chunk_tokens", p.split.moe_chunk_tokens},
+                {"sub_batch_seqs", p.split.sub_batch_seqs}};
+  j["keep_attention_results"] = p.keep_attention_results;
+  j["boundaries"] = {{"host_kept", p.boundaries.host_kept_all ? nlohmann::json("all") : nlohmann::json(p.boundaries.host_kept)},
+                     {"gpu_held", p.boundaries.gpu_held},
+                     {"regenerate_cap", p.boundaries.regenerate_cap}};
+  j["notes"] = p.notes;
+  return j;
+}
+
+Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
+
+void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file) {
+  const nlohmann::json j = plan_to_json(p);
+  const JsonReader r(j, file);
+  const JsonReader s(j["split"], file, "split");
+  const JsonReader b(j["boundaries"], file, "boundaries");
+  check_layers(r, "resident_layers", p.resident_layers, m.layers, m.name);
+  check_layers(r, "moe_retained_layers", p.moe_retained_layers, m.layers, m.name);
+  if (!p.boundaries.host_kept_all) check_layers(b, "host_kept", p.boundaries.host_kept, m.layers, m.name);
+  check_layers(b, "gpu_held", p.boundaries.gpu_held, m.layers, m.name);
+
+  if (p.path == ExpertPath::kLocal) {
+    if (!p.resident_layers.empty()) r.fail("resident_layers", "the local path has no resident expert shards");
+    if (!p.moe_retained_layers.empty()) r.fail("moe_retained_layers", "the local path has no MoE-retained layers");
+  } else {
+    if (m.moe.experts % w.gpus != 0) {
+      r.fail("path", fmt::format("EP needs the {} experts of {} to split evenly over {} GPUs", m.moe.experts, m.name, w.gpus));
+    }
+    if (p.param_transfer == ParamTransfer::kShard) r.fail("param_transfer", "shard delivery is a local-path option");
+  }
+
+  // A head group partitions the query heads of each KV group of every attention kind.
+  const int g = p.split.attention_head_group;
+  if (g > 0) {
+    for (LayerKind kind : {LayerKind::kFullAttention, LayerKind::kSlidingAttention}) {
+      if (m.count(kind) == 0) continue;
+      const AttentionSpec& a = m.attention(kind);
+      const int per_group = a.heads / a.kv_heads;
+      if (per_group % g != 0) {
+        s.fail("attention_head_group", fmt::format("must divide the {} query heads per KV group of {} {} layers",
+                                                   per_group, m.name, layer_kind_name(kind)));
+      }
+    }
+  }
+  if (p.split.gdn_chunk_tokens > w.seq_len) {
+    s.fail("gdn_chunk_tokens", fmt::format("exceeds seq_len {}", w.seq_len));
+  }
+  if (p.split.moe_chunk_tokens > w.tokens_per_gpu()) {
+    s.fail("moe_chunk_tokens", fmt::format("exceeds the {} tokens per GPU", w.tokens_per_gpu()));
+  }
+  if (p.split.sub_batch_seqs > 0 && w.seqs_per_gpu() % p.split.sub_batch_seqs != 0) {
+    s.fail("sub_batch_seqs", fmt::format("must divide the {} sequences per GPU", w.seqs_per_gpu()));
+  }
+}
+
+}  // namespace oom

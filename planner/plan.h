@@ -1,0 +1,78 @@
+// Plan: how one training step is executed: expert path, residency, retention, partitions,
+// O/LSE placement and boundary policy (DESIGN.md "Plan (JSON)", version 1).
+//
+// Plain data, produced by the planners and consumed by lowering (StepGraph) and the backend.
+// plan_from_json() checks types and ranges; validate_plan() checks the plan against a model
+// and workload (layer indices in range, partitions that divide, path-specific fields).
+// Both throw InputError naming the file, the field and the value.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/model_spec.h"
+#include "costmodel/workload.h"
+
+namespace oom {
+
+enum class ExpertPath { kEp, kLocal };
+enum class ParamTransfer { kFull, kShard };
+
+// Operator partitions (0 = unpartitioned).
+struct SplitSpec {
+  int attention_head_group = 0;      // query heads per group within each GQA group
+  std::int64_t gdn_chunk_tokens = 0;  // GDN sequence chunk with FP32 state hand-off
+  std::int64_t moe_chunk_tokens = 0;  // MoE token chunk after routing
+  std::int64_t sub_batch_seqs = 0;    // complete sequences per sub-batch
+  bool operator==(const SplitSpec&) const = default;
+};
+
+// Which decoder inputs ("boundaries") are kept where; the rest are regenerated.
+struct BoundaryPolicy {
+  bool host_kept_all = true;          // "all": every boundary kept on the host
+  std::vector<int> host_kept;         // when not all: decoder indices kept on the host
+  std::vector<int> gpu_held;          // decoder indices whose boundary stays on the GPU
+  int regenerate_cap = 1;             // regenerated boundaries held on GPU at once
+  bool operator==(const BoundaryPolicy&) const = default;
+  // Where decoder `layer`'s input lives: on the GPU, on the host, or regenerated.
+  enum class Place { kGpu, kHost, kRegenerated };
+  Place place(int layer) const;
+};
+
+struct Plan {
+  int version = 1;
+  ExpertPath path = ExpertPath::kEp;
+  std::vector<int> resident_layers;      // EP: decoders whose expert shards are GPU-resident (R)
+  std::vector<int> moe_retained_layers;  // EP: decoders whose MoE backward tensors stay on GPU (K)
+  std::int64_t routing_chunk_tokens = 65536;
+  ParamTransfer param_transfer = ParamTransfer::kFull;
+  std::int64_t transfer_chunk_mib = 64;
+  int cpu_grad_slots = 2;
+  SplitSpec split;
+  bool keep_attention_results = false;  // O/LSE kept on the host
+  BoundaryPolicy boundaries;
+  std::string notes;
+
+  bool is_resident(int layer) const;
+  bool is_moe_retained(int layer) const;
+  bool operator==(const Plan&) const = default;
+};
+
+std::string_view path_name(ExpertPath p);  // "ep" | "local"
+
+// Parses the JSON object: field types, ranges and enum values. Unknown fields are rejected.
+Plan plan_from_json(const nlohmann::json& j, const std::string& file);
+nlohmann::json plan_to_json(const Plan& p);
+Plan load_plan(const std::string& path);
+
+// Checks the plan against the model and workload: layer indices within 0..layers−1 without
+// duplicates; EP-only fields empty on the Local path; a head group that divides the query heads
+// of each KV group of every attention kind; chunks within the sequence / token counts; a
+// sub-batch that divides the sequences per GPU. Throws InputError naming `file` and the field.
+void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file);
+
+}  // namespace oom
