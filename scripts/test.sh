@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: the normal suite, then the sanitizer suite
+# (AddressSanitizer + UndefinedBehaviorSanitizer over everything that does not link LibTorch).
+# This is README's test command and what .ci/run calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+jobs="${OOM_JOBS:-$(nproc)}"
+start=$(date +%s)
+
+cmake --preset default >/dev/null
+cmake --build --preset default -j "$jobs"
+ctest --preset default -j "$jobs"
+normal_end=$(date +%s)
+
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --preset asan -j "$jobs"
+end=$(date +%s)
+
+echo "test.sh: normal suite $((normal_end - start)) s, sanitizer suite $((end - normal_end)) s"
