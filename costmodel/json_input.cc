@@ -27,7 +27,7 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& origi
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw InputError(origin, "empty, expected JSON");
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse errors and number overflow (1e999)
     // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
     std::string what = e.what();
     const auto pos = what.find("] ");

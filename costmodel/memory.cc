@@ -46,8 +46,8 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t h, std::in
 }
 
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, std::int64_t S, std::int64_t C) {
-  const std::int64_t live = (C > 0 && C < S) ? C : S;
-  const std::int64_t T = seqs * live;
+  std::int64_t T = seqs * S;
+  if (C > 0) T = C < S ? seqs * C : std::min(C, seqs * S);
   const std::int64_t kd = g.key_dim(), vd = g.value_dim();
   Bytes bytes = 0;
   bytes += T * h * kBf16Bytes;                         // normed input [T, h]

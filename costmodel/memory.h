@@ -41,8 +41,9 @@ Bytes ep_a2a_bytes(int top_k, std::int64_t tokens_per_gpu, std::int64_t hidden, 
 // processed `head_group` at a time within each KV group (0 = all heads at once).
 Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, std::int64_t seqs,
                                  std::int64_t seq_len, int head_group);
-// Activations saved by a GDN sublayer when `chunk_tokens` of each sequence are live at once
-// (0 = whole sequence); the chunk-boundary states of Eq. 4 are included.
+// Activations saved by a GDN sublayer over `seqs` sequences processed `chunk_tokens` at a time:
+// 0 = everything at once; C < S = the same C-token piece of every sequence (FP32 state hand-off
+// between pieces, Eq. 4 states included); C ≥ S = C/S whole sequences at a time.
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t hidden, std::int64_t seqs, std::int64_t seq_len,
                            std::int64_t chunk_tokens);
 // Activations saved by the MoE sublayer for `tokens` tokens (routing, dispatched copies, expert

@@ -8,8 +8,8 @@
 
 namespace oom {
 
-Workload workload_from_json(const nlohmann::json& j, const std::string& file) {
-  const JsonReader r(j, file);
+Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
+  const JsonReader r(j, file, path);
   r.reject_unknown_keys({"model", "hardware", "gpus", "global_batch", "seq_len", "gpu_budget_gib",
                          "host_budget_gib", "yarn_factor"});
   Workload w;

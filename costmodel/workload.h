@@ -33,7 +33,8 @@ struct Workload {
 };
 
 // Parses the JSON object (type and range checks only). Throws InputError naming the field.
-Workload workload_from_json(const nlohmann::json& j, const std::string& file);
+// `path` is the object's field path inside the file ("workload" inside a record), for messages.
+Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path = "");
 nlohmann::json workload_to_json(const Workload& w);
 Workload load_workload(const std::string& path);
 

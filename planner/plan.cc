@@ -44,8 +44,8 @@ bool Plan::is_moe_retained(int layer) const { return contains(moe_retained_layer
 
 std::string_view path_name(ExpertPath p) { return p == ExpertPath::kEp ? "ep" : "local"; }
 
-Plan plan_from_json(const nlohmann::json& j, const std::string& file) {
-  const JsonReader r(j, file);
+Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
+  const JsonReader r(j, file, path);
   r.reject_unknown_keys({"version", "path", "resident_layers", "moe_retained_layers", "routing_chunk_tokens",
                          "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
                          "keep_attention_results", "boundaries", "notes"});
@@ -110,11 +110,12 @@ nlohmann::json plan_to_json(const Plan& p) {
 
 Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
 
-void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file) {
+void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,
+                   const std::string& path) {
   const nlohmann::json j = plan_to_json(p);
-  const JsonReader r(j, file);
-  const JsonReader s(j["split"], file, "split");
-  const JsonReader b(j["boundaries"], file, "boundaries");
+  const JsonReader r(j, file, path);
+  const JsonReader s(j["split"], file, r.field("split"));
+  const JsonReader b(j["boundaries"], file, r.field("boundaries"));
   check_layers(r, "resident_layers", p.resident_layers, m.layers, m.name);
   check_layers(r, "moe_retained_layers", p.moe_retained_layers, m.layers, m.name);
   if (!p.boundaries.host_kept_all) check_layers(b, "host_kept", p.boundaries.host_kept, m.layers, m.name);
@@ -143,8 +144,9 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
       }
     }
   }
-  if (p.split.gdn_chunk_tokens > w.seq_len) {
-    s.fail("gdn_chunk_tokens", fmt::format("exceeds seq_len {}", w.seq_len));
+  // A GDN chunk is a piece of one sequence (state hand-off) or a whole number of sequences.
+  if (p.split.gdn_chunk_tokens > w.seq_len && p.split.gdn_chunk_tokens % w.seq_len != 0) {
+    s.fail("gdn_chunk_tokens", fmt::format("above seq_len {} it must be a whole number of sequences", w.seq_len));
   }
   if (p.split.moe_chunk_tokens > w.tokens_per_gpu()) {
     s.fail("moe_chunk_tokens", fmt::format("exceeds the {} tokens per GPU", w.tokens_per_gpu()));

@@ -65,14 +65,17 @@ struct Plan {
 std::string_view path_name(ExpertPath p);  // "ep" | "local"
 
 // Parses the JSON object: field types, ranges and enum values. Unknown fields are rejected.
-Plan plan_from_json(const nlohmann::json& j, const std::string& file);
+// `path` is the object's field path inside the file ("plan" inside a record), for messages.
+Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std::string& path = "");
 nlohmann::json plan_to_json(const Plan& p);
 Plan load_plan(const std::string& path);
 
 // Checks the plan against the model and workload: layer indices within 0..layers−1 without
 // duplicates; EP-only fields empty on the Local path; a head group that divides the query heads
-// of each KV group of every attention kind; chunks within the sequence / token counts; a
-// sub-batch that divides the sequences per GPU. Throws InputError naming `file` and the field.
-void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file);
+// of each KV group of every attention kind; a GDN chunk that is either part of one sequence or a
+// whole number of sequences; a MoE chunk within the tokens per GPU; a sub-batch that divides the
+// sequences per GPU. Throws InputError naming `file` and the field.
+void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,
+                   const std::string& path = "");
 
 }  // namespace oom

@@ -1,0 +1,158 @@
+// The `oom` command in-process: outputs, help, and bad input answered with one line and exit 2.
+#include "cli/cli.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace oom::cli {
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result oom(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  const int code = run(args, {out, err});
+  return {code, out.str(), err.str()};
+}
+
+std::string source(const std::string& rel) { return std::string(OOM_SOURCE_DIR) + "/" + rel; }
+
+class TempDir {
+ public:
+  TempDir() : path_(std::filesystem::temp_directory_path() / ("oom_cli_test_" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name, const std::string& content) const {
+    const auto p = path_ / name;
+    std::ofstream(p) << content;
+    return p.string();
+  }
+  std::string path(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(Cli, ModelShowJsonReportsMixtralTotals) {
+  const Result r = oom({"model", "show", "mixtral-8x7b", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["total_params"].is_number_integer());
+  EXPECT_TRUE(j["active_params"].is_number_integer());
+  EXPECT_NEAR(j["total_params"].get<double>() / 1e9, 46.70, 0.005);
+  EXPECT_EQ(j["params_per_layer"].size(), 32u);
+}
+
+TEST(Cli, ModelShowTextAndPathInput) {
+  const Result r = oom({"model", "show", source("configs/models/gemma4-26b-a4b.json")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("5 full attention, 25 sliding attention"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("V = K"), std::string::npos);
+}
+
+TEST(Cli, MemoryJsonCarriesEq2AndHostPerNuma) {
+  const Result r = oom({"memory", "--workload", source("experiments/default/workload.json"), "--plan",
+                        source("experiments/default/plan-r23.json"), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["gpu"]["eq2"]["state_bytes"].get<long long>(), 50LL << 30);
+  EXPECT_EQ(j["host"].size(), 2u);
+}
+
+TEST(Cli, DefaultReportMatchesTheDefaultFiles) {
+  const Result a = oom({"report", "--json"});
+  const Result b = oom({"report", "--json", "--workload", source("experiments/default/workload.json"), "--plan",
+                        source("experiments/default/plan-r23.json")});
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  ja["plan"].erase("notes");
+  jb["plan"].erase("notes");
+  EXPECT_EQ(ja, jb);
+}
+
+TEST(Cli, OutputFileIsWrittenAtomically) {
+  TempDir t;
+  const std::string out = t.path("report.json");
+  const Result r = oom({"report", "--json", "-o", out});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  std::ifstream in(out);
+  EXPECT_NO_THROW(nlohmann::json::parse(in));
+}
+
+TEST(Cli, HelpEverywhere) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"model", "--help"}, {"model", "show", "--help"}, {"memory", "--help"}, {"report", "--help"}}) {
+    const Result r = oom(args);
+    EXPECT_EQ(r.code, 0) << args.back();
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
+  }
+  EXPECT_NE(oom({"memory", "--help"}).out.find("--workload"), std::string::npos);
+}
+
+// Each bad input: one line on stderr naming file and field, exit 2, nothing written.
+TEST(Cli, BadInputIsOneLineExit2AndNothingWritten) {
+  TempDir t;
+  const std::string plan = source("experiments/default/plan-r23.json");
+  const std::string wl = source("experiments/default/workload.json");
+  struct Case {
+    std::string name;
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::string bad_model = t.file("w1.json", R"({"model": "gpt-9", "hardware": "h100-sxm-node", "gpus": 4, "global_batch": 32, "seq_len": 4096})");
+  const std::string bad_hw = t.file("w2.json", R"({"model": "qwen3.6-35b-a3b", "hardware": "tpu", "gpus": 4, "global_batch": 32, "seq_len": 4096})");
+  const std::string bad_type = t.file("w3.json", R"({"model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", "gpus": "four", "global_batch": 32, "seq_len": 4096})");
+  const std::string missing_field = t.file("w4.json", R"({"model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", "gpus": 4, "seq_len": 4096})");
+  const std::string malformed = t.file("p1.json", R"({"version": 1, "path": "ep",)");
+  const std::string out_of_range = t.file("p2.json", R"({"version": 1, "path": "ep", "resident_layers": [0, 40], "moe_retained_layers": [],
+    "routing_chunk_tokens": 65536, "param_transfer": "full", "transfer_chunk_mib": 64, "cpu_grad_slots": 2,
+    "split": {"attention_head_group": 0, "gdn_chunk_tokens": 0, "moe_chunk_tokens": 0, "sub_batch_seqs": 0},
+    "keep_attention_results": false, "boundaries": {"host_kept": "all", "gpu_held": [], "regenerate_cap": 1}})");
+  const std::vector<Case> cases = {
+      {"missing file", {"memory", "--workload", t.path("nope.json"), "--plan", plan}, "nope.json: file not found"},
+      {"malformed JSON", {"memory", "--workload", wl, "--plan", malformed}, "p1.json: malformed JSON"},
+      {"missing field", {"memory", "--workload", missing_field, "--plan", plan}, "w4.json: field 'global_batch': value (missing)"},
+      {"wrong type", {"memory", "--workload", bad_type, "--plan", plan}, "w3.json: field 'gpus': value \"four\": expected an integer"},
+      {"unknown model", {"memory", "--workload", bad_model, "--plan", plan}, "w1.json: field 'model': value \"gpt-9\": unknown model"},
+      {"unknown hardware", {"memory", "--workload", bad_hw, "--plan", plan}, "w2.json: field 'hardware': value \"tpu\": unknown hardware"},
+      {"layer out of range", {"memory", "--workload", wl, "--plan", out_of_range}, "p2.json: field 'resident_layers[1]': value 40: layer index out of range 0..39"},
+      {"unknown model name", {"model", "show", "no-such"}, "field 'model': value \"no-such\": unknown model"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.args;
+    const std::string out = t.path("out-" + std::to_string(&c - cases.data()) + ".json");
+    if (args[0] != "model") {
+      args.push_back("-o");
+      args.push_back(out);
+    }
+    const Result r = oom(args);
+    EXPECT_EQ(r.code, 2) << c.name;
+    EXPECT_EQ(lines(r.err), 1) << c.name << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << c.name;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.name << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.name;
+    EXPECT_FALSE(std::filesystem::exists(out)) << c.name;
+  }
+}
+
+TEST(Cli, UnknownCommandOrOptionExits2) {
+  EXPECT_EQ(oom({"frobnicate"}).code, 2);
+  EXPECT_EQ(oom({"model", "show", "tiny-moe", "--bogus"}).code, 2);
+  EXPECT_EQ(lines(oom({"frobnicate"}).err), 1);
+}
+
+}  // namespace
+}  // namespace oom::cli

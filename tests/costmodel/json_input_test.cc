@@ -1,0 +1,68 @@
+// JsonReader: type and range checks with errors naming file, field path and value.
+#include "costmodel/json_input.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+
+namespace oom {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(JsonInput, NestedFieldPathsAndValuesAppearInErrors) {
+  const nlohmann::json j = nlohmann::json::parse(R"({"split": {"n": "four"}, "xs": [1, 2, -3]})");
+  const JsonReader r(j, "p.json");
+  EXPECT_EQ(error_of([&] { r.object("split").integer("n", 0, 10); }),
+            "p.json: field 'split.n': value \"four\": expected an integer");
+  EXPECT_EQ(error_of([&] { r.integer_list("xs", 0, 10); }), "p.json: field 'xs[2]': value -3: out of range 0..10");
+  EXPECT_EQ(error_of([&] { r.integer("missing", 0, 1); }), "p.json: field 'missing': value (missing): required field is missing");
+}
+
+TEST(JsonInput, NonFiniteAndHugeNumbersAreRejected) {
+  // 1e999 overflows a double: the parser refuses it as malformed JSON, naming the origin.
+  EXPECT_EQ(error_of([] { parse_json_text(R"({"big": 1e999})", "x.json"); }),
+            "x.json: malformed JSON: number overflow parsing '1e999'");
+  const nlohmann::json j = nlohmann::json::parse(R"({"huge": 123456789012345678901234567890, "f": 2.5, "u": 18446744073709551615})");
+  const JsonReader r(j, "x.json");
+  EXPECT_EQ(error_of([&] { r.integer("huge", 0, 1LL << 40); }), "x.json: field 'huge': value 1.2345678901234568e+29: expected an integer");
+  EXPECT_EQ(error_of([&] { r.integer("u", 0, 1LL << 40); }), "x.json: field 'u': value 18446744073709551615: integer too large");
+  EXPECT_EQ(error_of([&] { r.integer("f", 0, 10); }), "x.json: field 'f': value 2.5: expected an integer");
+}
+
+TEST(JsonInput, OneOfListsTheAllowedValues) {
+  const nlohmann::json j = {{"path", "tp"}};
+  EXPECT_EQ(error_of([&] { JsonReader(j, "p.json").one_of("path", {"ep", "local"}); }),
+            "p.json: field 'path': value \"tp\": expected one of ep, local");
+}
+
+TEST(JsonInput, FileProblemsNameTheFile) {
+  const auto dir = std::filesystem::temp_directory_path() / "oom_json_input_test";
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(error_of([&] { read_json_file((dir / "nope.json").string()); }), (dir / "nope.json").string() + ": file not found");
+  EXPECT_EQ(error_of([&] { read_json_file(dir.string()); }), dir.string() + ": is a directory, expected a JSON file");
+  std::ofstream((dir / "empty.json").string()).close();
+  EXPECT_EQ(error_of([&] { read_json_file((dir / "empty.json").string()); }), (dir / "empty.json").string() + ": empty, expected JSON");
+  std::ofstream((dir / "trunc.json").string()) << "{\"a\": [1, 2";
+  EXPECT_NE(error_of([&] { read_json_file((dir / "trunc.json").string()); }).find("trunc.json: malformed JSON: parse error"), std::string::npos);
+  std::ofstream((dir / "latin1.json").string()) << "{\"a\": \"caf\xe9\"}";
+  EXPECT_NE(error_of([&] { read_json_file((dir / "latin1.json").string()); }).find("malformed JSON"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JsonInput, RootMustBeAnObject) {
+  EXPECT_EQ(error_of([] { JsonReader(nlohmann::json::array(), "a.json"); }), "a.json: field 'document': value []: expected a JSON object");
+}
+
+}  // namespace
+}  // namespace oom

@@ -1,0 +1,81 @@
+// Memory equations against hand-computed values and the published sizes of reference §10.
+#include "costmodel/memory.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+namespace oom {
+namespace {
+
+TEST(Memory, CanonicalStateIsTwelveBytesPerParameter) {
+  EXPECT_EQ(canonical_state_bytes(1000), 12000);  // FP32 master + m + v
+  EXPECT_EQ(working_weight_bytes(1000), 2000);
+  EXPECT_EQ(gradient_bytes(1000), 2000);
+}
+
+TEST(Memory, ThreeQwen36BoundariesAt512kAreSixGiB) {
+  // Reference §10: the three regenerable boundaries of a 3+1 block free 6.0 GiB at 512K:
+  // 3 · 2 B · 524,288 · 2048 = 6,442,450,944 B = 6.0 GiB.
+  EXPECT_EQ(boundary_bytes(3, 1, 524288, 2048), 6LL * kGiB);
+}
+
+TEST(Memory, Qwen36OLseAt512kIs4point03GiB) {
+  // 524,288 tokens · 16 heads · (2 B · 256 + 4 B) = 4,328,521,728 B = 4.03 GiB (reference §10).
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  const Bytes b = attention_result_bytes(m.full_attention, 1, 524288);
+  EXPECT_EQ(b, 4'328'521'728LL);
+  EXPECT_NEAR(to_gib(b), 4.03, 0.005);
+}
+
+TEST(Memory, Gemma4BlockSizesMatchThePublishedTable) {
+  // Per 5+1 block, one sequence: O/LSE of the global layer 0.50/1.00/2.01/4.02 GiB and five freed
+  // sliding boundaries 0.86/1.72/3.44/6.88 GiB at 32K/64K/128K/256K (reference §10).
+  const ModelSpec m = load_model_spec("gemma4-26b-a4b");
+  const double olse[] = {0.50, 1.00, 2.01, 4.02};
+  const double freed[] = {0.86, 1.72, 3.44, 6.88};
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t S = 32768LL << i;
+    EXPECT_NEAR(to_gib(attention_result_bytes(m.full_attention, 1, S)), olse[i], 0.006) << S;
+    EXPECT_NEAR(to_gib(boundary_bytes(5, 1, S, m.hidden)), freed[i], 0.006) << S;
+  }
+}
+
+TEST(Memory, Eq4GdnChunkStates) {
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  // 4 B · B=1 · (⌈524288/131072⌉ − 1 = 3) · 32 heads · 128 · 128 = 6,291,456 B
+  EXPECT_EQ(gdn_chunk_state_bytes(m.gdn, 1, 524288, 131072), 6'291'456);
+  EXPECT_EQ(gdn_chunk_state_bytes(m.gdn, 2, 1000, 300), 4LL * 2 * 3 * 32 * 128 * 128);  // ⌈1000/300⌉ = 4
+  EXPECT_EQ(gdn_chunk_state_bytes(m.gdn, 1, 4096, 0), 0);
+  EXPECT_EQ(gdn_chunk_state_bytes(m.gdn, 1, 4096, 4096), 0);
+}
+
+TEST(Memory, Eq6EpAllToAllVolume) {
+  // 2 · k=8 · N=32768 · h=2048 · 2 B · (4−1)/4 = 1,610,612,736 B
+  EXPECT_EQ(ep_a2a_bytes(8, 32768, 2048, 2, 4), 1'610'612'736LL);
+  EXPECT_EQ(ep_a2a_bytes(8, 32768, 2048, 2, 1), 0);  // one GPU: nothing leaves
+}
+
+TEST(Memory, AttentionHeadGroupsShrinkOnlyTheQuerySide) {
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  const AttentionSpec& a = m.full_attention;
+  const Bytes all = attention_activation_bytes(a, m.hidden, 1, 1000, 0);
+  const Bytes g2 = attention_activation_bytes(a, m.hidden, 1, 1000, 2);
+  // Q and gate shrink from 16 to 2 heads (2 B each per element), LSE from 16 to 2 (4 B).
+  EXPECT_EQ(all - g2, 1000LL * (14 * 256 * 2 * 2 + 14 * 4));
+}
+
+TEST(Memory, MoeActivationsByHand) {
+  const ModelSpec m = load_model_spec("tiny-moe");  // h 64, E 8, k 2, I 32, shared 32, dense 48
+  const std::int64_t per_token = 64 * 2 + 8 * 4 + 2 * 12 + 2 * 64 * 2 + 2 * 3 * 32 * 2 + 2 * 64 * 2 + 3 * 32 * 2 + 3 * 48 * 2;
+  EXPECT_EQ(moe_activation_bytes(m, 10), 10 * per_token);
+}
+
+TEST(Memory, Eq2AddsHeadroomAsAFractionOfTheRest) {
+  const GpuPeakTerms t = eq2_gpu_peak(100, 200, 300, 400, 0.1);
+  EXPECT_EQ(t.headroom, 100);
+  EXPECT_EQ(t.total(), 1100);
+}
+
+}  // namespace
+}  // namespace oom

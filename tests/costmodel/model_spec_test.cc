@@ -1,0 +1,132 @@
+// ModelSpec: reading Hugging Face configs of every layer kind, multimodal text_config, round trip.
+#include "costmodel/model_spec.h"
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+namespace {
+
+TEST(ModelSpec, Qwen36HasThirtyGdnAndTenGatedFullAttentionLayers) {
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  EXPECT_EQ(m.layers, 40);
+  EXPECT_EQ(m.count(LayerKind::kLinearAttention), 30);
+  EXPECT_EQ(m.count(LayerKind::kFullAttention), 10);
+  for (int l = 3; l < 40; l += 4) EXPECT_EQ(m.layer_kinds[l], LayerKind::kFullAttention) << l;
+  EXPECT_TRUE(m.full_attention.output_gate);
+  EXPECT_EQ(m.full_attention.kv_heads, 2);
+  EXPECT_EQ(m.gdn.value_heads, 32);
+  EXPECT_EQ(m.gdn.key_dim(), 16 * 128);
+  EXPECT_EQ(m.moe.shared_expert_intermediate, 512);
+  EXPECT_DOUBLE_EQ(m.partial_rotary_factor, 0.25);
+}
+
+TEST(ModelSpec, MultimodalConfigIsReadFromTextConfig) {
+  const ModelSpec m = load_model_spec("qwen3.5-122b-a10b");
+  EXPECT_EQ(m.model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(m.hidden, 3072);
+  EXPECT_EQ(m.layers, 48);
+  EXPECT_EQ(m.count(LayerKind::kFullAttention), 12);
+  EXPECT_EQ(m.gdn.value_heads, 64);
+}
+
+TEST(ModelSpec, Gemma4GlobalLayersHaveTheirOwnKvHeadsHeadDimAndKEqV) {
+  const ModelSpec m = load_model_spec("gemma4-26b-a4b");
+  EXPECT_EQ(m.count(LayerKind::kSlidingAttention), 25);
+  EXPECT_EQ(m.count(LayerKind::kFullAttention), 5);
+  EXPECT_EQ(m.layer_kinds[5], LayerKind::kFullAttention);
+  EXPECT_EQ(m.sliding_attention.window_tokens, 1024);
+  EXPECT_EQ(m.sliding_attention.kv_heads, 8);
+  EXPECT_EQ(m.sliding_attention.head_dim, 256);
+  EXPECT_FALSE(m.sliding_attention.k_eq_v);
+  EXPECT_EQ(m.full_attention.kv_heads, 2);
+  EXPECT_EQ(m.full_attention.head_dim, 512);
+  EXPECT_TRUE(m.full_attention.k_eq_v);
+  EXPECT_EQ(m.full_attention.window_tokens, 0);
+  EXPECT_EQ(m.moe.dense_intermediate, 2112);
+  EXPECT_TRUE(m.tied_embeddings);
+  EXPECT_DOUBLE_EQ(m.final_logit_softcap, 30.0);
+}
+
+TEST(ModelSpec, MixtralSlidesEveryLayerWithItsWindowAndSizesExpertsByIntermediateSize) {
+  const ModelSpec m = load_model_spec("mixtral-8x7b");
+  EXPECT_EQ(m.count(LayerKind::kSlidingAttention), 32);
+  EXPECT_EQ(m.sliding_attention.window_tokens, 4096);
+  EXPECT_EQ(m.moe.experts, 8);
+  EXPECT_EQ(m.moe.expert_intermediate, 14336);
+  EXPECT_EQ(m.moe.dense_intermediate, 0);
+}
+
+TEST(ModelSpec, Qwen3MoeIgnoresDenseIntermediateSizeAndNullWindow) {
+  const ModelSpec m = load_model_spec("qwen3-30b-a3b");
+  EXPECT_EQ(m.count(LayerKind::kFullAttention), 48);
+  EXPECT_EQ(m.moe.expert_intermediate, 768);
+  EXPECT_EQ(m.moe.dense_intermediate, 0);
+  EXPECT_EQ(m.moe.shared_expert_intermediate, 0);
+  EXPECT_FALSE(m.full_attention.output_gate);
+}
+
+TEST(ModelSpec, QwenNextDerivesLayerTypesFromTheInterval) {
+  const ModelSpec m = load_model_spec("qwen3-next-80b-a3b");
+  EXPECT_EQ(m.count(LayerKind::kLinearAttention), 36);
+  EXPECT_EQ(m.count(LayerKind::kFullAttention), 12);
+  EXPECT_EQ(m.moe.experts, 512);
+  EXPECT_EQ(m.moe.top_k, 10);
+}
+
+TEST(ModelSpec, TinyMoeHasEveryLayerKind) {
+  for (const char* name : {"tiny-moe"}) {
+    const ModelSpec m = load_model_spec(name);
+    EXPECT_LE(m.hidden, 256);
+    EXPECT_GT(m.count(LayerKind::kLinearAttention), 0);
+    EXPECT_GT(m.count(LayerKind::kSlidingAttention), 0);
+    EXPECT_GT(m.count(LayerKind::kFullAttention), 0);
+    EXPECT_GT(m.moe.shared_expert_intermediate, 0);
+    EXPECT_GT(m.moe.dense_intermediate, 0);
+  }
+  EXPECT_TRUE(load_model_spec("tiny-moe-gemma").full_attention.k_eq_v);
+  EXPECT_EQ(load_model_spec("tiny-moe-mixtral").count(LayerKind::kSlidingAttention), 2);
+}
+
+TEST(ModelSpec, EveryShippedConfigRoundTripsThroughTheHfWriter) {
+  for (const char* name : {"qwen3.6-35b-a3b", "qwen3.5-122b-a10b", "qwen3-30b-a3b", "mixtral-8x7b", "gemma4-26b-a4b",
+                           "qwen3-next-80b-a3b", "tiny-moe", "tiny-moe-qwen", "tiny-moe-gemma", "tiny-moe-mixtral"}) {
+    const ModelSpec m = load_model_spec(name);
+    const ModelSpec back = model_spec_from_hf_config(model_spec_to_hf_config(m), "roundtrip", m.name);
+    EXPECT_EQ(back, m) << name;
+  }
+}
+
+TEST(ModelSpec, UnknownLayerTypeNamesTheFieldAndIndex) {
+  nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe"));
+  j["layer_types"][2] = "mamba";
+  try {
+    model_spec_from_hf_config(j, "cfg.json", "x");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cfg.json: field 'layer_types[2]': value \"mamba\": unknown layer type (expected full_attention, "
+              "sliding_attention or linear_attention)");
+  }
+}
+
+TEST(ModelSpec, TopKLargerThanExpertsIsRejected) {
+  nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe"));
+  j["num_experts_per_tok"] = 99;
+  EXPECT_THROW(model_spec_from_hf_config(j, "cfg.json", "x"), InputError);
+}
+
+TEST(ModelSpec, UnknownNameListsTheKnownModels) {
+  try {
+    load_model_spec("no-such-model");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown model"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("mixtral-8x7b"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace oom

@@ -1,0 +1,77 @@
+// Parameter counts against the published totals of each model.
+#include "costmodel/params.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+namespace oom {
+namespace {
+
+double rel(double a, double b) { return std::fabs(a - b) / b; }
+
+TEST(Params, Mixtral8x7bIs46point70BTotalAnd12point9BActive) {
+  const ModelParams p = model_params(load_model_spec("mixtral-8x7b"));
+  EXPECT_LT(rel(p.total(), 46.70e9), 0.01) << p.total();
+  EXPECT_LT(rel(p.active(), 12.9e9), 0.01) << p.active();
+  // Hand count: attention 4096·(4096 + 1024 + 1024) + 4096·4096 = 41,943,040 per layer;
+  // experts 8 · 3·4096·14336 = 1,409,286,144; router 4096·8; norms 2·4096.
+  EXPECT_EQ(p.layers[0].mixing, 41'943'040);
+  EXPECT_EQ(p.layers[0].routed_experts, 1'409'286'144);
+  EXPECT_EQ(p.layers[0].router, 32'768);
+  EXPECT_EQ(p.total(), 32LL * (41'943'040 + 1'409'286'144 + 32'768 + 8'192) + 2LL * 32000 * 4096 + 4096);
+}
+
+TEST(Params, Qwen3_30bIs30point53BTotalAnd3point3BActive) {
+  const ModelParams p = model_params(load_model_spec("qwen3-30b-a3b"));
+  EXPECT_LT(rel(p.total(), 30.53e9), 0.01) << p.total();
+  // The card's "3.3B activated" truncates 3.35B (attention 18.87M + 8 experts 37.75M + router per layer,
+  // ×48, + both 311M embedding matrices = 3.353B): 1.6% above 3.3, the same figure to the published digit.
+  EXPECT_LT(rel(p.active(), 3.3e9), 0.02) << p.active();
+  EXPECT_EQ(static_cast<long long>(p.active() / 100'000'000), 33);
+}
+
+TEST(Params, Qwen36BackboneIsWithin3PercentOf35B) {
+  // The published 35B also counts the vision tower (~0.4B) and the multi-token-prediction layer;
+  // the language backbone modelled here is 34.66B.
+  const ModelParams p = model_params(load_model_spec("qwen3.6-35b-a3b"));
+  EXPECT_LT(rel(p.total(), 35e9), 0.03) << p.total();
+  // GDN layer by hand: in_proj_qkvz 2048·(2·2048 + 2·4096) = 25,165,824; in_proj_ba 2048·64 = 131,072;
+  // conv (2·2048 + 4096)·4 = 32,768; dt_bias + A_log 64; norm 128; out_proj 4096·2048 = 8,388,608.
+  EXPECT_EQ(p.layers[0].mixing, 25'165'824 + 131'072 + 32'768 + 64 + 128 + 8'388'608);
+  // Gated full attention: q 2048·(16·256·2) = 16,777,216; k, v 2048·512 each; o 4096·2048; q/k norms 2·256.
+  EXPECT_EQ(p.layers[3].mixing, 16'777'216 + 2 * 1'048'576 + 8'388'608 + 512);
+  // Shared expert 3·2048·512 + gate 2048.
+  EXPECT_EQ(p.layers[0].shared_expert, 3'145'728 + 2'048);
+}
+
+TEST(Params, Qwen35_122bBackboneIsWithin3PercentOf122B) {
+  // As for Qwen3.6: the published total includes the vision tower and the MTP layer.
+  const ModelParams p = model_params(load_model_spec("qwen3.5-122b-a10b"));
+  EXPECT_LT(rel(p.total(), 122e9), 0.03) << p.total();
+}
+
+TEST(Params, Gemma4Is25point2BTotalAnd3point8BActive) {
+  const ModelParams p = model_params(load_model_spec("gemma4-26b-a4b"));
+  EXPECT_LT(rel(p.total(), 25.2e9), 0.03) << p.total();
+  EXPECT_LT(rel(p.active(), 3.8e9), 0.03) << p.active();
+  EXPECT_EQ(p.lm_head, 0);  // tied
+  // Global layer: q 2816·8192, k 2816·1024, no v (K = V), o 8192·2816, q/k norms 2·512.
+  EXPECT_EQ(p.layers[5].mixing, 2816LL * 8192 * 2 + 2816LL * 1024 + 1024);
+  EXPECT_EQ(p.layers[0].dense_mlp, 3LL * 2816 * 2112);
+}
+
+TEST(Params, QwenNext80bIsWithin3PercentOf80B) {
+  const ModelParams p = model_params(load_model_spec("qwen3-next-80b-a3b"));
+  EXPECT_LT(rel(p.total(), 80e9), 0.03) << p.total();
+}
+
+TEST(Params, ActiveCountsTopKExpertsAndEverythingElse) {
+  const ModelSpec m = load_model_spec("tiny-moe");
+  const ModelParams p = model_params(m);
+  const LayerParams s = p.layer_sum();
+  EXPECT_EQ(p.total() - p.active(), s.routed_experts - std::int64_t{m.layers} * m.moe.top_k * expert_params(m));
+}
+
+}  // namespace
+}  // namespace oom

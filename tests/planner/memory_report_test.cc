@@ -1,0 +1,81 @@
+// Static memory of a plan against the published GPU peaks and host footprints (reference §10).
+#include "planner/memory_report.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "traces/records.h"
+
+namespace oom {
+namespace {
+
+const StepRecord& record(const RecordSet& set, const std::string& id) {
+  for (const auto& r : set.steps) {
+    if (r.id == id) return r;
+  }
+  throw std::runtime_error("no record " + id);
+}
+
+MemoryReport report_for(const StepRecord& r) {
+  const WorkloadContext ctx = resolve_workload(r.workload, r.origin);
+  return static_memory(ctx, plan_from_json(r.plan, r.origin));
+}
+
+class MemoryReportTest : public ::testing::Test {
+ protected:
+  RecordSet set = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
+};
+
+TEST_F(MemoryReportTest, ResidentR23StateDominatesTheGpuAndLandsNearThePublishedPeak) {
+  const MemoryReport m = report_for(record(set, "t4-b32"));
+  // 23 layers × (256 experts / 4 GPUs) × 3·2048·512 params × 12 B = 55,566,139,392 B.
+  EXPECT_EQ(m.gpu.eq2.state, 23LL * 64 * 3 * 2048 * 512 * 12);
+  EXPECT_LT(std::fabs(to_gib(m.gpu.eq2.total()) - 64.8) / 64.8, 0.10) << to_gib(m.gpu.eq2.total());
+}
+
+TEST_F(MemoryReportTest, NoResidencyLeavesOnlyTheWorkset) {
+  const MemoryReport m = report_for(record(set, "t4-b32-r0"));
+  EXPECT_EQ(m.gpu.eq2.state, 0);
+  EXPECT_LT(to_gib(m.gpu.eq2.total()), 20.0);  // published 11.4 GiB; static bound before the timeline
+  EXPECT_GT(to_gib(m.gpu.eq2.total()), 8.0);
+}
+
+TEST_F(MemoryReportTest, KeepingOLseAt512kAddsTheirBytesToTheHost) {
+  const MemoryReport split = report_for(record(set, "t6-512k-split"));
+  const MemoryReport keep = report_for(record(set, "t6-512k-keep"));
+  // 10 attention layers × 4 ranks × 4,328,521,728 B (reference: 892.5 − 731.3 = 161.2 GiB measured).
+  EXPECT_EQ(keep.host_total() - split.host_total(), 40LL * 4'328'521'728LL);
+  EXPECT_LT(std::fabs(to_gib(split.host_total()) - 731.3) / 731.3, 0.05) << to_gib(split.host_total());
+  EXPECT_LT(std::fabs(to_gib(keep.host_total()) - 892.5) / 892.5, 0.05) << to_gib(keep.host_total());
+}
+
+TEST_F(MemoryReportTest, HostSplitsOverBothSocketsForFourRanks) {
+  const MemoryReport m = report_for(record(set, "t4-b32"));
+  ASSERT_EQ(m.host.size(), 2u);
+  EXPECT_EQ(m.host[0].ranks, 2);
+  EXPECT_EQ(m.host[1].ranks, 2);
+  EXPECT_EQ(m.host[0].total(), m.host[1].total());
+}
+
+TEST_F(MemoryReportTest, HeadGroupsShrinkTheLocalWorkset) {
+  StepRecord r = record(set, "t6-512k-split");
+  Plan p = plan_from_json(r.plan, r.origin);
+  const WorkloadContext ctx = resolve_workload(r.workload, r.origin);
+  p.split.attention_head_group = 0;
+  const Bytes whole = static_memory(ctx, p).gpu.eq2.work;
+  p.split.attention_head_group = 2;
+  EXPECT_LT(static_memory(ctx, p).gpu.eq2.work, whole);
+}
+
+TEST_F(MemoryReportTest, JsonCarriesEq2Terms) {
+  const nlohmann::json j = memory_report_to_json(report_for(record(set, "t4-b32")));
+  const auto& e = j["gpu"]["eq2"];
+  EXPECT_EQ(j["gpu"]["peak_bytes"].get<Bytes>(),
+            e["fixed_bytes"].get<Bytes>() + e["state_bytes"].get<Bytes>() + e["keep_bytes"].get<Bytes>() +
+                e["work_bytes"].get<Bytes>() + e["headroom_bytes"].get<Bytes>());
+  EXPECT_EQ(j["host"].size(), 2u);
+}
+
+}  // namespace
+}  // namespace oom

@@ -1,0 +1,81 @@
+// Recorded measurements: the paper file loads; bad lines name file:line and field.
+#include "traces/records.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+
+namespace oom {
+namespace {
+
+TEST(Records, PaperFileLoadsStepsAndOperators) {
+  const RecordSet set = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
+  EXPECT_EQ(set.steps.size(), 20u);
+  EXPECT_EQ(set.operators.size(), 20u);
+  int systems = 0;
+  for (const auto& s : set.steps) systems += s.system.empty() ? 0 : 1;
+  EXPECT_EQ(systems, 3);
+  const auto& first = set.steps.front();
+  EXPECT_EQ(first.id, "t4-b16");
+  EXPECT_DOUBLE_EQ(*first.measured.step_s, 3.776);
+  EXPECT_EQ(first.workload.global_batch, 16);
+  const auto& op = set.operators.front();
+  EXPECT_EQ(op.op, "attention_forward");
+  EXPECT_DOUBLE_EQ(op.time_s, 3.18);
+}
+
+TEST(Records, RoundTripThroughJson) {
+  const RecordSet set = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
+  for (const auto& s : set.steps) {
+    RecordSet again;
+    parse_record_line(step_record_to_json(s).dump(), s.origin, again);
+    ASSERT_EQ(again.steps.size(), 1u);
+    EXPECT_EQ(again.steps[0], s) << s.id;
+  }
+  for (const auto& o : set.operators) {
+    RecordSet again;
+    parse_record_line(operator_record_to_json(o).dump(), o.origin, again);
+    EXPECT_EQ(again.operators.at(0), o) << o.id;
+  }
+}
+
+TEST(Records, BadLineNamesFileLineAndField) {
+  const auto path = (std::filesystem::temp_directory_path() / "oom_records_test.jsonl").string();
+  std::ofstream(path) << "# comment\n\n"
+                      << R"({"id": "a", "workload": {"model": "m", "hardware": "h", "gpus": 0, "global_batch": 4, "seq_len": 8}, "plan": {}, "measured": {"step_s": 1}})"
+                      << "\n";
+  try {
+    load_records(path);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":3: field 'workload.gpus': value 0: out of range 1..65536");
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Records, DuplicateIdsAndMissingMeasurementsAreErrors) {
+  RecordSet set;
+  const std::string line = R"({"id": "a", "workload": {"model": "m", "hardware": "h", "gpus": 1, "global_batch": 4, "seq_len": 8}, "system": "fsdp2-offload", "measured": {}})";
+  try {
+    parse_record_line(line, "r.jsonl:1", set);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "r.jsonl:1: field 'measured': value {}: names no measurement (step_s, gpu_peak_gib or host_gib)");
+  }
+  const auto path = (std::filesystem::temp_directory_path() / "oom_records_dup.jsonl").string();
+  const std::string ok = R"({"id": "a", "workload": {"model": "m", "hardware": "h", "gpus": 1, "global_batch": 4, "seq_len": 8}, "system": "fsdp2-offload", "measured": {"step_s": 2}})";
+  std::ofstream(path) << ok << "\n" << ok << "\n";
+  try {
+    load_records(path);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":2: field 'id': value \"a\": duplicate record id");
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace oom
