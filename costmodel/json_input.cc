@@ -23,20 +23,143 @@ nlohmann::json read_json_file(const std::string& path) {
   return parse_json_text(buffer.str(), path);
 }
 
+namespace {
+
+// Follows a SAX parse to the value being read, so that a parse error names its field.
+class PathTracker : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  // "a.b[2]" of the value where parsing stopped; empty at the document root.
+  std::string path() const {
+    std::string p;
+    for (std::size_t i = 0; i < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      if (f.array) {
+        // The innermost list failed on its next element; outer frames point at the open one.
+        p += fmt::format("[{}]", f.index + (i + 1 == frames_.size() ? 1 : 0));
+      } else if (!f.key.empty()) {
+        p += (p.empty() ? "" : ".") + f.key;
+      }
+    }
+    return p;
+  }
+  const std::string& token() const { return token_; }
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    value();
+    frames_.push_back({false, {}, -1});
+    return true;
+  }
+  bool key(string_t& k) override {
+    frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    value();
+    frames_.push_back({true, {}, -1});
+    return true;
+  }
+  bool end_array() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string& last_token, const nlohmann::json::exception&) override {
+    token_ = last_token;
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    std::string key;
+    std::int64_t index = -1;
+  };
+  bool value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  std::vector<Frame> frames_;
+  std::string token_;
+};
+
+// At most `limit` bytes of `s`, those outside printable ASCII as \xNN, so that an error line
+// stays one readable line.
+std::string printable(const std::string& s, std::size_t limit) {
+  std::string out;
+  for (const unsigned char c : s.substr(0, limit)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return s.size() > limit ? out + "..." : out;
+}
+
+}  // namespace
+
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw InputError(origin, "empty, expected JSON");
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {  // parse errors and number overflow (1e999)
+  } catch (const nlohmann::json::exception& e) {
+    // Syntax errors (parse_error) and numbers beyond a double such as 1e999 (out_of_range).
     // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
     std::string what = e.what();
     const auto pos = what.find("] ");
-    throw InputError(origin, "malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
+    const std::string reason = "malformed JSON: " + printable(pos == std::string::npos ? what : what.substr(pos + 2), 200);
+    PathTracker tracker;
+    nlohmann::json::sax_parse(text, &tracker);
+    if (tracker.path().empty()) throw InputError(origin, reason);
+    throw InputError(origin, tracker.path(), tracker.token().empty() ? "(end of input)" : printable(tracker.token(), 60),
+                     reason);
   }
 }
 
+namespace {
+
+// Appends the compact dump of `value` to `out` until `out` holds more than `limit` characters;
+// every nesting level adds a character, so the recursion stays shallow for any document.
+void dump_prefix(const nlohmann::json& value, std::string& out, std::size_t limit) {
+  if (out.size() > limit) return;
+  if (value.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, item] : value.items()) {
+      if (out.size() > limit) return;
+      out += first ? "" : ",";
+      first = false;
+      out += nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + ":";
+      dump_prefix(item, out, limit);
+    }
+    out += '}';
+  } else if (value.is_array()) {
+    out += '[';
+    for (std::size_t i = 0; i < value.size() && out.size() <= limit; ++i) {
+      out += i == 0 ? "" : ",";
+      dump_prefix(value[i], out, limit);
+    }
+    out += ']';
+  } else {
+    out += value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+}
+
+}  // namespace
+
 std::string json_value_text(const nlohmann::json& value) {
-  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string text;
+  dump_prefix(value, text, 60);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return text;
 }

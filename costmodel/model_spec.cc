@@ -26,6 +26,29 @@ int dim_or(const JsonReader& r, const std::string& key, int fallback) {
   return static_cast<int>(r.integer_or(key, fallback, 1, kMaxDim));
 }
 
+// A spec may have at most 2^50 parameters (~1.1e15; the largest model here has 1.2e11), so that
+// parameter counts and the byte sizes of their state (16 B per parameter) stay far inside int64.
+constexpr double kMaxParams = 1125899906842624.0;  // 2^50
+
+// An upper bound of the parameter count in floating point (cannot overflow): every layer gets
+// the larger of its attention kinds and GDN, plus the whole MoE block; untied embeddings.
+double params_upper_bound(const ModelSpec& s) {
+  const double h = s.hidden;
+  double mixing = 0;
+  for (const AttentionSpec* a : {&s.full_attention, &s.sliding_attention}) {
+    const double q = static_cast<double>(a->heads) * a->head_dim, kv = static_cast<double>(a->kv_heads) * a->head_dim;
+    mixing = std::max(mixing, h * (3 * q + 2 * kv) + 2.0 * a->head_dim);
+  }
+  const GdnSpec& g = s.gdn;
+  const double kd = static_cast<double>(g.key_heads) * g.key_head_dim, vd = static_cast<double>(g.value_heads) * g.value_head_dim;
+  mixing = std::max(mixing, h * (2 * kd + 3 * vd + 2.0 * g.value_heads) + (2 * kd + vd) * g.conv_kernel +
+                                2.0 * g.value_heads + g.value_head_dim);
+  const MoeSpec& m = s.moe;
+  const double moe = h * m.experts * (1 + 3.0 * m.expert_intermediate) +
+                     3 * h * (static_cast<double>(m.shared_expert_intermediate) + m.dense_intermediate) + 3 * h;
+  return static_cast<double>(s.layers) * (mixing + moe) + 2 * static_cast<double>(s.vocab) * h + h;
+}
+
 LayerKind parse_layer_kind(const JsonReader& r, const std::string& key, std::size_t i, const std::string& s) {
   if (s == "full_attention" || s == "attention" || s == "global_attention") return LayerKind::kFullAttention;
   if (s == "sliding_attention" || s == "sliding_window_attention" || s == "local_attention") {
@@ -166,6 +189,10 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   }
   m.shared_expert_intermediate = static_cast<int>(r.integer_or("shared_expert_intermediate_size", 0, 0, kMaxDim));
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  if (const double params = params_upper_bound(s); params > kMaxParams) {
+    r.fail("hidden_size", fmt::format("with these dimensions the model has up to {:.3g} parameters, more than the "
+                                      "{:.3g} supported", params, kMaxParams));
+  }
   return s;
 }
 

@@ -1,5 +1,7 @@
 #include "costmodel/workload.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "costmodel/config_paths.h"
@@ -7,6 +9,30 @@
 #include "costmodel/json_input.h"
 
 namespace oom {
+namespace {
+
+// Tensors of one GPU's step may total at most 2^50 bytes (1 PiB), so that byte counts derived
+// from tokens and widths stay far inside int64.
+constexpr double kMaxStepBytes = 1125899906842624.0;  // 2^50
+
+// An upper bound of the bytes per token of one GPU's step in floating point (cannot overflow):
+// 16 B per element of every per-token width (hidden, attention, GDN, router, experts, logits)
+// plus the GDN states, which are at most one per token.
+double bytes_per_token_bound(const ModelSpec& m) {
+  double attention = 0;
+  for (const AttentionSpec* a : {&m.full_attention, &m.sliding_attention}) {
+    attention = std::max(attention, 4.0 * (static_cast<double>(a->heads) + a->kv_heads) * a->head_dim + 4.0 * a->heads);
+  }
+  const GdnSpec& g = m.gdn;
+  const double gdn = 4.0 * (g.key_dim() + g.value_dim() + g.value_heads) +
+                     static_cast<double>(g.value_heads) * g.key_head_dim * g.value_head_dim;
+  const MoeSpec& e = m.moe;
+  const double moe = static_cast<double>(m.hidden) * (e.top_k + 4) + e.experts + 3.0 * e.top_k * e.expert_intermediate +
+                     3.0 * (static_cast<double>(e.shared_expert_intermediate) + e.dense_intermediate) + e.top_k;
+  return 16.0 * (static_cast<double>(m.vocab) + static_cast<double>(m.layers) * (attention + gdn + moe));
+}
+
+}  // namespace
 
 Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
   const JsonReader r(j, file, path);
@@ -67,6 +93,11 @@ WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
   if (c.model.max_position > 0 && static_cast<double>(w.seq_len) > max_len) {
     r.fail("seq_len", fmt::format("exceeds max_position_embeddings {} × yarn_factor {} of {}", c.model.max_position,
                                   w.yarn_factor, c.model.name));
+  }
+  const double tokens_per_gpu = static_cast<double>(w.global_batch) / w.gpus * static_cast<double>(w.seq_len);
+  if (const double bytes = tokens_per_gpu * bytes_per_token_bound(c.model); bytes > kMaxStepBytes) {
+    r.fail("global_batch", fmt::format("{} tokens per GPU of {} need up to {:.3g} bytes per step, more than the {:.3g} "
+                                       "supported", tokens_per_gpu, c.model.name, bytes, kMaxStepBytes));
   }
   return c;
 }

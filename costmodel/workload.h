@@ -32,8 +32,8 @@ struct Workload {
   bool operator==(const Workload&) const = default;
 };
 
-// Parses the JSON object (type and range checks only). Throws InputError naming the field.
-// `path` is the object's field path inside the file ("workload" inside a record), for messages.
+// Parses the JSON object (type and range checks only). Throws InputError naming the field;
+// `path` is where the object sits in its file ("workload" inside a recorded measurement).
 Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path = "");
 nlohmann::json workload_to_json(const Workload& w);
 Workload load_workload(const std::string& path);

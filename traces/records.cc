@@ -49,7 +49,7 @@ const std::string& parse_record_line(const std::string& line, const std::string&
   s.id = r.string("id");
   s.source = r.string_or("source", "");
   s.origin = origin;
-  s.workload = workload_from_json(r.object("workload").raw(), origin, "workload");
+  s.workload = workload_from_json(r.object("workload").raw(), origin, r.field("workload"));
   if (r.has("plan") == r.has("system")) r.fail("plan", "a step record names exactly one of \"plan\" and \"system\"");
   if (r.has("plan")) {
     s.plan = r.object("plan").raw();

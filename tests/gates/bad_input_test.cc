@@ -1,0 +1,385 @@
+// Clear errors for bad outside input, across every loader and command (reliability gate 5).
+//
+// Each row writes its input files into a fresh folder and runs the `oom` command in-process
+// (cli::run) or, for recorded measurements (no command reads them yet), load_records(). Every
+// row must be answered by exactly one line on stderr that names the file, the field and the
+// value, exit code 2, nothing on stdout, and nothing written: the `-o` file of memory/report is
+// left absent or unchanged, and the folder holds no new file (no temporary file either).
+// File-level problems (missing, empty, directory, broken JSON at the root) name the file and
+// what is wrong with it; there is no field to name. An unknown model name names no file: the
+// name is the value.
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "costmodel/input_error.h"
+#include "traces/records.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kSrc = OOM_SOURCE_DIR;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json read_json(const std::string& rel) { return json::parse(read_file(fs::path(kSrc) / rel)); }
+
+// A project file with one change, as pretty JSON.
+std::string edited(const std::string& rel, const std::function<void(json&)>& edit) {
+  json j = read_json(rel);
+  edit(j);
+  return j.dump(2);
+}
+
+const char* kTiny = "configs/models/tiny-moe.json";
+const char* kH200 = "configs/hardware/h200-node.json";
+const char* kWorkload = "experiments/default/workload.json";
+const char* kPlan = "experiments/default/plan-r23.json";
+constexpr const char* kDirectory = "\x01directory";  // file content that makes a folder instead
+
+struct Case {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> files;  // name in the case folder → content
+  std::vector<std::string> args;  // "{dir}" = the case folder, "{src}" = the source root; "@records PATH" = load_records
+  std::string file;               // the file the line must name ("" = none)
+  std::string field;              // "" = a file-level problem
+  std::string value;              // the value as the line prints it
+  std::string reason;             // a word of the reason (optional)
+};
+
+// Commands of each input kind; the file under test is {dir}/x.json.
+std::vector<std::string> model_show() { return {"model", "show", "{dir}/m.json"}; }
+std::vector<std::string> memory_with_workload() {
+  return {"memory", "--workload", "{dir}/w.json", "--plan", "{src}/" + std::string(kPlan)};
+}
+std::vector<std::string> memory_with_plan() {
+  return {"memory", "--workload", "{src}/" + std::string(kWorkload), "--plan", "{dir}/p.json"};
+}
+
+// A workload on the H200 node whose hardware is {dir}/hw.json (for hardware rows).
+std::string workload_on_hw() {
+  return json{{"model", "tiny-moe"}, {"hardware", "{dir}/hw.json"}, {"gpus", 1}, {"global_batch", 2}, {"seq_len", 256}}.dump();
+}
+
+std::string workload_with(const std::function<void(json&)>& edit) { return edited(kWorkload, edit); }
+std::string plan_with(const std::function<void(json&)>& edit) { return edited(kPlan, edit); }
+std::string model_with(const std::function<void(json&)>& edit) { return edited(kTiny, edit); }
+std::string hw_with(const std::function<void(json&)>& edit) { return edited(kH200, edit); }
+
+std::string first_record_line() {
+  std::ifstream in(fs::path(kSrc) / "traces/paper/paper-calibration.jsonl");
+  std::string line;
+  while (std::getline(in, line) && (line.empty() || line[0] == '#')) {
+  }
+  return line;
+}
+std::string record_with(const std::function<void(json&)>& edit) {
+  json j = json::parse(first_record_line());
+  edit(j);
+  return j.dump();
+}
+
+std::vector<Case> cases() {
+  const std::string M = "{dir}/m.json", W = "{dir}/w.json", P = "{dir}/p.json", H = "{dir}/hw.json", R = "{dir}/r.jsonl";
+  const std::string tiny = read_file(fs::path(kSrc) / kTiny);
+  std::vector<Case> c;
+  // --- model config.json: oom model show PATH
+  c.push_back({"model_empty_file", {{"m.json", ""}}, model_show(), M, "", "", "empty"});
+  c.push_back({"model_whitespace_only", {{"m.json", " \n\t\n"}}, model_show(), M, "", "", "empty"});
+  c.push_back({"model_truncated", {{"m.json", R"({"model_type": "oom_tiny_moe", "num_hidden_layers": 4, "hidden_size": 6)"}},
+               model_show(), M, "hidden_size", "6", "unexpected end of input"});
+  c.push_back({"model_non_utf8_string", {{"m.json", "{\"model_type\": \"tiny\xff\xfe\", \"num_hidden_layers\": 4}"}},
+               model_show(), M, "model_type", "\"tiny\\xff", "ill-formed UTF-8"});
+  c.push_back({"model_non_utf8_document", {{"m.json", "\xff\xfe{}"}}, model_show(), M, "", "", "malformed JSON"});
+  c.push_back({"model_directory", {{"m.json", kDirectory}}, model_show(), M, "", "", "directory"});
+  c.push_back({"model_missing_file", {}, model_show(), M, "", "", "not found"});
+  c.push_back({"model_wrong_type", {{"m.json", model_with([](json& j) { j["hidden_size"] = "64"; })}}, model_show(), M,
+               "hidden_size", "\"64\"", "integer"});
+  c.push_back({"model_negative_layers", {{"m.json", model_with([](json& j) { j["num_hidden_layers"] = -4; })}},
+               model_show(), M, "num_hidden_layers", "-4", "range"});
+  {
+    std::string inf = tiny;
+    inf.replace(inf.find("\"hidden_size\": 64"), 17, "\"hidden_size\": 1e999");
+    c.push_back({"model_number_overflow", {{"m.json", inf}}, model_show(), M, "hidden_size", "1e999", "overflow"});
+  }
+  c.push_back({"model_huge_float", {{"m.json", model_with([](json& j) { j["vocab_size"] = 1e30; })}}, model_show(), M,
+               "vocab_size", "1e+30", "integer"});
+  c.push_back({"model_huge_dimensions", {{"m.json", model_with([](json& j) {
+                 j["hidden_size"] = 1 << 24;
+                 j["num_experts"] = 1 << 24;
+                 j["moe_intermediate_size"] = 1 << 24;
+               })}},
+               model_show(), M, "hidden_size", "16777216", "parameters"});
+  c.push_back({"model_unknown_layer_type", {{"m.json", model_with([](json& j) { j["layer_types"][2] = "mamba"; })}},
+               model_show(), M, "layer_types[2]", "\"mamba\"", "unknown layer type"});
+  c.push_back({"model_layer_types_count", {{"m.json", model_with([](json& j) { j["layer_types"].erase(0); })}},
+               model_show(), M, "layer_types", "[\"sliding_attention\"", "entries"});
+  c.push_back({"model_kv_heads_not_dividing", {{"m.json", model_with([](json& j) { j["num_key_value_heads"] = 3; })}},
+               model_show(), M, "num_key_value_heads", "3", "divide"});
+  c.push_back({"model_top_k_above_experts", {{"m.json", model_with([](json& j) { j["num_experts_per_tok"] = 9; })}},
+               model_show(), M, "num_experts_per_tok", "9", "range"});
+  {
+    std::string nan = tiny;
+    nan.replace(nan.find("\"rope_theta\": 10000"), 19, "\"rope_theta\": NaN");
+    c.push_back({"model_nan_literal", {{"m.json", nan}}, model_show(), M, "rope_theta", "\"rope_theta\": N", "malformed JSON"});
+  }
+  c.push_back({"model_bool_as_string", {{"m.json", model_with([](json& j) { j["tie_word_embeddings"] = "yes"; })}},
+               model_show(), M, "tie_word_embeddings", "\"yes\"", "true or false"});
+  c.push_back({"model_text_config_not_object", {{"m.json", model_with([](json& j) { j["text_config"] = 5; })}},
+               model_show(), M, "text_config", "5", "object"});
+  c.push_back({"model_document_is_list", {{"m.json", "[1, 2]"}}, model_show(), M, "document", "[1,2]", "object"});
+  c.push_back({"model_deeply_nested", {{"m.json", std::string(100000, '[') + std::string(100000, ']')}}, model_show(),
+               M, "document", "[[[[", "object"});
+  c.push_back({"model_unknown_name", {}, {"model", "show", "no-such-model"}, "", "model", "\"no-such-model\"", "unknown model"});
+  c.push_back({"model_rotary_above_one", {{"m.json", model_with([](json& j) { j["partial_rotary_factor"] = 1.5; })}},
+               model_show(), M, "partial_rotary_factor", "1.5", "range"});
+  c.push_back({"model_sliding_without_window", {{"m.json", model_with([](json& j) { j["sliding_window"] = 0; })}},
+               model_show(), M, "sliding_window", "0", "window"});
+  c.push_back({"model_negative_head_dim", {{"m.json", model_with([](json& j) { j["head_dim"] = -16; })}}, model_show(),
+               M, "head_dim", "-16", "range"});
+
+  // --- workload: oom memory --workload W --plan P
+  c.push_back({"workload_zero_gpus", {{"w.json", workload_with([](json& j) { j["gpus"] = 0; })}}, memory_with_workload(),
+               W, "gpus", "0", "range"});
+  c.push_back({"workload_gpus_string", {{"w.json", workload_with([](json& j) { j["gpus"] = "four"; })}},
+               memory_with_workload(), W, "gpus", "\"four\"", "integer"});
+  c.push_back({"workload_batch_not_multiple", {{"w.json", workload_with([](json& j) { j["global_batch"] = 30; })}},
+               memory_with_workload(), W, "global_batch", "30", "multiple"});
+  c.push_back({"workload_seq_len_above_context", {{"w.json", workload_with([](json& j) { j["seq_len"] = 1 << 20; })}},
+               memory_with_workload(), W, "seq_len", "1048576", "max_position_embeddings"});
+  c.push_back({"workload_unknown_field", {{"w.json", workload_with([](json& j) { j["batch"] = 32; })}},
+               memory_with_workload(), W, "batch", "32", "unknown field"});
+  c.push_back({"workload_control_char_in_key", {{"w.json", workload_with([](json& j) { j["ba\ntch"] = 1; })}},
+               memory_with_workload(), W, "ba\\x0atch", "1", "unknown field"});
+  {
+    std::string inf = read_file(fs::path(kSrc) / kWorkload);
+    inf.replace(inf.find("\"yarn_factor\": 1"), 16, "\"yarn_factor\": 1e999");
+    c.push_back({"workload_yarn_overflow", {{"w.json", inf}}, memory_with_workload(), W, "yarn_factor", "1e999", "overflow"});
+  }
+  c.push_back({"workload_negative_budget", {{"w.json", workload_with([](json& j) { j["gpu_budget_gib"] = -1; })}},
+               memory_with_workload(), W, "gpu_budget_gib", "-1", "range"});
+  c.push_back({"workload_unknown_model", {{"w.json", workload_with([](json& j) { j["model"] = "no-such-model"; })}},
+               memory_with_workload(), W, "model", "\"no-such-model\"", "unknown model"});
+  c.push_back({"workload_unknown_hardware", {{"w.json", workload_with([](json& j) { j["hardware"] = "no-such-node"; })}},
+               memory_with_workload(), W, "hardware", "\"no-such-node\"", "unknown hardware"});
+  c.push_back({"workload_more_gpus_than_node", {{"w.json", workload_with([](json& j) { j["gpus"] = 16; })}},
+               memory_with_workload(), W, "gpus", "16", "GPUs"});
+  c.push_back({"workload_huge_batch", {{"w.json", workload_with([](json& j) { j["global_batch"] = std::int64_t{1} << 32; })}},
+               memory_with_workload(), W, "global_batch", "4294967296", "supported"});
+  c.push_back({"workload_batch_1e20", {{"w.json", workload_with([](json& j) { j["global_batch"] = 1e20; })}},
+               memory_with_workload(), W, "global_batch", "1e+20", "integer"});
+  c.push_back({"workload_truncated", {{"w.json", R"({"model": "qwen3.6-35b-a3b", "hardware": "h100-)"}}, memory_with_workload(),
+               W, "hardware", "\"h100-", "malformed JSON"});
+  c.push_back({"workload_empty_file", {{"w.json", ""}}, memory_with_workload(), W, "", "", "empty"});
+  c.push_back({"workload_directory", {{"w.json", kDirectory}}, memory_with_workload(), W, "", "", "directory"});
+  c.push_back({"workload_missing_file", {}, memory_with_workload(), W, "", "", "not found"});
+
+  // --- hardware: a workload naming {dir}/hw.json
+  c.push_back({"hardware_negative_hbm", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu"]["hbm_gib"] = -80; })}},
+               memory_with_workload(), H, "gpu.hbm_gib", "-80", "range"});
+  c.push_back({"hardware_unknown_fabric", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["fabric"]["kind"] = "infiniband"; })}},
+               memory_with_workload(), H, "fabric.kind", "\"infiniband\"", "one of"});
+  c.push_back({"hardware_gpu_numa_out_of_range", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu_numa"] = {5}; })}},
+               memory_with_workload(), H, "gpu_numa[0]", "5", "range"});
+  c.push_back({"hardware_missing_gpu", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j.erase("gpu"); })}},
+               memory_with_workload(), H, "gpu", "(missing)", "required"});
+  c.push_back({"hardware_empty_numa", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["numa"] = json::array(); })}},
+               memory_with_workload(), H, "numa", "[]", "non-empty"});
+  c.push_back({"hardware_bandwidth_string", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["pcie"]["h2d_Bps"] = "fast"; })}},
+               memory_with_workload(), H, "pcie.h2d_Bps", "\"fast\"", "number"});
+  c.push_back({"hardware_directory", {{"w.json", workload_on_hw()}, {"hw.json", kDirectory}}, memory_with_workload(), H, "", "",
+               "directory"});
+
+  // --- plan: oom memory --workload (default) --plan P
+  c.push_back({"plan_layer_out_of_range", {{"p.json", plan_with([](json& j) { j["resident_layers"] = {0, 40}; })}},
+               memory_with_plan(), P, "resident_layers[1]", "40", "out of range 0..39"});
+  c.push_back({"plan_negative_layer", {{"p.json", plan_with([](json& j) { j["resident_layers"] = {-1}; })}},
+               memory_with_plan(), P, "resident_layers[0]", "-1", "range"});
+  c.push_back({"plan_duplicate_layer", {{"p.json", plan_with([](json& j) { j["resident_layers"] = {3, 3}; })}},
+               memory_with_plan(), P, "resident_layers[1]", "3", "duplicate"});
+  c.push_back({"plan_gpu_held_out_of_range", {{"p.json", plan_with([](json& j) { j["boundaries"]["gpu_held"] = {100}; })}},
+               memory_with_plan(), P, "boundaries.gpu_held[0]", "100", "out of range"});
+  c.push_back({"plan_unknown_path", {{"p.json", plan_with([](json& j) { j["path"] = "pipeline"; })}}, memory_with_plan(), P,
+               "path", "\"pipeline\"", "one of"});
+  c.push_back({"plan_unknown_version", {{"p.json", plan_with([](json& j) { j["version"] = 2; })}}, memory_with_plan(), P,
+               "version", "2", "range"});
+  c.push_back({"plan_chunk_wrong_type", {{"p.json", plan_with([](json& j) { j["split"]["gdn_chunk_tokens"] = "64"; })}},
+               memory_with_plan(), P, "split.gdn_chunk_tokens", "\"64\"", "integer"});
+  c.push_back({"plan_zero_routing_chunk", {{"p.json", plan_with([](json& j) { j["routing_chunk_tokens"] = 0; })}},
+               memory_with_plan(), P, "routing_chunk_tokens", "0", "range"});
+  c.push_back({"plan_host_kept_word", {{"p.json", plan_with([](json& j) { j["boundaries"]["host_kept"] = "some"; })}},
+               memory_with_plan(), P, "boundaries.host_kept", "\"some\"", "all"});
+  c.push_back({"plan_head_group_not_dividing", {{"p.json", plan_with([](json& j) { j["split"]["attention_head_group"] = 3; })}},
+               memory_with_plan(), P, "split.attention_head_group", "3", "divide"});
+  c.push_back({"plan_sub_batch_not_dividing", {{"p.json", plan_with([](json& j) { j["split"]["sub_batch_seqs"] = 3; })}},
+               memory_with_plan(), P, "split.sub_batch_seqs", "3", "divide"});
+  c.push_back({"plan_unknown_field", {{"p.json", plan_with([](json& j) { j["resident"] = json::array(); })}},
+               memory_with_plan(), P, "resident", "[]", "unknown field"});
+  c.push_back({"plan_transfer_chunk_huge", {{"p.json", plan_with([](json& j) { j["transfer_chunk_mib"] = std::int64_t{1} << 40; })}},
+               memory_with_plan(), P, "transfer_chunk_mib", "1099511627776", "range"});
+  c.push_back({"plan_truncated", {{"p.json", R"({"version": 1, "path": "ep", "resident_layers": [0, 1, )"}}, memory_with_plan(),
+               P, "resident_layers[2]", "1, ", "unexpected end of input"});
+  c.push_back({"plan_directory", {{"p.json", kDirectory}}, memory_with_plan(), P, "", "", "directory"});
+  c.push_back({"plan_missing_file", {}, memory_with_plan(), P, "", "", "not found"});
+
+  // --- oom report: workload and plan errors reach the report command alike
+  c.push_back({"report_workload_negative_gpus", {{"w.json", workload_with([](json& j) { j["gpus"] = -2; })}},
+               {"report", "--workload", "{dir}/w.json"}, W, "gpus", "-2", "range"});
+  c.push_back({"report_plan_retained_out_of_range", {{"p.json", plan_with([](json& j) { j["moe_retained_layers"] = {45}; })}},
+               {"report", "--plan", "{dir}/p.json"}, P, "moe_retained_layers[0]", "45", "out of range"});
+  c.push_back({"report_plan_non_utf8", {{"p.json", "{\"version\": 1, \"notes\": \"\xc3\x28\"}"}}, {"report", "--plan", "{dir}/p.json"},
+               P, "notes", "\"\\xc3", "UTF-8"});
+
+  // --- recorded measurements (JSON Lines): load_records
+  const std::string ok = first_record_line();
+  c.push_back({"records_truncated_line", {{"r.jsonl", ok + "\n" + ok.substr(0, 40) + "\n"}}, {"@records", R}, R + ":2",
+               "source", "\"OOM arXiv 26", "malformed JSON"});
+  c.push_back({"records_negative_step_time", {{"r.jsonl", record_with([](json& j) { j["measured"]["step_s"] = -3; })}},
+               {"@records", R}, R + ":1", "measured.step_s", "-3", "range"});
+  c.push_back({"records_duplicate_id", {{"r.jsonl", ok + "\n" + ok + "\n"}}, {"@records", R}, R + ":2", "id", "\"t4-b16\"",
+               "duplicate"});
+  c.push_back({"records_unknown_kind", {{"r.jsonl", record_with([](json& j) { j["kind"] = "gpu"; })}}, {"@records", R},
+               R + ":1", "kind", "\"gpu\"", "step"});
+  c.push_back({"records_workload_wrong_type", {{"r.jsonl", record_with([](json& j) { j["workload"]["gpus"] = "x"; })}},
+               {"@records", R}, R + ":1", "workload.gpus", "\"x\"", "integer"});
+  c.push_back({"records_unknown_system", {{"r.jsonl", record_with([](json& j) {
+                 j.erase("plan");
+                 j["system"] = "deepspeed-9";
+               })}},
+               {"@records", R}, R + ":1", "system", "\"deepspeed-9\"", "one of"});
+  c.push_back({"records_empty_file", {{"r.jsonl", "\n# only a comment\n"}}, {"@records", R}, R, "", "", "empty"});
+  c.push_back({"records_missing_file", {}, {"@records", R}, R, "", "", "not found"});
+  c.push_back({"records_directory", {{"r.jsonl", kDirectory}}, {"@records", R}, R, "", "", "directory"});
+  return c;
+}
+
+std::string substitute(std::string s, const fs::path& dir) {
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"{dir}", dir.string()}, {"{src}", kSrc}}) {
+    for (auto pos = s.find(key); pos != std::string::npos; pos = s.find(key, pos + value.size())) s.replace(pos, key.size(), value);
+  }
+  return s;
+}
+
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+// Test logs print the row's name, not its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class BadInput : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
+  const Case& t = GetParam();
+  std::string tmpl = (fs::path(::testing::TempDir()) / "oom-bad-input-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const fs::path dir = tmpl;
+  for (const auto& [name, content] : t.files) {
+    if (content == kDirectory) {
+      fs::create_directory(dir / name);
+    } else {
+      std::ofstream(dir / name, std::ios::binary) << substitute(content, dir);
+    }
+  }
+  std::vector<std::string> args;
+  for (const auto& a : t.args) args.push_back(substitute(a, dir));
+
+  std::string err_text;
+  int rc = 0;
+  std::string out_text;
+  const bool writes_output = args[0] == "memory" || args[0] == "report";
+  // Half the rows find an earlier output that must stay as it was, half find none.
+  const bool had_output = std::hash<std::string>{}(t.name) % 2 == 0;
+  const fs::path output = dir / "out.txt";
+  if (writes_output) {
+    args.push_back("-o");
+    args.push_back(output.string());
+    if (had_output) std::ofstream(output) << "the previous report\n";
+  }
+  const auto before = listing(dir);
+  if (args[0] == "@records") {
+    try {
+      oom::load_records(args[1]);
+      FAIL() << "load_records accepted the input";
+    } catch (const oom::InputError& e) {
+      err_text = std::string("error: ") + e.what() + "\n";
+      rc = oom::cli::kExitBadInput;
+    }
+  } else {
+    std::ostringstream out, err;
+    rc = oom::cli::run(args, {out, err});
+    out_text = out.str();
+    err_text = err.str();
+  }
+
+  EXPECT_EQ(rc, oom::cli::kExitBadInput) << err_text;
+  EXPECT_EQ(out_text, "");
+  // Exactly one line.
+  ASSERT_FALSE(err_text.empty());
+  EXPECT_EQ(err_text.find('\n'), err_text.size() - 1) << err_text;
+  EXPECT_EQ(err_text.rfind("error: ", 0), 0u) << err_text;
+  const std::string line = err_text.substr(0, err_text.size() - 1);
+  if (std::getenv("OOM_PRINT_ERROR_LINES") != nullptr) std::cout << t.name << "  →  " << line << "\n";
+  const std::string file = substitute(t.file, dir);
+  if (!file.empty()) {
+    EXPECT_NE(line.find("error: " + file + ": "), std::string::npos) << line;
+  }
+  if (!t.field.empty()) {
+    EXPECT_NE(line.find("field '" + t.field + "'"), std::string::npos) << line;
+    EXPECT_NE(line.find("value " + t.value), std::string::npos) << line;
+  }
+  if (!t.reason.empty()) {
+    EXPECT_NE(line.find(t.reason), std::string::npos) << line;
+  }
+  // Nothing written.
+  EXPECT_EQ(listing(dir), before);
+  if (writes_output) {
+    if (had_output) {
+      EXPECT_EQ(read_file(output), "the previous report\n");
+    } else {
+      EXPECT_FALSE(fs::exists(output));
+    }
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadInput, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
+  const auto rows = cases();
+  EXPECT_GE(rows.size(), 30u);
+  std::set<std::string> commands;
+  for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
+  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "@records"}));
+}
+
+// The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
+TEST(BadInputTable, UneditedInputsAreAccepted) {
+  std::ostringstream out, err;
+  EXPECT_EQ(oom::cli::run({"model", "show", kSrc + "/" + kTiny}, {out, err}), 0) << err.str();
+  EXPECT_EQ(oom::cli::run({"memory", "--workload", kSrc + "/" + kWorkload, "--plan", kSrc + "/" + kPlan}, {out, err}), 0)
+      << err.str();
+  EXPECT_NO_THROW(oom::load_records(kSrc + "/traces/paper/paper-calibration.jsonl"));
+}
+
+}  // namespace
