@@ -246,6 +246,12 @@ StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel
   if (g.gpus > hw->total_gpus()) {
     throw std::invalid_argument(fmt::format("the step has {} ranks but hardware '{}' has {} GPUs", g.gpus, hw->name, hw->total_gpus()));
   }
+  for (const Resource& r : g.resources) {
+    if (r.gpu < 0 || r.gpu >= g.gpus || r.numa >= static_cast<int>(hw->numa.size())) {
+      throw std::invalid_argument(fmt::format("resource '{}' (rank {}, NUMA node {}) does not fit the {} ranks and {} NUMA nodes of '{}'",
+                                              r.name, r.gpu, r.numa, g.gpus, hw->numa.size(), hw->name));
+    }
+  }
   const Calibration cal = calibration_ ? *calibration_ : calibrated ? calibrated->calibration() : default_calibration(*hw);
   const PlatformRates rates = platform_rates(*hw, cal);
   std::vector<StageCost> costs;

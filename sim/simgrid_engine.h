@@ -73,8 +73,8 @@ class SimGridEngine : public StepEngine {
   std::string name() const override { return "simgrid"; }
   // Simulates `g` and returns its Trace (planner/step_engine.h's contract). Throws
   // std::invalid_argument when no hardware is known (default-constructed engine and a duration
-  // model that is not a CalibratedDurationModel) or the graph has more ranks than the hardware
-  // has GPUs; std::runtime_error when the simulation fails (e.g. a dependency cycle deadlocks).
+  // model that is not a CalibratedDurationModel), the graph has more ranks than the hardware
+  // has GPUs or a resource names a rank or NUMA node it does not have; std::runtime_error when the simulation fails (e.g. a dependency cycle deadlocks).
   Trace execute(const StepGraph& g, const DurationModel& durations) const override;
 
   // The stage times alone (indexed by stage id), as execute() computes them.
