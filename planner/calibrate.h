@@ -28,8 +28,10 @@ namespace oom {
 struct FitOptions {
   // Records predicted but not fitted. Default: the held-out set documented in traces/paper/README.md.
   std::vector<std::string> held_out_ids = default_held_out_ids();
-  int max_iterations = 60;
-  double prior_weight = 0.02;  // weight of log(constant / estimate) residuals
+  int max_iterations = 60;        // per start
+  int starts = 8;                 // deterministic starting points (the first is the estimate)
+  double prior_weight = 0.02;     // weight of log(constant / estimate) residuals
+  double operator_weight = 0.5;   // weight of an operator record against a step record (1)
   static std::vector<std::string> default_held_out_ids();
 };
 

@@ -28,6 +28,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
           {"expert_gemm_efficiency", c.expert_gemm_efficiency},
           {"expert_half_rows", c.expert_half_rows},
           {"attention_efficiency", c.attention_efficiency},
+          {"attention_backward_efficiency", c.attention_backward_efficiency},
           {"wide_attention_efficiency", c.wide_attention_efficiency},
           {"gdn_efficiency", c.gdn_efficiency},
           {"hbm_efficiency", c.hbm_efficiency},
@@ -38,6 +39,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
           {"host_prep_params_per_s", c.host_prep_params_per_s},
           {"host_accumulate_params_per_s", c.host_accumulate_params_per_s},
           {"compute_overhead_s", c.compute_overhead_s},
+          {"expert_overhead_s", c.expert_overhead_s},
           {"transfer_overhead_s", c.transfer_overhead_s},
           {"collective_overhead_s", c.collective_overhead_s},
           {"cpu_task_overhead_s", c.cpu_task_overhead_s}};
@@ -46,9 +48,9 @@ nlohmann::json calibration_to_json(const Calibration& c) {
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
   r.reject_unknown_keys({"hardware", "fitted_from", "gemm_efficiency", "gemm_half_rows", "expert_gemm_efficiency",
-                         "expert_half_rows", "attention_efficiency", "wide_attention_efficiency", "gdn_efficiency",
+                         "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "gdn_efficiency",
                          "hbm_efficiency", "h2d_Bps", "d2h_Bps", "fabric_efficiency", "cpu_adamw_params_per_s",
-                         "host_prep_params_per_s", "host_accumulate_params_per_s", "compute_overhead_s",
+                         "host_prep_params_per_s", "host_accumulate_params_per_s", "compute_overhead_s", "expert_overhead_s",
                          "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "fit"});
   Calibration c;
   c.hardware = r.string("hardware");
@@ -59,6 +61,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   c.expert_gemm_efficiency = eff("expert_gemm_efficiency", c.expert_gemm_efficiency);
   c.expert_half_rows = r.number_or("expert_half_rows", c.expert_half_rows, 0.0, 1e9);
   c.attention_efficiency = eff("attention_efficiency", c.attention_efficiency);
+  c.attention_backward_efficiency = eff("attention_backward_efficiency", c.attention_backward_efficiency);
   c.wide_attention_efficiency = eff("wide_attention_efficiency", c.wide_attention_efficiency);
   c.gdn_efficiency = eff("gdn_efficiency", c.gdn_efficiency);
   c.hbm_efficiency = eff("hbm_efficiency", c.hbm_efficiency);
@@ -69,6 +72,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   c.host_prep_params_per_s = r.number_or("host_prep_params_per_s", 0.0, 0.0, 1e15);
   c.host_accumulate_params_per_s = r.number_or("host_accumulate_params_per_s", 0.0, 0.0, 1e15);
   c.compute_overhead_s = r.number_or("compute_overhead_s", c.compute_overhead_s, 0.0, 10.0);
+  c.expert_overhead_s = r.number_or("expert_overhead_s", c.expert_overhead_s, 0.0, 10.0);
   c.transfer_overhead_s = r.number_or("transfer_overhead_s", c.transfer_overhead_s, 0.0, 10.0);
   c.collective_overhead_s = r.number_or("collective_overhead_s", c.collective_overhead_s, 0.0, 10.0);
   c.cpu_task_overhead_s = r.number_or("cpu_task_overhead_s", c.cpu_task_overhead_s, 0.0, 10.0);

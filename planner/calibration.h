@@ -27,7 +27,8 @@ struct Calibration {
   double gemm_half_rows = 256;            // rows at which a GEMM reaches half of gemm_efficiency
   double expert_gemm_efficiency = 0.55;   // grouped routed-expert GEMMs at large token counts
   double expert_half_rows = 512;          // tokens per expert at half of expert_gemm_efficiency
-  double attention_efficiency = 0.45;     // flash attention core (head dim ≤ 256)
+  double attention_efficiency = 0.45;     // flash attention core forward (head dim ≤ 256)
+  double attention_backward_efficiency = 0.35;  // flash attention core backward (head dim ≤ 256)
   double wide_attention_efficiency = 0.05;  // attention with head dim > 256 (memory-efficient kernel)
   double gdn_efficiency = 0.10;           // chunked Gated DeltaNet recurrence
   double hbm_efficiency = 0.80;           // bandwidth-bound kernels (norms, GPU AdamW) against HBM peak
@@ -44,6 +45,7 @@ struct Calibration {
 
   // Fixed cost per stage (kernel launches, synchronization, DMA set-up).
   Seconds compute_overhead_s = 20e-6;
+  Seconds expert_overhead_s = 20e-6;  // per local expert of an expert-GEMM stage (per-expert launches)
   Seconds transfer_overhead_s = 10e-6;
   Seconds collective_overhead_s = 30e-6;
   Seconds cpu_task_overhead_s = 50e-6;

@@ -49,10 +49,14 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
           s.shape.experts > 0 ? static_cast<double>(s.shape.tokens) / static_cast<double>(s.shape.experts)
                               : static_cast<double>(s.shape.tokens);
       compute(c.expert_gemm_efficiency * fill_rows(rows_per_expert, c.expert_half_rows));
+      out.fixed_s += c.expert_overhead_s * static_cast<double>(std::max<std::int64_t>(1, s.shape.experts));
       break;
     }
     case OpKind::kAttention:
-      compute(s.shape.head_dim > 256 ? c.wide_attention_efficiency : c.attention_efficiency);
+      // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike.
+      compute(s.shape.head_dim > 256       ? c.wide_attention_efficiency
+              : s.phase == Phase::kBackward ? c.attention_backward_efficiency
+                                            : c.attention_efficiency);
       break;
     case OpKind::kGdn:
       compute(c.gdn_efficiency);
