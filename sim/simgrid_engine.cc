@@ -21,6 +21,8 @@ std::unique_ptr<StepEngine> make_simgrid_engine() { return std::make_unique<sim:
 namespace oom::sim {
 namespace {
 
+constexpr Seconds kTimingPrecision_s = 1e-9;
+
 std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 bool is_cpu_resource(ResourceKind k) { return k == ResourceKind::kCpuUpdate || k == ResourceKind::kHostPrep; }
@@ -112,7 +114,8 @@ class Simulation {
     const std::size_t v = at(s.id);
     start_s[v] = sg4::Engine::get_clock();
     const StageCost& c = costs_[v];
-    if (c.fixed_s > 0) sg4::this_actor::sleep_for(c.fixed_s);
+    // SimGrid times are accurate to 1 ns ("precision/timing"); shorter waits are not simulated.
+    if (c.fixed_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(c.fixed_s);
     const Seconds alone_s = c.work > 0 && c.exclusive_rate > 0 ? c.work / c.exclusive_rate : 0.0;
     if (alone_s > 0) do_work(s, r, alone_s);
     finish_s[v] = sg4::Engine::get_clock();
@@ -156,7 +159,7 @@ class Simulation {
       if (gp != self && std::find(others.begin(), others.end(), gp) == others.end()) others.push_back(gp);
     }
     if (others.empty()) {
-      sg4::this_actor::sleep_for(alone_s);
+      if (alone_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(alone_s);
       return;
     }
     const std::uint64_t share = flow_bytes(alone_s * rates_.fabric_Bps / static_cast<double>(others.size()));
