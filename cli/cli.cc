@@ -23,6 +23,7 @@ int run(const std::vector<std::string>& args, Io io) {
   app.set_help_all_flag("--help-all", "Every command's help");
   add_model_commands(app, io);
   add_memory_commands(app, io);
+  add_simulate_commands(app, io);
 
   // CLI11 parses argv in reverse order from a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

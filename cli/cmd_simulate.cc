@@ -1,0 +1,105 @@
+// `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--trace out.json] [--json]`,
+// `oom validate FILE.jsonl [--engine ...] [--json]` and
+// `oom calibrate --records FILE --hardware NAME -o configs/calibration/NAME.json`.
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "costmodel/input_error.h"
+#include "planner/calibrate.h"
+#include "planner/step_engine.h"
+#include "planner/validation.h"
+#include "traces/records.h"
+
+#if defined(OOM_HAVE_SIMGRID_ENGINE) && __has_include("sim/simgrid_engine.h")
+#include "sim/simgrid_engine.h"
+#define OOM_REGISTER_SIMGRID 1
+#endif
+
+namespace oom::cli {
+namespace {
+
+void register_engines() {
+#ifdef OOM_REGISTER_SIMGRID
+  register_step_engine("simgrid", [] { return make_simgrid_engine(); });
+#endif
+}
+
+struct SimulateArgs {
+  std::string workload_path, plan_path, engine = "analytic", trace_path, output;
+  bool json = false;
+};
+
+struct ValidateArgs {
+  std::string records_path, engine = "analytic", output;
+  bool json = false;
+};
+
+struct CalibrateArgs {
+  std::string records_path, hardware, output;
+  bool json = false;
+};
+
+}  // namespace
+
+void add_simulate_commands(CLI::App& app, Io io) {
+  register_engines();
+  const std::string engines = fmt::format("Step engine: {}", fmt::join(step_engine_names(), " | "));
+
+  auto sim = std::make_shared<SimulateArgs>();
+  auto* s = app.add_subcommand("simulate", "Lower a plan to a StepGraph and execute it: step time, memory peaks, breakdown, trace");
+  s->add_option("--workload", sim->workload_path, "Workload JSON")->required();
+  s->add_option("--plan", sim->plan_path, "Plan JSON")->required();
+  s->add_option("--engine", sim->engine, engines);
+  s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
+  s->add_flag("--json", sim->json, "Print one JSON object");
+  s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
+  s->callback([=] {
+    const Workload w = load_workload(sim->workload_path);
+    const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
+    const Plan plan = load_plan(sim->plan_path);
+    validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
+    const SimulationResult r = simulate_plan(plan, ctx, sim->engine, load_calibration_for(ctx.hardware));
+    if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
+    if (sim->json) {
+      nlohmann::json j = simulation_to_json(r);
+      j["workload"] = workload_to_json(ctx.workload);
+      emit(sim->output, j.dump(2) + "\n", io);
+    } else {
+      emit(sim->output, simulation_text(r), io);
+    }
+  });
+
+  auto val = std::make_shared<ValidateArgs>();
+  auto* v = app.add_subcommand("validate", "Predict every step record of a JSON Lines file and compare with the measurement");
+  v->add_option("records", val->records_path, "Recorded measurements (JSON Lines)")->required();
+  v->add_option("--engine", val->engine, engines);
+  v->add_flag("--json", val->json, "Print one JSON object (count, median/max |relative error|, records)");
+  v->add_option("-o,--output", val->output, "Write the output to this file (atomically) instead of stdout");
+  v->callback([=] {
+    if (!make_step_engine(val->engine)) {
+      throw InputError("", "--engine", "\"" + val->engine + "\"", "unknown engine");
+    }
+    const RecordSet records = load_records(val->records_path);
+    const ValidationReport r = validate_records(records, val->engine);
+    emit(val->output, val->json ? validation_to_json(r).dump(2) + "\n" : validation_text(r), io);
+  });
+
+  auto cal = std::make_shared<CalibrateArgs>();
+  auto* c = app.add_subcommand("calibrate", "Fit a hardware's physical constants to recorded measurements (least squares)");
+  c->add_option("--records", cal->records_path, "Recorded measurements (JSON Lines)")->required();
+  c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)")->required();
+  c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)")->required();
+  c->add_flag("--json", cal->json, "Print the fit summary as JSON");
+  c->callback([=] {
+    const HardwareSpec hw = load_hardware_spec(cal->hardware);
+    const RecordSet records = load_records(cal->records_path);
+    const CalibrationFit fit = fit_calibration(records, hw);
+    emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
+    io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));
+  });
+}
+
+}  // namespace oom::cli

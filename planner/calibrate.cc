@@ -1,0 +1,303 @@
+#include "planner/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <utility>
+
+#include <Eigen/Dense>
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "planner/analytic_evaluator.h"
+#include "planner/duration_model.h"
+#include "planner/step_graph.h"
+
+namespace oom {
+namespace {
+
+// One fitted constant: its field, whether it is an efficiency (≤ 1), and how far it may move
+// from its estimate (a factor, both ways).
+struct Constant {
+  const char* name;
+  double Calibration::*field;
+  bool efficiency;
+  double down_factor;  // the fit keeps the constant within [estimate / down, estimate · up]
+  double up_factor;
+};
+
+const std::vector<Constant>& constants() {
+  static const std::vector<Constant> c = {
+      {"gemm_efficiency", &Calibration::gemm_efficiency, true, 20, 20},
+      {"expert_gemm_efficiency", &Calibration::expert_gemm_efficiency, true, 20, 20},
+      {"attention_efficiency", &Calibration::attention_efficiency, true, 20, 20},
+      {"attention_backward_efficiency", &Calibration::attention_backward_efficiency, true, 20, 20},
+      {"wide_attention_efficiency", &Calibration::wide_attention_efficiency, true, 50, 50},
+      {"gdn_efficiency", &Calibration::gdn_efficiency, true, 20, 20},
+      {"fabric_efficiency", &Calibration::fabric_efficiency, true, 20, 20},
+      // Achieved PCIe: between half the estimate and the x16 link's line rate.
+      {"h2d_Bps", &Calibration::h2d_Bps, false, 2, 1.2},
+      {"d2h_Bps", &Calibration::d2h_Bps, false, 2, 1.2},
+      {"cpu_adamw_params_per_s", &Calibration::cpu_adamw_params_per_s, false, 10, 10},
+      {"host_prep_params_per_s", &Calibration::host_prep_params_per_s, false, 10, 10},
+      {"compute_overhead_s", &Calibration::compute_overhead_s, false, 50, 50},
+      {"expert_overhead_s", &Calibration::expert_overhead_s, false, 50, 50},
+      {"collective_overhead_s", &Calibration::collective_overhead_s, false, 50, 300},
+  };
+  return c;
+}
+
+// A record turned into something the fit can price with any calibration.
+struct Target {
+  FitRow row;
+  WorkloadContext ctx;
+  StepGraph graph;
+  std::vector<StageId> op_stages;  // operator records: the stages whose durations add up
+};
+
+double predict(const Target& t, const Calibration& c) {
+  const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  if (t.row.kind == "operator") {
+    double s = 0;
+    for (const StageId id : t.op_stages) s += model.duration_s(t.graph.stage(id), t.graph);
+    return s;
+  }
+  std::vector<Seconds> d(t.graph.stages.size());
+  for (const Stage& s : t.graph.stages) d[static_cast<std::size_t>(s.id)] = model.duration_s(s, t.graph);
+  return analytic_times(t.graph, d).step_s;
+}
+
+int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
+  if (layer_type == "moe") return 0;
+  for (int l = 0; l < m.layers; ++l) {
+    if (layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]) == layer_type) return l;
+  }
+  return -1;
+}
+
+bool op_stage_matches(const std::string& op, const std::string& what) {
+  if (op == "attention_forward") return what == "attn.proj" || what.starts_with("attn.core.");
+  if (op == "attention_replay_reuse_o") return what == "attn.proj";
+  if (op == "gdn_mixing_forward") return what == "gdn.proj" || what.starts_with("gdn.core.");
+  if (op == "moe_forward") return what.starts_with("moe.") && (what.ends_with(".router_shared") || what.ends_with(".experts"));
+  return false;
+}
+
+Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
+  Target t;
+  t.row = {o.id, "operator", false, o.time_s, 0};
+  t.ctx.model = load_model_spec(o.model);
+  t.ctx.hardware = hw;
+  t.ctx.workload.model = o.model;
+  t.ctx.workload.hardware = hw.name;
+  t.ctx.workload.gpus = 1;
+  t.ctx.workload.global_batch = o.batch;
+  t.ctx.workload.seq_len = o.seq_len;
+  const int layer = first_layer_of(t.ctx.model, o.layer_type);
+  if (layer < 0) throw InputError(o.origin, "layer_type", o.layer_type, "the model has no layer of this kind");
+  if (o.op != "attention_forward" && o.op != "attention_replay_reuse_o" && o.op != "gdn_mixing_forward" && o.op != "moe_forward") {
+    throw InputError(o.origin, "op", o.op, "no StepGraph stages correspond to this operator");
+  }
+  Plan plan;  // one GPU, one pass over whole sequences, nothing partitioned
+  plan.path = ExpertPath::kLocal;
+  LoweringOptions options;
+  options.decoder_layers = layer + 1;
+  t.graph = lower(plan, t.ctx, options);
+  const std::string prefix = fmt::format("g0.fwd.L{}.", layer);
+  for (const Stage& s : t.graph.stages) {
+    if (s.name.starts_with(prefix) && op_stage_matches(o.op, s.name.substr(prefix.size()))) t.op_stages.push_back(s.id);
+  }
+  if (t.op_stages.empty()) throw InputError(o.origin, "op", o.op, "no matching stages in the lowered layer");
+  return t;
+}
+
+Target step_target(const StepRecord& r) {
+  Target t;
+  t.row = {r.id, "step", false, *r.measured.step_s, 0};
+  t.ctx = resolve_workload(r.workload, r.origin);
+  const Plan plan = plan_from_json(r.plan, r.origin);
+  validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
+  t.graph = lower(plan, t.ctx);
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> FitOptions::default_held_out_ids() {
+  return {"t4-b64", "long-128k", "t6-512k-replay", "g-qwen3-b32", "op-g4-global-128k", "op-g4-moe-128k"};
+}
+
+CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
+  CalibrationFit fit;
+  std::vector<Target> targets;
+  auto held_out = [&](const std::string& id) {
+    return std::find(options.held_out_ids.begin(), options.held_out_ids.end(), id) != options.held_out_ids.end();
+  };
+  for (const auto& r : records.steps) {
+    if (!r.system.empty() || !r.measured.step_s) continue;
+    const bool same = r.workload.hardware == hw.name;
+    if (!same) continue;
+    try {
+      targets.push_back(step_target(r));
+      targets.back().row.held_out = held_out(r.id);
+    } catch (const std::exception& e) {
+      fit.skipped.push_back(fmt::format("{}: {}", r.id, e.what()));
+    }
+  }
+  for (const auto& o : records.operators) {
+    if (o.hardware != hw.name) continue;
+    try {
+      targets.push_back(operator_target(o, hw));
+      targets.back().row.held_out = held_out(o.id);
+    } catch (const std::exception& e) {
+      fit.skipped.push_back(fmt::format("{}: {}", o.id, e.what()));
+    }
+  }
+  const Calibration estimate = [&] {
+    Calibration c = default_calibration(hw);
+    c.hardware = hw.name;
+    return c;
+  }();
+  fit.calibration = estimate;
+  const bool any_fitted = std::any_of(targets.begin(), targets.end(), [](const Target& t) { return !t.row.held_out; });
+  if (!any_fitted) {
+    throw InputError("", "--hardware", hw.name, "no usable record names this hardware (nothing to fit)");
+  }
+
+  const auto& k = constants();
+  const int p = static_cast<int>(k.size());
+  Eigen::VectorXd theta0(p);  // log of each constant's estimate
+  for (int i = 0; i < p; ++i) theta0[i] = std::log(estimate.*(k[static_cast<std::size_t>(i)].field));
+  auto to_calibration = [&](const Eigen::VectorXd& theta) {
+    Calibration c = estimate;
+    for (int i = 0; i < p; ++i) c.*(k[static_cast<std::size_t>(i)].field) = std::exp(theta[i]);
+    return c;
+  };
+  auto clamp = [&](Eigen::VectorXd& theta) {
+    for (int i = 0; i < p; ++i) {
+      const Constant& ci = k[static_cast<std::size_t>(i)];
+      theta[i] = std::clamp(theta[i], theta0[i] - std::log(ci.down_factor), theta0[i] + std::log(ci.up_factor));
+      if (k[static_cast<std::size_t>(i)].efficiency) theta[i] = std::min(theta[i], 0.0);
+    }
+  };
+  std::vector<const Target*> fitted;
+  for (const auto& t : targets) {
+    if (!t.row.held_out) fitted.push_back(&t);
+  }
+  const int n = static_cast<int>(fitted.size());
+  auto residuals = [&](const Eigen::VectorXd& theta) {
+    const Calibration c = to_calibration(theta);
+    Eigen::VectorXd r(n + p);
+    for (int i = 0; i < n; ++i) {
+      const Target& t = *fitted[static_cast<std::size_t>(i)];
+      const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
+      r[i] = w * std::log(predict(t, c) / t.row.measured_s);
+    }
+    for (int i = 0; i < p; ++i) r[n + i] = options.prior_weight * (theta[i] - theta0[i]);
+    return r;
+  };
+
+  // Levenberg–Marquardt with a forward-difference Jacobian in log space, from several
+  // deterministic starting points (the max-plus model has kinks and local minima); the best wins.
+  auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations) {
+    clamp(theta);
+    Eigen::VectorXd r = residuals(theta);
+    double cost = r.squaredNorm();
+    double lambda = 1e-2;
+    const double h = 1e-2;  // wide enough to step over the kinks of the max-plus model
+    int it = 0;
+    for (; it < options.max_iterations; ++it) {
+      Eigen::MatrixXd J(n + p, p);
+      for (int j = 0; j < p; ++j) {
+        Eigen::VectorXd t = theta;
+        t[j] += h;
+        J.col(j) = (residuals(t) - r) / h;
+      }
+      const Eigen::MatrixXd A = J.transpose() * J;
+      const Eigen::VectorXd g = J.transpose() * r;
+      bool improved = false;
+      bool converged = false;
+      for (int attempt = 0; attempt < 12 && !improved; ++attempt) {
+        Eigen::MatrixXd M = A;
+        for (int j = 0; j < p; ++j) M(j, j) += lambda * std::max(A(j, j), 1e-9);
+        Eigen::VectorXd next = theta - M.ldlt().solve(g);
+        clamp(next);
+        const Eigen::VectorXd rn = residuals(next);
+        const double cn = rn.squaredNorm();
+        if (cn < cost) {
+          improved = true;
+          converged = cost - cn < 1e-10;
+          theta = next;
+          r = rn;
+          cost = cn;
+          lambda = std::max(lambda / 3, 1e-7);
+        } else {
+          lambda *= 4;
+        }
+      }
+      if (!improved || converged) break;
+    }
+    iterations += it;
+    return std::make_pair(cost, theta);
+  };
+  int it = 0;
+  std::uint64_t seed = 0x9e3779b97f4a7c15ULL;
+  auto uniform = [&seed] {  // deterministic LCG in [−1, 1)
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>(seed >> 11) / static_cast<double>(1ULL << 53) * 2.0 - 1.0;
+  };
+  auto [best_cost, theta] = levenberg_marquardt(theta0, it);
+  for (int start = 1; start < options.starts; ++start) {
+    Eigen::VectorXd t0 = theta0;
+    for (int i = 0; i < p; ++i) t0[i] += std::log(3.0) * uniform();
+    auto [c, t] = levenberg_marquardt(t0, it);
+    if (c < best_cost) {
+      best_cost = c;
+      theta = t;
+    }
+  }
+  fit.iterations = it;
+  fit.calibration = to_calibration(theta);
+  for (int i = 0; i < p; ++i) {
+    if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
+  }
+  // host_prep and accumulation follow the fitted CPU rate unless fitted themselves.
+  fit.calibration.host_accumulate_params_per_s = 2 * fit.calibration.cpu_adamw_params_per_s;
+  std::string fitted_ids, held_ids;
+  for (auto& t : targets) {
+    t.row.predicted_s = predict(t, fit.calibration);
+    fit.rows.push_back(t.row);
+    (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
+  }
+  fit.calibration.fitted_from = fmt::format("least squares over {}; held out: {}", fitted_ids, held_ids.empty() ? "none" : held_ids);
+  return fit;
+}
+
+nlohmann::json calibration_fit_to_json(const CalibrationFit& fit) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : fit.rows) {
+    rows.push_back({{"id", r.id}, {"kind", r.kind}, {"held_out", r.held_out}, {"measured_s", r.measured_s},
+                    {"predicted_s", r.predicted_s}, {"rel_error", r.rel_error()}});
+  }
+  return {{"calibration", calibration_to_json(fit.calibration)}, {"fitted", fit.fitted}, {"iterations", fit.iterations},
+          {"records", rows}, {"skipped", fit.skipped}};
+}
+
+std::string calibration_fit_text(const CalibrationFit& fit) {
+  std::string out = fmt::format("Calibration of {} ({} iterations); fitted: {}\n", fit.calibration.hardware, fit.iterations,
+                                fmt::join(fit.fitted, ", "));
+  const nlohmann::json c = calibration_to_json(fit.calibration);
+  for (const auto& [key, value] : c.items()) {
+    if (value.is_number()) out += fmt::format("  {:<30} {:.6g}\n", key, value.get<double>());
+  }
+  out += fmt::format("{:<22} {:<9} {:>9} {:>12} {:>12} {:>8}\n", "record", "kind", "role", "measured_s", "predicted_s", "error");
+  for (const auto& r : fit.rows) {
+    out += fmt::format("{:<22} {:<9} {:>9} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", r.id, r.kind, r.held_out ? "held out" : "fit",
+                       r.measured_s, r.predicted_s, 100 * r.rel_error());
+  }
+  for (const auto& s : fit.skipped) out += "skipped " + s + "\n";
+  return out;
+}
+
+}  // namespace oom

@@ -1,0 +1,62 @@
+// Calibration fit: the physical constants of one hardware from recorded measurements (`oom calibrate`).
+//
+// Fits the Calibration constants (planner/calibration.h) of one HardwareSpec by nonlinear least
+// squares (Levenberg–Marquardt with Eigen) on log(predicted / measured) over
+//   - step records with a plan on that hardware: predicted by lowering the plan and running the
+//     analytic evaluator (the graph is lowered once; only durations change during the fit);
+//   - operator records on that hardware: predicted as the summed durations of the matching
+//     stages of a one-GPU, one-sequence lowering (attention_forward: attention projections +
+//     core; gdn_mixing_forward: GDN projections + core; moe_forward: router/shared + experts;
+//     attention_replay_reuse_o: the attention projections).
+// Constants are shared by every record of the hardware: nothing is fitted per record. A weak
+// prior (log distance to the uncalibrated estimate) keeps constants that no record exercises at
+// their estimate. Records named in `held_out_ids` are predicted but not fitted, to check the fit.
+// Deterministic. Not thread-safe (uses the engine registry only through the analytic evaluator).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/hardware_spec.h"
+#include "planner/calibration.h"
+#include "traces/records.h"
+
+namespace oom {
+
+struct FitOptions {
+  // Records predicted but not fitted. Default: the held-out set documented in traces/paper/README.md.
+  std::vector<std::string> held_out_ids = default_held_out_ids();
+  int max_iterations = 60;        // per start
+  int starts = 8;                 // deterministic starting points (the first is the estimate)
+  double prior_weight = 0.02;     // weight of log(constant / estimate) residuals
+  double operator_weight = 0.5;   // weight of an operator record against a step record (1)
+  static std::vector<std::string> default_held_out_ids();
+};
+
+struct FitRow {
+  std::string id;
+  std::string kind;  // "step" or "operator"
+  bool held_out = false;
+  double measured_s = 0;
+  double predicted_s = 0;  // with the fitted constants
+  double rel_error() const { return (predicted_s - measured_s) / measured_s; }
+};
+
+struct CalibrationFit {
+  Calibration calibration;
+  std::vector<std::string> fitted;   // names of the constants the records exercised and the fit moved
+  std::vector<FitRow> rows;          // every record of the hardware that could be predicted
+  std::vector<std::string> skipped;  // "id: reason" for records that could not be used
+  int iterations = 0;
+};
+
+// Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
+// InputError when no usable record names the hardware.
+CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options = {});
+
+nlohmann::json calibration_fit_to_json(const CalibrationFit& fit);
+std::string calibration_fit_text(const CalibrationFit& fit);
+
+}  // namespace oom

@@ -1,0 +1,60 @@
+// DurationModel: the engine-neutral price of one StepGraph stage.
+//
+// Both the analytic evaluator and the SimGrid simulator ask the same model what a stage costs, so
+// they disagree only where contention changes the answer. A stage's cost is a fixed part
+// (launch, DMA set-up, collective synchronization) plus `work / rate`: FLOPs at the achieved
+// FLOP/s for compute, bytes at the achieved bandwidth for transfers, parameters at the achieved
+// parameters/s for CPU and GPU updates. `rate` is the stage's fair share when the ranks that
+// share its hardware element run alike (e.g. two ranks' CPU updates on one socket each get half of
+// it) — what an engine without contention uses; `exclusive_rate` is the whole element's rate for
+// engines that model sharing themselves (SimGrid: a socket's CPU, a NUMA node's DRAM).
+// Thread-safety: cost() is const and may be called from several threads.
+#pragma once
+
+#include <memory>
+
+#include "costmodel/hardware_spec.h"
+#include "costmodel/units.h"
+#include "planner/calibration.h"
+#include "planner/step_graph.h"
+
+namespace oom {
+
+struct StageCost {
+  Seconds fixed_s = 0;        // overhead paid once per stage
+  double work = 0;            // FLOPs, bytes or parameters
+  double rate = 0;            // work per second, fair share (0 when work is 0)
+  double exclusive_rate = 0;  // work per second with the shared element to itself
+  Seconds duration_s() const { return fixed_s + (rate > 0 ? work / rate : 0.0); }
+};
+
+class DurationModel {
+ public:
+  virtual ~DurationModel() = default;
+  // The cost of stage `s` of graph `g`. Never negative; a kSync stage costs nothing.
+  virtual StageCost cost(const Stage& s, const StepGraph& g) const = 0;
+  Seconds duration_s(const Stage& s, const StepGraph& g) const { return cost(s, g).duration_s(); }
+};
+
+// Prices stages from the HardwareSpec's peaks and a Calibration's constants:
+//   GEMM: flops / (peak · gemm_efficiency · m/(m + half_rows)); expert GEMM likewise with the
+//   tokens per expert, plus expert_overhead_s per local expert; attention and GDN: flops / (peak · efficiency), attention backward with its
+//   own efficiency; element-wise and GPU AdamW:
+//   bytes / (HBM · hbm_efficiency); H2D/D2H: bytes / achieved link rate; collectives: bytes /
+//   (fabric rate · fabric_efficiency); CPU work: params / (socket rate / ranks on the socket).
+class CalibratedDurationModel : public DurationModel {
+ public:
+  // `ranks` is the number of training ranks (to share sockets fairly).
+  CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
+  StageCost cost(const Stage& s, const StepGraph& g) const override;
+  const Calibration& calibration() const { return calibration_; }
+  const HardwareSpec& hardware() const { return hardware_; }
+
+ private:
+  HardwareSpec hardware_;
+  Calibration calibration_;
+  int ranks_ = 1;
+  std::vector<int> ranks_per_numa_;
+};
+
+}  // namespace oom

@@ -1,0 +1,349 @@
+#include "planner/lowering.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "planner/memory_report.h"
+
+namespace oom {
+namespace lowering {
+namespace {
+
+// Bytes a GPU AdamW step touches per parameter: FP32 master and two moments read and written,
+// the BF16 gradient read and the BF16 weight written.
+constexpr Bytes kGpuAdamBytesPerParam = 2 * kCanonicalBytesPerParam + kBf16Bytes + kBf16Bytes;
+
+void append(std::vector<StageId>& to, const PerRank& from, int rank) {
+  if (from.empty()) return;
+  const StageId s = from[static_cast<std::size_t>(rank)];
+  if (s >= 0 && std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
+}
+
+}  // namespace
+
+Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options)
+    : plan_(plan),
+      ctx_(ctx),
+      m_(ctx.model),
+      options_(options),
+      params_(model_params(ctx.model)),
+      b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())) {
+  P_ = ctx.workload.gpus;
+  ep_ = plan.path == ExpertPath::kEp;
+  layers_ = options.decoder_layers > 0 ? std::min(options.decoder_layers, m_.layers) : m_.layers;
+  seqs_ = ctx.workload.seqs_per_gpu();
+  S_ = ctx.workload.seq_len;
+  N_ = ctx.workload.tokens_per_gpu();
+  for (int r = 0; r < P_; ++r) {
+    RankResources rr;
+    rr.numa = ctx.hardware.numa_of_rank(r, P_);
+    rr.compute = b_.add_resource(ResourceKind::kGpuCompute, fmt::format("gpu{}.compute", r), r, -1);
+    rr.h2d = b_.add_resource(ResourceKind::kH2d, fmt::format("gpu{}.h2d", r), r, rr.numa);
+    rr.d2h = b_.add_resource(ResourceKind::kD2h, fmt::format("gpu{}.d2h", r), r, rr.numa);
+    rr.expert_d2h = b_.add_resource(ResourceKind::kExpertGradD2h, fmt::format("gpu{}.expert_grad_d2h", r), r, rr.numa);
+    rr.fabric = b_.add_resource(ResourceKind::kFabric, fmt::format("gpu{}.fabric", r), r, -1);
+    rr.cpu = b_.add_resource(ResourceKind::kCpuUpdate, fmt::format("numa{}.cpu_update.r{}", rr.numa, r), r, rr.numa);
+    rr.prep = b_.add_resource(ResourceKind::kHostPrep, fmt::format("numa{}.host_prep.r{}", rr.numa, r), r, rr.numa);
+    r_.push_back(rr);
+  }
+  last_compute_.assign(static_cast<std::size_t>(P_), -1);
+  slot_last_use_[0].assign(static_cast<std::size_t>(P_), -1);
+  slot_last_use_[1].assign(static_cast<std::size_t>(P_), -1);
+  last_update_.assign(static_cast<std::size_t>(P_), -1);
+}
+
+ParamCount Lowering::expert_params_on_gpu(int layer) const {
+  const ParamCount bank = params_.layers[static_cast<std::size_t>(layer)].routed_experts;
+  return ep_ ? bank / P_ : bank;
+}
+
+ParamCount Lowering::expert_params_h2d(int layer) const {
+  const ParamCount bank = params_.layers[static_cast<std::size_t>(layer)].routed_experts;
+  if (ep_) return plan_.is_resident(layer) ? 0 : bank / P_;
+  return plan_.param_transfer == ParamTransfer::kShard ? bank / P_ : bank;
+}
+
+std::int64_t Lowering::live_seqs() const {
+  return (!ep_ && plan_.split.sub_batch_seqs > 0) ? std::min(plan_.split.sub_batch_seqs, seqs_) : seqs_;
+}
+
+std::vector<std::int64_t> Lowering::moe_chunks(std::int64_t tokens) const {
+  const std::int64_t c = ep_ ? plan_.routing_chunk_tokens : plan_.split.moe_chunk_tokens;
+  std::vector<std::int64_t> out;
+  if (c <= 0 || c >= tokens) return {tokens};
+  for (std::int64_t done = 0; done < tokens; done += c) out.push_back(std::min(c, tokens - done));
+  return out;
+}
+
+Stage Lowering::make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+  Stage s;
+  s.name = layer >= 0 ? fmt::format("g{}.{}.L{}.{}", rank, phase_name(phase), layer, what)
+                      : fmt::format("g{}.{}.{}", rank, phase_name(phase), what);
+  s.op = op;
+  s.phase = phase;
+  s.resource = res;
+  s.gpu = rank;
+  s.layer = layer;
+  return s;
+}
+
+void Lowering::gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end) {
+  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, bytes, at_end});
+}
+void Lowering::gpu_free(StageId s, int rank, Bytes bytes) {
+  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, -bytes, true});
+}
+void Lowering::host_alloc(StageId s, int rank, Bytes bytes, bool at_end) {
+  if (bytes > 0) {
+    b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kHost, r_[static_cast<std::size_t>(rank)].numa, bytes, at_end});
+  }
+}
+void Lowering::host_free(StageId s, int rank, Bytes bytes) {
+  if (bytes > 0) {
+    b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kHost, r_[static_cast<std::size_t>(rank)].numa, -bytes, true});
+  }
+}
+
+PerRank Lowering::compute_all(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                              const OpShape& shape, const std::vector<PerRank>& deps) {
+  PerRank out(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].compute, r, layer);
+    s.flops = flops;
+    s.bytes = bytes;
+    s.shape = shape;
+    for (const auto& d : deps) append(s.deps, d, r);
+    out[static_cast<std::size_t>(r)] = add(std::move(s));
+  }
+  last_compute_ = out;
+  return out;
+}
+
+PerRank Lowering::collective_all(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
+                                 const PerRank& inputs) {
+  PerRank out(static_cast<std::size_t>(P_));
+  std::vector<int> peers;
+  for (int r = 0; r < P_; ++r) peers.push_back(r);
+  for (int r = 0; r < P_; ++r) {
+    Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
+    s.bytes = bytes_per_rank;
+    s.peers = peers;
+    for (int q = 0; q < P_; ++q) append(s.deps, inputs, q);
+    out[static_cast<std::size_t>(r)] = add(std::move(s));
+  }
+  return out;
+}
+
+WindowUse Lowering::deliver_weights(const std::string& what, Phase phase, int layer, ParamCount common,
+                                    ParamCount expert_h2d, ParamCount expert_total, bool allgather) {
+  WindowUse use;
+  use.slot = window_uses_++ % 2;
+  use.bytes = working_weight_bytes(common + expert_total);
+  window_slot_bytes_ = std::max(window_slot_bytes_, use.bytes);
+  use.ready.assign(static_cast<std::size_t>(P_), -1);
+  const PerRank& previous = slot_last_use_[static_cast<std::size_t>(use.slot)];
+  PerRank shard_copies(static_cast<std::size_t>(P_), -1);
+  for (int r = 0; r < P_; ++r) {
+    const auto& rr = r_[static_cast<std::size_t>(r)];
+    Stage s = make(what + ".h2d", OpKind::kH2d, phase, rr.h2d, r, layer);
+    s.bytes = working_weight_bytes(common + expert_h2d);
+    append(s.deps, previous, r);  // buffer reuse: the slot's previous consumer has finished
+    const StageId copy = add(std::move(s));
+    use.ready[static_cast<std::size_t>(r)] = copy;
+    shard_copies[static_cast<std::size_t>(r)] = copy;
+  }
+  if (allgather && P_ > 1) {
+    // Each rank receives the other ranks' shards: (P−1)/P of the bank.
+    const Bytes received = working_weight_bytes(expert_total - expert_h2d);
+    use.ready = collective_all(what + ".allgather", OpKind::kAllGather, phase, layer, received, shard_copies);
+    // The local shard is staged beside the slot until the all-gather has rebuilt the bank.
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(shard_copies[static_cast<std::size_t>(r)], r, working_weight_bytes(expert_h2d));
+      gpu_free(use.ready[static_cast<std::size_t>(r)], r, working_weight_bytes(expert_h2d));
+    }
+  }
+  return use;
+}
+
+void Lowering::release_window(const WindowUse& use, const PerRank& last) {
+  slot_last_use_[static_cast<std::size_t>(use.slot)] = last;
+}
+
+void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                 bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
+  if (params_on_gpu <= 0) return;
+  PerRank after = ready;
+  ParamCount sent = params_on_gpu;
+  if (reduce && P_ > 1) {
+    // Reduce-scatter: each rank sends (P−1)/P of its gradient and keeps the reduced 1/P.
+    after = collective_all(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
+                           gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
+    sent = params_on_gpu / P_;
+  }
+  const int kind = expert_kind ? 1 : 0;
+  const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
+  auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  const int slots = std::max(1, plan_.cpu_grad_slots);
+  PerRank out(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    const auto& rr = r_[static_cast<std::size_t>(r)];
+    Stage s = make(what + ".grad_d2h", OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
+    s.bytes = gradient_bytes(sent);
+    append(s.deps, after, r);
+    // CPU gradient slot reuse: wait for the update that consumed gradient index − slots.
+    if (index >= slots) {
+      OOM_ASSERT(index - slots < static_cast<int>(updates.size()), "gradient slot reused before its update was lowered");
+      append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);
+    }
+    out[static_cast<std::size_t>(r)] = add(std::move(s));
+    gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params_on_gpu));
+  }
+  d2h_out.push_back(out);
+  pending_grad_frees_.push_back(out);
+}
+
+void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+                          bool accumulate_partials, ParamCount partial_params) {
+  if (d2h.empty() && params_per_rank <= 0) return;
+  std::vector<PerRank> ready = d2h;
+  if (accumulate_partials) {
+    // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum; the
+    // update of any part waits for every rank's partial.
+    PerRank acc(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make(what + ".host_accumulate", OpKind::kHostAccumulate, Phase::kOptimizer,
+                     r_[static_cast<std::size_t>(r)].cpu, r, layer);
+      s.params = partial_params;
+      s.bytes = gradient_bytes(partial_params);
+      for (const auto& d : d2h) append(s.deps, d, r);
+      acc[static_cast<std::size_t>(r)] = add(std::move(s));
+    }
+    ready.assign(1, PerRank{});
+    for (int r = 0; r < P_; ++r) ready[0].push_back(acc[static_cast<std::size_t>(r)]);
+  }
+  PerRank upd(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    const auto& rr = r_[static_cast<std::size_t>(r)];
+    Stage s = make(what + ".cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
+    s.params = params_per_rank;
+    s.bytes = canonical_state_bytes(params_per_rank);
+    for (const auto& d : ready) {
+      if (accumulate_partials) {
+        for (int q = 0; q < P_; ++q) append(s.deps, d, q);
+      } else {
+        append(s.deps, d, r);
+      }
+    }
+    upd[static_cast<std::size_t>(r)] = add(std::move(s));
+    // Weight publication: BF16 staging of the updated masters for the next step's copies.
+    Stage p = make(what + ".publish", OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
+    p.params = params_per_rank;
+    p.bytes = working_weight_bytes(params_per_rank);
+    p.deps.push_back(upd[static_cast<std::size_t>(r)]);
+    add(std::move(p));
+  }
+  // The updates free the CPU gradient slots of every gradient they consumed.
+  for (int kind = 0; kind < 2; ++kind) {
+    auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+    while (static_cast<int>(updates.size()) < grads_sent_[static_cast<std::size_t>(kind)]) updates.push_back(upd);
+  }
+  last_update_ = upd;
+}
+
+void Lowering::gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready) {
+  PerRank out = compute_all(what + ".gpu_adamw", OpKind::kGpuAdamW, Phase::kOptimizer, layer, 0,
+                            params * kGpuAdamBytesPerParam, OpShape{}, {ready});
+  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params));
+  pending_grad_frees_.push_back(out);
+}
+
+void Lowering::embedding_forward() {
+  // The embedding passes the window like a layer; the lookup is a gather on HBM.
+  const WindowUse w = deliver_weights("embedding", Phase::kForward, -1, params_.embedding, 0, 0, false);
+  OpShape shape;
+  shape.tokens = N_;
+  const PerRank gather = compute_all("embedding.gather", OpKind::kElementwise, Phase::kForward, -1, 0,
+                                     boundary_bytes(1, seqs_, S_, m_.hidden), shape, {w.ready});
+  release_window(w, gather);
+}
+
+void Lowering::head_forward_backward() {
+  const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
+  const WindowUse w = deliver_weights("lm_head", Phase::kForward, -1, head, 0, 0, false);
+  const Bytes logits = logits_workspace_bytes(m_, std::min(options_.memory.loss_chunk_tokens, N_));
+  OpShape shape;
+  shape.tokens = N_;
+  shape.k = m_.hidden;
+  shape.n = m_.vocab;
+  const Flops f = lm_head_flops(m_, N_);
+  const PerRank fwd = compute_all("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, 0, shape, {w.ready});
+  const PerRank bwd = compute_all("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, 0,
+                                  shape, {fwd});
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits);
+    gpu_free(fwd[static_cast<std::size_t>(r)], r, logits);
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits + gradient_bytes(head));
+    gpu_free(bwd[static_cast<std::size_t>(r)], r, logits);
+    // The running gradient of the hidden states lives until the embedding's backward.
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden));
+  }
+  hidden_grad_alloc_ = bwd;
+  release_window(w, bwd);
+  std::vector<PerRank> d2h;
+  gradients_to_host("lm_head", -1, head, bwd, true, false, d2h);
+  cpu_update("lm_head", -1, head / P_, d2h, false, 0);
+}
+
+void Lowering::embedding_backward() {
+  OpShape shape;
+  shape.tokens = N_;
+  const PerRank scatter = compute_all("embedding.scatter", OpKind::kElementwise, Phase::kBackward, -1, 0,
+                                      boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding));
+    gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden));
+  }
+  std::vector<PerRank> d2h;
+  gradients_to_host("embedding", -1, params_.embedding, scatter, true, false, d2h);
+  cpu_update("embedding", -1, params_.embedding / P_, d2h, false, 0);
+}
+
+StepGraph Lowering::run() {
+  // Base occupancy: M_0 + M_state on each GPU; on each NUMA node the static host footprint less
+  // the boundaries and O/LSE, which the stages allocate and free themselves.
+  const MemoryReport report = static_memory(ctx_, plan_, options_.memory);
+  StepGraph& g = b_.graph();
+  for (int r = 0; r < P_; ++r) g.gpu_base_bytes[static_cast<std::size_t>(r)] = report.gpu.eq2.fixed + report.gpu.eq2.state;
+  for (const auto& h : report.host) {
+    Bytes base = 0;
+    for (const auto& item : h.items) {
+      const bool dynamic = item.name.starts_with("boundaries kept on host") || item.name.starts_with("attention O/LSE");
+      if (!dynamic) base += item.bytes;
+    }
+    if (static_cast<std::size_t>(h.numa) < g.numa_base_bytes.size()) g.numa_base_bytes[static_cast<std::size_t>(h.numa)] = base;
+  }
+  g.gpu_headroom_fraction = options_.memory.gpu_headroom_fraction;
+
+  embedding_forward();
+  for (int l = 0; l < layers_; ++l) decoder_forward(l, Phase::kForward, true);
+  head_forward_backward();
+  for (int l = layers_ - 1; l >= 0; --l) decoder_backward(l);
+  embedding_backward();
+  // The two window slots are allocated once, each sized for the largest parameter group.
+  for (auto& b : b_.graph().gpu_base_bytes) b += 2 * window_slot_bytes_;
+  return b_.take();
+}
+
+}  // namespace lowering
+
+StepGraph lower(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options) {
+  OOM_ASSERT(ctx.workload.gpus >= 1, "at least one GPU");
+  lowering::Lowering l(plan, ctx, options);
+  StepGraph g = l.run();
+  OOM_ASSERT(check_step_graph(g).empty(), "lowering produced a malformed StepGraph");
+  return g;
+}
+
+}  // namespace oom

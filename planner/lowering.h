@@ -1,0 +1,131 @@
+// Lowering internals shared by the EP and Local lowerings (planner/step_graph.h's lower()).
+//
+// Not a public interface: lower() is. The Lowering class emits the stages of one step for every
+// rank in lock step, so that a collective (all-to-all, all-gather, reduce-scatter) can depend on
+// its members' inputs on every rank. Work is per GPU: P ranks run the same schedule on their own
+// resources. The runtime rules of reference §3 become edges:
+//   - two-slot parameter window: the H2D of a window use waits for the last consumer of the use
+//     two before it (buffer reuse); both slots are allocated for the whole step, each sized for
+//     the largest parameter group (part of the graph's base GPU bytes);
+//   - CPU gradient slots (per kind: managed parameters, expert shards): the D2H of the i-th
+//     gradient waits for the CPU update of gradient i − slots;
+//   - compute waits for its weight version: compute stages depend on their window copy;
+//   - an update waits for all its gradients: the CPU update depends on every D2H of its layer;
+//   - one update executor per rank shared by managed parameters and expert shards;
+//   - two GPU gradient buffers: a decoder's backward starts producing gradients only when the
+//     buffer of the decoder two before it has been drained (D2H or GPU AdamW done);
+//   - expert-gradient D2H on its own stream.
+// Not thread-safe; one Lowering per call.
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "costmodel/flops.h"
+#include "costmodel/memory.h"
+#include "costmodel/params.h"
+#include "planner/step_graph.h"
+
+namespace oom::lowering {
+
+using PerRank = std::vector<StageId>;  // one stage per rank (−1: none)
+
+struct RankResources {
+  ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
+  int numa = 0;
+};
+
+// What a window use made available: the copies compute must wait for.
+struct WindowUse {
+  PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied
+  int slot = 0;
+  Bytes bytes = 0;     // per rank
+};
+
+class Lowering {
+ public:
+  Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options);
+  StepGraph run();
+
+ private:
+  // --- building blocks (lowering.cc) ---
+  Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const;
+  StageId add(Stage s) { return b_.add(std::move(s)); }
+  void gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end = false);
+  void gpu_free(StageId s, int rank, Bytes bytes);  // at the stage's end
+  void host_alloc(StageId s, int rank, Bytes bytes, bool at_end = true);
+  void host_free(StageId s, int rank, Bytes bytes);
+  // A compute stage on every rank; `deps` per rank (may be empty), plus extra common deps.
+  PerRank compute_all(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                      const OpShape& shape, const std::vector<PerRank>& deps);
+  // A collective on every rank's fabric port: member r depends on inputs[q] of every rank q.
+  PerRank collective_all(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
+                         const PerRank& inputs);
+  // Copies the weights of one window use (common params + expert params on this GPU).
+  WindowUse deliver_weights(const std::string& what, Phase phase, int layer, ParamCount common,
+                            ParamCount expert_h2d, ParamCount expert_total, bool allgather);
+  // Marks `last` as the last consumer of `use` (frees the slot at its end).
+  void release_window(const WindowUse& use, const PerRank& last);
+  // Gradients of one parameter group to the host and their CPU update and publication.
+  // `reduce` first reduce-scatters over the fabric (each rank then sends 1/P).
+  void gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                         bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
+  void cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+                  bool accumulate_partials, ParamCount partial_params);
+  void gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready);
+
+  // --- the step (lowering.cc: embedding, LM head; lowering_layers.cc: decoders) ---
+  void embedding_forward();
+  void head_forward_backward();
+  void embedding_backward();
+  void decoder_forward(int layer, Phase phase, bool save_boundary);
+  void decoder_backward(int layer);
+  PerRank boundary_for_backward(int layer);
+  PerRank mixing_forward(int layer, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
+                         bool first_pass, bool replay_reuses_o);
+  PerRank mixing_backward(int layer, std::int64_t seqs, const PerRank& ready);
+  PerRank moe_forward_chunk(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                            int chunk);
+  PerRank moe_backward_chunk(int layer, std::int64_t tokens, const PerRank& ready, int chunk);
+
+  // Parameters of decoder `layer` this GPU holds in the window: (common, experts).
+  ParamCount common_params(int layer) const { return params_.layers[static_cast<std::size_t>(layer)].common(); }
+  ParamCount expert_params_on_gpu(int layer) const;
+  ParamCount expert_params_h2d(int layer) const;  // 0 for resident EP shards
+  std::int64_t live_seqs() const;                 // sequences processed at once (Local sub-batches)
+  std::vector<std::int64_t> moe_chunks(std::int64_t tokens) const;
+
+  const Plan& plan_;
+  const WorkloadContext& ctx_;
+  const ModelSpec& m_;
+  LoweringOptions options_;
+  ModelParams params_;
+  StepGraphBuilder b_;
+  std::vector<RankResources> r_;
+  int P_ = 1;
+  bool ep_ = true;
+  int layers_ = 0;  // decoders lowered
+  std::int64_t seqs_ = 1, S_ = 1, N_ = 1;
+
+  PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
+  std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
+  int window_uses_ = 0;
+  Bytes window_slot_bytes_ = 0;  // the largest window use: each of the two slots has this size
+  // CPU gradient slots: per kind (0 managed, 1 expert), the CPU updates that consumed the slots.
+  std::array<std::vector<PerRank>, 2> slot_updates_;
+  std::array<int, 2> grads_sent_{0, 0};
+  PerRank last_update_;  // last CPU update per rank
+  // GPU gradient buffers (two slots): per decoder backward, the stages that free its buffer.
+  std::vector<std::vector<PerRank>> grad_buffer_frees_;
+  std::vector<PerRank> pending_grad_frees_;
+  // Boundaries available on the GPU for backward: layer → (stage per rank, bytes per rank).
+  std::map<int, std::pair<PerRank, Bytes>> gpu_boundaries_;
+  std::map<int, PerRank> host_boundaries_;  // layer → D2H stage that saved it
+  std::map<int, PerRank> olse_saved_;       // layer → D2H stage that saved O/LSE
+  PerRank boundary_consumed_;               // the backward stage that last released a loaded boundary
+  PerRank hidden_grad_alloc_;               // stage that allocated the running hidden-state gradient
+};
+
+}  // namespace oom::lowering

@@ -1,0 +1,412 @@
+// Decoder layers of the lowering: forward, replay, backward, boundaries and gradients
+// (reference §3 for EP, §4 for Local). See planner/lowering.h for the runtime rules.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "planner/lowering.h"
+
+namespace oom::lowering {
+namespace {
+
+bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
+
+// Query-head groups the attention core runs in (1 = unpartitioned).
+int head_groups(const AttentionSpec& a, int head_group) {
+  if (head_group <= 0) return 1;
+  const int per_kv = a.heads / std::max(1, a.kv_heads);
+  return std::max(1, per_kv / std::max(1, std::min(head_group, per_kv)));
+}
+
+int gdn_chunks(std::int64_t seq_len, std::int64_t chunk) {
+  if (chunk <= 0 || chunk >= seq_len) return 1;
+  return static_cast<int>((seq_len + chunk - 1) / chunk);
+}
+
+}  // namespace
+
+PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
+                                 bool first_pass, bool reuse_o) {
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const LayerFlops f = layer_flops(m_, l, seqs, S_);
+  OpShape proj;
+  proj.tokens = seqs * S_;
+  proj.k = m_.hidden;
+  proj.seqs = seqs;
+  proj.seq_len = S_;
+  const PerRank p = compute_all(is_attention(kind) ? "attn.proj" : "gdn.proj", OpKind::kGemm, phase, l,
+                                f.mixing_projection, 0, proj, {input, w.ready});
+  PerRank last = p;
+  if (is_attention(kind)) {
+    const AttentionSpec& a = m_.attention(kind);
+    const Bytes olse = attention_result_bytes(a, seqs, S_);
+    if (reuse_o) {
+      // O/LSE come back from the host; the core is not recomputed (reference §4 "Keep").
+      PerRank load(static_cast<std::size_t>(P_));
+      for (int r = 0; r < P_; ++r) {
+        Stage s = make("attn.olse_h2d", OpKind::kH2d, phase, r_[static_cast<std::size_t>(r)].h2d, r, l);
+        s.bytes = olse;
+        if (olse_saved_.count(l)) s.deps.push_back(olse_saved_.at(l)[static_cast<std::size_t>(r)]);
+        load[static_cast<std::size_t>(r)] = add(std::move(s));
+      }
+      last = compute_all("attn.out", OpKind::kSync, phase, l, 0, 0, OpShape{}, {p, load});
+    } else {
+      const int groups = head_groups(a, plan_.split.attention_head_group);
+      OpShape core;
+      core.seqs = seqs;
+      core.seq_len = S_;
+      core.heads = a.heads / groups;
+      core.head_dim = a.head_dim;
+      core.window = a.window_tokens;
+      core.tokens = seqs * S_;
+      for (int g = 0; g < groups; ++g) {
+        last = compute_all(fmt::format("attn.core.h{}", g), OpKind::kAttention, phase, l,
+                           f.mixing_core.total() / groups, 0, core, {last});
+      }
+      if (first_pass && plan_.keep_attention_results) {
+        PerRank save(static_cast<std::size_t>(P_));
+        for (int r = 0; r < P_; ++r) {
+          Stage s = make("attn.olse_d2h", OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
+          s.bytes = olse;
+          s.deps.push_back(last[static_cast<std::size_t>(r)]);
+          save[static_cast<std::size_t>(r)] = add(std::move(s));
+          host_alloc(save[static_cast<std::size_t>(r)], r, olse);
+        }
+        olse_saved_[l] = save;
+      }
+    }
+  } else {
+    const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
+    OpShape core;
+    core.seqs = seqs;
+    core.seq_len = S_ / chunks;
+    core.tokens = seqs * S_ / chunks;
+    core.heads = m_.gdn.value_heads;
+    core.head_dim = m_.gdn.value_head_dim;
+    for (int c = 0; c < chunks; ++c) {
+      // Each chunk hands its FP32 recurrent state to the next (stream order carries it).
+      last = compute_all(fmt::format("gdn.core.c{}", c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
+                         core, {last});
+    }
+  }
+  return last;
+}
+
+PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                                    int chunk) {
+  const MoeFlops f = moe_flops(m_, tokens);
+  OpShape dense;
+  dense.tokens = tokens;
+  dense.k = m_.hidden;
+  const PerRank pre = compute_all(fmt::format("moe.c{}.router_shared", chunk), OpKind::kGemm, phase, l,
+                                  f.router + f.shared_expert + f.dense_mlp, 0, dense, {input, w.ready});
+  OpShape experts;
+  experts.tokens = tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
+  experts.k = m_.hidden;
+  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  if (!ep_ || P_ == 1) {
+    return compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts, 0,
+                       experts, {pre, w.ready});
+  }
+  const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens, m_.hidden, kBf16Bytes, P_) / 2;
+  const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_dispatch", chunk), OpKind::kAllToAll, phase, l, a2a, pre);
+  const PerRank exp = compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
+                                  0, experts, {dispatch, w.ready});
+  const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_return", chunk), OpKind::kAllToAll, phase, l, a2a, exp);
+  const Bytes buffers = a2a_buffer_bytes(m_, tokens);
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers);
+    gpu_free(ret[static_cast<std::size_t>(r)], r, buffers);
+  }
+  OpShape combine;
+  combine.tokens = tokens;
+  return compute_all(fmt::format("moe.c{}.combine", chunk), OpKind::kElementwise, phase, l, 0,
+                     tokens * m_.moe.top_k * m_.hidden * kBf16Bytes, combine, {ret});
+}
+
+PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk) {
+  const MoeFlops f = moe_flops(m_, tokens);
+  OpShape experts;
+  experts.tokens = tokens * m_.moe.top_k;
+  experts.k = m_.hidden;
+  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  PerRank exp;
+  if (ep_ && P_ > 1) {
+    const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens, m_.hidden, kBf16Bytes, P_) / 2;
+    const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_grad_dispatch", chunk), OpKind::kAllToAll,
+                                            Phase::kBackward, l, a2a, ready);
+    exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+                      kMatmulBackwardRatio * f.routed_experts, 0, experts, {dispatch});
+    const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
+                                       Phase::kBackward, l, a2a, exp);
+    const Bytes buffers = a2a_buffer_bytes(m_, tokens);
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers);
+      gpu_free(ret[static_cast<std::size_t>(r)], r, buffers);
+    }
+    exp = ret;
+  } else {
+    exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+                      kMatmulBackwardRatio * f.routed_experts, 0, experts, {ready});
+  }
+  OpShape dense;
+  dense.tokens = tokens;
+  dense.k = m_.hidden;
+  return compute_all(fmt::format("moe.c{}.router_shared_bwd", chunk), OpKind::kGemm, Phase::kBackward, l,
+                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), 0, dense, {exp});
+}
+
+PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready) {
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const LayerFlops f = layer_flops(m_, l, seqs, S_);
+  PerRank last = ready;
+  if (is_attention(kind)) {
+    const AttentionSpec& a = m_.attention(kind);
+    const int groups = head_groups(a, plan_.split.attention_head_group);
+    OpShape core;
+    core.seqs = seqs;
+    core.seq_len = S_;
+    core.heads = a.heads / groups;
+    core.head_dim = a.head_dim;
+    core.window = a.window_tokens;
+    core.tokens = seqs * S_;
+    const Flops fwd = f.mixing_core.total() / groups;
+    for (int g = groups - 1; g >= 0; --g) {
+      // Without O/LSE kept, a partitioned backward needs each group's softmax statistics again:
+      // its forward is recomputed right before its backward.
+      if (groups > 1 && !plan_.keep_attention_results) {
+        last = compute_all(fmt::format("attn.core_refwd.h{}", g), OpKind::kAttention, Phase::kRecompute, l, fwd, 0,
+                           core, {last});
+      }
+      last = compute_all(fmt::format("attn.core_bwd.h{}", g), OpKind::kAttention, Phase::kBackward, l,
+                         kAttentionBackwardRatio * fwd, 0, core, {last});
+    }
+  } else {
+    const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
+    OpShape core;
+    core.seqs = seqs;
+    core.seq_len = S_ / chunks;
+    core.tokens = seqs * S_ / chunks;
+    core.heads = m_.gdn.value_heads;
+    core.head_dim = m_.gdn.value_head_dim;
+    for (int c = chunks - 1; c >= 0; --c) {
+      last = compute_all(fmt::format("gdn.core_bwd.c{}", c), OpKind::kGdn, Phase::kBackward, l,
+                         kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
+    }
+  }
+  OpShape proj;
+  proj.tokens = seqs * S_;
+  proj.k = m_.hidden;
+  return compute_all(is_attention(kind) ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
+                     kMatmulBackwardRatio * f.mixing_projection, 0, proj, {last});
+}
+
+void Lowering::decoder_forward(int l, Phase phase, bool original) {
+  const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
+  const WindowUse w = deliver_weights("weights", phase, l, common_params(l), expert_params_h2d(l),
+                                      expert_params_on_gpu(l), shard);
+  const PerRank input = last_compute_;
+  const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
+  if (original) {
+    switch (plan_.boundaries.place(l)) {
+      case BoundaryPolicy::Place::kHost: {
+        PerRank save(static_cast<std::size_t>(P_));
+        for (int r = 0; r < P_; ++r) {
+          Stage s = make("boundary_d2h", OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
+          s.bytes = boundary;
+          if (input[static_cast<std::size_t>(r)] >= 0) s.deps.push_back(input[static_cast<std::size_t>(r)]);
+          save[static_cast<std::size_t>(r)] = add(std::move(s));
+          host_alloc(save[static_cast<std::size_t>(r)], r, boundary);
+        }
+        host_boundaries_[l] = save;
+        break;
+      }
+      case BoundaryPolicy::Place::kGpu:
+        for (int r = 0; r < P_; ++r) gpu_alloc(input[static_cast<std::size_t>(r)], r, boundary, true);
+        gpu_boundaries_[l] = {input, boundary};
+        break;
+      case BoundaryPolicy::Place::kRegenerated:
+        break;
+    }
+  }
+  const bool retained = ep_ && plan_.is_moe_retained(l);
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const bool reuse_o = !original && plan_.keep_attention_results && is_attention(kind);
+  const std::int64_t sb = live_seqs();
+  PerRank x = input;
+  for (std::int64_t done = 0; done < seqs_; done += sb) {
+    const std::int64_t seqs = std::min(sb, seqs_ - done);
+    const Bytes mix_act = is_attention(kind)
+                              ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
+                              : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    const PerRank mix = mixing_forward(l, phase, seqs, w, x, original, reuse_o);
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false);
+      gpu_free(mix[static_cast<std::size_t>(r)], r, mix_act);
+    }
+    x = mix;
+    int c = 0;
+    for (const std::int64_t tokens : moe_chunks(seqs * S_)) {
+      const PerRank pre_input = x;
+      x = moe_forward_chunk(l, phase, tokens, w, pre_input, c++);
+      const Bytes act = moe_activation_bytes(m_, tokens);
+      for (int r = 0; r < P_; ++r) {
+        gpu_alloc(x[static_cast<std::size_t>(r)], r, act, false);
+        if (!retained) gpu_free(x[static_cast<std::size_t>(r)], r, act);  // retained: freed by the backward
+      }
+    }
+  }
+  release_window(w, x);
+}
+
+PerRank Lowering::boundary_for_backward(int l) {
+  const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
+  const auto place = plan_.boundaries.place(l);
+  if (place == BoundaryPolicy::Place::kHost) {
+    PerRank load(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make("boundary_h2d", OpKind::kH2d, Phase::kBackward, r_[static_cast<std::size_t>(r)].h2d, r, l);
+      s.bytes = boundary;
+      if (host_boundaries_.count(l)) s.deps.push_back(host_boundaries_.at(l)[static_cast<std::size_t>(r)]);
+      // One boundary buffer: the load waits until the previous decoder's backward consumed its input.
+      if (!boundary_consumed_.empty() && boundary_consumed_[static_cast<std::size_t>(r)] >= 0) {
+        s.deps.push_back(boundary_consumed_[static_cast<std::size_t>(r)]);
+      }
+      load[static_cast<std::size_t>(r)] = add(std::move(s));
+      gpu_alloc(load[static_cast<std::size_t>(r)], r, boundary);
+    }
+    gpu_boundaries_[l] = {load, boundary};
+    return load;
+  }
+  if (gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
+  // Regenerate: no-grad forwards from the nearest kept boundary j < l through decoders j..l−1,
+  // holding the last `regenerate_cap` regenerated boundaries on the GPU (reference §4 "Replay").
+  int j = l - 1;
+  while (j > 0 && plan_.boundaries.place(j) == BoundaryPolicy::Place::kRegenerated && !gpu_boundaries_.count(j)) --j;
+  if (j < 0) j = 0;
+  const bool j_was_held = gpu_boundaries_.count(j) > 0;
+  PerRank start;
+  if (plan_.boundaries.place(j) == BoundaryPolicy::Place::kRegenerated && !j_was_held) {
+    // Decoder 0's input regenerated: gather the embeddings again.
+    OpShape shape;
+    shape.tokens = N_;
+    start = compute_all("embedding.regather", OpKind::kElementwise, Phase::kRecompute, -1, 0, boundary, shape, {last_compute_});
+    for (int r = 0; r < P_; ++r) gpu_alloc(start[static_cast<std::size_t>(r)], r, boundary);
+    gpu_boundaries_[j] = {start, boundary};
+  } else {
+    start = boundary_for_backward(j);
+  }
+  const int cap = std::max(1, plan_.boundaries.regenerate_cap);
+  last_compute_ = start;
+  for (int d = j; d < l; ++d) {
+    decoder_forward(d, Phase::kRecompute, false);
+    const int produced = d + 1;  // the input of decoder d+1
+    if (produced > l - cap) {
+      for (int r = 0; r < P_; ++r) gpu_alloc(last_compute_[static_cast<std::size_t>(r)], r, boundary, true);
+      gpu_boundaries_[produced] = {last_compute_, boundary};
+    }
+  }
+  // The starting boundary stays where it was for its own backward; a copy loaded only to start
+  // the run is released.
+  if (!j_was_held && plan_.boundaries.place(j) == BoundaryPolicy::Place::kHost) {
+    for (int r = 0; r < P_; ++r) gpu_free(last_compute_[static_cast<std::size_t>(r)], r, boundary);
+    gpu_boundaries_.erase(j);
+  }
+  return gpu_boundaries_.at(l).first;
+}
+
+void Lowering::decoder_backward(int l) {
+  // A boundary on the host is loaded after the layer's weights (the weights prefetch into their
+  // slot; the boundary waits for its buffer); a regenerated one is produced before them.
+  const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
+  const bool load_after = plan_.boundaries.place(l) == BoundaryPolicy::Place::kHost;
+  PerRank input;
+  if (!load_after) input = boundary_for_backward(l);
+  const WindowUse w = deliver_weights("weights", Phase::kBackward, l, common_params(l), expert_params_h2d(l),
+                                      expert_params_on_gpu(l), shard);
+  if (load_after) input = boundary_for_backward(l);
+  const bool retained = ep_ && plan_.is_moe_retained(l);
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const bool reuse_o = plan_.keep_attention_results && is_attention(kind);
+  const ParamCount common = common_params(l), experts = expert_params_on_gpu(l);
+  const std::int64_t sb = live_seqs();
+  bool first = true;
+  PerRank x = input, last_expert_bwd;
+  for (std::int64_t done = 0; done < seqs_; done += sb) {
+    const std::int64_t seqs = std::min(sb, seqs_ - done);
+    const Bytes mix_act = is_attention(kind)
+                              ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
+                              : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false);
+    }
+    x = mix;
+    if (first) {
+      // Gradient buffer: wait until the buffer of the decoder two back has drained.
+      std::vector<PerRank> gate = {x};
+      const std::size_t uses = grad_buffer_frees_.size();
+      if (uses >= 2) {
+        for (const auto& f : grad_buffer_frees_[uses - 2]) gate.push_back(f);
+      }
+      x = compute_all("grad_buffer", OpKind::kSync, Phase::kBackward, l, 0, 0, OpShape{}, gate);
+      for (int r = 0; r < P_; ++r) gpu_alloc(x[static_cast<std::size_t>(r)], r, gradient_bytes(common + experts));
+      first = false;
+    }
+    const auto chunks = moe_chunks(seqs * S_);
+    for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
+      const std::int64_t tokens = chunks[static_cast<std::size_t>(c)];
+      const Bytes act = moe_activation_bytes(m_, tokens);
+      PerRank ready = x;
+      if (!retained) {
+        ready = moe_forward_chunk(l, Phase::kRecompute, tokens, w, x, c);
+        for (int r = 0; r < P_; ++r) gpu_alloc(ready[static_cast<std::size_t>(r)], r, act, false);
+      }
+      x = moe_backward_chunk(l, tokens, ready, c);
+      last_expert_bwd = x;
+      for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, act);
+    }
+    x = mixing_backward(l, seqs, x);
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act);
+  }
+  release_window(w, x);
+  // The decoder input is consumed; an O/LSE copy on the host is no longer needed.
+  boundary_consumed_ = x;
+  if (gpu_boundaries_.count(l)) {
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second);
+    gpu_boundaries_.erase(l);
+  }
+  if (host_boundaries_.count(l)) {
+    for (int r = 0; r < P_; ++r) host_free(input[static_cast<std::size_t>(r)], r, boundary_bytes(1, seqs_, S_, m_.hidden));
+  }
+  if (olse_saved_.count(l)) {
+    for (int r = 0; r < P_; ++r) host_free(x[static_cast<std::size_t>(r)], r, attention_result_bytes(m_.attention(kind), seqs_, S_));
+  }
+
+  std::vector<PerRank> d2h;
+  pending_grad_frees_.clear();
+  if (ep_) {
+    const bool resident = plan_.is_resident(l);
+    if (resident) {
+      // Resident shard: GPU AdamW and BF16 refresh on the owner; no H2D, D2H or CPU update.
+      gpu_adamw("experts", l, experts, last_expert_bwd);
+    } else {
+      gradients_to_host("experts", l, experts, last_expert_bwd, false, true, d2h);
+    }
+    gradients_to_host("common", l, common, x, true, false, d2h);
+    cpu_update("layer", l, common / P_ + (resident ? 0 : experts), d2h, false, 0);
+  } else if (plan_.param_transfer == ParamTransfer::kShard) {
+    // Gradients reduced on the GPUs (the mirror of the shard all-gather); each rank updates 1/P.
+    gradients_to_host("layer", l, common + experts, x, true, false, d2h);
+    cpu_update("layer", l, (common + experts) / P_, d2h, false, 0);
+  } else {
+    // BF16 partials accumulated in FP32 in host memory, then each rank updates 1/P.
+    gradients_to_host("layer", l, common + experts, x, false, false, d2h);
+    cpu_update("layer", l, (common + experts) / P_, d2h, true, common + experts);
+  }
+  grad_buffer_frees_.push_back(pending_grad_frees_);
+  pending_grad_frees_.clear();
+}
+
+}  // namespace oom::lowering

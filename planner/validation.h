@@ -1,0 +1,72 @@
+// Simulation reports and validation against recorded measurements (`oom simulate`, `oom validate`).
+//
+// simulate_plan() lowers a plan, executes it with a named StepEngine and a hardware's
+// calibration, and summarizes the step: time, per-GPU peak, per-NUMA host bytes and a breakdown
+// of rank 0's timeline into compute, exposed all-to-all/collectives, exposed PCIe transfer,
+// exposed CPU update and idle time (each instant of the step counted once, in that priority).
+// validate_records() predicts every step record that carries a plan and compares with what was
+// measured. Relative error = (predicted − measured) / measured. Not thread-safe (engine registry).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/workload.h"
+#include "planner/calibration.h"
+#include "planner/plan.h"
+#include "traces/records.h"
+#include "traces/trace.h"
+
+namespace oom {
+
+struct StepBreakdown {
+  Seconds compute_s = 0;               // the compute stream is busy
+  Seconds exposed_collective_s = 0;    // only the fabric (A2A, all-gather, reduce-scatter) is busy
+  Seconds exposed_transfer_s = 0;      // only PCIe copies are busy
+  Seconds exposed_cpu_update_s = 0;    // only the host (CPU AdamW, accumulation, publication) is busy
+  Seconds idle_s = 0;
+};
+// Breakdown of rank `gpu`'s stages in `t` (stage names start with "g<gpu>.").
+StepBreakdown step_breakdown(const Trace& t, int gpu = 0);
+
+struct SimulationResult {
+  Trace trace;
+  StepBreakdown breakdown;
+  std::size_t stages = 0;
+};
+
+// Throws InputError when `engine` is not registered.
+SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const std::string& engine,
+                               const Calibration& calibration);
+nlohmann::json simulation_to_json(const SimulationResult& r);
+std::string simulation_text(const SimulationResult& r);
+
+struct RecordPrediction {
+  std::string id;
+  std::string status;  // "ok", "skipped" (baseline system), "failed" (cannot run: `reason`)
+  std::string reason;
+  std::optional<double> measured_step_s, predicted_step_s, rel_error;
+  std::optional<double> measured_gpu_peak_gib, predicted_gpu_peak_gib, gpu_peak_rel_error;
+  std::optional<double> measured_host_gib, predicted_host_gib, host_rel_error;
+};
+
+struct ValidationReport {
+  std::vector<RecordPrediction> records;
+  int count = 0;     // records predicted with a measured step time
+  int failures = 0;  // records that could not run
+  double median_abs_rel_error = 0;
+  double max_abs_rel_error = 0;
+};
+
+// Predicts every step record. `calibration_for` gives the calibration of a hardware (by default
+// load_calibration_for()). Never throws for a bad record: it is reported as failed.
+ValidationReport validate_records(const RecordSet& records, const std::string& engine);
+ValidationReport validate_records(const RecordSet& records, const std::string& engine,
+                                  const std::vector<Calibration>& calibrations);
+nlohmann::json validation_to_json(const ValidationReport& r);
+std::string validation_text(const ValidationReport& r);
+
+}  // namespace oom

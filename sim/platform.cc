@@ -1,0 +1,189 @@
+#include "sim/platform.h"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+#include <xbt/log.h>
+
+#include "costmodel/input_error.h"
+
+namespace oom::sim {
+namespace {
+
+using Direction = sg4::LinkInRoute::Direction;
+
+std::size_t at(int i) { return static_cast<std::size_t>(i); }
+
+}  // namespace
+
+PlatformRates platform_rates(const HardwareSpec& h) {
+  PlatformRates r;
+  r.gpu_flops_per_s = h.gpu.bf16_flops_per_s;
+  r.h2d_Bps = h.pcie.h2d_Bps;
+  r.d2h_Bps = h.pcie.d2h_Bps;
+  r.fabric_Bps = h.fabric.per_gpu_Bps;
+  r.network_Bps = h.network.per_node_Bps;
+  for (const NumaSpec& n : h.numa) {
+    r.dram_Bps.push_back(n.dram_Bps);
+    r.socket_params_per_s.push_back(n.adamw_params_per_s);
+  }
+  return r;
+}
+
+PlatformRates platform_rates(const HardwareSpec& h, const Calibration& c) {
+  PlatformRates r = platform_rates(h);
+  if (c.h2d_Bps > 0) r.h2d_Bps = c.h2d_Bps;
+  if (c.d2h_Bps > 0) r.d2h_Bps = c.d2h_Bps;
+  r.fabric_Bps = h.fabric.per_gpu_Bps * c.fabric_efficiency;
+  if (c.cpu_adamw_params_per_s > 0) std::fill(r.socket_params_per_s.begin(), r.socket_params_per_s.end(), c.cpu_adamw_params_per_s);
+  return r;
+}
+
+void configure_engine() {
+  xbt_log_control_set("xbt_cfg.thresh:warning");
+  // The default LV08 model scales bandwidth by 0.97, latency by 13 and adds reverse cross-traffic;
+  // CM02 without cross-traffic delivers a link's nominal bandwidth (SIMGRID-3.32 notes).
+  sg4::Engine::set_config("network/model:CM02");
+  sg4::Engine::set_config("network/crosstraffic:0");
+}
+
+Platform::Platform(const HardwareSpec& h, const PlatformRates& rates, const PlatformOptions& options)
+    : nodes_(std::max(1, h.nodes)),
+      gpus_per_node_(h.gpus_per_node),
+      numa_per_node_(static_cast<int>(h.numa.size())),
+      gpu_numa_(h.gpu_numa) {
+  OOM_ASSERT(gpus_per_node_ > 0 && numa_per_node_ > 0, "a platform needs GPUs and NUMA nodes");
+  OOM_ASSERT(static_cast<int>(gpu_numa_.size()) == gpus_per_node_, "one NUMA node per GPU");
+  OOM_ASSERT(rates.dram_Bps.size() == h.numa.size() && rates.socket_params_per_s.size() == h.numa.size(),
+             "one DRAM and socket rate per NUMA node");
+  OOM_ASSERT(rates.gpu_flops_per_s > 0 && rates.h2d_Bps > 0 && rates.d2h_Bps > 0 && rates.fabric_Bps > 0,
+             "positive GPU, PCIe and fabric rates");
+  const bool lat = options.link_latencies;
+  auto* zone = sg4::create_full_zone("oom");
+
+  // Hosts and per-socket links.
+  std::vector<const sg4::Link*> bridges;
+  for (int n = 0; n < nodes_; ++n) {
+    for (int s = 0; s < numa_per_node_; ++s) {
+      const NumaSpec& numa = h.numa[at(s)];
+      const int cores = std::max(1, numa.cores);
+      OOM_ASSERT(rates.dram_Bps[at(s)] > 0 && rates.socket_params_per_s[at(s)] > 0, "positive DRAM and CPU rates");
+      memories_.push_back(zone->create_host(fmt::format("node{}.mem{}", n, s), 1.0)->seal());
+      sockets_.push_back(zone->create_host(fmt::format("node{}.cpu{}", n, s), rates.socket_params_per_s[at(s)] / cores)
+                             ->set_core_count(cores)
+                             ->seal());
+      dram_.push_back(zone->create_link(fmt::format("node{}.dram{}", n, s), rates.dram_Bps[at(s)])->seal());
+      bridges.push_back(zone->create_link(fmt::format("node{}.bridge{}", n, s), rates.dram_Bps[at(s)])
+                            ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
+                            ->seal());
+    }
+  }
+  // GPUs, their PCIe links and fabric ports.
+  std::vector<sg4::SplitDuplexLink*> ports;
+  for (int g = 0; g < total_gpus(); ++g) {
+    gpus_.push_back(zone->create_host(fmt::format("gpu{}", g), rates.gpu_flops_per_s)->seal());
+    auto* pcie = zone->create_split_duplex_link(fmt::format("gpu{}.pcie", g), rates.h2d_Bps);
+    pcie->get_link_down()->set_bandwidth(rates.d2h_Bps);
+    if (lat) pcie->set_latency(h.pcie.latency_s);
+    pcie->seal();
+    pcie_.push_back(pcie);
+    auto* port = zone->create_split_duplex_link(fmt::format("gpu{}.fabric", g), rates.fabric_Bps);
+    port->seal();
+    ports.push_back(port);
+  }
+  std::vector<const sg4::Link*> switches;
+  std::vector<sg4::SplitDuplexLink*> nics;
+  for (int n = 0; n < nodes_; ++n) {
+    if (h.fabric.kind == FabricKind::kNvlink) {
+      switches.push_back(zone->create_link(fmt::format("node{}.nvswitch", n), rates.fabric_Bps)
+                             ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
+                             ->set_latency(lat ? h.fabric.latency_s : 0.0)
+                             ->seal());
+    }
+    if (nodes_ > 1) {
+      OOM_ASSERT(rates.network_Bps > 0, "a multi-node platform needs a network rate");
+      auto* nic = zone->create_split_duplex_link(fmt::format("node{}.nic", n), rates.network_Bps);
+      if (lat) nic->set_latency(h.network.latency_s / 2);
+      nic->seal();
+      nics.push_back(nic);
+    }
+  }
+
+  // Routes.
+  auto route = [&](sg4::Host* a, sg4::Host* b, const std::vector<sg4::LinkInRoute>& links) {
+    zone->add_route(a->get_netpoint(), b->get_netpoint(), nullptr, nullptr, links, false);
+  };
+  for (int n = 0; n < nodes_; ++n) {
+    for (int s = 0; s < numa_per_node_; ++s) {
+      const std::size_t ns = at(n * numa_per_node_ + s);
+      route(sockets_[ns], memories_[ns], {sg4::LinkInRoute(dram_[ns])});
+      route(memories_[ns], sockets_[ns], {sg4::LinkInRoute(dram_[ns])});
+    }
+  }
+  for (int g = 0; g < total_gpus(); ++g) {
+    const int n = node_of_gpu(g);
+    const std::size_t own = at(n * numa_per_node_ + numa_of_gpu(g));
+    for (int s = 0; s < numa_per_node_; ++s) {
+      // Host buffers on another socket of the node reach the GPU through both sockets' bridges.
+      const std::size_t ns = at(n * numa_per_node_ + s);
+      std::vector<sg4::LinkInRoute> down{sg4::LinkInRoute(dram_[ns]), sg4::LinkInRoute(bridges[ns])};
+      if (ns != own) down.emplace_back(bridges[own]);
+      down.emplace_back(pcie_[at(g)], Direction::UP);
+      route(memories_[ns], gpus_[at(g)], down);
+      std::vector<sg4::LinkInRoute> up{sg4::LinkInRoute(pcie_[at(g)], Direction::DOWN), sg4::LinkInRoute(bridges[own])};
+      if (ns != own) up.emplace_back(bridges[ns]);
+      up.emplace_back(dram_[ns]);
+      route(gpus_[at(g)], memories_[ns], up);
+    }
+  }
+  const Seconds peer_latency = lat && h.fabric.kind == FabricKind::kPciePeer ? h.fabric.latency_s : 0.0;
+  const sg4::Link* peer_hop = nullptr;  // carries the PCIe peer path's own latency (beyond both PCIe links)
+  if (h.fabric.kind == FabricKind::kPciePeer) {
+    peer_hop = zone->create_link("peer_path", rates.fabric_Bps)
+                   ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
+                   ->set_latency(peer_latency)
+                   ->seal();
+  }
+  for (int a = 0; a < total_gpus(); ++a) {
+    for (int b = 0; b < total_gpus(); ++b) {
+      if (a == b) continue;
+      const int na = node_of_gpu(a);
+      const int nb = node_of_gpu(b);
+      std::vector<sg4::LinkInRoute> links{sg4::LinkInRoute(ports[at(a)], Direction::UP)};
+      if (na != nb) {
+        links.emplace_back(nics[at(na)], Direction::UP);
+        links.emplace_back(nics[at(nb)], Direction::DOWN);
+      } else if (h.fabric.kind == FabricKind::kNvlink) {
+        links.emplace_back(switches[at(na)]);
+      } else {
+        const std::size_t sa = at(na * numa_per_node_ + numa_of_gpu(a));
+        const std::size_t sb = at(nb * numa_per_node_ + numa_of_gpu(b));
+        links.emplace_back(pcie_[at(a)], Direction::DOWN);
+        links.emplace_back(bridges[sa]);
+        links.emplace_back(peer_hop);
+        if (sb != sa) links.emplace_back(bridges[sb]);
+        links.emplace_back(pcie_[at(b)], Direction::UP);
+      }
+      links.emplace_back(ports[at(b)], Direction::DOWN);
+      route(gpus_[at(a)], gpus_[at(b)], links);
+    }
+  }
+  zone->seal();
+}
+
+int Platform::numa_of_gpu(int g) const { return gpu_numa_.at(at(g % gpus_per_node_)); }
+
+sg4::Host* Platform::gpu(int g) const { return gpus_.at(at(g)); }
+
+sg4::Host* Platform::memory(int node, int numa) const { return memories_.at(at(node * numa_per_node_ + numa)); }
+
+sg4::Host* Platform::socket(int node, int numa) const { return sockets_.at(at(node * numa_per_node_ + numa)); }
+
+const sg4::Link* Platform::dram_link(int node, int numa) const { return dram_.at(at(node * numa_per_node_ + numa)); }
+
+const sg4::Link* Platform::h2d_link(int g) const { return pcie_.at(at(g))->get_link_up(); }
+
+const sg4::Link* Platform::d2h_link(int g) const { return pcie_.at(at(g))->get_link_down(); }
+
+}  // namespace oom::sim

@@ -1,0 +1,109 @@
+// Platform: the SimGrid platform of a HardwareSpec, built in code (no XML).
+//
+// What it models (one full routing zone, explicit routes):
+//   - a host per GPU ("gpu<g>", g the global GPU index node·gpus_per_node + local), one core at
+//     the BF16 dense peak (FLOP/s);
+//   - per GPU a split-duplex PCIe link "gpu<g>.pcie": UP is host-to-device at the H2D rate, DOWN
+//     is device-to-host at the D2H rate;
+//   - per NUMA node (socket) of every node a host bridge "node<n>.bridge<s>" (a FATPIPE link: it
+//     caps no flow below the socket's DRAM rate, it is where the socket's PCIe links meet) and a
+//     DRAM link "node<n>.dram<s>" (SHARED) that every DMA transfer of the socket's GPUs and every
+//     CPU task of the socket crosses, so host copies and CPU AdamW compete for memory bandwidth;
+//   - per NUMA node a memory endpoint host "node<n>.mem<s>" (where pinned host buffers live; it
+//     never computes) and a CPU socket host "node<n>.cpu<s>" with one core per socket core, each
+//     core running at socket_params_per_s / cores ("flops" of a CPU host are parameter updates);
+//   - the GPU–GPU fabric: per GPU a split-duplex port "gpu<g>.fabric" (UP egress, DOWN ingress) at
+//     the fabric rate; for NVLink the ports meet at a non-blocking switch "node<n>.nvswitch"
+//     (FATPIPE); for PCIe peer-to-peer the path also crosses both GPUs' PCIe links, their
+//     sockets' bridges and a "peer_path" hop carrying the peer latency, so peer traffic competes
+//     with host copies;
+//   - for multi-node specs a split-duplex NIC link "node<n>.nic" per node (UP send, DOWN receive)
+//     at the per-node network rate; GPUs of different nodes talk through their nodes' NICs.
+// Routes: mem(n,s) → gpu: [dram, bridge, pcie UP]; gpu → mem(n,s): [pcie DOWN, bridge, dram]
+// (a buffer on another socket of the node also crosses the GPU's own socket's bridge);
+// cpu(n,s) → mem(n,s): [dram]; gpu a → gpu b as above. Latencies add along a route.
+//
+// Units: bytes/s for links, FLOP/s for GPU hosts, parameters/s for CPU cores, seconds.
+// Assumptions: each GPU's host traffic uses the DRAM of the socket its PCIe link hangs off; the
+// inter-socket link of a PCIe peer path is not a bottleneck; the network model must be CM02
+// without cross-traffic (configure_engine() sets it) so links deliver their nominal bandwidth.
+// Thread-safety: SimGrid keeps one global engine per process; build a Platform once, in the
+// process (or forked child, see sim/isolated_run.h) that runs the simulation.
+#pragma once
+
+#include <vector>
+
+#include <simgrid/s4u.hpp>
+
+#include "costmodel/hardware_spec.h"
+#include "costmodel/units.h"
+#include "planner/calibration.h"
+
+namespace oom::sim {
+
+namespace sg4 = simgrid::s4u;
+
+// The achieved rates the platform's elements run at.
+struct PlatformRates {
+  FlopsPerS gpu_flops_per_s = 0;   // per GPU host
+  BytesPerS h2d_Bps = 0;           // per GPU PCIe link, host to device
+  BytesPerS d2h_Bps = 0;           // per GPU PCIe link, device to host
+  BytesPerS fabric_Bps = 0;        // per GPU fabric port, each direction
+  BytesPerS network_Bps = 0;       // per node NIC, each direction (multi-node specs)
+  std::vector<BytesPerS> dram_Bps;             // per NUMA node of a node
+  std::vector<double> socket_params_per_s;     // CPU AdamW throughput per NUMA node of a node
+};
+
+// The spec's rates with a calibration's achieved ones where it has them: H2D/D2H (when > 0),
+// the fabric at per_gpu_Bps · fabric_efficiency, CPU AdamW (when > 0). Pure.
+PlatformRates platform_rates(const HardwareSpec& h, const Calibration& c);
+// The spec's rates as they are (fabric at its per_gpu_Bps). Pure.
+PlatformRates platform_rates(const HardwareSpec& h);
+
+struct PlatformOptions {
+  // Put the spec's latencies on the links (PCIe, fabric, network). An executor whose stage costs
+  // already carry the latencies in their fixed part turns this off so they are not paid twice.
+  bool link_latencies = true;
+};
+
+// Sets the engine options the platform assumes (CM02, no cross-traffic; configuration changes
+// are not logged). Call once, after the s4u::Engine exists and before the platform is built.
+void configure_engine();
+
+class Platform {
+ public:
+  // Builds the platform of `h` at `rates` into the current engine and seals it.
+  // Preconditions: an s4u::Engine exists, configure_engine() was called, no platform is loaded,
+  // and `rates` has one DRAM and socket rate per NUMA node of `h`. OOM_ASSERTs otherwise.
+  Platform(const HardwareSpec& h, const PlatformRates& rates, const PlatformOptions& options = {});
+
+  int nodes() const { return nodes_; }
+  int gpus_per_node() const { return gpus_per_node_; }
+  int numa_per_node() const { return numa_per_node_; }
+  int total_gpus() const { return nodes_ * gpus_per_node_; }
+
+  // Global GPU g = node·gpus_per_node + local index.
+  sg4::Host* gpu(int g) const;
+  // The node of global GPU g, and the NUMA node its PCIe link hangs off.
+  int node_of_gpu(int g) const { return g / gpus_per_node_; }
+  int numa_of_gpu(int g) const;
+  sg4::Host* memory(int node, int numa) const;
+  sg4::Host* socket(int node, int numa) const;
+  // The links (for tests and reports).
+  const sg4::Link* dram_link(int node, int numa) const;
+  const sg4::Link* h2d_link(int g) const;  // the UP direction of gpu<g>.pcie
+  const sg4::Link* d2h_link(int g) const;  // the DOWN direction
+
+ private:
+  int nodes_ = 1;
+  int gpus_per_node_ = 0;
+  int numa_per_node_ = 0;
+  std::vector<int> gpu_numa_;
+  std::vector<sg4::Host*> gpus_;
+  std::vector<sg4::Host*> memories_;  // node-major
+  std::vector<sg4::Host*> sockets_;
+  std::vector<const sg4::Link*> dram_;
+  std::vector<sg4::SplitDuplexLink*> pcie_;
+};
+
+}  // namespace oom::sim

@@ -1,0 +1,298 @@
+#include "sim/simgrid_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+#include <simgrid/s4u.hpp>
+
+#include "costmodel/input_error.h"
+#include "sim/isolated_run.h"
+
+namespace oom {
+
+std::unique_ptr<StepEngine> make_simgrid_engine() { return std::make_unique<sim::SimGridEngine>(); }
+
+}  // namespace oom
+
+namespace oom::sim {
+namespace {
+
+constexpr Seconds kTimingPrecision_s = 1e-9;
+
+std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+bool is_cpu_resource(ResourceKind k) { return k == ResourceKind::kCpuUpdate || k == ResourceKind::kHostPrep; }
+
+std::uint64_t flow_bytes(double bytes) { return bytes <= 0 ? 0 : static_cast<std::uint64_t>(std::llround(bytes)); }
+
+// One simulation of one graph, run inside an isolated process (it creates the process's engine).
+class Simulation {
+ public:
+  Simulation(const StepGraph& g, const std::vector<StageCost>& costs, const HardwareSpec& hw, const PlatformRates& rates,
+             std::vector<int> rank_gpu)
+      : g_(g), costs_(costs), hw_(hw), rates_(rates), rank_gpu_(std::move(rank_gpu)) {}
+
+  // Runs the step; fills start_s / finish_s. Throws std::runtime_error if a stage never ran.
+  void run() {
+    int argc = 1;
+    char program[] = "oom-simgrid";
+    char* argv[] = {program, nullptr};
+    // Never destroyed: the isolated process exits right after the run, and tearing the engine
+    // down before the semaphores and hosts that still refer to it is not needed.
+    auto* engine = new sg4::Engine(&argc, argv);
+    configure_engine();
+    platform_ = std::make_unique<Platform>(hw_, rates_, PlatformOptions{.link_latencies = false});
+
+    const std::size_t n = g_.stages.size();
+    start_s.assign(n, 0.0);
+    finish_s.assign(n, 0.0);
+    done_.assign(n, 0);
+    // A semaphore for every stage that a stage of another resource waits for, released once per
+    // waiting edge: the simulated CUDA event.
+    releases_.assign(n, 0);
+    for (const Stage& s : g_.stages) {
+      for (const StageId u : s.deps) {
+        if (g_.stage(u).resource != s.resource) ++releases_[at(u)];
+      }
+    }
+    events_.resize(n);
+    for (std::size_t v = 0; v < n; ++v) {
+      if (releases_[v] > 0) events_[v] = sg4::Semaphore::create(0);
+    }
+    for (const Resource& r : g_.resources) {
+      if (r.order.empty()) continue;
+      sg4::Actor::create(r.name, actor_host(r), [this, &r] { walk(r); });
+      if (is_cpu_resource(r.kind)) {
+        int flows = 0;
+        for (const StageId v : r.order) flows += dram_flow_bytes(g_.stage(v)) > 0 ? 1 : 0;
+        if (flows > 0) {
+          sg4::Actor::create(r.name + ".dram", memory_host(r), [this, &r, flows] {
+            sg4::Mailbox* box = sg4::Mailbox::by_name(r.name + ".dram");
+            for (int i = 0; i < flows; ++i) box->get<int>();
+          });
+        }
+      }
+    }
+    engine->run();
+    for (std::size_t v = 0; v < n; ++v) {
+      if (!done_[v]) throw std::runtime_error(fmt::format("stage {} ('{}') never ran", v, g_.stages[v].name));
+    }
+  }
+
+  std::vector<Seconds> start_s;
+  std::vector<Seconds> finish_s;
+
+ private:
+  int global_gpu(int rank) const { return rank_gpu_.at(at(rank)); }
+  int node_of_rank(int rank) const { return platform_->node_of_gpu(global_gpu(rank)); }
+  int numa_of(const Resource& r) const { return r.numa >= 0 ? r.numa : platform_->numa_of_gpu(global_gpu(r.gpu)); }
+
+  sg4::Host* actor_host(const Resource& r) const {
+    if (is_cpu_resource(r.kind)) return platform_->socket(node_of_rank(r.gpu), numa_of(r));
+    return platform_->gpu(global_gpu(r.gpu));
+  }
+  sg4::Host* memory_host(const Resource& r) const { return platform_->memory(node_of_rank(r.gpu), numa_of(r)); }
+
+  // DRAM bytes of a CPU stage that does work.
+  Bytes dram_flow_bytes(const Stage& s) const {
+    const StageCost& c = costs_[at(s.id)];
+    return c.work > 0 ? cpu_stage_dram_bytes(s) : 0;
+  }
+
+  void walk(const Resource& r) {
+    for (const StageId v : r.order) run_stage(g_.stage(v), r);
+  }
+
+  void run_stage(const Stage& s, const Resource& r) {
+    for (const StageId u : s.deps) {
+      if (g_.stage(u).resource != s.resource) events_[at(u)]->acquire();
+    }
+    const std::size_t v = at(s.id);
+    start_s[v] = sg4::Engine::get_clock();
+    const StageCost& c = costs_[v];
+    // SimGrid times are accurate to 1 ns ("precision/timing"); shorter waits are not simulated.
+    if (c.fixed_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(c.fixed_s);
+    const Seconds alone_s = c.work > 0 && c.exclusive_rate > 0 ? c.work / c.exclusive_rate : 0.0;
+    if (alone_s > 0) do_work(s, r, alone_s);
+    finish_s[v] = sg4::Engine::get_clock();
+    done_[v] = 1;
+    for (int i = 0; i < releases_[v]; ++i) events_[v]->release();
+  }
+
+  void do_work(const Stage& s, const Resource& r, Seconds alone_s) {
+    switch (r.kind) {
+      case ResourceKind::kGpuCompute:
+        sg4::this_actor::execute(alone_s * sg4::this_actor::get_host()->get_speed());
+        return;
+      case ResourceKind::kH2d: {
+        const std::uint64_t bytes = flow_bytes(alone_s * rates_.h2d_Bps);
+        if (bytes > 0) sg4::Comm::sendto(memory_host(r), platform_->gpu(global_gpu(r.gpu)), bytes);
+        return;
+      }
+      case ResourceKind::kD2h:
+      case ResourceKind::kExpertGradD2h: {
+        const std::uint64_t bytes = flow_bytes(alone_s * rates_.d2h_Bps);
+        if (bytes > 0) sg4::Comm::sendto(platform_->gpu(global_gpu(r.gpu)), memory_host(r), bytes);
+        return;
+      }
+      case ResourceKind::kFabric:
+        collective(s, r, alone_s);
+        return;
+      case ResourceKind::kCpuUpdate:
+      case ResourceKind::kHostPrep:
+        cpu_task(s, r, alone_s);
+        return;
+    }
+  }
+
+  // Each member sends an even share of its bytes to every other member; alone on its port the
+  // flows end after alone_s.
+  void collective(const Stage& s, const Resource& r, Seconds alone_s) {
+    const int self = global_gpu(r.gpu);
+    std::vector<int> others;
+    for (const int p : s.peers) {
+      const int gp = global_gpu(p);
+      if (gp != self && std::find(others.begin(), others.end(), gp) == others.end()) others.push_back(gp);
+    }
+    if (others.empty()) {
+      if (alone_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(alone_s);
+      return;
+    }
+    const std::uint64_t share = flow_bytes(alone_s * rates_.fabric_Bps / static_cast<double>(others.size()));
+    if (share == 0) return;
+    std::vector<sg4::CommPtr> flows;
+    flows.reserve(others.size());
+    for (const int gp : others) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), share));
+    sg4::Comm::wait_all(flows);
+  }
+
+  // Arithmetic on every core of the socket, and the task's DRAM traffic at no more than the rate
+  // it draws alone.
+  void cpu_task(const Stage& s, const Resource& r, Seconds alone_s) {
+    sg4::Host* socket = sg4::this_actor::get_host();
+    const int cores = socket->get_core_count();
+    sg4::ExecPtr exec = sg4::Exec::init()
+                            ->set_host(socket)
+                            ->set_flops_amount(alone_s * socket->get_speed())
+                            ->set_thread_count(cores);
+    exec->start();
+    const Bytes dram = cpu_stage_dram_bytes(s);
+    if (dram > 0) {
+      static const int token = 0;
+      sg4::Mailbox* box = sg4::Mailbox::by_name(r.name + ".dram");
+      sg4::CommPtr flow = box->put_init(const_cast<int*>(&token), static_cast<std::uint64_t>(dram));
+      flow->set_rate(static_cast<double>(dram) / alone_s);
+      flow->start();
+      flow->wait();
+    }
+    exec->wait();
+  }
+
+  const StepGraph& g_;
+  const std::vector<StageCost>& costs_;
+  const HardwareSpec& hw_;
+  PlatformRates rates_;
+  std::vector<int> rank_gpu_;
+  std::unique_ptr<Platform> platform_;
+  std::vector<int> releases_;
+  std::vector<sg4::SemaphorePtr> events_;
+  std::vector<char> done_;
+};
+
+void append_doubles(std::string& out, const std::vector<double>& v) {
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double));
+}
+
+std::vector<double> read_doubles(const std::string& in, std::size_t offset, std::size_t count) {
+  std::vector<double> v(count);
+  std::memcpy(v.data(), in.data() + offset, count * sizeof(double));
+  return v;
+}
+
+}  // namespace
+
+Bytes cpu_stage_dram_bytes(const Stage& s) {
+  if (s.bytes > 0) return s.bytes;
+  switch (s.op) {
+    case OpKind::kCpuAdamW:
+      return s.params * kAdamWDramBytesPerParam;
+    case OpKind::kHostAccumulate:
+      return s.params * kHostAccumulateDramBytesPerParam;
+    case OpKind::kHostPrep:
+      return s.params * kHostPrepDramBytesPerParam;
+    default:
+      return 0;
+  }
+}
+
+std::vector<int> rank_global_gpus(const HardwareSpec& h, int ranks) {
+  const std::vector<int> local = h.rank_gpus(ranks);
+  std::vector<int> out;
+  out.reserve(local.size());
+  for (int r = 0; r < ranks; ++r) out.push_back((r / h.gpus_per_node) * h.gpus_per_node + local[at(r)]);
+  return out;
+}
+
+SimGridEngine::SimGridEngine(HardwareSpec hardware, std::optional<Calibration> calibration)
+    : hardware_(std::move(hardware)), calibration_(std::move(calibration)) {}
+
+StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel& durations) const {
+  const auto* calibrated = dynamic_cast<const CalibratedDurationModel*>(&durations);
+  const HardwareSpec* hw = hardware_ ? &*hardware_ : calibrated ? &calibrated->hardware() : nullptr;
+  if (hw == nullptr) {
+    throw std::invalid_argument("the simgrid engine needs a HardwareSpec: construct it with one or pass a CalibratedDurationModel");
+  }
+  if (g.gpus > hw->total_gpus()) {
+    throw std::invalid_argument(fmt::format("the step has {} ranks but hardware '{}' has {} GPUs", g.gpus, hw->name, hw->total_gpus()));
+  }
+  for (const Resource& r : g.resources) {
+    if (r.gpu < 0 || r.gpu >= g.gpus || r.numa >= static_cast<int>(hw->numa.size())) {
+      throw std::invalid_argument(fmt::format("resource '{}' (rank {}, NUMA node {}) does not fit the {} ranks and {} NUMA nodes of '{}'",
+                                              r.name, r.gpu, r.numa, g.gpus, hw->numa.size(), hw->name));
+    }
+  }
+  const Calibration cal = calibration_ ? *calibration_ : calibrated ? calibrated->calibration() : default_calibration(*hw);
+  const PlatformRates rates = platform_rates(*hw, cal);
+  std::vector<StageCost> costs;
+  costs.reserve(g.stages.size());
+  for (const Stage& s : g.stages) costs.push_back(durations.cost(s, g));
+  const std::vector<int> rank_gpu = rank_global_gpus(*hw, g.gpus);
+
+  const std::string bytes = run_isolated([&](std::string& out) {
+    Simulation sim(g, costs, *hw, rates, rank_gpu);
+    sim.run();
+    append_doubles(out, sim.start_s);
+    append_doubles(out, sim.finish_s);
+  });
+  const std::size_t n = g.stages.size();
+  if (bytes.size() != 2 * n * sizeof(double)) throw std::runtime_error("simulation failed: truncated stage times");
+  StageTimes t;
+  t.start_s = read_doubles(bytes, 0, n);
+  t.finish_s = read_doubles(bytes, n * sizeof(double), n);
+  for (const Seconds f : t.finish_s) t.step_s = std::max(t.step_s, f);
+  return t;
+}
+
+Trace SimGridEngine::execute(const StepGraph& g, const DurationModel& durations) const {
+  const StageTimes times = simulate_times(g, durations);
+  MemoryPeaks mem = memory_peaks(g, times);
+  Trace t;
+  t.engine = name();
+  t.stages.reserve(g.stages.size());
+  for (const Stage& s : g.stages) {
+    const auto i = at(s.id);
+    t.stages.push_back({s.id, s.name, std::string(op_kind_name(s.op)), g.resource(s.resource).name, times.start_s[i],
+                        times.finish_s[i], s.layer, s.bytes, s.flops});
+  }
+  t.memory = std::move(mem.timelines);
+  t.gpu_peak_bytes = std::move(mem.gpu_peak_bytes);
+  t.numa_peak_bytes = std::move(mem.numa_peak_bytes);
+  finalize_trace(t);
+  return t;
+}
+
+}  // namespace oom::sim

@@ -1,0 +1,107 @@
+// End-to-end tests of `oom simulate`, `oom validate` and `oom calibrate` (cli/cmd_simulate.cc),
+// run in-process through oom::cli::run().
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+
+namespace oom::cli {
+namespace {
+
+const std::string kSource = OOM_SOURCE_DIR;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result oom(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  const int code = run(args, Io{out, err});
+  return {code, out.str(), err.str()};
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("oom-sim-cmd-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+TEST(SimulateCommand, JsonReportAndPerfettoTrace) {
+  const std::string trace = temp_path("trace.json");
+  const Result r = oom({"simulate", "--workload", kSource + "/experiments/default/workload.json", "--plan",
+                        kSource + "/experiments/default/plan-r23.json", "--trace", trace, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["engine"], "analytic");
+  EXPECT_GT(j["step_s"].get<double>(), 1.0);
+  EXPECT_EQ(j["gpu_peak_gib"].size(), 4u);
+  EXPECT_TRUE(j["breakdown"].contains("exposed_a2a_s"));
+  std::ifstream in(trace);
+  const auto chrome = nlohmann::json::parse(in);
+  ASSERT_TRUE(chrome.contains("traceEvents"));
+  int complete = 0;
+  for (const auto& e : chrome["traceEvents"]) complete += e["ph"] == "X" ? 1 : 0;
+  EXPECT_GT(complete, 1000);
+  std::filesystem::remove(trace);
+}
+
+TEST(SimulateCommand, UnknownEngineIsBadInputNamingTheOption) {
+  const Result r = oom({"simulate", "--workload", kSource + "/experiments/default/workload.json", "--plan",
+                        kSource + "/experiments/default/plan-r23.json", "--engine", "abacus"});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--engine"), std::string::npos);
+  EXPECT_NE(r.err.find("abacus"), std::string::npos);
+}
+
+TEST(ValidateCommand, JsonSummaryOfThePublishedRecords) {
+  const Result r = oom({"validate", kSource + "/traces/paper/paper-calibration.jsonl", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["count"].get<int>(), 15);
+  EXPECT_LE(j["median_abs_rel_error"].get<double>(), 0.05);
+  for (const auto& rec : j["records"]) {
+    EXPECT_TRUE(rec.contains("id"));
+    EXPECT_TRUE(rec.contains("predicted_step_s"));
+    EXPECT_TRUE(rec.contains("measured_step_s"));
+    EXPECT_TRUE(rec.contains("rel_error"));
+  }
+}
+
+TEST(ValidateCommand, TextTableNamesSkippedBaselines) {
+  const Result r = oom({"validate", kSource + "/traces/paper/paper-calibration.jsonl"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("t4-b32 "), std::string::npos);
+  EXPECT_NE(r.out.find("g-qwen3-b32-fsdp2    skipped"), std::string::npos);
+  EXPECT_NE(r.out.find("median |error|"), std::string::npos);
+}
+
+TEST(CalibrateCommand, MissingRecordsFileIsBadInputAndWritesNothing) {
+  const std::string out = temp_path("cal.json");
+  const Result r = oom({"calibrate", "--records", "/nonexistent/records.jsonl", "--hardware", "h100-sxm-node", "-o", out});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(CalibrateCommand, WritesACalibrationFileForTheHardware) {
+  // One operator record: a quick fit whose output must load back.
+  const std::string records = temp_path("records.jsonl");
+  std::ofstream(records) << R"({"id": "op", "kind": "operator", "model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", )"
+                         << R"("layer_type": "linear_attention", "op": "gdn_mixing_forward", "batch": 1, "seq_len": 65536, )"
+                         << R"("measured": {"time_s": 0.02}})" << "\n";
+  const std::string out = temp_path("cal.json");
+  const Result r = oom({"calibrate", "--records", records, "--hardware", "h100-sxm-node", "-o", out, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(out);
+  const auto cal = nlohmann::json::parse(in);
+  EXPECT_EQ(cal["hardware"], "h100-sxm-node");
+  const auto summary = nlohmann::json::parse(r.out);
+  EXPECT_LT(std::abs(summary["records"][0]["rel_error"].get<double>()), 0.01);
+  std::filesystem::remove(out);
+  std::filesystem::remove(records);
+}
+
+}  // namespace
+}  // namespace oom::cli

@@ -1,0 +1,278 @@
+// Tests of planner/step_graph.h: the builder's invariants, check_step_graph(), and lower() for
+// both paths: the runtime rules of reference §3 and §4 show up as stages and edges, every
+// allocation is freed by the end of the step, and the graph's memory matches the static Eq. 2 model.
+#include "planner/step_graph.h"
+
+#include <map>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+#include "planner/cost_report.h"
+#include "planner/memory_report.h"
+
+namespace oom {
+namespace {
+
+const WorkloadContext& default_ctx() {
+  static const WorkloadContext ctx = resolve_workload(default_workload(), "default workload");
+  return ctx;
+}
+
+WorkloadContext ctx_with(std::int64_t global_batch, std::int64_t seq_len, double yarn = 1) {
+  Workload w = default_workload();
+  w.global_batch = global_batch;
+  w.seq_len = seq_len;
+  w.yarn_factor = yarn;
+  return resolve_workload(w, "test workload");
+}
+
+int count_named(const StepGraph& g, const std::string& part, int gpu = 0) {
+  int n = 0;
+  for (const Stage& s : g.stages) n += (s.gpu == gpu && s.name.find(part) != std::string::npos) ? 1 : 0;
+  return n;
+}
+
+bool has_stage(const StepGraph& g, const std::string& name) {
+  for (const Stage& s : g.stages) {
+    if (s.name == name) return true;
+  }
+  return false;
+}
+
+// Net bytes per device over the whole step (allocations minus frees).
+std::map<std::pair<int, int>, Bytes> net_memory(const StepGraph& g) {
+  std::map<std::pair<int, int>, Bytes> net;
+  for (const Stage& s : g.stages) {
+    for (const MemoryEvent& m : s.memory) net[{static_cast<int>(m.space), m.device}] += m.bytes;
+  }
+  return net;
+}
+
+TEST(StepGraphBuilder, AssignsIdsAndIssueOrder) {
+  StepGraphBuilder b(1, 1);
+  const ResourceId r = b.add_resource(ResourceKind::kGpuCompute, "gpu0.compute", 0, -1);
+  Stage s;
+  s.resource = r;
+  const StageId a = b.add(s);
+  s.deps = {a};
+  const StageId c = b.add(s);
+  const StepGraph g = b.take();
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(c, 1);
+  EXPECT_EQ(g.resource(r).order, (std::vector<StageId>{0, 1}));
+  EXPECT_EQ(check_step_graph(g), "");
+}
+
+TEST(CheckStepGraph, ReportsForwardDependenciesAndDoubleIssue) {
+  StepGraphBuilder b(1, 1);
+  const ResourceId r = b.add_resource(ResourceKind::kGpuCompute, "gpu0.compute", 0, -1);
+  Stage s;
+  s.resource = r;
+  b.add(s);
+  b.add(s);
+  StepGraph g = b.take();
+  g.stages[0].deps = {1};
+  EXPECT_NE(check_step_graph(g).find("depends on 1"), std::string::npos);
+  g.stages[0].deps.clear();
+  g.resources[0].order = {0, 0, 1};
+  EXPECT_NE(check_step_graph(g), "");
+  g.resources[0].order = {0, 1};
+  g.stages[1].memory = {{MemorySpace::kGpu, 3, 1, false}};
+  EXPECT_NE(check_step_graph(g).find("device 3"), std::string::npos);
+}
+
+TEST(LowerEp, DefaultPlanIsWellFormedWithResourcesPerRank) {
+  const StepGraph g = lower(default_plan(), default_ctx());
+  EXPECT_EQ(check_step_graph(g), "");
+  EXPECT_EQ(g.gpus, 4);
+  EXPECT_EQ(g.resources.size(), 4u * 7u);  // compute, h2d, d2h, expert-grad d2h, fabric, cpu update, host prep
+  std::set<ResourceKind> kinds;
+  for (const Resource& r : g.resources) kinds.insert(r.kind);
+  EXPECT_EQ(kinds.size(), 7u);
+  // Ranks sit on their GPU's socket: two ranks per NUMA node on the H100 node.
+  std::map<int, int> cpu_per_numa;
+  for (const Resource& r : g.resources) cpu_per_numa[r.numa] += r.kind == ResourceKind::kCpuUpdate ? 1 : 0;
+  EXPECT_EQ(cpu_per_numa[0], 2);
+  EXPECT_EQ(cpu_per_numa[1], 2);
+}
+
+TEST(LowerEp, ResidentShardsAreUpdatedOnTheGpuWithoutCopies) {
+  const Plan plan = default_plan();  // decoder 0 resident, decoder 2 streamed
+  const StepGraph g = lower(plan, default_ctx());
+  EXPECT_TRUE(has_stage(g, "g0.opt.L0.experts.gpu_adamw"));
+  EXPECT_FALSE(has_stage(g, "g0.bwd.L0.experts.grad_d2h"));
+  EXPECT_TRUE(has_stage(g, "g0.bwd.L2.experts.grad_d2h"));
+  EXPECT_FALSE(has_stage(g, "g0.opt.L2.experts.gpu_adamw"));
+  // The weight copy of a resident decoder carries only the common parameters.
+  Bytes resident_copy = 0, streamed_copy = 0;
+  for (const Stage& s : g.stages) {
+    if (s.name == "g0.fwd.L0.weights.h2d") resident_copy = s.bytes;
+    if (s.name == "g0.fwd.L2.weights.h2d") streamed_copy = s.bytes;
+  }
+  const ModelParams p = model_params(default_ctx().model);
+  EXPECT_EQ(resident_copy, working_weight_bytes(p.layers[0].common()));
+  EXPECT_EQ(streamed_copy, working_weight_bytes(p.layers[2].common() + p.layers[2].routed_experts / 4));
+}
+
+TEST(LowerEp, ExpertGradientsUseTheirOwnStreamAndUpdatesWaitForAllGradients) {
+  const StepGraph g = lower(default_plan(), default_ctx());
+  for (const Stage& s : g.stages) {
+    if (s.name == "g0.bwd.L2.experts.grad_d2h") EXPECT_EQ(g.resource(s.resource).kind, ResourceKind::kExpertGradD2h);
+    if (s.name == "g0.bwd.L2.common.grad_d2h") EXPECT_EQ(g.resource(s.resource).kind, ResourceKind::kD2h);
+    if (s.name == "g0.opt.L2.layer.cpu_adamw") {
+      std::set<std::string> deps;
+      for (const StageId d : s.deps) deps.insert(g.stage(d).name);
+      EXPECT_TRUE(deps.count("g0.bwd.L2.experts.grad_d2h"));
+      EXPECT_TRUE(deps.count("g0.bwd.L2.common.grad_d2h"));
+    }
+  }
+}
+
+TEST(LowerEp, RoutingChunksAndAllToAllFollowThePlan) {
+  Plan plan = default_plan();
+  plan.routing_chunk_tokens = 8192;  // 32768 tokens per GPU → 4 dispatch rounds
+  const StepGraph g = lower(plan, default_ctx());
+  EXPECT_EQ(count_named(g, "fwd.L5.moe.c"), 4 * 5);  // router/shared, dispatch, experts, return, combine per chunk
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L5.moe.c3.a2a_dispatch"));
+  for (const Stage& s : g.stages) {
+    if (s.name == "g1.fwd.L5.moe.c0.a2a_dispatch") {
+      EXPECT_EQ(s.peers.size(), 4u);
+      EXPECT_EQ(s.deps.size(), 4u);  // every member's router output
+      EXPECT_EQ(s.bytes, ep_a2a_bytes(8, 8192, 2048, kBf16Bytes, 4) / 2);
+    }
+  }
+}
+
+TEST(LowerEp, MoeRetainedDecodersReplayOnlyAttention) {
+  Plan plan = default_plan();
+  plan.moe_retained_layers = {39};
+  const StepGraph g = lower(plan, default_ctx());
+  EXPECT_FALSE(has_stage(g, "g0.recompute.L39.moe.c0.experts"));
+  EXPECT_TRUE(has_stage(g, "g0.recompute.L39.attn.proj"));
+  EXPECT_TRUE(has_stage(g, "g0.recompute.L38.moe.c0.experts"));
+}
+
+TEST(LowerEp, EveryAllocationIsFreedAndThePeakMatchesEq2) {
+  const StepGraph g = lower(default_plan(), default_ctx());
+  for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0) << device.first << ":" << device.second;
+}
+
+TEST(LowerLocal, ShardDeliveryAllGathersAndReducesOnTheGpus) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.param_transfer = ParamTransfer::kShard;
+  plan.cpu_grad_slots = 1;
+  const WorkloadContext ctx = ctx_with(128, 4096);
+  const StepGraph g = lower(plan, ctx);
+  EXPECT_EQ(check_step_graph(g), "");
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L4.weights.allgather"));
+  EXPECT_TRUE(has_stage(g, "g0.bwd.L4.layer.reduce_scatter"));
+  EXPECT_EQ(count_named(g, "a2a"), 0);
+  // With one CPU gradient slot, a layer's gradient copy waits for the previous layer's update.
+  for (const Stage& s : g.stages) {
+    if (s.name == "g0.bwd.L4.layer.grad_d2h") {
+      std::set<std::string> deps;
+      for (const StageId d : s.deps) deps.insert(g.stage(d).name);
+      EXPECT_TRUE(deps.count("g0.opt.L5.layer.cpu_adamw"));
+    }
+  }
+  for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
+}
+
+TEST(LowerLocal, FullDeliveryAccumulatesPartialsOnTheHost) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.param_transfer = ParamTransfer::kFull;
+  const StepGraph g = lower(plan, ctx_with(64, 4096));
+  EXPECT_FALSE(has_stage(g, "g0.fwd.L4.weights.allgather"));
+  EXPECT_TRUE(has_stage(g, "g0.opt.L4.layer.host_accumulate"));
+  for (const Stage& s : g.stages) {
+    if (s.name == "g0.opt.L4.layer.cpu_adamw") {
+      // Each rank's share of the update waits for every rank's accumulated partial.
+      int accumulates = 0;
+      for (const StageId d : s.deps) accumulates += g.stage(d).op == OpKind::kHostAccumulate ? 1 : 0;
+      EXPECT_EQ(accumulates, 4);
+    }
+  }
+}
+
+TEST(LowerLocal, OperatorPartitionsSplitAttentionGdnAndMoe) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.split.attention_head_group = 2;  // 8 query heads per KV group → 4 head groups
+  plan.split.gdn_chunk_tokens = 8192;   // 32K tokens → 4 chunks
+  plan.split.moe_chunk_tokens = 16384;  // 32K tokens → 2 chunks
+  const StepGraph g = lower(plan, ctx_with(4, 32768));
+  EXPECT_EQ(count_named(g, "fwd.L3.attn.core.h"), 4);
+  EXPECT_EQ(count_named(g, "fwd.L0.gdn.core.c"), 4);
+  EXPECT_EQ(count_named(g, "fwd.L0.moe.c"), 2 * 2);  // router/shared + experts per chunk
+  // Without O/LSE kept, each head group's forward is recomputed before its backward.
+  EXPECT_EQ(count_named(g, "L3.attn.core_refwd.h"), 4);
+}
+
+TEST(LowerLocal, KeptAttentionResultsReplaceAttentionReplay) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.keep_attention_results = true;
+  const StepGraph g = lower(plan, ctx_with(4, 32768));
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L3.attn.olse_d2h"));
+  EXPECT_TRUE(has_stage(g, "g0.recompute.L3.attn.olse_h2d"));
+  EXPECT_EQ(count_named(g, "recompute.L3.attn.core"), 0);
+  for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
+}
+
+TEST(LowerLocal, RegeneratedBoundariesComeFromTheNearestKeptOne) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.boundaries.host_kept_all = false;
+  plan.boundaries.host_kept = {0, 4, 8, 12, 16, 20, 24, 28, 32, 36};  // "3+1": one in four kept
+  plan.boundaries.regenerate_cap = 1;
+  const StepGraph g = lower(plan, ctx_with(4, 32768));
+  EXPECT_EQ(check_step_graph(g), "");
+  EXPECT_FALSE(has_stage(g, "g0.fwd.L5.boundary_d2h"));
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L4.boundary_d2h"));
+  // Decoder 7's input is regenerated from boundary 4 through decoders 4, 5, 6 (cap 1: one run per
+  // regenerated boundary), so decoder 4 runs no-grad forwards for 7, 6 and 5.
+  int regenerations_of_4 = 0;
+  for (const Stage& s : g.stages) regenerations_of_4 += (s.gpu == 0 && s.name == "g0.recompute.L4.weights.h2d") ? 1 : 0;
+  EXPECT_EQ(regenerations_of_4, 3);
+  for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
+}
+
+TEST(LowerLocal, RegenerationCapHoldsSeveralBoundariesFromOneRun) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.boundaries.host_kept_all = false;
+  plan.boundaries.host_kept = {0, 4, 8, 12, 16, 20, 24, 28, 32, 36};
+  plan.boundaries.regenerate_cap = 3;
+  const StepGraph g = lower(plan, ctx_with(4, 32768));
+  int regenerations_of_4 = 0;
+  for (const Stage& s : g.stages) regenerations_of_4 += s.name == "g0.recompute.L4.weights.h2d" ? 1 : 0;
+  EXPECT_EQ(regenerations_of_4, 1);
+}
+
+TEST(Lower, ShortExecutionsLowerTheFirstDecodersOnly) {
+  LoweringOptions options;
+  options.decoder_layers = 4;
+  const StepGraph g = lower(default_plan(), default_ctx(), options);
+  int max_layer = -1;
+  for (const Stage& s : g.stages) max_layer = std::max(max_layer, s.layer);
+  EXPECT_EQ(max_layer, 3);
+  EXPECT_LT(g.stages.size(), lower(default_plan(), default_ctx()).stages.size());
+}
+
+TEST(Lower, BaseBytesHoldStateAndTheTwoWindowSlots) {
+  const WorkloadContext& ctx = default_ctx();
+  const StepGraph g = lower(default_plan(), ctx);
+  const MemoryReport r = static_memory(ctx, default_plan());
+  // M_0 + M_state + two slots sized for the largest group (the LM head with the final norm here).
+  const ModelParams p = model_params(ctx.model);
+  EXPECT_EQ(g.gpu_base_bytes[0], r.gpu.eq2.fixed + r.gpu.eq2.state + 2 * working_weight_bytes(p.lm_head + p.final_norm));
+  EXPECT_DOUBLE_EQ(g.gpu_headroom_fraction, MemoryConstants{}.gpu_headroom_fraction);
+}
+
+}  // namespace
+}  // namespace oom

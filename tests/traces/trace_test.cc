@@ -1,0 +1,78 @@
+// Tests of traces/trace.h: JSON round trip, errors naming the field, Chrome trace export, finalize.
+#include "traces/trace.h"
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+
+namespace oom {
+namespace {
+
+Trace sample() {
+  Trace t;
+  t.engine = "analytic";
+  t.stages = {{1, "g0.fwd.L0.weights.h2d", "h2d", "gpu0.h2d", 0.0, 0.1, 0, 1000, 0},
+              {2, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0.1, 0.3, 0, 0, 1e12},
+              {3, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 0.3, 0.5, 0, 12, 0}};
+  t.memory = {{"gpu0", {{0.0, 10}, {0.1, 1010}, {0.3, 10}}, 1010}, {"numa0", {{0.0, 5}}, 5}};
+  t.gpu_peak_bytes = {1010};
+  t.numa_peak_bytes = {5};
+  t.step_s = 0.5;
+  return t;
+}
+
+TEST(Trace, JsonRoundTrip) {
+  const Trace t = sample();
+  EXPECT_EQ(trace_from_json(trace_to_json(t), "t.json"), t);
+  EXPECT_EQ(trace_from_json(nlohmann::json::parse(trace_to_json(t).dump()), "t.json"), t);
+}
+
+TEST(Trace, BadInputNamesTheField) {
+  nlohmann::json j = trace_to_json(sample());
+  j["stages"][1]["end_s"] = 0.05;  // before its start
+  try {
+    trace_from_json(j, "t.json");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("stages[1].end_s"), std::string::npos);
+  }
+  j = trace_to_json(sample());
+  j["memory"][0]["samples"][1] = "x";
+  EXPECT_THROW(trace_from_json(j, "t.json"), InputError);
+}
+
+TEST(Trace, ChromeExportHasOneCompleteEventPerStageAndMemoryCounters) {
+  const nlohmann::json c = trace_to_chrome_json(sample());
+  int complete = 0, counters = 0, names = 0;
+  for (const auto& e : c["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++complete;
+      if (e["name"] == "g0.fwd.L0.attn.proj") {
+        EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 0.1e6);
+        EXPECT_NEAR(e["dur"].get<double>(), 0.2e6, 1e-6);
+        EXPECT_EQ(e["cat"], "gemm");
+        EXPECT_DOUBLE_EQ(e["args"]["flops"].get<double>(), 1e12);
+      }
+    }
+    counters += e["ph"] == "C" ? 1 : 0;
+    names += (e["ph"] == "M" && e["name"] == "thread_name") ? 1 : 0;
+  }
+  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(counters, 4);  // three GPU samples, one NUMA sample
+  EXPECT_EQ(names, 3);     // three resources
+}
+
+TEST(Trace, FinalizeSortsStagesAndSetsStepAndPeaks) {
+  Trace t = sample();
+  std::swap(t.stages[0], t.stages[2]);
+  t.step_s = 0;
+  t.memory[0].peak_bytes = 0;
+  finalize_trace(t);
+  EXPECT_EQ(t.stages[0].id, 1);
+  EXPECT_EQ(t.stages[2].id, 3);
+  EXPECT_DOUBLE_EQ(t.step_s, 0.5);
+  EXPECT_EQ(t.memory[0].peak_bytes, 1010);
+}
+
+}  // namespace
+}  // namespace oom

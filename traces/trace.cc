@@ -1,0 +1,157 @@
+#include "traces/trace.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+namespace {
+
+constexpr std::int64_t kMaxBytes = std::int64_t{1} << 62;
+
+// "gpu0.compute" → "gpu0"; a name without a dot is its own group.
+std::string device_group(const std::string& resource) {
+  const auto dot = resource.find('.');
+  return dot == std::string::npos ? resource : resource.substr(0, dot);
+}
+
+std::vector<Bytes> read_bytes_list(const JsonReader& r, const std::string& key) {
+  std::vector<Bytes> out;
+  for (const auto v : r.integer_list(key, 0, kMaxBytes)) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json trace_to_json(const Trace& t) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : t.stages) {
+    stages.push_back({{"id", s.id}, {"name", s.name}, {"kind", s.kind}, {"resource", s.resource},
+                      {"start_s", s.start_s}, {"end_s", s.end_s}, {"layer", s.layer},
+                      {"bytes", s.bytes}, {"flops", s.flops}});
+  }
+  nlohmann::json memory = nlohmann::json::array();
+  for (const auto& m : t.memory) {
+    nlohmann::json samples = nlohmann::json::array();
+    for (const auto& x : m.samples) samples.push_back({x.time_s, x.bytes});
+    memory.push_back({{"device", m.device}, {"peak_bytes", m.peak_bytes}, {"samples", samples}});
+  }
+  return {{"engine", t.engine},
+          {"step_s", t.step_s},
+          {"gpu_peak_bytes", t.gpu_peak_bytes},
+          {"numa_peak_bytes", t.numa_peak_bytes},
+          {"stages", stages},
+          {"memory", memory}};
+}
+
+Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
+  const JsonReader r(j, file);
+  r.reject_unknown_keys({"engine", "step_s", "gpu_peak_bytes", "numa_peak_bytes", "stages", "memory"});
+  Trace t;
+  t.engine = r.string_or("engine", "");
+  t.step_s = r.number("step_s", 0.0, 1e12);
+  t.gpu_peak_bytes = read_bytes_list(r, "gpu_peak_bytes");
+  t.numa_peak_bytes = read_bytes_list(r, "numa_peak_bytes");
+  const auto& stages = r.raw().at("stages");
+  if (!stages.is_array()) r.fail("stages", "expected an array");
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const JsonReader s(stages[i], file, fmt::format("{}[{}]", r.field("stages"), i));
+    s.reject_unknown_keys({"id", "name", "kind", "resource", "start_s", "end_s", "layer", "bytes", "flops"});
+    TraceStage st;
+    st.id = s.integer("id", 0, kMaxBytes);
+    st.name = s.string("name");
+    st.kind = s.string("kind");
+    st.resource = s.string("resource");
+    st.start_s = s.number("start_s", 0.0, 1e12);
+    st.end_s = s.number("end_s", 0.0, 1e12);
+    if (st.end_s < st.start_s) s.fail("end_s", "ends before it starts");
+    st.layer = static_cast<int>(s.integer_or("layer", -1, -1, 1 << 20));
+    st.bytes = s.integer_or("bytes", 0, 0, kMaxBytes);
+    st.flops = s.number_or("flops", 0.0, 0.0, 1e30);
+    t.stages.push_back(std::move(st));
+  }
+  if (r.has("memory")) {
+    const auto& memory = r.raw().at("memory");
+    if (!memory.is_array()) r.fail("memory", "expected an array");
+    for (std::size_t i = 0; i < memory.size(); ++i) {
+      const std::string path = fmt::format("{}[{}]", r.field("memory"), i);
+      const JsonReader m(memory[i], file, path);
+      m.reject_unknown_keys({"device", "peak_bytes", "samples"});
+      MemoryTimeline tl;
+      tl.device = m.string("device");
+      tl.peak_bytes = m.integer("peak_bytes", 0, kMaxBytes);
+      const auto& samples = m.raw().at("samples");
+      if (!samples.is_array()) m.fail("samples", "expected an array");
+      for (std::size_t k = 0; k < samples.size(); ++k) {
+        const auto& x = samples[k];
+        if (!x.is_array() || x.size() != 2 || !x[0].is_number() || !x[1].is_number_integer()) {
+          m.fail_value(fmt::format("{}[{}]", m.field("samples"), k), x, "expected [time_s, bytes]");
+        }
+        tl.samples.push_back({x[0].get<double>(), x[1].get<Bytes>()});
+      }
+      t.memory.push_back(std::move(tl));
+    }
+  }
+  return t;
+}
+
+nlohmann::json trace_to_chrome_json(const Trace& t) {
+  // Processes are device groups, threads are resources; ids are assigned in first-seen order
+  // over a sorted list so the output is deterministic.
+  std::map<std::string, int> pid_of;
+  std::map<std::string, std::pair<int, int>> tid_of;  // resource → (pid, tid)
+  std::vector<std::string> resources;
+  for (const auto& s : t.stages) resources.push_back(s.resource);
+  for (const auto& m : t.memory) pid_of.emplace(m.device, 0);
+  std::sort(resources.begin(), resources.end());
+  resources.erase(std::unique(resources.begin(), resources.end()), resources.end());
+  for (const auto& r : resources) pid_of.emplace(device_group(r), 0);
+  int next_pid = 1;
+  for (auto& [name, pid] : pid_of) pid = next_pid++;
+  std::map<int, int> next_tid;
+  for (const auto& r : resources) {
+    const int pid = pid_of.at(device_group(r));
+    tid_of[r] = {pid, ++next_tid[pid]};
+  }
+
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& [name, pid] : pid_of) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", name}}}});
+  }
+  for (const auto& [name, ids] : tid_of) {
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", ids.first}, {"tid", ids.second},
+                      {"args", {{"name", name}}}});
+  }
+  for (const auto& s : t.stages) {
+    const auto [pid, tid] = tid_of.at(s.resource);
+    events.push_back({{"ph", "X"}, {"name", s.name}, {"cat", s.kind}, {"pid", pid}, {"tid", tid},
+                      {"ts", s.start_s * 1e6}, {"dur", (s.end_s - s.start_s) * 1e6},
+                      {"args", {{"id", s.id}, {"layer", s.layer}, {"bytes", s.bytes}, {"flops", s.flops}}}});
+  }
+  for (const auto& m : t.memory) {
+    const int pid = pid_of.at(m.device);
+    for (const auto& x : m.samples) {
+      events.push_back({{"ph", "C"}, {"name", "memory_gib"}, {"pid", pid}, {"tid", 0}, {"ts", x.time_s * 1e6},
+                        {"args", {{m.device, to_gib(x.bytes)}}}});
+    }
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"},
+          {"otherData", {{"engine", t.engine}, {"step_s", t.step_s}}}};
+}
+
+void finalize_trace(Trace& t) {
+  std::sort(t.stages.begin(), t.stages.end(), [](const TraceStage& a, const TraceStage& b) {
+    return a.start_s != b.start_s ? a.start_s < b.start_s : a.id < b.id;
+  });
+  t.step_s = 0;
+  for (const auto& s : t.stages) t.step_s = std::max(t.step_s, s.end_s);
+  for (auto& m : t.memory) {
+    for (const auto& x : m.samples) m.peak_bytes = std::max(m.peak_bytes, x.bytes);
+  }
+}
+
+}  // namespace oom

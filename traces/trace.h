@@ -1,0 +1,78 @@
+// Trace: what one executed (or simulated) training step did, stage by stage, and the memory it held.
+//
+// Every executor (analytic evaluator, SimGrid simulator, LibTorch backend) returns a Trace with the
+// same stage names, so predicted, simulated and measured steps can be held against each other
+// stage by stage (DESIGN.md "Trace"). A stage is {id, name, kind, resource, start_s, end_s, layer,
+// bytes, flops}; memory is a list of samples per device ("gpu0", "numa1", ...), each sample the
+// bytes held on that device from its time on. Times are seconds from the start of the step; bytes
+// are exact. `kind` is the operator kind of the stage (e.g. "gemm", "h2d", "cpu_adamw": the names of
+// planner/step_graph.h's OpKind), `resource` the name of the stream or executor that ran it
+// (e.g. "gpu0.compute", "gpu1.h2d", "numa0.cpu_update"). Plain value type; not thread-safe to
+// mutate from several threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/units.h"
+
+namespace oom {
+
+struct TraceStage {
+  std::int64_t id = 0;
+  std::string name;      // e.g. "fwd.L3.moe.c0.a2a_dispatch"
+  std::string kind;      // operator kind, e.g. "attention", "h2d"
+  std::string resource;  // e.g. "gpu0.compute"
+  Seconds start_s = 0;
+  Seconds end_s = 0;
+  int layer = -1;        // decoder index, −1 when the stage belongs to no decoder
+  Bytes bytes = 0;       // bytes moved (transfers) or touched (updates); 0 for pure compute
+  Flops flops = 0;       // floating-point work; 0 for transfers
+  Seconds duration_s() const { return end_s - start_s; }
+  bool operator==(const TraceStage&) const = default;
+};
+
+// Bytes held on a device from `time_s` on (until the next sample).
+struct MemorySample {
+  Seconds time_s = 0;
+  Bytes bytes = 0;
+  bool operator==(const MemorySample&) const = default;
+};
+
+// The memory timeline of one device: a GPU ("gpu<i>") or a NUMA node's DRAM ("numa<n>").
+struct MemoryTimeline {
+  std::string device;
+  std::vector<MemorySample> samples;  // in time order
+  Bytes peak_bytes = 0;               // the largest sample (plus any headroom the executor adds)
+  bool operator==(const MemoryTimeline&) const = default;
+};
+
+struct Trace {
+  std::string engine;                     // "analytic", "simgrid", "torch", ...
+  Seconds step_s = 0;                     // end of the last stage
+  std::vector<TraceStage> stages;         // in start-time order (ties by id)
+  std::vector<MemoryTimeline> memory;     // one per device, GPUs first then NUMA nodes
+  std::vector<Bytes> gpu_peak_bytes;      // per GPU of the step
+  std::vector<Bytes> numa_peak_bytes;     // per NUMA node of the first node
+  bool operator==(const Trace&) const = default;
+};
+
+// Serializes every field. trace_from_json(trace_to_json(t)) == t.
+nlohmann::json trace_to_json(const Trace& t);
+// Parses the form trace_to_json() writes. Throws InputError naming `file` and the field.
+Trace trace_from_json(const nlohmann::json& j, const std::string& file);
+
+// Chrome trace event JSON (opens in Perfetto and chrome://tracing): one process per device group
+// ("gpu<i>", "numa<n>", "fabric"), one thread per resource, one complete ("X") event per stage with
+// microsecond times and its layer, bytes and flops as args, plus one counter ("C") track per
+// memory timeline in GiB.
+nlohmann::json trace_to_chrome_json(const Trace& t);
+
+// Sorts stages by (start_s, id), sets step_s to the latest end and each timeline's peak to at
+// least its largest sample. Executors call it before returning a Trace.
+void finalize_trace(Trace& t);
+
+}  // namespace oom
