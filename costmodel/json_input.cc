@@ -11,17 +11,19 @@
 
 namespace oom {
 
-nlohmann::json read_json_file(const std::string& path) {
+std::string read_input_file(const std::string& path, const std::string& expected) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(path, "file not found");
-  if (fs::is_directory(path, ec)) throw InputError(path, "is a directory, expected a JSON file");
+  if (fs::is_directory(path, ec)) throw InputError(path, "is a directory, expected " + expected);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot be read");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  return parse_json_text(buffer.str(), path);
+  return buffer.str();
 }
+
+nlohmann::json read_json_file(const std::string& path) { return parse_json_text(read_input_file(path, "a JSON file"), path); }
 
 namespace {
 

@@ -17,6 +17,10 @@
 
 namespace oom {
 
+// Reads a whole input file. Throws InputError when it is missing, a directory (the message says
+// `expected`, e.g. "a JSON file"), or unreadable.
+std::string read_input_file(const std::string& path, const std::string& expected);
+
 // Loads and parses one JSON document. Throws InputError when the file is missing, is a
 // directory, is empty, or is not valid JSON (the parser's byte position is named).
 nlohmann::json read_json_file(const std::string& path);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -66,12 +67,7 @@ const std::string& parse_record_line(const std::string& line, const std::string&
 }
 
 RecordSet load_records(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw InputError(path, "file not found");
-  if (fs::is_directory(path, ec)) throw InputError(path, "is a directory, expected a JSON Lines file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "cannot be read");
+  std::istringstream in(read_input_file(path, "a JSON Lines file"));
   RecordSet set;
   std::set<std::string> ids;
   std::string line;
