@@ -23,6 +23,9 @@ int run(const std::vector<std::string>& args, Io io) {
   app.set_help_all_flag("--help-all", "Every command's help");
   add_model_commands(app, io);
   add_memory_commands(app, io);
+#ifdef OOM_HAVE_BACKEND
+  add_train_commands(app, io);
+#endif
 
   // CLI11 parses argv in reverse order from a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
