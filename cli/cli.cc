@@ -24,6 +24,9 @@ int run(const std::vector<std::string>& args, Io io) {
   add_model_commands(app, io);
   add_memory_commands(app, io);
   add_simulate_commands(app, io);
+#ifdef OOM_HAVE_BACKEND
+  add_train_commands(app, io);
+#endif
 
   // CLI11 parses argv in reverse order from a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -1,0 +1,30 @@
+// Training checkpoints: the whole training state in one file, DIR/checkpoint.oom.
+//
+// Layout: the 8 magic bytes "OOMCKPT1", an 8-byte little-endian header length N, N bytes of JSON
+// ({"format": 1, "model": HF config of the spec, "blocks": [numel per block], "step",
+// "payload_bytes", "payload_fnv1a64", "run": caller's object — data position, sampler RNG,
+// hyper-parameters}), then per block the FP32 master, first and second Adam moments. Written with
+// write_file_atomically (temp file + rename): a crash leaves the previous checkpoint intact.
+// Loading validates the whole file (magic, header, model, sizes, checksum) before touching the
+// state, so a corrupt or mismatched checkpoint raises one InputError and changes nothing.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/state.h"
+
+namespace oom::backend {
+
+std::string checkpoint_file(const std::string& dir);
+
+// Writes the state of `state` and `run` into DIR/checkpoint.oom (creating DIR).
+void save_checkpoint(const std::string& dir, const HostState& state, const nlohmann::json& run);
+
+// Restores masters, moments and step into `state` (then republishes its working copies) and
+// returns the saved `run` object. Throws InputError naming the file and the field when the file is
+// missing, corrupt, or for a different model; `state` is unchanged then.
+nlohmann::json load_checkpoint(const std::string& dir, HostState& state);
+
+}  // namespace oom::backend

@@ -1,0 +1,101 @@
+// The MoE decoder as pure functions of named weights: embeddings, RMSNorm, partial rotary
+// embeddings, softmax attention (full or sliding window, GQA, optional output gate, returns the
+// softmax log-sum-exp), chunked Gated DeltaNet, top-k routed SwiGLU experts with the shared expert
+// and the dense MLP beside them, the LM head and cross-entropy.
+//
+// Every function is differentiable with LibTorch autograd and takes its weights as a BlockWeights
+// (named views into a flat block buffer, or separate leaf tensors for the plain trainer), so the
+// streamed runtime and the plain in-memory trainer run the very same arithmetic. Activations are
+// [batch B, sequence S, hidden h]; tokens are int64 [B, S]. Weights may be FP32 or BF16; the
+// attention core, the GDN recurrence and the loss compute in FP32. Positions restart at 0 in each
+// sequence. Stateless and thread-compatible: concurrent calls on different tensors are safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "backend/layout.h"
+#include "costmodel/model_spec.h"
+
+namespace oom::backend {
+
+// Named weights of one block, aligned with layout->entries.
+struct BlockWeights {
+  const BlockLayout* layout = nullptr;
+  std::vector<at::Tensor> tensors;
+
+  const at::Tensor& operator[](const std::string& name) const;
+  bool has(const std::string& name) const { return layout->has(name); }
+};
+
+// Shaped views of the flat buffer `flat` (numel == layout.numel); gradients flow to `flat`.
+BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat);
+
+struct ModelOptions {
+  std::int64_t gdn_chunk_tokens = 32;       // GDN sequence chunk (state hand-off between chunks)
+  std::int64_t attention_query_block = 64;  // query rows per attention block (windows skip keys)
+};
+
+constexpr double kNormEps = 1e-6;
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = kNormEps);
+// Rotates the first rotary_dims of the last dimension of x [B, S, heads, d] at positions 0..S-1.
+at::Tensor apply_rope(const at::Tensor& x, std::int64_t rotary_dims, double theta);
+std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim);
+
+struct AttentionOutput {
+  at::Tensor out;  // [B, H, S, d] FP32
+  at::Tensor lse;  // [B, H, S] FP32: log Σ_j exp(q·k_j·scale) over the keys each query sees
+};
+// Causal softmax attention of q [B, H, S, d] over k, v [B, Hkv, S, d] (H a multiple of Hkv);
+// window_tokens > 0 restricts query i to keys j with i − j < window. Computed in query blocks
+// that only visit the keys inside the window.
+AttentionOutput attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               std::int64_t window_tokens, std::int64_t query_block);
+
+// Recurrent state carried between GDN sequence chunks: FP32 S [B, Hv, dk, dv] and the last
+// conv_kernel − 1 pre-conv q/k/v channels [B, conv_dim, K − 1] (the causal-conv left context).
+struct GdnState {
+  at::Tensor recurrent;
+  at::Tensor conv_context;
+};
+// One chunk of the gated delta rule in its WY (UT-transform) form. q, k [B, H, C, dk] (already
+// L2-normalized, q scaled), v [B, H, C, dv], g [B, H, C] log decays (≤ 0), beta [B, H, C];
+// state [B, H, dk, dv]. Returns the outputs [B, H, C, dv] and replaces `state` by the chunk's end state.
+at::Tensor gdn_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                     const at::Tensor& beta, at::Tensor& state);
+
+// Token mixing of one layer on the normalized input x [B, S, h] → [B, S, h].
+at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind,
+                            const ModelOptions& opt, at::Tensor* lse_out = nullptr);
+at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, const ModelOptions& opt);
+
+// Routing of x [T, h]: top-k expert ids [T, k] and weights [T, k] (softmax over all experts, then
+// renormalized over the chosen k when norm_topk_prob).
+struct Routing {
+  at::Tensor expert_ids;
+  at::Tensor weights;
+};
+Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe);
+// SwiGLU-style MLP: down(act(x·gateᵀ) ⊙ x·upᵀ); act is SiLU, or tanh-GELU for "gelu*" activations.
+at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
+                     const std::string& activation);
+// Routed experts + shared expert + dense MLP on the normalized input x [B, S, h] → [B, S, h].
+at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec);
+
+// One decoder layer: x + mix(norm(x)), then + ffn(norm(·)).
+at::Tensor decoder_layer(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, int layer,
+                         const ModelOptions& opt);
+
+at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer);
+// Mean cross-entropy of next-token targets [B, S] given the last hidden state x [B, S, h].
+at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const BlockWeights& outer, const ModelSpec& spec);
+
+// The whole model: embeddings, every decoder layer, head and loss (weights[0] outer, [1+l] layer l).
+at::Tensor model_loss(const at::Tensor& tokens, const at::Tensor& targets, const std::vector<BlockWeights>& weights,
+                      const ModelSpec& spec, const ModelOptions& opt);
+
+}  // namespace oom::backend

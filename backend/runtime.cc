@@ -1,0 +1,214 @@
+#include "backend/runtime.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "costmodel/input_error.h"
+
+#ifdef OOM_BACKEND_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace oom::backend {
+
+// A single thread that runs queued block updates in order.
+class StreamedTrainer::UpdateWorker {
+ public:
+  UpdateWorker() : thread_([this] { loop(); }) {}
+  ~UpdateWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  // Waits until every submitted job ran; rethrows the first job's exception.
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      try {
+        job();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --pending_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> jobs_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+double clip_coefficient(double total_norm, double max_norm) {
+  return std::min(1.0, max_norm / (total_norm + 1e-6));
+}
+
+StreamedTrainer::StreamedTrainer(HostState& state, TrainerConfig config, at::Device device)
+    : state_(state), config_(config), device_(device), window_(state, device),
+      worker_(std::make_unique<UpdateWorker>()) {}
+
+StreamedTrainer::~StreamedTrainer() = default;
+
+void StreamedTrainer::update_block(int block, double grad_scale) {
+  cpu_adamw_step(state_.master(block), state_.grad_slot(block), state_.exp_avg(block), state_.exp_avg_sq(block),
+                 config_.adam, state_.step + 1, grad_scale, config_.adam_threads);
+  state_.publish(block);
+}
+
+namespace {
+
+// Brings a device gradient into the host slot; returns a function that waits for the copy.
+std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
+  if (grad.device().is_cpu()) {
+    slot = grad;  // the gradient already is in host memory: adopt it
+    return [] {};
+  }
+#ifdef OOM_BACKEND_CUDA
+  slot.copy_(grad, /*non_blocking=*/true);
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(c10::cuda::getCurrentCUDAStream(grad.device().index()));
+  return [done] { done->synchronize(); };
+#else
+  OOM_ASSERT(false, "CUDA gradient in a build without CUDA");
+#endif
+}
+
+at::Tensor to_host(const at::Tensor& x, bool pinned) {
+  if (x.device().is_cpu()) return x;  // layer outputs are fresh tensors, never modified in place
+  auto h = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(pinned));
+  h.copy_(x, /*non_blocking=*/true);
+  return h;
+}
+
+}  // namespace
+
+StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
+  const ModelSpec& spec = state_.spec();
+  const ModelLayout& layout = state_.layout();
+  const int L = spec.layers;
+  const bool clip = config_.max_grad_norm > 0;
+  const auto tok = tokens.to(device_), tgt = targets.to(device_);
+
+  // Outer block: resident on the compute device for the whole step.
+  auto outer_flat = state_.working(0).to(device_).detach().requires_grad_(true);
+  const auto outer = block_views(layout.blocks[0], outer_flat);
+  const auto x0 = embed(tok, outer);
+
+  // Forward without autograd, keeping each layer's input on the host.
+  std::vector<at::Tensor> checkpoints(static_cast<std::size_t>(L));
+  at::Tensor h = x0.detach();
+  {
+    at::NoGradGuard no_grad;
+    if (L > 0) window_.prefetch(1);
+    for (int l = 0; l < L; ++l) {
+      if (l + 1 < L) window_.prefetch(l + 2);
+      checkpoints[static_cast<std::size_t>(l)] = to_host(h, state_.pinned());
+      const auto w = window_.acquire(1 + l);
+      h = decoder_layer(h, block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w), spec, l, config_.model);
+      window_.release(1 + l);
+    }
+  }
+  auto hL = h.detach().requires_grad_(true);
+  const auto loss = head_loss(hL, tgt, outer, spec);
+  loss.backward();
+  at::Tensor g = hL.grad();
+
+  // Backward: recompute each layer from its checkpoint, bring its gradient home, update it.
+  std::vector<double> sq_norm(static_cast<std::size_t>(state_.blocks()), 0.0);
+  std::vector<std::function<void()>> grad_ready(static_cast<std::size_t>(state_.blocks()));
+  if (L > 0) window_.prefetch(L);
+  for (int l = L - 1; l >= 0; --l) {
+    if (l > 0) window_.prefetch(l);
+    auto w = window_.acquire(1 + l).detach().requires_grad_(true);
+    auto x = checkpoints[static_cast<std::size_t>(l)].to(device_).detach().requires_grad_(true);
+    checkpoints[static_cast<std::size_t>(l)] = at::Tensor();
+    const auto y = decoder_layer(x, block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w), spec, l,
+                                 config_.model);
+    y.backward(g);
+    g = x.grad();
+    window_.release(1 + l);
+    const int b = 1 + l;
+    auto ready = gradient_to_host(state_.grad_slot(b), w.grad());
+    if (clip) {
+      sq_norm[static_cast<std::size_t>(b)] = w.grad().to(at::kFloat).pow(2).sum().item<double>();
+      grad_ready[static_cast<std::size_t>(b)] = std::move(ready);
+    } else {
+      worker_->submit([this, b, ready] {
+        ready();
+        update_block(b, 1.0);
+      });
+    }
+  }
+  x0.backward(g);
+  auto ready0 = gradient_to_host(state_.grad_slot(0), outer_flat.grad());
+
+  StepStats stats;
+  stats.loss = loss.item<double>();
+  if (clip) {
+    sq_norm[0] = outer_flat.grad().to(at::kFloat).pow(2).sum().item<double>();
+    double total = 0;
+    for (double s : sq_norm) total += s;
+    stats.grad_norm = std::sqrt(total);
+    const double coef = clip_coefficient(stats.grad_norm, config_.max_grad_norm);
+    grad_ready[0] = ready0;
+    for (int b = state_.blocks() - 1; b >= 0; --b) {
+      worker_->submit([this, b, coef, ready = grad_ready[static_cast<std::size_t>(b)]] {
+        ready();
+        update_block(b, coef);
+      });
+    }
+  } else {
+    worker_->submit([this, ready0] {
+      ready0();
+      update_block(0, 1.0);
+    });
+  }
+  worker_->wait();
+  ++state_.step;
+  return stats;
+}
+
+}  // namespace oom::backend

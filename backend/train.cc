@@ -1,0 +1,126 @@
+#include "backend/train.h"
+
+#include <chrono>
+#include <optional>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/checkpoint.h"
+#include "backend/data.h"
+#include "backend/plain_trainer.h"
+#include "backend/runtime.h"
+#include "backend/state.h"
+#include "costmodel/input_error.h"
+
+namespace oom::backend {
+namespace {
+
+void check_options(const TrainOptions& o) {
+  if (o.steps < 0) throw InputError("", "--steps", std::to_string(o.steps), "must be ≥ 0");
+  if (o.seq < 2) throw InputError("", "--seq", std::to_string(o.seq), "must be ≥ 2");
+  if (o.batch < 1) throw InputError("", "--batch", std::to_string(o.batch), "must be ≥ 1");
+  if (!(o.lr > 0)) throw InputError("", "--lr", std::to_string(o.lr), "must be > 0");
+  if (o.reference && (!o.checkpoint_dir.empty() || !o.resume_dir.empty())) {
+    throw InputError("", "--reference", "true", "the reference trainer does not write or resume checkpoints");
+  }
+  if (o.reference && o.bf16) throw InputError("", "--reference", "true", "the reference trainer is FP32 only");
+}
+
+nlohmann::json run_json(const TrainOptions& o, const ByteCorpus& data) {
+  return {{"seq", o.seq}, {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
+          {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed}, {"bf16", o.bf16},
+          {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_bytes", data.bytes()},
+          {"batches_drawn", data.batches_drawn()}, {"rng", data.sampler_state()}};
+}
+
+// The saved run must have the same shape of training; otherwise the resumed losses would differ.
+void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCorpus& data, const std::string& path) {
+  auto same = [&](const char* key, const nlohmann::json& now) {
+    if (!run.contains(key) || run[key] != now) {
+      throw InputError(path, std::string("run.") + key, run.contains(key) ? run[key].dump() : "missing",
+                       "differs from this run's " + now.dump());
+    }
+  };
+  same("seq", o.seq);
+  same("batch", o.batch);
+  same("lr", o.lr);
+  same("weight_decay", o.weight_decay);
+  same("max_grad_norm", o.max_grad_norm);
+  same("bf16", o.bf16);
+  same("gdn_chunk_tokens", o.gdn_chunk_tokens);
+  same("data_bytes", data.bytes());
+  if (!run.contains("rng") || !run["rng"].is_string() || !run.contains("batches_drawn") ||
+      !run["batches_drawn"].is_number_integer()) {
+    throw InputError(path, "run.rng", "missing", "no data sampler state");
+  }
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const std::function<void(const StepReport&)>& on_step) {
+  check_options(o);
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  const ModelSpec spec = load_model_spec(o.model);
+  ByteCorpus data(o.data.empty() ? default_corpus_path() : o.data, o.seq);
+  if (spec.vocab < 256) throw InputError("", "vocab_size", std::to_string(spec.vocab), "byte-level training needs ≥ 256");
+  data.seed(o.seed);
+
+  StateOptions so;
+  so.precision = o.bf16 ? WorkingPrecision::kBFloat16 : WorkingPrecision::kFloat32;
+  HostState state(spec, so);
+  if (o.weights.empty()) {
+    state.init_from_seed(o.seed);
+  } else {
+    state.load_safetensors(o.weights);
+  }
+  if (!o.resume_dir.empty()) {
+    const auto run = load_checkpoint(o.resume_dir, state);
+    check_resume(run, o, data, checkpoint_file(o.resume_dir));
+    data.restore_sampler_state(run["rng"].get<std::string>(), run["batches_drawn"].get<std::int64_t>(),
+                               checkpoint_file(o.resume_dir));
+  }
+
+  TrainerConfig cfg;
+  cfg.adam.lr = o.lr;
+  cfg.adam.weight_decay = o.weight_decay;
+  cfg.max_grad_norm = o.max_grad_norm;
+  cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
+  std::optional<StreamedTrainer> streamed;
+  std::optional<PlainTrainer> plain;
+  if (o.reference) {
+    plain.emplace(state, cfg);
+  } else {
+    streamed.emplace(state, cfg, at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
+  }
+
+  TrainResult result;
+  result.trainer = o.reference ? "reference" : "streamed";
+  result.first_step = state.step + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t tokens = 0;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto ts = std::chrono::steady_clock::now();
+    const Batch b = data.next(o.batch);
+    const StepStats st = o.reference ? plain->step(b.tokens, b.targets) : streamed->step(b.tokens, b.targets);
+    if (o.reference) ++state.step;  // the plain trainer keeps its own state; count its steps here
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    tokens += b.tokens.numel();
+    result.losses.push_back(st.loss);
+    if (on_step) {
+      on_step({state.step, i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+    }
+    const bool last = i + 1 == o.steps;
+    if (!o.checkpoint_dir.empty() && (last || (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0))) {
+      save_checkpoint(o.checkpoint_dir, state, run_json(o, data));
+    }
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
+  result.last_step = state.step;
+  if (o.steps == 0 && !o.checkpoint_dir.empty()) save_checkpoint(o.checkpoint_dir, state, run_json(o, data));
+  return result;
+}
+
+}  // namespace oom::backend

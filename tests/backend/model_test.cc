@@ -1,0 +1,195 @@
+// backend/model.h: each layer kernel against a plain reference (reference_ops.h), forward and
+// gradients, with the tolerance stated per test (FP32 rounding of differently ordered sums).
+#include "backend/model.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "backend/state.h"
+#include "tests/backend/reference_ops.h"
+
+namespace oom::backend {
+namespace {
+
+using testing::rel_diff;
+
+constexpr double kTol = 1e-5;  // FP32: sums reordered by blocking and chunking
+
+struct Weights {
+  std::unique_ptr<BlockLayout> layout;  // owned here so the views' layout pointer stays valid
+  at::Tensor flat;
+  BlockWeights views;
+};
+
+Weights layer_weights(const ModelSpec& spec, int layer, std::uint64_t seed = 7) {
+  HostState st(spec);
+  st.init_from_seed(seed);
+  auto flat = st.master(1 + layer).clone().requires_grad_(true);
+  auto layout = std::make_unique<BlockLayout>(st.layout().blocks[static_cast<std::size_t>(1 + layer)]);
+  auto views = block_views(*layout, flat);
+  return {std::move(layout), flat, std::move(views)};
+}
+
+std::vector<at::Tensor> grads_of(const at::Tensor& y, const std::vector<at::Tensor>& inputs, const at::Tensor& probe) {
+  return torch::autograd::grad({(y * probe).sum()}, inputs);
+}
+
+TEST(AttentionCore, MatchesDenseSoftmaxWithLseFullAndSlidingAcrossQueryBlocks) {
+  torch::manual_seed(1);
+  for (std::int64_t window : {0, 8, 20}) {
+    auto q = torch::randn({2, 4, 37, 16}).requires_grad_(true);
+    auto k = torch::randn({2, 2, 37, 16}).requires_grad_(true);
+    auto v = torch::randn({2, 2, 37, 16}).requires_grad_(true);
+    const auto got = attention_core(q, k, v, window, /*query_block=*/16);
+    const auto ref = testing::reference_attention(q, k, v, window);
+    EXPECT_LE(rel_diff(got.out, ref.out), kTol) << "window " << window;
+    EXPECT_LE(rel_diff(got.lse, ref.lse), kTol) << "window " << window;
+    const auto probe = torch::randn_like(ref.out);
+    const auto g1 = grads_of(got.out, {q, k, v}, probe);
+    const auto g2 = grads_of(ref.out, {q, k, v}, probe);
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_LE(rel_diff(g1[i], g2[i]), kTol) << "grad " << i << " window " << window;
+  }
+}
+
+TEST(AttentionCore, SlidingWindowIgnoresKeysOutsideTheWindow) {
+  torch::manual_seed(2);
+  auto q = torch::randn({1, 2, 30, 8}), k = torch::randn({1, 2, 30, 8}), v = torch::randn({1, 2, 30, 8});
+  const auto a = attention_core(q, k, v, 4, 8);
+  k.narrow(2, 0, 10).normal_();  // keys 0..9 are outside every window of queries ≥ 13
+  v.narrow(2, 0, 10).normal_();
+  const auto b = attention_core(q, k, v, 4, 8);
+  EXPECT_TRUE(at::equal(a.out.narrow(2, 13, 17), b.out.narrow(2, 13, 17)));
+  EXPECT_FALSE(at::equal(a.out.narrow(2, 0, 10), b.out.narrow(2, 0, 10)));
+}
+
+TEST(GdnChunk, WyFormMatchesTokenByTokenRecurrenceAndHandsStateAcrossChunks) {
+  torch::manual_seed(3);
+  const std::int64_t B = 2, H = 3, C = 20, dk = 8, dv = 6;
+  auto q = torch::nn::functional::normalize(torch::randn({B, H, C, dk}), torch::nn::functional::NormalizeFuncOptions().dim(-1)) / std::sqrt(8.0);
+  auto k = torch::nn::functional::normalize(torch::randn({B, H, C, dk}), torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  auto v = torch::randn({B, H, C, dv});
+  auto g = -torch::softplus(torch::randn({B, H, C}));
+  auto beta = torch::sigmoid(torch::randn({B, H, C}));
+  const auto s0 = torch::randn({B, H, dk, dv});
+
+  auto s_ref = s0.clone();
+  const auto o_ref = testing::reference_gdn_recurrent(q, k, v, g, beta, s_ref);
+  auto s_whole = s0.clone();
+  const auto o_whole = gdn_chunk(q, k, v, g, beta, s_whole);
+  EXPECT_LE(rel_diff(o_whole, o_ref), kTol);
+  EXPECT_LE(rel_diff(s_whole, s_ref), kTol);
+
+  auto s_split = s0.clone();
+  const auto o1 = gdn_chunk(q.narrow(2, 0, 7), k.narrow(2, 0, 7), v.narrow(2, 0, 7), g.narrow(2, 0, 7), beta.narrow(2, 0, 7), s_split);
+  const auto o2 = gdn_chunk(q.narrow(2, 7, 13), k.narrow(2, 7, 13), v.narrow(2, 7, 13), g.narrow(2, 7, 13), beta.narrow(2, 7, 13), s_split);
+  EXPECT_LE(rel_diff(torch::cat({o1, o2}, 2), o_ref), kTol);
+  EXPECT_LE(rel_diff(s_split, s_ref), kTol);
+}
+
+TEST(GdnMixing, MatchesRecurrentReferenceForEverySequenceChunking) {
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  ASSERT_EQ(spec.layer_kinds[0], LayerKind::kLinearAttention);
+  auto w = layer_weights(spec, 0);
+  torch::manual_seed(4);
+  auto x = torch::randn({2, 23, spec.hidden}).requires_grad_(true);
+  const auto ref = testing::reference_gdn_mixing(x, w.views, spec);
+  const auto probe = torch::randn_like(ref);
+  const auto g_ref = grads_of(ref, {x, w.flat}, probe);
+  for (std::int64_t chunk : {1, 5, 8, 64}) {
+    ModelOptions opt;
+    opt.gdn_chunk_tokens = chunk;
+    const auto got = gdn_mixing(x, w.views, spec, opt);
+    EXPECT_LE(rel_diff(got, ref), kTol) << "chunk " << chunk;
+    const auto g = grads_of(got, {x, w.flat}, probe);
+    EXPECT_LE(rel_diff(g[0], g_ref[0]), kTol) << "input grad, chunk " << chunk;
+    EXPECT_LE(rel_diff(g[1], g_ref[1]), kTol) << "weight grad, chunk " << chunk;
+  }
+}
+
+TEST(MoeFfn, RoutedSharedAndDenseExpertsMatchDenseComputationForEachFamily) {
+  for (const char* name : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
+    const ModelSpec spec = load_model_spec(name);
+    auto w = layer_weights(spec, 0);
+    torch::manual_seed(5);
+    auto x = torch::randn({2, 19, spec.hidden}).requires_grad_(true);
+    const auto got = moe_ffn(x, w.views, spec);
+    const auto ref = testing::reference_moe(x, w.views, spec);
+    EXPECT_LE(rel_diff(got, ref), kTol) << name;
+    const auto probe = torch::randn_like(ref);
+    const auto g1 = grads_of(got, {x, w.flat}, probe);
+    const auto g2 = grads_of(ref, {x, w.flat}, probe);
+    EXPECT_LE(rel_diff(g1[0], g2[0]), kTol) << name;
+    EXPECT_LE(rel_diff(g1[1], g2[1]), kTol) << name;
+  }
+}
+
+TEST(Route, PicksTheLargestProbabilitiesAndRenormalizes) {
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  torch::manual_seed(6);
+  const auto x = torch::randn({11, spec.hidden});
+  const auto router = torch::randn({spec.moe.experts, spec.hidden});
+  const auto r = route(x, router, spec.moe);
+  EXPECT_TRUE(torch::allclose(r.weights.sum(-1), torch::ones({11}), 1e-6, 1e-6));
+  const auto probs = torch::softmax(torch::linear(x, router), -1);
+  const auto kth = std::get<0>(probs.sort(-1, true)).select(1, spec.moe.top_k - 1);
+  const auto chosen = probs.gather(1, r.expert_ids);
+  EXPECT_TRUE((std::get<0>(chosen.min(1)) >= kth).all().item<bool>());
+}
+
+TEST(Rope, PartialRotationKeepsTheRestAndDependsOnlyOnRelativePosition) {
+  torch::manual_seed(7);
+  const auto x = torch::randn({1, 12, 2, 16});
+  const auto r = apply_rope(x, 8, 10000.0);
+  EXPECT_TRUE(at::equal(r.narrow(-1, 8, 8), x.narrow(-1, 8, 8)));
+  EXPECT_FALSE(at::equal(r.narrow(-1, 0, 8).narrow(1, 1, 11), x.narrow(-1, 0, 8).narrow(1, 1, 11)));
+  // Same vectors q, k at every position: q_i·k_j depends only on i − j.
+  const auto q = torch::randn({16}), k = torch::randn({16});
+  const auto rq = apply_rope(q.view({1, 1, 1, 16}).expand({1, 12, 1, 16}).contiguous(), 16, 10000.0).view({12, 16});
+  const auto rk = apply_rope(k.view({1, 1, 1, 16}).expand({1, 12, 1, 16}).contiguous(), 16, 10000.0).view({12, 16});
+  const double d1 = (rq[5] * rk[2]).sum().item<double>(), d2 = (rq[9] * rk[6]).sum().item<double>();
+  EXPECT_NEAR(d1, d2, 1e-4);
+}
+
+TEST(AttentionMixing, ReturnsLsePerQueryHeadAndHandlesKEqualsVAndOutputGate) {
+  for (const char* name : {"tiny-moe-gemma", "tiny-moe"}) {
+    const ModelSpec spec = load_model_spec(name);
+    for (int l = 0; l < spec.layers; ++l) {
+      if (spec.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention) continue;
+      auto w = layer_weights(spec, l);
+      const auto x = torch::randn({2, 21, spec.hidden});
+      at::Tensor lse;
+      const auto y = attention_mixing(x, w.views, spec, spec.layer_kinds[static_cast<std::size_t>(l)], {}, &lse);
+      EXPECT_EQ(y.sizes(), x.sizes());
+      EXPECT_EQ(lse.sizes(), (std::vector<std::int64_t>{2, spec.attention(spec.layer_kinds[static_cast<std::size_t>(l)]).heads, 21}));
+      EXPECT_TRUE(torch::isfinite(y).all().item<bool>());
+    }
+  }
+}
+
+TEST(ModelLoss, EveryFamilyStartsNearUniformAndGivesEveryWeightAGradient) {
+  for (const char* name : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
+    const ModelSpec spec = load_model_spec(name);
+    HostState st(spec);
+    st.init_from_seed(3);
+    std::vector<at::Tensor> flats;
+    std::vector<BlockWeights> weights;
+    for (int b = 0; b < st.blocks(); ++b) flats.push_back(st.master(b).clone().requires_grad_(true));
+    for (int b = 0; b < st.blocks(); ++b) weights.push_back(block_views(st.layout().blocks[static_cast<std::size_t>(b)], flats[static_cast<std::size_t>(b)]));
+    const auto tokens = torch::randint(0, 256, {2, 20}, torch::kLong);
+    const auto targets = torch::randint(0, 256, {2, 20}, torch::kLong);
+    const auto loss = model_loss(tokens, targets, weights, spec, {});
+    EXPECT_NEAR(loss.item<double>(), std::log(256.0), 0.5) << name;
+    loss.backward();
+    for (int b = 0; b < st.blocks(); ++b) {
+      for (const auto& e : st.layout().blocks[static_cast<std::size_t>(b)].entries) {
+        const auto g = flats[static_cast<std::size_t>(b)].grad().narrow(0, e.offset, e.numel());
+        EXPECT_GT(g.abs().sum().item<double>(), 0.0) << name << " " << e.name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace oom::backend

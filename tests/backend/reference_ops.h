@@ -1,0 +1,28 @@
+// Plain references for the backend's layer kernels, written for clarity, not speed: dense masked
+// softmax attention, token-by-token Gated DeltaNet (recurrent form, direct causal conv), and a
+// dense mixture of experts (every expert on every token, weighted by a dense gate matrix).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "backend/model.h"
+
+namespace oom::backend::testing {
+
+// Dense softmax over all keys with a causal (and optional window) mask; lse [B, H, S].
+AttentionOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::int64_t window);
+
+// The gated delta rule one token at a time: S ← S·exp(g_t); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t); o_t = Sᵀq_t.
+at::Tensor reference_gdn_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                   const at::Tensor& beta, at::Tensor& state);
+
+// GDN token mixing with a direct causal convolution and the recurrent rule.
+at::Tensor reference_gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec);
+
+// Routed experts computed densely + shared expert + dense MLP.
+at::Tensor reference_moe(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec);
+
+// Relative difference max|a − b| / max(max|b|, tiny).
+double rel_diff(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace oom::backend::testing
