@@ -30,8 +30,16 @@ namespace {
 // Follows a SAX parse to the value being read, so that a parse error names its field.
 class PathTracker : public nlohmann::json_sax<nlohmann::json> {
  public:
-  // "a.b[2]" of the value where parsing stopped; empty at the document root.
+  // "a.b[2]" of the value where parsing stopped; empty at the document root. A path longer
+  // than 120 characters (deep nesting, huge keys) keeps its innermost end.
   std::string path() const {
+    std::string p = full_path();
+    return p.size() > 120 ? "..." + p.substr(p.size() - 117) : p;
+  }
+  const std::string& token() const { return token_; }
+
+ private:
+  std::string full_path() const {
     std::string p;
     for (std::size_t i = 0; i < frames_.size(); ++i) {
       const Frame& f = frames_[i];
@@ -44,8 +52,8 @@ class PathTracker : public nlohmann::json_sax<nlohmann::json> {
     }
     return p;
   }
-  const std::string& token() const { return token_; }
 
+ public:
   bool null() override { return value(); }
   bool boolean(bool) override { return value(); }
   bool number_integer(number_integer_t) override { return value(); }

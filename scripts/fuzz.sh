@@ -50,7 +50,7 @@ for name in "${names[@]}"; do
   done
   # A dictionary of the field names and string values the seeds use.
   dict="build-fuzz/corpus/${name}.dict"
-  cat "${seed_files[@]}" | grep -o '"[A-Za-z0-9_.-]\+"' | sort -u | sed 's/^/kw=/' >"$dict" || true
+  cat "${seed_files[@]}" | grep -a -o '"[A-Za-z0-9_.-]\+"' | sort -u | sed 's/^/kw=/' >"$dict" || true
   log="build-fuzz/${name}.log"
   runs_opt=()
   if [ -n "${OOM_FUZZ_RUNS:-}" ]; then runs_opt=(-runs="$OOM_FUZZ_RUNS"); fi

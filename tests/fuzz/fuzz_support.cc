@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
 
 namespace oom::fuzz {
@@ -41,7 +40,5 @@ void check_failed(const char* expr, const char* file, int line) {
   std::fprintf(stderr, "fuzz check failed: %s:%d: %s\n", file, line, expr);
   std::abort();
 }
-
-std::string config_dir() { return config_root(); }
 
 }  // namespace oom::fuzz

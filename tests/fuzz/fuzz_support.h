@@ -33,9 +33,6 @@ bool accepts(const std::function<void()>& load);
 
 [[noreturn]] void check_failed(const char* expr, const char* file, int line);
 
-// The project's configs/ folder (OOM_CONFIG_DIR when set, else the source tree's).
-std::string config_dir();
-
 }  // namespace oom::fuzz
 
 #define OOM_FUZZ_CHECK(cond) ((cond) ? static_cast<void>(0) : ::oom::fuzz::check_failed(#cond, __FILE__, __LINE__))

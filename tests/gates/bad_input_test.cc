@@ -147,6 +147,12 @@ std::vector<Case> cases() {
   c.push_back({"model_document_is_list", {{"m.json", "[1, 2]"}}, model_show(), M, "document", "[1,2]", "object"});
   c.push_back({"model_deeply_nested", {{"m.json", std::string(100000, '[') + std::string(100000, ']')}}, model_show(),
                M, "document", "[[[[", "object"});
+  {
+    std::string deep_path = "...";
+    for (int i = 0; i < 39; ++i) deep_path += "[0]";
+    c.push_back({"model_deeply_nested_truncated", {{"m.json", std::string(100000, '[')}}, model_show(), M, deep_path,
+                 "[[[[", "unexpected end of input"});
+  }
   c.push_back({"model_unknown_name", {}, {"model", "show", "no-such-model"}, "", "model", "\"no-such-model\"", "unknown model"});
   c.push_back({"model_rotary_above_one", {{"m.json", model_with([](json& j) { j["partial_rotary_factor"] = 1.5; })}},
                model_show(), M, "partial_rotary_factor", "1.5", "range"});
