@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "planner/baselines.h"
 #include "planner/step_engine.h"
 #include "planner/step_graph.h"
 
@@ -35,34 +36,49 @@ Calibration calibration_of(const HardwareSpec& h, const std::vector<Calibration>
   return load_calibration_for(h);
 }
 
+// Fills the predicted values and their relative errors against what was measured.
+void compare(RecordPrediction& p, Seconds step_s, Bytes gpu_peak_bytes, Bytes host_bytes) {
+  p.status = "ok";
+  p.predicted_step_s = step_s;
+  p.predicted_gpu_peak_gib = to_gib(gpu_peak_bytes);
+  p.predicted_host_gib = to_gib(host_bytes);
+  if (p.measured_step_s) p.rel_error = (*p.predicted_step_s - *p.measured_step_s) / *p.measured_step_s;
+  if (p.measured_gpu_peak_gib) {
+    p.gpu_peak_rel_error = (*p.predicted_gpu_peak_gib - *p.measured_gpu_peak_gib) / *p.measured_gpu_peak_gib;
+  }
+  if (p.measured_host_gib) p.host_rel_error = (*p.predicted_host_gib - *p.measured_host_gib) / *p.measured_host_gib;
+}
+
 RecordPrediction predict(const StepRecord& rec, const std::string& engine, const std::vector<Calibration>& calibrations) {
   RecordPrediction p;
   p.id = rec.id;
   p.measured_step_s = rec.measured.step_s;
   p.measured_gpu_peak_gib = rec.measured.gpu_peak_gib;
   p.measured_host_gib = rec.measured.host_gib;
-  if (!rec.system.empty()) {
-    p.status = "skipped";
-    p.reason = fmt::format("baseline system \"{}\" (baselines are not lowered yet)", rec.system);
-    return p;
-  }
   try {
     const WorkloadContext ctx = resolve_workload(rec.workload, rec.origin);
+    if (!rec.system.empty()) {
+      // A baseline system: lowered by planner/baselines.h; out-of-memory is a prediction too.
+      const auto system = baseline_system_from_name(rec.system);
+      if (!system) throw InputError(rec.origin, "system", "\"" + rec.system + "\"", "unknown baseline system");
+      const BaselineResult b = run_baseline(*system, ctx, engine, calibration_of(ctx.hardware, calibrations));
+      if (!b.fits()) {
+        p.status = "oom";
+        p.reason = b.oom->message();
+        return p;
+      }
+      Bytes host = 0;
+      for (const Bytes x : b.host_bytes_per_numa) host += x;
+      compare(p, b.step_s, b.gpu_peak_bytes, host);
+      return p;
+    }
     const Plan plan = plan_from_json(rec.plan, rec.origin);
     validate_plan(plan, ctx.model, ctx.workload, rec.origin);
     const SimulationResult r = simulate_plan(plan, ctx, engine, calibration_of(ctx.hardware, calibrations));
-    p.status = "ok";
-    p.predicted_step_s = r.trace.step_s;
     Bytes gpu_peak = 0, host = 0;
     for (const Bytes b : r.trace.gpu_peak_bytes) gpu_peak = std::max(gpu_peak, b);
     for (const Bytes b : r.trace.numa_peak_bytes) host += b;
-    p.predicted_gpu_peak_gib = to_gib(gpu_peak);
-    p.predicted_host_gib = to_gib(host);
-    if (p.measured_step_s) p.rel_error = (*p.predicted_step_s - *p.measured_step_s) / *p.measured_step_s;
-    if (p.measured_gpu_peak_gib) {
-      p.gpu_peak_rel_error = (*p.predicted_gpu_peak_gib - *p.measured_gpu_peak_gib) / *p.measured_gpu_peak_gib;
-    }
-    if (p.measured_host_gib) p.host_rel_error = (*p.predicted_host_gib - *p.measured_host_gib) / *p.measured_host_gib;
+    compare(p, r.trace.step_s, gpu_peak, host);
   } catch (const std::exception& e) {
     p.status = "failed";
     p.reason = e.what();
@@ -170,6 +186,7 @@ ValidationReport validate_records(const RecordSet& records, const std::string& e
   for (const auto& rec : records.steps) {
     RecordPrediction p = predict(rec, engine, calibrations);
     if (p.status == "failed") ++report.failures;
+    if (p.status == "oom") ++report.out_of_memory;
     if (p.rel_error) errors.push_back(std::abs(*p.rel_error));
     report.records.push_back(std::move(p));
   }
@@ -199,6 +216,7 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   }
   return {{"count", r.count},
           {"failures", r.failures},
+          {"out_of_memory", r.out_of_memory},
           {"median_abs_rel_error", r.median_abs_rel_error},
           {"max_abs_rel_error", r.max_abs_rel_error},
           {"records", records}};
@@ -221,8 +239,8 @@ std::string validation_text(const ValidationReport& r) {
                        num(p.predicted_gpu_peak_gib, "{:.1f}"), num(p.measured_gpu_peak_gib, "{:.1f}"), num(ge, "{:+.1f}%"),
                        num(p.predicted_host_gib, "{:.1f}"), num(p.measured_host_gib, "{:.1f}"), num(he, "{:+.1f}%"));
   }
-  out += fmt::format("{} records: median |error| {:.1f}%, max |error| {:.1f}%, {} failed\n", r.count,
-                     100 * r.median_abs_rel_error, 100 * r.max_abs_rel_error, r.failures);
+  out += fmt::format("{} records: median |error| {:.1f}%, max |error| {:.1f}%, {} failed, {} predicted out of memory\n",
+                     r.count, 100 * r.median_abs_rel_error, 100 * r.max_abs_rel_error, r.failures, r.out_of_memory);
   return out;
 }
 

@@ -4,8 +4,9 @@
 // calibration, and summarizes the step: time, per-GPU peak, per-NUMA host bytes and a breakdown
 // of rank 0's timeline into compute, exposed all-to-all/collectives, exposed PCIe transfer,
 // exposed CPU update and idle time (each instant of the step counted once, in that priority).
-// validate_records() predicts every step record that carries a plan and compares with what was
-// measured. Relative error = (predicted − measured) / measured. Not thread-safe (engine registry).
+// validate_records() predicts every step record (a plan, or a baseline system of
+// planner/baselines.h) and compares with what was measured.
+// Relative error = (predicted − measured) / measured. Not thread-safe (engine registry).
 #pragma once
 
 #include <optional>
@@ -46,7 +47,7 @@ std::string simulation_text(const SimulationResult& r);
 
 struct RecordPrediction {
   std::string id;
-  std::string status;  // "ok", "skipped" (baseline system), "failed" (cannot run: `reason`)
+  std::string status;  // "ok", "oom" (a baseline system predicted out of memory: `reason`), "failed" (cannot run: `reason`)
   std::string reason;
   std::optional<double> measured_step_s, predicted_step_s, rel_error;
   std::optional<double> measured_gpu_peak_gib, predicted_gpu_peak_gib, gpu_peak_rel_error;
@@ -57,6 +58,7 @@ struct ValidationReport {
   std::vector<RecordPrediction> records;
   int count = 0;     // records predicted with a measured step time
   int failures = 0;  // records that could not run
+  int out_of_memory = 0;  // baseline-system records predicted not to fit
   double median_abs_rel_error = 0;
   double max_abs_rel_error = 0;
 };

@@ -1,0 +1,81 @@
+// `oom plot RESULTS.csv --kind throughput|memory [--sweep NAME]` and
+// `oom plot TRACE.json --kind timeline`: PNG plots through the Python plotting bridge
+// (python/plot_bridge.h: pybind11's embedded interpreter, matplotlib with Agg).
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "costmodel/atomic_file.h"
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+#ifdef OOM_HAVE_PLOT
+#include "python/plot_bridge.h"
+#endif
+
+namespace oom::cli {
+namespace {
+
+struct PlotArgs {
+  std::string input, kind, output, sweep, title;
+};
+
+// The default output: the input's path without its extension, then "-KIND.png".
+std::string default_output(const std::string& input, const std::string& kind) {
+  std::filesystem::path p(input);
+  return (p.parent_path() / (p.stem().string() + "-" + kind + ".png")).string();
+}
+
+// Checks the input is of the form the kind needs, naming the file when it is not.
+void check_input(const std::string& file, const std::string& kind, const std::string& text) {
+  if (kind == "timeline") {
+    const nlohmann::json j = parse_json_text(text, file);
+    if (!j.is_object() || !(j.contains("traceEvents") || j.contains("stages"))) {
+      throw InputError(file, "expected a trace: Chrome trace events (oom simulate --trace) or an object with \"stages\"");
+    }
+    return;
+  }
+  if (!text.starts_with("sweep,")) {
+    throw InputError(file, "expected a study CSV (oom whatif) whose header starts with \"sweep,\"");
+  }
+  if (text.find('\n') == std::string::npos || text.find('\n') + 1 >= text.size()) throw InputError(file, "the study CSV has no rows");
+}
+
+}  // namespace
+
+void add_plot_commands(CLI::App& app, Io io) {
+  auto a = std::make_shared<PlotArgs>();
+  auto* p = app.add_subcommand("plot", "PNG plots: throughput or memory of a study CSV, timeline (Gantt) of a trace");
+  p->add_option("input", a->input, "Study CSV (oom whatif) or trace JSON (oom simulate --trace)")->required();
+  p->add_option("--kind", a->kind, "throughput | memory | timeline")->required();
+  p->add_option("-o,--output", a->output, "PNG file to write (default: INPUT-KIND.png beside the input)");
+  p->add_option("--sweep", a->sweep, "Throughput: only this sweep of the study");
+  p->add_option("--title", a->title, "Title instead of the default");
+  p->callback([=] {
+    if (a->kind != "throughput" && a->kind != "memory" && a->kind != "timeline") {
+      throw InputError("", "--kind", "\"" + a->kind + "\"", "unknown plot kind (throughput, memory, timeline)");
+    }
+    const std::string text = read_input_file(a->input, a->kind == "timeline" ? "a trace JSON file" : "a study CSV file");
+    check_input(a->input, a->kind, text);
+    const std::string out = a->output.empty() ? default_output(a->input, a->kind) : a->output;
+#ifdef OOM_HAVE_PLOT
+    if (!a->sweep.empty() && a->kind == "throughput") {
+      const auto sweeps = study_csv_sweeps(text);
+      if (std::find(sweeps.begin(), sweeps.end(), a->sweep) == sweeps.end()) {
+        throw InputError(a->input, "--sweep", "\"" + a->sweep + "\"", fmt::format("no such sweep (the CSV has: {})", fmt::join(sweeps, ", ")));
+      }
+    }
+    const std::string png = render_plot_png(plot_kind_from_name(a->kind, "--kind"), text, a->sweep, a->title);
+    write_file_atomically(out, png);
+    io.out << fmt::format("wrote {} ({} bytes)\n", out, png.size());
+#else
+    (void)io;
+    throw std::runtime_error("this oom was built without the Python plotting bridge (install pybind11-dev python3-dev python3-matplotlib and rebuild)");
+#endif
+  });
+}
+
+}  // namespace oom::cli

@@ -1,0 +1,91 @@
+// `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--json] [--no-plots]`: the
+// what-if study. With no study file it runs the default study (experiments/study.h). Prints the
+// table, writes study.csv, study.json and the PNG plots (throughput per sweep, memory) into DIR,
+// and shows a progress bar on stderr. The plan search is planner/plan_search.h's search_plan().
+#include <filesystem>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "costmodel/atomic_file.h"
+#include "costmodel/input_error.h"
+#include "experiments/plan_finder.h"
+#include "experiments/study.h"
+#include "planner/step_engine.h"
+#ifdef OOM_HAVE_PLOT
+#include "python/plot_bridge.h"
+#endif
+
+namespace oom::cli {
+namespace {
+
+struct WhatifArgs {
+  std::string study_path, output, engine;
+  bool json = false, no_plots = false;
+};
+
+// "[##########----------] 7/10 label", redrawn in place.
+void draw_progress(std::ostream& err, int done, int total, const std::string& label) {
+  constexpr int kWidth = 24;
+  const int filled = total > 0 ? done * kWidth / total : kWidth;
+  err << "\r[" << std::string(static_cast<std::size_t>(filled), '#') << std::string(static_cast<std::size_t>(kWidth - filled), '-')
+      << "] " << done << "/" << total << " " << label << "\x1b[K";
+  if (done == total) err << "\n";
+  err.flush();
+}
+
+std::string file_safe(const std::string& s) {
+  std::string out;
+  for (const char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
+  return out;
+}
+
+}  // namespace
+
+void add_whatif_commands(CLI::App& app, Io io) {
+  auto a = std::make_shared<WhatifArgs>();
+  auto* w = app.add_subcommand("whatif", "What-if study: plan search vs baselines over models x hardware x batch x context x budgets");
+  w->add_option("study", a->study_path, "Study file (experiments/*.json); none = the default study");
+  w->add_option("-o,--output", a->output, "Folder for study.csv, study.json and the PNG plots (default: results/STUDY)");
+  w->add_option("--engine", a->engine, "Step engine for the baselines (default: the study's, else analytic)");
+  w->add_flag("--json", a->json, "Print the results as one JSON object instead of the table");
+  w->add_flag("--no-plots", a->no_plots, "Write the CSV and JSON only");
+  w->callback([=] {
+    StudySpec spec = a->study_path.empty() ? default_study() : load_study(a->study_path);
+    if (!a->engine.empty()) spec.engine = a->engine;
+    if (!make_step_engine(spec.engine)) throw InputError(a->study_path, "engine", "\"" + spec.engine + "\"", "unknown engine");
+    // Resolve every case before the long run, so bad input fails at once and writes nothing.
+    for (const auto& c : expand_study(spec)) resolve_workload(c.workload, fmt::format("{} (sweep {})", a->study_path.empty() ? "default study" : a->study_path, c.sweep));
+    const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
+    const StudyResult r = run_study(spec, &find_plan_by_search,
+                                    [&](int done, int total, const std::string& label) { draw_progress(io.err, done, total, label); });
+    std::filesystem::create_directories(dir);
+    const std::string csv = study_csv(r);
+    write_file_atomically(dir + "/study.csv", csv);
+    write_file_atomically(dir + "/study.json", study_result_to_json(r).dump(2) + "\n");
+    std::vector<std::string> written = {dir + "/study.csv", dir + "/study.json"};
+    if (!a->no_plots) {
+#ifdef OOM_HAVE_PLOT
+      for (const auto& sweep : spec.sweeps) {
+        const std::string path = dir + "/throughput-" + file_safe(sweep.name) + ".png";
+        write_file_atomically(path, render_plot_png(PlotKind::kThroughput, csv, sweep.name));
+        written.push_back(path);
+      }
+      write_file_atomically(dir + "/memory.png", render_plot_png(PlotKind::kMemory, csv));
+      written.push_back(dir + "/memory.png");
+#else
+      io.err << "plots skipped: this oom was built without the Python plotting bridge\n";
+#endif
+    }
+    if (a->json) {
+      io.out << study_result_to_json(r).dump(2) << "\n";
+    } else {
+      io.out << study_table_text(r);
+      io.out << fmt::format("wrote {}\n", fmt::join(written, ", "));
+    }
+  });
+}
+
+}  // namespace oom::cli

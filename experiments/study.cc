@@ -1,0 +1,355 @@
+#include "experiments/study.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+#include "planner/calibration.h"
+
+namespace oom {
+namespace {
+
+constexpr std::int64_t kMaxInt = std::int64_t{1} << 40;
+
+// A list of GiB budgets, each a positive number or null; absent = [null].
+std::vector<std::optional<double>> budget_list(const JsonReader& r, const std::string& key) {
+  if (!r.has(key)) return {std::nullopt};
+  const nlohmann::json& v = r.raw().at(key);
+  if (!v.is_array() || v.empty()) r.fail(key, "expected a non-empty list of GiB budgets (numbers or null)");
+  std::vector<std::optional<double>> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string path = fmt::format("{}[{}]", r.field(key), i);
+    if (v[i].is_null()) {
+      out.push_back(std::nullopt);
+    } else if (!v[i].is_number() || v[i].get<double>() <= 0) {
+      r.fail_value(path, v[i], "expected a positive number of GiB or null");
+    } else {
+      out.push_back(v[i].get<double>());
+    }
+  }
+  return out;
+}
+
+std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key, std::int64_t min) {
+  std::vector<std::int64_t> v = r.integer_list(key, min, kMaxInt);
+  if (v.empty()) r.fail(key, "expected a non-empty list");
+  return v;
+}
+
+StudySweep sweep_from_json(const JsonReader& r) {
+  r.reject_unknown_keys({"name", "models", "hardware", "gpus", "global_batch", "seqs_per_gpu", "seq_len",
+                         "gpu_budget_gib", "host_budget_gib", "yarn_factor"});
+  StudySweep s;
+  s.name = r.string("name");
+  s.models = r.string_list("models");
+  if (s.models.empty()) r.fail("models", "expected a non-empty list");
+  s.hardware = r.string_list("hardware");
+  if (s.hardware.empty()) r.fail("hardware", "expected a non-empty list");
+  for (const std::int64_t g : non_empty(r, "gpus", 1)) s.gpus.push_back(static_cast<int>(std::min<std::int64_t>(g, 65536)));
+  const bool batch = r.has("global_batch"), per_gpu = r.has("seqs_per_gpu");
+  if (batch == per_gpu) r.fail(batch ? "seqs_per_gpu" : "global_batch", "give exactly one of global_batch and seqs_per_gpu");
+  if (batch) s.global_batch = non_empty(r, "global_batch", 1);
+  if (per_gpu) s.seqs_per_gpu = non_empty(r, "seqs_per_gpu", 1);
+  s.seq_len = non_empty(r, "seq_len", 1);
+  s.gpu_budget_gib = budget_list(r, "gpu_budget_gib");
+  s.host_budget_gib = budget_list(r, "host_budget_gib");
+  s.yarn_factor = r.optional_number("yarn_factor", 1.0, 1024.0);
+  return s;
+}
+
+nlohmann::json budgets_to_json(const std::vector<std::optional<double>>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& b : v) a.push_back(b ? nlohmann::json(*b) : nlohmann::json(nullptr));
+  return a;
+}
+
+std::string budget_text(const std::optional<double>& b) { return b ? fmt::format("{:g}", *b) : std::string(); }
+
+std::string gib_text(Bytes b) { return fmt::format("{:.1f}", to_gib(b)); }
+
+Bytes sum(const std::vector<Bytes>& v) {
+  Bytes s = 0;
+  for (const Bytes b : v) s += b;
+  return s;
+}
+
+// The smallest whole YaRN factor that lets `model` reach `seq_len`.
+double auto_yarn_factor(const std::string& model, std::int64_t seq_len, const std::string& file) {
+  const ModelSpec m = load_model_spec(model);
+  if (m.max_position <= 0 || seq_len <= m.max_position) return 1.0;
+  (void)file;
+  return std::ceil(static_cast<double>(seq_len) / static_cast<double>(m.max_position));
+}
+
+// A token count in the table: 4096 → "4K", 1048576 → "1M".
+std::string tokens_text(std::int64_t t) {
+  if (t >= (1 << 20) && t % (1 << 20) == 0) return fmt::format("{}M", t >> 20);
+  if (t >= 1024 && t % 1024 == 0) return fmt::format("{}K", t >> 10);
+  return fmt::format("{}", t);
+}
+
+}  // namespace
+
+std::string plan_summary(const Plan& p) {
+  if (p.path == ExpertPath::kEp) {
+    return fmt::format("ep R{}/K{} c{}", p.resident_layers.size(), p.moe_retained_layers.size(), tokens_text(p.routing_chunk_tokens));
+  }
+  std::string s = fmt::format("local {}", p.param_transfer == ParamTransfer::kShard ? "shard" : "full");
+  if (p.split.attention_head_group > 0) s += fmt::format(" h{}", p.split.attention_head_group);
+  if (p.split.gdn_chunk_tokens > 0) s += " g" + tokens_text(p.split.gdn_chunk_tokens);
+  if (p.split.moe_chunk_tokens > 0) s += " m" + tokens_text(p.split.moe_chunk_tokens);
+  if (p.keep_attention_results) s += " O/LSE";
+  if (!p.boundaries.host_kept_all) s += fmt::format(" keep{}", p.boundaries.host_kept.size());
+  return s;
+}
+
+Bytes StudyPlan::host_bytes() const { return sum(host_bytes_per_numa); }
+
+std::string StudyRow::label() const {
+  const Workload& w = study_case.workload;
+  std::string s = fmt::format("{} {} x{} B={} S={}", w.model, w.hardware, w.gpus, w.global_batch, tokens_text(w.seq_len));
+  if (w.gpu_budget_gib) s += fmt::format(" gpu<={:g}GiB", *w.gpu_budget_gib);
+  if (w.host_budget_gib) s += fmt::format(" host<={:g}GiB", *w.host_budget_gib);
+  return s;
+}
+
+StudySpec study_from_json(const nlohmann::json& j, const std::string& file) {
+  const JsonReader r(j, file);
+  r.reject_unknown_keys({"name", "description", "engine", "baselines", "sweeps"});
+  StudySpec s;
+  s.name = r.string("name");
+  s.description = r.string_or("description", "");
+  s.engine = r.string_or("engine", "analytic");
+  if (r.has("baselines")) {
+    s.baselines.clear();
+    const auto names = r.string_list("baselines");
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const auto b = baseline_system_from_name(names[i]);
+      if (!b) {
+        r.fail_value(fmt::format("baselines[{}]", i), names[i],
+                     "unknown baseline system (known: fsdp2-offload, zero-offload, megatrain)");
+      }
+      s.baselines.push_back(*b);
+    }
+  }
+  if (!r.has("sweeps") || !r.raw().at("sweeps").is_array() || r.raw().at("sweeps").empty()) {
+    r.fail("sweeps", "expected a non-empty list of sweeps");
+  }
+  const nlohmann::json& sweeps = r.raw().at("sweeps");
+  for (std::size_t i = 0; i < sweeps.size(); ++i) {
+    s.sweeps.push_back(sweep_from_json(JsonReader(sweeps[i], file, fmt::format("sweeps[{}]", i))));
+  }
+  return s;
+}
+
+nlohmann::json study_to_json(const StudySpec& s) {
+  nlohmann::json baselines = nlohmann::json::array();
+  for (const auto b : s.baselines) baselines.push_back(std::string(baseline_system_name(b)));
+  nlohmann::json sweeps = nlohmann::json::array();
+  for (const auto& w : s.sweeps) {
+    nlohmann::json j = {{"name", w.name}, {"models", w.models}, {"hardware", w.hardware}, {"gpus", w.gpus},
+                        {"seq_len", w.seq_len}, {"gpu_budget_gib", budgets_to_json(w.gpu_budget_gib)},
+                        {"host_budget_gib", budgets_to_json(w.host_budget_gib)}};
+    if (!w.global_batch.empty()) j["global_batch"] = w.global_batch;
+    if (!w.seqs_per_gpu.empty()) j["seqs_per_gpu"] = w.seqs_per_gpu;
+    if (w.yarn_factor) j["yarn_factor"] = *w.yarn_factor;
+    sweeps.push_back(std::move(j));
+  }
+  return {{"name", s.name}, {"description", s.description}, {"engine", s.engine}, {"baselines", baselines}, {"sweeps", sweeps}};
+}
+
+StudySpec load_study(const std::string& path) { return study_from_json(read_json_file(path), path); }
+
+StudySpec default_study() {
+  StudySpec s;
+  s.name = "default";
+  s.description = "Qwen3.6-35B-A3B on four H100s: global batch 16-256 at 4K, and 64K-1M context with one sequence per GPU";
+  StudySweep batch;
+  batch.name = "batch";
+  batch.models = {"qwen3.6-35b-a3b"};
+  batch.hardware = {"h100-sxm-node"};
+  batch.gpus = {4};
+  batch.global_batch = {16, 32, 64, 128, 256};
+  batch.seq_len = {4096};
+  StudySweep context = batch;
+  context.name = "context";
+  context.global_batch.clear();
+  context.seqs_per_gpu = {1};
+  context.seq_len = {65536, 131072, 262144, 524288, 1048576};
+  s.sweeps = {batch, context};
+  return s;
+}
+
+std::vector<StudyCase> expand_study(const StudySpec& s) {
+  std::vector<StudyCase> out;
+  for (const auto& w : s.sweeps) {
+    for (const auto& model : w.models) {
+      for (const auto& hw : w.hardware) {
+        for (const int gpus : w.gpus) {
+          std::vector<std::int64_t> batches = w.global_batch;
+          if (batches.empty()) {
+            for (const std::int64_t per : w.seqs_per_gpu) batches.push_back(per * gpus);
+          }
+          for (const std::int64_t b : batches) {
+            for (const std::int64_t S : w.seq_len) {
+              for (const auto& gb : w.gpu_budget_gib) {
+                for (const auto& hb : w.host_budget_gib) {
+                  Workload wl;
+                  wl.model = model;
+                  wl.hardware = hw;
+                  wl.gpus = gpus;
+                  wl.global_batch = b;
+                  wl.seq_len = S;
+                  wl.gpu_budget_gib = gb;
+                  wl.host_budget_gib = hb;
+                  wl.yarn_factor = w.yarn_factor ? *w.yarn_factor : auto_yarn_factor(model, S, s.name);
+                  out.push_back({w.name, wl});
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const StudyProgress& progress) {
+  const auto started = std::chrono::steady_clock::now();
+  StudyResult result;
+  result.spec = spec;
+  const std::vector<StudyCase> cases = expand_study(spec);
+  int done = 0;
+  for (const auto& c : cases) {
+    StudyRow row;
+    row.study_case = c;
+    const WorkloadContext ctx = resolve_workload(c.workload, fmt::format("study {} sweep {}", spec.name, c.sweep));
+    try {
+      row.plan = find_plan(ctx);
+    } catch (const InputError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      row.infeasible = e.what();
+    }
+    const Calibration calibration = load_calibration_for(ctx.hardware);
+    const BaselineResult* best = nullptr;
+    for (const auto system : spec.baselines) {
+      BaselineResult b = run_baseline(system, ctx, spec.engine, calibration);
+      b.trace = Trace{};  // rows keep the numbers only
+      row.baselines.push_back(std::move(b));
+    }
+    for (const auto& b : row.baselines) {
+      if (b.fits() && (!best || b.tokens_per_s > best->tokens_per_s)) best = &b;
+    }
+    if (best) row.best_baseline = std::string(baseline_system_name(best->system));
+    if (best && row.plan && best->tokens_per_s > 0) row.speedup = row.plan->tokens_per_s / best->tokens_per_s;
+    result.rows.push_back(std::move(row));
+    ++done;
+    if (progress) progress(done, static_cast<int>(cases.size()), result.rows.back().label());
+  }
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+std::string study_table_text(const StudyResult& r) {
+  std::string out = fmt::format("Study \"{}\": {}\n", r.spec.name, r.spec.description);
+  std::string header = fmt::format("{:<8} {:<44} {:<22} {:>8} {:>9} {:>8} {:>8}", "sweep", "workload", "plan", "step_s",
+                                   "tokens/s", "gpu_GiB", "host_GiB");
+  for (const auto b : r.spec.baselines) header += fmt::format(" {:>14}", baseline_system_name(b));
+  header += fmt::format(" {:>8}\n", "speedup");
+  out += header;
+  for (const auto& row : r.rows) {
+    std::string line = fmt::format("{:<8} {:<44} ", row.study_case.sweep, row.label());
+    if (row.plan) {
+      line += fmt::format("{:<22} {:>8.3f} {:>9.0f} {:>8} {:>8}", row.plan->summary, row.plan->step_s, row.plan->tokens_per_s,
+                          gib_text(row.plan->gpu_peak_bytes), gib_text(row.plan->host_bytes()));
+    } else {
+      line += fmt::format("{:<22} {:>8} {:>9} {:>8} {:>8}", "infeasible", "-", "-", "-", "-");
+    }
+    for (const auto& b : row.baselines) {
+      if (b.fits()) {
+        line += fmt::format(" {:>14}", fmt::format("{:.2f}s", b.step_s));
+      } else {
+        line += fmt::format(" {:>14}", b.oom->space == "gpu" ? "OOM(GPU)" : fmt::format("OOM(host n{})", b.oom->device));
+      }
+    }
+    line += fmt::format(" {:>8}\n", row.speedup ? fmt::format("{:.2f}x", *row.speedup) : std::string("-"));
+    out += line;
+  }
+  // Reasons, once each: why no plan fits, why each baseline ran out of memory.
+  for (const auto& row : r.rows) {
+    if (!row.plan) out += fmt::format("  {}: no plan fits: {}\n", row.label(), row.infeasible);
+    for (const auto& b : row.baselines) {
+      if (!b.fits()) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.oom->message());
+    }
+  }
+  out += fmt::format("{} cases in {:.1f} s\n", r.rows.size(), r.wall_s);
+  return out;
+}
+
+std::string study_csv(const StudyResult& r) {
+  std::string out = "sweep,model,hardware,gpus,global_batch,seq_len,gpu_budget_gib,host_budget_gib,status,plan,step_s,tokens_per_s,gpu_peak_gib,host_gib";
+  for (const auto b : r.spec.baselines) {
+    const auto n = baseline_system_name(b);
+    out += fmt::format(",{0}_step_s,{0}_tokens_per_s,{0}_gpu_peak_gib,{0}_host_gib,{0}_oom", n);
+  }
+  out += ",best_baseline,speedup\n";
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (const char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  for (const auto& row : r.rows) {
+    const Workload& w = row.study_case.workload;
+    out += fmt::format("{},{},{},{},{},{},{},{},", row.study_case.sweep, w.model, w.hardware, w.gpus, w.global_batch, w.seq_len,
+                       budget_text(w.gpu_budget_gib), budget_text(w.host_budget_gib));
+    if (row.plan) {
+      out += fmt::format("ok,{},{:.6g},{:.6g},{:.3f},{:.3f}", quoted(row.plan->summary), row.plan->step_s,
+                         row.plan->tokens_per_s, to_gib(row.plan->gpu_peak_bytes), to_gib(row.plan->host_bytes()));
+    } else {
+      out += fmt::format("infeasible,{},,,,", quoted(row.infeasible));
+    }
+    for (const auto& b : row.baselines) {
+      if (b.fits()) {
+        out += fmt::format(",{:.6g},{:.6g},{:.3f},{:.3f},", b.step_s, b.tokens_per_s, to_gib(b.gpu_peak_bytes),
+                           to_gib(sum(b.host_bytes_per_numa)));
+      } else {
+        out += fmt::format(",,,,,{}", quoted(b.oom->message()));
+      }
+    }
+    out += fmt::format(",{},{}\n", row.best_baseline, row.speedup ? fmt::format("{:.4g}", *row.speedup) : std::string());
+  }
+  return out;
+}
+
+nlohmann::json study_result_to_json(const StudyResult& r) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : r.rows) {
+    nlohmann::json j = {{"sweep", row.study_case.sweep}, {"workload", workload_to_json(row.study_case.workload)}};
+    if (row.plan) {
+      j["plan"] = {{"summary", row.plan->summary},
+                   {"plan", plan_to_json(row.plan->plan)},
+                   {"step_s", row.plan->step_s},
+                   {"tokens_per_s", row.plan->tokens_per_s},
+                   {"gpu_peak_gib", to_gib(row.plan->gpu_peak_bytes)},
+                   {"host_gib", to_gib(row.plan->host_bytes())}};
+    } else {
+      j["plan"] = nullptr;
+      j["infeasible"] = row.infeasible;
+    }
+    nlohmann::json baselines = nlohmann::json::array();
+    for (const auto& b : row.baselines) baselines.push_back(baseline_result_to_json(b));
+    j["baselines"] = baselines;
+    j["best_baseline"] = row.best_baseline.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.best_baseline);
+    j["speedup"] = row.speedup ? nlohmann::json(*row.speedup) : nlohmann::json(nullptr);
+    rows.push_back(std::move(j));
+  }
+  return {{"study", study_to_json(r.spec)}, {"rows", rows}, {"wall_s", r.wall_s}};
+}
+
+}  // namespace oom

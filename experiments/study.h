@@ -1,0 +1,120 @@
+// Study: a what-if sweep (`oom whatif`): models × hardware × GPUs × batch × context × budgets,
+// each workload answered by the plan search and set against the baseline systems.
+//
+// A study file (experiments/*.json) names sweeps; each sweep is the cartesian product of its
+// lists. The batch is given either as `global_batch` (sequences per step over all GPUs) or as
+// `seqs_per_gpu` (e.g. one sequence per GPU at long context). Budgets are GiB or null (the
+// hardware's capacity). `yarn_factor` defaults to the smallest whole factor that lets the model
+// reach the sweep's context.
+//   {"name": "default", "description": "...", "engine": "analytic",
+//    "baselines": ["fsdp2-offload", "zero-offload", "megatrain"],
+//    "sweeps": [{"name": "batch", "models": ["qwen3.6-35b-a3b"], "hardware": ["h100-sxm-node"],
+//                "gpus": [4], "global_batch": [16, 32], "seq_len": [4096],
+//                "gpu_budget_gib": [null], "host_budget_gib": [null, 512]}]}
+// The plan search comes in through a PlanFinder (cli/cmd_whatif.cc wires planner/plan_search.h;
+// tests swap in a fake), so this runner depends only on the baselines and the workload types.
+// A case that the plan search cannot fit is a row with its reason; a baseline that does not fit
+// is out-of-memory with where, never a number. Units: seconds, bytes (GiB in text and CSV).
+// run_study() is not thread-safe (it runs cases one after the other on the calling thread).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/workload.h"
+#include "planner/baselines.h"
+#include "planner/plan.h"
+
+namespace oom {
+
+struct StudySweep {
+  std::string name;
+  std::vector<std::string> models;
+  std::vector<std::string> hardware;
+  std::vector<int> gpus;
+  std::vector<std::int64_t> global_batch;  // either this ...
+  std::vector<std::int64_t> seqs_per_gpu;  // ... or this is non-empty
+  std::vector<std::int64_t> seq_len;
+  std::vector<std::optional<double>> gpu_budget_gib{std::nullopt};
+  std::vector<std::optional<double>> host_budget_gib{std::nullopt};
+  std::optional<double> yarn_factor;  // nullopt: the smallest whole factor that reaches seq_len
+};
+
+struct StudySpec {
+  std::string name;
+  std::string description;
+  std::string engine = "analytic";  // StepEngine that runs the baselines
+  std::vector<BaselineSystem> baselines = all_baseline_systems();
+  std::vector<StudySweep> sweeps;
+};
+
+// Parses a study object. Throws InputError naming `file`, the field and the value (unknown keys,
+// empty lists, both or neither of global_batch and seqs_per_gpu, unknown baselines).
+StudySpec study_from_json(const nlohmann::json& j, const std::string& file);
+nlohmann::json study_to_json(const StudySpec& s);
+StudySpec load_study(const std::string& path);
+// The default study: Qwen3.6-35B-A3B on four H100s, global batch 16–256 at 4K ("batch") and
+// 64K–1M context with one sequence per GPU ("context").
+StudySpec default_study();
+
+// One workload of a sweep.
+struct StudyCase {
+  std::string sweep;
+  Workload workload;
+};
+// Every case of every sweep, in file order (models, hardware, gpus, batch, context, budgets).
+std::vector<StudyCase> expand_study(const StudySpec& s);
+
+// What the plan search answered for one workload.
+struct StudyPlan {
+  Plan plan;
+  std::string summary;  // short description, e.g. "ep R23/K0 c65536"
+  Seconds step_s = 0;
+  double tokens_per_s = 0;
+  Bytes gpu_peak_bytes = 0;
+  std::vector<Bytes> host_bytes_per_numa;
+  Bytes host_bytes() const;
+};
+// A short description of a plan for tables: "ep R23/K0 c64K", "local shard h2 keepO regen" ...
+std::string plan_summary(const Plan& p);
+
+// Returns the chosen plan, or throws std::runtime_error whose what() is one line saying why no
+// plan fits (e.g. planner/plan_search.h's InfeasibleWorkload). InputError passes through.
+using PlanFinder = std::function<StudyPlan(const WorkloadContext&)>;
+// Called after each case: cases done, total, the case's label.
+using StudyProgress = std::function<void(int done, int total, const std::string& label)>;
+
+struct StudyRow {
+  StudyCase study_case;
+  std::optional<StudyPlan> plan;    // nullopt when no plan fits
+  std::string infeasible;           // why no plan fits
+  std::vector<BaselineResult> baselines;  // in the spec's order, traces dropped
+  // Chosen plan's tokens/s over the best baseline that fits (nullopt when either is missing).
+  std::optional<double> speedup;
+  std::string best_baseline;
+  std::string label() const;        // "qwen3.6-35b-a3b h100-sxm-node ×4 B=32 S=4096"
+};
+
+struct StudyResult {
+  StudySpec spec;
+  std::vector<StudyRow> rows;
+  Seconds wall_s = 0;  // how long the study took to run
+};
+
+// Runs every case: the plan search through `find_plan`, each baseline with `spec.engine` and the
+// hardware's calibration. A workload that does not resolve (unknown model, too many GPUs) throws
+// InputError naming the study's sweep and field.
+StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const StudyProgress& progress = {});
+
+// The table `oom whatif` prints: workload, chosen plan, step time, tokens/s, GPU peak, host
+// memory, each baseline's step time or OOM, speedup over the best baseline.
+std::string study_table_text(const StudyResult& r);
+// One CSV line per case with a header line; columns named in the header (see study.cc).
+std::string study_csv(const StudyResult& r);
+nlohmann::json study_result_to_json(const StudyResult& r);
+
+}  // namespace oom

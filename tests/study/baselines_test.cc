@@ -1,0 +1,164 @@
+// planner/baselines.h: the baseline systems lowered to StepGraphs, their memory and out-of-memory.
+#include "planner/baselines.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "costmodel/input_error.h"
+#include "costmodel/params.h"
+#include "planner/analytic_evaluator.h"
+#include "planner/calibration.h"
+#include "planner/duration_model.h"
+
+namespace oom {
+namespace {
+
+WorkloadContext context(const std::string& model, int gpus, std::int64_t batch, std::int64_t seq_len) {
+  Workload w;
+  w.model = model;
+  w.hardware = "h100-sxm-node";
+  w.gpus = gpus;
+  w.global_batch = batch;
+  w.seq_len = seq_len;
+  w.yarn_factor = 4;
+  return resolve_workload(w, "test");
+}
+
+int count_kind(const StepGraph& g, OpKind op) {
+  return static_cast<int>(std::count_if(g.stages.begin(), g.stages.end(), [&](const Stage& s) { return s.op == op; }));
+}
+
+Flops total_flops(const StepGraph& g) {
+  Flops f = 0;
+  for (const auto& s : g.stages) f += s.flops;
+  return f;
+}
+
+TEST(BaselineSystems, NamesRoundTripAndUnknownNamesAreRejected) {
+  for (const auto s : all_baseline_systems()) EXPECT_EQ(baseline_system_from_name(baseline_system_name(s)), s);
+  EXPECT_EQ(baseline_system_from_name("fsdp2-offload"), BaselineSystem::kFsdp2Offload);
+  EXPECT_FALSE(baseline_system_from_name("deepspeed").has_value());
+}
+
+TEST(BaselineTraits, FollowThePublishedDesigns) {
+  const BaselineTraits fsdp = baseline_traits(BaselineSystem::kFsdp2Offload, 4);
+  EXPECT_GE(fsdp.host_bytes_per_param, 16);
+  EXPECT_EQ(fsdp.grad_bytes_per_param, kFp32Bytes);  // FP32 reduce-scatter
+  EXPECT_TRUE(fsdp.accumulates_gradients);
+  const BaselineTraits zero = baseline_traits(BaselineSystem::kZeroOffload, 4);
+  EXPECT_EQ(zero.grad_bytes_per_param, kBf16Bytes);  // BF16 gradient communication
+  EXPECT_TRUE(zero.sharded_params);
+  EXPECT_FALSE(baseline_traits(BaselineSystem::kMegaTrain, 4).accumulates_gradients);
+  EXPECT_TRUE(baseline_traits(BaselineSystem::kMegaTrain, 1).accumulates_gradients);
+}
+
+TEST(LowerBaseline, GraphsAreWellFormedWithEachSystemsCommunication) {
+  const WorkloadContext ctx = context("tiny-moe", 2, 4, 256);
+  for (const auto s : all_baseline_systems()) {
+    const StepGraph g = lower_baseline({s, 2, 1}, ctx);
+    EXPECT_EQ(check_step_graph(g), "") << baseline_system_name(s);
+    const bool sharded = s != BaselineSystem::kMegaTrain;
+    EXPECT_EQ(count_kind(g, OpKind::kAllGather) > 0, sharded) << baseline_system_name(s);
+    EXPECT_EQ(count_kind(g, OpKind::kReduceScatter) > 0, sharded) << baseline_system_name(s);
+    EXPECT_EQ(count_kind(g, OpKind::kAllToAll), 0) << "no expert parallelism in " << baseline_system_name(s);
+    EXPECT_EQ(count_kind(g, OpKind::kHostAccumulate) > 0, !sharded) << "MegaTrain sums the ranks' partials on the host";
+    EXPECT_GT(count_kind(g, OpKind::kCpuAdamW), 0);
+  }
+}
+
+TEST(LowerBaseline, AccumulationSplitsTheSameWorkIntoMicroBatches) {
+  // Gradient accumulation changes order and granularity only: the FLOPs of the step are those of
+  // the plain single-batch step, and each further micro-batch streams the weights again.
+  const WorkloadContext ctx = context("tiny-moe", 2, 8, 256);
+  const StepGraph whole = lower_baseline({BaselineSystem::kFsdp2Offload, 4, 1}, ctx);
+  const StepGraph split = lower_baseline({BaselineSystem::kFsdp2Offload, 1, 4}, ctx);
+  EXPECT_NEAR(total_flops(split) / total_flops(whole), 1.0, 1e-9);
+  EXPECT_EQ(count_kind(split, OpKind::kAllGather), 4 * count_kind(whole, OpKind::kAllGather));
+  EXPECT_EQ(count_kind(split, OpKind::kCpuAdamW), count_kind(whole, OpKind::kCpuAdamW)) << "one optimizer step per step";
+  EXPECT_GT(count_kind(split, OpKind::kHostAccumulate), 0);
+  EXPECT_EQ(count_kind(whole, OpKind::kHostAccumulate), 0);
+}
+
+TEST(LowerBaseline, ExecutedPeaksStayWithinTheStaticEstimate) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 32, 4096);
+  const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), 4);
+  for (const auto s : all_baseline_systems()) {
+    const BaselineSetup setup{s, 8, 1};
+    const Trace t = AnalyticEngine().execute(lower_baseline(setup, ctx), durations);
+    const BaselineMemory mem = baseline_static_memory(setup, ctx);
+    const Bytes peak = *std::max_element(t.gpu_peak_bytes.begin(), t.gpu_peak_bytes.end());
+    EXPECT_LE(peak, mem.gpu_peak_bytes) << baseline_system_name(s);
+    EXPECT_GE(peak, mem.gpu_peak_bytes * 7 / 10) << baseline_system_name(s);
+    for (std::size_t n = 0; n < t.numa_peak_bytes.size(); ++n) {
+      EXPECT_LE(t.numa_peak_bytes[n], mem.host_bytes_per_numa[n]) << baseline_system_name(s);
+      EXPECT_GE(t.numa_peak_bytes[n], mem.host_bytes_per_numa[n] * 9 / 10) << baseline_system_name(s);
+    }
+  }
+}
+
+TEST(BaselineStaticMemory, Fsdp2HoldsAtLeastSixteenBytesPerParameterOnTheHost) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 16, 4096);
+  const BaselineMemory mem = baseline_static_memory({BaselineSystem::kFsdp2Offload, 4, 1}, ctx);
+  Bytes host = 0;
+  for (const Bytes b : mem.host_bytes_per_numa) host += b;
+  EXPECT_GE(host, 16 * model_params(ctx.model).total());
+}
+
+TEST(ConfigureBaseline, AccumulatesWhenTheWholeBatchDoesNotFitAndMegaTrainCannot) {
+  Workload w = context("qwen3.6-35b-a3b", 4, 256, 4096).workload;
+  w.gpu_budget_gib = 24;  // 64 sequences of 4K per GPU on a 24 GiB budget
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const BaselineFit fsdp = configure_baseline(BaselineSystem::kFsdp2Offload, ctx);
+  ASSERT_TRUE(fsdp.setup.has_value()) << (fsdp.oom ? fsdp.oom->message() : "");
+  EXPECT_GT(fsdp.setup->accumulation_steps, 1);
+  EXPECT_EQ(fsdp.setup->micro_batch_seqs * fsdp.setup->accumulation_steps, 64);
+  const BaselineFit mega = configure_baseline(BaselineSystem::kMegaTrain, ctx);
+  ASSERT_FALSE(mega.setup.has_value());
+  ASSERT_TRUE(mega.oom.has_value());
+  EXPECT_EQ(mega.oom->space, "gpu");
+  EXPECT_GT(mega.oom->needed_bytes, mega.oom->available_bytes);
+  EXPECT_NE(mega.oom->message().find("GPU 0 out of memory"), std::string::npos) << mega.oom->message();
+  EXPECT_NE(mega.oom->message().find("backward"), std::string::npos) << mega.oom->message();
+}
+
+TEST(ConfigureBaseline, ATightHostBudgetIsHostOutOfMemoryNamingTheNumaNode) {
+  Workload w = context("qwen3.6-35b-a3b", 4, 16, 4096).workload;
+  w.host_budget_gib = 256;  // FSDP2 needs ≥ 16 B/param ≈ 520 GiB
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const BaselineFit fit = configure_baseline(BaselineSystem::kFsdp2Offload, ctx);
+  ASSERT_TRUE(fit.oom.has_value());
+  EXPECT_EQ(fit.oom->space, "host");
+  EXPECT_NE(fit.oom->message().find("host NUMA node"), std::string::npos);
+}
+
+TEST(RunBaseline, MillionTokenContextIsOutOfMemoryForEveryBaseline) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 4, 1048576);
+  for (const auto s : all_baseline_systems()) {
+    const BaselineResult r = run_baseline(s, ctx, "analytic", load_calibration_for(ctx.hardware));
+    EXPECT_FALSE(r.fits()) << baseline_system_name(s);
+    EXPECT_EQ(r.step_s, 0);
+    const nlohmann::json j = baseline_result_to_json(r);
+    EXPECT_TRUE(j["step_s"].is_null());
+    EXPECT_EQ(j["oom"]["space"], "gpu");
+  }
+}
+
+TEST(RunBaseline, FitsAtFourKWithAStepTimeAndThroughput) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 32, 4096);
+  for (const auto s : all_baseline_systems()) {
+    const BaselineResult r = run_baseline(s, ctx, "analytic", load_calibration_for(ctx.hardware));
+    ASSERT_TRUE(r.fits()) << r.oom->message();
+    EXPECT_GT(r.step_s, 0);
+    EXPECT_NEAR(r.tokens_per_s * r.step_s, 32.0 * 4096, 1e-6 * 32 * 4096);
+    EXPECT_LE(r.gpu_peak_bytes, ctx.gpu_budget_bytes());
+  }
+}
+
+TEST(RunBaseline, UnknownEngineIsBadInput) {
+  const WorkloadContext ctx = context("tiny-moe", 2, 4, 256);
+  EXPECT_THROW(run_baseline(BaselineSystem::kZeroOffload, ctx, "warp-drive", default_calibration(ctx.hardware)), InputError);
+}
+
+}  // namespace
+}  // namespace oom
