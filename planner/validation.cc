@@ -57,6 +57,7 @@ RecordPrediction predict(const StepRecord& rec, const std::string& engine, const
   p.measured_host_gib = rec.measured.host_gib;
   try {
     const WorkloadContext ctx = resolve_workload(rec.workload, rec.origin);
+    p.system = rec.system;
     if (!rec.system.empty()) {
       // A baseline system: lowered by planner/baselines.h; out-of-memory is a prediction too.
       const auto system = baseline_system_from_name(rec.system);
@@ -182,17 +183,21 @@ ValidationReport validate_records(const RecordSet& records, const std::string& e
 ValidationReport validate_records(const RecordSet& records, const std::string& engine,
                                   const std::vector<Calibration>& calibrations) {
   ValidationReport report;
-  std::vector<double> errors;
+  std::vector<double> errors, baseline_errors;
   for (const auto& rec : records.steps) {
     RecordPrediction p = predict(rec, engine, calibrations);
     if (p.status == "failed") ++report.failures;
     if (p.status == "oom") ++report.out_of_memory;
-    if (p.rel_error) errors.push_back(std::abs(*p.rel_error));
+    if (p.rel_error) (rec.system.empty() ? errors : baseline_errors).push_back(std::abs(*p.rel_error));
     report.records.push_back(std::move(p));
   }
   report.count = static_cast<int>(errors.size());
   report.median_abs_rel_error = median(errors);
   report.max_abs_rel_error = errors.empty() ? 0 : *std::max_element(errors.begin(), errors.end());
+  report.baseline_count = static_cast<int>(baseline_errors.size());
+  report.baseline_median_abs_rel_error = median(baseline_errors);
+  report.baseline_max_abs_rel_error =
+      baseline_errors.empty() ? 0 : *std::max_element(baseline_errors.begin(), baseline_errors.end());
   return report;
 }
 
@@ -202,6 +207,7 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   for (const auto& p : r.records) {
     nlohmann::json j = {{"id", p.id},
                         {"status", p.status},
+                        {"system", p.system.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.system)},
                         {"predicted_step_s", opt(p.predicted_step_s)},
                         {"measured_step_s", opt(p.measured_step_s)},
                         {"rel_error", opt(p.rel_error)},
@@ -217,6 +223,9 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   return {{"count", r.count},
           {"failures", r.failures},
           {"out_of_memory", r.out_of_memory},
+          {"baseline_count", r.baseline_count},
+          {"baseline_median_abs_rel_error", r.baseline_median_abs_rel_error},
+          {"baseline_max_abs_rel_error", r.baseline_max_abs_rel_error},
           {"median_abs_rel_error", r.median_abs_rel_error},
           {"max_abs_rel_error", r.max_abs_rel_error},
           {"records", records}};
@@ -239,8 +248,13 @@ std::string validation_text(const ValidationReport& r) {
                        num(p.predicted_gpu_peak_gib, "{:.1f}"), num(p.measured_gpu_peak_gib, "{:.1f}"), num(ge, "{:+.1f}%"),
                        num(p.predicted_host_gib, "{:.1f}"), num(p.measured_host_gib, "{:.1f}"), num(he, "{:+.1f}%"));
   }
-  out += fmt::format("{} records: median |error| {:.1f}%, max |error| {:.1f}%, {} failed, {} predicted out of memory\n",
-                     r.count, 100 * r.median_abs_rel_error, 100 * r.max_abs_rel_error, r.failures, r.out_of_memory);
+  out += fmt::format("{} records: median |error| {:.1f}%, max |error| {:.1f}%, {} failed\n", r.count,
+                     100 * r.median_abs_rel_error, 100 * r.max_abs_rel_error, r.failures);
+  if (r.baseline_count > 0 || r.out_of_memory > 0) {
+    out += fmt::format("{} baseline-system records: median |error| {:.1f}%, max |error| {:.1f}%, {} predicted out of memory\n",
+                       r.baseline_count, 100 * r.baseline_median_abs_rel_error, 100 * r.baseline_max_abs_rel_error,
+                       r.out_of_memory);
+  }
   return out;
 }
 

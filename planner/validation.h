@@ -49,18 +49,24 @@ struct RecordPrediction {
   std::string id;
   std::string status;  // "ok", "oom" (a baseline system predicted out of memory: `reason`), "failed" (cannot run: `reason`)
   std::string reason;
+  std::string system;  // the baseline system of a "system" record, empty for a plan record
   std::optional<double> measured_step_s, predicted_step_s, rel_error;
   std::optional<double> measured_gpu_peak_gib, predicted_gpu_peak_gib, gpu_peak_rel_error;
   std::optional<double> measured_host_gib, predicted_host_gib, host_rel_error;
 };
 
+// The summary errors are over plan records (the fidelity target of OOM's own plans); baseline
+// systems, coarser models of other software, have their own summary.
 struct ValidationReport {
   std::vector<RecordPrediction> records;
-  int count = 0;     // records predicted with a measured step time
+  int count = 0;     // plan records predicted with a measured step time
   int failures = 0;  // records that could not run
   int out_of_memory = 0;  // baseline-system records predicted not to fit
   double median_abs_rel_error = 0;
   double max_abs_rel_error = 0;
+  int baseline_count = 0;  // baseline-system records predicted with a measured step time
+  double baseline_median_abs_rel_error = 0;
+  double baseline_max_abs_rel_error = 0;
 };
 
 // Predicts every step record. `calibration_for` gives the calibration of a hardware (by default
