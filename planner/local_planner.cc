@@ -260,12 +260,12 @@ Plan finalist_plan(const Finalist& f, int layers) {
   }
   p.boundaries.host_kept_all = host == layers;
   if (p.boundaries.host_kept_all) p.boundaries.host_kept.clear();
-  p.boundaries.regenerate_cap = f.cap;
+  p.boundaries.regenerate_cap = host + gpu == layers ? 1 : f.cap;
   const SplitSpec& s = f.split;
   p.notes = fmt::format("head group {}, GDN chunk {}, sub-batch {}, MoE chunk {}; O/LSE {}; boundaries {} host, {} GPU, {} "
                         "regenerated (cap {})",
                         s.attention_head_group, s.gdn_chunk_tokens, s.sub_batch_seqs, s.moe_chunk_tokens,
-                        f.keep ? "kept" : "recomputed", host, gpu, layers - host - gpu, f.cap);
+                        f.keep ? "kept" : "recomputed", host, gpu, layers - host - gpu, p.boundaries.regenerate_cap);
   return p;
 }
 
