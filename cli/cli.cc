@@ -6,8 +6,12 @@
 
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
+#include "planner/plan_search.h"
 
 namespace oom::cli {
+
+// `oom plan` (cmd_plan.cc).
+void add_plan_commands(CLI::App& app, Io io);
 
 void emit(const std::string& path, const std::string& content, Io io) {
   if (path.empty() || path == "-") {
@@ -24,6 +28,8 @@ int run(const std::vector<std::string>& args, Io io) {
   add_model_commands(app, io);
   add_memory_commands(app, io);
   add_simulate_commands(app, io);
+  add_plan_commands(app, io);
+  add_whatif_commands(app, io);
   add_plot_commands(app, io);
 #ifdef OOM_HAVE_BACKEND
   add_train_commands(app, io);
@@ -46,6 +52,9 @@ int run(const std::vector<std::string>& args, Io io) {
   } catch (const InputError& e) {
     io.err << "error: " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const InfeasibleWorkload& e) {
+    io.err << "infeasible: " << e.what() << "\n";
+    return kExitInfeasible;
   } catch (const std::exception& e) {
     io.err << "error: " << e.what() << "\n";
     return kExitInternal;

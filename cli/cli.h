@@ -32,6 +32,7 @@ int run(const std::vector<std::string>& args, Io io);
 void add_model_commands(CLI::App& app, Io io);
 void add_memory_commands(CLI::App& app, Io io);
 void add_simulate_commands(CLI::App& app, Io io);
+void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
 void add_train_commands(CLI::App& app, Io io);  // only with the LibTorch backend (OOM_HAVE_BACKEND)
 

@@ -26,11 +26,8 @@
 #include "traces/records.h"
 #include "traces/trace.h"
 
-#if __has_include("planner/plan_search.h")
 #include "experiments/plan_finder.h"
 #include "planner/plan_search.h"
-#define OOM_PY_PLAN_SEARCH 1
-#endif
 
 #if defined(OOM_HAVE_SIMGRID_ENGINE) && __has_include("sim/simgrid_engine.h")
 #include "sim/simgrid_engine.h"
@@ -162,7 +159,6 @@ PYBIND11_MODULE(oom, m) {
   m.def("chrome_trace", [](const py::dict& trace) { return to_py(trace_to_chrome_json(trace_from_json(from_py(trace), "<python>"))); },
         py::arg("trace"), "A trace dict (simulate()['trace']) as Chrome/Perfetto trace events");
   m.def("default_study", [] { return to_py(study_to_json(default_study())); }, "The default what-if study as a dict");
-#ifdef OOM_PY_PLAN_SEARCH
   m.def("search_plan", [](const py::dict& workload, const std::string& path) {
     PlanSearchOptions o;
     o.path = path;
@@ -180,7 +176,6 @@ PYBIND11_MODULE(oom, m) {
     d["csv"] = study_csv(r);
     return d;
   }, py::arg("study") = py::none(), "Run a study (a dict like experiments/*.json; None = the default study)");
-#endif
   m.def("plot_png", [](const std::string& kind, const std::string& text, const std::string& sweep, const std::string& title) {
     return py::bytes(render_plot_png(plot_kind_from_name(kind, "kind"), text, sweep, title));
   }, py::arg("kind"), py::arg("text"), py::arg("sweep") = "", py::arg("title") = "",

@@ -1,0 +1,73 @@
+// `oom plan --workload W.json [--path ep|local|auto] [--gpu-budget-gib X] [--host-budget-gib Y]
+//  [--compare-engine analytic|simgrid] [-o plan.json] [--json]`: the plan search of
+// planner/plan_search.h. Prints the chosen plan with its prediction and the best plan of the other
+// path; `-o` writes the chosen plan (Plan JSON) atomically. An infeasible workload exits 3 with one
+// line naming the budget that fails, by how much and where.
+#include <memory>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "costmodel/input_error.h"
+#include "planner/plan_search.h"
+#include "planner/step_engine.h"
+
+namespace oom::cli {
+namespace {
+
+struct PlanArgs {
+  std::string workload_path, path = "auto", compare_engine = "analytic", output;
+  std::optional<double> gpu_budget_gib, host_budget_gib;
+  bool json = false;
+};
+
+void check_budget(const std::optional<double>& gib, const std::string& flag) {
+  if (gib && !(*gib > 0)) throw InputError("", flag, fmt::format("{}", *gib), "a budget must be a positive number of GiB");
+}
+
+}  // namespace
+
+void add_plan_commands(CLI::App& app, Io io) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* c = app.add_subcommand("plan", "Search the fastest plan that fits the GPU and host budgets (EP, Local, or both compared)");
+  c->add_option("--workload", a->workload_path, "Workload JSON")->required();
+  c->add_option("--path", a->path, "Expert path: ep | local | auto (configure both, compare by short executions)");
+  c->add_option("--gpu-budget-gib", a->gpu_budget_gib, "GPU memory budget per GPU in GiB (default: the workload's, else HBM)");
+  c->add_option("--host-budget-gib", a->host_budget_gib, "Host memory budget of the node in GiB (default: the workload's, else DRAM)");
+  c->add_option("--compare-engine", a->compare_engine,
+                fmt::format("Engine of the short executions: {}", fmt::join(step_engine_names(), " | ")));
+  c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
+  c->add_flag("--json", a->json, "Print one JSON object");
+  c->callback([=] {
+    if (a->path != "ep" && a->path != "local" && a->path != "auto") {
+      throw InputError("", "--path", "\"" + a->path + "\"", "expected ep, local or auto");
+    }
+    if (!make_step_engine(a->compare_engine)) {
+      throw InputError("", "--compare-engine", "\"" + a->compare_engine + "\"", "unknown engine");
+    }
+    check_budget(a->gpu_budget_gib, "--gpu-budget-gib");
+    check_budget(a->host_budget_gib, "--host-budget-gib");
+    Workload w = load_workload(a->workload_path);
+    if (a->gpu_budget_gib) w.gpu_budget_gib = a->gpu_budget_gib;
+    if (a->host_budget_gib) w.host_budget_gib = a->host_budget_gib;
+    const WorkloadContext ctx = resolve_workload(w, a->workload_path);
+    PlanSearchOptions options;
+    options.path = a->path;
+    options.compare_engine = a->compare_engine;
+    const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware), options);
+    if (!a->output.empty()) emit(a->output, plan_to_json(r.chosen.plan).dump(2) + "\n", io);
+    if (a->json) {
+      nlohmann::json j = plan_search_to_json(r);
+      j["workload"] = workload_to_json(ctx.workload);
+      io.out << j.dump(2) << "\n";
+    } else {
+      io.out << fmt::format("{} on {} × {}, global batch {}, {} tokens per sequence\n", ctx.model.name, w.gpus,
+                            ctx.hardware.gpu.name, w.global_batch, w.seq_len)
+             << plan_search_text(r);
+    }
+  });
+}
+
+}  // namespace oom::cli

@@ -1,0 +1,82 @@
+// End-to-end tests of `oom plan` (cli/cmd_plan.cc), run in-process through oom::cli::run():
+// the JSON report, the plan file it writes, budget flags, exit code 3 with one line for an
+// infeasible workload, exit code 2 for bad input.
+#include <filesystem>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "planner/plan.h"
+
+namespace oom::cli {
+namespace {
+
+const std::string kSource = OOM_SOURCE_DIR;
+const std::string kWorkload = kSource + "/experiments/default/workload.json";
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result oom(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  const int code = run(args, Io{out, err});
+  return {code, out.str(), err.str()};
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("oom-plan-cmd-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+TEST(PlanCommand, JsonReportAndPlanFile) {
+  const std::string file = temp_path("plan.json");
+  const Result r = oom({"plan", "--workload", kWorkload, "--json", "-o", file});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"path", "plan", "predicted_step_s", "gpu_peak_gib", "host_gib", "alternatives"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["path"], "ep");
+  ASSERT_EQ(j["alternatives"].size(), 1u);
+  EXPECT_EQ(j["alternatives"][0]["path"], "local");
+  EXPECT_GT(j["predicted_step_s"].get<double>(), 1.0);
+  EXPECT_LE(j["gpu_peak_gib"].get<double>(), 80.0);
+  // The written file is the chosen plan and `oom simulate` accepts it.
+  EXPECT_EQ(load_plan(file), plan_from_json(j["plan"], "test"));
+  const Result sim = oom({"simulate", "--workload", kWorkload, "--plan", file, "--json"});
+  ASSERT_EQ(sim.code, 0) << sim.err;
+  EXPECT_NEAR(nlohmann::json::parse(sim.out)["step_s"].get<double>(), j["predicted_step_s"].get<double>(), 1e-6);
+  std::filesystem::remove(file);
+}
+
+TEST(PlanCommand, TextReportNamesBothPaths) {
+  const Result r = oom({"plan", "--workload", kWorkload, "--path", "auto"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("chosen:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("best of the other path:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+}
+
+TEST(PlanCommand, InfeasibleWorkloadExitsThreeWithOneLine) {
+  const std::string file = temp_path("never.json");
+  const Result r = oom({"plan", "--workload", kWorkload, "--gpu-budget-gib", "4", "-o", file});
+  EXPECT_EQ(r.code, kExitInfeasible);
+  EXPECT_EQ(r.err.rfind("infeasible: GPU budget 4.0 GiB < ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+TEST(PlanCommand, BadInputExitsTwo) {
+  EXPECT_EQ(oom({"plan", "--workload", kWorkload, "--path", "pipeline"}).code, kExitBadInput);
+  EXPECT_EQ(oom({"plan", "--workload", kWorkload, "--gpu-budget-gib", "-1"}).code, kExitBadInput);
+  EXPECT_EQ(oom({"plan", "--workload", kWorkload, "--compare-engine", "nope"}).code, kExitBadInput);
+  EXPECT_EQ(oom({"plan", "--workload", kSource + "/no/such/workload.json"}).code, kExitBadInput);
+}
+
+}  // namespace
+}  // namespace oom::cli

@@ -1,0 +1,99 @@
+// Tests of planner/plan_search.h against the published behaviour (reference §3–§5): at 4K on four
+// H100s the chosen path flips from EP (global batch 16–64) to Local (128–256); on four RTX 4090s
+// at 1K context and global batch 1024 a plan fits 24 GB per GPU; infeasible workloads name the
+// budget, the shortfall and where.
+#include "planner/plan_search.h"
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+#include "planner/memory_report.h"
+
+namespace oom {
+namespace {
+
+WorkloadContext workload(const std::string& hardware, std::int64_t batch, std::int64_t seq,
+                         std::optional<double> gpu_gib = std::nullopt) {
+  Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = hardware;
+  w.gpus = 4;
+  w.global_batch = batch;
+  w.seq_len = seq;
+  w.gpu_budget_gib = gpu_gib;
+  return resolve_workload(w, "test");
+}
+
+TEST(PlanSearch, At4KThePathFlipsFromEpToLocalAsTheBatchGrows) {
+  for (std::int64_t batch : {16, 32, 64, 128, 256}) {
+    const WorkloadContext ctx = workload("h100-sxm-node", batch, 4096);
+    const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
+    const ExpertPath expected = batch <= 64 ? ExpertPath::kEp : ExpertPath::kLocal;
+    EXPECT_EQ(r.chosen.plan.path, expected) << "batch " << batch << ": " << plan_search_text(r);
+    ASSERT_EQ(r.alternatives.size(), 1u);
+    EXPECT_NE(r.alternatives[0].plan.path, r.chosen.plan.path);
+    EXPECT_EQ(r.compare_engine, "analytic");
+    EXPECT_GT(r.chosen.compared_step_s, 0);
+    EXPECT_NEAR(r.chosen.tokens_per_s, batch * 4096 / r.chosen.predicted_step_s, 1e-6);
+  }
+}
+
+TEST(PlanSearch, OnFourRtx4090sAt1KAndBatch1024APlanFits24GB) {
+  const WorkloadContext ctx = workload("rtx4090-node", 1024, 1024, 24e9 / static_cast<double>(kGiB));
+  const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
+  EXPECT_LE(r.chosen.gpu_peak_bytes, Bytes{24'000'000'000});
+  EXPECT_LE(static_memory(ctx, r.chosen.plan).gpu.eq2.total(), Bytes{24'000'000'000});
+  EXPECT_NO_THROW(validate_plan(r.chosen.plan, ctx.model, ctx.workload, "test"));
+}
+
+TEST(PlanSearch, OnePathOnlyHasNoAlternativesAndNoComparison) {
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096);
+  PlanSearchOptions o;
+  o.path = "ep";
+  const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware), o);
+  EXPECT_EQ(r.chosen.plan.path, ExpertPath::kEp);
+  EXPECT_TRUE(r.alternatives.empty());
+  EXPECT_TRUE(r.compare_engine.empty());
+}
+
+TEST(PlanSearch, JsonCarriesThePlanItsPredictionAndTheAlternatives) {
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096);
+  const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
+  const nlohmann::json j = plan_search_to_json(r);
+  for (const char* key : {"path", "plan", "predicted_step_s", "gpu_peak_gib", "host_gib", "alternatives"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["path"], "ep");
+  EXPECT_EQ(plan_from_json(j["plan"], "test"), r.chosen.plan);
+  ASSERT_EQ(j["alternatives"].size(), 1u);
+  EXPECT_EQ(j["alternatives"][0]["path"], "local");
+  EXPECT_TRUE(j["alternatives"][0].contains("predicted_step_s"));
+  EXPECT_TRUE(j["alternatives"][0].contains("plan"));
+}
+
+TEST(PlanSearch, InfeasibleWorkloadNamesTheBudgetByHowMuchAndWhere) {
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096, 4.0);
+  try {
+    search_plan(ctx, load_calibration_for(ctx.hardware));
+    FAIL() << "expected InfeasibleWorkload";
+  } catch (const InfeasibleWorkload& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_EQ(what.rfind("GPU budget 4.0 GiB < ", 0), 0u) << what;
+    EXPECT_NE(what.find(" GiB needed by "), std::string::npos) << what;
+    EXPECT_NE(what.find("smallest"), std::string::npos) << what;
+  }
+}
+
+TEST(PlanSearch, RejectsAnUnknownPathOrEngine) {
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096);
+  PlanSearchOptions o;
+  o.path = "pipeline";
+  EXPECT_THROW(search_plan(ctx, load_calibration_for(ctx.hardware), o), InputError);
+  o.path = "auto";
+  o.compare_engine = "nope";
+  EXPECT_THROW(search_plan(ctx, load_calibration_for(ctx.hardware), o), InputError);
+}
+
+}  // namespace
+}  // namespace oom
