@@ -258,7 +258,7 @@ StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const 
 
 std::string study_table_text(const StudyResult& r) {
   std::string out = fmt::format("Study \"{}\": {}\n", r.spec.name, r.spec.description);
-  std::string header = fmt::format("{:<8} {:<44} {:<22} {:>8} {:>9} {:>8} {:>8}", "sweep", "workload", "plan", "step_s",
+  std::string header = fmt::format("{:<8} {:<44} {:<30} {:>8} {:>9} {:>8} {:>8}", "sweep", "workload", "plan", "step_s",
                                    "tokens/s", "gpu_GiB", "host_GiB");
   for (const auto b : r.spec.baselines) header += fmt::format(" {:>14}", baseline_system_name(b));
   header += fmt::format(" {:>8}\n", "speedup");
@@ -266,10 +266,10 @@ std::string study_table_text(const StudyResult& r) {
   for (const auto& row : r.rows) {
     std::string line = fmt::format("{:<8} {:<44} ", row.study_case.sweep, row.label());
     if (row.plan) {
-      line += fmt::format("{:<22} {:>8.3f} {:>9.0f} {:>8} {:>8}", row.plan->summary, row.plan->step_s, row.plan->tokens_per_s,
+      line += fmt::format("{:<30} {:>8.3f} {:>9.0f} {:>8} {:>8}", row.plan->summary, row.plan->step_s, row.plan->tokens_per_s,
                           gib_text(row.plan->gpu_peak_bytes), gib_text(row.plan->host_bytes()));
     } else {
-      line += fmt::format("{:<22} {:>8} {:>9} {:>8} {:>8}", "infeasible", "-", "-", "-", "-");
+      line += fmt::format("{:<30} {:>8} {:>9} {:>8} {:>8}", "infeasible", "-", "-", "-", "-");
     }
     for (const auto& b : row.baselines) {
       if (b.fits()) {

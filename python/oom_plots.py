@@ -131,8 +131,10 @@ def throughput_png(csv_text, sweep=None, title=None):
             raise ValueError(f"no rows of sweep {name!r} in the study CSV")
         column, label, _ = sweep_axis(srows)
         what = label.split(" (")[0] if column else "case"
+        keys = sorted({_series_key(r) for r in srows})
+        where = keys[0] if len(keys) == 1 else f"{len(keys)} setups"
         _plot_sweep(ax, srows, "_tokens_per_s", "throughput (tokens/s)",
-                    title or f"Throughput vs {what} ({name})")
+                    title or f"Throughput vs {what}: {where} (sweep {name})")
     return _png(fig)
 
 
