@@ -10,6 +10,7 @@ packages=(
   libsimgrid-dev
   libtorch-dev libgloo-dev libopenblas0-pthread
   pybind11-dev python3-dev python3-matplotlib python3-numpy
+  jupyter-nbconvert python3-nbformat python3-ipykernel
 )
 
 missing=()

@@ -1,0 +1,72 @@
+"""Checks of the `oom` Python module (python/module.cc): each function answers with plain values,
+bad input raises ValueError naming the field, and the numbers agree with the C++ libraries'
+contracts. Run by CTest through run_python_check.sh."""
+import json
+import os
+
+import numpy as np
+
+import oom
+import oom_plots
+
+src = os.environ["OOM_SOURCE_DIR"]
+records_path = os.path.join(src, "traces", "paper", "paper-calibration.jsonl")
+
+# Specs.
+assert "qwen3.6-35b-a3b" in oom.model_names()
+m = oom.model("qwen3.6-35b-a3b")
+assert m["layers"] == 40 and m["experts"] == 256 and m["total_params"] > m["active_params"] > 0, m
+assert oom.hardware("h100-sxm-node")["name"] == "h100-sxm-node"
+assert "analytic" in oom.engines()
+
+# Plan search: a plan that fits its budgets, and an infeasible workload as RuntimeError.
+w = {"model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", "gpus": 4, "global_batch": 32, "seq_len": 4096}
+found = oom.search_plan(w)
+assert found["predicted_step_s"] > 0 and found["gpu_peak_gib"] <= 80, found
+try:
+    oom.search_plan(dict(w, gpu_budget_gib=1.0))
+    raise AssertionError("a 1 GiB GPU budget cannot fit")
+except RuntimeError as e:
+    assert "GiB" in str(e), e
+
+# Simulation: stage times as numpy arrays consistent with the step time.
+sim = oom.simulate(w, found["plan"])
+st = sim["stages_table"]
+assert isinstance(st["start_s"], np.ndarray) and len(st["start_s"]) == len(st["name"]) == sim["stages"]
+assert np.all(st["end_s"] >= st["start_s"]) and abs(st["end_s"].max() - sim["step_s"]) < 1e-9
+chrome = oom.chrome_trace(sim["trace"])
+assert any(e["ph"] == "X" for e in chrome["traceEvents"])
+
+# Baselines: a step at 4K, out-of-memory with where at 1M.
+b = oom.baseline("zero-offload", w)
+assert b["fits"] and b["step_s"] > 0, b
+long = dict(w, global_batch=4, seq_len=1048576, yarn_factor=4)
+b = oom.baseline("fsdp2-offload", long)
+assert not b["fits"] and b["step_s"] is None and b["oom"]["space"] == "gpu", b
+try:
+    oom.baseline("no-such-system", w)
+    raise AssertionError("unknown system")
+except ValueError as e:
+    assert "system" in str(e)
+try:
+    oom.simulate(dict(w, gpus=0), found["plan"])
+    raise AssertionError("gpus 0 is bad input")
+except ValueError as e:
+    assert "gpus" in str(e), e
+
+# Validation and records.
+v = oom.validate(records_path)
+assert v["count"] >= 15 and v["median_abs_rel_error"] <= 0.05 and v["baseline_count"] == 3, v["count"]
+assert len(oom.records(records_path)) >= 20
+
+# A small study and its plots (PNG bytes).
+study = {"name": "py", "baselines": ["megatrain"],
+         "sweeps": [{"name": "batch", "models": ["qwen3.6-35b-a3b"], "hardware": ["h100-sxm-node"], "gpus": [4],
+                     "global_batch": [16, 32], "seq_len": [4096]}]}
+r = oom.whatif(study)
+assert len(r["rows"]) == 2 and r["csv"].startswith("sweep,"), r
+for kind, text in (("throughput", r["csv"]), ("memory", r["csv"]), ("timeline", json.dumps(sim["trace"]))):
+    png = oom.plot_png(kind, text)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", kind
+assert oom_plots.sweeps_of(oom_plots.read_rows(r["csv"])) == ["batch"]
+print("oom module checks passed")
