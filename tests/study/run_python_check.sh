@@ -11,7 +11,7 @@ case "$what" in *.ipynb) need+=(nbconvert nbformat ipykernel) ;; esac
 for m in "${need[@]}"; do
   "$python" -c "import $m" 2>/dev/null || { echo "skip: python module $m is not installed (scripts/install-deps.sh)"; exit 77; }
 done
-export OOM_PYTHON_DIR="$py_dir" OOM_SOURCE_DIR="$src" OOM_CONFIG_DIR="$src/configs" MPLBACKEND=Agg
+export OOM_PYTHON_DIR="$py_dir" OOM_SOURCE_DIR="$src" OOM_CONFIG_DIR="$src/configs" MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1
 export PYTHONPATH="$py_dir:$src/python${PYTHONPATH:+:$PYTHONPATH}"
 case "$what" in
   *.ipynb)
