@@ -81,7 +81,7 @@ struct BoundaryDpOptions {
   Bytes host_limit_bytes = 0;      // per rank; 0 = none
   // Beam: after each decoder a state keeps at most this many labels, the fastest (0 = exact
   // Pareto sets). Bounds the DP when both budgets bind and many trade-offs survive.
-  int max_labels_per_state = 24;
+  int max_labels_per_state = 8;
 };
 
 // The layerwise boundary DP over `t`. Returns the non-dominated complete labels (boundary of
