@@ -30,6 +30,13 @@ bool ParetoSet::insert(const BoundaryLabel& l) {
   return true;
 }
 
+void ParetoSet::keep_fastest(std::size_t n) {
+  if (labels_.size() <= n) return;
+  std::nth_element(labels_.begin(), labels_.begin() + static_cast<std::ptrdiff_t>(n), labels_.end(),
+                   [](const BoundaryLabel& a, const BoundaryLabel& b) { return a.time_s < b.time_s; });
+  labels_.resize(n);
+}
+
 std::vector<BoundaryLabel> boundary_dp(const LayerTable& t, const BoundaryDpOptions& o) {
   const int L = static_cast<int>(t.replay_s.size());
   OOM_ASSERT(L <= 128, "the boundary DP supports up to 128 decoders");
@@ -95,6 +102,9 @@ std::vector<BoundaryLabel> boundary_dp(const LayerTable& t, const BoundaryDpOpti
           if (within(regen, l)) next[static_cast<std::size_t>(n) + 1].insert(regen);
         }
       }
+    }
+    if (o.max_labels_per_state > 0) {
+      for (auto& set : next) set.keep_fastest(static_cast<std::size_t>(o.max_labels_per_state));
     }
     std::swap(cur, next);
   }

@@ -57,6 +57,8 @@ class ParetoSet {
   bool insert(const BoundaryLabel& l);
   const std::vector<BoundaryLabel>& labels() const { return labels_; }
   void clear() { labels_.clear(); }
+  // Keeps the `n` fastest labels.
+  void keep_fastest(std::size_t n);
 
  private:
   std::vector<BoundaryLabel> labels_;
@@ -77,6 +79,9 @@ struct BoundaryDpOptions {
   int max_regenerate_run = 3;      // longest run of consecutive regenerated decoders
   Bytes gpu_limit_bytes = 0;       // labels above are dropped (headroom excluded); 0 = none
   Bytes host_limit_bytes = 0;      // per rank; 0 = none
+  // Beam: after each decoder a state keeps at most this many labels, the fastest (0 = exact
+  // Pareto sets). Bounds the DP when both budgets bind and many trade-offs survive.
+  int max_labels_per_state = 8;
 };
 
 // The layerwise boundary DP over `t`. Returns the non-dominated complete labels (boundary of

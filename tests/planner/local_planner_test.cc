@@ -98,6 +98,7 @@ TEST(BoundaryDp, FastestPolicyWithinEveryBudgetMatchesBruteForce) {
     BoundaryDpOptions o;
     o.regenerate_cap = cap;
     o.max_regenerate_run = 3;
+    o.max_labels_per_state = 0;  // exact Pareto sets
     const std::vector<BoundaryLabel> labels = boundary_dp(t, o);
     ASSERT_FALSE(labels.empty());
     std::vector<Cost> all;
@@ -200,7 +201,8 @@ TEST(LocalPlanner, At512KFindsAPlanWithinA750GibHostBudget) {
   const LocalSearchResult u = plan_local(PlanPricer(open, load_calibration_for(open.hardware)));
   ASSERT_TRUE(u.best);
   EXPECT_GT(u.best->host_total(), r.best->host_total());
-  EXPECT_LE(u.best->step_s, r.best->step_s * 1.001);
+  // Fitting 750 GiB costs little time (published: 206.0 s replay vs 200.5 s keep-all).
+  EXPECT_LE(r.best->step_s, u.best->step_s * 1.05);
 }
 
 TEST(LocalPlanner, NamesTheGpuBudgetWithTheSmallestPartitions) {

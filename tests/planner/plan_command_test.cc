@@ -62,6 +62,18 @@ TEST(PlanCommand, TextReportNamesBothPaths) {
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
 }
 
+TEST(PlanCommand, ComparesWithTheSimGridEngineWhenBuiltWithIt) {
+  const Result r = oom({"plan", "--workload", kWorkload, "--compare-engine", "simgrid", "--json"});
+  if (r.code == kExitBadInput && r.err.find("--compare-engine") != std::string::npos) {
+    GTEST_SKIP() << "the oom command was built without the SimGrid engine";
+  }
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["compare_engine"], "simgrid");
+  EXPECT_GT(j["compared_step_s"].get<double>(), 1.0);
+  EXPECT_GT(j["alternatives"][0]["compared_step_s"].get<double>(), j["compared_step_s"].get<double>());
+}
+
 TEST(PlanCommand, InfeasibleWorkloadExitsThreeWithOneLine) {
   const std::string file = temp_path("never.json");
   const Result r = oom({"plan", "--workload", kWorkload, "--gpu-budget-gib", "4", "-o", file});
