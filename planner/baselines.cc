@@ -168,24 +168,31 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
   }
   const Bytes gpu_budget = ctx.gpu_budget_bytes();
   BaselineFit fit;
+  std::optional<OutOfMemory> gpu_oom, host_oom;
   for (const std::int64_t mb : candidates) {
     BaselineSetup setup{s, mb, static_cast<int>(seqs / mb)};
     const BaselineMemory mem = baseline_static_memory(setup, ctx, k);
     if (mem.gpu_peak_bytes > gpu_budget) {
-      if (mb == candidates.back()) fit.oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
       continue;
     }
-    for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
+    bool host_fits = true;
+    for (std::size_t n = 0; n < mem.host_bytes_per_numa.size() && host_fits; ++n) {
       if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
-        fit.oom = OutOfMemory{"host", static_cast<int>(n),
-                              fmt::format("host state, checkpoints and buffers ({} B/param of state)", t.host_bytes_per_param),
-                              mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
-        return fit;
+        host_oom = OutOfMemory{"host", static_cast<int>(n),
+                               fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
+                                           t.host_bytes_per_param, mb),
+                               mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+        host_fits = false;
       }
     }
+    if (!host_fits) continue;  // a smaller micro-batch offloads fewer checkpoints
     fit.setup = setup;
     return fit;
   }
+  // The GPU fitted at some micro-batch but the host never did: host out of memory; else the GPU
+  // at the smallest micro-batch allowed.
+  fit.oom = host_oom ? host_oom : gpu_oom;
   return fit;
 }
 

@@ -89,10 +89,11 @@ struct OutOfMemory {
   std::string message() const;
 };
 
-// Chooses the largest micro-batch (a divisor of the sequences per GPU) whose static GPU peak fits
-// the workload's GPU budget (only the whole per-GPU batch when the system does not accumulate),
-// then checks host memory per NUMA node. Returns the setup, or the out-of-memory that stops it
-// (the GPU check at the smallest allowed micro-batch, or the first NUMA node over budget).
+// Chooses the largest micro-batch (a divisor of the sequences per GPU; only the whole per-GPU
+// batch when the system does not accumulate) whose static GPU peak fits the workload's GPU budget
+// and whose host bytes fit every NUMA node's share of the host budget. Returns the setup, or the
+// out-of-memory that stops it: the host (first NUMA node over budget) when some micro-batch fitted
+// the GPU, else the GPU at the smallest micro-batch allowed.
 struct BaselineFit {
   std::optional<BaselineSetup> setup;
   std::optional<OutOfMemory> oom;

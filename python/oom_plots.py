@@ -124,7 +124,7 @@ def throughput_png(csv_text, sweep=None, title=None):
     if not rows:
         raise ValueError("the study CSV has no rows")
     names = [sweep] if sweep else sweeps_of(rows)
-    fig, axes = plt.subplots(1, len(names), figsize=(6.5 * len(names), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(6.5 * len(names), 4.5), squeeze=False, constrained_layout=True)
     for ax, name in zip(axes[0], names):
         srows = [r for r in rows if r["sweep"] == name]
         if not srows:
@@ -144,7 +144,7 @@ def memory_png(csv_text, title=None):
     if not rows:
         raise ValueError("the study CSV has no rows")
     names = sweeps_of(rows)
-    fig, axes = plt.subplots(2, len(names), figsize=(6.5 * len(names), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(names), figsize=(6.5 * len(names), 8), squeeze=False, constrained_layout=True)
     for i, name in enumerate(names):
         srows = [r for r in rows if r["sweep"] == name]
         _plot_sweep(axes[0][i], srows, "_host_gib", "host memory (GiB)", f"Host memory ({name})")
