@@ -34,7 +34,9 @@ TEST(ResidentSets, EveryCountGivesThatManyDistinctLayersInRange) {
       for (std::size_t i = 0; i < s.size(); ++i) {
         EXPECT_GE(s[i], 0);
         EXPECT_LT(s[i], L);
-        if (i > 0) EXPECT_LT(s[i - 1], s[i]);
+        if (i > 0) {
+          EXPECT_LT(s[i - 1], s[i]);
+        }
       }
       if (r >= 2) {
         EXPECT_EQ(s[0], 0);
