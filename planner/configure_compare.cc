@@ -12,12 +12,6 @@ namespace {
 
 Bytes max_of(const std::vector<Bytes>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
-std::vector<int> first_layers(int n) {
-  std::vector<int> v;
-  for (int l = 0; l < n; ++l) v.push_back(l);
-  return v;
-}
-
 }  // namespace
 
 ShortExecutionEstimate estimate_by_short_executions(Executor& executor, const Plan& plan, const WorkloadContext& ctx) {

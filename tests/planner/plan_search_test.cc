@@ -1,8 +1,11 @@
 // Tests of planner/plan_search.h against the published behaviour (reference §3–§5): at 4K on four
-// H100s the chosen path flips from EP (global batch 16–64) to Local (128–256); on four RTX 4090s
+// H100s the chosen path flips from EP (global batch 16–64) to Local (128–256) and the EP plan
+// shifts memory from resident state to retained activations as the batch grows; on four RTX 4090s
 // at 1K context and global batch 1024 a plan fits 24 GB per GPU; infeasible workloads name the
 // budget, the shortfall and where.
 #include "planner/plan_search.h"
+
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -24,10 +27,40 @@ WorkloadContext workload(const std::string& hardware, std::int64_t batch, std::i
   return resolve_workload(w, "test");
 }
 
-TEST(PlanSearch, At4KThePathFlipsFromEpToLocalAsTheBatchGrows) {
-  for (std::int64_t batch : {16, 32, 64, 128, 256}) {
+// The default search at 4K on four H100s, run once per batch for the suite.
+const PlanSearchResult& search_at_4k(std::int64_t batch) {
+  static std::map<std::int64_t, PlanSearchResult> cache;
+  auto it = cache.find(batch);
+  if (it == cache.end()) {
     const WorkloadContext ctx = workload("h100-sxm-node", batch, 4096);
-    const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
+    it = cache.emplace(batch, search_plan(ctx, load_calibration_for(ctx.hardware))).first;
+  }
+  return it->second;
+}
+
+// The EP plan of a search: the chosen one or the alternative.
+const PlanChoice& ep_choice(const PlanSearchResult& r) {
+  if (r.chosen.plan.path == ExpertPath::kEp) return r.chosen;
+  for (const PlanChoice& a : r.alternatives) {
+    if (a.plan.path == ExpertPath::kEp) return a;
+  }
+  ADD_FAILURE() << "no EP plan";
+  return r.chosen;
+}
+
+// One test case (CTest runs each case in its own process, so the searches are shared here):
+// the path flips from EP to Local, and, reference §3, the EP plan moves memory from resident
+// state to retained activations as the batch grows (published: R23 at 32, R3/K4 at 64, R1/K1 at
+// 128).
+TEST(PlanSearch, At4KThePathFlipsFromEpToLocalAndTheEpPlanShiftsStateToActivations) {
+  std::vector<std::size_t> resident, retained;
+  for (std::int64_t batch : {16, 32, 64, 128, 256}) {
+    const PlanSearchResult& r = search_at_4k(batch);
+    if (batch <= 128) {
+      const Plan& ep = ep_choice(r).plan;
+      resident.push_back(ep.resident_layers.size());
+      retained.push_back(ep.moe_retained_layers.size());
+    }
     const ExpertPath expected = batch <= 64 ? ExpertPath::kEp : ExpertPath::kLocal;
     EXPECT_EQ(r.chosen.plan.path, expected) << "batch " << batch << ": " << plan_search_text(r);
     ASSERT_EQ(r.alternatives.size(), 1u);
@@ -36,6 +69,9 @@ TEST(PlanSearch, At4KThePathFlipsFromEpToLocalAsTheBatchGrows) {
     EXPECT_GT(r.chosen.compared_step_s, 0);
     EXPECT_NEAR(r.chosen.tokens_per_s, batch * 4096 / r.chosen.predicted_step_s, 1e-6);
   }
+  for (std::size_t i = 1; i < resident.size(); ++i) EXPECT_LE(resident[i], resident[i - 1]) << i;
+  EXPECT_LT(resident.back(), resident.front());
+  EXPECT_GT(retained.back() + retained[2], retained.front());
 }
 
 TEST(PlanSearch, OnFourRtx4090sAt1KAndBatch1024APlanFits24GB) {
@@ -57,8 +93,7 @@ TEST(PlanSearch, OnePathOnlyHasNoAlternativesAndNoComparison) {
 }
 
 TEST(PlanSearch, JsonCarriesThePlanItsPredictionAndTheAlternatives) {
-  const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096);
-  const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
+  const PlanSearchResult& r = search_at_4k(32);
   const nlohmann::json j = plan_search_to_json(r);
   for (const char* key : {"path", "plan", "predicted_step_s", "gpu_peak_gib", "host_gib", "alternatives"}) {
     EXPECT_TRUE(j.contains(key)) << key;
