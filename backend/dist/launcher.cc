@@ -122,24 +122,46 @@ LaunchResult run_ranks(const std::vector<std::vector<std::string>>& argv, const 
   result.pids.assign(pids.begin(), pids.end());
   const auto start = Clock::now();
   std::size_t left = P;
-  while (left > 0) {
+  struct Failure {
+    std::size_t rank;
+    int status;
+  };
+  std::vector<Failure> failures;
+  auto reap = [&] {
     for (std::size_t r = 0; r < P; ++r) {
       if (!running[r]) continue;
       int status = 0;
-      const pid_t got = waitpid(pids[r], &status, WNOHANG);
-      if (got != pids[r]) continue;
+      if (waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
       running[r] = false;
       --left;
       result.exit_status[r] = code_of(status);
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-      std::string msg = "rank " + std::to_string(r) + " " + describe(status);
-      if (r < o.log_paths.size()) {
-        const auto last = last_line_of(o.log_paths[r]);
-        if (!last.empty()) msg += " (its last output: " + last + ")";
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures.push_back({r, status});
+    }
+  };
+  while (left > 0) {
+    reap();
+    if (!failures.empty()) {
+      const auto settle_until = Clock::now() + std::chrono::duration<double>(o.settle_s);
+      while (left > 0 && Clock::now() < settle_until) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(o.poll_interval_s));
+        reap();
       }
       const bool others = left > 0;
       stop_all(pids, running, o.grace_s);
-      result.message = msg + (others ? "; the other ranks were stopped" : "");
+      auto last_of = [&](std::size_t r) { return r < o.log_paths.size() ? last_line_of(o.log_paths[r]) : std::string(); };
+      Failure first = failures.front();
+      if (!o.secondary_failure_marker.empty()) {
+        for (const auto& f : failures) {
+          if (last_of(f.rank).find(o.secondary_failure_marker) == std::string::npos) {
+            first = f;
+            break;
+          }
+        }
+      }
+      std::string msg = "rank " + std::to_string(first.rank) + " " + describe(first.status);
+      const auto last = last_of(first.rank);
+      if (!last.empty()) msg += " (its last output: " + last + ")";
+      result.message = msg + (others || failures.size() > 1 ? "; the other ranks were stopped" : "");
       return result;
     }
     if (left == 0) break;

@@ -3,8 +3,9 @@
 // run_ranks starts one child process per rank (posix_spawn of a given argv; the environment is
 // inherited), sends each child's stdout and stderr to its own log file, and waits for all of them
 // while polling. A rank that exits with a non-zero status or dies of a signal makes the supervisor
-// stop the others at once (SIGTERM, then SIGKILL after a grace period) and report one message that
-// names the rank, its status and the last line of its log. An overall deadline does the same for a
+// stop the others (after a short settle time: SIGTERM, then SIGKILL after a grace period) and report
+// one message that names the rank that failed first on its own, its status and the last line of
+// its log. An overall deadline does the same for a
 // run that takes too long, so the caller never hangs. No LibTorch here: the `oom` command and the
 // tests use it directly. Not thread-safe (reaps its own children with waitpid); POSIX only.
 #pragma once
@@ -21,6 +22,12 @@ struct LaunchOptions {
   double poll_interval_s = 0.02;
   std::vector<std::string> log_paths;  // per rank; empty = the child inherits stdout/stderr
   std::function<void()> poll;        // called on every poll tick (e.g. to forward progress)
+  // After the first failure, how long the other ranks may take to exit by themselves before they
+  // are stopped; ranks whose peer died usually fail within it too.
+  double settle_s = 1.0;
+  // A failure whose last log line contains this text is a consequence of another rank's failure
+  // (e.g. "a peer rank died"): the message names the first failure without it when there is one.
+  std::string secondary_failure_marker;
 };
 
 struct LaunchResult {

@@ -123,6 +123,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r,
   std::vector<std::vector<std::string>> argv;
   LaunchOptions lo;
   lo.deadline_s = r.deadline_s;
+  lo.secondary_failure_marker = "a peer rank died or stalled";
   for (int k = 0; k < r.ranks; ++k) {
     argv.push_back({program, "rank-worker", "--job", job, "--rank", std::to_string(k)});
     lo.log_paths.push_back((fs::path(dir) / ("rank-" + std::to_string(k) + ".log")).string());

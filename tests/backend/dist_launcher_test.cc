@@ -63,6 +63,19 @@ TEST(RunRanks, FailingRankStopsTheOthersWithItsLastOutput) {
   for (int pid : r.pids) EXPECT_FALSE(alive(pid)) << "pid " << pid << " left running";
 }
 
+TEST(RunRanks, FailureCausedByAPeerIsNotTheOneReported) {
+  const Logs logs("peer", 2);
+  LaunchOptions o;
+  o.log_paths = logs.paths;
+  o.secondary_failure_marker = "peer died";
+  // Rank 1 fails first, but only because rank 0 (still tearing down) failed on its own.
+  const auto r = run_ranks({sh("echo 'error: disk full' >&2; sleep 0.3; exit 4"),
+                            sh("echo 'error: all-reduce failed: peer died' >&2; exit 1")}, o);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.message.find("rank 0 exited with status 4 (its last output: error: disk full)"), std::string::npos)
+      << r.message;
+}
+
 TEST(RunRanks, KilledRankIsNamedWithItsSignal) {
   LaunchOptions o;
   const auto r = run_ranks({sh("sleep 30"), sh("kill -9 $$")}, o);
