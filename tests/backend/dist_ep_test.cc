@@ -1,8 +1,11 @@
 // backend/dist/ep_trainer.h, process_group.h and rank_train.h: training on P rank processes (Gloo
-// over 127.0.0.1) matches the single-process PlainTrainer at the same global batch. Tolerance: FP32
-// on CPU, ≤ 1e-5 relative for the losses and for every parameter block after the run (the ranks sum
-// gradients in a different order and use the project's AdamW kernels). Each case also checks that
-// the dispatch all-to-alls had uneven splits. Rank processes are the `oom` program (OOM_BINARY).
+// over 127.0.0.1) matches the single-process PlainTrainer at the same global batch. Tolerances, FP32
+// on CPU: losses ≤ 1e-5 relative; every parameter block ≤ 1e-5 in relative L2 norm and ≤ 1e-4 in
+// max |difference| / max |weight|. The ranks sum gradients in another order (partial sums per rank,
+// then the all-reduce), and AdamW's m/√v turns the rounding of gradients that nearly cancel into
+// differences of a fraction of one update (lr) on those few elements, hence the looser max bound.
+// Each case also checks that the dispatch all-to-alls had uneven splits. Rank processes are the
+// `oom` program (OOM_BINARY).
 #include "backend/dist/ep_trainer.h"
 
 #include <unistd.h>
@@ -10,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -29,6 +33,12 @@ namespace fs = std::filesystem;
 using testing::rel_diff;
 
 constexpr double kTol = 1e-5;
+constexpr double kParamMaxTol = 1e-4;
+
+double rel_l2(const at::Tensor& a, const at::Tensor& b) {
+  const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  return (ad - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-30);
+}
 
 fs::path scratch(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("oom-dist-test-" + tag + "-" + std::to_string(getpid()));
@@ -95,9 +105,16 @@ void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::
   EXPECT_EQ(got.backend, "gloo");
   HostState final_state(load_model_spec(o.model));
   final_state.load_safetensors(r.save_weights);
+  double worst_max = 0, worst_l2 = 0;
   for (int b = 0; b < final_state.blocks(); ++b) {
-    EXPECT_LE(rel_diff(final_state.master(b), params[static_cast<std::size_t>(b)]), kTol) << tag << " block " << b;
+    const auto& ref = params[static_cast<std::size_t>(b)];
+    const double dmax = rel_diff(final_state.master(b), ref), dl2 = rel_l2(final_state.master(b), ref);
+    EXPECT_LE(dmax, kParamMaxTol) << tag << " block " << b;
+    EXPECT_LE(dl2, kTol) << tag << " block " << b;
+    worst_max = std::max(worst_max, dmax);
+    worst_l2 = std::max(worst_l2, dl2);
   }
+  std::cout << tag << ": worst block max-relative " << worst_max << ", relative L2 " << worst_l2 << "\n";
   if (r.expert_parallel) {
     const std::size_t chunks_per_layer =
         r.moe_chunk_tokens > 0 ? static_cast<std::size_t>((o.batch / r.ranks * o.seq + r.moe_chunk_tokens - 1) / r.moe_chunk_tokens) : 1;
