@@ -32,8 +32,14 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
+  // Each rank leads its own process group, so stopping it also stops any process it started.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
   return pid;
@@ -55,10 +61,11 @@ int code_of(int status) {
   return -1;
 }
 
-// Stops every child still running: SIGTERM, then SIGKILL after `grace_s`; reaps them all.
+// Stops every child still running with its process group: SIGTERM, then SIGKILL after `grace_s`;
+// reaps them all.
 void stop_all(std::vector<pid_t>& pids, std::vector<bool>& running, double grace_s) {
   for (std::size_t r = 0; r < pids.size(); ++r) {
-    if (running[r]) kill(pids[r], SIGTERM);
+    if (running[r]) kill(-pids[r], SIGTERM);
   }
   const auto until = Clock::now() + std::chrono::duration<double>(grace_s);
   for (;;) {
@@ -78,7 +85,7 @@ void stop_all(std::vector<pid_t>& pids, std::vector<bool>& running, double grace
   }
   for (std::size_t r = 0; r < pids.size(); ++r) {
     if (!running[r]) continue;
-    kill(pids[r], SIGKILL);
+    kill(-pids[r], SIGKILL);
     int status = 0;
     waitpid(pids[r], &status, 0);
     running[r] = false;

@@ -1,7 +1,7 @@
 // Launching and supervising rank processes.
 //
-// run_ranks starts one child process per rank (posix_spawn of a given argv; the environment is
-// inherited), sends each child's stdout and stderr to its own log file, and waits for all of them
+// run_ranks starts one child process per rank (posix_spawn of a given argv, in a process group of
+// its own; the environment is inherited), sends each child's stdout and stderr to its own log file, and waits for all of them
 // while polling. A rank that exits with a non-zero status or dies of a signal makes the supervisor
 // stop the others (after a short settle time: SIGTERM, then SIGKILL after a grace period) and report
 // one message that names the rank that failed first on its own, its status and the last line of

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@
 #include "backend/dist/process_group.h"
 #include "backend/dist/rank_train.h"
 #include "backend/plain_trainer.h"
+#include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "tests/backend/reference_ops.h"
 
@@ -190,6 +192,11 @@ TEST(TrainRanks, RankFailureStopsPeersWaitingInACollective) {
     EXPECT_NE(msg.find("rank 0 exited with status"), std::string::npos) << msg;
     EXPECT_NE(msg.find("nonexistent-dir"), std::string::npos) << msg;
     EXPECT_NE(msg.find("the other ranks were stopped"), std::string::npos) << msg;
+    const auto at = msg.find("(logs in ");
+    ASSERT_NE(at, std::string::npos) << msg;
+    const auto job_dir = msg.substr(at + 9, msg.find(')', at) - at - 9);
+    EXPECT_TRUE(fs::exists(fs::path(job_dir) / "rank-0.log")) << job_dir;
+    fs::remove_all(job_dir);
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
 }
@@ -218,6 +225,19 @@ TEST(Communicator, SingleRankCollectivesAreIdentities) {
   EXPECT_TRUE(at::equal(c.all_to_all(t.view({3, 2}), {3}, {3}), t.view({3, 2})));
   EXPECT_EQ(c.all_gather(t).sizes(), (std::vector<std::int64_t>{1, 6}));
   fs::remove_all(dir);
+}
+
+TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
+  std::ostringstream out, err;
+  EXPECT_EQ(cli::run({"train", "--ranks", "3", "--model", "tiny-moe", "--batch", "3"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("num_experts"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--save-weights", "w.safetensors"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("needs --ranks"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--reference"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--reference"), std::string::npos) << err.str();
+  EXPECT_TRUE(out.str().empty());
 }
 
 TEST(OomTrainRanks, CommandRunsTwoRanksAndPrintsJson) {
