@@ -33,6 +33,7 @@ int run(const std::vector<std::string>& args, Io io) {
   add_plot_commands(app, io);
 #ifdef OOM_HAVE_BACKEND
   add_train_commands(app, io);
+  add_rank_worker_command(app, io);
 #endif
 
   // CLI11 parses argv in reverse order from a vector.

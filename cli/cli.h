@@ -6,11 +6,16 @@
 #pragma once
 
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace CLI {
 class App;
+}
+
+namespace oom::backend {
+struct TrainOptions;
 }
 
 namespace oom::cli {
@@ -35,6 +40,12 @@ void add_simulate_commands(CLI::App& app, Io io);
 void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
 void add_train_commands(CLI::App& app, Io io);  // only with the LibTorch backend (OOM_HAVE_BACKEND)
+// `oom train --ranks P` (cli/cmd_train_ranks.cc): the options it adds to `train`, the hook the train
+// command calls first (true when it ran the multi-rank trainer), and the hidden `rank-worker`.
+struct TrainRanksOptions;
+std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* train);
+bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& ranks, bool json, Io io);
+void add_rank_worker_command(CLI::App& app, Io io);
 
 // Writes `content` to `path` atomically, or to `io.out` when path is "-" or empty.
 void emit(const std::string& path, const std::string& content, Io io);

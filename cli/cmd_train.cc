@@ -41,7 +41,9 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--checkpoint-every", opts->checkpoint_every, "Also checkpoint every N steps");
   cmd->add_option("--resume", opts->resume_dir, "Resume from the checkpoint in DIR");
   cmd->add_flag("--json", *json, "End with one JSON object: losses, tokens_per_s (step lines go to stderr)");
-  cmd->callback([opts, json, io] {
+  const auto ranks = add_train_ranks_options(cmd);
+  cmd->callback([opts, json, io, ranks] {
+    if (run_train_ranks(*opts, *ranks, *json, io)) return;
     std::ostream& lines = *json ? io.err : io.out;
     const auto result = backend::train(*opts, [&](const backend::StepReport& r) {
       lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {} {:>3}%  {:.1f} s\n", r.step, r.loss,

@@ -1,0 +1,380 @@
+#include "backend/dist/ep_trainer.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "backend/adamw.h"
+#include "backend/model.h"
+#include "costmodel/input_error.h"
+
+namespace oom::backend::dist {
+namespace {
+
+// All-to-all as an autograd function: the backward sends the gradients back along the same rows
+// (send and receive counts swapped).
+class AllToAllFn : public torch::autograd::Function<AllToAllFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, std::int64_t comm_address,
+                            std::vector<std::int64_t> send_rows, std::vector<std::int64_t> recv_rows) {
+    ctx->saved_data["comm"] = comm_address;
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return reinterpret_cast<Communicator*>(comm_address)->all_to_all(x, send_rows, recv_rows);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* comm = reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
+    const auto send = ctx->saved_data["send"].toIntVector();
+    const auto recv = ctx->saved_data["recv"].toIntVector();
+    return {comm->all_to_all(grads[0].contiguous(), recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor all_to_all_autograd(Communicator& comm, const at::Tensor& x, const std::vector<std::int64_t>& send,
+                               const std::vector<std::int64_t>& recv) {
+  return AllToAllFn::apply(x, reinterpret_cast<std::int64_t>(&comm), send, recv);
+}
+
+bool is_expert_entry(const ParamEntry& e) { return e.name.rfind("experts.", 0) == 0; }
+
+}  // namespace
+
+struct EpTrainer::Impl {
+  Communicator& comm;
+  EpConfig cfg;
+  ModelSpec spec;
+  ModelLayout layout;
+  at::Device device;
+  int P = 1, rank = 0;
+  int experts_local = 0, expert0 = 0;  // owned experts [expert0, expert0 + experts_local)
+
+  struct Block {
+    at::Tensor rep;                    // replicated weights, flat leaf on the compute device
+    at::Tensor rep_m, rep_v;           // moments: whole buffer (kFull) or this rank's slice (kShard)
+    std::int64_t slice_lo = 0, slice_n = 0, slice_cap = 0;
+    at::Tensor exp;                    // owned expert shard, flat leaf (decoder blocks with EP)
+    at::Tensor exp_m, exp_v;           // resident: on the device; streamed: host
+    at::Tensor exp_host_master, exp_host_grad;  // streamed shards only
+    std::vector<std::int64_t> offset;  // per entry: offset in rep or exp
+    std::vector<bool> expert;          // per entry: lives in exp
+    BlockWeights weights;
+  };
+  std::vector<Block> blocks;
+  std::int64_t step = 0;
+  std::vector<DispatchRecord> log;
+
+  Impl(const HostState& init, EpConfig c, Communicator& cm, at::Device dev)
+      : comm(cm), cfg(c), spec(init.spec()), layout(init.layout()), device(dev), P(cm.size()), rank(cm.rank()) {
+    const int E = spec.moe.experts;
+    if (cfg.expert_parallel && E % P != 0) {
+      throw InputError("", "num_experts", std::to_string(E),
+                       "expert parallelism needs a multiple of the rank count " + std::to_string(P));
+    }
+    if (cfg.moe_chunk_tokens < 0) {
+      throw InputError("", "moe_chunk_tokens", std::to_string(cfg.moe_chunk_tokens), "must be ≥ 0");
+    }
+    experts_local = cfg.expert_parallel ? E / P : E;
+    expert0 = cfg.expert_parallel ? rank * experts_local : 0;
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    for (int b = 0; b < init.blocks(); ++b) {
+      const auto& bl = layout.blocks[static_cast<std::size_t>(b)];
+      Block blk;
+      std::vector<at::Tensor> rep_parts, exp_parts;
+      std::int64_t rep_n = 0, exp_n = 0;
+      for (const auto& e : bl.entries) {
+        const auto full = init.master(b).narrow(0, e.offset, e.numel());
+        const bool ex = cfg.expert_parallel && is_expert_entry(e);
+        blk.expert.push_back(ex);
+        if (ex) {
+          const auto shard = full.view(e.shape).narrow(0, expert0, experts_local).reshape({-1});
+          blk.offset.push_back(exp_n);
+          exp_n += shard.numel();
+          exp_parts.push_back(shard);
+        } else {
+          blk.offset.push_back(rep_n);
+          rep_n += e.numel();
+          rep_parts.push_back(full);
+        }
+      }
+      blk.rep = at::cat(rep_parts).to(device).contiguous().detach().requires_grad_(true);
+      if (cfg.delivery == Delivery::kShard) {
+        blk.slice_cap = (rep_n + P - 1) / P;
+        blk.slice_lo = std::min<std::int64_t>(rep_n, rank * blk.slice_cap);
+        blk.slice_n = std::min<std::int64_t>(rep_n - blk.slice_lo, blk.slice_cap);
+      } else {
+        blk.slice_lo = 0;
+        blk.slice_n = rep_n;
+      }
+      blk.rep_m = at::zeros({blk.slice_n}, f32.device(device));
+      blk.rep_v = at::zeros({blk.slice_n}, f32.device(device));
+      if (!exp_parts.empty()) {
+        const auto host = at::cat(exp_parts).contiguous();
+        blk.exp = host.to(device).clone().detach().requires_grad_(true);
+        const auto where = cfg.resident_experts ? device : at::Device(at::kCPU);
+        blk.exp_m = at::zeros({exp_n}, f32.device(where));
+        blk.exp_v = at::zeros({exp_n}, f32.device(where));
+        if (!cfg.resident_experts) {
+          blk.exp_host_master = host.clone();
+          blk.exp_host_grad = at::zeros({exp_n}, f32);
+        }
+      }
+      blocks.push_back(std::move(blk));
+    }
+    rebuild_views();
+  }
+
+  // Named views of the flat leaves, made afresh every step: the updates modify the leaves in place,
+  // and views taken before an in-place update would backpropagate through a generic strided path.
+  void rebuild_views() {
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+      auto& blk = blocks[b];
+      const auto& bl = layout.blocks[b];
+      blk.weights.layout = &bl;
+      blk.weights.tensors.clear();
+      for (std::size_t i = 0; i < bl.entries.size(); ++i) {
+        const auto& e = bl.entries[i];
+        if (blk.expert[i]) {
+          auto shape = e.shape;
+          shape[0] = experts_local;
+          std::int64_t n = 1;
+          for (auto d : shape) n *= d;
+          blk.weights.tensors.push_back(blk.exp.narrow(0, blk.offset[i], n).view(shape));
+        } else {
+          blk.weights.tensors.push_back(blk.rep.narrow(0, blk.offset[i], e.numel()).view(e.shape));
+        }
+      }
+    }
+  }
+
+  // x + token mixing of norm(x): the first half of a decoder layer.
+  at::Tensor mixing(const at::Tensor& x, const BlockWeights& w, int layer) const {
+    const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(layer)];
+    const auto xn = rms_norm(x, w["input_norm"]);
+    return x + (kind == LayerKind::kLinearAttention ? gdn_mixing(xn, w, spec, cfg.trainer.model)
+                                                    : attention_mixing(xn, w, spec, kind, cfg.trainer.model));
+  }
+
+  // Routed experts with the owned shard: dispatch to owners, compute, return; then shared/dense.
+  at::Tensor moe(const at::Tensor& x, const BlockWeights& w, int layer) {
+    if (!cfg.expert_parallel || P == 1) return moe_ffn(x, w, spec);
+    const MoeSpec& m = spec.moe;
+    const auto shape = x.sizes().vec();
+    const auto x2 = x.reshape({-1, x.size(-1)});
+    const std::int64_t T = x2.size(0);
+    const std::int64_t chunk = cfg.moe_chunk_tokens > 0 ? std::min(cfg.moe_chunk_tokens, T) : T;
+    const auto& eg = w["experts.gate"];
+    const auto& eu = w["experts.up"];
+    const auto& ed = w["experts.down"];
+    std::vector<at::Tensor> outs;
+    int chunk_index = 0;
+    for (std::int64_t c0 = 0; c0 < T; c0 += chunk, ++chunk_index) {
+      const auto C = std::min(chunk, T - c0);
+      const auto xc = x2.narrow(0, c0, C);
+      const auto r = route(xc, w["router"], m);
+      const auto flat_ids = r.expert_ids.reshape({-1});
+      const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
+      const auto counts_t = at::bincount(flat_ids, {}, m.experts).to(at::kCPU).contiguous();
+      const std::vector<std::int64_t> counts(counts_t.data_ptr<std::int64_t>(),
+                                             counts_t.data_ptr<std::int64_t>() + m.experts);
+      const auto all_counts = comm.all_gather_counts(counts);  // [P, E]
+      const auto* ac = all_counts.data_ptr<std::int64_t>();
+      std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0);
+      for (int e = 0; e < m.experts; ++e) send[static_cast<std::size_t>(e / experts_local)] += counts[static_cast<std::size_t>(e)];
+      for (int s = 0; s < P; ++s) {
+        for (int j = 0; j < experts_local; ++j) recv[static_cast<std::size_t>(s)] += ac[s * m.experts + expert0 + j];
+      }
+      log.push_back({layer, chunk_index, send});
+      const auto tokens_sorted = at::div(order, m.top_k, "floor");
+      const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
+      const auto recv_x = all_to_all_autograd(comm, xc.index_select(0, tokens_sorted), send, recv);
+      // Received rows: by source rank, then by owned expert. One gather per owned expert.
+      std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(experts_local));
+      std::int64_t at_row = 0;
+      for (int s = 0; s < P; ++s) {
+        for (int j = 0; j < experts_local; ++j) {
+          const auto n = ac[s * m.experts + expert0 + j];
+          for (std::int64_t i = 0; i < n; ++i) rows[static_cast<std::size_t>(j)].push_back(at_row + i);
+          at_row += n;
+        }
+      }
+      auto y_recv = at::zeros_like(recv_x);
+      for (int j = 0; j < experts_local; ++j) {
+        const auto& rj = rows[static_cast<std::size_t>(j)];
+        if (rj.empty()) continue;
+        const auto idx = at::tensor(rj, at::TensorOptions().dtype(at::kLong)).to(x.device());
+        const auto ye = gated_mlp(recv_x.index_select(0, idx), eg[j], eu[j], ed[j], spec.activation);
+        y_recv = y_recv.index_add(0, idx, ye);
+      }
+      const auto back = all_to_all_autograd(comm, y_recv, recv, send);
+      outs.push_back(at::zeros_like(xc).index_add(
+          0, tokens_sorted, back * weights_sorted.unsqueeze(1).to(back.scalar_type())));
+    }
+    auto out = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    if (m.shared_expert_intermediate > 0) {
+      const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
+      out = out + at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s;
+    }
+    if (m.dense_intermediate > 0) out = out + gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
+    return out.view(shape);
+  }
+
+  static at::Tensor grad_or_zeros(const at::Tensor& leaf) {
+    return leaf.grad().defined() ? leaf.grad() : at::zeros_like(leaf);
+  }
+
+  void update_replicated(Block& blk, const at::Tensor& grad, std::int64_t t, double coef) {
+    auto p = blk.rep.detach();
+    auto ps = p.narrow(0, blk.slice_lo, blk.slice_n);
+    const auto gs = grad.narrow(0, blk.slice_lo, blk.slice_n);
+    if (blk.slice_n > 0) {
+      if (p.is_cpu()) {
+        cpu_adamw_step(ps, gs, blk.rep_m, blk.rep_v, cfg.trainer.adam, t, coef, cfg.trainer.adam_threads);
+      } else {
+        device_adamw_step(ps, gs, blk.rep_m, blk.rep_v, cfg.trainer.adam, t, coef);
+      }
+    }
+    if (cfg.delivery == Delivery::kShard && P > 1) {
+      auto mine = at::zeros({blk.slice_cap}, p.options());
+      mine.narrow(0, 0, blk.slice_n).copy_(ps);
+      const auto all = comm.all_gather(mine).reshape({-1});  // rank r's slice at r·cap
+      p.copy_(all.narrow(0, 0, p.numel()));
+    }
+  }
+
+  void update_experts(Block& blk, const at::Tensor& grad, std::int64_t t, double coef) {
+    auto p = blk.exp.detach();
+    if (cfg.resident_experts) {
+      if (p.is_cpu()) {
+        // On a CPU compute device the resident shard is host memory: the vector kernel updates it in place.
+        cpu_adamw_step(p, grad, blk.exp_m, blk.exp_v, cfg.trainer.adam, t, coef, cfg.trainer.adam_threads);
+      } else {
+        device_adamw_step(p, grad, blk.exp_m, blk.exp_v, cfg.trainer.adam, t, coef);
+      }
+      return;
+    }
+    blk.exp_host_grad.copy_(grad);
+    cpu_adamw_step(blk.exp_host_master, blk.exp_host_grad, blk.exp_m, blk.exp_v, cfg.trainer.adam, t, coef,
+                   cfg.trainer.adam_threads);
+    p.copy_(blk.exp_host_master);
+  }
+};
+
+EpTrainer::EpTrainer(const HostState& init, EpConfig config, Communicator& comm, at::Device device)
+    : impl_(std::make_unique<Impl>(init, config, comm, device)) {}
+
+EpTrainer::~EpTrainer() = default;
+
+const std::vector<DispatchRecord>& EpTrainer::last_dispatch() const { return impl_->log; }
+std::int64_t EpTrainer::steps() const { return impl_->step; }
+
+StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
+  Impl& s = *impl_;
+  const int L = s.spec.layers;
+  const auto B = tokens.size(0);
+  if (B % s.P != 0) {
+    throw InputError("", "batch", std::to_string(B), "must be a multiple of the rank count " + std::to_string(s.P));
+  }
+  const auto local = B / s.P;
+  const auto tok = tokens.narrow(0, s.rank * local, local).to(s.device);
+  const auto tgt = targets.narrow(0, s.rank * local, local).to(s.device);
+  s.log.clear();
+  s.rebuild_views();
+  for (auto& blk : s.blocks) {
+    blk.rep.mutable_grad() = at::Tensor();
+    if (blk.exp.defined()) blk.exp.mutable_grad() = at::Tensor();
+  }
+
+  const auto& outer = s.blocks[0].weights;
+  const auto x0 = embed(tok, outer);
+  std::vector<at::Tensor> inputs(static_cast<std::size_t>(L)), mids(static_cast<std::size_t>(L)),
+      outs(static_cast<std::size_t>(L));
+  at::Tensor h = x0.detach();
+  for (int l = 0; l < L; ++l) {
+    const auto& w = s.blocks[static_cast<std::size_t>(1 + l)].weights;
+    inputs[static_cast<std::size_t>(l)] = h;
+    at::Tensor a;
+    {
+      at::NoGradGuard no_grad;
+      a = s.mixing(h, w, l);
+    }
+    auto a_leaf = a.detach().requires_grad_(true);
+    const auto y = a_leaf + s.moe(rms_norm(a_leaf, w["post_norm"]), w, l);
+    mids[static_cast<std::size_t>(l)] = a_leaf;
+    outs[static_cast<std::size_t>(l)] = y;
+    h = y.detach();
+  }
+  auto hL = h.requires_grad_(true);
+  const auto local_loss = head_loss(hL, tgt, outer, s.spec);
+  (local_loss / static_cast<double>(s.P)).backward();
+  at::Tensor g = hL.grad();
+  for (int l = L - 1; l >= 0; --l) {
+    const auto i = static_cast<std::size_t>(l);
+    outs[i].backward(g);
+    outs[i] = at::Tensor();
+    const auto ga = mids[i].grad();
+    mids[i] = at::Tensor();
+    auto x = inputs[i].detach().requires_grad_(true);
+    inputs[i] = at::Tensor();
+    s.mixing(x, s.blocks[1 + i].weights, l).backward(ga);
+    g = x.grad();
+  }
+  x0.backward(g);
+
+  // Reduce replicated gradients; expert shards are complete on their owner.
+  std::vector<at::Tensor> rep_grads, exp_grads;
+  double rep_sq = 0.0;
+  for (auto& blk : s.blocks) {
+    auto gr = Impl::grad_or_zeros(blk.rep).contiguous();
+    s.comm.all_reduce_sum(gr);
+    rep_sq += gr.to(at::kDouble).pow(2).sum().item<double>();
+    rep_grads.push_back(gr);
+    exp_grads.push_back(blk.exp.defined() ? Impl::grad_or_zeros(blk.exp).contiguous() : at::Tensor());
+  }
+  StepStats stats;
+  auto loss_sum = local_loss.detach().to(at::kCPU).to(at::kDouble).reshape({1}).contiguous();
+  s.comm.all_reduce_sum(loss_sum);
+  stats.loss = loss_sum.item<double>() / s.P;
+  double coef = 1.0;
+  if (s.cfg.trainer.max_grad_norm > 0) {
+    double exp_sq = 0.0;
+    for (const auto& ge : exp_grads) {
+      if (ge.defined()) exp_sq += ge.to(at::kDouble).pow(2).sum().item<double>();
+    }
+    auto t = at::tensor({exp_sq}, at::TensorOptions().dtype(at::kDouble));
+    s.comm.all_reduce_sum(t);
+    stats.grad_norm = std::sqrt(rep_sq + t.item<double>());
+    coef = clip_coefficient(stats.grad_norm, s.cfg.trainer.max_grad_norm);
+  }
+  const auto t = s.step + 1;
+  for (std::size_t b = 0; b < s.blocks.size(); ++b) {
+    s.update_replicated(s.blocks[b], rep_grads[b], t, coef);
+    if (exp_grads[b].defined()) s.update_experts(s.blocks[b], exp_grads[b], t, coef);
+  }
+  ++s.step;
+  return stats;
+}
+
+std::vector<at::Tensor> EpTrainer::gather_flat_params() {
+  Impl& s = *impl_;
+  std::vector<at::Tensor> out;
+  for (std::size_t b = 0; b < s.blocks.size(); ++b) {
+    const auto& blk = s.blocks[b];
+    const auto& bl = s.layout.blocks[b];
+    auto flat = at::empty({bl.numel}, at::TensorOptions().dtype(at::kFloat));
+    for (std::size_t i = 0; i < bl.entries.size(); ++i) {
+      const auto& e = bl.entries[i];
+      auto dst = flat.narrow(0, e.offset, e.numel());
+      const auto& w = blk.weights.tensors[i];
+      if (blk.expert[i]) {
+        dst.copy_(s.comm.all_gather(w.detach().to(at::kCPU).contiguous()).reshape({-1}));
+      } else {
+        dst.copy_(w.detach().reshape({-1}));
+      }
+    }
+    out.push_back(flat);
+  }
+  return out;
+}
+
+}  // namespace oom::backend::dist

@@ -1,0 +1,69 @@
+// Communicator: the collectives the multi-rank trainer needs, over a c10d process group.
+//
+// One Communicator per rank process. Ranks rendezvous through a c10d FileStore (a file every rank
+// can open; the launcher puts it in the job folder), then talk through Gloo over TCP on 127.0.0.1
+// for CPU tensors. With a CUDA build that also has c10d's NCCL header (OOM_BACKEND_NCCL) a CUDA
+// communicator uses NCCL instead; that path is compiled only against a CUDA LibTorch and has not run
+// on the CPU machines the tests use.
+//
+// Every store access and every collective has a timeout (`timeout_s`): a peer that died or hangs
+// makes the call throw std::runtime_error naming the collective, instead of blocking forever.
+// Collectives are blocking and must be called by all ranks in the same order with matching shapes
+// (all-to-all: the receive counts must equal the peers' send counts; exchange them first with
+// all_gather_counts). Counts and splits are in rows (dimension 0). Not thread-safe: one thread per
+// Communicator issues the calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace oom::backend::dist {
+
+struct CommOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string store_path;       // FileStore file shared by all ranks (created by the first to open it)
+  double timeout_s = 120.0;     // store waits and every collective
+  std::string host = "127.0.0.1";  // address Gloo binds to
+  bool cuda = false;            // NCCL for CUDA tensors (only in builds with OOM_BACKEND_NCCL)
+};
+
+class Communicator {
+ public:
+  // Rendezvous with the other ranks. Throws InputError for a bad rank/world size, and
+  // std::runtime_error when the peers do not show up within timeout_s.
+  explicit Communicator(const CommOptions& options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // "gloo" or "nccl".
+  const std::string& backend() const { return backend_; }
+
+  // In place: t ← Σ over ranks of t (contiguous).
+  void all_reduce_sum(at::Tensor& t);
+  // [size × t.numel()] with rank r's t in row r; every rank passes the same numel.
+  at::Tensor all_gather(const at::Tensor& t);
+  // Every rank's int64 count vector (equal lengths) as a [size, n] int64 CPU tensor.
+  at::Tensor all_gather_counts(const std::vector<std::int64_t>& counts);
+  // Uneven all-to-all over rows: input rows [Σ send_rows, ...] with the first send_rows[0] rows going
+  // to rank 0, and so on; returns [Σ recv_rows, ...] ordered by source rank.
+  at::Tensor all_to_all(const at::Tensor& input, const std::vector<std::int64_t>& send_rows,
+                        const std::vector<std::int64_t>& recv_rows);
+  void barrier();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string backend_;
+};
+
+}  // namespace oom::backend::dist

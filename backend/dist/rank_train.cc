@@ -1,0 +1,263 @@
+#include "backend/dist/rank_train.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/data.h"
+#include "backend/dist/ep_trainer.h"
+#include "backend/dist/launcher.h"
+#include "backend/state.h"
+#include "costmodel/atomic_file.h"
+#include "costmodel/input_error.h"
+#include "costmodel/model_spec.h"
+
+namespace oom::backend::dist {
+namespace {
+
+namespace fs = std::filesystem;
+
+void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) {
+  const std::string P = std::to_string(r.ranks);
+  if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
+  if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
+  if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
+  if (!o.checkpoint_dir.empty() || !o.resume_dir.empty()) {
+    throw InputError("", o.checkpoint_dir.empty() ? "--resume" : "--checkpoint",
+                     o.checkpoint_dir.empty() ? o.resume_dir : o.checkpoint_dir,
+                     "checkpoints are written by the single-process trainer only");
+  }
+  if (o.steps < 0) throw InputError("", "--steps", std::to_string(o.steps), "must be ≥ 0");
+  if (o.seq < 2) throw InputError("", "--seq", std::to_string(o.seq), "must be ≥ 2");
+  if (o.batch < 1 || o.batch % r.ranks != 0) {
+    throw InputError("", "--batch", std::to_string(o.batch), "must be a positive multiple of --ranks " + P);
+  }
+  if (!(o.lr > 0)) throw InputError("", "--lr", std::to_string(o.lr), "must be > 0");
+  if (r.expert_parallel && spec.moe.experts % r.ranks != 0) {
+    throw InputError(o.model, "num_experts", std::to_string(spec.moe.experts),
+                     "expert parallelism needs a multiple of --ranks " + P);
+  }
+  if (r.delivery != "full" && r.delivery != "shard") {
+    throw InputError("", "--delivery", r.delivery, "must be full or shard");
+  }
+  if (r.moe_chunk_tokens < 0) throw InputError("", "--moe-chunk", std::to_string(r.moe_chunk_tokens), "must be ≥ 0");
+  if (!(r.timeout_s > 0)) throw InputError("", "--rank-timeout", std::to_string(r.timeout_s), "must be > 0");
+  if (spec.vocab < 256) throw InputError("", "vocab_size", std::to_string(spec.vocab), "byte-level training needs ≥ 256");
+}
+
+nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std::string& dir) {
+  return {{"model", o.model}, {"data", o.data}, {"weights", o.weights}, {"steps", o.steps}, {"seq", o.seq},
+          {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
+          {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens},
+          {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
+          {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
+          {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights},
+          {"store", (fs::path(dir) / "store").string()}, {"progress", (fs::path(dir) / "progress.jsonl").string()},
+          {"result", (fs::path(dir) / "result.json").string()}};
+}
+
+std::string make_job_dir(const RanksOptions& r) {
+  if (!r.job_dir.empty()) {
+    fs::create_directories(r.job_dir);
+    fs::remove(fs::path(r.job_dir) / "store");
+    fs::remove(fs::path(r.job_dir) / "progress.jsonl");
+    fs::remove(fs::path(r.job_dir) / "result.json");
+    return r.job_dir;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = (fs::path(tmp && *tmp ? tmp : "/tmp") / "oom-ranks-XXXXXX").string();
+  if (mkdtemp(templ.data()) == nullptr) throw std::runtime_error("cannot create a job folder under " + templ);
+  return templ;
+}
+
+// Reads the complete lines appended to the progress file since `offset`.
+void forward_progress(const std::string& path, std::streamoff& offset,
+                      const std::function<void(const StepReport&)>& on_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  in.seekg(offset);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a line still being written
+    offset = in.tellg();
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !on_step) continue;
+    on_step({j.value("step", std::int64_t{0}), j.value("index", 0), j.value("steps", 0), j.value("loss", 0.0),
+             j.value("tokens_per_s", 0.0), j.value("elapsed_s", 0.0)});
+  }
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& path) {
+  if (!j.contains(key)) throw InputError(path, key, "missing", "the job file lacks it");
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(path, key, j.at(key).dump(), "has the wrong type");
+  }
+}
+
+}  // namespace
+
+RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r,
+                        const std::function<void(const StepReport&)>& on_step) {
+  const ModelSpec spec = load_model_spec(o.model);
+  check(o, r, spec);
+  { ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq); }  // data errors before any process
+  TrainOptions resolved = o;
+  if (resolved.data.empty()) resolved.data = default_corpus_path();
+  const std::string dir = make_job_dir(r);
+  const std::string job = (fs::path(dir) / "job.json").string();
+  const auto jj = job_json(resolved, r, dir);
+  write_file_atomically(job, jj.dump(2));
+  const std::string program = r.worker_program.empty() ? self_executable() : r.worker_program;
+  std::vector<std::vector<std::string>> argv;
+  LaunchOptions lo;
+  lo.deadline_s = r.deadline_s;
+  lo.secondary_failure_marker = "a peer rank died or stalled";
+  for (int k = 0; k < r.ranks; ++k) {
+    argv.push_back({program, "rank-worker", "--job", job, "--rank", std::to_string(k)});
+    lo.log_paths.push_back((fs::path(dir) / ("rank-" + std::to_string(k) + ".log")).string());
+  }
+  std::streamoff offset = 0;
+  const std::string progress = jj["progress"];
+  lo.poll = [&] { forward_progress(progress, offset, on_step); };
+  const auto launched = run_ranks(argv, lo);
+  if (!launched.ok) throw std::runtime_error(launched.message + " (logs in " + dir + ")");
+
+  const std::string result_path = jj["result"];
+  std::ifstream in(result_path);
+  const auto res = nlohmann::json::parse(in, nullptr, false);
+  if (res.is_discarded()) throw std::runtime_error("rank 0 finished without a readable " + result_path);
+  RanksResult out;
+  out.train.losses = field<std::vector<double>>(res, "losses", result_path);
+  out.train.tokens_per_s = field<double>(res, "tokens_per_s", result_path);
+  out.train.first_step = field<std::int64_t>(res, "first_step", result_path);
+  out.train.last_step = field<std::int64_t>(res, "last_step", result_path);
+  out.train.trainer = field<std::string>(res, "trainer", result_path);
+  out.last_dispatch_rows = field<std::vector<std::vector<std::int64_t>>>(res, "last_dispatch_rows", result_path);
+  out.backend = field<std::string>(res, "backend", result_path);
+  if (r.job_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  return out;
+}
+
+void run_rank_worker(const std::string& job_path, int rank) {
+  // A rank must not outlive its supervisor.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) throw std::runtime_error("the supervising process is gone");
+  std::ifstream in(job_path);
+  if (!in) throw InputError(job_path, "", "", "cannot read the job file");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw InputError(job_path, "", "", "not a JSON object");
+
+  TrainOptions o;
+  o.model = field<std::string>(j, "model", job_path);
+  o.data = field<std::string>(j, "data", job_path);
+  o.weights = field<std::string>(j, "weights", job_path);
+  o.steps = field<int>(j, "steps", job_path);
+  o.seq = field<int>(j, "seq", job_path);
+  o.batch = field<int>(j, "batch", job_path);
+  o.lr = field<double>(j, "lr", job_path);
+  o.weight_decay = field<double>(j, "weight_decay", job_path);
+  o.max_grad_norm = field<double>(j, "max_grad_norm", job_path);
+  o.seed = field<std::uint64_t>(j, "seed", job_path);
+  o.threads = field<int>(j, "threads", job_path);
+  o.gdn_chunk_tokens = field<std::int64_t>(j, "gdn_chunk_tokens", job_path);
+  RanksOptions r;
+  r.ranks = field<int>(j, "ranks", job_path);
+  r.expert_parallel = field<bool>(j, "expert_parallel", job_path);
+  r.delivery = field<std::string>(j, "delivery", job_path);
+  r.resident_experts = field<bool>(j, "resident_experts", job_path);
+  r.moe_chunk_tokens = field<std::int64_t>(j, "moe_chunk_tokens", job_path);
+  r.timeout_s = field<double>(j, "timeout_s", job_path);
+  r.save_weights = field<std::string>(j, "save_weights", job_path);
+  const ModelSpec spec = load_model_spec(o.model);
+  check(o, r, spec);
+  if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
+  at::set_num_threads(o.threads > 0 ? o.threads : 1);
+
+  ByteCorpus data(o.data, o.seq);
+  data.seed(o.seed);
+  HostState state(spec);
+  if (o.weights.empty()) {
+    state.init_from_seed(o.seed);
+  } else {
+    state.load_safetensors(o.weights);
+  }
+  CommOptions co;
+  co.rank = rank;
+  co.world_size = r.ranks;
+  co.store_path = field<std::string>(j, "store", job_path);
+  co.timeout_s = r.timeout_s;
+  Communicator comm(co);
+
+  EpConfig cfg;
+  cfg.trainer.adam.lr = o.lr;
+  cfg.trainer.adam.weight_decay = o.weight_decay;
+  cfg.trainer.max_grad_norm = o.max_grad_norm;
+  cfg.trainer.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
+  cfg.trainer.adam_threads = o.threads > 0 ? o.threads : 1;
+  cfg.delivery = r.delivery == "shard" ? Delivery::kShard : Delivery::kFull;
+  cfg.expert_parallel = r.expert_parallel;
+  cfg.resident_experts = r.resident_experts;
+  cfg.moe_chunk_tokens = r.moe_chunk_tokens;
+  EpTrainer trainer(state, cfg, comm);
+
+  const std::string progress = field<std::string>(j, "progress", job_path);
+  std::ofstream progress_out;
+  if (rank == 0) progress_out.open(progress, std::ios::app);
+  std::vector<double> losses;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t tokens = 0;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto ts = std::chrono::steady_clock::now();
+    const Batch b = data.next(o.batch);
+    const StepStats st = trainer.step(b.tokens, b.targets);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    tokens += b.tokens.numel();
+    losses.push_back(st.loss);
+    if (rank == 0) {
+      const nlohmann::json line = {
+          {"step", trainer.steps()}, {"index", i}, {"steps", o.steps}, {"loss", st.loss},
+          {"tokens_per_s", static_cast<double>(b.tokens.numel()) / dt},
+          {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+      progress_out << line.dump() << "\n";
+      progress_out.flush();
+    }
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.save_weights.empty()) {
+    const auto flats = trainer.gather_flat_params();  // collective: every rank takes part
+    if (rank == 0) {
+      for (int b = 0; b < state.blocks(); ++b) state.master(b).copy_(flats[static_cast<std::size_t>(b)]);
+      state.save_safetensors(r.save_weights);
+    }
+  }
+  if (rank == 0) {
+    std::vector<std::vector<std::int64_t>> rows;
+    for (const auto& d : trainer.last_dispatch()) rows.push_back(d.send_rows);
+    const nlohmann::json res = {{"losses", losses},
+                                {"tokens_per_s", total > 0 ? static_cast<double>(tokens) / total : 0.0},
+                                {"first_step", 1},
+                                {"last_step", trainer.steps()},
+                                {"trainer", "ranks"},
+                                {"backend", comm.backend()},
+                                {"last_dispatch_rows", rows}};
+    write_file_atomically(field<std::string>(j, "result", job_path), res.dump());
+  }
+  comm.barrier();
+}
+
+}  // namespace oom::backend::dist

@@ -1,0 +1,52 @@
+// `oom train --ranks P`: one training run spread over P rank processes, and the rank side of it.
+//
+// train_ranks() (the parent) checks the options and the model against the rank count before any
+// process starts, writes a job file into a job folder, starts P copies of the `oom` program as
+// `oom rank-worker --job FILE --rank r` (backend/dist/launcher.h: one log per rank, a failing rank
+// stops the others, an optional overall deadline) and forwards rank 0's per-step progress.
+// run_rank_worker() (each child) joins the others through a FileStore in the job folder (Gloo over
+// 127.0.0.1), trains with EpTrainer (backend/dist/ep_trainer.h) on the same global batches the
+// single-process trainer would draw, and rank 0 writes the result (and, if asked, the final weights
+// as safetensors). Every rank uses one LibTorch thread unless `threads` says otherwise.
+// No LibTorch types in this header: the `oom` command includes it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "backend/train.h"
+
+namespace oom::backend::dist {
+
+struct RanksOptions {
+  int ranks = 2;
+  bool expert_parallel = true;    // experts sharded over ranks (else every rank holds all experts)
+  std::string delivery = "full";  // replicated weights: "full" (every rank updates all) or "shard"
+  bool resident_experts = true;   // expert shards updated on the device; false: via host state + CPU AdamW
+  std::int64_t moe_chunk_tokens = 0;  // local tokens per dispatch all-to-all; 0 = one dispatch per layer
+  double timeout_s = 120.0;       // rendezvous and every collective
+  double deadline_s = 0.0;        // the whole run; 0 = none
+  std::string worker_program;     // program started per rank; empty = the running executable
+  std::string save_weights;       // safetensors file for the final weights; empty = none
+  std::string job_dir;            // empty = a fresh folder under $TMPDIR (removed after success)
+};
+
+struct RanksResult {
+  TrainResult train;
+  // Rows rank 0 sent to each rank in every dispatch all-to-all of the last step (layer, chunk order).
+  std::vector<std::vector<std::int64_t>> last_dispatch_rows;
+  std::string backend;  // "gloo" (or "nccl")
+};
+
+// Runs the training on `ranks.ranks` processes. Throws InputError for bad options (before any
+// process starts) and std::runtime_error naming the rank when a rank fails (the others stopped).
+RanksResult train_ranks(const TrainOptions& options, const RanksOptions& ranks,
+                        const std::function<void(const StepReport&)>& on_step = {});
+
+// The body of `oom rank-worker`: runs rank `rank` of the job in `job_path`. Throws on failure.
+void run_rank_worker(const std::string& job_path, int rank);
+
+}  // namespace oom::backend::dist

@@ -1,0 +1,90 @@
+// `oom train --ranks P` (the multi-rank trainer, backend/dist/rank_train.h) and the hidden
+// `oom rank-worker` command each rank process runs.
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/dist/rank_train.h"
+#include "cli/cli.h"
+#include "costmodel/input_error.h"
+
+namespace oom::cli {
+
+struct TrainRanksOptions {
+  backend::dist::RanksOptions ranks;
+  bool given = false;
+  CLI::App* cmd = nullptr;
+};
+
+std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* cmd) {
+  auto o = std::make_shared<TrainRanksOptions>();
+  o->cmd = cmd;
+  o->ranks.ranks = 1;
+  auto& r = o->ranks;
+  const char* group = "Multi-rank (--ranks P ≥ 2: P processes, Gloo over 127.0.0.1)";
+  cmd->add_option("--ranks", r.ranks, "Rank processes (experts sharded over them, batch split)")
+      ->capture_default_str()->group(group);
+  cmd->add_option("--delivery", r.delivery, "Replicated weights: full (every rank updates all) or shard (+ all-gather)")
+      ->capture_default_str()->group(group);
+  cmd->add_flag("!--no-expert-parallel", r.expert_parallel, "Every rank holds all experts (data parallel only)")
+      ->group(group);
+  cmd->add_flag("!--streamed-experts", r.resident_experts, "Expert shards updated through host state and CPU AdamW")
+      ->group(group);
+  cmd->add_option("--moe-chunk", r.moe_chunk_tokens, "Local tokens per dispatch all-to-all (0 = one per layer)")
+      ->capture_default_str()->group(group);
+  cmd->add_option("--rank-timeout", r.timeout_s, "Seconds a rendezvous or collective may wait for a peer")
+      ->capture_default_str()->group(group);
+  cmd->add_option("--deadline", r.deadline_s, "Seconds the whole run may take (0 = no limit)")
+      ->capture_default_str()->group(group);
+  cmd->add_option("--save-weights", r.save_weights, "Write the final weights to this safetensors file")->group(group);
+  return o;
+}
+
+bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& o, bool json, Io io) {
+  if (o.ranks.ranks <= 1) {
+    for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk",
+                             "--rank-timeout", "--deadline", "--save-weights"}) {
+      if (o.cmd->count(name) > 0) {
+        throw InputError("", name, o.cmd->get_option(name)->as<std::string>(), "needs --ranks ≥ 2");
+      }
+    }
+    if (o.ranks.ranks < 1) throw InputError("", "--ranks", std::to_string(o.ranks.ranks), "must be ≥ 1");
+    return false;
+  }
+  std::ostream& lines = json ? io.err : io.out;
+  const auto result = backend::dist::train_ranks(options, o.ranks, [&](const backend::StepReport& r) {
+    lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {:.1f} s\n", r.step, r.loss, r.tokens_per_s,
+                         r.elapsed_s);
+    lines.flush();
+  });
+  if (json) {
+    nlohmann::json j;
+    j["losses"] = result.train.losses;
+    j["tokens_per_s"] = result.train.tokens_per_s;
+    j["first_step"] = result.train.first_step;
+    j["last_step"] = result.train.last_step;
+    j["trainer"] = result.train.trainer;
+    j["ranks"] = o.ranks.ranks;
+    j["backend"] = result.backend;
+    j["last_dispatch_rows"] = result.last_dispatch_rows;
+    io.out << j.dump() << "\n";
+  } else {
+    io.out << fmt::format("{} ranks ({}): {} steps, {:.0f} tokens/s\n", o.ranks.ranks, result.backend,
+                          result.train.losses.size(), result.train.tokens_per_s);
+  }
+  return true;
+}
+
+void add_rank_worker_command(CLI::App& app, Io io) {
+  auto job = std::make_shared<std::string>();
+  auto rank = std::make_shared<int>(-1);
+  auto* cmd = app.add_subcommand("rank-worker", "One rank of `oom train --ranks P` (started by it)");
+  cmd->group("");  // not listed in --help
+  cmd->add_option("--job", *job, "Job file written by oom train --ranks")->required();
+  cmd->add_option("--rank", *rank, "This process's rank")->required();
+  cmd->callback([job, rank] { backend::dist::run_rank_worker(*job, *rank); });
+}
+
+}  // namespace oom::cli

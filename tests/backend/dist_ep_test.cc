@@ -1,0 +1,267 @@
+// backend/dist/ep_trainer.h, process_group.h and rank_train.h: training on P rank processes (Gloo
+// over 127.0.0.1) matches the single-process PlainTrainer at the same global batch. Tolerances, FP32
+// on CPU: losses ≤ 1e-5 relative; every parameter block ≤ 1e-5 in relative L2 norm and ≤ 1e-4 in
+// max |difference| / max |weight|. The ranks sum gradients in another order (partial sums per rank,
+// then the all-reduce), and AdamW's m/√v turns the rounding of gradients that nearly cancel into
+// differences of a fraction of one update (lr) on those few elements, hence the looser max bound.
+// Each case also checks that the dispatch all-to-alls had uneven splits. Rank processes are the
+// `oom` program (OOM_BINARY).
+#include "backend/dist/ep_trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "backend/data.h"
+#include "backend/dist/process_group.h"
+#include "backend/dist/rank_train.h"
+#include "backend/plain_trainer.h"
+#include "cli/cli.h"
+#include "costmodel/input_error.h"
+#include "tests/backend/reference_ops.h"
+
+namespace oom::backend::dist {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::rel_diff;
+
+constexpr double kTol = 1e-5;
+constexpr double kParamMaxTol = 1e-4;
+
+double rel_l2(const at::Tensor& a, const at::Tensor& b) {
+  const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  return (ad - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-30);
+}
+
+fs::path scratch(const std::string& tag) {
+  auto dir = fs::temp_directory_path() / ("oom-dist-test-" + tag + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TrainOptions small_run(const char* model, int batch) {
+  TrainOptions o;
+  o.model = model;
+  o.steps = 2;
+  o.seq = 16;
+  o.batch = batch;
+  o.lr = 3e-3;
+  o.max_grad_norm = 0.5;
+  o.seed = 7;
+  o.gdn_chunk_tokens = 8;
+  return o;
+}
+
+// The reference: the same seeded weights and the same global batches in one process.
+std::pair<std::vector<double>, std::vector<at::Tensor>> reference(const TrainOptions& o) {
+  const ModelSpec spec = load_model_spec(o.model);
+  HostState state(spec);
+  state.init_from_seed(o.seed);
+  TrainerConfig cfg;
+  cfg.adam.lr = o.lr;
+  cfg.adam.weight_decay = o.weight_decay;
+  cfg.max_grad_norm = o.max_grad_norm;
+  cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
+  PlainTrainer plain(state, cfg);
+  ByteCorpus data(default_corpus_path(), o.seq);
+  data.seed(o.seed);
+  std::vector<double> losses;
+  for (int i = 0; i < o.steps; ++i) {
+    const Batch b = data.next(o.batch);
+    losses.push_back(plain.step(b.tokens, b.targets).loss);
+  }
+  return {losses, plain.flat_params()};
+}
+
+bool uneven(const std::vector<std::vector<std::int64_t>>& rows) {
+  for (const auto& r : rows) {
+    for (auto n : r) {
+      if (n != r[0]) return true;
+    }
+  }
+  return false;
+}
+
+void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::string& tag) {
+  const auto dir = scratch(tag);
+  r.worker_program = OOM_BINARY;
+  r.save_weights = (dir / "final.safetensors").string();
+  r.timeout_s = 60;
+  r.deadline_s = 120;
+  const auto got = train_ranks(o, r);
+  const auto [losses, params] = reference(o);
+  ASSERT_EQ(got.train.losses.size(), losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(got.train.losses[i], losses[i], kTol * std::abs(losses[i])) << tag << " step " << i;
+  }
+  EXPECT_EQ(got.backend, "gloo");
+  HostState final_state(load_model_spec(o.model));
+  final_state.load_safetensors(r.save_weights);
+  double worst_max = 0, worst_l2 = 0;
+  for (int b = 0; b < final_state.blocks(); ++b) {
+    const auto& ref = params[static_cast<std::size_t>(b)];
+    const double dmax = rel_diff(final_state.master(b), ref), dl2 = rel_l2(final_state.master(b), ref);
+    EXPECT_LE(dmax, kParamMaxTol) << tag << " block " << b;
+    EXPECT_LE(dl2, kTol) << tag << " block " << b;
+    worst_max = std::max(worst_max, dmax);
+    worst_l2 = std::max(worst_l2, dl2);
+  }
+  std::cout << tag << ": worst block max-relative " << worst_max << ", relative L2 " << worst_l2 << "\n";
+  if (r.expert_parallel) {
+    const std::size_t chunks_per_layer =
+        r.moe_chunk_tokens > 0 ? static_cast<std::size_t>((o.batch / r.ranks * o.seq + r.moe_chunk_tokens - 1) / r.moe_chunk_tokens) : 1;
+    EXPECT_EQ(got.last_dispatch_rows.size(), chunks_per_layer * static_cast<std::size_t>(load_model_spec(o.model).layers));
+    EXPECT_TRUE(uneven(got.last_dispatch_rows)) << tag << ": every dispatch split was even";
+  }
+  fs::remove_all(dir);
+}
+
+TEST(EpTrainer, TwoRanksExpertParallelMatchPlainTrainer) {
+  RanksOptions r;
+  r.ranks = 2;
+  expect_ranks_match_plain(small_run("tiny-moe", 4), r, "ep2");
+}
+
+TEST(EpTrainer, TwoRanksChunkedDispatchShardDeliveryStreamedExpertsMatchPlainTrainer) {
+  RanksOptions r;
+  r.ranks = 2;
+  r.delivery = "shard";
+  r.resident_experts = false;
+  r.moe_chunk_tokens = 12;  // 32 local tokens: chunks of 12, 12 and 8
+  expect_ranks_match_plain(small_run("tiny-moe-qwen", 4), r, "ep2-chunked");
+}
+
+TEST(EpTrainer, TwoRanksDataParallelWithShardDeliveryMatchPlainTrainer) {
+  RanksOptions r;
+  r.ranks = 2;
+  r.expert_parallel = false;
+  r.delivery = "shard";
+  expect_ranks_match_plain(small_run("tiny-moe-gemma", 2), r, "dp2");
+}
+
+TEST(EpTrainer, FourRanksExpertParallelMatchPlainTrainer) {
+  RanksOptions r;
+  r.ranks = 4;
+  expect_ranks_match_plain(small_run("tiny-moe-mixtral", 4), r, "ep4");
+}
+
+TEST(TrainRanks, BadOptionsAreRejectedBeforeAnyProcessStarts) {
+  RanksOptions r;
+  r.ranks = 3;
+  r.worker_program = "/nonexistent/oom";  // would fail differently if a process were started
+  EXPECT_THROW(train_ranks(small_run("tiny-moe", 4), r), InputError);  // batch 4 over 3 ranks
+  try {
+    train_ranks(small_run("tiny-moe", 3), r);  // 8 experts over 3 ranks
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "num_experts");
+  }
+  r.ranks = 2;
+  r.delivery = "sideways";
+  EXPECT_THROW(train_ranks(small_run("tiny-moe", 4), r), InputError);
+}
+
+TEST(TrainRanks, RankFailureStopsPeersWaitingInACollective) {
+  // Rank 0 fails writing the weights while rank 1 waits for it in the final barrier; the collective
+  // timeout is long, so only the supervisor can end the run quickly.
+  RanksOptions r;
+  r.ranks = 2;
+  r.worker_program = OOM_BINARY;
+  r.save_weights = "/nonexistent-dir/final.safetensors";
+  r.timeout_s = 120;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto o = small_run("tiny-moe", 2);
+    o.steps = 1;
+    train_ranks(o, r);
+    FAIL() << "expected the run to fail";
+  } catch (const InputError&) {
+    FAIL() << "the failure happens in a rank, not in the options";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank 0 exited with status"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nonexistent-dir"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the other ranks were stopped"), std::string::npos) << msg;
+    const auto at = msg.find("(logs in ");
+    ASSERT_NE(at, std::string::npos) << msg;
+    const auto job_dir = msg.substr(at + 9, msg.find(')', at) - at - 9);
+    EXPECT_TRUE(fs::exists(fs::path(job_dir) / "rank-0.log")) << job_dir;
+    fs::remove_all(job_dir);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+}
+
+TEST(Communicator, RendezvousWithoutPeersTimesOut) {
+  const auto dir = scratch("alone");
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.store_path = (dir / "store").string();
+  o.timeout_s = 0.5;
+  EXPECT_THROW(Communicator c(o), std::runtime_error);
+  o.rank = 2;
+  EXPECT_THROW(Communicator c(o), InputError);
+  fs::remove_all(dir);
+}
+
+TEST(Communicator, SingleRankCollectivesAreIdentities) {
+  const auto dir = scratch("single");
+  CommOptions o;
+  o.store_path = (dir / "store").string();
+  Communicator c(o);
+  auto t = torch::arange(6, torch::kFloat);
+  c.all_reduce_sum(t);
+  EXPECT_TRUE(at::equal(t, torch::arange(6, torch::kFloat)));
+  EXPECT_TRUE(at::equal(c.all_to_all(t.view({3, 2}), {3}, {3}), t.view({3, 2})));
+  EXPECT_EQ(c.all_gather(t).sizes(), (std::vector<std::int64_t>{1, 6}));
+  fs::remove_all(dir);
+}
+
+TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
+  std::ostringstream out, err;
+  EXPECT_EQ(cli::run({"train", "--ranks", "3", "--model", "tiny-moe", "--batch", "3"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("num_experts"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--save-weights", "w.safetensors"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("needs --ranks"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--reference"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--reference"), std::string::npos) << err.str();
+  EXPECT_TRUE(out.str().empty());
+}
+
+TEST(OomTrainRanks, CommandRunsTwoRanksAndPrintsJson) {
+  const std::string cmd = std::string(OOM_BINARY) +
+                          " train --ranks 2 --model tiny-moe --steps 2 --seq 16 --batch 2 --json 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  ASSERT_EQ(pclose(p), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["losses"].size(), 2u);
+  EXPECT_EQ(j["backend"], "gloo");
+  // The same run in one process: the same losses.
+  auto o = small_run("tiny-moe", 2);
+  o.lr = 1e-3;
+  o.max_grad_norm = 1.0;
+  o.seed = 0;
+  o.gdn_chunk_tokens = 32;
+  const auto ref = reference(o).first;
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(j["losses"][i].get<double>(), ref[i], kTol * ref[i]);
+}
+
+}  // namespace
+}  // namespace oom::backend::dist
