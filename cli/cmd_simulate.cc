@@ -1,4 +1,4 @@
-// `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--trace out.json] [--json]`,
+// `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--calibration C.json] [--trace out.json] [--json]`,
 // `oom validate FILE.jsonl [--engine ...] [--json]` and
 // `oom calibrate --records FILE --hardware NAME -o configs/calibration/NAME.json`.
 #include <memory>
@@ -28,7 +28,7 @@ void register_engines() {
 }
 
 struct SimulateArgs {
-  std::string workload_path, plan_path, engine = "analytic", trace_path, output;
+  std::string workload_path, plan_path, engine = "analytic", trace_path, output, calibration_path;
   bool json = false;
 };
 
@@ -54,6 +54,8 @@ void add_simulate_commands(CLI::App& app, Io io) {
   s->add_option("--plan", sim->plan_path, "Plan JSON")->required();
   s->add_option("--engine", sim->engine, engines);
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
+  s->add_option("--calibration", sim->calibration_path,
+                "Calibration JSON (default: configs/calibration/<hardware>.json when present, else uncalibrated)");
   s->add_flag("--json", sim->json, "Print one JSON object");
   s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
   s->callback([=] {
@@ -61,7 +63,9 @@ void add_simulate_commands(CLI::App& app, Io io) {
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
     const Plan plan = load_plan(sim->plan_path);
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
-    const SimulationResult r = simulate_plan(plan, ctx, sim->engine, load_calibration_for(ctx.hardware));
+    const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware)
+                                                                  : load_calibration_file(sim->calibration_path, ctx.hardware);
+    const SimulationResult r = simulate_plan(plan, ctx, sim->engine, calibration);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
     if (sim->json) {
       nlohmann::json j = simulation_to_json(r);

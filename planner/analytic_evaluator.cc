@@ -114,9 +114,13 @@ Trace AnalyticEngine::execute(const StepGraph& g, const DurationModel& durations
   std::vector<Seconds> d(g.stages.size());
   for (const Stage& s : g.stages) d[static_cast<std::size_t>(s.id)] = durations.duration_s(s, g);
   const StageTimes times = analytic_times(g, d);
+  return trace_of_times(g, times, name());
+}
+
+Trace trace_of_times(const StepGraph& g, const StageTimes& times, const std::string& engine) {
   MemoryPeaks mem = memory_peaks(g, times);
   Trace t;
-  t.engine = name();
+  t.engine = engine;
   t.stages.reserve(g.stages.size());
   for (const Stage& s : g.stages) {
     const auto i = static_cast<std::size_t>(s.id);

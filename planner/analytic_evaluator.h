@@ -38,6 +38,11 @@ struct MemoryPeaks {
 };
 MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_samples = true);
 
+// The Trace of `g` executed at `times` by the engine named `engine`: every stage with its name,
+// kind, resource and times, the memory timelines and peaks of memory_peaks(), finalized. Every
+// engine builds its Trace this way, so traces of one graph differ only in their times.
+Trace trace_of_times(const StepGraph& g, const StageTimes& times, const std::string& engine);
+
 class AnalyticEngine : public StepEngine {
  public:
   std::string name() const override { return "analytic"; }

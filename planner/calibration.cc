@@ -83,11 +83,12 @@ std::string calibration_path(const std::string& hardware_name) {
   return config_folder("calibration") + "/" + hardware_name + ".json";
 }
 
-Calibration load_calibration_for(const HardwareSpec& h) {
-  const std::string path = calibration_path(h.name);
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return default_calibration(h);
+Calibration load_calibration_file(const std::string& path, const HardwareSpec& h) {
   Calibration c = calibration_from_json(read_json_file(path), path);
+  if (!c.hardware.empty() && c.hardware != h.name) {
+    throw InputError(path, "hardware", "\"" + c.hardware + "\"",
+                     "the calibration was fitted for other hardware than the workload's \"" + h.name + "\"");
+  }
   // Rates left at 0 in the file fall back to the hardware's.
   const Calibration d = default_calibration(h);
   if (c.h2d_Bps <= 0) c.h2d_Bps = d.h2d_Bps;
@@ -96,6 +97,13 @@ Calibration load_calibration_for(const HardwareSpec& h) {
   if (c.host_prep_params_per_s <= 0) c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
   if (c.host_accumulate_params_per_s <= 0) c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
   return c;
+}
+
+Calibration load_calibration_for(const HardwareSpec& h) {
+  const std::string path = calibration_path(h.name);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return default_calibration(h);
+  return load_calibration_file(path, h);
 }
 
 }  // namespace oom

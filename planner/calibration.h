@@ -65,5 +65,8 @@ std::string calibration_path(const std::string& hardware_name);
 // Loads the calibration of `h` from configs/calibration/<h.name>.json when it exists, else
 // returns default_calibration(h). A file that exists but is malformed throws InputError.
 Calibration load_calibration_for(const HardwareSpec& h);
+// Loads the calibration file at `path` for hardware `h`; rates left at 0 take h's. Throws
+// InputError when the file is malformed or names other hardware ("hardware" field).
+Calibration load_calibration_file(const std::string& path, const HardwareSpec& h);
 
 }  // namespace oom

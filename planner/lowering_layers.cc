@@ -19,6 +19,18 @@ int head_groups(const AttentionSpec& a, int head_group) {
   return std::max(1, per_kv / std::max(1, std::min(head_group, per_kv)));
 }
 
+// The shape of one head group's attention core over `seqs` complete sequences of `seq_len` tokens.
+OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t seq_len) {
+  OpShape core;
+  core.seqs = seqs;
+  core.seq_len = seq_len;
+  core.heads = a.heads / groups;
+  core.head_dim = a.head_dim;
+  core.window = a.window_tokens;
+  core.tokens = seqs * seq_len;
+  return core;
+}
+
 int gdn_chunks(std::int64_t seq_len, std::int64_t chunk) {
   if (chunk <= 0 || chunk >= seq_len) return 1;
   return static_cast<int>((seq_len + chunk - 1) / chunk);
@@ -53,13 +65,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       last = compute_all("attn.out", OpKind::kSync, phase, l, 0, 0, OpShape{}, {p, load});
     } else {
       const int groups = head_groups(a, plan_.split.attention_head_group);
-      OpShape core;
-      core.seqs = seqs;
-      core.seq_len = S_;
-      core.heads = a.heads / groups;
-      core.head_dim = a.head_dim;
-      core.window = a.window_tokens;
-      core.tokens = seqs * S_;
+      const OpShape core = attention_core_shape(a, groups, seqs, S_);
       for (int g = 0; g < groups; ++g) {
         last = compute_all(fmt::format("attn.core.h{}", g), OpKind::kAttention, phase, l,
                            f.mixing_core.total() / groups, 0, core, {last});
@@ -164,13 +170,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const int groups = head_groups(a, plan_.split.attention_head_group);
-    OpShape core;
-    core.seqs = seqs;
-    core.seq_len = S_;
-    core.heads = a.heads / groups;
-    core.head_dim = a.head_dim;
-    core.window = a.window_tokens;
-    core.tokens = seqs * S_;
+    const OpShape core = attention_core_shape(a, groups, seqs, S_);
     const Flops fwd = f.mixing_core.total() / groups;
     for (int g = groups - 1; g >= 0; --g) {
       // Without O/LSE kept, a partitioned backward needs each group's softmax statistics again:

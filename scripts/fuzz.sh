@@ -4,7 +4,8 @@
 #
 #   scripts/fuzz.sh [SECONDS]
 #
-# Environment: OOM_FUZZ_RUNS=N stops a target after N inputs; OOM_FUZZ_TARGETS="a b" fuzzes only
+# Environment: OOM_FUZZ_RUNS=N stops a target after N inputs; OOM_FUZZ_MAX_LEN=N caps an input's bytes
+# (default 8192); OOM_FUZZ_TARGETS="a b" fuzzes only
 # those; OOM_JOBS build jobs (default 2). Corpora grow in build-fuzz/corpus/NAME (seeded from the
 # targets' seed paths and tests/fuzz/regressions/NAME); a crashing input is written to
 # build-fuzz/artifacts/NAME/ and belongs, once fixed, in tests/fuzz/regressions/NAME/.
@@ -57,7 +58,7 @@ for name in "${names[@]}"; do
   start=$(date +%s)
   set +e
   "build-fuzz/tests/fuzz/fuzz_${name}" "$corpus" -dict="$dict" -max_total_time="$seconds" "${runs_opt[@]}" \
-    -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 -artifact_prefix="$artifacts" \
+    -timeout=10 -rss_limit_mb=2048 -max_len="${OOM_FUZZ_MAX_LEN:-8192}" -print_final_stats=1 -artifact_prefix="$artifacts" \
     >"$log" 2>&1
   rc=$?
   set -e

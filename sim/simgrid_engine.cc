@@ -279,20 +279,7 @@ StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel
 
 Trace SimGridEngine::execute(const StepGraph& g, const DurationModel& durations) const {
   const StageTimes times = simulate_times(g, durations);
-  MemoryPeaks mem = memory_peaks(g, times);
-  Trace t;
-  t.engine = name();
-  t.stages.reserve(g.stages.size());
-  for (const Stage& s : g.stages) {
-    const auto i = at(s.id);
-    t.stages.push_back({s.id, s.name, std::string(op_kind_name(s.op)), g.resource(s.resource).name, times.start_s[i],
-                        times.finish_s[i], s.layer, s.bytes, s.flops});
-  }
-  t.memory = std::move(mem.timelines);
-  t.gpu_peak_bytes = std::move(mem.gpu_peak_bytes);
-  t.numa_peak_bytes = std::move(mem.numa_peak_bytes);
-  finalize_trace(t);
-  return t;
+  return trace_of_times(g, times, name());
 }
 
 }  // namespace oom::sim

@@ -13,24 +13,12 @@
 #include "planner/cost_report.h"
 #include "planner/duration_model.h"
 #include "planner/step_graph.h"
+#include "tests/bench/default_step.h"
 
 namespace {
 
-struct DefaultStep {
-  oom::WorkloadContext ctx;
-  oom::StepGraph graph;
-  oom::CalibratedDurationModel durations;
-};
-
-const DefaultStep& default_step() {
-  static const DefaultStep step = [] {
-    oom::WorkloadContext ctx = oom::resolve_workload(oom::default_workload(), "default workload");
-    oom::StepGraph g = oom::lower(oom::default_plan(), ctx);
-    oom::CalibratedDurationModel d(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
-    return DefaultStep{std::move(ctx), std::move(g), std::move(d)};
-  }();
-  return step;
-}
+using oom::bench::default_step;
+using oom::bench::DefaultStep;
 
 void BM_AnalyticStepTimes(benchmark::State& state) {
   const DefaultStep& step = default_step();

@@ -83,6 +83,10 @@ std::string plan_with(const std::function<void(json&)>& edit) { return edited(kP
 std::string model_with(const std::function<void(json&)>& edit) { return edited(kTiny, edit); }
 std::string hw_with(const std::function<void(json&)>& edit) { return edited(kH200, edit); }
 
+std::string calibration_with(const std::function<void(json&)>& edit) {
+  return edited("configs/calibration/h100-sxm-node.json", edit);
+}
+
 std::string first_record_line() {
   std::ifstream in(fs::path(kSrc) / "traces/paper/paper-calibration.jsonl");
   std::string line;
@@ -273,6 +277,23 @@ std::vector<Case> cases() {
   c.push_back({"records_empty_file", {{"r.jsonl", "\n# only a comment\n"}}, {"@records", R}, R, "", "", "empty"});
   c.push_back({"records_missing_file", {}, {"@records", R}, R, "", "", "not found"});
   c.push_back({"records_directory", {{"r.jsonl", kDirectory}}, {"@records", R}, R, "", "", "directory"});
+
+  // --- calibration files: oom simulate --calibration PATH (default workload and plan, H100 node)
+  const std::string C = "{dir}/c.json";
+  const std::vector<std::string> simulate_cal = {"simulate", "--workload", "{src}/" + std::string(kWorkload), "--plan",
+                                                 "{src}/" + std::string(kPlan), "--calibration", C};
+  c.push_back({"calibration_efficiency_above_one", {{"c.json", calibration_with([](json& j) { j["gemm_efficiency"] = 1.5; })}},
+               simulate_cal, C, "gemm_efficiency", "1.5", "range"});
+  c.push_back({"calibration_negative_overhead", {{"c.json", calibration_with([](json& j) { j["compute_overhead_s"] = -0.001; })}},
+               simulate_cal, C, "compute_overhead_s", "-0.001", "range"});
+  c.push_back({"calibration_rate_as_string", {{"c.json", calibration_with([](json& j) { j["h2d_Bps"] = "fast"; })}},
+               simulate_cal, C, "h2d_Bps", "\"fast\"", "number"});
+  c.push_back({"calibration_other_hardware", {{"c.json", calibration_with([](json& j) { j["hardware"] = "rtx4090-node"; })}},
+               simulate_cal, C, "hardware", "\"rtx4090-node\"", "other hardware"});
+  c.push_back({"calibration_unknown_constant", {{"c.json", calibration_with([](json& j) { j["gemm_speedup"] = 2; })}},
+               simulate_cal, C, "gemm_speedup", "2", "unknown"});
+  c.push_back({"calibration_truncated", {{"c.json", "{\"hardware\": \"h100-sxm-node\", \"gemm_efficiency\": 0."}},
+               simulate_cal, C, "gemm_efficiency", "0.", "malformed JSON"});
   return c;
 }
 
@@ -376,7 +397,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   EXPECT_GE(rows.size(), 30u);
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
-  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "@records"}));
+  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
@@ -386,6 +407,12 @@ TEST(BadInputTable, UneditedInputsAreAccepted) {
   EXPECT_EQ(oom::cli::run({"memory", "--workload", kSrc + "/" + kWorkload, "--plan", kSrc + "/" + kPlan}, {out, err}), 0)
       << err.str();
   EXPECT_NO_THROW(oom::load_records(kSrc + "/traces/paper/paper-calibration.jsonl"));
+  const std::string calibration = kSrc + "/configs/calibration/h100-sxm-node.json";
+  EXPECT_EQ(oom::cli::run({"simulate", "--workload", kSrc + "/" + kWorkload, "--plan", kSrc + "/" + kPlan, "--calibration",
+                           calibration},
+                          {out, err}),
+            0)
+      << err.str();
 }
 
 }  // namespace

@@ -8,28 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/common/round_numbers.h"
+
 #include "planner/step_graph.h"
 
 namespace oom {
 namespace {
 
-// Round numbers with no fixed part: 100 TFLOP/s, 10 GB/s copies, 0.25 G params/s CPU updates.
-class RoundNumbers : public DurationModel {
- public:
-  StageCost cost(const Stage& s, const StepGraph&) const override {
-    switch (s.op) {
-      case OpKind::kH2d:
-      case OpKind::kD2h:
-        return {0, static_cast<double>(s.bytes), 10e9, 10e9};
-      case OpKind::kCpuAdamW:
-        return {0, static_cast<double>(s.params), 0.25e9, 0.25e9};
-      case OpKind::kSync:
-        return {};
-      default:
-        return {0, s.flops, 100e12, 100e12};
-    }
-  }
-};
+using test_support::RoundNumbers;
 
 constexpr Bytes kGB = 1'000'000'000;
 

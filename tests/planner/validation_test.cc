@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/common/published_facts.h"
+
 #include "costmodel/input_error.h"
 #include "planner/cost_report.h"
 
@@ -20,41 +22,15 @@ double step_s(const Plan& plan, const Workload& w) {
 }
 
 TEST(PublishedFacts, ResidentLayersShortenTheBatch32Step) {
-  Plan r0 = default_plan();
-  r0.resident_layers.clear();
-  const double ratio = step_s(r0, default_workload()) / step_s(default_plan(), default_workload());
-  EXPECT_GE(ratio, 1.4);  // published: 8.48 s vs 5.02 s
+  published_facts::expect_resident_layers_shorten_the_batch32_step(step_s);
 }
 
 TEST(PublishedFacts, InterleavedResidentSetBeatsContiguousOfTheSameSize) {
-  Plan interleaved = default_plan();
-  interleaved.resident_layers = {0, 1, 3, 7, 11, 15, 19, 22, 26, 30, 34, 38};
-  Plan contiguous = default_plan();
-  contiguous.resident_layers = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
-  EXPECT_LT(step_s(interleaved, default_workload()), step_s(contiguous, default_workload()));
+  published_facts::expect_interleaved_resident_set_beats_contiguous(step_s);
 }
 
 TEST(PublishedFacts, KeepingAttentionResultsHelpsAt512KAndNotAt32K) {
-  Plan keep;
-  keep.path = ExpertPath::kLocal;
-  keep.param_transfer = ParamTransfer::kShard;
-  keep.transfer_chunk_mib = 256;
-  keep.cpu_grad_slots = 1;
-  keep.split = {8, 131072, 262144, 0};
-  keep.keep_attention_results = true;
-  Plan no_keep = keep;
-  no_keep.keep_attention_results = false;
-  Workload w = default_workload();
-  w.global_batch = 4;
-  w.seq_len = 524288;
-  w.yarn_factor = 2;
-  const double gain_512k = step_s(no_keep, w) / step_s(keep, w) - 1;
-  w.seq_len = 32768;
-  keep.split = {8, 16384, 32768, 0};
-  no_keep.split = keep.split;
-  const double gain_32k = step_s(no_keep, w) / step_s(keep, w) - 1;
-  EXPECT_GT(gain_512k, 0.10);  // published: 260 s → 200 s
-  EXPECT_LT(gain_32k, 0.02);
+  published_facts::expect_keeping_attention_results_helps_at_512k_not_32k(step_s);
 }
 
 TEST(StepBreakdown, AccountsForEveryInstantOfTheStep) {

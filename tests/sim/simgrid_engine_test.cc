@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "tests/common/round_numbers.h"
+
 #include "planner/analytic_evaluator.h"
 #include "planner/duration_model.h"
 #include "planner/step_engine.h"
@@ -37,28 +39,7 @@ HardwareSpec tiny_hardware(int sockets, BytesPerS dram_Bps = 10e9) {
   return h;
 }
 
-// Round-number prices with no fixed part: 100 TFLOP/s, 10 GB/s copies, 100 GB/s collectives,
-// 0.25 G params/s CPU updates.
-class RoundNumbers : public DurationModel {
- public:
-  StageCost cost(const Stage& s, const StepGraph&) const override {
-    switch (s.op) {
-      case OpKind::kH2d:
-      case OpKind::kD2h:
-        return {0, static_cast<double>(s.bytes), 10e9, 10e9};
-      case OpKind::kAllToAll:
-      case OpKind::kAllGather:
-      case OpKind::kReduceScatter:
-        return {0, static_cast<double>(s.bytes), 100e9, 100e9};
-      case OpKind::kCpuAdamW:
-        return {0, static_cast<double>(s.params), 0.25e9, 0.25e9};
-      case OpKind::kSync:
-        return {};
-      default:
-        return {0, s.flops, 100e12, 100e12};
-    }
-  }
-};
+using test_support::RoundNumbers;
 
 struct Rank {
   ResourceId compute, h2d, d2h, fabric, cpu;
