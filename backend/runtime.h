@@ -6,6 +6,7 @@
 //             step; each decoder layer ℓ runs without autograd on weights acquired from the
 //             ParamWindow (ℓ+1 is prefetched meanwhile) and its input is kept on the host as the
 //             layer's checkpoint; the head computes the loss with autograd.
+//             The last decoder instead runs with autograd and keeps its graph (retain_last_decoder).
 //   backward  for ℓ = L−1 … 0: the layer is recomputed from its host checkpoint with autograd on a
 //             flat leaf of its working weights, backpropagated with the output gradient, and its
 //             flat gradient is brought back into the host gradient slot; AdamW for ℓ is handed to a
@@ -36,6 +37,10 @@ struct TrainerConfig {
   double max_grad_norm = 0.0;  // 0 = no clipping
   ModelOptions model;
   int adam_threads = 0;         // 0 = LibTorch's intra-op thread count
+  // StreamedTrainer: the last decoder keeps its autograd graph from the forward instead of being
+  // recomputed (its backward follows the head at once, so its activations would be rebuilt right
+  // after being dropped). false = checkpoint and recompute every decoder.
+  bool retain_last_decoder = true;
 };
 
 struct StepStats {

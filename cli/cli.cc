@@ -24,6 +24,7 @@ int run(const std::vector<std::string>& args, Io io) {
   add_model_commands(app, io);
   add_memory_commands(app, io);
   add_simulate_commands(app, io);
+  add_diff_commands(app, io);
 #ifdef OOM_HAVE_BACKEND
   add_train_commands(app, io);
 #endif

@@ -5,6 +5,7 @@
 // 3 an infeasible workload (later: `oom plan`), 1 an internal error.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -32,7 +33,11 @@ int run(const std::vector<std::string>& args, Io io);
 void add_model_commands(CLI::App& app, Io io);
 void add_memory_commands(CLI::App& app, Io io);
 void add_simulate_commands(CLI::App& app, Io io);
+void add_diff_commands(CLI::App& app, Io io);
 void add_train_commands(CLI::App& app, Io io);  // only with the LibTorch backend (OOM_HAVE_BACKEND)
+// `oom calibrate --backend`: adds its options to the calibrate subcommand and returns what the
+// subcommand's callback runs first (true when --backend was given and ran). Backend builds only.
+std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
 
 // Writes `content` to `path` atomically, or to `io.out` when path is "-" or empty.
 void emit(const std::string& path, const std::string& content, Io io);

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "backend/plain_trainer.h"
+#include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "tests/bench/bench_ratios.h"
 
@@ -46,9 +47,25 @@ void BM_StreamedStep(benchmark::State& st) {
   st.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(s.tokens.numel()), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The plan-driven runtime: range(2) selects the plan. 0: every boundary kept on the host (the
+// streamed trainer's schedule); 1: O/LSE kept on the host, so backward differentiates the
+// attention cores from them instead of recomputing them.
+void BM_PlanStep(benchmark::State& st) {
+  Setup s(st.range(0), st.range(1));
+  oom::Plan plan;
+  plan.path = oom::ExpertPath::kLocal;
+  plan.keep_attention_results = st.range(2) == 1;
+  PlanTrainer trainer(s.state, s.cfg, plan);
+  trainer.step(s.tokens, s.targets);  // warm-up
+  for (auto _ : st) benchmark::DoNotOptimize(trainer.step(s.tokens, s.targets).loss);
+  st.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(s.tokens.numel()), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 BENCHMARK(BM_PlainStep)->Args({4, 128})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
 BENCHMARK(BM_StreamedStep)->Args({4, 128, 0})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
 BENCHMARK(BM_StreamedStep)->Args({4, 128, 1})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
+BENCHMARK(BM_PlanStep)->Args({4, 128, 0})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
+BENCHMARK(BM_PlanStep)->Args({4, 128, 1})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
 
 }  // namespace
 
@@ -68,6 +85,13 @@ int main(int argc, char** argv) {
     if (clipped != nullptr) {
       fmt::print("with clipping (updates after backward): wall {:.2f}x, CPU {:.2f}x\n", clipped->real_time_s / plain->real_time_s,
                  clipped->cpu_time_s / plain->cpu_time_s);
+    }
+  }
+  for (const char* name : {"BM_PlanStep/4/128/0/", "BM_PlanStep/4/128/1/"}) {
+    const auto* p = reporter.find(name);
+    if (plain != nullptr && p != nullptr) {
+      fmt::print("{} / plain: wall {:.2f}x, CPU {:.2f}x\n", name, p->real_time_s / plain->real_time_s,
+                 p->cpu_time_s / plain->cpu_time_s);
     }
   }
   benchmark::Shutdown();
