@@ -568,17 +568,21 @@ struct PlanTrainer::Impl {
   }
 
   // Queues the CPU update (and publication) of a parameter group; returns the worker job index.
+  // `publish` false: the working copy is republished later (publish_range).
   int submit_update(const std::string& group, int layer, int block, std::int64_t a, std::int64_t n,
-                    std::function<void()> ready, double scale) {
-    return worker.submit([this, group, layer, block, a, n, ready = std::move(ready), scale] {
+                    std::function<void()> ready, double scale, bool publish = true) {
+    return worker.submit([this, group, layer, block, a, n, ready = std::move(ready), scale, publish] {
       ready();
       {
         auto s = rec.stage("opt", layer, group + ".cpu_adamw", "cpu_adamw", kCpu);
         update_range(block, a, n, st.grad_slot(block), scale);
       }
-      auto s = rec.stage("opt", layer, group + ".publish", "host_prep", kPrep);
-      st.working(block).narrow(0, a, n).copy_(st.master(block).narrow(0, a, n));
+      if (publish) publish_range(group, layer, block, a, n);
     });
+  }
+  void publish_range(const std::string& group, int layer, int block, std::int64_t a, std::int64_t n) {
+    auto s = rec.stage("opt", layer, group + ".publish", "host_prep", kPrep);
+    st.working(block).narrow(0, a, n).copy_(st.master(block).narrow(0, a, n));
   }
 
   // CPU gradient slots: the gradient about to be sent waits for the update `slots` gradients back.
@@ -660,7 +664,9 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
     auto s = stage("bwd", -1, "lm_head.grad_d2h", "d2h", kD2h);
     head_ready = gradient_to_host(st.grad_slot(0), outer_flat.grad());
   }
-  if (!clip) update_jobs.push_back(submit_update("lm_head", -1, 0, head.first, head.second, head_ready, 1.0));
+  // The LM head's update overlaps the decoders' backward; its working copy is republished after
+  // the embedding backward (on a CPU device the step's outer weights are that very buffer).
+  if (!clip) update_jobs.push_back(submit_update("lm_head", -1, 0, head.first, head.second, head_ready, 1.0, false));
 
   for (int l = L - 1; l >= 0; --l) {
     const auto x = boundary_for_backward(l);
@@ -708,6 +714,7 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
     submit_update("lm_head", -1, 0, head.first, head.second, outer_ready, coef);
     submit_update("embedding", -1, 0, emb.first, emb.second, [] {}, coef);
   } else {
+    worker.submit([this, head] { publish_range("lm_head", -1, 0, head.first, head.second); });
     submit_update("embedding", -1, 0, emb.first, emb.second, outer_ready, 1.0);
   }
   worker.wait_all();
