@@ -118,7 +118,7 @@ HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
   h.gpu.bf16_flops_per_s = flops;
   h.gpu.hbm_Bps = mem_Bps;
   h.gpu_numa = {0};
-  h.pcie.generation = cuda ? 4 : 0;
+  h.pcie.generation = cuda ? 4 : 1;  // CPU: no link; 1 is the loader's minimum
   h.pcie.h2d_Bps = h2d_Bps;
   h.pcie.d2h_Bps = d2h_Bps;
   h.pcie.latency_s = 1e-6;
@@ -139,6 +139,7 @@ HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
       {"gpu_numa", "one compute device on socket 0"},
       {"pcie.h2d_Bps", how + (cuda ? "128 MiB pinned host-to-device copy" : "half the DRAM copy rate (a CPU transfer is a copy)")},
       {"pcie.d2h_Bps", how + (cuda ? "128 MiB device-to-pinned-host copy" : "half the DRAM copy rate (a CPU transfer is a copy)")},
+      {"pcie.generation", cuda ? "estimate: PCIe Gen4 or later" : "no PCIe link: the CPU compute device reads host memory directly (1 is the loader's minimum)"},
       {"pcie.latency_s", "estimate: 1 us per copy"},
       {"fabric.per_gpu_Bps", "estimate: as the link (one device)"},
       {"fabric.latency_s", "estimate: 10 us"},

@@ -4,7 +4,8 @@
 //   configs/hardware/NAME.json      the measured HardwareSpec (every number names its measurement)
 //   traces/recorded/NAME.jsonl      the recorded step records (model, shape, plan, measured step)
 //   configs/calibration/NAME.json   the fitted Calibration (every third record held out)
-// and prints the fit: constants and each record's measured and predicted step.
+// and prints the fit: constants and each record's measured and predicted step. `--refit` fits
+// again from the files already written, without measuring.
 #include <functional>
 #include <memory>
 
@@ -23,7 +24,7 @@ namespace oom::cli {
 namespace {
 
 struct BackendCalibrationArgs {
-  bool backend = false, quick = false;
+  bool backend = false, quick = false, refit = false;
   std::string name = "local-cpu", hardware_out, records_out, calibration_out;
   int steps = 5, threads = 1;
   bool wall = false;
@@ -38,27 +39,35 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
   const std::string cal_path = a.calibration_out.empty() ? config_root() + "/calibration/" + a.name + ".json" : a.calibration_out;
   const std::string rec_path = a.records_out.empty() ? config_root() + "/../traces/recorded/" + a.name + ".jsonl" : a.records_out;
 
-  backend::LocalMeasureOptions mo;
-  mo.name = a.name;
-  mo.threads = a.threads;
-  mo.cpu_time = !a.wall;
-  if (a.quick) mo.seconds_per_probe = 0.05;
-  const HardwareSpec hw = backend::measure_local_hardware(mo);
-  write_file_atomically(hw_path, hardware_spec_to_json(hw).dump(2) + "\n");
-  io.out << fmt::format("{}: {:.3g} GFLOP/s GEMM, {:.3g} GB/s memory, {:.3g} M AdamW params/s -> {}\n", hw.name,
-                        hw.gpu.bf16_flops_per_s * 1e-9, hw.gpu.hbm_Bps * 1e-9, hw.numa[0].adamw_params_per_s * 1e-6, hw_path);
-
-  auto runs = backend::default_local_runs();
-  if (a.quick) std::erase_if(runs, [](const backend::LocalRun& r) { return r.seq > 64 || r.model != "tiny-moe"; });
-  const RecordSet records = backend::record_local_steps(runs, hw_path, a.steps, a.threads, !a.wall);
-  std::string lines;
-  for (const auto& r : records.steps) {
-    StepRecord named = r;
-    named.workload.hardware = hw.name;  // validated later by name
-    lines += step_record_to_json(named).dump() + "\n";
+  RecordSet records;
+  HardwareSpec hw;
+  if (a.refit) {
+    hw = load_hardware_spec(hw_path);
+    records = load_records(rec_path);
+  } else {
+    backend::LocalMeasureOptions mo;
+    mo.name = a.name;
+    mo.threads = a.threads;
+    mo.cpu_time = !a.wall;
+    if (a.quick) mo.seconds_per_probe = 0.05;
+    hw = backend::measure_local_hardware(mo);
+    write_file_atomically(hw_path, hardware_spec_to_json(hw).dump(2) + "\n");
+    io.out << fmt::format("{}: {:.3g} GFLOP/s GEMM, {:.3g} GB/s memory, {:.3g} M AdamW params/s -> {}\n", hw.name,
+                          hw.gpu.bf16_flops_per_s * 1e-9, hw.gpu.hbm_Bps * 1e-9, hw.numa[0].adamw_params_per_s * 1e-6,
+                          hw_path);
+    io.out.flush();
+    auto runs = backend::default_local_runs();
+    if (a.quick) std::erase_if(runs, [](const backend::LocalRun& r) { return r.seq > 64 || r.model != "tiny-moe"; });
+    records = backend::record_local_steps(runs, hw_path, a.steps, a.threads, !a.wall);
+    std::string lines;
+    for (const auto& r : records.steps) {
+      StepRecord named = r;
+      named.workload.hardware = hw.name;  // validated later by name
+      lines += step_record_to_json(named).dump() + "\n";
+    }
+    write_file_atomically(rec_path, lines);
+    io.out << fmt::format("{} step records -> {}\n", records.steps.size(), rec_path);
   }
-  write_file_atomically(rec_path, lines);
-  io.out << fmt::format("{} step records -> {}\n", records.steps.size(), rec_path);
 
   RecordSet named = records;
   for (auto& r : named.steps) r.workload.hardware = hw_path;
@@ -80,6 +89,7 @@ std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io) {
   calibrate.add_flag("--backend", a->backend,
                      "Measure this machine with the LibTorch backend, record plan-driven steps, fit (no --records)");
   calibrate.add_option("--name", a->name, "With --backend: hardware name to write")->capture_default_str();
+  calibrate.add_flag("--refit", a->refit, "With --backend: fit again from the records and hardware files already written");
   calibrate.add_flag("--quick", a->quick, "With --backend: short probes and only the small tiny-moe runs");
   calibrate.add_option("--steps", a->steps, "With --backend: measured steps per record (median)")->capture_default_str();
   calibrate.add_option("--threads", a->threads, "With --backend: LibTorch threads (0 = leave as is)")->capture_default_str();
