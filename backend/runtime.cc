@@ -137,19 +137,26 @@ StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targ
   const auto outer = block_views(layout.blocks[0], outer_flat);
   const auto x0 = embed(tok, outer);
 
-  // Forward without autograd, keeping each layer's input on the host.
+  // Forward without autograd, keeping each layer's input on the host; the last decoder (with
+  // retain_last_decoder) runs with autograd and keeps its graph and its window slot until its backward.
   std::vector<at::Tensor> checkpoints(static_cast<std::size_t>(L));
   at::Tensor h = x0.detach();
-  {
-    at::NoGradGuard no_grad;
-    if (L > 0) window_.prefetch(1);
-    for (int l = 0; l < L; ++l) {
-      if (l + 1 < L) window_.prefetch(l + 2);
-      checkpoints[static_cast<std::size_t>(l)] = to_host(h, state_.pinned());
-      const auto w = window_.acquire(1 + l);
-      h = decoder_layer(h, block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w), spec, l, config_.model);
-      window_.release(1 + l);
+  at::Tensor last_w, last_x, last_y;
+  if (L > 0) window_.prefetch(1);
+  for (int l = 0; l < L; ++l) {
+    if (l + 1 < L) window_.prefetch(l + 2);
+    const auto views = [&](const at::Tensor& w) { return block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w); };
+    if (l + 1 == L && config_.retain_last_decoder) {
+      last_w = window_.acquire(1 + l).detach().requires_grad_(true);
+      last_x = h.detach().requires_grad_(true);
+      last_y = decoder_layer(last_x, views(last_w), spec, l, config_.model);
+      h = last_y.detach();
+      continue;
     }
+    at::NoGradGuard no_grad;
+    checkpoints[static_cast<std::size_t>(l)] = to_host(h, state_.pinned());
+    h = decoder_layer(h, views(window_.acquire(1 + l)), spec, l, config_.model);
+    window_.release(1 + l);
   }
   auto hL = h.detach().requires_grad_(true);
   const auto loss = head_loss(hL, tgt, outer, spec);
@@ -162,12 +169,20 @@ StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targ
   if (L > 0) window_.prefetch(L);
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) window_.prefetch(l);
-    auto w = window_.acquire(1 + l).detach().requires_grad_(true);
-    auto x = checkpoints[static_cast<std::size_t>(l)].to(device_).detach().requires_grad_(true);
-    checkpoints[static_cast<std::size_t>(l)] = at::Tensor();
-    const auto y = decoder_layer(x, block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w), spec, l,
-                                 config_.model);
-    y.backward(g);
+    at::Tensor w, x;
+    if (last_y.defined() && l + 1 == L) {
+      w = last_w;
+      x = last_x;
+      last_y.backward(g);
+      last_y = at::Tensor();
+    } else {
+      w = window_.acquire(1 + l).detach().requires_grad_(true);
+      x = checkpoints[static_cast<std::size_t>(l)].to(device_).detach().requires_grad_(true);
+      checkpoints[static_cast<std::size_t>(l)] = at::Tensor();
+      const auto y = decoder_layer(x, block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w), spec, l,
+                                   config_.model);
+      y.backward(g);
+    }
     g = x.grad();
     window_.release(1 + l);
     const int b = 1 + l;

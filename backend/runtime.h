@@ -6,6 +6,7 @@
 //             step; each decoder layer ℓ runs without autograd on weights acquired from the
 //             ParamWindow (ℓ+1 is prefetched meanwhile) and its input is kept on the host as the
 //             layer's checkpoint; the head computes the loss with autograd.
+//             With retain_last_decoder the last decoder instead runs with autograd and keeps its graph.
 //   backward  for ℓ = L−1 … 0: the layer is recomputed from its host checkpoint with autograd on a
 //             flat leaf of its working weights, backpropagated with the output gradient, and its
 //             flat gradient is brought back into the host gradient slot; AdamW for ℓ is handed to a
@@ -36,6 +37,10 @@ struct TrainerConfig {
   double max_grad_norm = 0.0;  // 0 = no clipping
   ModelOptions model;
   int adam_threads = 0;         // 0 = LibTorch's intra-op thread count
+  // StreamedTrainer: the last decoder keeps its autograd graph from the forward instead of being
+  // recomputed (its backward follows the head at once). Off by default: on the 2-core CPU it made
+  // the tiny-moe step slower (tests/bench/step_bench.cc, BM_StreamedStep/4/128/0/1 vs /0/0).
+  bool retain_last_decoder = false;
 };
 
 struct StepStats {

@@ -9,9 +9,13 @@
 #include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/plain_trainer.h"
+#include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
+#include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
+#include "planner/plan.h"
+#include "traces/trace.h"
 
 namespace oom::backend {
 namespace {
@@ -25,6 +29,8 @@ void check_options(const TrainOptions& o) {
     throw InputError("", "--reference", "true", "the reference trainer does not write or resume checkpoints");
   }
   if (o.reference && o.bf16) throw InputError("", "--reference", "true", "the reference trainer is FP32 only");
+  if (o.reference && !o.plan.empty()) throw InputError("", "--plan", o.plan, "the reference trainer runs no plan");
+  if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
 }
 
 nlohmann::json run_json(const TrainOptions& o, const ByteCorpus& data) {
@@ -62,6 +68,11 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
   check_options(o);
   if (o.threads > 0) at::set_num_threads(o.threads);
   const ModelSpec spec = load_model_spec(o.model);
+  std::optional<Plan> plan;
+  if (!o.plan.empty()) {
+    plan = load_plan(o.plan);
+    check_plan_for_run(*plan, spec, o.batch, o.seq, 1, o.plan);
+  }
   ByteCorpus data(o.data.empty() ? default_corpus_path() : o.data, o.seq);
   if (spec.vocab < 256) throw InputError("", "vocab_size", std::to_string(spec.vocab), "byte-level training needs ≥ 256");
   data.seed(o.seed);
@@ -88,24 +99,32 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
   cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
   std::optional<StreamedTrainer> streamed;
   std::optional<PlainTrainer> plain;
+  std::optional<PlanTrainer> planned;
+  const at::Device device = at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   if (o.reference) {
     plain.emplace(state, cfg);
+  } else if (plan) {
+    planned.emplace(state, cfg, *plan, device);
   } else {
-    streamed.emplace(state, cfg, at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
+    streamed.emplace(state, cfg, device);
   }
 
   TrainResult result;
-  result.trainer = o.reference ? "reference" : "streamed";
+  result.trainer = o.reference ? "reference" : plan ? "plan" : "streamed";
   result.first_step = state.step + 1;
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t tokens = 0;
   for (int i = 0; i < o.steps; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const Batch b = data.next(o.batch);
-    const StepStats st = o.reference ? plain->step(b.tokens, b.targets) : streamed->step(b.tokens, b.targets);
+    if (planned && !o.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
+    const StepStats st = o.reference ? plain->step(b.tokens, b.targets)
+                         : planned   ? planned->step(b.tokens, b.targets)
+                                     : streamed->step(b.tokens, b.targets);
     if (o.reference) ++state.step;  // the plain trainer keeps its own state; count its steps here
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     tokens += b.tokens.numel();
+    result.last_step_s = dt;
     result.losses.push_back(st.loss);
     if (on_step) {
       on_step({state.step, i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
@@ -120,6 +139,9 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
   result.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
   result.last_step = state.step;
   if (o.steps == 0 && !o.checkpoint_dir.empty()) save_checkpoint(o.checkpoint_dir, state, run_json(o, data));
+  if (planned && !o.trace.empty() && o.steps > 0) {
+    write_file_atomically(o.trace, trace_to_chrome_json(planned->last_trace()).dump() + "\n");
+  }
   return result;
 }
 

@@ -33,6 +33,8 @@ struct TrainOptions {
   std::string resume_dir;          // empty = fresh start
   int threads = 0;                 // LibTorch intra-op threads; 0 = leave as is
   std::int64_t gdn_chunk_tokens = 32;
+  std::string plan;                // Plan JSON: run the plan-driven runtime (backend/plan_runtime.h)
+  std::string trace;               // with a plan: Chrome trace of the last step, written atomically
 };
 
 struct StepReport {
@@ -49,11 +51,13 @@ struct TrainResult {
   double tokens_per_s = 0.0;  // over the whole run
   std::int64_t first_step = 1;
   std::int64_t last_step = 0;
-  std::string trainer;        // "streamed" or "reference"
+  std::string trainer;        // "streamed", "plan" or "reference"
+  double last_step_s = 0.0;   // wall time of the last step
 };
 
 // Runs the training. Throws InputError for bad options, model, data, weights or checkpoints
-// (before anything is written); calls `on_step` after every step.
+// (before anything is written; a plan that does not fit the model or run is rejected before the
+// state is built); calls `on_step` after every step.
 TrainResult train(const TrainOptions& options, const std::function<void(const StepReport&)>& on_step = {});
 
 }  // namespace oom::backend

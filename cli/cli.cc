@@ -31,6 +31,7 @@ int run(const std::vector<std::string>& args, Io io) {
   add_plan_commands(app, io);
   add_whatif_commands(app, io);
   add_plot_commands(app, io);
+  add_diff_commands(app, io);
 #ifdef OOM_HAVE_BACKEND
   add_train_commands(app, io);
   add_rank_worker_command(app, io);

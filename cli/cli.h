@@ -5,6 +5,7 @@
 // 3 an infeasible workload (later: `oom plan`), 1 an internal error.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -46,6 +47,10 @@ struct TrainRanksOptions;
 std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* train);
 bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& ranks, bool json, Io io);
 void add_rank_worker_command(CLI::App& app, Io io);
+void add_diff_commands(CLI::App& app, Io io);
+// `oom calibrate --backend`: adds its options to the calibrate subcommand and returns what the
+// subcommand's callback runs first (true when --backend was given and ran). Backend builds only.
+std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
 
 // Writes `content` to `path` atomically, or to `io.out` when path is "-" or empty.
 void emit(const std::string& path, const std::string& content, Io io);

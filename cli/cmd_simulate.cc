@@ -1,6 +1,7 @@
 // `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--calibration C.json] [--trace out.json] [--json]`,
 // `oom validate FILE.jsonl [--engine ...] [--json]` and
 // `oom calibrate --records FILE --hardware NAME -o configs/calibration/NAME.json`.
+#include <functional>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -93,11 +94,21 @@ void add_simulate_commands(CLI::App& app, Io io) {
 
   auto cal = std::make_shared<CalibrateArgs>();
   auto* c = app.add_subcommand("calibrate", "Fit a hardware's physical constants to recorded measurements (least squares)");
-  c->add_option("--records", cal->records_path, "Recorded measurements (JSON Lines)")->required();
-  c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)")->required();
-  c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)")->required();
+  c->add_option("--records", cal->records_path, "Recorded measurements (JSON Lines)");
+  c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)");
+  c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");
   c->add_flag("--json", cal->json, "Print the fit summary as JSON");
+#ifdef OOM_HAVE_BACKEND
+  const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend`
+#else
+  const std::function<bool()> backend = [] { return false; };
+#endif
   c->callback([=] {
+    if (backend()) return;
+    for (const auto& [flag, value] : {std::pair{"--records", cal->records_path}, std::pair{"--hardware", cal->hardware},
+                                      std::pair{"--output", cal->output}}) {
+      if (value.empty()) throw InputError("", flag, "missing", "required (or --backend to measure this machine)");
+    }
     const HardwareSpec hw = load_hardware_spec(cal->hardware);
     const RecordSet records = load_records(cal->records_path);
     const CalibrationFit fit = fit_calibration(records, hw);

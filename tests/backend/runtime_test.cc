@@ -21,6 +21,7 @@ constexpr double kTol = 1e-5;
 struct Case {
   const char* model;
   double max_grad_norm;
+  bool retain_last_decoder = false;
 };
 
 void expect_streamed_matches_plain(const Case& c, int steps) {
@@ -30,6 +31,7 @@ void expect_streamed_matches_plain(const Case& c, int steps) {
   TrainerConfig cfg;
   cfg.adam.lr = 3e-3;
   cfg.max_grad_norm = c.max_grad_norm;
+  cfg.retain_last_decoder = c.retain_last_decoder;
   cfg.model.gdn_chunk_tokens = 8;       // several GDN chunks per sequence: state and conv hand-off
   cfg.model.attention_query_block = 8;  // sliding windows skip key blocks
   PlainTrainer plain(state, cfg);
@@ -53,6 +55,10 @@ void expect_streamed_matches_plain(const Case& c, int steps) {
 
 TEST(StreamedTrainer, MatchesPlainTrainerOnGdnSlidingFullAttentionSharedAndDenseExperts) {
   expect_streamed_matches_plain({"tiny-moe", 0.0}, 3);
+}
+
+TEST(StreamedTrainer, MatchesPlainTrainerWhenTheLastDecoderKeepsItsGraph) {
+  expect_streamed_matches_plain({"tiny-moe", 0.0, true}, 2);
 }
 
 TEST(StreamedTrainer, MatchesPlainTrainerWithGradientClipping) {

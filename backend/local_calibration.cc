@@ -1,0 +1,239 @@
+#include "backend/local_calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include "backend/adamw.h"
+#include "backend/torch_executor.h"
+#include "costmodel/input_error.h"
+#include "costmodel/units.h"
+
+namespace oom::backend {
+namespace {
+
+// Repeats `work` until `budget_s` has passed (at least 3 times after one warm-up); returns the
+// fastest repetition's seconds.
+double now_s(bool cpu_time) {
+  if (cpu_time) {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+template <class F>
+double best_time_s(double budget_s, bool cpu_time, F&& work) {
+  work();
+  double best = 1e30, spent = 0;
+  for (int i = 0; i < 3 || spent < budget_s; ++i) {
+    const double t0 = now_s(cpu_time);
+    work();
+    const double dt = now_s(cpu_time) - t0;
+    best = std::min(best, dt);
+    spent += dt;
+    if (i > 1000) break;
+  }
+  return best;
+}
+
+Bytes physical_memory_bytes() {
+  return static_cast<Bytes>(sysconf(_SC_PHYS_PAGES)) * static_cast<Bytes>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  const bool cuda = o.use_cuda && at::hasCUDA();
+  const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const bool cpu_time = o.cpu_time && !cuda;
+  auto sync = [&](const at::Tensor& t) {
+    if (cuda) t.sum().item<float>();
+  };
+  // Compute: a square GEMM large enough to reach the kernel's plateau.
+  const std::int64_t n = cuda ? 4096 : 1024;
+  const auto dtype = cuda ? at::kBFloat16 : at::kFloat;
+  const auto a = at::randn({n, n}, at::TensorOptions().dtype(dtype).device(dev));
+  const auto b = at::randn({n, n}, at::TensorOptions().dtype(dtype).device(dev));
+  at::Tensor c;
+  const double gemm_s = best_time_s(o.seconds_per_probe, cpu_time, [&] {
+    c = at::mm(a, b);
+    sync(c);
+  });
+  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / gemm_s;
+
+  // Memory: a copy reads and writes each byte.
+  const std::int64_t elems = std::int64_t{32} << 20;  // 128 MiB of FP32
+  const auto src = at::rand({elems}, at::TensorOptions().device(dev));
+  auto dst = at::empty_like(src);
+  const double copy_s = best_time_s(o.seconds_per_probe, cpu_time, [&] {
+    dst.copy_(src);
+    sync(dst);
+  });
+  const double mem_Bps = 2.0 * static_cast<double>(elems) * 4.0 / copy_s;
+
+  // Host DRAM and the link.
+  const auto hsrc = at::rand({elems});
+  auto hdst = at::empty_like(hsrc);
+  const double host_copy_s = best_time_s(o.seconds_per_probe, cpu_time, [&] { hdst.copy_(hsrc); });
+  const double dram_Bps = 2.0 * static_cast<double>(elems) * 4.0 / host_copy_s;
+  double h2d_Bps = dram_Bps / 2, d2h_Bps = dram_Bps / 2;  // a CPU "transfer" copies within DRAM
+  if (cuda) {
+    const auto pinned = at::empty({elems}, at::TensorOptions().pinned_memory(true));
+    h2d_Bps = static_cast<double>(elems) * 4.0 / best_time_s(o.seconds_per_probe, cpu_time, [&] {
+                dst.copy_(pinned, true);
+                sync(dst);
+              });
+    d2h_Bps = static_cast<double>(elems) * 4.0 / best_time_s(o.seconds_per_probe, cpu_time, [&] {
+                pinned.copy_(dst, true);
+                sync(dst);
+              });
+  }
+
+  // CPU AdamW over 8 M parameters.
+  const std::int64_t np = std::int64_t{8} << 20;
+  auto p = at::rand({np}), g = at::rand({np}), m = at::zeros({np}), v = at::zeros({np});
+  std::int64_t step = 0;
+  const double adam_s = best_time_s(o.seconds_per_probe, cpu_time, [&] { cpu_adamw_step(p, g, m, v, AdamWConfig{}, ++step); });
+
+  HardwareSpec h;
+  h.name = o.name;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  h.description = cuda ? fmt::format("this machine: CUDA device 0 ({} host cores), measured by oom calibrate --backend", cores)
+                       : fmt::format("this machine's CPU ({} cores) with {} LibTorch thread(s) as the compute device, measured "
+                                     "by oom calibrate --backend ({} time)",
+                                     cores, at::get_num_threads(), cpu_time ? "process CPU" : "wall");
+  h.nodes = 1;
+  h.gpus_per_node = 1;
+  h.gpu.name = cuda ? "CUDA device 0" : "host CPU (FP32)";
+  h.gpu.hbm_bytes = cuda ? static_cast<Bytes>(80) << 30 : physical_memory_bytes();
+  h.gpu.bf16_flops_per_s = flops;
+  h.gpu.hbm_Bps = mem_Bps;
+  h.gpu_numa = {0};
+  h.pcie.generation = cuda ? 4 : 1;  // CPU: no link; 1 is the loader's minimum
+  h.pcie.h2d_Bps = h2d_Bps;
+  h.pcie.d2h_Bps = d2h_Bps;
+  h.pcie.latency_s = 1e-6;
+  h.fabric.kind = FabricKind::kPciePeer;
+  h.fabric.per_gpu_Bps = h2d_Bps;
+  h.fabric.latency_s = 1e-5;
+  NumaSpec numa;
+  numa.dram_bytes = physical_memory_bytes();
+  numa.dram_Bps = dram_Bps;
+  numa.cores = cores;
+  numa.adamw_params_per_s = static_cast<double>(np) / adam_s;
+  h.numa = {numa};
+  const std::string how = "measured by oom calibrate --backend: ";
+  h.sources = {
+      {"gpu.hbm_gib", cuda ? "estimate: 80 GiB device" : "sysconf: physical memory"},
+      {"gpu.bf16_flops", how + fmt::format("best of repeated {}x{} {} GEMMs", n, n, cuda ? "BF16" : "FP32")},
+      {"gpu.hbm_Bps", how + "best 128 MiB device copy (read + write)"},
+      {"gpu_numa", "one compute device on socket 0"},
+      {"pcie.h2d_Bps", how + (cuda ? "128 MiB pinned host-to-device copy" : "half the DRAM copy rate (a CPU transfer is a copy)")},
+      {"pcie.d2h_Bps", how + (cuda ? "128 MiB device-to-pinned-host copy" : "half the DRAM copy rate (a CPU transfer is a copy)")},
+      {"pcie.generation", cuda ? "estimate: PCIe Gen4 or later" : "no PCIe link: the CPU compute device reads host memory directly (1 is the loader's minimum)"},
+      {"pcie.latency_s", "estimate: 1 us per copy"},
+      {"fabric.per_gpu_Bps", "estimate: as the link (one device)"},
+      {"fabric.latency_s", "estimate: 10 us"},
+      {"numa.dram_gib", "sysconf: physical memory"},
+      {"numa.dram_Bps", how + "best 128 MiB host copy (read + write)"},
+      {"numa.cores", "std::thread::hardware_concurrency"},
+      {"numa.adamw_params_per_s", how + "backend CPU AdamW over 8 Mi FP32 parameters"}};
+  return h;
+}
+
+std::vector<LocalRun> default_local_runs() {
+  auto local = [] {
+    Plan p;
+    p.path = ExpertPath::kLocal;
+    return p;
+  };
+  struct Variant {
+    const char* tag;
+    Plan plan;
+  };
+  std::vector<Variant> variants;
+  variants.push_back({"plain", local()});
+  {
+    Plan p = local();
+    p.split.sub_batch_seqs = 2;
+    p.split.attention_head_group = 1;
+    variants.push_back({"split", p});
+  }
+  {
+    Plan p = local();
+    p.split.gdn_chunk_tokens = 32;
+    p.split.moe_chunk_tokens = 64;
+    variants.push_back({"chunks", p});
+  }
+  {
+    Plan p = local();
+    p.keep_attention_results = true;
+    p.boundaries.host_kept_all = false;
+    p.boundaries.host_kept = {0};
+    p.boundaries.regenerate_cap = 1;
+    variants.push_back({"keep-replay", p});
+  }
+  {
+    Plan p = local();
+    p.boundaries.host_kept_all = false;
+    p.boundaries.gpu_held = {0, 1};
+    p.boundaries.regenerate_cap = 2;
+    variants.push_back({"held", p});
+  }
+  struct Shape {
+    const char* tag;
+    std::int64_t batch, seq;
+  };
+  const std::vector<Shape> shapes = {{"b4s64", 4, 64}, {"b8s128", 8, 128}};
+  std::vector<LocalRun> runs;
+  for (const char* model : {"tiny-moe", "tiny-moe-qwen", "tiny-moe-mixtral", "tiny-moe-gemma"}) {
+    for (const auto& s : shapes) {
+      for (const auto& v : variants) {
+        runs.push_back({fmt::format("{}-{}-{}", model, s.tag, v.tag), model, s.batch, s.seq, v.plan});
+      }
+    }
+  }
+  return runs;
+}
+
+RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::string& hardware, int measured_steps,
+                             int threads, bool cpu_time) {
+  TorchExecutorOptions eo;
+  if (cpu_time && !at::hasCUDA()) eo.clock = TorchExecutorOptions::Clock::kProcessCpu;
+  eo.measured_steps = measured_steps;
+  eo.threads = threads;
+  TorchExecutor ex(eo);
+  RecordSet out;
+  for (const auto& r : runs) {
+    WorkloadContext ctx;
+    ctx.workload.model = r.model;
+    ctx.workload.hardware = hardware;
+    ctx.workload.gpus = 1;
+    ctx.workload.global_batch = r.batch;
+    ctx.workload.seq_len = r.seq;
+    ctx.model = load_model_spec(r.model);
+    const Measurement m = ex.run(r.plan, ctx, {});
+    StepRecord rec;
+    rec.id = r.id;
+    rec.source = fmt::format("oom calibrate --backend: median {} of {} plan-driven steps after a warm-up, {} LibTorch threads",
+                             eo.clock == TorchExecutorOptions::Clock::kProcessCpu ? "process CPU time" : "wall time",
+                             measured_steps, at::get_num_threads());
+    rec.workload = ctx.workload;
+    rec.plan = plan_to_json(r.plan);
+    rec.measured.step_s = m.step_s;
+    if (!m.gpu_peak_bytes.empty()) rec.measured.gpu_peak_gib = to_gib(m.gpu_peak_bytes[0]);
+    out.steps.push_back(std::move(rec));
+  }
+  return out;
+}
+
+}  // namespace oom::backend

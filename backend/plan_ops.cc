@@ -1,0 +1,210 @@
+#include "backend/plan_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "costmodel/input_error.h"
+
+namespace oom::backend::plan_ops {
+
+AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind) {
+  const AttentionSpec& a = spec.attention(kind);
+  const std::int64_t B = x.size(0), S = x.size(1), H = a.heads, Hkv = a.kv_heads, d = a.head_dim;
+  auto q_all = at::linear(x, w["attn.q_proj"]).view({B, S, H, a.output_gate ? 2 * d : d});
+  AttentionInputs r;
+  at::Tensor q = q_all;
+  if (a.output_gate) {
+    q = q_all.narrow(-1, 0, d);
+    r.gate = q_all.narrow(-1, d, d);
+  }
+  auto k = at::linear(x, w["attn.k_proj"]).view({B, S, Hkv, d});
+  const auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
+  if (a.qk_norm) {
+    q = rms_norm(q, w["attn.q_norm"]);
+    k = rms_norm(k, w["attn.k_norm"]);
+  }
+  const auto rot = rotary_dims(spec, d);
+  r.q = apply_rope(q, rot, spec.rope_theta).transpose(1, 2);
+  r.k = apply_rope(k, rot, spec.rope_theta).transpose(1, 2);
+  r.v = v.transpose(1, 2);
+  return r;
+}
+
+int attention_groups(const AttentionSpec& a, int group_heads) {
+  const int per_kv = a.heads / std::max(1, a.kv_heads);
+  if (group_heads <= 0 || group_heads >= per_kv) return 1;
+  OOM_ASSERT(per_kv % group_heads == 0, "head group must divide the query heads per KV group");
+  return per_kv / group_heads;
+}
+
+at::Tensor query_group(const at::Tensor& q, int kv_heads, int groups, int index) {
+  if (groups == 1) return q;
+  const auto B = q.size(0), H = q.size(1), S = q.size(2), d = q.size(3);
+  const auto per = H / kv_heads, g = per / groups;
+  return q.reshape({B, kv_heads, per, S, d}).narrow(2, index * g, g).reshape({B, kv_heads * g, S, d});
+}
+
+at::Tensor merge_groups(const std::vector<at::Tensor>& parts, int kv_heads) {
+  if (parts.size() == 1) return parts[0];
+  std::vector<at::Tensor> v;
+  for (const auto& p : parts) v.push_back(p.reshape({p.size(0), kv_heads, p.size(1) / kv_heads, p.size(2), p.size(3)}));
+  const auto m = at::cat(v, 2);
+  return m.reshape({m.size(0), m.size(1) * m.size(2), m.size(3), m.size(4)});
+}
+
+at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const BlockWeights& w, at::ScalarType dtype) {
+  const auto B = out.size(0), H = out.size(1), S = out.size(2), d = out.size(3);
+  auto o = out.transpose(1, 2).to(dtype);  // [B, S, H, d]
+  if (gate.defined()) o = o * at::sigmoid(gate);
+  return at::linear(o.reshape({B, S, H * d}), w["attn.o_proj"]);
+}
+
+AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                       const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& dout_in,
+                                       std::int64_t window, std::int64_t query_block) {
+  const auto B = q_in.size(0), H = q_in.size(1), S = q_in.size(2), d = q_in.size(3), Hkv = k_in.size(1);
+  const auto group = H / Hkv;
+  const auto q = q_in.to(at::kFloat);
+  const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
+  const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
+  const auto out = out_in.to(at::kFloat), dout = dout_in.to(at::kFloat), lse = lse_in.to(at::kFloat);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto block = std::max<std::int64_t>(1, query_block);
+  const auto idx_opts = q.options().dtype(at::kLong);
+  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  const auto D = (dout * out).sum(-1);  // [B, H, S]
+  for (std::int64_t s0 = 0; s0 < S; s0 += block) {
+    const auto s1 = std::min(S, s0 + block);
+    const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
+    const auto qb = q.narrow(2, s0, s1 - s0);
+    const auto kb = k.narrow(2, lo, s1 - lo), vb = v.narrow(2, lo, s1 - lo);
+    const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
+    const auto kj = at::arange(lo, s1, idx_opts).unsqueeze(0);
+    auto allowed = kj <= qi;
+    if (window > 0) allowed = allowed & (qi - kj < window);
+    const auto scores = at::matmul(qb, kb.transpose(-1, -2)).mul(scale);
+    const auto p = at::exp(scores - lse.narrow(2, s0, s1 - s0).unsqueeze(-1)).masked_fill(allowed.logical_not(), 0.0);
+    const auto dob = dout.narrow(2, s0, s1 - s0);
+    dv.narrow(2, lo, s1 - lo).add_(at::matmul(p.transpose(-1, -2), dob));
+    const auto dp = at::matmul(dob, vb.transpose(-1, -2));
+    const auto ds = p * (dp - D.narrow(2, s0, s1 - s0).unsqueeze(-1)) * scale;
+    dq.narrow(2, s0, s1 - s0).copy_(at::matmul(ds, kb));
+    dk.narrow(2, lo, s1 - lo).add_(at::matmul(ds.transpose(-1, -2), qb));
+  }
+  if (group > 1) {
+    dk = dk.view({B, Hkv, group, S, d}).sum(2);
+    dv = dv.view({B, Hkv, group, S, d}).sum(2);
+  }
+  return {dq.to(q_in.scalar_type()), dk.to(k_in.scalar_type()), dv.to(v_in.scalar_type())};
+}
+
+namespace {
+at::Tensor l2_normalize(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum({-1}, true) + 1e-6); }
+}  // namespace
+
+GdnInputs gdn_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec) {
+  const GdnSpec& g = spec.gdn;
+  const auto B = x.size(0), S = x.size(1);
+  const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hv = g.value_heads, dv = g.value_head_dim;
+  const std::int64_t conv_dim = 2 * kd + vd;
+  const auto qkvz = at::linear(x, w["gdn.in_proj_qkvz"]);
+  const auto ba = at::linear(x, w["gdn.in_proj_ba"]);
+  GdnInputs r;
+  r.qkv = qkvz.narrow(-1, 0, conv_dim).transpose(1, 2).to(at::kFloat);
+  r.z = qkvz.narrow(-1, conv_dim, vd).reshape({B, S, Hv, dv});
+  r.beta = at::sigmoid(ba.narrow(-1, 0, Hv).to(at::kFloat)).transpose(1, 2);
+  const auto a = ba.narrow(-1, Hv, Hv).to(at::kFloat) + w["gdn.dt_bias"].to(at::kFloat);
+  r.g = (-at::exp(w["gdn.A_log"].to(at::kFloat)) * at::softplus(a)).transpose(1, 2);
+  return r;
+}
+
+at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const BlockWeights& w, const ModelSpec& spec,
+                    std::int64_t kernel_chunk, at::Tensor& state) {
+  const GdnSpec& g = spec.gdn;
+  const auto B = in.qkv.size(0);
+  const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hk = g.key_heads, Hv = g.value_heads;
+  const std::int64_t dk = g.key_head_dim, dv = g.value_head_dim, K = g.conv_kernel, conv_dim = 2 * kd + vd;
+  // Left context: the K − 1 pre-conv channels before s0 (zeros before the sequence start).
+  const auto from = std::max<std::int64_t>(0, s0 - (K - 1));
+  std::vector<at::Tensor> parts;
+  if (s0 - from < K - 1) parts.push_back(at::zeros({B, conv_dim, K - 1 - (s0 - from)}, in.qkv.options()));
+  if (s0 > from) parts.push_back(in.qkv.narrow(2, from, s0 - from));
+  parts.push_back(in.qkv.narrow(2, s0, C));
+  const auto with_ctx = at::cat(parts, 2);
+  const auto conv_w = w["gdn.conv"].to(at::kFloat).unsqueeze(1);
+  const auto conv = at::silu(at::conv1d(with_ctx, conv_w, at::Tensor(), at::IntArrayRef{1}, at::IntArrayRef{0},
+                                        at::IntArrayRef{1}, conv_dim)).transpose(1, 2);  // [B, C, conv_dim]
+  auto q = conv.narrow(-1, 0, kd).reshape({B, C, Hk, dk});
+  auto k = conv.narrow(-1, kd, kd).reshape({B, C, Hk, dk});
+  const auto v = conv.narrow(-1, 2 * kd, vd).reshape({B, C, Hv, dv}).transpose(1, 2);
+  if (Hv != Hk) {
+    q = q.repeat_interleave(Hv / Hk, 2);
+    k = k.repeat_interleave(Hv / Hk, 2);
+  }
+  const double q_scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  q = l2_normalize(q).transpose(1, 2) * q_scale;
+  k = l2_normalize(k).transpose(1, 2);
+  const auto beta = in.beta.narrow(2, s0, C), gl = in.g.narrow(2, s0, C);
+  const auto chunk = std::max<std::int64_t>(1, kernel_chunk);
+  std::vector<at::Tensor> outs;
+  for (std::int64_t c0 = 0; c0 < C; c0 += chunk) {
+    const auto n = std::min(chunk, C - c0);
+    outs.push_back(gdn_chunk(q.narrow(2, c0, n), k.narrow(2, c0, n), v.narrow(2, c0, n), gl.narrow(2, c0, n),
+                             beta.narrow(2, c0, n), state));
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+}
+
+at::Tensor gdn_output(const at::Tensor& o_in, const at::Tensor& z, const BlockWeights& w, const ModelSpec& spec,
+                      at::ScalarType dtype) {
+  const auto o = o_in.transpose(1, 2);  // [B, S, Hv, dv]
+  const auto B = o.size(0), S = o.size(1);
+  const auto gated = rms_norm(o, w["gdn.norm"]) * at::silu(z.to(at::kFloat));
+  return at::linear(gated.reshape({B, S, spec.gdn.value_dim()}).to(dtype), w["gdn.out_proj"]);
+}
+
+at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWeights& w, const ModelSpec& spec) {
+  const MoeSpec& m = spec.moe;
+  const auto& eg = w["experts.gate"];
+  const auto& eu = w["experts.up"];
+  const auto& ed = w["experts.down"];
+  auto out = at::zeros_like(x2);
+  const auto flat_ids = r.expert_ids.reshape({-1});
+  const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
+  const auto counts = at::bincount(flat_ids, {}, m.experts).to(at::kCPU);
+  const auto* count = counts.data_ptr<std::int64_t>();
+  const auto tokens_sorted = at::div(order, m.top_k, "floor");
+  const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
+  std::int64_t start = 0;
+  for (int e = 0; e < m.experts; ++e) {
+    const auto n = count[e];
+    if (n == 0) continue;
+    const auto tok = tokens_sorted.narrow(0, start, n);
+    const auto ye = gated_mlp(x2.index_select(0, tok), eg[e], eu[e], ed[e], spec.activation);
+    out = out.index_add(0, tok, ye * weights_sorted.narrow(0, start, n).unsqueeze(1).to(ye.scalar_type()));
+    start += n;
+  }
+  return out;
+}
+
+DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelSpec& spec) {
+  DenseTerms d;
+  if (spec.moe.shared_expert_intermediate > 0) {
+    const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
+    d.shared = at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s;
+  }
+  if (spec.moe.dense_intermediate > 0) {
+    d.dense = gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
+  }
+  return d;
+}
+
+at::Tensor moe_sum(const at::Tensor& routed, const DenseTerms& d) {
+  auto out = routed;
+  if (d.shared.defined()) out = out + d.shared;
+  if (d.dense.defined()) out = out + d.dense;
+  return out;
+}
+
+}  // namespace oom::backend::plan_ops

@@ -1,0 +1,78 @@
+// The decoder layer taken apart along the partitions of a Plan (planner/plan.h "split"), for the
+// plan-driven runtime (backend/plan_runtime.h). Built from the functions of backend/model.h, so the
+// arithmetic is the model's; only where the work is cut differs:
+//   - attention: projections, the softmax core per query-head group over complete sequences
+//     (each group sees the shared K/V of its GQA group), the output projection; the core's backward
+//     from kept O/LSE without recomputing the forward (attention_core_backward);
+//   - Gated DeltaNet: projections, the recurrence over sequence chunks with the FP32 state handed
+//     from chunk to chunk (and the causal-conv left context read from the previous chunk's
+//     pre-conv channels), the gated norm and output projection;
+//   - MoE: per token chunk, router + shared expert + dense MLP, and the routed experts.
+// Shapes: x [B, S, h]; q [B, H, S, d], k, v [B, Hkv, S, d]; GDN pre-conv channels [B, conv, S].
+// Stateless; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "backend/model.h"
+
+namespace oom::backend::plan_ops {
+
+// --- attention ---
+struct AttentionInputs {
+  at::Tensor q, k, v;  // [B, H, S, d], [B, Hkv, S, d], [B, Hkv, S, d] after norms and rotary embedding
+  at::Tensor gate;     // [B, S, H, d] output gate, undefined without one
+};
+AttentionInputs attention_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec, LayerKind kind);
+// Query heads per group → the groups' query tensors [B, Hkv·g, S, d] (group i takes heads i·g … of
+// every KV group). group_heads 0 = one group.
+int attention_groups(const AttentionSpec& a, int group_heads);
+at::Tensor query_group(const at::Tensor& q, int kv_heads, int groups, int index);
+// Puts group outputs [B, Hkv·g, S, d] back in head order [B, H, S, d].
+at::Tensor merge_groups(const std::vector<at::Tensor>& parts, int kv_heads);
+// o_proj(gate ⊙ O) for the core output O [B, H, S, d] (FP32) in x's dtype; → [B, S, h].
+at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const BlockWeights& w, at::ScalarType dtype);
+
+// Gradients of the causal (windowed) softmax attention core from its kept output O and log-sum-exp
+// (the flash-attention backward: P = exp(q·kᵀ·scale − lse), D = Σ dO ⊙ O, dS = P ⊙ (dP − D)), in
+// FP32, without recomputing the forward. q [B, H, S, d], k, v [B, Hkv, S, d]; returns dq, dk, dv
+// with the shapes and dtypes of q, k, v (dk, dv summed over the query heads sharing a KV head).
+struct AttentionGrads {
+  at::Tensor dq, dk, dv;
+};
+AttentionGrads attention_core_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                       std::int64_t window, std::int64_t query_block);
+
+// --- Gated DeltaNet ---
+struct GdnInputs {
+  at::Tensor qkv;   // [B, conv_dim, S] FP32 pre-conv q/k/v channels
+  at::Tensor z;     // [B, S, Hv, dv] output gate
+  at::Tensor beta;  // [B, Hv, S] FP32
+  at::Tensor g;     // [B, Hv, S] FP32 log decays
+};
+GdnInputs gdn_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec);
+// The recurrence over tokens [s0, s0 + C) of every sequence, starting from `state` [B, Hv, dk, dv]
+// (replaced by the end state): causal conv with the left context read from `in.qkv`, SiLU, L2 norms,
+// the WY-form chunks of `kernel_chunk` tokens. Returns [B, Hv, C, dv] FP32.
+at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const BlockWeights& w, const ModelSpec& spec,
+                    std::int64_t kernel_chunk, at::Tensor& state);
+// Gated RMSNorm and output projection of the recurrence outputs o [B, Hv, S, dv] → [B, S, h].
+at::Tensor gdn_output(const at::Tensor& o, const at::Tensor& z, const BlockWeights& w, const ModelSpec& spec,
+                      at::ScalarType dtype);
+
+// --- MoE (x2d [T, h], the normalized input of one token chunk) ---
+// Routed experts (routing, dispatch, expert SwiGLUs, weighted combine) → [T, h].
+at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
+// Shared expert (gated) and dense MLP terms; undefined when the model has none.
+struct DenseTerms {
+  at::Tensor shared, dense;
+};
+DenseTerms dense_terms(const at::Tensor& x2d, const BlockWeights& w, const ModelSpec& spec);
+// ((routed + shared) + dense): the sum in moe_ffn's order.
+at::Tensor moe_sum(const at::Tensor& routed, const DenseTerms& d);
+
+}  // namespace oom::backend::plan_ops

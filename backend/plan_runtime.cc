@@ -1,0 +1,736 @@
+#include "backend/plan_runtime.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "backend/plan_ops.h"
+#include "backend/stage_recorder.h"
+#include "costmodel/input_error.h"
+
+#ifdef OOM_BACKEND_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace oom::backend {
+
+void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
+                        const std::string& file) {
+  if (ranks < 1) throw InputError(file, "ranks", std::to_string(ranks), "must be ≥ 1");
+  if (batch < 1 || batch % ranks != 0) {
+    throw InputError(file, "batch", std::to_string(batch), fmt::format("must be a positive multiple of the {} ranks", ranks));
+  }
+  Workload w;
+  w.model = model.name;
+  w.gpus = ranks;
+  w.global_batch = batch;
+  w.seq_len = seq;
+  validate_plan(plan, model, w, file);
+  if (plan.path == ExpertPath::kEp) {
+    throw InputError(file, "path", "\"ep\"",
+                     fmt::format("the EP path runs over rank processes (oom train --ranks P); this run has {} rank", ranks));
+  }
+  if (ranks != 1) {
+    throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
+  }
+  const std::int64_t gdn = plan.split.gdn_chunk_tokens;
+  if (gdn > 0 && gdn < seq && seq % gdn != 0) {
+    throw InputError(file, "split.gdn_chunk_tokens", std::to_string(gdn),
+                     fmt::format("must divide the sequence length {}", seq));
+  }
+  const std::int64_t sub = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, batch / ranks) : batch / ranks;
+  if (plan.split.moe_chunk_tokens > sub * seq) {
+    throw InputError(file, "split.moe_chunk_tokens", std::to_string(plan.split.moe_chunk_tokens),
+                     fmt::format("exceeds the {} tokens of a sub-batch", sub * seq));
+  }
+}
+
+namespace {
+
+constexpr const char* kCompute = "gpu0.compute";
+constexpr const char* kH2d = "gpu0.h2d";
+constexpr const char* kD2h = "gpu0.d2h";
+constexpr const char* kCpu = "numa0.cpu_update.r0";
+constexpr const char* kPrep = "numa0.host_prep.r0";
+
+// Runs queued jobs in order on one thread; counts the jobs it finished.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Returns the job's 1-based index.
+  int submit(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+    cv_.notify_all();
+    return ++submitted_;
+  }
+  // Waits until the first `n` jobs finished; rethrows a job's exception.
+  void wait_done(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return finished_ >= n; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  void wait_all() { wait_done(submitted_); }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      std::exception_ptr err;
+      try {
+        job();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (err && !error_) error_ = err;
+        ++finished_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> jobs_;
+  int submitted_ = 0, finished_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+// Brings a device gradient into the host slot; returns a function that waits for the copy.
+std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
+  if (grad.device().is_cpu()) {
+    slot = grad;  // already in host memory: adopt it
+    return [] {};
+  }
+#ifdef OOM_BACKEND_CUDA
+  slot.copy_(grad, /*non_blocking=*/true);
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(c10::cuda::getCurrentCUDAStream(grad.device().index()));
+  return [done] { done->synchronize(); };
+#else
+  OOM_ASSERT(false, "CUDA gradient in a build without CUDA");
+#endif
+}
+
+at::Tensor to_host(const at::Tensor& x, bool pinned) {
+  if (x.device().is_cpu()) return x;  // fresh tensors, never modified in place
+  auto h = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(pinned));
+  h.copy_(x, /*non_blocking=*/true);
+  return h;
+}
+
+// autograd backward over the (output, gradient) pairs whose gradient is defined.
+void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> o, g;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && grads[i].defined() && outputs[i].requires_grad()) {
+      o.push_back(outputs[i]);
+      g.push_back(grads[i]);
+    }
+  }
+  if (!o.empty()) torch::autograd::backward(o, g);
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.defined() ? t.detach().requires_grad_(true) : t; }
+at::Tensor grad_of(const at::Tensor& t) { return t.defined() ? t.grad() : t; }
+
+StageRecorder::Callbacks recorder_callbacks(const at::Device& device) {
+  StageRecorder::Callbacks cb;
+#ifdef OOM_BACKEND_CUDA
+  if (device.is_cuda()) {
+    cb.sync = [] { c10::cuda::device_synchronize(); };
+    const int index = device.index();
+    cb.device_bytes = [index] {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+      return static_cast<Bytes>(stats.allocated_bytes[0].current);
+    };
+  }
+#else
+  (void)device;
+#endif
+  return cb;
+}
+
+struct OLse {
+  at::Tensor out, lse;  // [b, H, S, d], [b, H, S] FP32 on the host
+};
+
+}  // namespace
+
+struct PlanTrainer::Impl {
+  HostState& st;
+  TrainerConfig cfg;
+  Plan plan;
+  at::Device dev;
+  ParamWindow window;
+  StageRecorder rec;
+  Worker worker;
+  Trace trace;
+  bool tracing = false;
+  const ModelSpec& spec;
+  std::pair<std::int64_t, std::int64_t> checked_shape{-1, -1};
+
+  // Per step.
+  at::Tensor tok;
+  BlockWeights outer;
+  std::int64_t sb = 1;                          // sequences per sub-batch
+  std::map<int, std::vector<OLse>> olse;        // layer → per sub-batch
+  std::map<int, at::Tensor> held;               // boundaries on the device (held or regenerated)
+  std::map<int, at::Tensor> host;               // boundaries kept on the host
+  std::vector<int> update_jobs;                 // worker job index per host gradient sent
+
+  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d)
+      : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d), rec(recorder_callbacks(d)), spec(s.spec()) {}
+
+  bool attention(int l) const { return spec.layer_kinds[static_cast<std::size_t>(l)] != LayerKind::kLinearAttention; }
+  StageRecorder::Scope stage(const char* phase, int l, const std::string& what, const char* kind,
+                             const char* resource = kCompute) {
+    return rec.stage(phase, l, what, kind, resource);
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges(std::int64_t total, std::int64_t chunk) const {
+    if (chunk <= 0 || chunk >= total) return {{0, total}};
+    std::vector<std::pair<std::int64_t, std::int64_t>> r;
+    for (std::int64_t a = 0; a < total; a += chunk) r.push_back({a, std::min(chunk, total - a)});
+    return r;
+  }
+
+  // ---- attention ----
+  at::Tensor attention_forward(int l, const char* phase, const BlockWeights& w, const at::Tensor& x, int sub,
+                               bool original) {
+    const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(l)];
+    const AttentionSpec& a = spec.attention(kind);
+    plan_ops::AttentionInputs in;
+    {
+      auto s = stage(phase, l, "attn.proj", "gemm");
+      in = plan_ops::attention_inputs(rms_norm(x, w["input_norm"]), w, spec, kind);
+    }
+    at::Tensor out;
+    if (!original && plan.keep_attention_results) {
+      auto s = stage(phase, l, "attn.olse_h2d", "h2d", kH2d);
+      out = olse.at(l)[static_cast<std::size_t>(sub)].out.to(dev);
+    } else {
+      const int G = plan_ops::attention_groups(a, plan.split.attention_head_group);
+      std::vector<at::Tensor> outs, lses;
+      for (int g = 0; g < G; ++g) {
+        auto s = stage(phase, l, fmt::format("attn.core.h{}", g), "attention");
+        auto r = attention_core(plan_ops::query_group(in.q, a.kv_heads, G, g), in.k, in.v, a.window_tokens,
+                                cfg.model.attention_query_block);
+        outs.push_back(r.out);
+        lses.push_back(r.lse.unsqueeze(-1));
+      }
+      out = plan_ops::merge_groups(outs, a.kv_heads);
+      if (original && plan.keep_attention_results) {
+        auto s = stage(phase, l, "attn.olse_d2h", "d2h", kD2h);
+        olse[l].push_back({to_host(out, st.pinned()), to_host(plan_ops::merge_groups(lses, a.kv_heads).squeeze(-1), st.pinned())});
+      }
+    }
+    auto s = stage(phase, l, "attn.proj", "gemm");
+    return x + plan_ops::attention_output(out, in.gate, w, x.scalar_type());
+  }
+
+  // Recompute (with autograd on leaves), MoE backward, then the mixing backward. Returns dx.
+  at::Tensor attention_backward(int l, const BlockWeights& w, const at::Tensor& x, const at::Tensor& dy, int sub) {
+    const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(l)];
+    const AttentionSpec& a = spec.attention(kind);
+    const int G = plan_ops::attention_groups(a, plan.split.attention_head_group);
+    const bool keep = plan.keep_attention_results;
+    auto x_l = leaf(x);
+    plan_ops::AttentionInputs in;
+    {
+      auto s = stage("recompute", l, "attn.proj", "gemm");
+      in = plan_ops::attention_inputs(rms_norm(x_l, w["input_norm"]), w, spec, kind);
+    }
+    // K/V leaves in FP32: their gradients accumulate over the query-head groups in FP32.
+    auto q_l = leaf(in.q), k_l = leaf(in.k.to(at::kFloat)), v_l = leaf(in.v.to(at::kFloat)), gate_l = leaf(in.gate);
+    at::Tensor out, lse, out_graph;
+    if (keep) {
+      auto s = stage("recompute", l, "attn.olse_h2d", "h2d", kH2d);
+      const OLse& kept = olse.at(l)[static_cast<std::size_t>(sub)];
+      out = kept.out.to(dev);
+      lse = kept.lse.to(dev);
+    } else if (G == 1) {
+      auto s = stage("recompute", l, "attn.core.h0", "attention");
+      out_graph = attention_core(q_l, k_l, v_l, a.window_tokens, cfg.model.attention_query_block).out;
+      out = out_graph.detach();
+    } else {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> outs;
+      for (int g = 0; g < G; ++g) {
+        auto s = stage("recompute", l, fmt::format("attn.core.h{}", g), "attention");
+        outs.push_back(attention_core(plan_ops::query_group(q_l, a.kv_heads, G, g), k_l, v_l, a.window_tokens,
+                                      cfg.model.attention_query_block).out);
+      }
+      out = plan_ops::merge_groups(outs, a.kv_heads);
+    }
+    auto out_l = leaf(out);
+    at::Tensor mixed;
+    {
+      auto s = stage("recompute", l, "attn.proj", "gemm");
+      mixed = plan_ops::attention_output(out_l, gate_l, w, x.scalar_type());
+    }
+    const auto dh = moe_backward(l, w, x + mixed.detach(), dy);
+    {
+      auto s = stage("bwd", l, "attn.proj_bwd", "gemm");
+      mixed.backward(dh);
+    }
+    const auto dout = out_l.grad();
+    at::Tensor dq, dk, dv;
+    if (keep) {
+      dq = at::zeros(q_l.sizes(), q_l.options().dtype(at::kFloat));
+      dk = at::zeros(k_l.sizes(), k_l.options().dtype(at::kFloat));
+      dv = at::zeros(v_l.sizes(), v_l.options().dtype(at::kFloat));
+      const auto B = q_l.size(0), H = q_l.size(1), S = q_l.size(2), d = q_l.size(3);
+      const auto per = H / a.kv_heads, gh = per / G;
+      for (int g = G - 1; g >= 0; --g) {
+        auto s = stage("bwd", l, fmt::format("attn.core_bwd.h{}", g), "attention");
+        auto grads = plan_ops::attention_core_backward(
+            plan_ops::query_group(in.q.detach(), a.kv_heads, G, g), in.k.detach(), in.v.detach(),
+            plan_ops::query_group(out, a.kv_heads, G, g),
+            plan_ops::query_group(lse.unsqueeze(-1), a.kv_heads, G, g).squeeze(-1),
+            plan_ops::query_group(dout, a.kv_heads, G, g), a.window_tokens, cfg.model.attention_query_block);
+        dq.view({B, a.kv_heads, per, S, d}).narrow(2, g * gh, gh).copy_(grads.dq.reshape({B, a.kv_heads, gh, S, d}));
+        dk.add_(grads.dk.to(at::kFloat));
+        dv.add_(grads.dv.to(at::kFloat));
+      }
+      dq = dq.to(q_l.scalar_type());
+    } else if (G == 1) {
+      auto s = stage("bwd", l, "attn.core_bwd.h0", "attention");
+      out_graph.backward(dout);
+      dq = q_l.grad(), dk = k_l.grad(), dv = v_l.grad();
+    } else {
+      for (int g = G - 1; g >= 0; --g) {
+        at::Tensor og;
+        {
+          auto s = stage("recompute", l, fmt::format("attn.core_refwd.h{}", g), "attention");
+          og = attention_core(plan_ops::query_group(q_l, a.kv_heads, G, g), k_l, v_l, a.window_tokens,
+                              cfg.model.attention_query_block).out;
+        }
+        auto s = stage("bwd", l, fmt::format("attn.core_bwd.h{}", g), "attention");
+        og.backward(plan_ops::query_group(dout, a.kv_heads, G, g));  // K/V gradients accumulate over groups
+      }
+      dq = q_l.grad(), dk = k_l.grad(), dv = v_l.grad();
+    }
+    {
+      auto s = stage("bwd", l, "attn.proj_bwd", "gemm");
+      backward_defined({in.q, in.k, in.v, in.gate}, {dq, dk.to(in.k.scalar_type()), dv.to(in.v.scalar_type()), grad_of(gate_l)});
+    }
+    return dh + x_l.grad();
+  }
+
+  // ---- Gated DeltaNet ----
+  at::Tensor gdn_forward(int l, const char* phase, const BlockWeights& w, const at::Tensor& x) {
+    plan_ops::GdnInputs in;
+    {
+      auto s = stage(phase, l, "gdn.proj", "gemm");
+      in = plan_ops::gdn_inputs(rms_norm(x, w["input_norm"]), w, spec);
+    }
+    const GdnSpec& g = spec.gdn;
+    auto state = at::zeros({x.size(0), g.value_heads, g.key_head_dim, g.value_head_dim}, x.options().dtype(at::kFloat));
+    std::vector<at::Tensor> outs;
+    int c = 0;
+    for (const auto& [s0, C] : ranges(x.size(1), plan.split.gdn_chunk_tokens)) {
+      auto s = stage(phase, l, fmt::format("gdn.core.c{}", c++), "gdn");
+      outs.push_back(plan_ops::gdn_core(in, s0, C, w, spec, cfg.model.gdn_chunk_tokens, state));
+    }
+    auto s = stage(phase, l, "gdn.proj", "gemm");
+    return x + plan_ops::gdn_output(outs.size() == 1 ? outs[0] : at::cat(outs, 2), in.z, w, spec, x.scalar_type());
+  }
+
+  at::Tensor gdn_backward(int l, const BlockWeights& w, const at::Tensor& x, const at::Tensor& dy) {
+    auto x_l = leaf(x);
+    plan_ops::GdnInputs in;
+    {
+      auto s = stage("recompute", l, "gdn.proj", "gemm");
+      in = plan_ops::gdn_inputs(rms_norm(x_l, w["input_norm"]), w, spec);
+    }
+    const plan_ops::GdnInputs lin{leaf(in.qkv), leaf(in.z), leaf(in.beta), leaf(in.g)};
+    const auto chunks = ranges(x.size(1), plan.split.gdn_chunk_tokens);
+    const GdnSpec& g = spec.gdn;
+    std::vector<at::Tensor> starts, outs;
+    {
+      at::NoGradGuard no_grad;
+      auto state = at::zeros({x.size(0), g.value_heads, g.key_head_dim, g.value_head_dim}, x.options().dtype(at::kFloat));
+      for (std::size_t c = 0; c < chunks.size(); ++c) {
+        auto s = stage("recompute", l, fmt::format("gdn.core.c{}", c), "gdn");
+        starts.push_back(state);  // gdn_chunk replaces the state tensor, so this one stays the chunk's start
+        outs.push_back(plan_ops::gdn_core(lin, chunks[c].first, chunks[c].second, w, spec, cfg.model.gdn_chunk_tokens, state));
+      }
+    }
+    auto o_l = leaf(outs.size() == 1 ? outs[0] : at::cat(outs, 2));
+    at::Tensor mixed;
+    {
+      auto s = stage("recompute", l, "gdn.proj", "gemm");
+      mixed = plan_ops::gdn_output(o_l, lin.z, w, spec, x.scalar_type());
+    }
+    const auto dh = moe_backward(l, w, x + mixed.detach(), dy);
+    {
+      auto s = stage("bwd", l, "gdn.proj_bwd", "gemm");
+      mixed.backward(dh);
+    }
+    const auto dout = o_l.grad();
+    at::Tensor dstate;  // derivative of the loss by the state a chunk hands to the next
+    for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
+      auto s = stage("bwd", l, fmt::format("gdn.core_bwd.c{}", c), "gdn");
+      const auto [s0, C] = chunks[static_cast<std::size_t>(c)];
+      auto start = leaf(starts[static_cast<std::size_t>(c)]);
+      auto state = start;
+      const auto out = plan_ops::gdn_core(lin, s0, C, w, spec, cfg.model.gdn_chunk_tokens, state);
+      backward_defined({out, state}, {dout.narrow(2, s0, C), dstate});
+      dstate = start.grad();
+    }
+    {
+      auto s = stage("bwd", l, "gdn.proj_bwd", "gemm");
+      backward_defined({in.qkv, in.z, in.beta, in.g}, {grad_of(lin.qkv), grad_of(lin.z), grad_of(lin.beta), grad_of(lin.g)});
+    }
+    return dh + x_l.grad();
+  }
+
+  // ---- MoE ----
+  at::Tensor moe_forward(int l, const char* phase, const BlockWeights& w, const at::Tensor& h) {
+    const auto h2 = h.reshape({-1, h.size(-1)});
+    auto y2 = at::empty_like(h2);
+    int c = 0;
+    for (const auto& [t0, n] : ranges(h2.size(0), plan.split.moe_chunk_tokens)) {
+      const auto hc = h2.narrow(0, t0, n);
+      at::Tensor xn, routed;
+      Routing r;
+      plan_ops::DenseTerms d;
+      {
+        auto s = stage(phase, l, fmt::format("moe.c{}.router_shared", c), "gemm");
+        xn = rms_norm(hc, w["post_norm"]);
+        r = route(xn, w["router"], spec.moe);
+        d = plan_ops::dense_terms(xn, w, spec);
+      }
+      {
+        auto s = stage(phase, l, fmt::format("moe.c{}.experts", c), "expert_gemm");
+        routed = plan_ops::routed_experts(xn, r, w, spec);
+      }
+      y2.narrow(0, t0, n).copy_(hc + plan_ops::moe_sum(routed, d));
+      ++c;
+    }
+    return y2.view(h.sizes());
+  }
+
+  // Per token chunk in reverse: recompute, then differentiate; returns dL/dh for y = h + moe(h).
+  at::Tensor moe_backward(int l, const BlockWeights& w, const at::Tensor& h, const at::Tensor& dy) {
+    const auto h2 = h.reshape({-1, h.size(-1)});
+    const auto dy2 = dy.reshape({-1, dy.size(-1)});
+    auto dh2 = at::empty_like(h2);
+    const auto chunks = ranges(h2.size(0), plan.split.moe_chunk_tokens);
+    for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
+      const auto [t0, n] = chunks[static_cast<std::size_t>(c)];
+      auto hc = leaf(h2.narrow(0, t0, n));
+      at::Tensor xn, xn_l, routed;
+      plan_ops::DenseTerms d;
+      Routing r;
+      {
+        auto s = stage("recompute", l, fmt::format("moe.c{}.router_shared", c), "gemm");
+        xn = rms_norm(hc, w["post_norm"]);
+        xn_l = leaf(xn);
+        r = route(xn_l, w["router"], spec.moe);
+        d = plan_ops::dense_terms(xn_l, w, spec);
+      }
+      {
+        auto s = stage("recompute", l, fmt::format("moe.c{}.experts", c), "expert_gemm");
+        routed = plan_ops::routed_experts(xn_l, r, w, spec);
+      }
+      const auto dyc = dy2.narrow(0, t0, n);
+      {
+        auto s = stage("bwd", l, fmt::format("moe.c{}.experts_bwd", c), "expert_gemm");
+        routed.backward(dyc);
+      }
+      {
+        auto s = stage("bwd", l, fmt::format("moe.c{}.router_shared_bwd", c), "gemm");
+        backward_defined({d.shared, d.dense}, {dyc, dyc});
+        xn.backward(xn_l.grad());
+      }
+      dh2.narrow(0, t0, n).copy_(dyc + hc.grad());
+    }
+    return dh2.view(h.sizes());
+  }
+
+  // ---- decoders ----
+  at::Tensor decoder_forward(int l, const char* phase, const at::Tensor& x, bool original) {
+    at::Tensor wflat;
+    {
+      auto s = stage(phase, l, "weights.h2d", "h2d", kH2d);
+      wflat = window.acquire(1 + l);
+    }
+    const auto w = block_views(st.layout().blocks[static_cast<std::size_t>(1 + l)], wflat);
+    std::vector<at::Tensor> ys;
+    int sub = 0;
+    for (const auto& [b0, n] : ranges(x.size(0), sb)) {
+      const auto xi = x.narrow(0, b0, n);
+      const auto h = attention(l) ? attention_forward(l, phase, w, xi, sub, original) : gdn_forward(l, phase, w, xi);
+      ys.push_back(moe_forward(l, phase, w, h));
+      ++sub;
+    }
+    window.release(1 + l);
+    return ys.size() == 1 ? ys[0] : at::cat(ys, 0);
+  }
+
+  // Returns dL/dx; the layer's flat weight gradient in `wgrad`.
+  at::Tensor decoder_backward(int l, const at::Tensor& x, const at::Tensor& dy, at::Tensor& wgrad) {
+    at::Tensor wflat;
+    {
+      auto s = stage("bwd", l, "weights.h2d", "h2d", kH2d);
+      wflat = leaf(window.acquire(1 + l));
+    }
+    const auto w = block_views(st.layout().blocks[static_cast<std::size_t>(1 + l)], wflat);
+    auto dx = at::empty_like(x);
+    int sub = 0;
+    for (const auto& [b0, n] : ranges(x.size(0), sb)) {
+      const auto xi = x.narrow(0, b0, n), dyi = dy.narrow(0, b0, n);
+      dx.narrow(0, b0, n).copy_(attention(l) ? attention_backward(l, w, xi, dyi, sub) : gdn_backward(l, w, xi, dyi));
+      ++sub;
+    }
+    window.release(1 + l);
+    wgrad = wflat.grad();
+    return dx;
+  }
+
+  // The input of decoder l for its backward: loaded, held, or regenerated (reference §4 "Replay").
+  at::Tensor boundary_for_backward(int l) {
+    using Place = BoundaryPolicy::Place;
+    const auto& bp = plan.boundaries;
+    if (bp.place(l) == Place::kHost) {
+      auto s = stage("bwd", l, "boundary_h2d", "h2d", kH2d);
+      return host.at(l).to(dev);
+    }
+    if (held.count(l)) return held.at(l);
+    int j = l - 1;
+    while (j > 0 && bp.place(j) == Place::kRegenerated && !held.count(j)) --j;
+    j = std::max(j, 0);
+    at::Tensor start;
+    if (bp.place(j) == Place::kRegenerated && !held.count(j)) {
+      auto s = stage("recompute", -1, "embedding.regather", "elementwise");
+      at::NoGradGuard no_grad;
+      start = embed(tok, outer);
+      if (j == l) return start;
+    } else {
+      start = boundary_for_backward(j);
+    }
+    const int cap = std::max(1, bp.regenerate_cap);
+    at::NoGradGuard no_grad;
+    at::Tensor h = start;
+    for (int d = j; d < l; ++d) {
+      h = decoder_forward(d, "recompute", h, false);
+      if (d + 1 > l - cap) held[d + 1] = h;
+    }
+    return held.at(l);
+  }
+
+  // Outer-block parameter ranges: the LM head group (final norm, untied head) and the embeddings.
+  std::pair<std::int64_t, std::int64_t> outer_range(bool head) const {
+    const auto& e = st.layout().blocks[0].at("embed");
+    const auto total = st.layout().blocks[0].numel;
+    if (head) return e.offset == 0 ? std::pair{e.numel(), total - e.numel()} : std::pair{std::int64_t{0}, e.offset};
+    return {e.offset, e.numel()};
+  }
+
+  void update_range(int block, std::int64_t a, std::int64_t n, const at::Tensor& grad, double scale) {
+    auto p = st.master(block).narrow(0, a, n);
+    auto m = st.exp_avg(block).narrow(0, a, n);
+    auto v = st.exp_avg_sq(block).narrow(0, a, n);
+    cpu_adamw_step(p, grad.narrow(0, a, n), m, v, cfg.adam, st.step + 1, scale, cfg.adam_threads);
+  }
+
+  // Queues the CPU update (and publication) of a parameter group; returns the worker job index.
+  // `publish` false: the working copy is republished later (publish_range).
+  int submit_update(const std::string& group, int layer, int block, std::int64_t a, std::int64_t n,
+                    std::function<void()> ready, double scale, bool publish = true) {
+    return worker.submit([this, group, layer, block, a, n, ready = std::move(ready), scale, publish] {
+      ready();
+      {
+        auto s = rec.stage("opt", layer, group + ".cpu_adamw", "cpu_adamw", kCpu);
+        update_range(block, a, n, st.grad_slot(block), scale);
+      }
+      if (publish) publish_range(group, layer, block, a, n);
+    });
+  }
+  void publish_range(const std::string& group, int layer, int block, std::int64_t a, std::int64_t n) {
+    auto s = rec.stage("opt", layer, group + ".publish", "host_prep", kPrep);
+    st.working(block).narrow(0, a, n).copy_(st.master(block).narrow(0, a, n));
+  }
+
+  // CPU gradient slots: the gradient about to be sent waits for the update `slots` gradients back.
+  void wait_for_slot() {
+    const int i = static_cast<int>(update_jobs.size());
+    const int slots = std::max(1, plan.cpu_grad_slots);
+    if (i >= slots) worker.wait_done(update_jobs[static_cast<std::size_t>(i - slots)]);
+  }
+
+  StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
+};
+
+StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& targets) {
+  if (tokens.dim() != 2 || !targets.sizes().equals(tokens.sizes())) {
+    throw InputError("", "tokens", std::to_string(tokens.dim()) + " dimensions", "expected [batch, seq] tokens and targets of one shape");
+  }
+  const std::pair<std::int64_t, std::int64_t> shape{tokens.size(0), tokens.size(1)};
+  if (shape != checked_shape) {
+    check_plan_for_run(plan, spec, shape.first, shape.second, 1, "plan");
+    checked_shape = shape;
+  }
+  const int L = spec.layers;
+  const bool clip = cfg.max_grad_norm > 0;
+  rec.start_step(tracing);
+  sb = plan.split.sub_batch_seqs > 0 ? plan.split.sub_batch_seqs : tokens.size(0);
+  olse.clear();
+  held.clear();
+  host.clear();
+  update_jobs.clear();
+  tok = tokens.to(dev);
+  const auto tgt = targets.to(dev);
+
+  at::Tensor outer_flat;
+  {
+    auto s = stage("fwd", -1, "embedding.h2d", "h2d", kH2d);
+    outer_flat = leaf(st.working(0).to(dev));
+  }
+  outer = block_views(st.layout().blocks[0], outer_flat);
+  at::Tensor x0;
+  {
+    auto s = stage("fwd", -1, "embedding.gather", "elementwise");
+    x0 = embed(tok, outer);
+  }
+  at::Tensor h = x0.detach();
+  {
+    at::NoGradGuard no_grad;
+    for (int l = 0; l < L; ++l) {
+      switch (plan.boundaries.place(l)) {
+        case BoundaryPolicy::Place::kHost: {
+          auto s = stage("fwd", l, "boundary_d2h", "d2h", kD2h);
+          host[l] = to_host(h, st.pinned());
+          break;
+        }
+        case BoundaryPolicy::Place::kGpu:
+          held[l] = h;
+          break;
+        case BoundaryPolicy::Place::kRegenerated:
+          break;
+      }
+      h = decoder_forward(l, "fwd", h, true);
+    }
+  }
+  auto hL = leaf(h);
+  at::Tensor loss;
+  {
+    auto s = stage("fwd", -1, "lm_head.loss", "gemm");
+    loss = head_loss(hL, tgt, outer, spec);
+  }
+  {
+    auto s = stage("bwd", -1, "lm_head.backward", "gemm");
+    loss.backward();
+  }
+  at::Tensor g = hL.grad();
+  const auto head = outer_range(true), emb = outer_range(false);
+  std::vector<double> sq_norm(static_cast<std::size_t>(st.blocks()), 0.0);
+  std::vector<std::function<void()>> grad_ready(static_cast<std::size_t>(st.blocks()));
+  std::function<void()> head_ready;
+  {
+    auto s = stage("bwd", -1, "lm_head.grad_d2h", "d2h", kD2h);
+    head_ready = gradient_to_host(st.grad_slot(0), outer_flat.grad());
+  }
+  // The LM head's update overlaps the decoders' backward; its working copy is republished after
+  // the embedding backward (on a CPU device the step's outer weights are that very buffer).
+  if (!clip) update_jobs.push_back(submit_update("lm_head", -1, 0, head.first, head.second, head_ready, 1.0, false));
+
+  for (int l = L - 1; l >= 0; --l) {
+    const auto x = boundary_for_backward(l);
+    at::Tensor wgrad;
+    g = decoder_backward(l, x, g, wgrad);
+    held.erase(l);
+    host.erase(l);
+    olse.erase(l);
+    const int b = 1 + l;
+    if (!clip) wait_for_slot();
+    std::function<void()> ready;
+    {
+      auto s = stage("bwd", l, "layer.grad_d2h", "d2h", kD2h);
+      ready = gradient_to_host(st.grad_slot(b), wgrad);
+    }
+    if (clip) {
+      sq_norm[static_cast<std::size_t>(b)] = wgrad.to(at::kFloat).pow(2).sum().item<double>();
+      grad_ready[static_cast<std::size_t>(b)] = std::move(ready);
+    } else {
+      update_jobs.push_back(submit_update("layer", l, b, 0, st.layout().blocks[static_cast<std::size_t>(b)].numel, ready, 1.0));
+    }
+  }
+  {
+    auto s = stage("bwd", -1, "embedding.scatter", "elementwise");
+    x0.backward(g);
+  }
+  if (!clip) worker.wait_done(update_jobs.front());  // the head update read the slot before it is replaced
+  std::function<void()> outer_ready;
+  {
+    auto s = stage("bwd", -1, "embedding.grad_d2h", "d2h", kD2h);
+    outer_ready = gradient_to_host(st.grad_slot(0), outer_flat.grad());
+  }
+  StepStats stats;
+  stats.loss = loss.item<double>();
+  if (clip) {
+    sq_norm[0] = outer_flat.grad().to(at::kFloat).pow(2).sum().item<double>();
+    double total = 0;
+    for (double v : sq_norm) total += v;
+    stats.grad_norm = std::sqrt(total);
+    const double coef = clip_coefficient(stats.grad_norm, cfg.max_grad_norm);
+    for (int b = st.blocks() - 1; b >= 1; --b) {
+      submit_update("layer", b - 1, b, 0, st.layout().blocks[static_cast<std::size_t>(b)].numel,
+                    grad_ready[static_cast<std::size_t>(b)], coef);
+    }
+    submit_update("lm_head", -1, 0, head.first, head.second, outer_ready, coef);
+    submit_update("embedding", -1, 0, emb.first, emb.second, [] {}, coef);
+  } else {
+    worker.submit([this, head] { publish_range("lm_head", -1, 0, head.first, head.second); });
+    submit_update("embedding", -1, 0, emb.first, emb.second, outer_ready, 1.0);
+  }
+  worker.wait_all();
+  ++st.step;
+  held.clear();
+  tok = at::Tensor();
+  outer = BlockWeights();
+  if (tracing) trace = rec.finish();
+  return stats;
+}
+
+PlanTrainer::PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device)
+    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device)) {}
+PlanTrainer::~PlanTrainer() = default;
+StepStats PlanTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) { return impl_->step(tokens, targets); }
+void PlanTrainer::set_tracing(bool on) { impl_->tracing = on; }
+const Trace& PlanTrainer::last_trace() const { return impl_->trace; }
+
+}  // namespace oom::backend

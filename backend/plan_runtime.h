@@ -1,0 +1,74 @@
+// PlanTrainer: one training step executed as a Plan says (planner/plan.h), on the Local path of
+// one rank, with a stage-by-stage trace under the StepGraph's stage names.
+//
+// What each Plan field does here (reference §4 "Split–Keep–Replay"):
+//   split.sub_batch_seqs      every decoder runs its forward and its backward on sub-batches of
+//                             complete sequences; weight gradients accumulate over sub-batches.
+//   split.attention_head_group the attention core runs per group of query heads (of every GQA
+//                             group) over complete sequences with the shared K/V; in backward each
+//                             group's core is re-run (or, with kept O/LSE, differentiated from them)
+//                             and its K/V and input gradients accumulate in FP32.
+//   split.gdn_chunk_tokens    the GDN recurrence runs over sequence chunks, handing its FP32 state
+//                             forward; backward rematerializes the chunks in reverse order from their
+//                             saved start states and hands the state derivative backward.
+//   split.moe_chunk_tokens    router, shared expert, dense MLP and routed experts run per token chunk;
+//                             backward recomputes and differentiates one chunk at a time.
+//   keep_attention_results    the original forward keeps each attention layer's O and LSE on the host;
+//                             replays use O instead of the core, backward differentiates the core
+//                             from O/LSE (flash-attention backward) without recomputing it.
+//   boundaries                a decoder's input is kept on the host, held on the compute device, or
+//                             regenerated before its backward by no-grad forwards from the nearest
+//                             kept boundary, holding at most regenerate_cap regenerated ones.
+//   cpu_grad_slots            at most this many layer gradients wait for their CPU update at once.
+// EP-only fields (resident/retained layers, routing chunks, shard delivery over ranks) belong to
+// the multi-rank path; check_plan_for_run() rejects a plan this runtime cannot execute.
+//
+// Exactness: losses and parameters equal the plain trainer's (backend/plain_trainer.h) within FP32
+// rounding for every mechanism (tests/backend/plan_runtime_test.cc).
+// Tracing (set_tracing(true)): the step's stages with their lowering names, kinds and resources,
+// host RSS and device allocator samples (backend/stage_recorder.h); on CUDA the device is
+// synchronized at every stage boundary while tracing.
+// Not thread-safe: one thread drives step(); the CPU updates run on an internal worker thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "backend/runtime.h"
+#include "backend/state.h"
+#include "planner/plan.h"
+#include "traces/trace.h"
+
+namespace oom::backend {
+
+// Checks, before any work, that `plan` can run on `model` with batch × seq tokens per step on
+// `ranks` ranks: validate_plan() (layer indices, partitions that divide, path-specific fields),
+// then this runtime's own rules: the Local path on one rank (the EP path runs over rank processes),
+// a GDN chunk that divides the sequence, a MoE chunk within the tokens of a sub-batch. Throws one
+// InputError naming `file` and the field.
+void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
+                        const std::string& file);
+
+class PlanTrainer {
+ public:
+  // `state` must outlive the trainer. Preconditions: check_plan_for_run() accepted the plan for the
+  // batches step() will see (step() re-checks their shape and throws InputError otherwise).
+  PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU);
+  ~PlanTrainer();
+  PlanTrainer(const PlanTrainer&) = delete;
+  PlanTrainer& operator=(const PlanTrainer&) = delete;
+
+  StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
+  // Records the next steps' stage timelines (see last_trace()).
+  void set_tracing(bool on);
+  // The timeline of the latest traced step (engine "torch").
+  const Trace& last_trace() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace oom::backend

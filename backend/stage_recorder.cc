@@ -1,0 +1,97 @@
+#include "backend/stage_recorder.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+namespace oom::backend {
+
+Bytes process_rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  long long pages_total = 0, pages_resident = 0;
+  if (!(f >> pages_total >> pages_resident)) return 0;
+  return static_cast<Bytes>(pages_resident) * static_cast<Bytes>(sysconf(_SC_PAGESIZE));
+}
+
+std::string stage_name(const std::string& phase, int layer, const std::string& what) {
+  return layer >= 0 ? fmt::format("g0.{}.L{}.{}", phase, layer, what) : fmt::format("g0.{}.{}", phase, what);
+}
+
+void StageRecorder::start_step(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  enabled_ = enabled;
+  stages_.clear();
+  host_samples_.clear();
+  device_samples_.clear();
+  if (enabled_ && cb_.sync) cb_.sync();
+  t0_ = Clock::now();
+  if (enabled_) {
+    host_samples_.push_back({0.0, process_rss_bytes()});
+    if (cb_.device_bytes) device_samples_.push_back({0.0, cb_.device_bytes()});
+  }
+}
+
+double StageRecorder::now_s() { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+StageRecorder::Scope::Scope(StageRecorder* r, TraceStage s) : r_(r), s_(std::move(s)) {}
+
+StageRecorder::Scope::Scope(Scope&& o) noexcept : r_(o.r_), s_(std::move(o.s_)) { o.r_ = nullptr; }
+
+void StageRecorder::Scope::end() {
+  if (r_ == nullptr) return;
+  if (r_->cb_.sync && s_.resource.rfind("gpu", 0) == 0) r_->cb_.sync();
+  s_.end_s = r_->now_s();
+  r_->record(std::move(s_));
+  r_ = nullptr;
+}
+
+StageRecorder::Scope StageRecorder::stage(const std::string& phase, int layer, const std::string& what,
+                                          const std::string& kind, const std::string& resource, Flops flops,
+                                          Bytes bytes) {
+  if (!enabled_) return {};
+  if (cb_.sync && resource.rfind("gpu", 0) == 0) cb_.sync();
+  TraceStage s;
+  s.name = stage_name(phase, layer, what);
+  s.kind = kind;
+  s.resource = resource;
+  s.layer = layer;
+  s.flops = flops;
+  s.bytes = bytes;
+  s.start_s = now_s();
+  return Scope(this, std::move(s));
+}
+
+void StageRecorder::record(TraceStage s) {
+  const Bytes rss = process_rss_bytes();
+  const Bytes dev = cb_.device_bytes ? cb_.device_bytes() : 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.id = static_cast<std::int64_t>(stages_.size());
+  host_samples_.push_back({s.end_s, rss});
+  if (cb_.device_bytes) device_samples_.push_back({s.end_s, dev});
+  stages_.push_back(std::move(s));
+}
+
+Trace StageRecorder::finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Trace t;
+  t.engine = "torch";
+  t.stages = stages_;
+  auto timeline = [](const std::string& device, std::vector<MemorySample> samples) {
+    std::sort(samples.begin(), samples.end(), [](const auto& a, const auto& b) { return a.time_s < b.time_s; });
+    MemoryTimeline m{device, std::move(samples), 0};
+    for (const auto& s : m.samples) m.peak_bytes = std::max(m.peak_bytes, s.bytes);
+    return m;
+  };
+  if (cb_.device_bytes) {
+    t.memory.push_back(timeline("gpu0", device_samples_));
+    t.gpu_peak_bytes.push_back(t.memory.back().peak_bytes);
+  }
+  t.memory.push_back(timeline("numa0", host_samples_));
+  t.numa_peak_bytes.push_back(t.memory.back().peak_bytes);
+  finalize_trace(t);
+  return t;
+}
+
+}  // namespace oom::backend

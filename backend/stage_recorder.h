@@ -1,0 +1,86 @@
+// StageRecorder: the measured timeline of one training step, stage by stage, as an oom::Trace.
+//
+// The plan-driven runtime (backend/plan_runtime.h) wraps each piece of work it does in a stage
+// named exactly as the StepGraph lowering names it (planner/lowering*.cc: "g0.fwd.L3.attn.proj",
+// "g0.bwd.L3.moe.c1.experts_bwd", "g0.opt.L3.layer.cpu_adamw", ...), with the lowering's operator
+// kind ("gemm", "attention", "cpu_adamw", ...) and resource ("gpu0.compute", "gpu0.h2d",
+// "numa0.cpu_update.r0"), so a measured step can be held against its prediction stage by stage
+// (`oom diff`). Several stages may carry the same name (one per sub-batch, or a projection that
+// runs before and after the core); comparisons sum them. Memory samples: the host's resident set
+// ("numa0", from /proc/self/statm) and the compute device's allocator bytes ("gpu0", from a
+// callback the runtime supplies) at the end of every stage.
+//
+// Times are seconds from start_step() on a steady clock. A `sync` callback (CUDA: synchronize the
+// device) runs before every time stamp so that asynchronous device work is attributed to its
+// stage; recording therefore serializes the device streams and measures the work, not the overlap.
+// Thread-safe: stages may be recorded from the update worker while the driving thread records others.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "costmodel/units.h"
+#include "traces/trace.h"
+
+namespace oom::backend {
+
+// Process resident set size in bytes (Linux /proc/self/statm); 0 where unavailable.
+Bytes process_rss_bytes();
+
+class StageRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Callbacks {
+    std::function<void()> sync;           // wait for queued device work (may be empty)
+    std::function<Bytes()> device_bytes;  // allocator bytes in use on the compute device (may be empty)
+  };
+
+  StageRecorder() = default;
+  explicit StageRecorder(Callbacks cb) : cb_(std::move(cb)) {}
+
+  bool enabled() const { return enabled_; }
+  // Starts a new step's timeline (clears the previous one) when `enabled`; otherwise records nothing.
+  void start_step(bool enabled);
+
+  // A running stage; ends (and is recorded) when destroyed or at end().
+  class Scope {
+   public:
+    Scope() = default;
+    Scope(StageRecorder* r, TraceStage s);
+    Scope(Scope&& o) noexcept;
+    Scope& operator=(Scope&&) = delete;
+    ~Scope() { end(); }
+    void end();
+
+   private:
+    StageRecorder* r_ = nullptr;
+    TraceStage s_;
+  };
+
+  // Starts a stage named "g0.<phase>.L<layer>.<what>" (or "g0.<phase>.<what>" for layer −1).
+  Scope stage(const std::string& phase, int layer, const std::string& what, const std::string& kind,
+              const std::string& resource = "gpu0.compute", Flops flops = 0, Bytes bytes = 0);
+
+  // The recorded step: stages in start order, step_s, memory timelines and peaks (engine "torch").
+  Trace finish();
+
+ private:
+  double now_s();
+  void record(TraceStage s);
+
+  Callbacks cb_;
+  bool enabled_ = false;
+  Clock::time_point t0_{};
+  std::mutex mu_;
+  std::vector<TraceStage> stages_;
+  std::vector<MemorySample> host_samples_, device_samples_;
+};
+
+// The StepGraph stage name of rank 0: "g0.<phase>.L<layer>.<what>", or "g0.<phase>.<what>".
+std::string stage_name(const std::string& phase, int layer, const std::string& what);
+
+}  // namespace oom::backend

@@ -1,0 +1,295 @@
+// backend/plan_runtime.h: every Plan mechanism of the Local path against the plain in-memory
+// reference (autograd over the whole model + torch::optim::AdamW): the loss and every block's
+// gradient of a step within 1e-5 relative, then losses (1e-5) and parameters (1e-3) after steps. Also: the flash-style attention
+// backward from kept O/LSE and the GDN reverse-order chunk backward against autograd; bad plans
+// rejected before any work; the trace's stage names are those of the plan's StepGraph.
+#include "backend/plan_runtime.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "backend/plain_trainer.h"
+#include "backend/plan_ops.h"
+#include "backend/torch_executor.h"
+#include "costmodel/input_error.h"
+#include "planner/step_graph.h"
+#include "tests/backend/reference_ops.h"
+
+namespace oom::backend {
+namespace {
+
+using testing::rel_diff;
+
+constexpr double kTol = 1e-5;
+
+Plan local_plan() {
+  Plan p;
+  p.path = ExpertPath::kLocal;
+  return p;
+}
+
+TrainerConfig config(double clip = 0.0) {
+  TrainerConfig cfg;
+  cfg.adam.lr = 3e-3;
+  cfg.max_grad_norm = clip;
+  cfg.model.gdn_chunk_tokens = 4;
+  cfg.model.attention_query_block = 8;
+  return cfg;
+}
+
+// Gradients: one step of the plan against autograd over the whole model (the plain trainer's
+// arithmetic) on the same weights and batch: the loss and every block's gradient within 1e-5
+// relative. Then `steps` steps against the plain trainer: losses within 1e-5, parameters within
+// 1e-3 relative, a third of the learning rate on unit-size weights (AdamW normalizes each gradient
+// element, so rounding-level differences in small, cancelling gradients, summed in another order
+// over sub-batches, groups and chunks, move parameters by up to ~0.1 lr; a missed, doubled or
+// wrong update moves them by ~lr).
+void expect_plan_matches_plain(const char* model, const Plan& plan, int steps = 2, double clip = 0.0,
+                               std::int64_t batch = 4, std::int64_t seq = 24) {
+  const ModelSpec spec = load_model_spec(model);
+  const TrainerConfig cfg = config(clip);
+  torch::manual_seed(32);
+  const auto tokens0 = torch::randint(0, 256, {batch, seq}, torch::kLong);
+  const auto targets0 = torch::randint(0, 256, {batch, seq}, torch::kLong);
+  {
+    HostState state(spec);
+    state.init_from_seed(31);
+    std::vector<at::Tensor> flats;
+    std::vector<BlockWeights> weights;
+    for (int b = 0; b < state.blocks(); ++b) {
+      flats.push_back(state.master(b).clone().requires_grad_(true));
+      weights.push_back(block_views(state.layout().blocks[static_cast<std::size_t>(b)], flats.back()));
+    }
+    const auto ref_loss = model_loss(tokens0, targets0, weights, spec, cfg.model);
+    ref_loss.backward();
+    TrainerConfig no_clip = cfg;
+    no_clip.max_grad_norm = 0.0;
+    PlanTrainer runtime(state, no_clip, plan);
+    const auto got = runtime.step(tokens0, targets0);
+    EXPECT_NEAR(got.loss, ref_loss.item<double>(), kTol * std::abs(ref_loss.item<double>())) << model;
+    for (int b = 0; b < state.blocks(); ++b) {
+      EXPECT_LE(rel_diff(state.grad_slot(b), flats[static_cast<std::size_t>(b)].grad()), kTol)
+          << model << " gradient of block " << b;
+    }
+  }
+  HostState state(spec);
+  state.init_from_seed(31);
+  PlainTrainer plain(state, cfg);
+  PlanTrainer runtime(state, cfg, plan);
+  for (int s = 0; s < steps; ++s) {
+    const auto tokens = s == 0 ? tokens0 : torch::randint(0, 256, {batch, seq}, torch::kLong);
+    const auto targets = s == 0 ? targets0 : torch::randint(0, 256, {batch, seq}, torch::kLong);
+    const auto a = plain.step(tokens, targets);
+    const auto b = runtime.step(tokens, targets);
+    EXPECT_NEAR(b.loss, a.loss, kTol * std::abs(a.loss)) << model << " step " << s;
+    if (clip > 0) EXPECT_NEAR(b.grad_norm, a.grad_norm, kTol * a.grad_norm) << model << " step " << s;
+  }
+  const auto ref = plain.flat_params();
+  for (int b = 0; b < state.blocks(); ++b) {
+    EXPECT_LE(rel_diff(state.master(b), ref[static_cast<std::size_t>(b)]), 1e-3) << model << " block " << b;
+    EXPECT_TRUE(at::equal(state.working(b), state.master(b))) << "working copy republished, block " << b;
+  }
+}
+
+TEST(PlanTrainer, DefaultPlanMatchesPlain) { expect_plan_matches_plain("tiny-moe", local_plan()); }
+
+TEST(PlanTrainer, SubBatchesOfCompleteSequencesMatchPlain) {
+  Plan p = local_plan();
+  p.split.sub_batch_seqs = 1;
+  expect_plan_matches_plain("tiny-moe", p);
+}
+
+TEST(PlanTrainer, AttentionHeadGroupsWithSharedKvMatchPlain) {
+  Plan p = local_plan();
+  p.split.attention_head_group = 1;  // two query-head groups per KV group
+  expect_plan_matches_plain("tiny-moe", p);
+  expect_plan_matches_plain("tiny-moe-gemma", p, 1);  // K = V, softcap, tied embeddings
+}
+
+TEST(PlanTrainer, GdnSequenceChunksWithStateHandOffMatchPlain) {
+  Plan p = local_plan();
+  p.split.gdn_chunk_tokens = 6;  // 4 chunks of 24 tokens; not a multiple of the kernel's 4-token chunk
+  expect_plan_matches_plain("tiny-moe", p);
+}
+
+TEST(PlanTrainer, MoeTokenChunksMatchPlain) {
+  Plan p = local_plan();
+  p.split.moe_chunk_tokens = 40;  // 96 tokens: chunks of 40, 40 and 16
+  expect_plan_matches_plain("tiny-moe", p);
+}
+
+TEST(PlanTrainer, KeptAttentionResultsMatchPlain) {
+  Plan p = local_plan();
+  p.keep_attention_results = true;
+  expect_plan_matches_plain("tiny-moe", p);
+  p.split.attention_head_group = 1;
+  expect_plan_matches_plain("tiny-moe-mixtral", p);
+}
+
+TEST(PlanTrainer, BoundariesHeldOnDeviceAndRegeneratedMatchPlain) {
+  Plan p = local_plan();
+  p.boundaries.host_kept_all = false;
+  p.boundaries.host_kept = {};
+  p.boundaries.gpu_held = {2};
+  p.boundaries.regenerate_cap = 1;  // 0 and 1, 3 regenerated: 0 from the embeddings, 3 from 2
+  expect_plan_matches_plain("tiny-moe", p);
+  p.boundaries.gpu_held = {};
+  p.boundaries.host_kept = {1};
+  p.boundaries.regenerate_cap = 2;
+  expect_plan_matches_plain("tiny-moe", p);
+}
+
+TEST(PlanTrainer, ReplayReusesKeptAttentionResultsAndEverySplitTogether) {
+  Plan p = local_plan();
+  p.keep_attention_results = true;
+  p.boundaries.host_kept_all = false;
+  p.boundaries.host_kept = {0};
+  p.boundaries.regenerate_cap = 1;
+  p.split = {1, 8, 16, 2};
+  p.cpu_grad_slots = 1;
+  expect_plan_matches_plain("tiny-moe", p);
+  expect_plan_matches_plain("tiny-moe", p, 2, /*clip=*/0.05);
+}
+
+TEST(PlanOps, AttentionBackwardFromKeptOutputMatchesAutograd) {
+  torch::manual_seed(3);
+  const auto q = torch::randn({2, 4, 20, 8}, torch::requires_grad());
+  const auto k = torch::randn({2, 2, 20, 8}, torch::requires_grad());
+  const auto v = torch::randn({2, 2, 20, 8}, torch::requires_grad());
+  for (std::int64_t window : {0, 6}) {
+    const auto r = attention_core(q, k, v, window, 8);
+    const auto dout = torch::randn_like(r.out);
+    const auto grads = torch::autograd::grad({r.out}, {q, k, v}, {dout});
+    const auto mine = plan_ops::attention_core_backward(q.detach(), k.detach(), v.detach(), r.out.detach(),
+                                                        r.lse.detach(), dout, window, 8);
+    EXPECT_LE(rel_diff(mine.dq, grads[0]), 1e-5) << "window " << window;
+    EXPECT_LE(rel_diff(mine.dk, grads[1]), 1e-5) << "window " << window;
+    EXPECT_LE(rel_diff(mine.dv, grads[2]), 1e-5) << "window " << window;
+  }
+}
+
+TEST(PlanOps, QueryGroupsRoundTripHeadOrder) {
+  const auto q = torch::arange(2 * 8 * 3 * 2, torch::kFloat).view({2, 8, 3, 2});
+  std::vector<at::Tensor> parts;
+  for (int g = 0; g < 4; ++g) parts.push_back(plan_ops::query_group(q, 2, 4, g));
+  EXPECT_TRUE(at::equal(plan_ops::merge_groups(parts, 2), q));
+  // Group 1 of KV head 0 is query head 1 (heads 0..3 share KV head 0).
+  EXPECT_TRUE(at::equal(parts[1].select(1, 0), q.select(1, 1)));
+}
+
+// --- bad plans: one InputError before any work ---
+
+void expect_rejected(const Plan& p, const std::string& field, std::int64_t batch = 4, std::int64_t seq = 24,
+                     int ranks = 1) {
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  try {
+    check_plan_for_run(p, spec, batch, seq, ranks, "p.json");
+    ADD_FAILURE() << "accepted a plan with a bad " << field;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("p.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
+  Plan p = local_plan();
+  p.boundaries.gpu_held = {4};
+  expect_rejected(p, "gpu_held[0]");
+  p = local_plan();
+  p.split.gdn_chunk_tokens = 7;
+  expect_rejected(p, "gdn_chunk_tokens");
+  p = local_plan();
+  p.split.attention_head_group = 3;
+  expect_rejected(p, "attention_head_group");
+  p = local_plan();
+  p.split.sub_batch_seqs = 3;
+  expect_rejected(p, "sub_batch_seqs");
+  p = local_plan();
+  p.split = {0, 0, 500, 2};
+  expect_rejected(p, "moe_chunk_tokens");
+  expect_rejected(Plan{}, "path");                   // EP on one rank
+  expect_rejected(local_plan(), "path", 4, 24, 2);   // two ranks on the local runtime
+  EXPECT_NO_THROW(check_plan_for_run(local_plan(), load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));
+}
+
+TEST(PlanTrainer, RejectsBatchesThePlanDoesNotFitBeforeTraining) {
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState state(spec);
+  state.init_from_seed(1);
+  const auto before = state.master(1).clone();
+  Plan p = local_plan();
+  p.split.gdn_chunk_tokens = 8;
+  PlanTrainer t(state, config(), p);
+  const auto tokens = torch::randint(0, 256, {2, 20}, torch::kLong);
+  EXPECT_THROW(t.step(tokens, tokens), InputError);
+  EXPECT_TRUE(at::equal(state.master(1), before));
+  EXPECT_EQ(state.step, 0);
+}
+
+// --- trace ---
+
+TEST(PlanTrainer, TraceUsesTheStageNamesOfThePlansStepGraph) {
+  Plan p = local_plan();
+  p.keep_attention_results = true;
+  p.boundaries.host_kept_all = false;
+  p.boundaries.host_kept = {0, 2};
+  p.boundaries.gpu_held = {1};
+  p.split = {1, 12, 48, 2};
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState state(spec);
+  state.init_from_seed(2);
+  PlanTrainer t(state, config(), p);
+  t.set_tracing(true);
+  const auto tokens = torch::randint(0, 256, {4, 24}, torch::kLong);
+  t.step(tokens, tokens);
+  const Trace& trace = t.last_trace();
+  ASSERT_FALSE(trace.stages.empty());
+  EXPECT_EQ(trace.engine, "torch");
+  EXPECT_GT(trace.step_s, 0);
+  ASSERT_EQ(trace.numa_peak_bytes.size(), 1u);
+  EXPECT_GT(trace.numa_peak_bytes[0], 0);
+
+  Workload w;
+  w.model = "tiny-moe";
+  w.hardware = "h100-sxm-node";
+  w.global_batch = 4;
+  w.seq_len = 24;
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const StepGraph g = lower(p, ctx);
+  std::set<std::string> lowered, measured;
+  for (const auto& s : g.stages) lowered.insert(s.name);
+  for (const auto& s : trace.stages) {
+    measured.insert(s.name);
+    EXPECT_TRUE(lowered.count(s.name)) << "measured stage not in the StepGraph: " << s.name;
+  }
+  // Every compute stage with work in the StepGraph was measured.
+  for (const auto& s : g.stages) {
+    if (g.resource(s.resource).kind == ResourceKind::kGpuCompute && s.op != OpKind::kSync) {
+      EXPECT_TRUE(measured.count(s.name)) << "StepGraph stage not measured: " << s.name;
+    }
+  }
+}
+
+TEST(TorchExecutor, RunsTheFirstDecodersOfAWorkload) {
+  Workload w;
+  w.model = "tiny-moe";
+  w.hardware = "h100-sxm-node";
+  w.global_batch = 2;
+  w.seq_len = 16;
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  Plan p = local_plan();
+  p.boundaries.host_kept_all = false;
+  p.boundaries.host_kept = {0, 3};
+  TorchExecutorOptions o;
+  o.measured_steps = 1;
+  TorchExecutor ex(o);
+  const Measurement m = ex.run(p, ctx, {2});
+  EXPECT_GT(m.step_s, 0);
+  for (const auto& s : m.trace.stages) EXPECT_LT(s.layer, 2) << s.name;
+  EXPECT_EQ(ex.name(), "torch");
+}
+
+}  // namespace
+}  // namespace oom::backend
