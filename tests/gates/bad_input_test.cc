@@ -87,6 +87,8 @@ std::string calibration_with(const std::function<void(json&)>& edit) {
   return edited("configs/calibration/h100-sxm-node.json", edit);
 }
 
+std::string study_with(const std::function<void(json&)>& edit) { return edited("experiments/fig4-batch.json", edit); }
+
 std::string first_record_line() {
   std::ifstream in(fs::path(kSrc) / "traces/paper/paper-calibration.jsonl");
   std::string line;
@@ -294,6 +296,20 @@ std::vector<Case> cases() {
                simulate_cal, C, "gemm_speedup", "2", "unknown"});
   c.push_back({"calibration_truncated", {{"c.json", "{\"hardware\": \"h100-sxm-node\", \"gemm_efficiency\": 0."}},
                simulate_cal, C, "gemm_efficiency", "0.", "malformed JSON"});
+
+  // --- plan search and what-if studies: oom plan --workload PATH, oom whatif STUDY.json -o DIR
+  c.push_back({"plan_workload_negative_batch", {{"w.json", workload_with([](json& j) { j["global_batch"] = -4; })}},
+               {"plan", "--workload", W}, W, "global_batch", "-4", "range"});
+  c.push_back({"plan_workload_unknown_hardware", {{"w.json", workload_with([](json& j) { j["hardware"] = "tpu-pod"; })}},
+               {"plan", "--workload", W}, W, "hardware", "\"tpu-pod\"", "unknown hardware"});
+  const std::string S = "{dir}/s.json";
+  const std::vector<std::string> whatif = {"whatif", S, "-o", "{dir}/out", "--no-plots"};
+  c.push_back({"whatif_unknown_baseline", {{"s.json", study_with([](json& j) { j["baselines"] = {"deepspeed"}; })}}, whatif,
+               S, "baselines[0]", "\"deepspeed\"", "unknown baseline"});
+  c.push_back({"whatif_negative_context", {{"s.json", study_with([](json& j) { j["sweeps"][0]["seq_len"] = {-4096}; })}},
+               whatif, S, "sweeps[0].seq_len[0]", "-4096", "range"});
+  c.push_back({"whatif_truncated_study", {{"s.json", R"({"name": "x", "sweeps": [{"models": ["qwen3.6-35b-a3b"])"}}, whatif,
+               S, "sweeps[0].models", "\"qwen3.6", "malformed JSON"});
   return c;
 }
 
@@ -397,7 +413,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   EXPECT_GE(rows.size(), 30u);
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
-  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "@records"}));
+  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
