@@ -11,13 +11,13 @@ start=$(date +%s)
 
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$jobs"
-ctest --preset default -j "$jobs"
+ctest --preset default -j "$jobs" --timeout 600
 normal_end=$(date +%s)
 
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --preset asan -j "$jobs"
+  ctest --preset asan -j "$jobs" --timeout 600
 end=$(date +%s)
 
 echo "test.sh: normal suite $((normal_end - start)) s, sanitizer suite $((end - normal_end)) s"

@@ -27,8 +27,8 @@
 // Repeatability: every execute() runs SimGrid in a forked child process (sim/isolated_run.h) and
 // brings back the stage times bit for bit, so one process can simulate any number of times and
 // equal inputs give identical Traces. Units: seconds, bytes, FLOPs, parameters.
-// Thread-safety: execute() is const and keeps no state; each call forks its own simulation process,
-// so several threads may simulate at once (tests/sim/determinism_test.cc).
+// Thread-safety: execute() is const and keeps no state, but forks: call it from one thread at a time
+// (a fork while other threads run can deadlock the child on a lock they held).
 #pragma once
 
 #include <memory>
