@@ -8,20 +8,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/common/run_oom.h"
+
 namespace oom::cli {
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-Result oom(std::vector<std::string> args) {
-  std::ostringstream out, err;
-  const int code = run(args, {out, err});
-  return {code, out.str(), err.str()};
-}
+using Result = test_support::OomResult;
+constexpr auto& oom = test_support::run_oom;
 
 std::string source(const std::string& rel) { return std::string(OOM_SOURCE_DIR) + "/" + rel; }
 

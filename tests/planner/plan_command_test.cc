@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "tests/common/run_oom.h"
 #include "planner/plan.h"
 
 namespace oom::cli {
@@ -18,16 +19,8 @@ namespace {
 const std::string kSource = OOM_SOURCE_DIR;
 const std::string kWorkload = kSource + "/experiments/default/workload.json";
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result oom(std::vector<std::string> args) {
-  std::ostringstream out, err;
-  const int code = run(args, Io{out, err});
-  return {code, out.str(), err.str()};
-}
+using Result = test_support::OomResult;
+constexpr auto& oom = test_support::run_oom;
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("oom-plan-cmd-" + std::to_string(::getpid()) + "-" + name)).string();

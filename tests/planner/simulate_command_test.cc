@@ -8,22 +8,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "tests/common/run_oom.h"
 
 namespace oom::cli {
 namespace {
 
 const std::string kSource = OOM_SOURCE_DIR;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result oom(std::vector<std::string> args) {
-  std::ostringstream out, err;
-  const int code = run(args, Io{out, err});
-  return {code, out.str(), err.str()};
-}
+using Result = test_support::OomResult;
+constexpr auto& oom = test_support::run_oom;
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("oom-sim-cmd-" + std::to_string(::getpid()) + "-" + name)).string();
