@@ -23,6 +23,23 @@ void append(std::vector<StageId>& to, const PerRank& from, int rank) {
 
 }  // namespace
 
+RankResources add_rank_resources(StepGraphBuilder& b, const HardwareSpec& h, int rank, int ranks,
+                                 bool expert_grad_stream) {
+  const int r = rank;
+  RankResources rr;
+  rr.numa = h.numa_of_rank(r, ranks);
+  rr.compute = b.add_resource(ResourceKind::kGpuCompute, fmt::format("gpu{}.compute", r), r, -1);
+  rr.h2d = b.add_resource(ResourceKind::kH2d, fmt::format("gpu{}.h2d", r), r, rr.numa);
+  rr.d2h = b.add_resource(ResourceKind::kD2h, fmt::format("gpu{}.d2h", r), r, rr.numa);
+  if (expert_grad_stream) {
+    rr.expert_d2h = b.add_resource(ResourceKind::kExpertGradD2h, fmt::format("gpu{}.expert_grad_d2h", r), r, rr.numa);
+  }
+  rr.fabric = b.add_resource(ResourceKind::kFabric, fmt::format("gpu{}.fabric", r), r, -1);
+  rr.cpu = b.add_resource(ResourceKind::kCpuUpdate, fmt::format("numa{}.cpu_update.r{}", rr.numa, r), r, rr.numa);
+  rr.prep = b.add_resource(ResourceKind::kHostPrep, fmt::format("numa{}.host_prep.r{}", rr.numa, r), r, rr.numa);
+  return rr;
+}
+
 Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options)
     : plan_(plan),
       ctx_(ctx),
@@ -36,18 +53,7 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   seqs_ = ctx.workload.seqs_per_gpu();
   S_ = ctx.workload.seq_len;
   N_ = ctx.workload.tokens_per_gpu();
-  for (int r = 0; r < P_; ++r) {
-    RankResources rr;
-    rr.numa = ctx.hardware.numa_of_rank(r, P_);
-    rr.compute = b_.add_resource(ResourceKind::kGpuCompute, fmt::format("gpu{}.compute", r), r, -1);
-    rr.h2d = b_.add_resource(ResourceKind::kH2d, fmt::format("gpu{}.h2d", r), r, rr.numa);
-    rr.d2h = b_.add_resource(ResourceKind::kD2h, fmt::format("gpu{}.d2h", r), r, rr.numa);
-    rr.expert_d2h = b_.add_resource(ResourceKind::kExpertGradD2h, fmt::format("gpu{}.expert_grad_d2h", r), r, rr.numa);
-    rr.fabric = b_.add_resource(ResourceKind::kFabric, fmt::format("gpu{}.fabric", r), r, -1);
-    rr.cpu = b_.add_resource(ResourceKind::kCpuUpdate, fmt::format("numa{}.cpu_update.r{}", rr.numa, r), r, rr.numa);
-    rr.prep = b_.add_resource(ResourceKind::kHostPrep, fmt::format("numa{}.host_prep.r{}", rr.numa, r), r, rr.numa);
-    r_.push_back(rr);
-  }
+  for (int r = 0; r < P_; ++r) r_.push_back(add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/true));
   last_compute_.assign(static_cast<std::size_t>(P_), -1);
   slot_last_use_[0].assign(static_cast<std::size_t>(P_), -1);
   slot_last_use_[1].assign(static_cast<std::size_t>(P_), -1);

@@ -37,6 +37,12 @@ struct RankResources {
   int numa = 0;
 };
 
+// Adds rank `rank`'s resources (of `ranks`) to `b`: its compute stream, H2D and D2H engines, the
+// expert-gradient D2H stream when `expert_grad_stream` (else expert_d2h stays 0), its fabric port,
+// and its CPU update executor and host preparation worker on the NUMA node the rank runs on.
+RankResources add_rank_resources(StepGraphBuilder& b, const HardwareSpec& h, int rank, int ranks,
+                                 bool expert_grad_stream);
+
 // What a window use made available: the copies compute must wait for.
 struct WindowUse {
   PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied

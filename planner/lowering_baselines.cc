@@ -20,16 +20,15 @@
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
 #include "planner/baselines.h"
+#include "planner/lowering.h"
 
 namespace oom {
 namespace {
 
 using PerRank = std::vector<StageId>;
 
-struct Ranks {
-  ResourceId compute = 0, h2d = 0, d2h = 0, fabric = 0, cpu = 0, prep = 0;
-  int numa = 0;
-};
+// A rank's resources; baselines have no dedicated expert-gradient stream (expert_d2h unused).
+using Ranks = lowering::RankResources;
 
 class BaselineLowering {
  public:
@@ -46,15 +45,7 @@ class BaselineLowering {
         seqs_(setup.micro_batch_seqs),
         layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
     for (int r = 0; r < P_; ++r) {
-      Ranks rr;
-      rr.numa = ctx.hardware.numa_of_rank(r, P_);
-      rr.compute = b_.add_resource(ResourceKind::kGpuCompute, fmt::format("gpu{}.compute", r), r, -1);
-      rr.h2d = b_.add_resource(ResourceKind::kH2d, fmt::format("gpu{}.h2d", r), r, rr.numa);
-      rr.d2h = b_.add_resource(ResourceKind::kD2h, fmt::format("gpu{}.d2h", r), r, rr.numa);
-      rr.fabric = b_.add_resource(ResourceKind::kFabric, fmt::format("gpu{}.fabric", r), r, -1);
-      rr.cpu = b_.add_resource(ResourceKind::kCpuUpdate, fmt::format("numa{}.cpu_update.r{}", rr.numa, r), r, rr.numa);
-      rr.prep = b_.add_resource(ResourceKind::kHostPrep, fmt::format("numa{}.host_prep.r{}", rr.numa, r), r, rr.numa);
-      r_.push_back(rr);
+      r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/false));
     }
     none_.assign(static_cast<std::size_t>(P_), -1);
     slot_last_[0] = slot_last_[1] = none_;
