@@ -12,6 +12,7 @@
 
 #include "backend/adamw.h"
 #include "backend/torch_executor.h"
+#include "backend/threads.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
 
@@ -51,7 +52,7 @@ Bytes physical_memory_bytes() {
 }  // namespace
 
 HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
-  if (o.threads > 0) at::set_num_threads(o.threads);
+  set_compute_threads(o.threads);
   const bool cuda = o.use_cuda && at::hasCUDA();
   const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   const bool cpu_time = o.cpu_time && !cuda;

@@ -9,6 +9,7 @@
 
 #include "backend/plan_runtime.h"
 #include "backend/state.h"
+#include "backend/threads.h"
 
 namespace oom::backend {
 namespace {
@@ -43,7 +44,7 @@ Plan truncated_plan(const Plan& plan, int layers) {
 TorchExecutor::TorchExecutor(TorchExecutorOptions options) : options_(options) {}
 
 Measurement TorchExecutor::run(const Plan& plan_in, const WorkloadContext& ctx, const ExecutionUnits& units) {
-  if (options_.threads > 0) at::set_num_threads(options_.threads);
+  set_compute_threads(options_.threads);
   const ModelSpec spec = truncated_model(ctx.model, units.decoder_layers);
   const Plan plan = truncated_plan(plan_in, spec.layers);
   const std::int64_t batch = ctx.workload.global_batch, seq = ctx.workload.seq_len;

@@ -12,6 +12,7 @@
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
+#include "backend/threads.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "planner/plan.h"
@@ -66,7 +67,7 @@ void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCo
 
 TrainResult train(const TrainOptions& o, const std::function<void(const StepReport&)>& on_step) {
   check_options(o);
-  if (o.threads > 0) at::set_num_threads(o.threads);
+  set_compute_threads(o.threads);
   const ModelSpec spec = load_model_spec(o.model);
   std::optional<Plan> plan;
   if (!o.plan.empty()) {

@@ -26,7 +26,7 @@ namespace {
 struct BackendCalibrationArgs {
   bool backend = false, quick = false, refit = false;
   std::string name = "local-cpu", hardware_out, records_out, calibration_out;
-  int steps = 5, threads = 1;
+  int steps = 9, threads = 1;
   bool wall = false;
 };
 

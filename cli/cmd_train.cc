@@ -35,7 +35,7 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--seed", opts->seed, "Seed of the weights and of the data sampler")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "LibTorch threads (0 = default)")->capture_default_str();
   cmd->add_option("--gdn-chunk", opts->gdn_chunk_tokens, "Gated DeltaNet sequence chunk in tokens")->capture_default_str();
-  cmd->add_option("--plan", opts->plan, "Execute this Plan JSON (local path, one rank): splits, kept O/LSE, boundaries");
+  cmd->add_option("--plan", opts->plan, "Execute this Plan JSON: local path on one rank (splits, kept O/LSE, boundaries), or EP path with --ranks P (resident and retained decoders, routing chunk, delivery)");
   cmd->add_option("--trace", opts->trace, "With --plan: write the last step's Chrome/Perfetto trace (StepGraph stage names)");
   cmd->add_flag("--reference", opts->reference, "Plain in-memory trainer (autograd + torch::optim::AdamW)");
   cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments)");

@@ -53,6 +53,13 @@ bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptio
     if (o.ranks.ranks < 1) throw InputError("", "--ranks", std::to_string(o.ranks.ranks), "must be ≥ 1");
     return false;
   }
+  if (!options.plan.empty()) {
+    for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk"}) {
+      if (o.cmd->count(name) > 0) {
+        throw InputError(options.plan, name, o.cmd->get_option(name)->as<std::string>(), "the plan sets this; drop the option");
+      }
+    }
+  }
   std::ostream& lines = json ? io.err : io.out;
   const auto result = backend::dist::train_ranks(options, o.ranks, [&](const backend::StepReport& r) {
     lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {:.1f} s\n", r.step, r.loss, r.tokens_per_s,

@@ -1,5 +1,6 @@
 #include "backend/dist/ep_trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <torch/torch.h>
@@ -58,9 +59,11 @@ struct EpTrainer::Impl {
     at::Tensor exp_host_master, exp_host_grad;  // streamed shards only
     std::vector<std::int64_t> offset;  // per entry: offset in rep or exp
     std::vector<bool> expert;          // per entry: lives in exp
+    bool resident = true;              // exp updated on the device (else through host state)
     BlockWeights weights;
   };
   std::vector<Block> blocks;
+  std::vector<bool> retained;  // per decoder: MoE-retained (else replayed whole in backward)
   std::int64_t step = 0;
   std::vector<DispatchRecord> log;
 
@@ -74,12 +77,31 @@ struct EpTrainer::Impl {
     if (cfg.moe_chunk_tokens < 0) {
       throw InputError("", "moe_chunk_tokens", std::to_string(cfg.moe_chunk_tokens), "must be ≥ 0");
     }
+    const int L = spec.layers;
+    for (const auto* layers : {&cfg.resident_layers, &cfg.moe_retained_layers}) {
+      if (!layers->has_value()) continue;
+      for (const int l : **layers) {
+        if (l < 0 || l >= L) {
+          throw InputError("", layers == &cfg.resident_layers ? "resident_layers" : "moe_retained_layers",
+                           std::to_string(l), "must be a decoder index 0.." + std::to_string(L - 1));
+        }
+      }
+    }
+    retained.assign(static_cast<std::size_t>(L), !cfg.moe_retained_layers.has_value());
+    if (cfg.moe_retained_layers) {
+      for (const int l : *cfg.moe_retained_layers) retained[static_cast<std::size_t>(l)] = true;
+    }
     experts_local = cfg.expert_parallel ? E / P : E;
     expert0 = cfg.expert_parallel ? rank * experts_local : 0;
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
     for (int b = 0; b < init.blocks(); ++b) {
       const auto& bl = layout.blocks[static_cast<std::size_t>(b)];
       Block blk;
+      blk.resident = cfg.resident_experts;
+      if (cfg.resident_layers && b >= 1 && b <= L) {
+        const auto& rl = *cfg.resident_layers;
+        blk.resident = std::find(rl.begin(), rl.end(), b - 1) != rl.end();
+      }
       std::vector<at::Tensor> rep_parts, exp_parts;
       std::int64_t rep_n = 0, exp_n = 0;
       for (const auto& e : bl.entries) {
@@ -111,10 +133,10 @@ struct EpTrainer::Impl {
       if (!exp_parts.empty()) {
         const auto host = at::cat(exp_parts).contiguous();
         blk.exp = host.to(device).clone().detach().requires_grad_(true);
-        const auto where = cfg.resident_experts ? device : at::Device(at::kCPU);
+        const auto where = blk.resident ? device : at::Device(at::kCPU);
         blk.exp_m = at::zeros({exp_n}, f32.device(where));
         blk.exp_v = at::zeros({exp_n}, f32.device(where));
-        if (!cfg.resident_experts) {
+        if (!blk.resident) {
           blk.exp_host_master = host.clone();
           blk.exp_host_grad = at::zeros({exp_n}, f32);
         }
@@ -156,7 +178,8 @@ struct EpTrainer::Impl {
   }
 
   // Routed experts with the owned shard: dispatch to owners, compute, return; then shared/dense.
-  at::Tensor moe(const at::Tensor& x, const BlockWeights& w, int layer) {
+  // `record`: add the dispatches to the step's log (not when a backward replay repeats them).
+  at::Tensor moe(const at::Tensor& x, const BlockWeights& w, int layer, bool record = true) {
     if (!cfg.expert_parallel || P == 1) return moe_ffn(x, w, spec);
     const MoeSpec& m = spec.moe;
     const auto shape = x.sizes().vec();
@@ -184,7 +207,7 @@ struct EpTrainer::Impl {
       for (int s = 0; s < P; ++s) {
         for (int j = 0; j < experts_local; ++j) recv[static_cast<std::size_t>(s)] += ac[s * m.experts + expert0 + j];
       }
-      log.push_back({layer, chunk_index, send});
+      if (record) log.push_back({layer, chunk_index, send});
       const auto tokens_sorted = at::div(order, m.top_k, "floor");
       const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
       const auto recv_x = all_to_all_autograd(comm, xc.index_select(0, tokens_sorted), send, recv);
@@ -244,7 +267,7 @@ struct EpTrainer::Impl {
 
   void update_experts(Block& blk, const at::Tensor& grad, std::int64_t t, double coef) {
     auto p = blk.exp.detach();
-    if (cfg.resident_experts) {
+    if (blk.resident) {
       if (p.is_cpu()) {
         // On a CPU compute device the resident shard is host memory: the vector kernel updates it in place.
         cpu_adamw_step(p, grad, blk.exp_m, blk.exp_v, cfg.trainer.adam, t, coef, cfg.trainer.adam_threads);
@@ -293,6 +316,12 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   for (int l = 0; l < L; ++l) {
     const auto& w = s.blocks[static_cast<std::size_t>(1 + l)].weights;
     inputs[static_cast<std::size_t>(l)] = h;
+    if (!s.retained[static_cast<std::size_t>(l)]) {
+      at::NoGradGuard no_grad;
+      const auto a = s.mixing(h, w, l);
+      h = a + s.moe(rms_norm(a, w["post_norm"]), w, l);
+      continue;
+    }
     at::Tensor a;
     {
       at::NoGradGuard no_grad;
@@ -310,13 +339,22 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   at::Tensor g = hL.grad();
   for (int l = L - 1; l >= 0; --l) {
     const auto i = static_cast<std::size_t>(l);
+    const auto& w = s.blocks[1 + i].weights;
+    if (!s.retained[i]) {
+      auto x = inputs[i].detach().requires_grad_(true);
+      inputs[i] = at::Tensor();
+      const auto a = s.mixing(x, w, l);
+      (a + s.moe(rms_norm(a, w["post_norm"]), w, l, /*record=*/false)).backward(g);
+      g = x.grad();
+      continue;
+    }
     outs[i].backward(g);
     outs[i] = at::Tensor();
     const auto ga = mids[i].grad();
     mids[i] = at::Tensor();
     auto x = inputs[i].detach().requires_grad_(true);
     inputs[i] = at::Tensor();
-    s.mixing(x, s.blocks[1 + i].weights, l).backward(ga);
+    s.mixing(x, w, l).backward(ga);
     g = x.grad();
   }
   x0.backward(g);

@@ -22,11 +22,17 @@
 //               moments, and copy the new weights back. Without expert_parallel every rank holds all
 //               experts, computes them locally, and their gradients are all-reduced like the rest.
 //
-// Step schedule: forward layer by layer; each decoder layer's token mixing (attention or GDN) runs
-// without autograd from its input, which is kept, while its MoE part keeps its autograd graph
-// (MoE-retained: the dispatch all-to-alls are not repeated). Backward goes down the layers: the MoE
-// graph is backpropagated (its all-to-alls run again in reverse), then the token mixing is replayed
-// from the kept input with autograd and backpropagated. Gradient clipping uses the global norm:
+// Per layer, resident_layers (when set) decides which decoders' shards are resident; the others
+// are streamed as above.
+//
+// Step schedule: forward layer by layer, keeping every decoder's input. In a MoE-retained decoder
+// (every decoder unless moe_retained_layers says otherwise) the token mixing (attention or GDN) runs
+// without autograd while its MoE part keeps its autograd graph, so the dispatch all-to-alls are not
+// repeated; backward backpropagates the MoE graph (its all-to-alls run again in reverse), then
+// replays the token mixing from the kept input with autograd and backpropagates it. A decoder that
+// is not retained runs whole without autograd in forward and is replayed whole (mixing, routing,
+// dispatch and return all-to-alls) from its kept input in backward. Routing is a deterministic
+// function of the input, so the replay sends the same rows. Gradient clipping uses the global norm:
 // replicated gradients (identical on all ranks after the all-reduce) count once, expert shards are
 // summed over ranks. FP32 on CPU agrees with PlainTrainer within float rounding (tests: 1e-5).
 // Not thread-safe; every rank must call step() with the same global batch.
@@ -34,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -52,6 +59,10 @@ struct EpConfig {
   bool expert_parallel = true;
   bool resident_experts = true;
   std::int64_t moe_chunk_tokens = 0;  // local tokens per dispatch; 0 = all local tokens at once
+  // Per decoder layer, from a Plan (resident_layers, moe_retained_layers). Unset: every layer's
+  // shard follows resident_experts, and every layer is MoE-retained.
+  std::optional<std::vector<int>> resident_layers;
+  std::optional<std::vector<int>> moe_retained_layers;
 };
 
 // Rows each rank sent to each rank in one dispatch all-to-all of the last step (layer, chunk order).

@@ -11,15 +11,19 @@
 #include <stdexcept>
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/data.h"
 #include "backend/dist/ep_trainer.h"
 #include "backend/dist/launcher.h"
 #include "backend/state.h"
+#include "backend/threads.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
+#include "costmodel/workload.h"
+#include "planner/plan.h"
 
 namespace oom::backend::dist {
 namespace {
@@ -52,6 +56,23 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.moe_chunk_tokens < 0) throw InputError("", "--moe-chunk", std::to_string(r.moe_chunk_tokens), "must be ≥ 0");
   if (!(r.timeout_s > 0)) throw InputError("", "--rank-timeout", std::to_string(r.timeout_s), "must be > 0");
   if (spec.vocab < 256) throw InputError("", "vocab_size", std::to_string(spec.vocab), "byte-level training needs ≥ 256");
+  if (!o.trace.empty()) {
+    throw InputError("", "--trace", o.trace, "stage traces are recorded by the single-process plan runtime");
+  }
+}
+
+nlohmann::json optional_layers(const std::optional<std::vector<int>>& layers) {
+  return layers ? nlohmann::json(*layers) : nlohmann::json(nullptr);
+}
+
+std::optional<std::vector<int>> optional_layers(const nlohmann::json& j, const char* key, const std::string& path) {
+  if (!j.contains(key)) throw InputError(path, key, "missing", "the job file lacks it");
+  if (j.at(key).is_null()) return std::nullopt;
+  try {
+    return j.at(key).get<std::vector<int>>();
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(path, key, j.at(key).dump(), "has the wrong type");
+  }
 }
 
 nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std::string& dir) {
@@ -61,6 +82,8 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
           {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights},
+          {"resident_layers", optional_layers(r.resident_layers)},
+          {"moe_retained_layers", optional_layers(r.moe_retained_layers)},
           {"store", (fs::path(dir) / "store").string()}, {"progress", (fs::path(dir) / "progress.jsonl").string()},
           {"result", (fs::path(dir) / "result.json").string()}};
 }
@@ -108,8 +131,45 @@ T field(const nlohmann::json& j, const char* key, const std::string& path) {
 
 }  // namespace
 
-RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r,
+void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
+  const Plan plan = load_plan(o.plan);
+  const ModelSpec spec = load_model_spec(o.model);
+  const std::string& file = o.plan;
+  if (plan.path != ExpertPath::kEp) {
+    throw InputError(file, "path", "\"local\"",
+                     fmt::format("the local path's splits and boundaries run on one rank (oom train --plan without --ranks), not {}", r.ranks));
+  }
+  if (r.ranks < 2) throw InputError(file, "path", "\"ep\"", "the EP path needs --ranks P ≥ 2");
+  if (o.batch < 1 || o.batch % r.ranks != 0) {
+    throw InputError("", "--batch", std::to_string(o.batch), fmt::format("must be a positive multiple of --ranks {}", r.ranks));
+  }
+  Workload w;
+  w.model = spec.name;
+  w.gpus = r.ranks;
+  w.global_batch = o.batch;
+  w.seq_len = o.seq;
+  validate_plan(plan, spec, w, file);
+  const auto unsupported = [&](const char* field, const std::string& value) {
+    throw InputError(file, field, value, "the multi-rank EP trainer runs unsplit operators and keeps every boundary on the host");
+  };
+  if (plan.split.attention_head_group != 0) unsupported("split.attention_head_group", std::to_string(plan.split.attention_head_group));
+  if (plan.split.gdn_chunk_tokens != 0) unsupported("split.gdn_chunk_tokens", std::to_string(plan.split.gdn_chunk_tokens));
+  if (plan.split.moe_chunk_tokens != 0) unsupported("split.moe_chunk_tokens", std::to_string(plan.split.moe_chunk_tokens));
+  if (plan.split.sub_batch_seqs != 0) unsupported("split.sub_batch_seqs", std::to_string(plan.split.sub_batch_seqs));
+  if (plan.keep_attention_results) unsupported("keep_attention_results", "true");
+  if (!plan.boundaries.host_kept_all) unsupported("boundaries.host_kept", "a list");
+  if (!plan.boundaries.gpu_held.empty()) unsupported("boundaries.gpu_held", std::to_string(plan.boundaries.gpu_held.front()));
+  r.expert_parallel = true;
+  r.delivery = plan.param_transfer == ParamTransfer::kShard ? "shard" : "full";
+  r.moe_chunk_tokens = plan.routing_chunk_tokens;
+  r.resident_layers = plan.resident_layers;
+  r.moe_retained_layers = plan.moe_retained_layers;
+}
+
+RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
                         const std::function<void(const StepReport&)>& on_step) {
+  RanksOptions r = r_in;
+  if (!o.plan.empty()) apply_ep_plan(o, r);
   const ModelSpec spec = load_model_spec(o.model);
   check(o, r, spec);
   { ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq); }  // data errors before any process
@@ -183,10 +243,12 @@ void run_rank_worker(const std::string& job_path, int rank) {
   r.moe_chunk_tokens = field<std::int64_t>(j, "moe_chunk_tokens", job_path);
   r.timeout_s = field<double>(j, "timeout_s", job_path);
   r.save_weights = field<std::string>(j, "save_weights", job_path);
+  r.resident_layers = optional_layers(j, "resident_layers", job_path);
+  r.moe_retained_layers = optional_layers(j, "moe_retained_layers", job_path);
   const ModelSpec spec = load_model_spec(o.model);
   check(o, r, spec);
   if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
-  at::set_num_threads(o.threads > 0 ? o.threads : 1);
+  set_compute_threads(o.threads > 0 ? o.threads : 1);
 
   ByteCorpus data(o.data, o.seq);
   data.seed(o.seed);
@@ -213,6 +275,8 @@ void run_rank_worker(const std::string& job_path, int rank) {
   cfg.expert_parallel = r.expert_parallel;
   cfg.resident_experts = r.resident_experts;
   cfg.moe_chunk_tokens = r.moe_chunk_tokens;
+  cfg.resident_layers = r.resident_layers;
+  cfg.moe_retained_layers = r.moe_retained_layers;
   EpTrainer trainer(state, cfg, comm);
 
   const std::string progress = field<std::string>(j, "progress", job_path);

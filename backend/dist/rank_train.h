@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,21 @@ struct RanksOptions {
   std::string worker_program;     // program started per rank; empty = the running executable
   std::string save_weights;       // safetensors file for the final weights; empty = none
   std::string job_dir;            // empty = a fresh folder under $TMPDIR (removed after success)
+  // Per decoder layer (set from an EP plan, see apply_ep_plan): resident expert shards and
+  // MoE-retained decoders. Unset: every shard follows resident_experts, every decoder is retained.
+  std::optional<std::vector<int>> resident_layers;
+  std::optional<std::vector<int>> moe_retained_layers;
 };
+
+// Takes the run's settings from an EP plan (TrainOptions::plan): resident_layers and
+// moe_retained_layers per decoder, routing_chunk_tokens as the tokens per dispatch all-to-all,
+// param_transfer as the delivery of the replicated weights; experts sharded over the ranks. Checks
+// the plan against the model and the run (validate_plan with P GPUs) and rejects what the
+// multi-rank trainer does not execute, each with one InputError naming the plan file and field: the
+// local path (its splits and boundary policy run on one rank), operator splits, kept attention
+// results, and boundaries that are not all kept on the host. transfer_chunk_mib and cpu_grad_slots
+// shape transfers that a CPU run does not make; they are accepted and have no effect here.
+void apply_ep_plan(const TrainOptions& options, RanksOptions& ranks);
 
 struct RanksResult {
   TrainResult train;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -155,6 +156,75 @@ TEST(EpTrainer, FourRanksExpertParallelMatchPlainTrainer) {
   expect_ranks_match_plain(small_run("tiny-moe-mixtral", 4), r, "ep4");
 }
 
+std::string write_plan(const fs::path& dir, const std::string& name, const nlohmann::json& fields) {
+  nlohmann::json plan = {{"version", 1}, {"path", "ep"}, {"resident_layers", nlohmann::json::array()},
+                         {"moe_retained_layers", nlohmann::json::array()}, {"routing_chunk_tokens", 65536},
+                         {"param_transfer", "full"}, {"transfer_chunk_mib", 64}, {"cpu_grad_slots", 2},
+                         {"split", {{"attention_head_group", 0}, {"gdn_chunk_tokens", 0}, {"moe_chunk_tokens", 0},
+                                    {"sub_batch_seqs", 0}}},
+                         {"keep_attention_results", false},
+                         {"boundaries", {{"host_kept", "all"}, {"gpu_held", nlohmann::json::array()}, {"regenerate_cap", 1}}}};
+  if (fields.is_object()) plan.update(fields);
+  const auto path = (dir / name).string();
+  std::ofstream(path) << plan.dump(2);
+  return path;
+}
+
+// An EP plan drives the ranks: decoders 0 and 2 resident (1 and 3 streamed through host state and
+// CPU AdamW), decoders 1 and 2 MoE-retained (0 and 3 replayed whole, all-to-alls included), a
+// 12-token routing chunk (full delivery: shard delivery is a local-path field); the same losses and weights as the plain trainer.
+TEST(EpTrainer, TwoRanksDrivenByAnEpPlanMatchPlainTrainer) {
+  const auto dir = scratch("ep-plan");
+  auto o = small_run("tiny-moe", 4);
+  o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0, 2}}, {"moe_retained_layers", {1, 2}},
+                                       {"routing_chunk_tokens", 12}});
+  RanksOptions r;
+  r.ranks = 2;
+  apply_ep_plan(o, r);
+  EXPECT_EQ(r.delivery, "full");
+  EXPECT_EQ(r.moe_chunk_tokens, 12);
+  EXPECT_EQ(r.resident_layers, (std::vector<int>{0, 2}));
+  EXPECT_EQ(r.moe_retained_layers, (std::vector<int>{1, 2}));
+  expect_ranks_match_plain(o, r, "ep2-plan");
+  // Nothing retained and nothing resident: every decoder replayed whole, every shard streamed.
+  auto o2 = small_run("tiny-moe-mixtral", 4);
+  o2.plan = write_plan(dir, "ep-none.json", {});
+  r = RanksOptions{};
+  r.ranks = 2;
+  apply_ep_plan(o2, r);
+  expect_ranks_match_plain(o2, r, "ep2-plan-none");
+  fs::remove_all(dir);
+}
+
+TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
+  const auto dir = scratch("ep-plan-bad");
+  auto o = small_run("tiny-moe", 4);
+  RanksOptions r;
+  r.ranks = 2;
+  r.worker_program = "/nonexistent/oom";
+  const auto field_of = [&](const nlohmann::json& fields) {
+    o.plan = write_plan(dir, "p.json", fields);
+    try {
+      train_ranks(o, r);
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), o.plan);
+      return e.field();
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(field_of({{"path", "local"}}), "path");
+  EXPECT_EQ(field_of({{"resident_layers", {4}}}), "resident_layers[0]");  // tiny-moe has decoders 0..3
+  EXPECT_EQ(field_of({{"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 0}, {"moe_chunk_tokens", 0},
+                                 {"sub_batch_seqs", 0}}}}),
+            "split.attention_head_group");
+  EXPECT_EQ(field_of({{"keep_attention_results", true}}), "keep_attention_results");
+  EXPECT_EQ(field_of({{"boundaries", {{"host_kept", {0, 1}}, {"gpu_held", nlohmann::json::array()}, {"regenerate_cap", 1}}}}),
+            "boundaries.host_kept");
+  r.ranks = 1;
+  EXPECT_EQ(field_of({}), "path");
+  fs::remove_all(dir);
+}
+
 TEST(TrainRanks, BadOptionsAreRejectedBeforeAnyProcessStarts) {
   RanksOptions r;
   r.ranks = 3;
@@ -237,7 +307,21 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--reference"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--reference"), std::string::npos) << err.str();
+  const auto dir = scratch("ep-plan-cli");
+  const auto plan = write_plan(dir, "ep.json", {});
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--delivery", "shard"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--delivery"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--plan", plan}, {out, err}), cli::kExitBadInput);  // EP without --ranks
+  EXPECT_NE(err.str().find("--ranks"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--trace", (dir / "t.json").string()}, {out, err}),
+            cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--trace"), std::string::npos) << err.str();
+  EXPECT_FALSE(fs::exists(dir / "t.json"));
   EXPECT_TRUE(out.str().empty());
+  fs::remove_all(dir);
 }
 
 TEST(OomTrainRanks, CommandRunsTwoRanksAndPrintsJson) {

@@ -135,18 +135,19 @@ TEST(OomDiff, ComparesStageByStageAcrossTraceFormats) {
   fs::remove_all(dir);
 }
 
-// The calibration was fitted on two thirds of these records; every third is held out. The target
-// is 15%; these records (process CPU time on a 2-core machine shared with parallel builds) reach a
-// median of 19% and a maximum of 64% (held out: median ~28%), so this pins that level as a
-// regression bound until cleaner recordings replace them.
-TEST(RecordedLocalRuns, ValidatePredictsTheRecordedStepsWithinTheirCurrentBound) {
+// The calibration was fitted on two thirds of these records; every third is held out. Recorded on
+// the quiet 2-core machine, one LibTorch and one BLAS thread, median process CPU time of 9 steps:
+// median 8.7% (held out 9.8%), maximum 33%. Two recordings of the same records differ by up to ~35%
+// on the smallest steps, so the maximum is at the level of the measurement's own repeatability.
+// The bounds pin that level as a regression test.
+TEST(RecordedLocalRuns, ValidatePredictsTheRecordedStepsWithinTheirBound) {
   const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/recorded/local-cpu.jsonl");
   ASSERT_EQ(records.steps.size(), 40u);
   const ValidationReport v = validate_records(records, "analytic");
   EXPECT_EQ(v.failures, 0);
   EXPECT_EQ(v.count, 40);
-  EXPECT_LE(v.median_abs_rel_error, 0.20);
-  EXPECT_LE(v.max_abs_rel_error, 0.65);
+  EXPECT_LE(v.median_abs_rel_error, 0.10);
+  EXPECT_LE(v.max_abs_rel_error, 0.35);
 }
 
 }  // namespace

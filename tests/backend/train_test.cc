@@ -8,9 +8,11 @@
 #include <fstream>
 #include <sstream>
 
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/checkpoint.h"
+#include "backend/threads.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 
@@ -41,6 +43,22 @@ TrainOptions small(int steps) {
   o.seed = 9;
   o.gdn_chunk_tokens = 8;
   return o;
+}
+
+// The BLAS pool follows the thread count: a one-thread run keeps its GEMMs on one thread.
+TEST(ComputeThreads, SizeLibTorchAndTheBlasPoolTogether) {
+  const int torch_before = at::get_num_threads();
+  const int blas_before = blas_threads();
+  set_compute_threads(2);
+  EXPECT_EQ(at::get_num_threads(), 2);
+  EXPECT_TRUE(blas_threads() == 0 || blas_threads() == 2) << blas_threads();
+  set_compute_threads(1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  EXPECT_TRUE(blas_threads() == 0 || blas_threads() == 1) << blas_threads();
+  set_compute_threads(0);  // leaves both as they are
+  EXPECT_EQ(at::get_num_threads(), 1);
+  if (blas_before > 0) set_compute_threads(blas_before);
+  at::set_num_threads(torch_before);
 }
 
 TEST(Train, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {
