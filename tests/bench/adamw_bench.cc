@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "backend/adamw.h"
+#include "backend/threads.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {
@@ -86,7 +87,7 @@ BENCHMARK(BM_Triad)->Arg(kParams)->Unit(benchmark::kMillisecond)->UseRealTime()-
 }  // namespace
 
 int main(int argc, char** argv) {
-  at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  oom::backend::set_compute_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   benchmark::Initialize(&argc, argv);
   oom::bench::RecordingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

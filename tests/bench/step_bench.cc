@@ -11,6 +11,7 @@
 #include "backend/plain_trainer.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
+#include "backend/threads.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {
@@ -72,7 +73,7 @@ BENCHMARK(BM_PlanStep)->Args({4, 128, 1})->Unit(benchmark::kMillisecond)->Measur
 }  // namespace
 
 int main(int argc, char** argv) {
-  at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  oom::backend::set_compute_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   benchmark::Initialize(&argc, argv);
   oom::bench::RecordingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
