@@ -34,6 +34,29 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
   return v;
 }
 
+// The saved run must have the same shape of training; otherwise the resumed losses would differ.
+void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCorpus& data, const std::string& path) {
+  auto same = [&](const char* key, const nlohmann::json& now) {
+    if (!run.contains(key) || run[key] != now) {
+      throw InputError(path, std::string("run.") + key, run.contains(key) ? run[key].dump() : "missing",
+                       "differs from this run's " + now.dump());
+    }
+  };
+  same("seq", o.seq);
+  same("batch", o.batch);
+  same("lr", o.lr);
+  same("weight_decay", o.weight_decay);
+  same("max_grad_norm", o.max_grad_norm);
+  same("bf16", o.bf16);
+  same("gdn_chunk_tokens", o.gdn_chunk_tokens);
+  same("data_bytes", data.bytes());
+  if (!run.contains("rng") || !run["rng"].is_string() || !run.contains("batches_drawn") ||
+      !run["batches_drawn"].is_number_integer()) {
+    throw InputError(path, "run.rng", "missing", "no data sampler state");
+  }
+}
+
+
 const at::Tensor* buffers_of(const HostState& st, int b, int which) {
   return which == 0 ? &st.master(b) : which == 1 ? &st.exp_avg(b) : &st.exp_avg_sq(b);
 }
@@ -120,6 +143,20 @@ nlohmann::json load_checkpoint(const std::string& dir, HostState& state) {
   }
   state.step = step;
   return header["run"];
+}
+
+nlohmann::json checkpoint_run(const TrainOptions& o, const ByteCorpus& data) {
+  return {{"seq", o.seq}, {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
+          {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed}, {"bf16", o.bf16},
+          {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_bytes", data.bytes()},
+          {"batches_drawn", data.batches_drawn()}, {"rng", data.sampler_state()}};
+}
+
+void resume_training(const TrainOptions& o, HostState& state, ByteCorpus& data) {
+  const std::string path = checkpoint_file(o.resume_dir);
+  const auto run = load_checkpoint(o.resume_dir, state);
+  check_resume(run, o, data, path);
+  data.restore_sampler_state(run["rng"].get<std::string>(), run["batches_drawn"].get<std::int64_t>(), path);
 }
 
 }  // namespace oom::backend

@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/data.h"
 #include "backend/state.h"
+#include "backend/train.h"
 
 namespace oom::backend {
 
@@ -26,5 +28,13 @@ void save_checkpoint(const std::string& dir, const HostState& state, const nlohm
 // returns the saved `run` object. Throws InputError naming the file and the field when the file is
 // missing, corrupt, or for a different model; `state` is unchanged then.
 nlohmann::json load_checkpoint(const std::string& dir, HostState& state);
+
+// The `run` object of a training checkpoint: the settings that shape the losses (sequence, batch,
+// optimizer hyper-parameters, precision, GDN chunk, corpus size) and the data sampler's position.
+nlohmann::json checkpoint_run(const TrainOptions& options, const ByteCorpus& data);
+
+// Restores `state` and the data sampler from options.resume_dir. Throws InputError naming the
+// checkpoint and the field when the file is bad or its run differs from `options` (run.FIELD).
+void resume_training(const TrainOptions& options, HostState& state, ByteCorpus& data);
 
 }  // namespace oom::backend

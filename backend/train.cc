@@ -34,35 +34,6 @@ void check_options(const TrainOptions& o) {
   if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
 }
 
-nlohmann::json run_json(const TrainOptions& o, const ByteCorpus& data) {
-  return {{"seq", o.seq}, {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-          {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed}, {"bf16", o.bf16},
-          {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_bytes", data.bytes()},
-          {"batches_drawn", data.batches_drawn()}, {"rng", data.sampler_state()}};
-}
-
-// The saved run must have the same shape of training; otherwise the resumed losses would differ.
-void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCorpus& data, const std::string& path) {
-  auto same = [&](const char* key, const nlohmann::json& now) {
-    if (!run.contains(key) || run[key] != now) {
-      throw InputError(path, std::string("run.") + key, run.contains(key) ? run[key].dump() : "missing",
-                       "differs from this run's " + now.dump());
-    }
-  };
-  same("seq", o.seq);
-  same("batch", o.batch);
-  same("lr", o.lr);
-  same("weight_decay", o.weight_decay);
-  same("max_grad_norm", o.max_grad_norm);
-  same("bf16", o.bf16);
-  same("gdn_chunk_tokens", o.gdn_chunk_tokens);
-  same("data_bytes", data.bytes());
-  if (!run.contains("rng") || !run["rng"].is_string() || !run.contains("batches_drawn") ||
-      !run["batches_drawn"].is_number_integer()) {
-    throw InputError(path, "run.rng", "missing", "no data sampler state");
-  }
-}
-
 }  // namespace
 
 TrainResult train(const TrainOptions& o, const std::function<void(const StepReport&)>& on_step) {
@@ -86,12 +57,7 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
   } else {
     state.load_safetensors(o.weights);
   }
-  if (!o.resume_dir.empty()) {
-    const auto run = load_checkpoint(o.resume_dir, state);
-    check_resume(run, o, data, checkpoint_file(o.resume_dir));
-    data.restore_sampler_state(run["rng"].get<std::string>(), run["batches_drawn"].get<std::int64_t>(),
-                               checkpoint_file(o.resume_dir));
-  }
+  if (!o.resume_dir.empty()) resume_training(o, state, data);
 
   TrainerConfig cfg;
   cfg.adam.lr = o.lr;
@@ -133,13 +99,13 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
     }
     const bool last = i + 1 == o.steps;
     if (!o.checkpoint_dir.empty() && (last || (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0))) {
-      save_checkpoint(o.checkpoint_dir, state, run_json(o, data));
+      save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   result.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
   result.last_step = state.step;
-  if (o.steps == 0 && !o.checkpoint_dir.empty()) save_checkpoint(o.checkpoint_dir, state, run_json(o, data));
+  if (o.steps == 0 && !o.checkpoint_dir.empty()) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
   if (planned && !o.trace.empty() && o.steps > 0) {
     write_file_atomically(o.trace, trace_to_chrome_json(planned->last_trace()).dump() + "\n");
   }

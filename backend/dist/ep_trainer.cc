@@ -68,7 +68,8 @@ struct EpTrainer::Impl {
   std::vector<DispatchRecord> log;
 
   Impl(const HostState& init, EpConfig c, Communicator& cm, at::Device dev)
-      : comm(cm), cfg(c), spec(init.spec()), layout(init.layout()), device(dev), P(cm.size()), rank(cm.rank()) {
+      : comm(cm), cfg(c), spec(init.spec()), layout(init.layout()), device(dev), P(cm.size()), rank(cm.rank()),
+      step(init.step) {
     const int E = spec.moe.experts;
     if (cfg.expert_parallel && E % P != 0) {
       throw InputError("", "num_experts", std::to_string(E),
@@ -102,24 +103,25 @@ struct EpTrainer::Impl {
         const auto& rl = *cfg.resident_layers;
         blk.resident = std::find(rl.begin(), rl.end(), b - 1) != rl.end();
       }
-      std::vector<at::Tensor> rep_parts, exp_parts;
+      // Per buffer (master, first and second moment): the replicated part and the owned shard.
+      std::vector<at::Tensor> rep_parts[3], exp_parts[3];
       std::int64_t rep_n = 0, exp_n = 0;
       for (const auto& e : bl.entries) {
-        const auto full = init.master(b).narrow(0, e.offset, e.numel());
         const bool ex = cfg.expert_parallel && is_expert_entry(e);
         blk.expert.push_back(ex);
-        if (ex) {
-          const auto shard = full.view(e.shape).narrow(0, expert0, experts_local).reshape({-1});
-          blk.offset.push_back(exp_n);
-          exp_n += shard.numel();
-          exp_parts.push_back(shard);
-        } else {
-          blk.offset.push_back(rep_n);
-          rep_n += e.numel();
-          rep_parts.push_back(full);
+        blk.offset.push_back(ex ? exp_n : rep_n);
+        (ex ? exp_n : rep_n) += ex ? e.numel() / e.shape[0] * experts_local : e.numel();
+        for (int k = 0; k < 3; ++k) {
+          const auto& buf = k == 0 ? init.master(b) : k == 1 ? init.exp_avg(b) : init.exp_avg_sq(b);
+          const auto full = buf.narrow(0, e.offset, e.numel());
+          if (ex) {
+            exp_parts[k].push_back(full.view(e.shape).narrow(0, expert0, experts_local).reshape({-1}));
+          } else {
+            rep_parts[k].push_back(full);
+          }
         }
       }
-      blk.rep = at::cat(rep_parts).to(device).contiguous().detach().requires_grad_(true);
+      blk.rep = at::cat(rep_parts[0]).to(device).contiguous().detach().requires_grad_(true);
       if (cfg.delivery == Delivery::kShard) {
         blk.slice_cap = (rep_n + P - 1) / P;
         blk.slice_lo = std::min<std::int64_t>(rep_n, rank * blk.slice_cap);
@@ -128,14 +130,14 @@ struct EpTrainer::Impl {
         blk.slice_lo = 0;
         blk.slice_n = rep_n;
       }
-      blk.rep_m = at::zeros({blk.slice_n}, f32.device(device));
-      blk.rep_v = at::zeros({blk.slice_n}, f32.device(device));
-      if (!exp_parts.empty()) {
-        const auto host = at::cat(exp_parts).contiguous();
+      blk.rep_m = at::cat(rep_parts[1]).narrow(0, blk.slice_lo, blk.slice_n).to(f32.device(device)).clone();
+      blk.rep_v = at::cat(rep_parts[2]).narrow(0, blk.slice_lo, blk.slice_n).to(f32.device(device)).clone();
+      if (!exp_parts[0].empty()) {
+        const auto host = at::cat(exp_parts[0]).contiguous();
         blk.exp = host.to(device).clone().detach().requires_grad_(true);
         const auto where = blk.resident ? device : at::Device(at::kCPU);
-        blk.exp_m = at::zeros({exp_n}, f32.device(where));
-        blk.exp_v = at::zeros({exp_n}, f32.device(where));
+        blk.exp_m = at::cat(exp_parts[1]).to(f32.device(where)).clone();
+        blk.exp_v = at::cat(exp_parts[2]).to(f32.device(where)).clone();
         if (!blk.resident) {
           blk.exp_host_master = host.clone();
           blk.exp_host_grad = at::zeros({exp_n}, f32);
@@ -265,6 +267,8 @@ struct EpTrainer::Impl {
     }
   }
 
+  at::Tensor gather_block(std::size_t b, const at::Tensor& rep_part, bool rep_sliced, const at::Tensor& exp_part);
+
   void update_experts(Block& blk, const at::Tensor& grad, std::int64_t t, double coef) {
     auto p = blk.exp.detach();
     if (blk.resident) {
@@ -393,26 +397,51 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   return stats;
 }
 
+// One block's buffer in layout order from the replicated part (this rank's copy, or its slice
+// [slice_lo, slice_lo + slice_n) when `rep_sliced`) and the owned expert shard. Collective.
+at::Tensor EpTrainer::Impl::gather_block(std::size_t b, const at::Tensor& rep_part, bool rep_sliced,
+                                         const at::Tensor& exp_part) {
+  const auto& blk = blocks[b];
+  const auto& bl = layout.blocks[b];
+  at::Tensor rep_full = rep_part.detach().to(at::kCPU);
+  if (rep_sliced && P > 1) {
+    auto mine = at::zeros({blk.slice_cap}, rep_full.options());
+    mine.narrow(0, 0, blk.slice_n).copy_(rep_full);
+    rep_full = comm.all_gather(mine).reshape({-1}).narrow(0, 0, blk.rep.numel());
+  }
+  auto flat = at::empty({bl.numel}, at::TensorOptions().dtype(at::kFloat));
+  for (std::size_t i = 0; i < bl.entries.size(); ++i) {
+    const auto& e = bl.entries[i];
+    auto dst = flat.narrow(0, e.offset, e.numel());
+    if (blk.expert[i]) {
+      const auto n = e.numel() / e.shape[0] * experts_local;
+      dst.copy_(comm.all_gather(exp_part.detach().narrow(0, blk.offset[i], n).to(at::kCPU).contiguous()).reshape({-1}));
+    } else {
+      dst.copy_(rep_full.narrow(0, blk.offset[i], e.numel()));
+    }
+  }
+  return flat;
+}
+
 std::vector<at::Tensor> EpTrainer::gather_flat_params() {
   Impl& s = *impl_;
   std::vector<at::Tensor> out;
+  for (std::size_t b = 0; b < s.blocks.size(); ++b) out.push_back(s.gather_block(b, s.blocks[b].rep, false, s.blocks[b].exp));
+  return out;
+}
+
+void EpTrainer::export_state(HostState& out) {
+  Impl& s = *impl_;
+  const bool sliced = s.cfg.delivery == Delivery::kShard;
   for (std::size_t b = 0; b < s.blocks.size(); ++b) {
     const auto& blk = s.blocks[b];
-    const auto& bl = s.layout.blocks[b];
-    auto flat = at::empty({bl.numel}, at::TensorOptions().dtype(at::kFloat));
-    for (std::size_t i = 0; i < bl.entries.size(); ++i) {
-      const auto& e = bl.entries[i];
-      auto dst = flat.narrow(0, e.offset, e.numel());
-      const auto& w = blk.weights.tensors[i];
-      if (blk.expert[i]) {
-        dst.copy_(s.comm.all_gather(w.detach().to(at::kCPU).contiguous()).reshape({-1}));
-      } else {
-        dst.copy_(w.detach().reshape({-1}));
-      }
-    }
-    out.push_back(flat);
+    const int bi = static_cast<int>(b);
+    out.master(bi).copy_(s.gather_block(b, blk.rep, false, blk.exp));
+    out.exp_avg(bi).copy_(s.gather_block(b, blk.rep_m, sliced, blk.exp_m));
+    out.exp_avg_sq(bi).copy_(s.gather_block(b, blk.rep_v, sliced, blk.exp_v));
+    out.publish(bi);
   }
-  return out;
+  out.step = s.step;
 }
 
 }  // namespace oom::backend::dist

@@ -74,7 +74,7 @@ struct DispatchRecord {
 
 class EpTrainer {
  public:
-  // Copies the masters of `init` (moments must be zero). Throws InputError when the batch or the
+  // Copies the masters, Adam moments and step of `init` (a fresh or a resumed state). Throws InputError when the batch or the
   // experts cannot be divided over the ranks (checked in step() for the batch).
   EpTrainer(const HostState& init, EpConfig config, Communicator& comm, at::Device device = at::kCPU);
   ~EpTrainer();
@@ -88,6 +88,11 @@ class EpTrainer {
   // Every block's full weights in layout order (experts gathered from their owners), as one flat
   // FP32 CPU tensor per block like PlainTrainer::flat_params. Collective.
   std::vector<at::Tensor> gather_flat_params();
+
+  // Writes the whole training state into `out` (same model): masters, both Adam moments (shards
+  // and slices gathered from their owners) and the step; republishes its working copies. With it a
+  // checkpoint of a multi-rank run is the same file as a single-process one. Collective.
+  void export_state(HostState& out);
 
   const std::vector<DispatchRecord>& last_dispatch() const;
   std::int64_t steps() const;

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/dist/ep_trainer.h"
 #include "backend/dist/launcher.h"
@@ -35,11 +36,7 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
   if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
-  if (!o.checkpoint_dir.empty() || !o.resume_dir.empty()) {
-    throw InputError("", o.checkpoint_dir.empty() ? "--resume" : "--checkpoint",
-                     o.checkpoint_dir.empty() ? o.resume_dir : o.checkpoint_dir,
-                     "checkpoints are written by the single-process trainer only");
-  }
+  if (o.checkpoint_every < 0) throw InputError("", "--checkpoint-every", std::to_string(o.checkpoint_every), "must be ≥ 0");
   if (o.steps < 0) throw InputError("", "--steps", std::to_string(o.steps), "must be ≥ 0");
   if (o.seq < 2) throw InputError("", "--seq", std::to_string(o.seq), "must be ≥ 2");
   if (o.batch < 1 || o.batch % r.ranks != 0) {
@@ -82,6 +79,7 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
           {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights},
+          {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"resume_dir", o.resume_dir},
           {"resident_layers", optional_layers(r.resident_layers)},
           {"moe_retained_layers", optional_layers(r.moe_retained_layers)},
           {"store", (fs::path(dir) / "store").string()}, {"progress", (fs::path(dir) / "progress.jsonl").string()},
@@ -172,7 +170,14 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   if (!o.plan.empty()) apply_ep_plan(o, r);
   const ModelSpec spec = load_model_spec(o.model);
   check(o, r, spec);
-  { ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq); }  // data errors before any process
+  {
+    // Data and checkpoint errors before any process starts.
+    ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq);
+    if (!o.resume_dir.empty()) {
+      HostState state(spec);
+      resume_training(o, state, probe);
+    }
+  }
   TrainOptions resolved = o;
   if (resolved.data.empty()) resolved.data = default_corpus_path();
   const std::string dir = make_job_dir(r);
@@ -235,6 +240,9 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.seed = field<std::uint64_t>(j, "seed", job_path);
   o.threads = field<int>(j, "threads", job_path);
   o.gdn_chunk_tokens = field<std::int64_t>(j, "gdn_chunk_tokens", job_path);
+  o.checkpoint_dir = field<std::string>(j, "checkpoint_dir", job_path);
+  o.checkpoint_every = field<int>(j, "checkpoint_every", job_path);
+  o.resume_dir = field<std::string>(j, "resume_dir", job_path);
   RanksOptions r;
   r.ranks = field<int>(j, "ranks", job_path);
   r.expert_parallel = field<bool>(j, "expert_parallel", job_path);
@@ -258,6 +266,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   } else {
     state.load_safetensors(o.weights);
   }
+  if (!o.resume_dir.empty()) resume_training(o, state, data);
   CommOptions co;
   co.rank = rank;
   co.world_size = r.ranks;
@@ -282,9 +291,16 @@ void run_rank_worker(const std::string& job_path, int rank) {
   const std::string progress = field<std::string>(j, "progress", job_path);
   std::ofstream progress_out;
   if (rank == 0) progress_out.open(progress, std::ios::app);
+  // Every rank gathers (collective); rank 0 writes the one checkpoint file.
+  const auto checkpoint = [&] {
+    trainer.export_state(state);
+    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
+  };
   std::vector<double> losses;
+  const std::int64_t first_step = state.step + 1;
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t tokens = 0;
+  if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
   for (int i = 0; i < o.steps; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const Batch b = data.next(o.batch);
@@ -300,6 +316,10 @@ void run_rank_worker(const std::string& job_path, int rank) {
       progress_out << line.dump() << "\n";
       progress_out.flush();
     }
+    const bool last = i + 1 == o.steps;
+    if (!o.checkpoint_dir.empty() && (last || (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0))) {
+      checkpoint();
+    }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.save_weights.empty()) {
@@ -314,7 +334,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
     for (const auto& d : trainer.last_dispatch()) rows.push_back(d.send_rows);
     const nlohmann::json res = {{"losses", losses},
                                 {"tokens_per_s", total > 0 ? static_cast<double>(tokens) / total : 0.0},
-                                {"first_step", 1},
+                                {"first_step", first_step},
                                 {"last_step", trainer.steps()},
                                 {"trainer", "ranks"},
                                 {"backend", comm.backend()},

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/dist/process_group.h"
 #include "backend/dist/rank_train.h"
@@ -222,6 +223,50 @@ TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
             "boundaries.host_kept");
   r.ranks = 1;
   EXPECT_EQ(field_of({}), "path");
+  fs::remove_all(dir);
+}
+
+// A multi-rank run checkpointed after 2 steps and resumed for 2 more repeats the uninterrupted
+// run's losses bit for bit (masters, both moments, step and data position survive the gather).
+// The checkpoint is the single-process format: the streamed trainer resumes it too.
+TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
+  const auto dir = scratch("ranks-ckpt");
+  RanksOptions r;
+  r.ranks = 2;
+  r.delivery = "shard";  // moments sliced over the ranks: the gather must reassemble them
+  r.worker_program = OOM_BINARY;
+  r.timeout_s = 60;
+  r.deadline_s = 120;
+  auto o = small_run("tiny-moe", 4);
+  o.steps = 4;
+  const auto whole = train_ranks(o, r).train.losses;
+  ASSERT_EQ(whole.size(), 4u);
+  auto first = o;
+  first.steps = 2;
+  first.checkpoint_dir = (dir / "ckpt").string();
+  train_ranks(first, r);
+  ASSERT_TRUE(fs::exists(checkpoint_file(first.checkpoint_dir)));
+  auto second = o;
+  second.steps = 2;
+  second.resume_dir = first.checkpoint_dir;
+  const auto resumed = train_ranks(second, r).train;
+  EXPECT_EQ(resumed.first_step, 3);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], whole[2]);
+  EXPECT_EQ(resumed.losses[1], whole[3]);
+  // The same checkpoint in one process (the streamed trainer): the same losses within float rounding.
+  const auto single = train(second).losses;
+  ASSERT_EQ(single.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(single[i], whole[2 + i], kTol * whole[2 + i]);
+  // A resume that does not match the checkpoint's run: one error before any process starts.
+  second.batch = 2;
+  r.worker_program = "/nonexistent/oom";
+  try {
+    train_ranks(second, r);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "run.batch");
+  }
   fs::remove_all(dir);
 }
 
