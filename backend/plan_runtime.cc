@@ -1,16 +1,13 @@
 #include "backend/plan_runtime.h"
 
 #include <cmath>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "backend/job_queue.h"
 #include "backend/plan_ops.h"
 #include "backend/stage_recorder.h"
 #include "costmodel/input_error.h"
@@ -62,71 +59,6 @@ constexpr const char* kH2d = "gpu0.h2d";
 constexpr const char* kD2h = "gpu0.d2h";
 constexpr const char* kCpu = "numa0.cpu_update.r0";
 constexpr const char* kPrep = "numa0.host_prep.r0";
-
-// Runs queued jobs in order on one thread; counts the jobs it finished.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // Returns the job's 1-based index.
-  int submit(std::function<void()> job) {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(job));
-    cv_.notify_all();
-    return ++submitted_;
-  }
-  // Waits until the first `n` jobs finished; rethrows a job's exception.
-  void wait_done(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return finished_ >= n; });
-    if (error_) {
-      auto e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
-  void wait_all() { wait_done(submitted_); }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      std::exception_ptr err;
-      try {
-        job();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (err && !error_) error_ = err;
-        ++finished_;
-      }
-      done_cv_.notify_all();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::function<void()>> jobs_;
-  int submitted_ = 0, finished_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
 
 // Brings a device gradient into the host slot; returns a function that waits for the copy.
 std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
@@ -196,7 +128,7 @@ struct PlanTrainer::Impl {
   at::Device dev;
   ParamWindow window;
   StageRecorder rec;
-  Worker worker;
+  JobQueue worker;
   Trace trace;
   bool tracing = false;
   const ModelSpec& spec;

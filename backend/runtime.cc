@@ -2,12 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
 
+#include "backend/job_queue.h"
 #include "costmodel/input_error.h"
 
 #ifdef OOM_BACKEND_CUDA
@@ -17,78 +14,13 @@
 
 namespace oom::backend {
 
-// A single thread that runs queued block updates in order.
-class StreamedTrainer::UpdateWorker {
- public:
-  UpdateWorker() : thread_([this] { loop(); }) {}
-  ~UpdateWorker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void submit(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(job));
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-  // Waits until every submitted job ran; rethrows the first job's exception.
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
-    if (error_) {
-      auto e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      try {
-        job();
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        --pending_;
-      }
-      done_cv_.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::function<void()>> jobs_;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
-
 double clip_coefficient(double total_norm, double max_norm) {
   return std::min(1.0, max_norm / (total_norm + 1e-6));
 }
 
 StreamedTrainer::StreamedTrainer(HostState& state, TrainerConfig config, at::Device device)
     : state_(state), config_(config), device_(device), window_(state, device),
-      worker_(std::make_unique<UpdateWorker>()) {}
+      worker_(std::make_unique<JobQueue>()) {}
 
 StreamedTrainer::~StreamedTrainer() = default;
 
@@ -221,7 +153,7 @@ StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targ
       update_block(0, 1.0);
     });
   }
-  worker_->wait();
+  worker_->wait_all();
   ++state_.step;
   return stats;
 }

@@ -32,6 +32,8 @@
 
 namespace oom::backend {
 
+class JobQueue;
+
 struct TrainerConfig {
   AdamWConfig adam;
   double max_grad_norm = 0.0;  // 0 = no clipping
@@ -60,14 +62,13 @@ class StreamedTrainer {
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
 
  private:
-  class UpdateWorker;
   void update_block(int block, double grad_scale);
 
   HostState& state_;
   TrainerConfig config_;
   at::Device device_;
   ParamWindow window_;
-  std::unique_ptr<UpdateWorker> worker_;
+  std::unique_ptr<JobQueue> worker_;  // CPU AdamW of finished blocks
 };
 
 // Global L2 norm of gradients given per-block squared norms, and torch's clip coefficient

@@ -211,6 +211,12 @@ JsonReader JsonReader::object(const std::string& key) const {
   return JsonReader(v, file_, field(key));
 }
 
+const nlohmann::json& JsonReader::array(const std::string& key) const {
+  const auto& v = require(key);
+  if (!v.is_array()) fail(key, "expected an array");
+  return v;
+}
+
 std::int64_t JsonReader::to_integer(const std::string& field_path, const nlohmann::json& v,
                                     std::int64_t min, std::int64_t max) const {
   std::int64_t value = 0;

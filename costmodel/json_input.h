@@ -45,6 +45,8 @@ class JsonReader {
   bool has(const std::string& key) const;
 
   JsonReader object(const std::string& key) const;
+  // The array under `key` (present, not null, an array), else InputError.
+  const nlohmann::json& array(const std::string& key) const;
   std::int64_t integer(const std::string& key, std::int64_t min, std::int64_t max) const;
   std::optional<std::int64_t> optional_integer(const std::string& key, std::int64_t min,
                                                std::int64_t max) const;

@@ -56,8 +56,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
   t.step_s = r.number("step_s", 0.0, 1e12);
   t.gpu_peak_bytes = read_bytes_list(r, "gpu_peak_bytes");
   t.numa_peak_bytes = read_bytes_list(r, "numa_peak_bytes");
-  const auto& stages = r.raw().at("stages");
-  if (!stages.is_array()) r.fail("stages", "expected an array");
+  const auto& stages = r.array("stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const JsonReader s(stages[i], file, fmt::format("{}[{}]", r.field("stages"), i));
     s.reject_unknown_keys({"id", "name", "kind", "resource", "start_s", "end_s", "layer", "bytes", "flops"});
@@ -75,8 +74,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
     t.stages.push_back(std::move(st));
   }
   if (r.has("memory")) {
-    const auto& memory = r.raw().at("memory");
-    if (!memory.is_array()) r.fail("memory", "expected an array");
+    const auto& memory = r.array("memory");
     for (std::size_t i = 0; i < memory.size(); ++i) {
       const std::string path = fmt::format("{}[{}]", r.field("memory"), i);
       const JsonReader m(memory[i], file, path);
@@ -84,8 +82,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
       MemoryTimeline tl;
       tl.device = m.string("device");
       tl.peak_bytes = m.integer("peak_bytes", 0, kMaxBytes);
-      const auto& samples = m.raw().at("samples");
-      if (!samples.is_array()) m.fail("samples", "expected an array");
+      const auto& samples = m.array("samples");
       for (std::size_t k = 0; k < samples.size(); ++k) {
         const auto& x = samples[k];
         if (!x.is_array() || x.size() != 2 || !x[0].is_number() || !x[1].is_number_integer()) {

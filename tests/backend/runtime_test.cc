@@ -5,9 +5,15 @@
 #include "backend/runtime.h"
 
 #include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
 #include <torch/torch.h>
 
 #include "backend/data.h"
+#include "backend/job_queue.h"
 #include "backend/plain_trainer.h"
 #include "tests/backend/reference_ops.h"
 
@@ -51,6 +57,22 @@ void expect_streamed_matches_plain(const Case& c, int steps) {
     EXPECT_LE(rel_diff(state.master(b), ref[static_cast<std::size_t>(b)]), kTol) << c.model << " block " << b;
     EXPECT_TRUE(at::equal(state.working(b), state.master(b))) << "working copy republished, block " << b;
   }
+}
+
+// The update queue runs jobs in submission order on its own thread; a job's exception reaches the
+// next wait once, and the jobs after it still run.
+TEST(JobQueue, RunsJobsInOrderAndRethrowsTheFirstErrorOnce) {
+  JobQueue q;
+  std::vector<int> ran;
+  const std::thread::id caller = std::this_thread::get_id();
+  bool other_thread = true;
+  EXPECT_EQ(q.submit([&] { ran.push_back(1); other_thread = std::this_thread::get_id() != caller; }), 1);
+  EXPECT_EQ(q.submit([&] { ran.push_back(2); throw std::runtime_error("job 2"); }), 2);
+  EXPECT_EQ(q.submit([&] { ran.push_back(3); }), 3);
+  EXPECT_THROW(q.wait_all(), std::runtime_error);
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(other_thread);
+  EXPECT_NO_THROW(q.wait_all());
 }
 
 TEST(StreamedTrainer, MatchesPlainTrainerOnGdnSlidingFullAttentionSharedAndDenseExperts) {
