@@ -1,8 +1,11 @@
 // `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--json] [--no-plots]`: the
 // what-if study. With no study file it runs the default study (experiments/study.h). Prints the
 // table, writes study.csv, study.json and the PNG plots (throughput per sweep, memory) into DIR,
-// and shows a progress bar on stderr. The plan search is planner/plan_search.h's search_plan().
+// and shows a progress bar on stderr (a line per case when stderr is not a terminal). The plan search is planner/plan_search.h's search_plan().
+#include <unistd.h>
+
 #include <filesystem>
+#include <iostream>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -26,8 +29,14 @@ struct WhatifArgs {
   bool json = false, no_plots = false;
 };
 
-// "[##########----------] 7/10 label", redrawn in place.
-void draw_progress(std::ostream& err, int done, int total, const std::string& label) {
+// On a terminal: "[##########----------] 7/10 label", redrawn in place. Elsewhere (a log file, a
+// pipe, a string stream) one plain line per finished case, without control characters.
+void draw_progress(std::ostream& err, bool terminal, int done, int total, const std::string& label) {
+  if (!terminal) {
+    err << "[" << done << "/" << total << "] " << label << "\n";
+    err.flush();
+    return;
+  }
   constexpr int kWidth = 24;
   const int filled = total > 0 ? done * kWidth / total : kWidth;
   err << "\r[" << std::string(static_cast<std::size_t>(filled), '#') << std::string(static_cast<std::size_t>(kWidth - filled), '-')
@@ -60,7 +69,8 @@ void add_whatif_commands(CLI::App& app, Io io) {
     for (const auto& c : expand_study(spec)) resolve_workload(c.workload, fmt::format("{} (sweep {})", a->study_path.empty() ? "default study" : a->study_path, c.sweep));
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
     const StudyResult r = run_study(spec, &find_plan_by_search,
-                                    [&](int done, int total, const std::string& label) { draw_progress(io.err, done, total, label); });
+                                    [&, terminal = &io.err == &std::cerr && isatty(STDERR_FILENO) == 1](
+                                        int done, int total, const std::string& label) { draw_progress(io.err, terminal, done, total, label); });
     std::filesystem::create_directories(dir);
     const std::string csv = study_csv(r);
     write_file_atomically(dir + "/study.csv", csv);

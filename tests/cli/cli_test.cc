@@ -141,6 +141,18 @@ TEST(Cli, BadInputIsOneLineExit2AndNothingWritten) {
   }
 }
 
+// Progress on a stream that is not a terminal: one plain line per case, no carriage returns or
+// terminal control sequences in logs.
+TEST(Cli, WhatifProgressIsPlainLinesWhenNotATerminal) {
+  TempDir dir;
+  const Result r = oom({"whatif", source("tests/study/data/small-study.json"), "-o", dir.path("out"), "--no-plots"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("[1/2] "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[2/2] "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+}
+
 TEST(Cli, UnknownCommandOrOptionExits2) {
   EXPECT_EQ(oom({"frobnicate"}).code, 2);
   EXPECT_EQ(oom({"model", "show", "tiny-moe", "--bogus"}).code, 2);
