@@ -38,6 +38,19 @@ inline void adamw_scalar(float* p, float* m, float* v, std::int64_t begin, std::
 #if defined(__x86_64__) || defined(_M_X64)
 #define OOM_ADAMW_X86 1
 
+// Elements [begin, n) that a vector loop left over, with FP32 or BF16 gradients.
+template <bool kBf16>
+inline void adamw_tail(float* p, const void* grad, float* m, float* v, std::int64_t begin, std::int64_t n,
+                       const AdamWScalars& s) {
+  if constexpr (kBf16) {
+    const auto* gb = static_cast<const std::uint16_t*>(grad);
+    adamw_scalar(p, m, v, begin, n, s, [gb](std::int64_t j) { return bf16_to_float(gb[j]); });
+  } else {
+    const auto* gf = static_cast<const float*>(grad);
+    adamw_scalar(p, m, v, begin, n, s, [gf](std::int64_t j) { return gf[j]; });
+  }
+}
+
 __attribute__((target("avx2,fma"))) inline __m256 load8_bf16(const std::uint16_t* g) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -63,13 +76,7 @@ __attribute__((target("avx2,fma"))) void adamw_avx2(float* p, const void* grad, 
     _mm256_storeu_ps(v + i, vi);
     _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(neg_step, mi), denom)));
   }
-  if constexpr (kBf16) {
-    const auto* gb = static_cast<const std::uint16_t*>(grad);
-    adamw_scalar(p, m, v, i, n, s, [gb](std::int64_t j) { return bf16_to_float(gb[j]); });
-  } else {
-    const auto* gf = static_cast<const float*>(grad);
-    adamw_scalar(p, m, v, i, n, s, [gf](std::int64_t j) { return gf[j]; });
-  }
+  adamw_tail<kBf16>(p, grad, m, v, i, n, s);
 }
 
 __attribute__((target("avx512f"))) inline __m512 load16_bf16(const std::uint16_t* g) {
@@ -97,13 +104,7 @@ __attribute__((target("avx512f"))) void adamw_avx512(float* p, const void* grad,
     _mm512_storeu_ps(v + i, vi);
     _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(neg_step, mi), denom)));
   }
-  if constexpr (kBf16) {
-    const auto* gb = static_cast<const std::uint16_t*>(grad);
-    adamw_scalar(p, m, v, i, n, s, [gb](std::int64_t j) { return bf16_to_float(gb[j]); });
-  } else {
-    const auto* gf = static_cast<const float*>(grad);
-    adamw_scalar(p, m, v, i, n, s, [gf](std::int64_t j) { return gf[j]; });
-  }
+  adamw_tail<kBf16>(p, grad, m, v, i, n, s);
 }
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
