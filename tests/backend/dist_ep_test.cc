@@ -28,6 +28,7 @@
 #include "backend/plain_trainer.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "planner/plan.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend::dist {
@@ -194,6 +195,29 @@ TEST(EpTrainer, TwoRanksDrivenByAnEpPlanMatchPlainTrainer) {
   r.ranks = 2;
   apply_ep_plan(o2, r);
   expect_ranks_match_plain(o2, r, "ep2-plan-none");
+  fs::remove_all(dir);
+}
+
+// The plan the EP planner emits (`oom plan --path ep`) drives the ranks as it is: tiny-moe on two
+// H100s with a 1.6 GiB GPU budget gives a mixed plan (two resident decoders), and the two-rank run
+// agrees with the plain trainer.
+TEST(EpTrainer, ThePlannersEpPlanRunsOnTheRanks) {
+  const auto dir = scratch("planner-ep");
+  const auto workload = (dir / "workload.json").string();
+  std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 2, "global_batch": 4,
+                                  "seq_len": 16, "gpu_budget_gib": 1.6, "host_budget_gib": null, "yarn_factor": 1})";
+  const auto plan_path = (dir / "plan.json").string();
+  std::ostringstream out, err;
+  ASSERT_EQ(cli::run({"plan", "--workload", workload, "--path", "ep", "-o", plan_path}, {out, err}), 0) << err.str();
+  const Plan plan = load_plan(plan_path);
+  ASSERT_EQ(plan.path, ExpertPath::kEp);
+  EXPECT_FALSE(plan.resident_layers.empty());
+  EXPECT_LT(plan.resident_layers.size(), 4u) << "expected a mixed plan under the 1.6 GiB budget";
+  auto o = small_run("tiny-moe", 4);
+  o.plan = plan_path;
+  RanksOptions r;
+  r.ranks = 2;
+  expect_ranks_match_plain(o, r, "ep2-planner");
   fs::remove_all(dir);
 }
 
