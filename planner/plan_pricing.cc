@@ -1,6 +1,7 @@
 #include "planner/plan_pricing.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -40,7 +41,15 @@ Bytes PricedPlan::host_total() const {
 }
 
 std::string BudgetShortfall::message() const {
-  return fmt::format("{} budget {:.1f} GiB < {:.1f} GiB needed{}{}", budget, to_gib(budget_bytes), to_gib(needed_bytes),
+  // One decimal, or as many more (up to four) as it takes to tell the two numbers apart and to show
+  // a budget below 0.1 GiB as more than zero.
+  const double have = to_gib(budget_bytes), need = to_gib(needed_bytes);
+  int digits = 1;
+  while (digits < 4 && (fmt::format("{:.{}f}", have, digits) == fmt::format("{:.{}f}", need, digits) ||
+                        (have > 0 && have < std::pow(10.0, -digits)))) {
+    ++digits;
+  }
+  return fmt::format("{} budget {:.{}f} GiB < {:.{}f} GiB needed{}{}", budget, have, digits, need, digits,
                      where.empty() ? "" : " by ", where);
 }
 

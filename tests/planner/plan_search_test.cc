@@ -11,6 +11,7 @@
 
 #include "costmodel/input_error.h"
 #include "planner/memory_report.h"
+#include "planner/plan_pricing.h"
 
 namespace oom {
 namespace {
@@ -118,6 +119,17 @@ TEST(PlanSearch, InfeasibleWorkloadNamesTheBudgetByHowMuchAndWhere) {
     EXPECT_NE(what.find(" GiB needed by "), std::string::npos) << what;
     EXPECT_NE(what.find("smallest"), std::string::npos) << what;
   }
+}
+
+// The shortfall line never shows a positive budget as 0.0 GiB or two equal numbers.
+TEST(BudgetShortfall, MessageShowsAsManyDecimalsAsTellTheNumbersApart) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const auto bytes = [&](double gib) { return static_cast<Bytes>(gib * kGiB); };
+  EXPECT_EQ((BudgetShortfall{"GPU", bytes(4.0), bytes(5.3), "decoder 0"}.message()),
+            "GPU budget 4.0 GiB < 5.3 GiB needed by decoder 0");
+  EXPECT_EQ((BudgetShortfall{"GPU", bytes(0.05), bytes(1.5), ""}.message()), "GPU budget 0.05 GiB < 1.50 GiB needed");
+  EXPECT_EQ((BudgetShortfall{"host NUMA node 1", bytes(1.52), bytes(1.534), "x"}.message()),
+            "host NUMA node 1 budget 1.52 GiB < 1.53 GiB needed by x");
 }
 
 TEST(PlanSearch, RejectsAnUnknownPathOrEngine) {
