@@ -208,12 +208,15 @@ std::vector<LocalRun> default_local_runs() {
 
 RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::string& hardware, int measured_steps,
                              int threads, bool cpu_time) {
+  // Rounds: each round runs every record once (a fresh trainer, a warm-up step, one measured step),
+  // and a record's time is its median over the rounds. A slow spell of the machine then touches
+  // one step of every record instead of all steps of the few records measured during it.
   TorchExecutorOptions eo;
   if (cpu_time && !at::hasCUDA()) eo.clock = TorchExecutorOptions::Clock::kProcessCpu;
-  eo.measured_steps = measured_steps;
+  eo.measured_steps = 1;
   eo.threads = threads;
   TorchExecutor ex(eo);
-  RecordSet out;
+  std::vector<WorkloadContext> contexts;
   for (const auto& r : runs) {
     WorkloadContext ctx;
     ctx.workload.model = r.model;
@@ -222,16 +225,32 @@ RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::strin
     ctx.workload.global_batch = r.batch;
     ctx.workload.seq_len = r.seq;
     ctx.model = load_model_spec(r.model);
-    const Measurement m = ex.run(r.plan, ctx, {});
+    contexts.push_back(std::move(ctx));
+  }
+  std::vector<std::vector<double>> times(runs.size());
+  std::vector<double> gpu_peak_gib(runs.size(), -1.0);
+  for (int round = 0; round < std::max(1, measured_steps); ++round) {
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const Measurement m = ex.run(runs[i].plan, contexts[i], {});
+      times[i].push_back(m.step_s);
+      if (!m.gpu_peak_bytes.empty()) gpu_peak_gib[i] = std::max(gpu_peak_gib[i], to_gib(m.gpu_peak_bytes[0]));
+    }
+  }
+  RecordSet out;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    auto& t = times[i];
+    std::sort(t.begin(), t.end());
+    const std::size_t n = t.size();
     StepRecord rec;
-    rec.id = r.id;
-    rec.source = fmt::format("oom calibrate --backend: median {} of {} plan-driven steps after a warm-up, {} LibTorch threads",
-                             eo.clock == TorchExecutorOptions::Clock::kProcessCpu ? "process CPU time" : "wall time",
-                             measured_steps, at::get_num_threads());
-    rec.workload = ctx.workload;
-    rec.plan = plan_to_json(r.plan);
-    rec.measured.step_s = m.step_s;
-    if (!m.gpu_peak_bytes.empty()) rec.measured.gpu_peak_gib = to_gib(m.gpu_peak_bytes[0]);
+    rec.id = runs[i].id;
+    rec.source = fmt::format(
+        "oom calibrate --backend: median {} over {} rounds (each round every record once: a warm-up step, then one "
+        "measured step), {} LibTorch threads",
+        eo.clock == TorchExecutorOptions::Clock::kProcessCpu ? "process CPU time" : "wall time", n, at::get_num_threads());
+    rec.workload = contexts[i].workload;
+    rec.plan = plan_to_json(runs[i].plan);
+    rec.measured.step_s = n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    if (gpu_peak_gib[i] >= 0) rec.measured.gpu_peak_gib = gpu_peak_gib[i];
     out.steps.push_back(std::move(rec));
   }
   return out;

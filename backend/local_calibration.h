@@ -6,7 +6,9 @@
 // transfer there is a copy within DRAM; with CUDA pinned H2D/D2H copies) and the CPU AdamW kernel
 // on a large buffer, and returns a HardwareSpec named `name` whose every number names its source
 // (the measurement). record_local_steps() runs each (model, batch, seq, plan) with TorchExecutor
-// and returns step records (median of `measured_steps` steps after one warm-up). The fit itself is
+// and returns step records: `measured_steps` rounds, each running every record once (a warm-up
+// step, then one measured step), and the median over the rounds, so that a slow spell of the
+// machine spreads over all records instead of a few. The fit itself is
 // planner/calibrate.h's fit_calibration(): the same few constants for every record, some records
 // held out to check it. No LibTorch types in this header. Not thread-safe.
 #pragma once
@@ -42,7 +44,7 @@ struct LocalRun {
 // kept O/LSE + regenerated boundaries, boundaries held on the device).
 std::vector<LocalRun> default_local_runs();
 
-// Runs each plan and returns one step record per run on `hardware` (which must be loadable by
+// Runs each plan (in `measured_steps` interleaved rounds) and returns one step record per run on `hardware` (which must be loadable by
 // name when the records are validated later). Throws InputError for a plan that cannot run.
 // With `cpu_time`, a step's time is the process CPU time it used (TorchExecutorOptions::Clock).
 RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::string& hardware, int measured_steps = 5,
