@@ -56,7 +56,6 @@ void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCo
   }
 }
 
-
 const at::Tensor* buffers_of(const HostState& st, int b, int which) {
   return which == 0 ? &st.master(b) : which == 1 ? &st.exp_avg(b) : &st.exp_avg_sq(b);
 }
@@ -150,6 +149,11 @@ nlohmann::json checkpoint_run(const TrainOptions& o, const ByteCorpus& data) {
           {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed}, {"bf16", o.bf16},
           {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_bytes", data.bytes()},
           {"batches_drawn", data.batches_drawn()}, {"rng", data.sampler_state()}};
+}
+
+bool checkpoint_due(const TrainOptions& o, int index) {
+  if (o.checkpoint_dir.empty()) return false;
+  return index + 1 == o.steps || (o.checkpoint_every > 0 && (index + 1) % o.checkpoint_every == 0);
 }
 
 void resume_training(const TrainOptions& o, HostState& state, ByteCorpus& data) {

@@ -33,6 +33,10 @@ nlohmann::json load_checkpoint(const std::string& dir, HostState& state);
 // optimizer hyper-parameters, precision, GDN chunk, corpus size) and the data sampler's position.
 nlohmann::json checkpoint_run(const TrainOptions& options, const ByteCorpus& data);
 
+// Whether a checkpoint is due after step `index` (0-based) of this run: after its last step, and
+// after every `checkpoint_every` steps; never without a checkpoint folder.
+bool checkpoint_due(const TrainOptions& options, int index);
+
 // Restores `state` and the data sampler from options.resume_dir. Throws InputError naming the
 // checkpoint and the field when the file is bad or its run differs from `options` (run.FIELD).
 void resume_training(const TrainOptions& options, HostState& state, ByteCorpus& data);

@@ -11,10 +11,11 @@
 #include <unistd.h>
 
 #include "backend/adamw.h"
-#include "backend/torch_executor.h"
 #include "backend/threads.h"
+#include "backend/torch_executor.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
+#include "planner/validation.h"
 
 namespace oom::backend {
 namespace {
@@ -238,18 +239,16 @@ RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::strin
   }
   RecordSet out;
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    auto& t = times[i];
-    std::sort(t.begin(), t.end());
-    const std::size_t n = t.size();
     StepRecord rec;
     rec.id = runs[i].id;
     rec.source = fmt::format(
         "oom calibrate --backend: median {} over {} rounds (each round every record once: a warm-up step, then one "
         "measured step), {} LibTorch threads",
-        eo.clock == TorchExecutorOptions::Clock::kProcessCpu ? "process CPU time" : "wall time", n, at::get_num_threads());
+        eo.clock == TorchExecutorOptions::Clock::kProcessCpu ? "process CPU time" : "wall time", times[i].size(),
+        at::get_num_threads());
     rec.workload = contexts[i].workload;
     rec.plan = plan_to_json(runs[i].plan);
-    rec.measured.step_s = n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    rec.measured.step_s = median(times[i]);
     if (gpu_peak_gib[i] >= 0) rec.measured.gpu_peak_gib = gpu_peak_gib[i];
     out.steps.push_back(std::move(rec));
   }

@@ -21,8 +21,8 @@
 
 namespace oom::backend {
 
-void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
-                        const std::string& file) {
+void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
+                      const std::string& file) {
   if (ranks < 1) throw InputError(file, "ranks", std::to_string(ranks), "must be ≥ 1");
   if (batch < 1 || batch % ranks != 0) {
     throw InputError(file, "batch", std::to_string(batch), fmt::format("must be a positive multiple of the {} ranks", ranks));
@@ -33,6 +33,11 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
   w.global_batch = batch;
   w.seq_len = seq;
   validate_plan(plan, model, w, file);
+}
+
+void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
+                        const std::string& file) {
+  check_plan_shape(plan, model, batch, seq, ranks, file);
   if (plan.path == ExpertPath::kEp) {
     throw InputError(file, "path", "\"ep\"",
                      fmt::format("the EP path runs over rank processes (oom train --ranks P); this run has {} rank", ranks));

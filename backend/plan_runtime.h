@@ -43,6 +43,12 @@
 
 namespace oom::backend {
 
+// The checks every backend runtime shares (this one and the multi-rank trainer): `ranks` ≥ 1, a
+// batch that splits over them, and validate_plan() for a run of `ranks` GPUs with batch × seq
+// tokens. Throws one InputError naming `file` and the field.
+void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
+                      const std::string& file);
+
 // Checks, before any work, that `plan` can run on `model` with batch × seq tokens per step on
 // `ranks` ranks: validate_plan() (layer indices, partitions that divide, path-specific fields),
 // then this runtime's own rules: the Local path on one rank (the EP path runs over rank processes),

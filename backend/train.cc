@@ -97,8 +97,7 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
       on_step({state.step, i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
     }
-    const bool last = i + 1 == o.steps;
-    if (!o.checkpoint_dir.empty() && (last || (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0))) {
+    if (checkpoint_due(o, i)) {
       save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
     }
   }

@@ -1,7 +1,8 @@
 // `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--json] [--no-plots]`: the
 // what-if study. With no study file it runs the default study (experiments/study.h). Prints the
 // table, writes study.csv, study.json and the PNG plots (throughput per sweep, memory) into DIR,
-// and shows a progress bar on stderr (a line per case when stderr is not a terminal). The plan search is planner/plan_search.h's search_plan().
+// and shows a progress bar on stderr (a line per case when stderr is not a terminal). The plan
+// search is planner/plan_search.h's search_plan().
 #include <unistd.h>
 
 #include <filesystem>

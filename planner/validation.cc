@@ -22,12 +22,16 @@ int category_of(const std::string& kind) {
   return kCompute;
 }
 
+}  // namespace
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+namespace {
 
 Calibration calibration_of(const HardwareSpec& h, const std::vector<Calibration>& given) {
   for (const auto& c : given) {

@@ -23,6 +23,9 @@
 
 namespace oom {
 
+// The median of `values` (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> values);
+
 struct StepBreakdown {
   Seconds compute_s = 0;               // the compute stream is busy
   Seconds exposed_collective_s = 0;    // only the fabric (A2A, all-gather, reduce-scatter) is busy

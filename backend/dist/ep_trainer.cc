@@ -109,8 +109,9 @@ struct EpTrainer::Impl {
       for (const auto& e : bl.entries) {
         const bool ex = cfg.expert_parallel && is_expert_entry(e);
         blk.expert.push_back(ex);
-        blk.offset.push_back(ex ? exp_n : rep_n);
-        (ex ? exp_n : rep_n) += ex ? e.numel() / e.shape[0] * experts_local : e.numel();
+        auto& n = ex ? exp_n : rep_n;
+        blk.offset.push_back(n);
+        n += local_numel(e, ex);
         for (int k = 0; k < 3; ++k) {
           const auto& buf = k == 0 ? init.master(b) : k == 1 ? init.exp_avg(b) : init.exp_avg_sq(b);
           const auto full = buf.narrow(0, e.offset, e.numel());
@@ -148,6 +149,11 @@ struct EpTrainer::Impl {
     rebuild_views();
   }
 
+  // Elements of entry `e` on this rank: all of it, or the owned experts' rows of an expert entry.
+  std::int64_t local_numel(const ParamEntry& e, bool expert) const {
+    return expert ? e.numel() / e.shape[0] * experts_local : e.numel();
+  }
+
   // Named views of the flat leaves, made afresh every step: the updates modify the leaves in place,
   // and views taken before an in-place update would backpropagate through a generic strided path.
   void rebuild_views() {
@@ -161,9 +167,7 @@ struct EpTrainer::Impl {
         if (blk.expert[i]) {
           auto shape = e.shape;
           shape[0] = experts_local;
-          std::int64_t n = 1;
-          for (auto d : shape) n *= d;
-          blk.weights.tensors.push_back(blk.exp.narrow(0, blk.offset[i], n).view(shape));
+          blk.weights.tensors.push_back(blk.exp.narrow(0, blk.offset[i], local_numel(e, true)).view(shape));
         } else {
           blk.weights.tensors.push_back(blk.rep.narrow(0, blk.offset[i], e.numel()).view(e.shape));
         }
@@ -414,8 +418,7 @@ at::Tensor EpTrainer::Impl::gather_block(std::size_t b, const at::Tensor& rep_pa
     const auto& e = bl.entries[i];
     auto dst = flat.narrow(0, e.offset, e.numel());
     if (blk.expert[i]) {
-      const auto n = e.numel() / e.shape[0] * experts_local;
-      dst.copy_(comm.all_gather(exp_part.detach().narrow(0, blk.offset[i], n).to(at::kCPU).contiguous()).reshape({-1}));
+      dst.copy_(comm.all_gather(exp_part.detach().narrow(0, blk.offset[i], local_numel(e, true)).to(at::kCPU).contiguous()).reshape({-1}));
     } else {
       dst.copy_(rep_full.narrow(0, blk.offset[i], e.numel()));
     }

@@ -18,12 +18,12 @@
 #include "backend/data.h"
 #include "backend/dist/ep_trainer.h"
 #include "backend/dist/launcher.h"
+#include "backend/plan_runtime.h"
 #include "backend/state.h"
 #include "backend/threads.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
-#include "costmodel/workload.h"
 #include "planner/plan.h"
 
 namespace oom::backend::dist {
@@ -138,15 +138,7 @@ void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
                      fmt::format("the local path's splits and boundaries run on one rank (oom train --plan without --ranks), not {}", r.ranks));
   }
   if (r.ranks < 2) throw InputError(file, "path", "\"ep\"", "the EP path needs --ranks P ≥ 2");
-  if (o.batch < 1 || o.batch % r.ranks != 0) {
-    throw InputError("", "--batch", std::to_string(o.batch), fmt::format("must be a positive multiple of --ranks {}", r.ranks));
-  }
-  Workload w;
-  w.model = spec.name;
-  w.gpus = r.ranks;
-  w.global_batch = o.batch;
-  w.seq_len = o.seq;
-  validate_plan(plan, spec, w, file);
+  check_plan_shape(plan, spec, o.batch, o.seq, r.ranks, file);
   const auto unsupported = [&](const char* field, const std::string& value) {
     throw InputError(file, field, value, "the multi-rank EP trainer runs unsplit operators and keeps every boundary on the host");
   };
@@ -316,10 +308,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
       progress_out << line.dump() << "\n";
       progress_out.flush();
     }
-    const bool last = i + 1 == o.steps;
-    if (!o.checkpoint_dir.empty() && (last || (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0))) {
-      checkpoint();
-    }
+    if (checkpoint_due(o, i)) checkpoint();
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.save_weights.empty()) {
