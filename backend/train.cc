@@ -1,5 +1,7 @@
 #include "backend/train.h"
 
+#include <ATen/Context.h>
+
 #include <chrono>
 #include <optional>
 
@@ -36,6 +38,24 @@ void check_options(const TrainOptions& o) {
 
 }  // namespace
 
+std::string resolve_device(const std::string& device, int local_rank) {
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    throw InputError("", "--device", device, "must be auto, cpu or cuda");
+  }
+  const int n = at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
+  const bool have_cuda = n > 0;
+  if (device == "cpu" || (device == "auto" && !have_cuda)) return "cpu";
+  if (!have_cuda) {
+#ifdef OOM_BACKEND_CUDA
+    throw InputError("", "--device", "cuda", "no CUDA device is visible to LibTorch");
+#else
+    throw InputError("", "--device", "cuda", "this backend was built without CUDA");
+#endif
+  }
+  if (local_rank < 0) throw InputError("", "LOCAL_RANK", std::to_string(local_rank), "must be ≥ 0");
+  return "cuda:" + std::to_string(local_rank % n);
+}
+
 TrainResult train(const TrainOptions& o, const std::function<void(const StepReport&)>& on_step) {
   check_options(o);
   set_compute_threads(o.threads);
@@ -67,7 +87,7 @@ TrainResult train(const TrainOptions& o, const std::function<void(const StepRepo
   std::optional<StreamedTrainer> streamed;
   std::optional<PlainTrainer> plain;
   std::optional<PlanTrainer> planned;
-  const at::Device device = at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const at::Device device(resolve_device(o.device));
   if (o.reference) {
     plain.emplace(state, cfg);
   } else if (plan) {

@@ -35,7 +35,14 @@ struct TrainOptions {
   std::int64_t gdn_chunk_tokens = 32;
   std::string plan;                // Plan JSON: run the plan-driven runtime (backend/plan_runtime.h)
   std::string trace;               // with a plan: Chrome trace of the last step, written atomically
+  // Compute device: "cpu", "cuda" (GPU 0; with ranks each rank's own GPU and NCCL), or "auto"
+  // (cuda when LibTorch sees a GPU, else cpu). The host state stays in host memory either way.
+  std::string device = "auto";
 };
+
+// The device `options.device` names, checked: "cuda" without a visible GPU (or in a build without
+// CUDA) is an InputError naming --device. `local_rank` picks the GPU of a rank on its node.
+std::string resolve_device(const std::string& device, int local_rank = 0);
 
 struct StepReport {
   std::int64_t step = 0;  // 1-based global step

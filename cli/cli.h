@@ -34,23 +34,44 @@ struct Io {
 
 int run(const std::vector<std::string>& args, Io io);
 
+// Parses `args` into `app` and runs the chosen command, mapping errors to the exit codes above.
+int run_app(CLI::App& app, const std::vector<std::string>& args, Io io);
+
 // Each command file adds its subcommands; the callback runs after parsing succeeds.
 void add_model_commands(CLI::App& app, Io io);
 void add_memory_commands(CLI::App& app, Io io);
 void add_simulate_commands(CLI::App& app, Io io);
 void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
-void add_train_commands(CLI::App& app, Io io);  // only with the LibTorch backend (OOM_HAVE_BACKEND)
+void add_diff_commands(CLI::App& app, Io io);
+
+// The LibTorch backend is a plugin (cli/backend_plugin.cc): `oom train`, `oom rank-worker` and
+// `oom calibrate --backend` load the shared library liboom_torch.so and run there; every other
+// command starts without LibTorch. The library is $OOM_BACKEND_LIBRARY, else liboom_torch.so
+// beside the running `oom` (or in ../lib), else the one this build made. A missing or broken
+// library is one error line naming it, exit 1.
+bool is_backend_command(const std::vector<std::string>& args);
+int run_backend(const std::vector<std::string>& args, Io io);
+// The path run_backend would load (the first candidate that exists, else the first candidate).
+std::string backend_library_path();
+// `oom train` (and `--backend` of `oom calibrate`) as they appear in `oom --help` without the plugin.
+void add_backend_command_stubs(CLI::App& app);
+// `--backend` and its sibling options on `oom calibrate`, listed for help; the call itself is
+// routed to the plugin before parsing (is_backend_command).
+std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
+
+// Inside the plugin (cli/backend_main.cc and the cmd_* files it links).
+void add_train_commands(CLI::App& app, Io io);
 // `oom train --ranks P` (cli/cmd_train_ranks.cc): the options it adds to `train`, the hook the train
-// command calls first (true when it ran the multi-rank trainer), and the hidden `rank-worker`.
+// command calls first (true when it ran the multi-rank trainer: --ranks, or a torchrun rank), and
+// the hidden `rank-worker`.
 struct TrainRanksOptions;
 std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* train);
 bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& ranks, bool json, Io io);
 void add_rank_worker_command(CLI::App& app, Io io);
-void add_diff_commands(CLI::App& app, Io io);
-// `oom calibrate --backend`: adds its options to the calibrate subcommand and returns what the
-// subcommand's callback runs first (true when --backend was given and ran). Backend builds only.
-std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
+// `oom calibrate --backend`: its options on the plugin's calibrate subcommand; the returned
+// function runs it.
+std::function<bool()> add_backend_calibration_options(CLI::App& calibrate, Io io);
 
 // Writes `content` to `path` atomically, or to `io.out` when path is "-" or empty.
 void emit(const std::string& path, const std::string& content, Io io);

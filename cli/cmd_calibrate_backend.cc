@@ -84,7 +84,7 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
 
 }  // namespace
 
-std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io) {
+std::function<bool()> add_backend_calibration_options(CLI::App& calibrate, Io io) {
   auto a = std::make_shared<BackendCalibrationArgs>();
   calibrate.add_flag("--backend", a->backend,
                      "Measure this machine with the LibTorch backend, record plan-driven steps, fit (no --records)");

@@ -98,11 +98,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
   c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)");
   c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");
   c->add_flag("--json", cal->json, "Print the fit summary as JSON");
-#ifdef OOM_HAVE_BACKEND
-  const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend`
-#else
-  const std::function<bool()> backend = [] { return false; };
-#endif
+  const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;
     for (const auto& [flag, value] : {std::pair{"--records", cal->records_path}, std::pair{"--hardware", cal->hardware},

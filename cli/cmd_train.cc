@@ -1,4 +1,5 @@
-// `oom train`: trains a model on byte-level text with the LibTorch backend (backend/train.h).
+// `oom train`: trains a model on byte-level text with the LibTorch backend (backend/train.h); part
+// of the backend plugin (cli/backend_main.cc).
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +38,8 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--gdn-chunk", opts->gdn_chunk_tokens, "Gated DeltaNet sequence chunk in tokens")->capture_default_str();
   cmd->add_option("--plan", opts->plan, "Execute this Plan JSON: local path on one rank (splits, kept O/LSE, boundaries), or EP path with --ranks P (resident and retained decoders, routing chunk, delivery)");
   cmd->add_option("--trace", opts->trace, "With --plan: write the last step's Chrome/Perfetto trace (StepGraph stage names)");
+  cmd->add_option("--device", opts->device, "Compute device: auto (a GPU when LibTorch sees one), cpu or cuda; with ranks, cuda means NCCL and one GPU per rank")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_flag("--reference", opts->reference, "Plain in-memory trainer (autograd + torch::optim::AdamW)");
   cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments)");
   cmd->add_option("--checkpoint", opts->checkpoint_dir, "Write the training state to DIR at the end");

@@ -23,7 +23,7 @@ std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* cmd) {
   o->cmd = cmd;
   o->ranks.ranks = 1;
   auto& r = o->ranks;
-  const char* group = "Multi-rank (--ranks P ≥ 2: P processes, Gloo over 127.0.0.1)";
+  const char* group = "Multi-rank (--ranks P ≥ 2: P processes on this host; or under torchrun, one rank per process)";
   cmd->add_option("--ranks", r.ranks, "Rank processes (experts sharded over them, batch split)")
       ->capture_default_str()->group(group);
   cmd->add_option("--delivery", r.delivery, "Replicated weights: full (every rank updates all) or shard (+ all-gather)")
@@ -42,7 +42,55 @@ std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* cmd) {
   return o;
 }
 
+namespace {
+
+void print_ranks_result(const backend::dist::RanksResult& result, int ranks, bool json, Io io) {
+  if (json) {
+    nlohmann::json j;
+    j["losses"] = result.train.losses;
+    j["tokens_per_s"] = result.train.tokens_per_s;
+    j["first_step"] = result.train.first_step;
+    j["last_step"] = result.train.last_step;
+    j["trainer"] = result.train.trainer;
+    j["ranks"] = ranks;
+    j["backend"] = result.backend;
+    j["last_dispatch_rows"] = result.last_dispatch_rows;
+    io.out << j.dump() << "\n";
+  } else {
+    io.out << fmt::format("{} ranks ({}): {} steps, {:.0f} tokens/s\n", ranks, result.backend,
+                          result.train.losses.size(), result.train.tokens_per_s);
+  }
+}
+
+void print_step(std::ostream& lines, const backend::StepReport& r) {
+  lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {:.1f} s\n", r.step, r.loss, r.tokens_per_s,
+                       r.elapsed_s);
+  lines.flush();
+}
+
+}  // namespace
+
 bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& o, bool json, Io io) {
+  // Started by torchrun (or any launcher that sets PyTorch's rank environment): this process is one
+  // rank; rank 0 prints, the others stay quiet.
+  if (const auto env = backend::dist::torchrun_env()) {
+    if (o.cmd->count("--deadline") > 0) {
+      throw InputError("", "--deadline", o.cmd->get_option("--deadline")->as<std::string>(),
+                       "torchrun supervises the ranks; drop the option");
+    }
+    if (!options.plan.empty()) {
+      for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk"}) {
+        if (o.cmd->count(name) > 0) {
+          throw InputError(options.plan, name, o.cmd->get_option(name)->as<std::string>(), "the plan sets this; drop the option");
+        }
+      }
+    }
+    std::ostream& lines = json ? io.err : io.out;
+    const auto result = backend::dist::train_torchrun_rank(options, o.ranks, *env,
+                                                          [&](const backend::StepReport& r) { print_step(lines, r); });
+    if (env->rank == 0) print_ranks_result(result, env->world_size, json, io);
+    return true;
+  }
   if (o.ranks.ranks <= 1) {
     for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk",
                              "--rank-timeout", "--deadline", "--save-weights"}) {
@@ -61,26 +109,8 @@ bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptio
     }
   }
   std::ostream& lines = json ? io.err : io.out;
-  const auto result = backend::dist::train_ranks(options, o.ranks, [&](const backend::StepReport& r) {
-    lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {:.1f} s\n", r.step, r.loss, r.tokens_per_s,
-                         r.elapsed_s);
-    lines.flush();
-  });
-  if (json) {
-    nlohmann::json j;
-    j["losses"] = result.train.losses;
-    j["tokens_per_s"] = result.train.tokens_per_s;
-    j["first_step"] = result.train.first_step;
-    j["last_step"] = result.train.last_step;
-    j["trainer"] = result.train.trainer;
-    j["ranks"] = o.ranks.ranks;
-    j["backend"] = result.backend;
-    j["last_dispatch_rows"] = result.last_dispatch_rows;
-    io.out << j.dump() << "\n";
-  } else {
-    io.out << fmt::format("{} ranks ({}): {} steps, {:.0f} tokens/s\n", o.ranks.ranks, result.backend,
-                          result.train.losses.size(), result.train.tokens_per_s);
-  }
+  const auto result = backend::dist::train_ranks(options, o.ranks, [&](const backend::StepReport& r) { print_step(lines, r); });
+  print_ranks_result(result, o.ranks.ranks, json, io);
   return true;
 }
 

@@ -1,87 +1,140 @@
 #!/usr/bin/env bash
-# Builds the LibTorch backend against a CUDA LibTorch and checks it on a GPU machine in one
-# command: configure + build (backend, its tests, the `oom` command), run the backend tests, run
-# a short streamed training on the GPU and the same on the reference trainer, then a plan-driven
-# step with a trace held against its prediction: `oom calibrate --backend --quick` measures the GPU
-# (hardware spec, records, calibration under $build), `oom simulate` predicts the plan's step on
-# it, `oom train --plan --trace` measures it, `oom diff` prints predicted vs measured by stage.
-# Prints a summary.
+# Checks the LibTorch backend on a GPU machine, in stages that run one at a time (each well under
+# 5 minutes on an H200), and writes every figure as JSON into one folder.
 #
-#   scripts/gpu-check.sh [TORCH_DIR]     (TORCH_DIR: the folder holding TorchConfig.cmake;
-#                                         default $Torch_DIR, else python3's torch, if installed)
-# Environment: OOM_GPU_BUILD (build folder, default build-gpu), OOM_JOBS (default nproc).
+#   scripts/gpu-check.sh STAGE...        STAGE: build | tests | runs | all (= build tests runs)
+#
+#   build  configures the backend-only build (-DOOM_SIMULATOR=OFF, CUDA and NCCL required) against
+#          the machine's PyTorch and builds `oom`, the backend plugin and the GPU tests. Needs the carried headers (scripts/carry-deps.sh, run where Debian's packages
+#          are) in $OOM_CARRIED_DEPS (default .carry).
+#   tests  runs oom_gpu_tests: streamed trainer, plan runtime with every split, device AdamW and the
+#          EP trainer's host-resident state, each on the GPU against the CPU: losses, gradient
+#          norms and every block's gradient (asserted, not printed).
+#   runs   (1) `oom train --device cuda` against `--device cpu` on the same run: losses asserted
+#          within 1e-3 relative; (2) a plan-driven GPU step with a trace, diffed against the
+#          simulator's prediction of the same plan on configs/hardware/h200-node.json
+#          (`oom diff --summary --json`); (3) pinned H2D and D2H bandwidth against the hardware
+#          file's PCIe figure.
+#
+# Exits non-zero, with one line saying why, when no CUDA device is visible or the build has no CUDA.
+# Environment: OOM_TORCH_PYTHON (default .venv/bin/python, else /opt/torch/.venv/bin/python, else
+# python3), OOM_GPU_BUILD (default build-gpu), OOM_GPU_OUT (default $OUT, else $OOM_GPU_BUILD/gpu-check),
+# OOM_CARRIED_DEPS (default .carry), OOM_JOBS (default nproc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-
-torch_dir="${1:-${Torch_DIR:-}}"
-if [ -z "$torch_dir" ] && command -v python3 >/dev/null; then
-  torch_dir="$(python3 -c 'import torch, os; print(os.path.join(torch.utils.cmake_prefix_path, "Torch"))' 2>/dev/null || true)"
-fi
+root="$PWD"
 build="${OOM_GPU_BUILD:-build-gpu}"
+out="${OOM_GPU_OUT:-${OUT:-$build/gpu-check}}"
 jobs="${OOM_JOBS:-$(nproc)}"
-summary=()
-status=0
-step() {  # step NAME COMMAND...: runs, records pass/fail with the time taken
-  local name="$1"; shift
-  local t0=$(date +%s)
-  if "$@" > "$build/gpu-check-$name.log" 2>&1; then
-    summary+=("PASS  $name ($(( $(date +%s) - t0 )) s)")
-  else
-    summary+=("FAIL  $name ($(( $(date +%s) - t0 )) s, log: $build/gpu-check-$name.log)")
-    status=1
-  fi
+carried="${OOM_CARRIED_DEPS:-$root/.carry}"
+py="${OOM_TORCH_PYTHON:-}"
+if [ -z "$py" ]; then
+  for c in .venv/bin/python /opt/torch/.venv/bin/python python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import torch' 2>/dev/null; then py="$c"; break; fi
+  done
+fi
+mkdir -p "$build" "$out"
+export OOM_CONFIG_DIR="$root/configs"
+
+die() { echo "gpu-check: $*" >&2; exit 1; }
+
+[ $# -ge 1 ] || die "usage: scripts/gpu-check.sh build|tests|runs|all ..."
+[ -n "$py" ] || die "no python with torch found (set OOM_TORCH_PYTHON)"
+# One line saying why, before any work, when there is no GPU to check.
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU "; then
+  die "no CUDA device is visible (nvidia-smi lists no GPU); this check needs one"
+fi
+"$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)' 2>/dev/null ||
+  die "$py's torch sees no CUDA device (torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+
+record() {  # record NAME JSON: one figure file per step
+  echo "$2" > "$out/$1.json"
 }
 
-mkdir -p "$build"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$build/gpu-check-gpu.txt" 2>&1 \
-  || echo "nvidia-smi not available" > "$build/gpu-check-gpu.txt"
+stage_build() {
+  [ -f "$carried/include/nlohmann/json.hpp" ] || die "no carried headers in $carried (run scripts/carry-deps.sh where Debian's packages are)"
+  local t0=$(date +%s)
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOOM_SIMULATOR=OFF -DOOM_REQUIRE_CUDA=ON \
+    -DOOM_TORCH_PYTHON="$(command -v "$py")" -DOOM_CARRIED_DEPS="$carried" -DOOM_BUILD_BENCHMARKS=OFF \
+    > "$out/configure.log" 2>&1 || { tail -n 20 "$out/configure.log"; die "configure failed ($out/configure.log)"; }
+  cmake --build "$build" -j "$jobs" --target oom oom_torch oom_gpu_tests > "$out/build.log" 2>&1 ||
+    { grep -m 20 -E "error|Error" "$out/build.log"; die "build failed ($out/build.log)"; }
+  grep -q "OOM_BACKEND_CUDA=1" "$build/compile_commands.json" || die "the build has no CUDA code paths"
+  record build "{\"configure_and_build_s\": $(( $(date +%s) - t0 )), \"torch\": \"$("$py" -c 'import torch; print(torch.__version__)')\"}"
+}
 
-cmake_args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOOM_BUILD_BENCHMARKS=ON)
-[ -n "$torch_dir" ] && cmake_args+=("-DTorch_DIR=$torch_dir")
-step configure cmake "${cmake_args[@]}"
-step build cmake --build "$build" -j "$jobs" --target oom oom_backend_tests step_bench adamw_bench
-if grep -q "OOM_BACKEND_CUDA" "$build/compile_commands.json" 2>/dev/null; then
-  summary+=("INFO  CUDA LibTorch found: CUDA code paths compiled")
-else
-  summary+=("WARN  LibTorch without CUDA: CUDA code paths not compiled")
-fi
-step backend-tests ctest --test-dir "$build" -R "^(ModelLayout|AttentionCore|Gdn|MoeFfn|Route|Rope|AttentionMixing|ModelLoss|CpuAdamW|DeviceAdamW|Streamed|Clip|Safetensors|HostState|Checkpoint|Train|OomTrain|PlanTrainer|PlanOps|CheckPlanForRun|TorchExecutor|OomDiff|RecordedLocalRuns)" --output-on-failure -j 4
-step train-streamed "$build/cli/oom" train --model tiny-moe --steps 30 --seq 128 --batch 8 --json
-step train-reference "$build/cli/oom" train --model tiny-moe --steps 30 --seq 128 --batch 8 --reference --json
-step adamw-bench "$build/tests/bench/adamw_bench" --benchmark_min_time=0.2
+stage_tests() {
+  [ -x "$build/tests/backend/oom_gpu_tests" ] || die "run the build stage first"
+  "$build/tests/backend/oom_gpu_tests" --gtest_output="json:$out/gpu-tests.json" > "$out/gpu-tests.log" 2>&1 ||
+    { tail -n 30 "$out/gpu-tests.log"; die "GPU tests failed ($out/gpu-tests.log)"; }
+  tail -n 3 "$out/gpu-tests.log"
+}
 
-# Plan-driven step with a trace, predicted vs measured. The plan exercises every Local mechanism.
-plan="$build/gpu-check-plan.json"
-cat > "$plan" <<'JSON'
+stage_runs() {
+  local oom="$build/cli/oom"
+  [ -x "$oom" ] || die "run the build stage first"
+  # (1) streamed trainer: GPU against CPU, loss for loss.
+  for d in cuda cpu; do
+    "$oom" train --device "$d" --model tiny-moe --steps 10 --seq 128 --batch 8 --json > "$out/train-$d.json" 2> "$out/train-$d.log" ||
+      die "oom train --device $d failed ($out/train-$d.log)"
+  done
+  "$py" - "$out" <<'PY' || die "GPU and CPU training losses differ"
+import json, sys
+out = sys.argv[1]
+g, c = (json.load(open(f"{out}/train-{d}.json")) for d in ("cuda", "cpu"))
+worst = max(abs(a - b) / abs(b) for a, b in zip(g["losses"], c["losses"]))
+json.dump({"worst_rel_loss_diff": worst, "cuda_tokens_per_s": g["tokens_per_s"], "cpu_tokens_per_s": c["tokens_per_s"]},
+          open(f"{out}/train-compare.json", "w"))
+print(f"train: GPU vs CPU worst relative loss difference {worst:.2e}; {g['tokens_per_s']:.0f} vs {c['tokens_per_s']:.0f} tokens/s")
+sys.exit(0 if worst <= 1e-3 else 1)
+PY
+  # (2) a plan-driven step on the GPU, measured and predicted.
+  cat > "$out/plan.json" <<'JSON'
 {"version": 1, "path": "local", "resident_layers": [], "moe_retained_layers": [], "routing_chunk_tokens": 65536,
  "param_transfer": "full", "transfer_chunk_mib": 64, "cpu_grad_slots": 2,
  "split": {"attention_head_group": 1, "gdn_chunk_tokens": 64, "moe_chunk_tokens": 512, "sub_batch_seqs": 4},
  "keep_attention_results": true, "boundaries": {"host_kept": [0, 2], "gpu_held": [1], "regenerate_cap": 1},
  "notes": "gpu-check: head groups, GDN chunks, MoE chunks, sub-batches, kept O/LSE, held and regenerated boundaries"}
 JSON
-cat > "$build/gpu-check-workload.json" <<JSON
-{"model": "tiny-moe", "hardware": "$PWD/$build/local-gpu.json", "gpus": 1, "global_batch": 8, "seq_len": 128,
+  cat > "$out/workload.json" <<'JSON'
+{"model": "tiny-moe", "hardware": "h200-node", "gpus": 1, "global_batch": 8, "seq_len": 128,
  "gpu_budget_gib": null, "host_budget_gib": null, "yarn_factor": 1}
 JSON
-step calibrate-backend "$build/cli/oom" calibrate --backend --quick --name local-gpu --hardware-out "$build/local-gpu.json" \
-  --records-out "$build/local-gpu.jsonl" --calibration-out "configs/calibration/local-gpu.json"
-step plan-predict "$build/cli/oom" simulate --workload "$build/gpu-check-workload.json" --plan "$plan" \
-  --trace "$build/gpu-check-predicted.json"
-step plan-train "$build/cli/oom" train --model tiny-moe --steps 5 --seq 128 --batch 8 --plan "$plan" \
-  --trace "$build/gpu-check-measured.json" --json
-step plan-diff "$build/cli/oom" diff "$build/gpu-check-predicted.json" "$build/gpu-check-measured.json" --summary
+  "$oom" simulate --workload "$out/workload.json" --plan "$out/plan.json" --engine analytic --trace "$out/predicted-trace.json" \
+    > "$out/simulate.log" 2>&1 || die "oom simulate failed ($out/simulate.log)"
+  "$oom" train --device cuda --model tiny-moe --steps 5 --seq 128 --batch 8 --plan "$out/plan.json" \
+    --trace "$out/measured-trace.json" --json > "$out/plan-train.json" 2> "$out/plan-train.log" || die "plan run failed ($out/plan-train.log)"
+  "$oom" diff "$out/predicted-trace.json" "$out/measured-trace.json" --summary --json > "$out/diff.json" 2> "$out/diff.log" ||
+    die "oom diff failed ($out/diff.log)"
+  "$oom" diff "$out/predicted-trace.json" "$out/measured-trace.json" --summary
+  # (3) pinned host-device copies against the hardware file's PCIe figure.
+  "$py" - "$out" "$root/configs/hardware/h200-node.json" <<'PY' || die "bandwidth probe failed"
+import json, sys, torch
+out, hw = sys.argv[1], json.load(open(sys.argv[2]))
+n = 1 << 30
+host = torch.empty(n, dtype=torch.uint8).pin_memory()
+dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+def rate(copy):
+    copy(); torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5): copy()
+    end.record(); torch.cuda.synchronize()
+    return 5 * n / (start.elapsed_time(end) / 1e3)
+h2d = rate(lambda: dev.copy_(host, non_blocking=True))
+d2h = rate(lambda: host.copy_(dev, non_blocking=True))
+peak = hw["pcie"]["h2d_Bps"]
+res = {"h2d_pinned_Bps": h2d, "d2h_pinned_Bps": d2h, "hardware_file_h2d_Bps": peak, "h2d_over_file": h2d / peak}
+json.dump(res, open(f"{out}/bandwidth.json", "w"))
+print(f"pinned H2D {h2d/1e9:.1f} GB/s, D2H {d2h/1e9:.1f} GB/s ({100*h2d/peak:.0f}% of the hardware file's {peak/1e9:.0f} GB/s)")
+PY
+}
 
-echo "== gpu-check summary =="
-echo "GPU: $(cat "$build/gpu-check-gpu.txt")"
-printf '%s\n' "${summary[@]}"
-for t in streamed reference; do
-  f="$build/gpu-check-train-$t.log"
-  [ -f "$f" ] && echo "train $t: $(tail -n 1 "$f" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("first loss %.4f, last loss %.4f, %.0f tokens/s" % (j["losses"][0], j["losses"][-1], j["tokens_per_s"]))' 2>/dev/null || echo "no JSON result")"
+stages=("$@")
+[ "${stages[0]}" = all ] && stages=(build tests runs)
+for s in "${stages[@]}"; do
+  case "$s" in
+    build|tests|runs) t0=$(date +%s); "stage_$s"; echo "gpu-check: $s passed ($(( $(date +%s) - t0 )) s); figures in $out" ;;
+    *) die "unknown stage '$s' (build, tests, runs or all)" ;;
+  esac
 done
-[ -f "$build/gpu-check-adamw-bench.log" ] && grep -E "ratio|triad bandwidth" "$build/gpu-check-adamw-bench.log"
-[ -f "$build/gpu-check-calibrate-backend.log" ] && head -n 1 "$build/gpu-check-calibrate-backend.log"
-if [ -f "$build/gpu-check-plan-diff.log" ]; then
-  echo "== plan-driven step: predicted vs measured (oom diff --summary) =="
-  cat "$build/gpu-check-plan-diff.log"
-fi
-exit $status

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "backend/adamw.h"
+#include "backend/job_queue.h"
 #include "backend/model.h"
 #include "costmodel/input_error.h"
 
@@ -52,11 +53,12 @@ struct EpTrainer::Impl {
 
   struct Block {
     at::Tensor rep;                    // replicated weights, flat leaf on the compute device
-    at::Tensor rep_m, rep_v;           // moments: whole buffer (kFull) or this rank's slice (kShard)
+    at::Tensor rep_master;             // host FP32 master of [slice_lo, slice_lo + slice_n) (CPU device: a view of rep)
+    at::Tensor rep_m, rep_v;           // host moments: whole buffer (kFull) or this rank's slice (kShard)
     std::int64_t slice_lo = 0, slice_n = 0, slice_cap = 0;
-    at::Tensor exp;                    // owned expert shard, flat leaf (decoder blocks with EP)
+    at::Tensor exp;                    // owned expert shard, flat leaf (decoder blocks with EP); streamed: this step only
     at::Tensor exp_m, exp_v;           // resident: on the device; streamed: host
-    at::Tensor exp_host_master, exp_host_grad;  // streamed shards only
+    at::Tensor exp_host_master;        // streamed shards only: the host master the step's copy comes from
     std::vector<std::int64_t> offset;  // per entry: offset in rep or exp
     std::vector<bool> expert;          // per entry: lives in exp
     bool resident = true;              // exp updated on the device (else through host state)
@@ -66,6 +68,12 @@ struct EpTrainer::Impl {
   std::vector<bool> retained;  // per decoder: MoE-retained (else replayed whole in backward)
   std::int64_t step = 0;
   std::vector<DispatchRecord> log;
+  // Host gradient slots (cpu_grad_slots) and the worker that runs the CPU AdamW updates.
+  std::vector<at::Tensor> slots;
+  JobQueue updates;
+  int submitted = 0;
+  // The last step's gradients (replicated: summed over ranks; experts: this rank's shard).
+  std::vector<at::Tensor> last_rep_grads, last_exp_grads;
 
   Impl(const HostState& init, EpConfig c, Communicator& cm, at::Device dev)
       : comm(cm), cfg(c), spec(init.spec()), layout(init.layout()), device(dev), P(cm.size()), rank(cm.rank()),
@@ -74,6 +82,9 @@ struct EpTrainer::Impl {
     if (cfg.expert_parallel && E % P != 0) {
       throw InputError("", "num_experts", std::to_string(E),
                        "expert parallelism needs a multiple of the rank count " + std::to_string(P));
+    }
+    if (cfg.cpu_grad_slots < 1) {
+      throw InputError("", "cpu_grad_slots", std::to_string(cfg.cpu_grad_slots), "must be ≥ 1");
     }
     if (cfg.moe_chunk_tokens < 0) {
       throw InputError("", "moe_chunk_tokens", std::to_string(cfg.moe_chunk_tokens), "must be ≥ 0");
@@ -122,7 +133,8 @@ struct EpTrainer::Impl {
           }
         }
       }
-      blk.rep = at::cat(rep_parts[0]).to(device).contiguous().detach().requires_grad_(true);
+      const auto rep_host = at::cat(rep_parts[0]).contiguous();
+      blk.rep = rep_host.to(device).clone().detach().requires_grad_(true);
       if (cfg.delivery == Delivery::kShard) {
         blk.slice_cap = (rep_n + P - 1) / P;
         blk.slice_lo = std::min<std::int64_t>(rep_n, rank * blk.slice_cap);
@@ -131,17 +143,20 @@ struct EpTrainer::Impl {
         blk.slice_lo = 0;
         blk.slice_n = rep_n;
       }
-      blk.rep_m = at::cat(rep_parts[1]).narrow(0, blk.slice_lo, blk.slice_n).to(f32.device(device)).clone();
-      blk.rep_v = at::cat(rep_parts[2]).narrow(0, blk.slice_lo, blk.slice_n).to(f32.device(device)).clone();
+      // Host master and moments of this rank's part; on a CPU device the leaf itself is the master.
+      blk.rep_master = device.is_cpu() ? blk.rep.detach().narrow(0, blk.slice_lo, blk.slice_n)
+                                       : rep_host.narrow(0, blk.slice_lo, blk.slice_n).clone();
+      blk.rep_m = at::cat(rep_parts[1]).narrow(0, blk.slice_lo, blk.slice_n).to(f32).clone();
+      blk.rep_v = at::cat(rep_parts[2]).narrow(0, blk.slice_lo, blk.slice_n).to(f32).clone();
       if (!exp_parts[0].empty()) {
         const auto host = at::cat(exp_parts[0]).contiguous();
-        blk.exp = host.to(device).clone().detach().requires_grad_(true);
         const auto where = blk.resident ? device : at::Device(at::kCPU);
         blk.exp_m = at::cat(exp_parts[1]).to(f32.device(where)).clone();
         blk.exp_v = at::cat(exp_parts[2]).to(f32.device(where)).clone();
-        if (!blk.resident) {
-          blk.exp_host_master = host.clone();
-          blk.exp_host_grad = at::zeros({exp_n}, f32);
+        if (blk.resident) {
+          blk.exp = host.to(device).clone().detach().requires_grad_(true);
+        } else {
+          blk.exp_host_master = host.clone();  // streamed to the device at each step (stream_in)
         }
       }
       blocks.push_back(std::move(blk));
@@ -152,6 +167,46 @@ struct EpTrainer::Impl {
   // Elements of entry `e` on this rank: all of it, or the owned experts' rows of an expert entry.
   std::int64_t local_numel(const ParamEntry& e, bool expert) const {
     return expert ? e.numel() / e.shape[0] * experts_local : e.numel();
+  }
+
+  // Streamed shards: this step's device copy of the host master (on a CPU device, the master itself).
+  void stream_in() {
+    for (auto& blk : blocks) {
+      if (blk.exp_host_master.defined()) {
+        blk.exp = (device.is_cpu() ? blk.exp_host_master : blk.exp_host_master.to(device)).detach().requires_grad_(true);
+      }
+    }
+  }
+  // Streamed shards leave the device after their update.
+  void release_streamed() {
+    for (auto& blk : blocks) {
+      if (blk.exp_host_master.defined()) blk.exp = at::Tensor();
+    }
+  }
+  // An expert shard's weights wherever they are kept between steps.
+  const at::Tensor& expert_weights(const Block& blk) const {
+    return blk.exp_host_master.defined() ? blk.exp_host_master : blk.exp;
+  }
+
+  // Host update through a gradient slot: copies `grad` (any device) into the next free host slot,
+  // then runs the CPU AdamW on the worker. A slot is reused once the update that held it finished.
+  void host_update(at::Tensor master, const at::Tensor& grad, at::Tensor m, at::Tensor v, std::int64_t t, double coef) {
+    const int S = cfg.cpu_grad_slots;
+    const int k = submitted;  // this update's 0-based index
+    if (k >= S) updates.wait_done(k - S + 1);
+    const auto index = static_cast<std::size_t>(k % S);
+    if (slots.size() <= index) slots.resize(index + 1);
+    auto& slot = slots[index];
+    if (!slot.defined() || slot.numel() < grad.numel()) {
+      slot = at::empty({grad.numel()}, at::TensorOptions().dtype(at::kFloat));
+    }
+    auto g = slot.narrow(0, 0, grad.numel());
+    g.copy_(grad);
+    const AdamWConfig adam = cfg.trainer.adam;
+    const int threads = cfg.trainer.adam_threads;
+    submitted = updates.submit([master, g, m, v, adam, t, coef, threads]() mutable {
+      cpu_adamw_step(master, g, m, v, adam, t, coef, threads);
+    });
   }
 
   // Named views of the flat leaves, made afresh every step: the updates modify the leaves in place,
@@ -252,17 +307,17 @@ struct EpTrainer::Impl {
     return leaf.grad().defined() ? leaf.grad() : at::zeros_like(leaf);
   }
 
+  // Queues the host update of this rank's part of the replicated buffer.
   void update_replicated(Block& blk, const at::Tensor& grad, std::int64_t t, double coef) {
+    if (blk.slice_n > 0) host_update(blk.rep_master, grad.narrow(0, blk.slice_lo, blk.slice_n), blk.rep_m, blk.rep_v, t, coef);
+  }
+
+  // After every host update finished: the new weights back into the device's working copy (and,
+  // with shard delivery, every rank's slice to every rank).
+  void publish_replicated(Block& blk) {
     auto p = blk.rep.detach();
     auto ps = p.narrow(0, blk.slice_lo, blk.slice_n);
-    const auto gs = grad.narrow(0, blk.slice_lo, blk.slice_n);
-    if (blk.slice_n > 0) {
-      if (p.is_cpu()) {
-        cpu_adamw_step(ps, gs, blk.rep_m, blk.rep_v, cfg.trainer.adam, t, coef, cfg.trainer.adam_threads);
-      } else {
-        device_adamw_step(ps, gs, blk.rep_m, blk.rep_v, cfg.trainer.adam, t, coef);
-      }
-    }
+    if (!p.is_cpu() && blk.slice_n > 0) ps.copy_(blk.rep_master);
     if (cfg.delivery == Delivery::kShard && P > 1) {
       auto mine = at::zeros({blk.slice_cap}, p.options());
       mine.narrow(0, 0, blk.slice_n).copy_(ps);
@@ -284,10 +339,7 @@ struct EpTrainer::Impl {
       }
       return;
     }
-    blk.exp_host_grad.copy_(grad);
-    cpu_adamw_step(blk.exp_host_master, blk.exp_host_grad, blk.exp_m, blk.exp_v, cfg.trainer.adam, t, coef,
-                   cfg.trainer.adam_threads);
-    p.copy_(blk.exp_host_master);
+    host_update(blk.exp_host_master, grad, blk.exp_m, blk.exp_v, t, coef);
   }
 };
 
@@ -298,6 +350,22 @@ EpTrainer::~EpTrainer() = default;
 
 const std::vector<DispatchRecord>& EpTrainer::last_dispatch() const { return impl_->log; }
 std::int64_t EpTrainer::steps() const { return impl_->step; }
+
+int EpTrainer::host_grad_slots_used() const { return static_cast<int>(impl_->slots.size()); }
+
+std::int64_t EpTrainer::host_grad_slot_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& t : impl_->slots) n += t.numel() * static_cast<std::int64_t>(t.element_size());
+  return n;
+}
+
+std::int64_t EpTrainer::device_expert_bytes_between_steps() const {
+  std::int64_t n = 0;
+  for (const auto& blk : impl_->blocks) {
+    if (blk.exp.defined()) n += blk.exp.numel() * static_cast<std::int64_t>(blk.exp.element_size());
+  }
+  return n;
+}
 
 StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   Impl& s = *impl_;
@@ -310,6 +378,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   const auto tok = tokens.narrow(0, s.rank * local, local).to(s.device);
   const auto tgt = targets.narrow(0, s.rank * local, local).to(s.device);
   s.log.clear();
+  s.stream_in();
   s.rebuild_views();
   for (auto& blk : s.blocks) {
     blk.rep.mutable_grad() = at::Tensor();
@@ -378,7 +447,8 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
     exp_grads.push_back(blk.exp.defined() ? Impl::grad_or_zeros(blk.exp).contiguous() : at::Tensor());
   }
   StepStats stats;
-  auto loss_sum = local_loss.detach().to(at::kCPU).to(at::kDouble).reshape({1}).contiguous();
+  const auto on_comm = at::TensorOptions().dtype(at::kDouble).device(s.comm.device());
+  auto loss_sum = local_loss.detach().to(on_comm).reshape({1}).contiguous();
   s.comm.all_reduce_sum(loss_sum);
   stats.loss = loss_sum.item<double>() / s.P;
   double coef = 1.0;
@@ -387,7 +457,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
     for (const auto& ge : exp_grads) {
       if (ge.defined()) exp_sq += ge.to(at::kDouble).pow(2).sum().item<double>();
     }
-    auto t = at::tensor({exp_sq}, at::TensorOptions().dtype(at::kDouble));
+    auto t = at::tensor({exp_sq}, at::TensorOptions().dtype(at::kDouble)).to(s.comm.device());
     s.comm.all_reduce_sum(t);
     stats.grad_norm = std::sqrt(rep_sq + t.item<double>());
     coef = clip_coefficient(stats.grad_norm, s.cfg.trainer.max_grad_norm);
@@ -397,6 +467,11 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
     s.update_replicated(s.blocks[b], rep_grads[b], t, coef);
     if (exp_grads[b].defined()) s.update_experts(s.blocks[b], exp_grads[b], t, coef);
   }
+  s.updates.wait_all();
+  s.last_rep_grads = std::move(rep_grads);
+  s.last_exp_grads = std::move(exp_grads);
+  for (auto& blk : s.blocks) s.publish_replicated(blk);
+  s.release_streamed();
   ++s.step;
   return stats;
 }
@@ -409,16 +484,17 @@ at::Tensor EpTrainer::Impl::gather_block(std::size_t b, const at::Tensor& rep_pa
   const auto& bl = layout.blocks[b];
   at::Tensor rep_full = rep_part.detach().to(at::kCPU);
   if (rep_sliced && P > 1) {
-    auto mine = at::zeros({blk.slice_cap}, rep_full.options());
+    auto mine = at::zeros({blk.slice_cap}, rep_full.options().device(comm.device()));
     mine.narrow(0, 0, blk.slice_n).copy_(rep_full);
-    rep_full = comm.all_gather(mine).reshape({-1}).narrow(0, 0, blk.rep.numel());
+    rep_full = comm.all_gather(mine).reshape({-1}).narrow(0, 0, blk.rep.numel()).cpu();
   }
   auto flat = at::empty({bl.numel}, at::TensorOptions().dtype(at::kFloat));
   for (std::size_t i = 0; i < bl.entries.size(); ++i) {
     const auto& e = bl.entries[i];
     auto dst = flat.narrow(0, e.offset, e.numel());
     if (blk.expert[i]) {
-      dst.copy_(comm.all_gather(exp_part.detach().narrow(0, blk.offset[i], local_numel(e, true)).to(at::kCPU).contiguous()).reshape({-1}));
+      dst.copy_(comm.all_gather(exp_part.detach().narrow(0, blk.offset[i], local_numel(e, true)).to(comm.device()).contiguous())
+                    .reshape({-1}).cpu());
     } else {
       dst.copy_(rep_full.narrow(0, blk.offset[i], e.numel()));
     }
@@ -429,7 +505,19 @@ at::Tensor EpTrainer::Impl::gather_block(std::size_t b, const at::Tensor& rep_pa
 std::vector<at::Tensor> EpTrainer::gather_flat_params() {
   Impl& s = *impl_;
   std::vector<at::Tensor> out;
-  for (std::size_t b = 0; b < s.blocks.size(); ++b) out.push_back(s.gather_block(b, s.blocks[b].rep, false, s.blocks[b].exp));
+  for (std::size_t b = 0; b < s.blocks.size(); ++b) {
+    out.push_back(s.gather_block(b, s.blocks[b].rep, false, s.expert_weights(s.blocks[b])));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> EpTrainer::gather_flat_grads() {
+  Impl& s = *impl_;
+  if (s.last_rep_grads.empty()) throw std::logic_error("gather_flat_grads: no step has run");
+  std::vector<at::Tensor> out;
+  for (std::size_t b = 0; b < s.blocks.size(); ++b) {
+    out.push_back(s.gather_block(b, s.last_rep_grads[b], false, s.last_exp_grads[b]));
+  }
   return out;
 }
 
@@ -439,7 +527,7 @@ void EpTrainer::export_state(HostState& out) {
   for (std::size_t b = 0; b < s.blocks.size(); ++b) {
     const auto& blk = s.blocks[b];
     const int bi = static_cast<int>(b);
-    out.master(bi).copy_(s.gather_block(b, blk.rep, false, blk.exp));
+    out.master(bi).copy_(s.gather_block(b, blk.rep, false, s.expert_weights(blk)));
     out.exp_avg(bi).copy_(s.gather_block(b, blk.rep_m, sliced, blk.exp_m));
     out.exp_avg_sq(bi).copy_(s.gather_block(b, blk.rep_v, sliced, blk.exp_v));
     out.publish(bi);

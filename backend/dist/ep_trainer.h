@@ -8,19 +8,29 @@
 // Parameters:
 //   replicated  every block's non-expert weights (embeddings, norms, attention/GDN, router, shared
 //               expert, dense MLP) live on every rank as one flat FP32 buffer per block; their
-//               gradients are summed over ranks with one all-reduce per block. Delivery kFull: every
-//               rank runs AdamW on the whole buffer. Delivery kShard: rank r keeps Adam moments only
-//               for its 1/P slice, updates that slice and the ranks all-gather the updated slices
-//               (the same arithmetic, 1/P of the optimizer state per rank).
+//               gradients are summed over ranks with one all-reduce per block. Their FP32 masters
+//               and Adam moments live in host memory, as the modeled system keeps them: the
+//               gradient goes to the host, the CPU AdamW updates the host master, and the new
+//               weights go back to the device's working copy (on a CPU device the working copy is
+//               the master itself). Delivery kFull: every rank updates the whole buffer. Delivery
+//               kShard: rank r keeps master and moments only for its 1/P slice, updates that slice
+//               and the ranks all-gather the updated slices (the same arithmetic, 1/P of the
+//               optimizer state per rank).
 //   experts     with expert_parallel, rank r owns experts [r·E/P, (r+1)·E/P) of every layer (E must
 //               be a multiple of P). Tokens go to the owner and back by all-to-all with uneven
 //               splits, once per routing chunk of moe_chunk_tokens local tokens (0 = one chunk). The
 //               owner's expert gradients are complete after backward (every token that used the
-//               expert came to it), so they are not reduced. Resident shards (resident_experts) are
-//               updated on the compute device by device AdamW with no host round trip; streamed
-//               shards copy their gradient into host state, run the CPU AdamW on the host master and
-//               moments, and copy the new weights back. Without expert_parallel every rank holds all
-//               experts, computes them locally, and their gradients are all-reduced like the rest.
+//               expert came to it), so they are not reduced. Resident shards (resident_experts) stay
+//               on the compute device with their moments and are updated there by device AdamW;
+//               streamed shards live in host memory (master and moments), are copied to the device
+//               for the step and released after it, and are updated by the CPU AdamW on the host.
+//               Without expert_parallel every rank holds all experts, computes them locally, and
+//               their gradients are all-reduced like the rest.
+//
+// Host updates (replicated buffers and streamed shards) go through at most cpu_grad_slots host
+// gradient buffers: a gradient is copied into a free slot, the CPU AdamW runs on a worker thread
+// while the next gradient is copied, and a slot is reused only once its update finished. The bound
+// holds with clipping too: the global norm is known before the first host update starts.
 //
 // Per layer, resident_layers (when set) decides which decoders' shards are resident; the others
 // are streamed as above.
@@ -63,6 +73,7 @@ struct EpConfig {
   // shard follows resident_experts, and every layer is MoE-retained.
   std::optional<std::vector<int>> resident_layers;
   std::optional<std::vector<int>> moe_retained_layers;
+  int cpu_grad_slots = 2;  // host gradient buffers in flight (Plan cpu_grad_slots), ≥ 1
 };
 
 // Rows each rank sent to each rank in one dispatch all-to-all of the last step (layer, chunk order).
@@ -89,12 +100,21 @@ class EpTrainer {
   // FP32 CPU tensor per block like PlainTrainer::flat_params. Collective.
   std::vector<at::Tensor> gather_flat_params();
 
+  // The last step's gradients (summed over ranks, before clipping) in the same layout, as one flat
+  // FP32 CPU tensor per block: the gradient the plain trainer's autograd gives. Collective.
+  std::vector<at::Tensor> gather_flat_grads();
+
   // Writes the whole training state into `out` (same model): masters, both Adam moments (shards
   // and slices gathered from their owners) and the step; republishes its working copies. With it a
   // checkpoint of a multi-rank run is the same file as a single-process one. Collective.
   void export_state(HostState& out);
 
   const std::vector<DispatchRecord>& last_dispatch() const;
+  // Host gradient buffers allocated so far (≤ cpu_grad_slots) and their bytes.
+  int host_grad_slots_used() const;
+  std::int64_t host_grad_slot_bytes() const;
+  // Bytes of expert weights held on the compute device between steps (resident shards only).
+  std::int64_t device_expert_bytes_between_steps() const;
   std::int64_t steps() const;
 
  private:

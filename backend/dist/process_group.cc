@@ -3,15 +3,12 @@
 #include <chrono>
 #include <stdexcept>
 
-#ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO 1
-#endif
+// USE_C10D_GLOO (and with NCCL, USE_C10D_NCCL) come from backend/CMakeLists.txt.
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef OOM_BACKEND_NCCL
-#ifndef USE_C10D_NCCL
-#define USE_C10D_NCCL 1
-#endif
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -21,7 +18,8 @@ namespace oom::backend::dist {
 
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // Since PyTorch 2.0 ProcessGroupGloo and ProcessGroupNCCL are c10d::Backend implementations.
+  c10::intrusive_ptr<c10d::Backend> group;
   std::chrono::milliseconds timeout{0};
 
   // Waits for `work` with the timeout; a failure names the collective.
@@ -39,20 +37,36 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   if (o.rank < 0 || o.rank >= o.world_size) {
     throw InputError("", "rank", std::to_string(o.rank), "must be in [0, " + std::to_string(o.world_size) + ")");
   }
-  if (o.store_path.empty()) throw InputError("", "store_path", "", "a rendezvous file is needed");
+  if (o.store_path.empty() && (o.master_addr.empty() || o.master_port <= 0 || o.master_port > 65535)) {
+    throw InputError("", "MASTER_ADDR/MASTER_PORT", o.master_addr + ":" + std::to_string(o.master_port),
+                     "a rendezvous file or a master address with a port in [1, 65535] is needed");
+  }
   if (!(o.timeout_s > 0)) throw InputError("", "timeout_s", std::to_string(o.timeout_s), "must be > 0");
   impl_->timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
   try {
-    impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
+    if (!o.store_path.empty()) {
+      impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
+    } else {
+      c10d::TCPStoreOptions to;
+      to.port = static_cast<std::uint16_t>(o.master_port);
+      to.isServer = o.rank == 0 && o.rank0_serves_store;
+      to.numWorkers = o.world_size;
+      to.waitWorkers = to.isServer;
+      to.multiTenant = true;
+      to.timeout = impl_->timeout;
+      impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
+    }
     impl_->store->setTimeout(impl_->timeout);
     if (o.cuda) {
 #ifdef OOM_BACKEND_NCCL
+      device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device));
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(o.cuda_device));
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = impl_->timeout;
       impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, o.rank, o.world_size, opts);
       backend_ = "nccl";
 #else
-      throw InputError("", "cuda", "true", "this build has no NCCL process group (CPU LibTorch)");
+      throw InputError("", "cuda", "true", "this build has no NCCL process group (LibTorch without CUDA, or nccl.h not found)");
 #endif
     } else {
       auto opts = c10d::ProcessGroupGloo::Options::create(impl_->timeout);
@@ -74,6 +88,7 @@ Communicator::~Communicator() = default;
 void Communicator::all_reduce_sum(at::Tensor& t) {
   if (size_ == 1) return;
   OOM_ASSERT(t.is_contiguous(), "all_reduce_sum needs a contiguous tensor");
+  OOM_ASSERT(t.device() == device_, "all_reduce_sum: the tensor is not on the communicator's device");
   std::vector<at::Tensor> ts{t};
   impl_->wait(impl_->group->allreduce(ts), "all-reduce");
 }
@@ -81,6 +96,7 @@ void Communicator::all_reduce_sum(at::Tensor& t) {
 at::Tensor Communicator::all_gather(const at::Tensor& t) {
   const auto in = t.contiguous().reshape({-1});
   if (size_ == 1) return in.unsqueeze(0).clone();
+  OOM_ASSERT(in.device() == device_, "all_gather: the tensor is not on the communicator's device");
   std::vector<at::Tensor> outs;
   for (int r = 0; r < size_; ++r) outs.push_back(at::empty_like(in));
   std::vector<std::vector<at::Tensor>> outputs{outs};
@@ -91,7 +107,8 @@ at::Tensor Communicator::all_gather(const at::Tensor& t) {
 
 at::Tensor Communicator::all_gather_counts(const std::vector<std::int64_t>& counts) {
   const auto t = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
-  return all_gather(t);
+  // NCCL takes only device tensors: the counts travel on the device and come back to the CPU.
+  return all_gather(t.to(device_)).cpu();
 }
 
 at::Tensor Communicator::all_to_all(const at::Tensor& input, const std::vector<std::int64_t>& send_rows,
@@ -109,6 +126,7 @@ at::Tensor Communicator::all_to_all(const at::Tensor& input, const std::vector<s
     out.copy_(input);
     return out;
   }
+  OOM_ASSERT(input.device() == device_, "all_to_all: the tensor is not on the communicator's device");
   auto in = input.contiguous();
   auto send = send_rows, recv = recv_rows;
   impl_->wait(impl_->group->alltoall_base(out, in, recv, send), "all-to-all");
@@ -117,7 +135,10 @@ at::Tensor Communicator::all_to_all(const at::Tensor& input, const std::vector<s
 
 void Communicator::barrier() {
   if (size_ == 1) return;
-  impl_->wait(impl_->group->barrier(), "barrier");
+  c10d::BarrierOptions bo;
+  bo.timeout = impl_->timeout;
+  if (device_.is_cuda()) bo.device_ids = {static_cast<std::int64_t>(device_.index())};
+  impl_->wait(impl_->group->barrier(bo), "barrier");
 }
 
 }  // namespace oom::backend::dist

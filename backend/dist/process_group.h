@@ -1,10 +1,11 @@
 // Communicator: the collectives the multi-rank trainer needs, over a c10d process group.
 //
-// One Communicator per rank process. Ranks rendezvous through a c10d FileStore (a file every rank
-// can open; the launcher puts it in the job folder), then talk through Gloo over TCP on 127.0.0.1
-// for CPU tensors. With a CUDA build that also has c10d's NCCL header (OOM_BACKEND_NCCL) a CUDA
-// communicator uses NCCL instead; that path is compiled only against a CUDA LibTorch and has not run
-// on the CPU machines the tests use.
+// One Communicator per rank process. Ranks rendezvous through a c10d store: a FileStore (a file
+// every rank can open; `oom train --ranks` puts it in the job folder) or a TCPStore served by rank 0
+// at master_addr:master_port (torchrun's MASTER_ADDR/MASTER_PORT, across nodes). The group is a
+// c10d::Backend of the communicator's device: Gloo for CPU tensors, NCCL for CUDA tensors (builds
+// with OOM_BACKEND_NCCL; each rank then uses the GPU `cuda_device`). Every collective takes and
+// returns tensors of that device; count exchanges are moved there and back.
 //
 // Every store access and every collective has a timeout (`timeout_s`): a peer that died or hangs
 // makes the call throw std::runtime_error naming the collective, instead of blocking forever.
@@ -27,9 +28,15 @@ struct CommOptions {
   int rank = 0;
   int world_size = 1;
   std::string store_path;       // FileStore file shared by all ranks (created by the first to open it)
+  std::string master_addr;      // with store_path empty: TCPStore at master_addr:master_port (rank 0 serves)
+  int master_port = 0;
+  // With a master address: whether rank 0 serves the store (false when torchrun's agent already
+  // does: TORCHELASTIC_USE_AGENT_STORE=True).
+  bool rank0_serves_store = true;
   double timeout_s = 120.0;     // store waits and every collective
   std::string host = "127.0.0.1";  // address Gloo binds to
-  bool cuda = false;            // NCCL for CUDA tensors (only in builds with OOM_BACKEND_NCCL)
+  bool cuda = false;            // NCCL on CUDA tensors (only in builds with OOM_BACKEND_NCCL)
+  int cuda_device = 0;          // with cuda: this rank's GPU (torchrun's LOCAL_RANK)
 };
 
 class Communicator {
@@ -45,6 +52,8 @@ class Communicator {
   int size() const { return size_; }
   // "gloo" or "nccl".
   const std::string& backend() const { return backend_; }
+  // The device whose tensors the collectives take: CPU for Gloo, cuda:cuda_device for NCCL.
+  at::Device device() const { return device_; }
 
   // In place: t ← Σ over ranks of t (contiguous).
   void all_reduce_sum(at::Tensor& t);
@@ -64,6 +73,7 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::string backend_;
+  at::Device device_{at::kCPU};
 };
 
 }  // namespace oom::backend::dist

@@ -21,6 +21,7 @@
 #include "backend/plan_runtime.h"
 #include "backend/state.h"
 #include "backend/threads.h"
+#include "backend/train.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
@@ -75,9 +76,10 @@ std::optional<std::vector<int>> optional_layers(const nlohmann::json& j, const c
 nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std::string& dir) {
   return {{"model", o.model}, {"data", o.data}, {"weights", o.weights}, {"steps", o.steps}, {"seq", o.seq},
           {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
-          {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens},
+          {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"device", o.device},
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
+          {"cpu_grad_slots", r.cpu_grad_slots},
           {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights},
           {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"resume_dir", o.resume_dir},
           {"resident_layers", optional_layers(r.resident_layers)},
@@ -154,6 +156,7 @@ void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
   r.moe_chunk_tokens = plan.routing_chunk_tokens;
   r.resident_layers = plan.resident_layers;
   r.moe_retained_layers = plan.moe_retained_layers;
+  r.cpu_grad_slots = plan.cpu_grad_slots;
 }
 
 RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
@@ -210,6 +213,110 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   return out;
 }
 
+namespace {
+
+// What one rank's run gives back (every rank computes the same losses).
+struct RankRun {
+  std::vector<double> losses;
+  double tokens_per_s = 0.0;
+  std::int64_t first_step = 1, last_step = 0;
+  std::vector<std::vector<std::int64_t>> dispatch_rows;  // this rank's sends, last step
+  std::string backend;
+};
+
+// The body every rank runs, however it was started: data, state (seeded, weights, or resumed),
+// the communicator, EpTrainer, checkpoints and weights (rank 0 writes them). `on_step` is called
+// on rank 0 after every step.
+RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOptions co,
+                 const std::function<void(const StepReport&)>& on_step) {
+  const ModelSpec spec = load_model_spec(o.model);
+  check(o, r, spec);
+  if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
+  set_compute_threads(o.threads > 0 ? o.threads : 1);
+  const at::Device device(resolve_device(o.device, co.cuda_device));
+  co.cuda = device.is_cuda();
+  if (co.cuda) co.cuda_device = device.index();
+
+  ByteCorpus data(o.data, o.seq);
+  data.seed(o.seed);
+  HostState state(spec);
+  if (o.weights.empty()) {
+    state.init_from_seed(o.seed);
+  } else {
+    state.load_safetensors(o.weights);
+  }
+  if (!o.resume_dir.empty()) resume_training(o, state, data);
+  co.rank = rank;
+  co.world_size = r.ranks;
+  co.timeout_s = r.timeout_s;
+  Communicator comm(co);
+
+  EpConfig cfg;
+  cfg.trainer.adam.lr = o.lr;
+  cfg.trainer.adam.weight_decay = o.weight_decay;
+  cfg.trainer.max_grad_norm = o.max_grad_norm;
+  cfg.trainer.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
+  cfg.trainer.adam_threads = o.threads > 0 ? o.threads : 1;
+  cfg.delivery = r.delivery == "shard" ? Delivery::kShard : Delivery::kFull;
+  cfg.expert_parallel = r.expert_parallel;
+  cfg.resident_experts = r.resident_experts;
+  cfg.moe_chunk_tokens = r.moe_chunk_tokens;
+  cfg.resident_layers = r.resident_layers;
+  cfg.moe_retained_layers = r.moe_retained_layers;
+  cfg.cpu_grad_slots = r.cpu_grad_slots;
+  EpTrainer trainer(state, cfg, comm, comm.device());
+
+  // Every rank gathers (collective); rank 0 writes the one checkpoint file.
+  const auto checkpoint = [&] {
+    trainer.export_state(state);
+    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
+  };
+  RankRun run;
+  run.first_step = state.step + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t tokens = 0;
+  if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
+  for (int i = 0; i < o.steps; ++i) {
+    const auto ts = std::chrono::steady_clock::now();
+    const Batch b = data.next(o.batch);
+    const StepStats st = trainer.step(b.tokens, b.targets);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    tokens += b.tokens.numel();
+    run.losses.push_back(st.loss);
+    if (rank == 0 && on_step) {
+      on_step({trainer.steps(), i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+    }
+    if (checkpoint_due(o, i)) checkpoint();
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.save_weights.empty()) {
+    const auto flats = trainer.gather_flat_params();  // collective: every rank takes part
+    if (rank == 0) {
+      for (int b = 0; b < state.blocks(); ++b) state.master(b).copy_(flats[static_cast<std::size_t>(b)]);
+      state.save_safetensors(r.save_weights);
+    }
+  }
+  run.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
+  run.last_step = trainer.steps();
+  for (const auto& d : trainer.last_dispatch()) run.dispatch_rows.push_back(d.send_rows);
+  run.backend = comm.backend();
+  comm.barrier();
+  return run;
+}
+
+int env_int(const char* name, const char* value) {
+  try {
+    std::size_t used = 0;
+    const int v = std::stoi(value, &used);
+    if (used == std::string(value).size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InputError("", name, value, "expected a non-negative integer (torchrun's environment)");
+}
+
+}  // namespace
+
 void run_rank_worker(const std::string& job_path, int rank) {
   // A rank must not outlive its supervisor.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -232,6 +339,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.seed = field<std::uint64_t>(j, "seed", job_path);
   o.threads = field<int>(j, "threads", job_path);
   o.gdn_chunk_tokens = field<std::int64_t>(j, "gdn_chunk_tokens", job_path);
+  o.device = field<std::string>(j, "device", job_path);
   o.checkpoint_dir = field<std::string>(j, "checkpoint_dir", job_path);
   o.checkpoint_every = field<int>(j, "checkpoint_every", job_path);
   o.resume_dir = field<std::string>(j, "resume_dir", job_path);
@@ -241,96 +349,88 @@ void run_rank_worker(const std::string& job_path, int rank) {
   r.delivery = field<std::string>(j, "delivery", job_path);
   r.resident_experts = field<bool>(j, "resident_experts", job_path);
   r.moe_chunk_tokens = field<std::int64_t>(j, "moe_chunk_tokens", job_path);
+  r.cpu_grad_slots = field<int>(j, "cpu_grad_slots", job_path);
   r.timeout_s = field<double>(j, "timeout_s", job_path);
   r.save_weights = field<std::string>(j, "save_weights", job_path);
   r.resident_layers = optional_layers(j, "resident_layers", job_path);
   r.moe_retained_layers = optional_layers(j, "moe_retained_layers", job_path);
-  const ModelSpec spec = load_model_spec(o.model);
-  check(o, r, spec);
-  if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
-  set_compute_threads(o.threads > 0 ? o.threads : 1);
 
-  ByteCorpus data(o.data, o.seq);
-  data.seed(o.seed);
-  HostState state(spec);
-  if (o.weights.empty()) {
-    state.init_from_seed(o.seed);
-  } else {
-    state.load_safetensors(o.weights);
-  }
-  if (!o.resume_dir.empty()) resume_training(o, state, data);
   CommOptions co;
-  co.rank = rank;
-  co.world_size = r.ranks;
   co.store_path = field<std::string>(j, "store", job_path);
-  co.timeout_s = r.timeout_s;
-  Communicator comm(co);
-
-  EpConfig cfg;
-  cfg.trainer.adam.lr = o.lr;
-  cfg.trainer.adam.weight_decay = o.weight_decay;
-  cfg.trainer.max_grad_norm = o.max_grad_norm;
-  cfg.trainer.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
-  cfg.trainer.adam_threads = o.threads > 0 ? o.threads : 1;
-  cfg.delivery = r.delivery == "shard" ? Delivery::kShard : Delivery::kFull;
-  cfg.expert_parallel = r.expert_parallel;
-  cfg.resident_experts = r.resident_experts;
-  cfg.moe_chunk_tokens = r.moe_chunk_tokens;
-  cfg.resident_layers = r.resident_layers;
-  cfg.moe_retained_layers = r.moe_retained_layers;
-  EpTrainer trainer(state, cfg, comm);
-
+  // One GPU per rank on this host (--device cuda).
+  co.cuda_device = rank;
   const std::string progress = field<std::string>(j, "progress", job_path);
   std::ofstream progress_out;
   if (rank == 0) progress_out.open(progress, std::ios::app);
-  // Every rank gathers (collective); rank 0 writes the one checkpoint file.
-  const auto checkpoint = [&] {
-    trainer.export_state(state);
-    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
-  };
-  std::vector<double> losses;
-  const std::int64_t first_step = state.step + 1;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::int64_t tokens = 0;
-  if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
-  for (int i = 0; i < o.steps; ++i) {
-    const auto ts = std::chrono::steady_clock::now();
-    const Batch b = data.next(o.batch);
-    const StepStats st = trainer.step(b.tokens, b.targets);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    tokens += b.tokens.numel();
-    losses.push_back(st.loss);
-    if (rank == 0) {
-      const nlohmann::json line = {
-          {"step", trainer.steps()}, {"index", i}, {"steps", o.steps}, {"loss", st.loss},
-          {"tokens_per_s", static_cast<double>(b.tokens.numel()) / dt},
-          {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
-      progress_out << line.dump() << "\n";
-      progress_out.flush();
-    }
-    if (checkpoint_due(o, i)) checkpoint();
-  }
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!r.save_weights.empty()) {
-    const auto flats = trainer.gather_flat_params();  // collective: every rank takes part
-    if (rank == 0) {
-      for (int b = 0; b < state.blocks(); ++b) state.master(b).copy_(flats[static_cast<std::size_t>(b)]);
-      state.save_safetensors(r.save_weights);
-    }
-  }
+  const RankRun run = run_rank(o, r, rank, co, [&](const StepReport& s) {
+    const nlohmann::json line = {{"step", s.step}, {"index", s.index}, {"steps", s.steps}, {"loss", s.loss},
+                                 {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", s.elapsed_s}};
+    progress_out << line.dump() << "\n";
+    progress_out.flush();
+  });
   if (rank == 0) {
-    std::vector<std::vector<std::int64_t>> rows;
-    for (const auto& d : trainer.last_dispatch()) rows.push_back(d.send_rows);
-    const nlohmann::json res = {{"losses", losses},
-                                {"tokens_per_s", total > 0 ? static_cast<double>(tokens) / total : 0.0},
-                                {"first_step", first_step},
-                                {"last_step", trainer.steps()},
+    const nlohmann::json res = {{"losses", run.losses},
+                                {"tokens_per_s", run.tokens_per_s},
+                                {"first_step", run.first_step},
+                                {"last_step", run.last_step},
                                 {"trainer", "ranks"},
-                                {"backend", comm.backend()},
-                                {"last_dispatch_rows", rows}};
+                                {"backend", run.backend},
+                                {"last_dispatch_rows", run.dispatch_rows}};
     write_file_atomically(field<std::string>(j, "result", job_path), res.dump());
   }
-  comm.barrier();
+}
+
+std::optional<TorchrunEnv> torchrun_env() {
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world == nullptr) return std::nullopt;
+  const auto need = [](const char* name) -> const char* {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') throw InputError("", name, "unset", "torchrun sets it with WORLD_SIZE");
+    return v;
+  };
+  TorchrunEnv e;
+  e.world_size = env_int("WORLD_SIZE", world);
+  if (e.world_size < 1) throw InputError("", "WORLD_SIZE", world, "must be ≥ 1");
+  e.rank = env_int("RANK", need("RANK"));
+  if (e.rank >= e.world_size) throw InputError("", "RANK", std::to_string(e.rank), "must be below WORLD_SIZE " + std::string(world));
+  const char* local = std::getenv("LOCAL_RANK");
+  e.local_rank = local != nullptr ? env_int("LOCAL_RANK", local) : e.rank;
+  e.master_addr = need("MASTER_ADDR");
+  e.master_port = env_int("MASTER_PORT", need("MASTER_PORT"));
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  e.agent_store = agent != nullptr && std::string(agent) == "True";
+  if (e.master_port < 1 || e.master_port > 65535) {
+    throw InputError("", "MASTER_PORT", std::to_string(e.master_port), "must be in [1, 65535]");
+  }
+  return e;
+}
+
+RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_in, const TorchrunEnv& env,
+                                const std::function<void(const StepReport&)>& on_step) {
+  if (r_in.ranks != 1 && r_in.ranks != env.world_size) {
+    throw InputError("", "--ranks", std::to_string(r_in.ranks),
+                     "torchrun's WORLD_SIZE is " + std::to_string(env.world_size) + "; drop --ranks under torchrun");
+  }
+  RanksOptions r = r_in;
+  r.ranks = env.world_size;
+  if (!o_in.plan.empty()) apply_ep_plan(o_in, r);
+  TrainOptions o = o_in;
+  if (o.data.empty()) o.data = default_corpus_path();
+  CommOptions co;
+  co.master_addr = env.master_addr;
+  co.master_port = env.master_port;
+  co.rank0_serves_store = !env.agent_store;
+  co.cuda_device = env.local_rank;
+  const RankRun run = run_rank(o, r, env.rank, co, on_step);
+  RanksResult out;
+  out.train.losses = run.losses;
+  out.train.tokens_per_s = run.tokens_per_s;
+  out.train.first_step = run.first_step;
+  out.train.last_step = run.last_step;
+  out.train.trainer = "ranks";
+  out.last_dispatch_rows = run.dispatch_rows;
+  out.backend = run.backend;
+  return out;
 }
 
 }  // namespace oom::backend::dist

@@ -8,6 +8,7 @@
 // 127.0.0.1), trains with EpTrainer (backend/dist/ep_trainer.h) on the same global batches the
 // single-process trainer would draw, and rank 0 writes the result (and, if asked, the final weights
 // as safetensors). Every rank uses one LibTorch thread unless `threads` says otherwise.
+// train_torchrun_rank() is the same rank body for processes that torchrun started.
 // No LibTorch types in this header: the `oom` command includes it.
 #pragma once
 
@@ -28,6 +29,7 @@ struct RanksOptions {
   std::string delivery = "full";  // replicated weights: "full" (every rank updates all) or "shard"
   bool resident_experts = true;   // expert shards updated on the device; false: via host state + CPU AdamW
   std::int64_t moe_chunk_tokens = 0;  // local tokens per dispatch all-to-all; 0 = one dispatch per layer
+  int cpu_grad_slots = 2;         // host gradient buffers in flight (an EP plan's cpu_grad_slots)
   double timeout_s = 120.0;       // rendezvous and every collective
   double deadline_s = 0.0;        // the whole run; 0 = none
   std::string worker_program;     // program started per rank; empty = the running executable
@@ -45,8 +47,9 @@ struct RanksOptions {
 // the plan against the model and the run (validate_plan with P GPUs) and rejects what the
 // multi-rank trainer does not execute, each with one InputError naming the plan file and field: the
 // local path (its splits and boundary policy run on one rank), operator splits, kept attention
-// results, and boundaries that are not all kept on the host. transfer_chunk_mib and cpu_grad_slots
-// shape transfers that a CPU run does not make; they are accepted and have no effect here.
+// results, and boundaries that are not all kept on the host. cpu_grad_slots bounds the host
+// gradient buffers of the host updates; transfer_chunk_mib shapes transfers that the trainer makes
+// whole, and is accepted without effect.
 void apply_ep_plan(const TrainOptions& options, RanksOptions& ranks);
 
 struct RanksResult {
@@ -63,5 +66,28 @@ RanksResult train_ranks(const TrainOptions& options, const RanksOptions& ranks,
 
 // The body of `oom rank-worker`: runs rank `rank` of the job in `job_path`. Throws on failure.
 void run_rank_worker(const std::string& job_path, int rank);
+
+// The environment torchrun (or any launcher that follows PyTorch's convention) gives each rank.
+struct TorchrunEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves the store
+};
+
+// The torchrun environment of this process: nullopt when WORLD_SIZE is unset; an InputError naming
+// the variable when one is missing or malformed (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+// MASTER_PORT).
+std::optional<TorchrunEnv> torchrun_env();
+
+// Runs this process as rank env.rank of a torchrun job of env.world_size ranks: the same training
+// as train_ranks() with P = WORLD_SIZE (ranks.ranks must be 1, i.e. not given, or equal to it),
+// rendezvous through a TCPStore served by rank 0 at MASTER_ADDR:MASTER_PORT, so the ranks may
+// span nodes. Each rank uses GPU LOCAL_RANK with --device cuda (NCCL). on_step is called on rank 0
+// only. Every rank returns the same losses; only rank 0 writes checkpoints and weights.
+RanksResult train_torchrun_rank(const TrainOptions& options, const RanksOptions& ranks, const TorchrunEnv& env,
+                                const std::function<void(const StepReport&)>& on_step = {});
 
 }  // namespace oom::backend::dist

@@ -10,12 +10,17 @@
 
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -25,6 +30,7 @@
 #include "backend/data.h"
 #include "backend/dist/process_group.h"
 #include "backend/dist/rank_train.h"
+#include "backend/model.h"
 #include "backend/plain_trainer.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
@@ -340,6 +346,93 @@ TEST(TrainRanks, RankFailureStopsPeersWaitingInACollective) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
 }
 
+// Gradient scale (AdamW hides a uniformly scaled gradient): two ranks in two threads of this
+// process, one step on the same global batch, the gathered gradients compared directly with
+// autograd over the whole model. The run mixes everything that moves gradients: shard delivery,
+// one resident and one streamed decoder, a replayed decoder, chunked dispatch, one host gradient
+// slot (with clipping computed). Also: host updates never used more than the one slot, and
+// streamed expert shards leave the device between steps.
+TEST(EpTrainer, GradientsOfAStepEqualAutogradOverTheWholeModel) {
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  ASSERT_GE(spec.layers, 2);
+  const auto dir = scratch("grads");
+  HostState init(spec);
+  init.init_from_seed(51);
+  torch::manual_seed(52);
+  const auto tokens = torch::randint(0, 256, {4, 16}, torch::kLong);
+  const auto targets = torch::randint(0, 256, {4, 16}, torch::kLong);
+  EpConfig cfg;
+  cfg.trainer.adam.lr = 3e-3;
+  cfg.trainer.max_grad_norm = 1e9;  // the norm is computed, never binding
+  cfg.trainer.model.gdn_chunk_tokens = 8;
+  cfg.delivery = Delivery::kShard;
+  cfg.moe_chunk_tokens = 12;
+  cfg.resident_layers = std::vector<int>{0};
+  cfg.moe_retained_layers = std::vector<int>{1};
+  cfg.cpu_grad_slots = 1;
+
+  std::vector<at::Tensor> grads;
+  std::vector<double> norms(2), losses(2);
+  std::vector<int> slots_used(2);
+  std::vector<std::int64_t> resident_bytes(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        CommOptions co;
+        co.rank = r;
+        co.world_size = 2;
+        co.store_path = (dir / "store").string();
+        co.timeout_s = 60;
+        Communicator comm(co);
+        EpTrainer trainer(init, cfg, comm);
+        const auto st = trainer.step(tokens, targets);
+        losses[static_cast<std::size_t>(r)] = st.loss;
+        norms[static_cast<std::size_t>(r)] = st.grad_norm;
+        slots_used[static_cast<std::size_t>(r)] = trainer.host_grad_slots_used();
+        resident_bytes[static_cast<std::size_t>(r)] = trainer.device_expert_bytes_between_steps();
+        auto g = trainer.gather_flat_grads();
+        if (r == 0) grads = std::move(g);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+
+  std::vector<at::Tensor> flats;
+  std::vector<BlockWeights> weights;
+  for (int b = 0; b < init.blocks(); ++b) {
+    flats.push_back(init.master(b).clone().requires_grad_(true));
+    weights.push_back(block_views(init.layout().blocks[static_cast<std::size_t>(b)], flats.back()));
+  }
+  const auto ref_loss = model_loss(tokens, targets, weights, spec, cfg.trainer.model);
+  ref_loss.backward();
+  double ref_sq = 0.0;
+  for (const auto& f : flats) ref_sq += f.grad().to(at::kDouble).pow(2).sum().item<double>();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NEAR(losses[static_cast<std::size_t>(r)], ref_loss.item<double>(), kTol * ref_loss.item<double>());
+    EXPECT_NEAR(norms[static_cast<std::size_t>(r)], std::sqrt(ref_sq), kTol * std::sqrt(ref_sq)) << "rank " << r;
+    EXPECT_EQ(slots_used[static_cast<std::size_t>(r)], 1) << "rank " << r;
+  }
+  ASSERT_EQ(grads.size(), flats.size());
+  for (std::size_t b = 0; b < flats.size(); ++b) {
+    EXPECT_LE(rel_l2(grads[b], flats[b].grad()), kTol) << "gradient of block " << b;
+    EXPECT_LE(rel_diff(grads[b], flats[b].grad()), kParamMaxTol) << "gradient of block " << b;
+  }
+  // Between steps only decoder 0's shard (resident) stays on the device: 1/2 of its experts.
+  const auto& d0 = init.layout().blocks[1];
+  std::int64_t expert_numel = 0;
+  for (const auto& e : d0.entries) {
+    if (e.name.rfind("experts.", 0) == 0) expert_numel += e.numel();
+  }
+  EXPECT_EQ(resident_bytes[0], expert_numel / 2 * 4);
+  fs::remove_all(dir);
+}
+
 TEST(Communicator, RendezvousWithoutPeersTimesOut) {
   const auto dir = scratch("alone");
   CommOptions o;
@@ -391,6 +484,74 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   EXPECT_FALSE(fs::exists(dir / "t.json"));
   EXPECT_TRUE(out.str().empty());
   fs::remove_all(dir);
+}
+
+std::string run_capture(const std::string& cmd, int& status) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    status = -1;
+    return "";
+  }
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  status = pclose(p);
+  return out;
+}
+
+// The last line of `out` that is a JSON object.
+nlohmann::json last_json_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '{') last = line;
+  }
+  return nlohmann::json::parse(last);
+}
+
+// Launched like any PyTorch job: the virtual environment's real torchrun starts two `oom train`
+// processes, which read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and meet
+// through c10d's TCPStore. Rank 0 alone prints; its losses equal `oom train --ranks 2` loss for
+// loss (the same arithmetic: bit-equal is not required, 1e-6 relative is).
+TEST(OomTrainRanks, TorchrunLaunchMatchesTheRanksLauncher) {
+  const std::string torchrun = OOM_TORCHRUN;
+  if (!fs::exists(torchrun)) {
+    if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
+      FAIL() << "torchrun not found at " << torchrun << " (scripts/install-deps.sh installs torch into .venv)";
+    }
+    GTEST_SKIP() << "torchrun not found at " << torchrun;
+  }
+  const std::string args = " train --model tiny-moe --steps 4 --seq 16 --batch 4 --json";
+  int status = 0;
+  const auto launched = run_capture(torchrun + " --standalone --nnodes 1 --nproc-per-node 2 --no-python " +
+                                        std::string(OOM_BINARY) + args + " 2>/dev/null", status);
+  ASSERT_EQ(status, 0) << launched;
+  const auto ranks_out = run_capture(std::string(OOM_BINARY) + args + " --ranks 2 2>/dev/null", status);
+  ASSERT_EQ(status, 0) << ranks_out;
+  const auto a = last_json_line(launched), b = last_json_line(ranks_out);
+  EXPECT_EQ(a["ranks"], 2);
+  EXPECT_EQ(a["backend"], "gloo");
+  ASSERT_EQ(a["losses"].size(), 4u);
+  ASSERT_EQ(b["losses"].size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const double x = a["losses"][i].get<double>(), y = b["losses"][i].get<double>();
+    EXPECT_NEAR(x, y, 1e-6 * y) << "step " << i;
+  }
+  // One JSON result, from rank 0 only.
+  EXPECT_EQ(std::count(launched.begin(), launched.end(), '{'), 1) << launched;
+}
+
+// A malformed torchrun environment is one error naming the variable, before any rendezvous.
+TEST(OomTrainRanks, BadTorchrunEnvironmentNamesTheVariable) {
+  int status = 0;
+  const auto out = run_capture("WORLD_SIZE=2 RANK=5 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 " + std::string(OOM_BINARY) +
+                                   " train --model tiny-moe --steps 1 2>&1", status);
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("RANK"), std::string::npos) << out;
+  const auto out2 = run_capture("WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=http " + std::string(OOM_BINARY) +
+                                    " train --model tiny-moe --steps 1 2>&1", status);
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out2;
+  EXPECT_NE(out2.find("MASTER_PORT"), std::string::npos) << out2;
 }
 
 TEST(OomTrainRanks, CommandRunsTwoRanksAndPrintsJson) {

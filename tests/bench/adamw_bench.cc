@@ -2,6 +2,11 @@
 // STREAM-like triad measured in the same run. AdamW moves 28 bytes per parameter per step with
 // FP32 gradients (reads p, g, m, v; writes p, m, v), so its bound is DRAM bandwidth:
 // params/s ≤ triad_Bps / 28. The program ends with both ratios.
+//
+// Sized past every cache: OOM_ADAMW_BENCH_PARAMS parameters (default 192 Mi: 2.25 GiB of FP32
+// master and moments, 3 GiB with the gradient). tests/bench/adamw_peers.py runs this program's
+// kernel and triad beside PyTorch's fused CPU AdamW and DeepSpeed's CPU Adam in one run.
+#include <cstdlib>
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -16,7 +21,11 @@ namespace {
 
 using oom::backend::AdamWConfig;
 
-constexpr std::int64_t kParams = std::int64_t{1} << 23;  // 8 Mi parameters: 128 MiB of state, past every cache
+std::int64_t bench_params() {
+  const char* env = std::getenv("OOM_ADAMW_BENCH_PARAMS");
+  return env != nullptr && *env != '\0' ? std::max<std::int64_t>(1024, std::atoll(env)) : std::int64_t{192} << 20;
+}
+const std::int64_t kParams = bench_params();
 
 void BM_CpuAdamW(benchmark::State& state) {
   const auto n = state.range(0);
@@ -56,8 +65,9 @@ void BM_TorchAdamW(benchmark::State& state) {
   state.counters["params_per_s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// a ← b + s·c over FP32 arrays, split over the same threads: 12 bytes per element (STREAM's count;
-// write-allocate traffic is not counted, as in STREAM).
+// a ← b + s·c over FP32 arrays, split over the same threads. Bytes counted with the write-allocate
+// read of a: 16 per element (STREAM counts 12). AdamW's stores to p, m and v are to lines it has
+// just read, so its 28 B/param has no such extra traffic.
 void triad(float* __restrict a, const float* __restrict b, const float* __restrict c, float s, std::int64_t n) {
 #pragma GCC ivdep
   for (std::int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
@@ -76,7 +86,7 @@ void BM_Triad(benchmark::State& state) {
     });
     benchmark::ClobberMemory();
   }
-  state.counters["bytes_per_s"] = benchmark::Counter(12.0 * static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes_per_s"] = benchmark::Counter(16.0 * static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 BENCHMARK(BM_CpuAdamW)->Arg(kParams)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1);

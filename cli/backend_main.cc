@@ -1,0 +1,19 @@
+// The entry point of the LibTorch backend plugin, liboom_torch.so (cli/cli.h): `oom train`,
+// `oom rank-worker` and `oom calibrate --backend`, parsed and run with the `oom` program's exit codes.
+#include <CLI/CLI.hpp>
+
+#include "cli/cli.h"
+
+extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std::vector<std::string>* args,
+                                                                      std::ostream* out, std::ostream* err) {
+  using namespace oom::cli;
+  const Io io{*out, *err};
+  CLI::App app{"oom: training and measuring with the LibTorch backend", "oom"};
+  app.require_subcommand(1);
+  add_train_commands(app, io);
+  add_rank_worker_command(app, io);
+  auto* calibrate = app.add_subcommand("calibrate", "Measure this machine with the LibTorch backend and fit its constants");
+  const auto backend = add_backend_calibration_options(*calibrate, io);
+  calibrate->callback([backend] { backend(); });
+  return run_app(app, *args, io);
+}

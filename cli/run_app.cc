@@ -1,0 +1,48 @@
+// What every `oom` entry point does with a parsed command line: the exit codes of cli/cli.h and
+// one line on `err` for whatever went wrong. Shared by the `oom` program and the backend plugin.
+#include <CLI/CLI.hpp>
+
+#include "cli/cli.h"
+#include "costmodel/atomic_file.h"
+#include "costmodel/input_error.h"
+#include "planner/plan_search.h"
+
+namespace oom::cli {
+
+void emit(const std::string& path, const std::string& content, Io io) {
+  if (path.empty() || path == "-") {
+    io.out << content;
+  } else {
+    write_file_atomically(path, content);
+  }
+}
+
+int run_app(CLI::App& app, const std::vector<std::string>& args, Io io) {
+  // CLI11 parses argv in reverse order from a vector.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    io.out << app.help();
+    return kExitOk;
+  } catch (const CLI::CallForAllHelp&) {
+    io.out << app.help("", CLI::AppFormatMode::All);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    // Subcommand help requests arrive as CallForHelp from the subcommand.
+    io.err << "error: " << e.what() << " (see oom --help)\n";
+    return kExitBadInput;
+  } catch (const InputError& e) {
+    io.err << "error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const InfeasibleWorkload& e) {
+    io.err << "infeasible: " << e.what() << "\n";
+    return kExitInfeasible;
+  } catch (const std::exception& e) {
+    io.err << "error: " << e.what() << "\n";
+    return kExitInternal;
+  }
+  return kExitOk;
+}
+
+}  // namespace oom::cli

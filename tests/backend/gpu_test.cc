@@ -1,0 +1,154 @@
+// GPU exactness of the backend (scripts/gpu-check.sh, stage `tests`): the same trainers on a CUDA
+// device against the same trainers on the CPU, from the same weights and batches. Compared are the
+// losses, the gradient norms and every block's gradient of a step (AdamW would hide a uniformly
+// scaled gradient), and the parameters after steps. TF32 is off, so the differences are float
+// summation order: 1e-4 relative on gradients and norms, 1e-3 on parameters after Adam.
+//
+// Not a CTest suite: CI machines have no GPU. The program fails at start, with one line saying why,
+// when LibTorch sees no CUDA device, so a GPU check never passes by skipping.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "backend/adamw.h"
+#include "backend/dist/ep_trainer.h"
+#include "backend/plan_runtime.h"
+#include "backend/runtime.h"
+#include "backend/state.h"
+#include "tests/backend/reference_ops.h"
+
+namespace oom::backend {
+namespace {
+
+using testing::rel_diff;
+
+constexpr double kGradTol = 1e-4;
+constexpr double kParamTol = 1e-3;
+
+const at::Device kGpu(at::kCUDA, 0);
+
+TrainerConfig config(double clip) {
+  TrainerConfig cfg;
+  cfg.adam.lr = 3e-3;
+  cfg.max_grad_norm = clip;
+  cfg.model.gdn_chunk_tokens = 8;
+  cfg.model.attention_query_block = 8;
+  return cfg;
+}
+
+std::pair<at::Tensor, at::Tensor> batch(int seed) {
+  torch::manual_seed(seed);
+  return {torch::randint(0, 256, {4, 32}, torch::kLong), torch::randint(0, 256, {4, 32}, torch::kLong)};
+}
+
+// Runs `steps` steps of `make(state, device)` on CPU and on the GPU; compares as described above.
+template <typename Make>
+void expect_gpu_matches_cpu(const char* model, Make make, int steps, const char* what) {
+  const ModelSpec spec = load_model_spec(model);
+  HostState cpu_state(spec), gpu_state(spec);
+  cpu_state.init_from_seed(61);
+  gpu_state.init_from_seed(61);
+  auto cpu = make(cpu_state, at::Device(at::kCPU));
+  auto gpu = make(gpu_state, kGpu);
+  for (int s = 0; s < steps; ++s) {
+    const auto [tokens, targets] = batch(62 + s);
+    const auto a = cpu->step(tokens, targets);
+    const auto b = gpu->step(tokens, targets);
+    EXPECT_NEAR(b.loss, a.loss, kGradTol * std::abs(a.loss)) << what << " " << model << " step " << s;
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, kGradTol * a.grad_norm) << what << " " << model << " step " << s;
+    if (s == 0) {
+      for (int blk = 0; blk < cpu_state.blocks(); ++blk) {
+        EXPECT_LE(rel_diff(gpu_state.grad_slot(blk), cpu_state.grad_slot(blk)), kGradTol)
+            << what << " " << model << " gradient of block " << blk;
+      }
+    }
+  }
+  for (int blk = 0; blk < cpu_state.blocks(); ++blk) {
+    EXPECT_LE(rel_diff(gpu_state.master(blk), cpu_state.master(blk)), kParamTol) << what << " " << model << " block " << blk;
+  }
+}
+
+TEST(Gpu, StreamedTrainerMatchesTheCpu) {
+  for (const char* model : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
+    expect_gpu_matches_cpu(model, [](HostState& st, at::Device d) { return std::make_unique<StreamedTrainer>(st, config(1e9), d); },
+                           3, "streamed");
+  }
+}
+
+TEST(Gpu, PlanTrainerWithEverySplitMatchesTheCpu) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.split.attention_head_group = 1;
+  plan.split.gdn_chunk_tokens = 16;
+  plan.split.moe_chunk_tokens = 32;
+  plan.split.sub_batch_seqs = 2;
+  plan.keep_attention_results = true;
+  for (const char* model : {"tiny-moe", "tiny-moe-qwen"}) {
+    expect_gpu_matches_cpu(model, [&](HostState& st, at::Device d) { return std::make_unique<PlanTrainer>(st, config(1e9), plan, d); },
+                           2, "plan");
+  }
+}
+
+// The device AdamW on CUDA tensors against the CPU vector kernel, over steps, with a gradient scale.
+TEST(Gpu, DeviceAdamWMatchesTheCpuKernel) {
+  torch::manual_seed(63);
+  AdamWConfig c{1e-2, 0.9, 0.999, 1e-8, 0.05};
+  const std::int64_t n = (1 << 20) + 7;
+  auto p = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
+  auto pg = p.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
+  for (int s = 1; s <= 4; ++s) {
+    const auto g = torch::randn({n});
+    const auto gg = g.to(kGpu);
+    cpu_adamw_step(p, g, m, v, c, s, 0.5);
+    device_adamw_step(pg, gg, mg, vg, c, s, 0.5);
+  }
+  EXPECT_LE(rel_diff(pg.cpu(), p), 1e-6);
+  EXPECT_LE(rel_diff(vg.cpu(), v), 1e-6);
+}
+
+// The EP trainer's host-resident state on a GPU (one rank; its collectives are identities): the
+// replicated masters and streamed shards updated on the host, the resident shard on the device.
+TEST(Gpu, EpTrainerHostResidentStateMatchesTheCpu) {
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState init(spec);
+  init.init_from_seed(64);
+  dist::CommOptions co;
+  co.store_path = (std::filesystem::temp_directory_path() / ("oom-gpu-test-store-" + std::to_string(getpid()))).string();
+  dist::Communicator comm(co);
+  dist::EpConfig cfg;
+  cfg.trainer = config(1e9);
+  cfg.resident_layers = std::vector<int>{0};
+  cfg.cpu_grad_slots = 1;
+  dist::EpTrainer cpu(init, cfg, comm, at::Device(at::kCPU)), gpu(init, cfg, comm, kGpu);
+  for (int s = 0; s < 2; ++s) {
+    const auto [tokens, targets] = batch(65 + s);
+    const auto a = cpu.step(tokens, targets), b = gpu.step(tokens, targets);
+    EXPECT_NEAR(b.loss, a.loss, kGradTol * a.loss);
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, kGradTol * a.grad_norm);
+    const auto ga = cpu.gather_flat_grads(), gb = gpu.gather_flat_grads();
+    for (std::size_t i = 0; i < ga.size(); ++i) EXPECT_LE(rel_diff(gb[i], ga[i]), kGradTol) << "gradient of block " << i;
+  }
+  const auto pa = cpu.gather_flat_params(), pb = gpu.gather_flat_params();
+  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_LE(rel_diff(pb[i], pa[i]), kParamTol) << "block " << i;
+  EXPECT_GT(gpu.device_expert_bytes_between_steps(), 0);
+  std::filesystem::remove(co.store_path);
+}
+
+}  // namespace
+}  // namespace oom::backend
+
+int main(int argc, char** argv) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 1) {
+    std::cerr << "oom_gpu_tests: no CUDA device is visible to LibTorch; these checks need a GPU\n";
+    return 1;
+  }
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
