@@ -84,7 +84,9 @@ void add_backend_command_stubs(CLI::App& app) {
 }
 
 std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io) {
-  calibrate.add_flag("--backend", "Measure this machine with the LibTorch backend and fit it; `oom calibrate --backend --help` lists its options");
+  static const std::string what =
+      "Measure this machine with the LibTorch backend and fit it; `oom calibrate --backend --help` lists its options";
+  calibrate.add_flag("--backend", what);
   return [] { return false; };
 }
 

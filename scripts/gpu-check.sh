@@ -33,7 +33,6 @@ if [ -z "$py" ]; then
     if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import torch' 2>/dev/null; then py="$c"; break; fi
   done
 fi
-mkdir -p "$build" "$out"
 export OOM_CONFIG_DIR="$root/configs"
 
 die() { echo "gpu-check: $*" >&2; exit 1; }
@@ -46,6 +45,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
 fi
 "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)' 2>/dev/null ||
   die "$py's torch sees no CUDA device (torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+mkdir -p "$build" "$out"
 
 record() {  # record NAME JSON: one figure file per step
   echo "$2" > "$out/$1.json"

@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 jobs="${OOM_JOBS:-$(nproc)}"
+# ccache: paths relative to the checkout (a fresh clone elsewhere reuses the cache of an earlier
+# build on the same machine) and precompiled headers cacheable (the LibTorch translation units).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 start=$(date +%s)
 
 # CI compiles the CUDA and NCCL code paths or fails: a compile error in GPU code must not pass.

@@ -161,7 +161,7 @@ struct EpTrainer::Impl {
       }
       blocks.push_back(std::move(blk));
     }
-    rebuild_views();
+    // Named views are made at each step (rebuild_views), after the streamed shards are in.
   }
 
   // Elements of entry `e` on this rank: all of it, or the owned experts' rows of an expert entry.

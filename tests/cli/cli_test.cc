@@ -1,6 +1,8 @@
 // The `oom` command in-process: outputs, help, and bad input answered with one line and exit 2.
 #include "cli/cli.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -36,6 +38,35 @@ class TempDir {
 };
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+// The backend is a plugin: `oom --help` lists `train` without loading it, and a missing library
+// is one line naming it, exit 1, whichever backend command asked for it.
+TEST(CliBackendPlugin, HelpListsTrainWithoutTheLibrary) {
+  const Result r = oom({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("train"), std::string::npos);
+  const Result c = oom({"calibrate", "--help"});
+  EXPECT_NE(c.out.find("--backend"), std::string::npos);
+}
+
+TEST(CliBackendPlugin, MissingLibraryIsOneLineNamingIt) {
+  ::setenv("OOM_BACKEND_LIBRARY", "/nonexistent/liboom_torch.so", 1);
+  for (const auto& args : std::vector<std::vector<std::string>>{{"train", "--steps", "1"},
+                                                                 {"calibrate", "--backend", "--quick"},
+                                                                 {"rank-worker", "--job", "j", "--rank", "0"}}) {
+    const Result r = oom(args);
+    EXPECT_EQ(r.code, 1) << args[0];
+    EXPECT_NE(r.err.find("/nonexistent/liboom_torch.so"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  ::unsetenv("OOM_BACKEND_LIBRARY");
+  // Commands that do not train never look for it.
+  EXPECT_TRUE(is_backend_command({"train"}));
+  EXPECT_TRUE(is_backend_command({"calibrate", "--backend"}));
+  EXPECT_FALSE(is_backend_command({"calibrate", "--records", "r.jsonl"}));
+  EXPECT_FALSE(is_backend_command({"model", "show", "train"}));
+}
 
 TEST(Cli, ModelShowJsonReportsMixtralTotals) {
   const Result r = oom({"model", "show", "mixtral-8x7b", "--json"});
