@@ -6,6 +6,10 @@
 #    the backend compiles against, and its torchrun launches multi-node jobs. Test-only Python
 #    packages (DeepSpeed for the AdamW peer benchmark) go into the same environment.
 # Nothing is downloaded outside apt and PyPI. OOM_VENV overrides the environment's folder.
+#
+#   scripts/install-deps.sh [--simulator-only]   (--simulator-only: Debian's packages alone; the
+#                                                  what-if study and every simulator command need
+#                                                  no PyTorch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +45,8 @@ else
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+if [ "${1:-}" = --simulator-only ]; then exit 0; fi
 
 venv="${OOM_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then

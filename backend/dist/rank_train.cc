@@ -165,6 +165,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   if (!o.plan.empty()) apply_ep_plan(o, r);
   const ModelSpec spec = load_model_spec(o.model);
   check(o, r, spec);
+  resolve_device(o.device);  // --device cuda without a GPU: one error before any process starts
   {
     // Data and checkpoint errors before any process starts.
     ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq);

@@ -56,21 +56,14 @@ void expect_plan_matches_plain(const char* model, const Plan& plan, int steps = 
   {
     HostState state(spec);
     state.init_from_seed(31);
-    std::vector<at::Tensor> flats;
-    std::vector<BlockWeights> weights;
-    for (int b = 0; b < state.blocks(); ++b) {
-      flats.push_back(state.master(b).clone().requires_grad_(true));
-      weights.push_back(block_views(state.layout().blocks[static_cast<std::size_t>(b)], flats.back()));
-    }
-    const auto ref_loss = model_loss(tokens0, targets0, weights, spec, cfg.model);
-    ref_loss.backward();
+    const auto ref = testing::reference_gradients(state, tokens0, targets0, cfg.model);
     TrainerConfig no_clip = cfg;
     no_clip.max_grad_norm = 0.0;
     PlanTrainer runtime(state, no_clip, plan);
     const auto got = runtime.step(tokens0, targets0);
-    EXPECT_NEAR(got.loss, ref_loss.item<double>(), kTol * std::abs(ref_loss.item<double>())) << model;
+    EXPECT_NEAR(got.loss, ref.loss, kTol * std::abs(ref.loss)) << model;
     for (int b = 0; b < state.blocks(); ++b) {
-      EXPECT_LE(rel_diff(state.grad_slot(b), flats[static_cast<std::size_t>(b)].grad()), kTol)
+      EXPECT_LE(rel_diff(state.grad_slot(b), ref.blocks[static_cast<std::size_t>(b)]), kTol)
           << model << " gradient of block " << b;
     }
   }

@@ -92,4 +92,25 @@ at::Tensor reference_moe(const at::Tensor& x, const BlockWeights& w, const Model
   return out.view(x.sizes());
 }
 
+ReferenceGradients reference_gradients(const HostState& state, const at::Tensor& tokens, const at::Tensor& targets,
+                                       const ModelOptions& options) {
+  std::vector<at::Tensor> flats;
+  std::vector<BlockWeights> weights;
+  for (int b = 0; b < state.blocks(); ++b) {
+    flats.push_back(state.master(b).clone().requires_grad_(true));
+    weights.push_back(block_views(state.layout().blocks[static_cast<std::size_t>(b)], flats.back()));
+  }
+  const auto loss = model_loss(tokens, targets, weights, state.spec(), options);
+  loss.backward();
+  ReferenceGradients r;
+  r.loss = loss.item<double>();
+  double sq = 0.0;
+  for (const auto& f : flats) {
+    sq += f.grad().to(at::kDouble).pow(2).sum().item<double>();
+    r.blocks.push_back(f.grad());
+  }
+  r.norm = std::sqrt(sq);
+  return r;
+}
+
 }  // namespace oom::backend::testing

@@ -5,7 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "backend/model.h"
+#include "backend/state.h"
 
 namespace oom::backend::testing {
 
@@ -24,5 +27,15 @@ at::Tensor reference_moe(const at::Tensor& x, const BlockWeights& w, const Model
 
 // Relative difference max|a − b| / max(max|b|, tiny).
 double rel_diff(const at::Tensor& a, const at::Tensor& b);
+
+// One step's loss and gradients by autograd over the whole model (the plain trainer's arithmetic)
+// from the masters of `state`: the reference the trainers' gradients are compared with.
+struct ReferenceGradients {
+  double loss = 0.0;
+  double norm = 0.0;                // global L2 norm of the gradients
+  std::vector<at::Tensor> blocks;  // per block, flat, in layout order
+};
+ReferenceGradients reference_gradients(const HostState& state, const at::Tensor& tokens, const at::Tensor& targets,
+                                       const ModelOptions& options);
 
 }  // namespace oom::backend::testing

@@ -77,23 +77,14 @@ TEST(StreamedTrainer, GradientsOfAStepEqualAutogradOverTheWholeModel) {
     torch::manual_seed(42);
     const auto tokens = torch::randint(0, 256, {2, 24}, torch::kLong);
     const auto targets = torch::randint(0, 256, {2, 24}, torch::kLong);
-    std::vector<at::Tensor> flats;
-    std::vector<BlockWeights> weights;
-    for (int b = 0; b < state.blocks(); ++b) {
-      flats.push_back(state.master(b).clone().requires_grad_(true));
-      weights.push_back(block_views(state.layout().blocks[static_cast<std::size_t>(b)], flats.back()));
-    }
-    const auto ref_loss = model_loss(tokens, targets, weights, spec, cfg.model);
-    ref_loss.backward();
-    double ref_sq = 0.0;
-    for (const auto& f : flats) ref_sq += f.grad().to(at::kDouble).pow(2).sum().item<double>();
+    const auto ref = testing::reference_gradients(state, tokens, targets, cfg.model);
     cfg.max_grad_norm = 1e9;  // clipping on (the norm is computed) but never binding
     StreamedTrainer streamed(state, cfg);
     const auto got = streamed.step(tokens, targets);
-    EXPECT_NEAR(got.loss, ref_loss.item<double>(), kTol * std::abs(ref_loss.item<double>())) << model;
-    EXPECT_NEAR(got.grad_norm, std::sqrt(ref_sq), kTol * std::sqrt(ref_sq)) << model;
+    EXPECT_NEAR(got.loss, ref.loss, kTol * std::abs(ref.loss)) << model;
+    EXPECT_NEAR(got.grad_norm, ref.norm, kTol * ref.norm) << model;
     for (int b = 0; b < state.blocks(); ++b) {
-      EXPECT_LE(rel_diff(state.grad_slot(b), flats[static_cast<std::size_t>(b)].grad()), kTol)
+      EXPECT_LE(rel_diff(state.grad_slot(b), ref.blocks[static_cast<std::size_t>(b)]), kTol)
           << model << " gradient of block " << b;
     }
   }

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
@@ -142,6 +144,23 @@ TEST(OomTrain, JsonEndsWithLossesAndTokensPerSecondAndStepLinesGoToStderr) {
   ASSERT_EQ(oom({"train", "--steps", "1", "--seq", "16", "--batch", "1", "--reference"}, &out, &err), 0) << err;
   EXPECT_NE(out.find("loss"), std::string::npos);
   EXPECT_NE(out.find("reference trainer"), std::string::npos);
+}
+
+// The compute device is an option, not a build accident: a bad name, or cuda where LibTorch sees
+// no GPU, is one line naming --device and exit 2 before any work.
+TEST(OomTrain, DeviceIsCheckedBeforeAnyWork) {
+  std::string out, err;
+  EXPECT_EQ(oom({"train", "--device", "tpu", "--steps", "1"}, &out, &err), 2);
+  EXPECT_NE(err.find("--device"), std::string::npos) << err;
+  EXPECT_EQ(resolve_device("cpu"), "cpu");
+  if (!at::hasCUDA()) {
+    EXPECT_EQ(resolve_device("auto"), "cpu");
+    EXPECT_EQ(oom({"train", "--device", "cuda", "--steps", "1", "--seq", "16", "--batch", "1"}, &out, &err), 2);
+    EXPECT_NE(err.find("--device"), std::string::npos) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_EQ(oom({"train", "--ranks", "2", "--device", "cuda", "--steps", "1", "--seq", "16", "--batch", "2"}, &out, &err), 2);
+    EXPECT_NE(err.find("--device"), std::string::npos) << err;
+  }
 }
 
 TEST(OomTrain, CorruptCheckpointIsOneErrorAndNothingIsOverwritten) {
