@@ -40,6 +40,7 @@ void add_memory_commands(CLI::App& app, Io io);
 void add_simulate_commands(CLI::App& app, Io io);
 void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
+void add_report_paper_commands(CLI::App& app, Io io);  // oom report-paper (experiments/paper_report.h)
 void add_train_commands(CLI::App& app, Io io);  // only with the LibTorch backend (OOM_HAVE_BACKEND)
 // `oom train --ranks P` (cli/cmd_train_ranks.cc): the options it adds to `train`, the hook the train
 // command calls first (true when it ran the multi-rank trainer), and the hidden `rank-worker`.
