@@ -81,7 +81,13 @@ void add_report_paper_commands(CLI::App& app, Io io) {
       sections.push_back(std::move(s));
     }
     const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    const std::string engine = a->engine.empty() ? "analytic (the studies' engine)" : a->engine;
+    std::string engine = a->engine;
+    if (engine.empty()) {
+      engine = specs.front().engine;
+      for (const auto& spec : specs) {
+        if (spec.engine != specs.front().engine) engine = "each study's own";
+      }
+    }
     write_file_atomically(a->output + "/report.md", paper_report_markdown(sections, engine, wall_s));
     int cases = 0;
     for (const auto& s : sections) cases += static_cast<int>(s.result.rows.size());

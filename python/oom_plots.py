@@ -36,7 +36,7 @@ def baselines_of(rows):
     if not rows:
         return []
     return [c[: -len(BASELINE_SUFFIX)] for c in rows[0].keys()
-            if c.endswith(BASELINE_SUFFIX) and c != "tokens_per_s"]
+            if c.endswith(BASELINE_SUFFIX) and c != "tokens_per_s" and "published" not in c]
 
 
 def sweeps_of(rows):
@@ -77,8 +77,10 @@ def system_label(system):
     if system in SYSTEM_LABELS:
         return SYSTEM_LABELS[system]
     kind, _, arg = system.partition(":")
+    if system == "search":
+        return SYSTEM_LABELS["plan"]
     if kind == "search":
-        return f"OOM, {'EP' if arg == 'ep' else 'Local'} path"
+        return f"OOM {'EP' if arg == 'ep' else 'Local'} (configured)"
     if kind == "base":
         return "Base (faster path)" if not arg else f"Base {'EP' if arg == 'ep' else 'Local'}"
     if kind == "ep":
@@ -161,10 +163,11 @@ def _plot_sweep(ax, rows, value_suffix, ylabel, title):
     oom_systems = oom_systems_of(rows)
     systems = [("oom", s) for s in oom_systems] + [("baseline", b) for b in baselines_of(rows)]
     markers = ["o", "s", "^", "D", "v", "P", "X", "h"]
-    cmap = plt.get_cmap("tab10")
+    cmap = plt.get_cmap("tab10" if len(systems) <= 10 else "tab20")
+    colors = cmap.N
     styles = ["-", "--", ":", "-."]
     plain = value_suffix.lstrip("_")
-    labelled, any_oom = set(), False
+    labelled, any_oom, oom_rank = set(), False, {}
     for gi, (key, grows) in enumerate(groups.items()):
         for si, (kind, system) in enumerate(systems):
             if kind == "oom":
@@ -179,7 +182,7 @@ def _plot_sweep(ax, rows, value_suffix, ylabel, title):
             if not srows:
                 continue
             xs = [cats.index(_series_key(r)) for r in srows] if categorical else _x_values(srows, column)
-            color = cmap(si % 10)
+            color = cmap(si % colors)
             label = system_label(system) if system not in labelled else None
             ys = [_number(r.get(col)) for r in srows]
             pts = [(x, y) for x, y, r in zip(xs, ys, srows) if y is not None and not oom_of(r)]
@@ -190,7 +193,9 @@ def _plot_sweep(ax, rows, value_suffix, ylabel, title):
             oom = [x for x, r in zip(xs, srows) if oom_of(r)]
             if oom:
                 any_oom = True
-                ax.scatter(oom, [1.0] * len(oom), marker="x", s=70, color=color, zorder=6, clip_on=False,
+                # Staggered just below the top edge so that several systems out of memory stay visible.
+                rank = oom_rank.setdefault(system, len(oom_rank))
+                ax.scatter(oom, [0.97 - 0.035 * rank] * len(oom), marker="x", s=70, color=color, zorder=6, clip_on=False,
                            transform=ax.get_xaxis_transform(), label=None if system in labelled else label)
                 labelled.add(system)
             pubs = [(x, _number(r.get(pub_col))) for x, r in zip(xs, srows)]
@@ -201,15 +206,22 @@ def _plot_sweep(ax, rows, value_suffix, ylabel, title):
                            label=f"{system_label(system)}, published" if ("pub", system) not in labelled else None)
                 labelled.add(("pub", system))
     if any_oom:
-        ax.text(0.99, 0.985, "x at the top edge: out of memory", transform=ax.transAxes, ha="right", va="top",
+        ax.text(0.99, 0.02, "x at the top edge: out of memory", transform=ax.transAxes, ha="right", va="bottom",
                 fontsize=7, color="dimgray")
     if categorical:
+        xlabel = "setup (model, hardware, GPUs)"
         ax.set_xticks(range(len(cats)))
         ax.set_xticklabels(cats, fontsize=7, rotation=10)
         ax.set_xlim(-0.5, len(cats) - 0.5)
     elif log:
         ax.set_xscale("log", base=2)
+        ticks = sorted({x for x in _x_values(rows, column) if x > 0})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([_tokens(int(t)) if column == "seq_len" else f"{t:g}" for t in ticks], fontsize=8)
+        ax.minorticks_off()
     ax.set_ylim(bottom=0)
+    if any_oom:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.15)  # room for the out-of-memory marks above the data
     if len(groups) > 1:
         for gi, key in enumerate(groups):
             ax.plot([], [], color="gray", linestyle=styles[gi % len(styles)], label=key)
