@@ -85,7 +85,7 @@ nlohmann::json budgets_to_json(const std::vector<std::optional<double>>& v) {
 
 std::string baseline_names_text() {
   std::string out;
-  for (const auto b : all_baseline_systems()) out += (out.empty() ? "" : ", ") + std::string(baseline_system_name(b));
+  for (const auto b : known_baseline_systems()) out += (out.empty() ? "" : ", ") + std::string(baseline_system_name(b));
   return out;
 }
 

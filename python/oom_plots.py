@@ -23,6 +23,7 @@ SYSTEM_LABELS = {
     "fsdp2-offload": "FSDP2 + CPU offload",
     "zero-offload": "ZeRO-3 Offload",
     "megatrain": "MegaTrain",
+    "megatron-lm": "Megatron-LM",
 }
 
 
