@@ -1,10 +1,12 @@
 // experiments/study.h: study files, their expansion, the runner with a fake plan search, the
 // table and the CSV.
 #include "experiments/study.h"
+#include "experiments/paper_report.h"
 #include "experiments/published.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <stdexcept>
 
 #include "costmodel/input_error.h"
@@ -274,6 +276,39 @@ TEST(Published, WithoutRecordsTheCsvHasNoPublishedColumns) {
   const StudyResult r = run_study(study_from_json(small_study(), "small.json"), &fake_search);
   EXPECT_EQ(study_csv(r).find("published"), std::string::npos);
   EXPECT_FALSE(study_result_to_json(r).contains("published_errors"));
+}
+
+TEST(PaperStudies, EveryFileNamesItsFigureAndItsWorkloadsResolve) {
+  const std::vector<std::string> files = paper_study_files(std::string(OOM_SOURCE_DIR) + "/experiments/paper");
+  ASSERT_GE(files.size(), 14u);
+  for (const auto& file : files) {
+    const StudySpec s = load_study(file);
+    EXPECT_EQ(s.name + ".json", std::filesystem::path(file).filename().string()) << "the file is named after its study";
+    EXPECT_EQ(s.figure.rfind("OOM ", 0), 0u) << file << ": the figure or table of the OOM paper it reproduces";
+    EXPECT_FALSE(s.description.empty()) << file;
+    for (const auto& c : expand_study(s)) EXPECT_NO_THROW(resolve_workload(c.workload, file)) << file;
+  }
+}
+
+TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
+  nlohmann::json j = small_study();
+  j["figure"] = "OOM Figure 99";
+  j["sweeps"][0]["host_budget_gib"] = {nullptr};
+  PaperSection s;
+  s.result = run_study(study_from_json(j, "s.json"), &fake_search);
+  s.plots = {"small/throughput-batch.png"};
+  std::string md = paper_section_markdown(s);
+  EXPECT_NE(md.find("## OOM Figure 99: small"), std::string::npos) << md;
+  EXPECT_NE(md.find("![small](small/throughput-batch.png)"), std::string::npos) << md;
+  EXPECT_NE(md.find("| workload | system | plan |"), std::string::npos) << md;
+  EXPECT_NE(md.find("Largest workload each system completes"), std::string::npos) << md;
+  EXPECT_EQ(md.find("Predicted vs published"), std::string::npos) << "no records attached";
+  attach_published(s.result, synthetic_records(), "syn.jsonl");
+  md = paper_section_markdown(s);
+  EXPECT_NE(md.find("| ep-r2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fsdp |"), std::string::npos) << md;
+  const std::string report = paper_report_markdown({s}, "analytic", 1.5);
+  EXPECT_NE(report.find("| OOM Figure 99 | 2 | 2 |"), std::string::npos) << report;
 }
 
 }  // namespace
