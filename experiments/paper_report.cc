@@ -105,6 +105,52 @@ std::string largest_workloads(const StudyResult& r) {
   return out;
 }
 
+// Table 5's shape: for sweeps of EP R/K grid systems, one table per workload with R down and K
+// across, each cell the predicted step time or "OOM".
+std::string residency_grids(const StudyResult& r) {
+  std::string out;
+  for (const auto& sweep : r.spec.sweeps) {
+    std::vector<int> rs, ks;
+    for (const auto& v : sweep.systems) {
+      if (v.kind != PlanVariant::Kind::kEpGrid) return out;
+      if (std::find(rs.begin(), rs.end(), v.resident_layers) == rs.end()) rs.push_back(v.resident_layers);
+      if (std::find(ks.begin(), ks.end(), v.retained_layers) == ks.end()) ks.push_back(v.retained_layers);
+    }
+    std::vector<const Workload*> workloads;
+    for (const auto& row : r.rows) {
+      if (row.study_case.sweep != sweep.name) continue;
+      if (std::none_of(workloads.begin(), workloads.end(), [&](const Workload* w) { return *w == row.study_case.workload; })) {
+        workloads.push_back(&row.study_case.workload);
+      }
+    }
+    for (const Workload* w : workloads) {
+      out += fmt::format("Step time (s) by resident (R) and MoE-retained (K) decoders, {}:\n\n| |", workload_cell(*w));
+      std::string rule = "|---|";
+      for (const int k : ks) {
+        out += fmt::format(" K{} |", k);
+        rule += "--:|";
+      }
+      out += "\n" + rule + "\n";
+      for (const int res : rs) {
+        out += fmt::format("| R{} |", res);
+        for (const int k : ks) {
+          std::string v = "–";
+          for (const auto& row : r.rows) {
+            const PlanVariant& s = row.study_case.system;
+            if (row.study_case.workload == *w && s.resident_layers == res && s.retained_layers == k) {
+              v = row.plan ? fmt::format("{:.3f}", row.plan->step_s) : std::string("OOM");
+            }
+          }
+          out += " " + v + " |";
+        }
+        out += "\n";
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 std::string published_table(const StudyResult& r) {
   std::string out;
   for (const auto& row : r.rows) {
@@ -150,6 +196,7 @@ std::string paper_section_markdown(const PaperSection& s) {
   out += r.spec.description + ".\n\n";
   out += fmt::format("Study file `experiments/paper/{}.json`; {} cases in {:.1f} s.\n\n", r.spec.name, r.rows.size(), r.wall_s);
   for (const auto& p : s.plots) out += fmt::format("![{}]({})\n\n", r.spec.name, p);
+  out += residency_grids(r);
   out += predictions_table(r) + "\n";
   out += largest_workloads(r);
   if (!r.published_file.empty()) out += "### Predicted vs published\n\n" + published_table(r);

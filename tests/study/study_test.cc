@@ -307,6 +307,12 @@ TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
   md = paper_section_markdown(s);
   EXPECT_NE(md.find("| ep-r2 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| fsdp |"), std::string::npos) << md;
+  PaperSection grid;
+  j["sweeps"][0]["systems"] = {"ep:R0/K0", "ep:R0/K1", "ep:R2/K0", "ep:R2/K1"};
+  grid.result = run_study(study_from_json(j, "s.json"), &fake_search);
+  const std::string g = paper_section_markdown(grid);
+  EXPECT_NE(g.find("| | K0 | K1 |"), std::string::npos) << g;
+  EXPECT_NE(g.find("| R2 | 0.256 | 0.256 |"), std::string::npos) << g;
   const std::string report = paper_report_markdown({s}, "analytic", 1.5);
   EXPECT_NE(report.find("| OOM Figure 99 | 2 | 2 |"), std::string::npos) << report;
 }
