@@ -6,6 +6,7 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
+#include "planner/baselines_ktft.h"
 #include "planner/baselines_megatron.h"
 #include "planner/duration_model.h"
 #include "planner/step_engine.h"
@@ -41,6 +42,7 @@ std::string_view baseline_system_name(BaselineSystem s) {
     case BaselineSystem::kZeroOffload: return "zero-offload";
     case BaselineSystem::kMegaTrain: return "megatrain";
     case BaselineSystem::kMegatronLm: return "megatron-lm";
+    case BaselineSystem::kKtFt: return "kt-ft";
   }
   return "?";
 }
@@ -59,6 +61,7 @@ std::vector<BaselineSystem> all_baseline_systems() {
 std::vector<BaselineSystem> known_baseline_systems() {
   std::vector<BaselineSystem> all = all_baseline_systems();
   all.push_back(BaselineSystem::kMegatronLm);
+  all.push_back(BaselineSystem::kKtFt);
   return all;
 }
 
@@ -97,7 +100,8 @@ BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
       t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes;  // 14
       break;
     case BaselineSystem::kMegatronLm:
-      break;  // not a layer-streaming system: planner/baselines_megatron.h models it
+    case BaselineSystem::kKtFt:
+      break;  // modelled apart: planner/baselines_megatron.h, planner/baselines_ktft.h
   }
   return t;
 }
@@ -176,6 +180,7 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
     fit.oom = m.oom;
     return fit;
   }
+  if (s == BaselineSystem::kKtFt) return configure_ktft(ctx, k);
   const std::int64_t seqs = ctx.workload.seqs_per_gpu();
   const BaselineTraits t = baseline_traits(s, ctx.workload.gpus);
   std::vector<std::int64_t> candidates;
@@ -215,6 +220,7 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& k) {
   if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engine, calibration, k);
+  if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engine, calibration, k);
   const auto e = make_step_engine(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;

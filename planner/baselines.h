@@ -39,18 +39,19 @@
 
 namespace oom {
 
-// kMegatronLm is modelled apart (planner/baselines_megatron.h: TP/SP, EP, DP, CPU optimizer
-// offload, full recomputation); run_baseline() and configure_baseline() hand it over there.
-enum class BaselineSystem { kFsdp2Offload, kZeroOffload, kMegaTrain, kMegatronLm };
+// kMegatronLm and kKtFt are modelled apart (planner/baselines_megatron.h: TP/SP, EP, DP, CPU
+// optimizer offload, full recomputation; planner/baselines_ktft.h: routed experts on the CPU with
+// AMX, the rest through FSDP2); run_baseline() and configure_baseline() hand them over there.
+enum class BaselineSystem { kFsdp2Offload, kZeroOffload, kMegaTrain, kMegatronLm, kKtFt };
 
-// "fsdp2-offload", "zero-offload", "megatrain", "megatron-lm" (the names of recorded
+// "fsdp2-offload", "zero-offload", "megatrain", "megatron-lm", "kt-ft" (the names of recorded
 // measurements' "system").
 std::string_view baseline_system_name(BaselineSystem s);
 // The system of a name, or nullopt for an unknown name.
 std::optional<BaselineSystem> baseline_system_from_name(std::string_view name);
 // The offload systems a study sets against by default, in the order tables list them.
 std::vector<BaselineSystem> all_baseline_systems();
-// Every system a study may name: all_baseline_systems() and Megatron-LM.
+// Every system a study may name: all_baseline_systems(), Megatron-LM and KT-FT.
 std::vector<BaselineSystem> known_baseline_systems();
 // Host budget of each NUMA node of the first node: the workload's host budget split by capacity.
 std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx);

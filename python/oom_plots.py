@@ -24,6 +24,7 @@ SYSTEM_LABELS = {
     "zero-offload": "ZeRO-3 Offload",
     "megatrain": "MegaTrain",
     "megatron-lm": "Megatron-LM",
+    "kt-ft": "KT-FT (CPU experts)",
 }
 
 
