@@ -44,6 +44,7 @@ void add_simulate_commands(CLI::App& app, Io io);
 void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
 void add_diff_commands(CLI::App& app, Io io);
+void add_report_paper_commands(CLI::App& app, Io io);  // oom report-paper (experiments/paper_report.h)
 
 // The LibTorch backend is a plugin (cli/backend_plugin.cc): `oom train`, `oom rank-worker` and
 // `oom calibrate --backend` load the shared library liboom_torch.so and run there; every other

@@ -1,8 +1,11 @@
-// `oom plan --workload W.json [--path ep|local|auto] [--gpu-budget-gib X] [--host-budget-gib Y]
-//  [--compare-engine analytic|simgrid] [-o plan.json] [--json]`: the plan search of
-// planner/plan_search.h. Prints the chosen plan with its prediction and the best plan of the other
+// `oom plan --workload W.json [--path ep|local|auto] [--preset base] [--gpu-budget-gib X]
+//  [--host-budget-gib Y] [--compare-engine analytic|simgrid] [-o plan.json] [--json]`: the plan
+// search of planner/plan_search.h, or with --preset a named configuration priced as it is
+// (planner/plan_presets.h: "base", the paper's Base plans). Prints the chosen plan with its
+// prediction and the best plan of the other
 // path; `-o` writes the chosen plan (Plan JSON) atomically. An infeasible workload exits 3 with one
 // line naming the budget that fails, by how much and where.
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -11,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "planner/plan_presets.h"
 #include "planner/plan_search.h"
 #include "planner/step_engine.h"
 
@@ -18,7 +22,7 @@ namespace oom::cli {
 namespace {
 
 struct PlanArgs {
-  std::string workload_path, path = "auto", compare_engine = "analytic", output;
+  std::string workload_path, path = "auto", compare_engine = "analytic", output, preset;
   std::optional<double> gpu_budget_gib, host_budget_gib;
   bool json = false;
 };
@@ -34,6 +38,9 @@ void add_plan_commands(CLI::App& app, Io io) {
   auto* c = app.add_subcommand("plan", "Search the fastest plan that fits the GPU and host budgets (EP, Local, or both compared)");
   c->add_option("--workload", a->workload_path, "Workload JSON")->required();
   c->add_option("--path", a->path, "Expert path: ep | local | auto (configure both, compare by short executions)");
+  c->add_option("--preset", a->preset,
+                fmt::format("Price a named configuration instead of searching: {} (the paper's Base plans; with --path auto the faster that fits)",
+                            fmt::join(plan_preset_names(), " | ")));
   c->add_option("--gpu-budget-gib", a->gpu_budget_gib, "GPU memory budget per GPU in GiB (default: the workload's, else HBM)");
   c->add_option("--host-budget-gib", a->host_budget_gib, "Host memory budget of the node in GiB (default: the workload's, else DRAM)");
   c->add_option("--compare-engine", a->compare_engine,
@@ -43,6 +50,12 @@ void add_plan_commands(CLI::App& app, Io io) {
   c->callback([=] {
     if (a->path != "ep" && a->path != "local" && a->path != "auto") {
       throw InputError("", "--path", "\"" + a->path + "\"", "expected ep, local or auto");
+    }
+    if (!a->preset.empty()) {
+      const auto names = plan_preset_names();
+      if (std::find(names.begin(), names.end(), a->preset) == names.end()) {
+        throw InputError("", "--preset", "\"" + a->preset + "\"", fmt::format("unknown preset (known: {})", fmt::join(names, ", ")));
+      }
     }
     if (!make_step_engine(a->compare_engine)) {
       throw InputError("", "--compare-engine", "\"" + a->compare_engine + "\"", "unknown engine");
@@ -56,15 +69,18 @@ void add_plan_commands(CLI::App& app, Io io) {
     PlanSearchOptions options;
     options.path = a->path;
     options.compare_engine = a->compare_engine;
-    const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware), options);
+    const PlanSearchResult r = a->preset.empty() ? search_plan(ctx, load_calibration_for(ctx.hardware), options)
+                                                 : preset_plan_search(a->preset, ctx, load_calibration_for(ctx.hardware), a->path);
     if (!a->output.empty()) emit(a->output, plan_to_json(r.chosen.plan).dump(2) + "\n", io);
     if (a->json) {
       nlohmann::json j = plan_search_to_json(r);
       j["workload"] = workload_to_json(ctx.workload);
+      if (!a->preset.empty()) j["preset"] = a->preset;
       io.out << j.dump(2) << "\n";
     } else {
       io.out << fmt::format("{} on {} × {}, global batch {}, {} tokens per sequence\n", ctx.model.name, w.gpus,
                             ctx.hardware.gpu.name, w.global_batch, w.seq_len)
+             << (a->preset.empty() ? "" : fmt::format("preset {} (priced as it is, not searched)\n", a->preset))
              << plan_search_text(r);
     }
   });

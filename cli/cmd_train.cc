@@ -66,7 +66,8 @@ void add_train_commands(CLI::App& app, Io io) {
       j["last_step_s"] = result.last_step_s;
       io.out << j.dump() << "\n";
     } else {
-      io.out << fmt::format("{} trainer: {} steps, {:.0f} tokens/s\n", result.trainer, result.losses.size(),
+      io.out << fmt::format("{} trainer: {} steps, {:.0f} tokens/s over all steps (the first, warm-up step included)\n",
+                            result.trainer, result.losses.size(),
                             result.tokens_per_s);
     }
   });

@@ -1,6 +1,9 @@
-// `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--json] [--no-plots]`: the
-// what-if study. With no study file it runs the default study (experiments/study.h). Prints the
-// table, writes study.csv, study.json and the PNG plots (throughput per sweep, memory) into DIR,
+// `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--published RECORDS.jsonl]
+// [--json] [--no-plots]`: the what-if study. With no study file it runs the default study
+// (experiments/study.h). With --published, recorded step measurements are matched to the rows
+// (experiments/published.h): predicted-vs-published columns and errors in the table and CSV,
+// published points on the plots. Prints the table, writes study.csv, study.json and the PNG
+// plots (throughput per sweep, memory) into DIR,
 // and shows a progress bar on stderr (a line per case when stderr is not a terminal). The plan
 // search is planner/plan_search.h's search_plan().
 #include <unistd.h>
@@ -8,14 +11,17 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cli/cli.h"
+#include "cli/study_output.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "experiments/plan_finder.h"
+#include "experiments/published.h"
 #include "experiments/study.h"
 #include "planner/step_engine.h"
 #ifdef OOM_HAVE_PLOT
@@ -26,13 +32,15 @@ namespace oom::cli {
 namespace {
 
 struct WhatifArgs {
-  std::string study_path, output, engine;
+  std::string study_path, output, engine, published;
   bool json = false, no_plots = false;
 };
 
+}  // namespace
+
 // On a terminal: "[##########----------] 7/10 label", redrawn in place. Elsewhere (a log file, a
 // pipe, a string stream) one plain line per finished case, without control characters.
-void draw_progress(std::ostream& err, bool terminal, int done, int total, const std::string& label) {
+static void draw_progress(std::ostream& err, bool terminal, int done, int total, const std::string& label) {
   if (!terminal) {
     err << "[" << done << "/" << total << "] " << label << "\n";
     err.flush();
@@ -48,11 +56,31 @@ void draw_progress(std::ostream& err, bool terminal, int done, int total, const 
 
 std::string file_safe(const std::string& s) {
   std::string out;
-  for (const char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
+  for (const char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
   return out;
 }
 
-}  // namespace
+StudyProgress study_progress(std::ostream& err) {
+  const bool terminal = &err == &std::cerr && isatty(STDERR_FILENO) == 1;
+  return [&err, terminal](int done, int total, const std::string& label) { draw_progress(err, terminal, done, total, label); };
+}
+
+std::vector<std::string> write_study_plots(const StudyResult& r, const std::string& csv, const std::string& dir, Io io) {
+  std::vector<std::string> written;
+#ifdef OOM_HAVE_PLOT
+  for (const auto& sweep : r.spec.sweeps) {
+    const std::string path = dir + "/throughput-" + file_safe(sweep.name) + ".png";
+    write_file_atomically(path, render_plot_png(PlotKind::kThroughput, csv, sweep.name));
+    written.push_back(path);
+  }
+  write_file_atomically(dir + "/memory.png", render_plot_png(PlotKind::kMemory, csv));
+  written.push_back(dir + "/memory.png");
+#else
+  (void)r, (void)csv, (void)dir;
+  io.err << "plots skipped: this oom was built without the Python plotting bridge\n";
+#endif
+  return written;
+}
 
 void add_whatif_commands(CLI::App& app, Io io) {
   auto a = std::make_shared<WhatifArgs>();
@@ -60,6 +88,8 @@ void add_whatif_commands(CLI::App& app, Io io) {
   w->add_option("study", a->study_path, "Study file (experiments/*.json); none = the default study");
   w->add_option("-o,--output", a->output, "Folder for study.csv, study.json and the PNG plots (default: results/STUDY)");
   w->add_option("--engine", a->engine, "Step engine for the baselines (default: the study's, else analytic)");
+  w->add_option("--published", a->published,
+                "Recorded step measurements (JSON Lines, traces/records.h) to overlay: matched by workload and system");
   w->add_flag("--json", a->json, "Print the results as one JSON object instead of the table");
   w->add_flag("--no-plots", a->no_plots, "Write the CSV and JSON only");
   w->callback([=] {
@@ -68,27 +98,24 @@ void add_whatif_commands(CLI::App& app, Io io) {
     if (!make_step_engine(spec.engine)) throw InputError(a->study_path, "engine", "\"" + spec.engine + "\"", "unknown engine");
     // Resolve every case before the long run, so bad input fails at once and writes nothing.
     for (const auto& c : expand_study(spec)) resolve_workload(c.workload, fmt::format("{} (sweep {})", a->study_path.empty() ? "default study" : a->study_path, c.sweep));
+    // The records are read before the long run too: a bad line fails at once.
+    const std::optional<RecordSet> records =
+        a->published.empty() ? std::nullopt : std::optional<RecordSet>(load_records(a->published));
+    if (records) {
+      StudyResult probe;  // parses every record's plan (attach_published on no rows)
+      probe.spec = spec;
+      attach_published(probe, *records, a->published);
+    }
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
-    const StudyResult r = run_study(spec, &find_plan_by_search,
-                                    [&, terminal = &io.err == &std::cerr && isatty(STDERR_FILENO) == 1](
-                                        int done, int total, const std::string& label) { draw_progress(io.err, terminal, done, total, label); });
+    StudyResult r = run_study(spec, &find_plan_by_search, study_progress(io.err));
+    if (records) attach_published(r, *records, a->published);
     std::filesystem::create_directories(dir);
     const std::string csv = study_csv(r);
     write_file_atomically(dir + "/study.csv", csv);
     write_file_atomically(dir + "/study.json", study_result_to_json(r).dump(2) + "\n");
     std::vector<std::string> written = {dir + "/study.csv", dir + "/study.json"};
     if (!a->no_plots) {
-#ifdef OOM_HAVE_PLOT
-      for (const auto& sweep : spec.sweeps) {
-        const std::string path = dir + "/throughput-" + file_safe(sweep.name) + ".png";
-        write_file_atomically(path, render_plot_png(PlotKind::kThroughput, csv, sweep.name));
-        written.push_back(path);
-      }
-      write_file_atomically(dir + "/memory.png", render_plot_png(PlotKind::kMemory, csv));
-      written.push_back(dir + "/memory.png");
-#else
-      io.err << "plots skipped: this oom was built without the Python plotting bridge\n";
-#endif
+      for (const auto& p : write_study_plots(r, csv, dir, io)) written.push_back(p);
     }
     if (a->json) {
       io.out << study_result_to_json(r).dump(2) << "\n";

@@ -53,6 +53,7 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
     s.dram_Bps = n.number("dram_Bps", 1e6, kMaxRate);
     s.cores = static_cast<int>(n.integer("cores", 1, 65536));
     s.adamw_params_per_s = n.number("adamw_params_per_s", 1e3, kMaxRate);
+    s.amx_bf16_flops_per_s = n.optional_number("amx_bf16_flops_per_s", 0, kMaxRate).value_or(0.0);
     h.numa.push_back(s);
   }
 
@@ -92,6 +93,7 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   for (const auto& n : h.numa) {
     numa.push_back({{"dram_gib", to_gib(n.dram_bytes)}, {"dram_Bps", n.dram_Bps}, {"cores", n.cores},
                     {"adamw_params_per_s", n.adamw_params_per_s}});
+    if (n.amx_bf16_flops_per_s > 0) numa.back()["amx_bf16_flops_per_s"] = n.amx_bf16_flops_per_s;
   }
   j["network"] = {{"per_node_Bps", h.network.per_node_Bps}, {"latency_s", h.network.latency_s}};
   j["sources"] = h.sources;
@@ -134,6 +136,9 @@ std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
   std::vector<std::string> f = {"gpu.hbm_gib",     "gpu.bf16_flops",     "gpu.hbm_Bps",       "pcie.h2d_Bps",
                                 "pcie.d2h_Bps",    "pcie.latency_s",     "fabric.per_gpu_Bps", "fabric.latency_s",
                                 "numa.dram_gib",   "numa.dram_Bps",      "numa.cores",         "numa.adamw_params_per_s"};
+  if (std::any_of(h.numa.begin(), h.numa.end(), [](const NumaSpec& n) { return n.amx_bf16_flops_per_s > 0; })) {
+    f.push_back("numa.amx_bf16_flops_per_s");
+  }
   if (h.nodes > 1) {
     f.push_back("network.per_node_Bps");
     f.push_back("network.latency_s");

@@ -48,6 +48,7 @@ struct NumaSpec {
   BytesPerS dram_Bps = 0;            // achievable DRAM bandwidth (STREAM-like)
   int cores = 0;
   double adamw_params_per_s = 0;     // CPU AdamW throughput of the whole socket
+  double amx_bf16_flops_per_s = 0;   // AMX BF16 matrix peak of the whole socket (KT-FT's CPU experts); 0 = none
   bool operator==(const NumaSpec&) const = default;
 };
 

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
+#include "experiments/published.h"
 #include "planner/calibration.h"
 
 namespace oom {
@@ -42,7 +44,7 @@ std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key,
 
 StudySweep sweep_from_json(const JsonReader& r) {
   r.reject_unknown_keys({"name", "models", "hardware", "gpus", "global_batch", "seqs_per_gpu", "seq_len",
-                         "gpu_budget_gib", "host_budget_gib", "yarn_factor"});
+                         "gpu_budget_gib", "host_budget_gib", "yarn_factor", "systems"});
   StudySweep s;
   s.name = r.string("name");
   s.models = r.string_list("models");
@@ -58,6 +60,20 @@ StudySweep sweep_from_json(const JsonReader& r) {
   s.gpu_budget_gib = budget_list(r, "gpu_budget_gib");
   s.host_budget_gib = budget_list(r, "host_budget_gib");
   s.yarn_factor = r.optional_number("yarn_factor", 1.0, 1024.0);
+  if (r.has("systems")) {
+    const std::vector<std::string> names = r.string_list("systems");
+    if (names.empty()) r.fail("systems", "expected a non-empty list of OOM systems");
+    s.systems.clear();
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const auto v = plan_variant_from_name(names[i]);
+      if (!v) {
+        r.fail_value(fmt::format("{}[{}]", r.field("systems"), i), names[i],
+                     "unknown OOM system (known: search, search:ep, search:local, base, base:ep, base:local, ep:R<r>/K<k>, "
+                     "local:A, local:B, local:1+1, local:3+1)");
+      }
+      s.systems.push_back(*v);
+    }
+  }
   return s;
 }
 
@@ -65,6 +81,12 @@ nlohmann::json budgets_to_json(const std::vector<std::optional<double>>& v) {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& b : v) a.push_back(b ? nlohmann::json(*b) : nlohmann::json(nullptr));
   return a;
+}
+
+std::string baseline_names_text() {
+  std::string out;
+  for (const auto b : known_baseline_systems()) out += (out.empty() ? "" : ", ") + std::string(baseline_system_name(b));
+  return out;
 }
 
 std::string budget_text(const std::optional<double>& b) { return b ? fmt::format("{:g}", *b) : std::string(); }
@@ -94,6 +116,61 @@ std::string tokens_text(std::int64_t t) {
 
 }  // namespace
 
+std::string plan_variant_name(const PlanVariant& v) {
+  switch (v.kind) {
+    case PlanVariant::Kind::kSearch:
+      return v.path == "auto" ? "search" : "search:" + v.path;
+    case PlanVariant::Kind::kBase:
+      return v.path == "auto" ? "base" : "base:" + v.path;
+    case PlanVariant::Kind::kEpGrid:
+      return fmt::format("ep:R{}/K{}", v.resident_layers, v.retained_layers);
+    case PlanVariant::Kind::kLocalPolicy:
+      return "local:" + v.policy;
+  }
+  return "search";
+}
+
+std::optional<PlanVariant> plan_variant_from_name(const std::string& name) {
+  PlanVariant v;
+  for (const auto& [prefix, kind] : {std::pair{std::string("search"), PlanVariant::Kind::kSearch},
+                                     std::pair{std::string("base"), PlanVariant::Kind::kBase}}) {
+    if (name == prefix || name == prefix + ":auto" || name == prefix + ":ep" || name == prefix + ":local") {
+      v.kind = kind;
+      v.path = name == prefix ? "auto" : name.substr(prefix.size() + 1);
+      return v;
+    }
+  }
+  if (name == "local:A" || name == "local:B" || name == "local:1+1" || name == "local:3+1") {
+    v.kind = PlanVariant::Kind::kLocalPolicy;
+    v.path = "local";
+    v.policy = name.substr(6);
+    return v;
+  }
+  int r = -1, k = -1;
+  char tail = 0;
+  if (name.rfind("ep:R", 0) == 0 && std::sscanf(name.c_str(), "ep:R%d/K%d%c", &r, &k, &tail) == 2 && r >= 0 && k >= 0 &&
+      r <= 4096 && k <= 4096 && name == fmt::format("ep:R{}/K{}", r, k)) {
+    v.kind = PlanVariant::Kind::kEpGrid;
+    v.path = "ep";
+    v.resident_layers = r;
+    v.retained_layers = k;
+    return v;
+  }
+  return std::nullopt;
+}
+
+Plan with_boundary_policy(Plan p, const std::string& policy, int layers) {
+  p.keep_attention_results = policy != "A";
+  p.boundaries = BoundaryPolicy{};
+  const int every = policy == "1+1" ? 2 : policy == "3+1" ? 4 : 1;
+  if (every > 1) {
+    p.boundaries.host_kept_all = false;
+    for (int l = 0; l < layers; l += every) p.boundaries.host_kept.push_back(l);
+    p.boundaries.regenerate_cap = every - 1;
+  }
+  return p;
+}
+
 std::string plan_summary(const Plan& p) {
   if (p.path == ExpertPath::kEp) {
     return fmt::format("ep R{}/K{} c{}", p.resident_layers.size(), p.moe_retained_layers.size(), tokens_text(p.routing_chunk_tokens));
@@ -114,15 +191,17 @@ std::string StudyRow::label() const {
   std::string s = fmt::format("{} {} x{} B={} S={}", w.model, w.hardware, w.gpus, w.global_batch, tokens_text(w.seq_len));
   if (w.gpu_budget_gib) s += fmt::format(" gpu<={:g}GiB", *w.gpu_budget_gib);
   if (w.host_budget_gib) s += fmt::format(" host<={:g}GiB", *w.host_budget_gib);
+  if (!(study_case.system == PlanVariant{})) s += " [" + plan_variant_name(study_case.system) + "]";
   return s;
 }
 
 StudySpec study_from_json(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
-  r.reject_unknown_keys({"name", "description", "engine", "baselines", "sweeps"});
+  r.reject_unknown_keys({"name", "description", "figure", "engine", "baselines", "sweeps"});
   StudySpec s;
   s.name = r.string("name");
   s.description = r.string_or("description", "");
+  s.figure = r.string_or("figure", "");
   s.engine = r.string_or("engine", "analytic");
   if (r.has("baselines")) {
     s.baselines.clear();
@@ -131,7 +210,7 @@ StudySpec study_from_json(const nlohmann::json& j, const std::string& file) {
       const auto b = baseline_system_from_name(names[i]);
       if (!b) {
         r.fail_value(fmt::format("baselines[{}]", i), names[i],
-                     "unknown baseline system (known: fsdp2-offload, zero-offload, megatrain)");
+                     fmt::format("unknown baseline system (known: {})", baseline_names_text()));
       }
       s.baselines.push_back(*b);
     }
@@ -157,9 +236,16 @@ nlohmann::json study_to_json(const StudySpec& s) {
     if (!w.global_batch.empty()) j["global_batch"] = w.global_batch;
     if (!w.seqs_per_gpu.empty()) j["seqs_per_gpu"] = w.seqs_per_gpu;
     if (w.yarn_factor) j["yarn_factor"] = *w.yarn_factor;
+    if (w.systems != std::vector<PlanVariant>{PlanVariant{}}) {
+      nlohmann::json systems = nlohmann::json::array();
+      for (const auto& v : w.systems) systems.push_back(plan_variant_name(v));
+      j["systems"] = systems;
+    }
     sweeps.push_back(std::move(j));
   }
-  return {{"name", s.name}, {"description", s.description}, {"engine", s.engine}, {"baselines", baselines}, {"sweeps", sweeps}};
+  nlohmann::json j = {{"name", s.name}, {"description", s.description}, {"engine", s.engine}, {"baselines", baselines}, {"sweeps", sweeps}};
+  if (!s.figure.empty()) j["figure"] = s.figure;
+  return j;
 }
 
 StudySpec load_study(const std::string& path) { return study_from_json(read_json_file(path), path); }
@@ -207,7 +293,7 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
                   wl.gpu_budget_gib = gb;
                   wl.host_budget_gib = hb;
                   wl.yarn_factor = w.yarn_factor ? *w.yarn_factor : auto_yarn_factor(model, S, s.name);
-                  out.push_back({w.name, wl});
+                  for (const auto& system : w.systems) out.push_back({w.name, wl, system});
                 }
               }
             }
@@ -230,19 +316,26 @@ StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const 
     row.study_case = c;
     const WorkloadContext ctx = resolve_workload(c.workload, fmt::format("study {} sweep {}", spec.name, c.sweep));
     try {
-      row.plan = find_plan(ctx);
+      row.plan = find_plan(ctx, c.system);
     } catch (const InputError&) {
       throw;
     } catch (const std::runtime_error& e) {
       row.infeasible = e.what();
     }
-    const Calibration calibration = load_calibration_for(ctx.hardware);
-    const BaselineResult* best = nullptr;
-    for (const auto system : spec.baselines) {
-      BaselineResult b = run_baseline(system, ctx, spec.engine, calibration);
-      b.trace = Trace{};  // rows keep the numbers only
-      row.baselines.push_back(std::move(b));
+    // The baselines do not depend on the OOM system: run them once per workload (a workload's
+    // systems are consecutive cases).
+    if (!result.rows.empty() && result.rows.back().study_case.workload == c.workload &&
+        result.rows.back().study_case.sweep == c.sweep) {
+      row.baselines = result.rows.back().baselines;
+    } else {
+      const Calibration calibration = load_calibration_for(ctx.hardware);
+      for (const auto system : spec.baselines) {
+        BaselineResult b = run_baseline(system, ctx, spec.engine, calibration);
+        b.trace = Trace{};  // rows keep the numbers only
+        row.baselines.push_back(std::move(b));
+      }
     }
+    const BaselineResult* best = nullptr;
     for (const auto& b : row.baselines) {
       if (b.fits() && (!best || b.tokens_per_s > best->tokens_per_s)) best = &b;
     }
@@ -261,7 +354,10 @@ std::string study_table_text(const StudyResult& r) {
   std::string header = fmt::format("{:<8} {:<44} {:<30} {:>8} {:>9} {:>8} {:>8}", "sweep", "workload", "plan", "step_s",
                                    "tokens/s", "gpu_GiB", "host_GiB");
   for (const auto b : r.spec.baselines) header += fmt::format(" {:>14}", baseline_system_name(b));
-  header += fmt::format(" {:>8}\n", "speedup");
+  header += fmt::format(" {:>8}", "speedup");
+  const bool published = !r.published_file.empty();
+  if (published) header += fmt::format(" {:>18}", "published (error)");
+  header += "\n";
   out += header;
   for (const auto& row : r.rows) {
     std::string line = fmt::format("{:<8} {:<44} ", row.study_case.sweep, row.label());
@@ -278,8 +374,16 @@ std::string study_table_text(const StudyResult& r) {
         line += fmt::format(" {:>14}", b.oom->space == "gpu" ? "OOM(GPU)" : fmt::format("OOM(host n{})", b.oom->device));
       }
     }
-    line += fmt::format(" {:>8}\n", row.speedup ? fmt::format("{:.2f}x", *row.speedup) : std::string("-"));
-    out += line;
+    line += fmt::format(" {:>8}", row.speedup ? fmt::format("{:.2f}x", *row.speedup) : std::string("-"));
+    if (published) {
+      std::string cell = "-";
+      if (row.published && row.published->measured.step_s) {
+        const auto e = relative_error(row.plan ? std::optional<double>(row.plan->step_s) : std::nullopt, row.published->measured.step_s);
+        cell = fmt::format("{:.2f}s {}", *row.published->measured.step_s, e ? fmt::format("{:+.1f}%", 100 * *e) : std::string("(no plan)"));
+      }
+      line += fmt::format(" {:>18}", cell);
+    }
+    out += line + "\n";
   }
   // Reasons, once each: why no plan fits, why each baseline ran out of memory.
   for (const auto& row : r.rows) {
@@ -288,17 +392,38 @@ std::string study_table_text(const StudyResult& r) {
       if (!b.fits()) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.oom->message());
     }
   }
+  // Published baseline points, one line each.
+  for (const auto& row : r.rows) {
+    for (std::size_t i = 0; i < row.published_baselines.size() && i < row.baselines.size(); ++i) {
+      const auto& p = row.published_baselines[i];
+      const auto& b = row.baselines[i];
+      if (!p || !p->measured.step_s) continue;
+      const auto e = relative_error(b.fits() ? std::optional<double>(b.step_s) : std::nullopt, p->measured.step_s);
+      out += fmt::format("  {}: {} published {:.2f} s ({}): predicted {}\n", row.label(), baseline_system_name(b.system),
+                         *p->measured.step_s, p->id,
+                         e ? fmt::format("{:.2f} s, {:+.1f}%", b.step_s, 100 * *e) : std::string("out of memory"));
+    }
+  }
+  if (published) out += published_errors_text(r) + "\n";
   out += fmt::format("{} cases in {:.1f} s\n", r.rows.size(), r.wall_s);
   return out;
 }
 
 std::string study_csv(const StudyResult& r) {
-  std::string out = "sweep,model,hardware,gpus,global_batch,seq_len,gpu_budget_gib,host_budget_gib,status,plan,step_s,tokens_per_s,gpu_peak_gib,host_gib";
+  std::string out = "sweep,system,model,hardware,gpus,global_batch,seq_len,gpu_budget_gib,host_budget_gib,status,plan,step_s,tokens_per_s,gpu_peak_gib,host_gib";
   for (const auto b : r.spec.baselines) {
     const auto n = baseline_system_name(b);
     out += fmt::format(",{0}_step_s,{0}_tokens_per_s,{0}_gpu_peak_gib,{0}_host_gib,{0}_oom", n);
   }
-  out += ",best_baseline,speedup\n";
+  out += ",best_baseline,speedup";
+  const bool published = !r.published_file.empty();
+  if (published) {
+    out += ",published_id,published_step_s,published_tokens_per_s,step_error,published_gpu_peak_gib,gpu_peak_error,published_host_gib,host_error";
+    for (const auto b : r.spec.baselines) {
+      out += fmt::format(",{0}_published_id,{0}_published_step_s,{0}_published_tokens_per_s,{0}_step_error", baseline_system_name(b));
+    }
+  }
+  out += "\n";
   auto quoted = [](const std::string& s) {
     std::string q = "\"";
     for (const char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
@@ -306,8 +431,8 @@ std::string study_csv(const StudyResult& r) {
   };
   for (const auto& row : r.rows) {
     const Workload& w = row.study_case.workload;
-    out += fmt::format("{},{},{},{},{},{},{},{},", row.study_case.sweep, w.model, w.hardware, w.gpus, w.global_batch, w.seq_len,
-                       budget_text(w.gpu_budget_gib), budget_text(w.host_budget_gib));
+    out += fmt::format("{},{},{},{},{},{},{},{},{},", row.study_case.sweep, plan_variant_name(row.study_case.system), w.model,
+                       w.hardware, w.gpus, w.global_batch, w.seq_len, budget_text(w.gpu_budget_gib), budget_text(w.host_budget_gib));
     if (row.plan) {
       out += fmt::format("ok,{},{:.6g},{:.6g},{:.3f},{:.3f}", quoted(row.plan->summary), row.plan->step_s,
                          row.plan->tokens_per_s, to_gib(row.plan->gpu_peak_bytes), to_gib(row.plan->host_bytes()));
@@ -322,7 +447,30 @@ std::string study_csv(const StudyResult& r) {
         out += fmt::format(",,,,,{}", quoted(b.oom->message()));
       }
     }
-    out += fmt::format(",{},{}\n", row.best_baseline, row.speedup ? fmt::format("{:.4g}", *row.speedup) : std::string());
+    out += fmt::format(",{},{}", row.best_baseline, row.speedup ? fmt::format("{:.4g}", *row.speedup) : std::string());
+    if (published) {
+      const double tokens = static_cast<double>(w.global_batch) * static_cast<double>(w.seq_len);
+      auto num = [](std::optional<double> v, const char* f) { return v ? fmt::format(fmt::runtime(f), *v) : std::string(); };
+      auto tps = [&](std::optional<double> step) { return step && *step > 0 ? std::optional<double>(tokens / *step) : std::nullopt; };
+      const std::optional<Measured> m = row.published ? std::optional<Measured>(row.published->measured) : std::nullopt;
+      const auto pick = [&](auto field) { return m ? (*m).*field : std::optional<double>(); };
+      const std::optional<double> pstep = pick(&Measured::step_s), pgpu = pick(&Measured::gpu_peak_gib), phost = pick(&Measured::host_gib);
+      const bool plan = row.plan.has_value();
+      out += fmt::format(",{},{},{},{},{},{},{},{}", row.published ? row.published->id : std::string(), num(pstep, "{:.6g}"),
+                         num(tps(pstep), "{:.6g}"), num(relative_error(plan ? std::optional<double>(row.plan->step_s) : std::nullopt, pstep), "{:.4f}"),
+                         num(pgpu, "{:.3f}"),
+                         num(relative_error(plan ? std::optional<double>(to_gib(row.plan->gpu_peak_bytes)) : std::nullopt, pgpu), "{:.4f}"),
+                         num(phost, "{:.3f}"),
+                         num(relative_error(plan ? std::optional<double>(to_gib(row.plan->host_bytes())) : std::nullopt, phost), "{:.4f}"));
+      for (std::size_t i = 0; i < r.spec.baselines.size(); ++i) {
+        const std::optional<PublishedPoint> p = i < row.published_baselines.size() ? row.published_baselines[i] : std::nullopt;
+        const std::optional<double> bstep = p ? p->measured.step_s : std::nullopt;
+        const bool fits = i < row.baselines.size() && row.baselines[i].fits();
+        out += fmt::format(",{},{},{},{}", p ? p->id : std::string(), num(bstep, "{:.6g}"), num(tps(bstep), "{:.6g}"),
+                           num(relative_error(fits ? std::optional<double>(row.baselines[i].step_s) : std::nullopt, bstep), "{:.4f}"));
+      }
+    }
+    out += "\n";
   }
   return out;
 }
@@ -330,7 +478,9 @@ std::string study_csv(const StudyResult& r) {
 nlohmann::json study_result_to_json(const StudyResult& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) {
-    nlohmann::json j = {{"sweep", row.study_case.sweep}, {"workload", workload_to_json(row.study_case.workload)}};
+    nlohmann::json j = {{"sweep", row.study_case.sweep},
+                        {"system", plan_variant_name(row.study_case.system)},
+                        {"workload", workload_to_json(row.study_case.workload)}};
     if (row.plan) {
       j["plan"] = {{"summary", row.plan->summary},
                    {"plan", plan_to_json(row.plan->plan)},
@@ -347,9 +497,26 @@ nlohmann::json study_result_to_json(const StudyResult& r) {
     j["baselines"] = baselines;
     j["best_baseline"] = row.best_baseline.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.best_baseline);
     j["speedup"] = row.speedup ? nlohmann::json(*row.speedup) : nlohmann::json(nullptr);
+    if (!r.published_file.empty()) {
+      auto point = [](const std::optional<PublishedPoint>& p) {
+        if (!p) return nlohmann::json(nullptr);
+        auto opt = [](std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+        return nlohmann::json{{"id", p->id}, {"step_s", opt(p->measured.step_s)}, {"gpu_peak_gib", opt(p->measured.gpu_peak_gib)},
+                              {"host_gib", opt(p->measured.host_gib)}};
+      };
+      j["published"] = point(row.published);
+      nlohmann::json pb = nlohmann::json::array();
+      for (const auto& p : row.published_baselines) pb.push_back(point(p));
+      j["published_baselines"] = pb;
+    }
     rows.push_back(std::move(j));
   }
-  return {{"study", study_to_json(r.spec)}, {"rows", rows}, {"wall_s", r.wall_s}};
+  nlohmann::json out = {{"study", study_to_json(r.spec)}, {"rows", rows}, {"wall_s", r.wall_s}};
+  if (!r.published_file.empty()) {
+    out["published_file"] = r.published_file;
+    out["published_errors"] = published_errors_to_json(published_errors(r));
+  }
+  return out;
 }
 
 }  // namespace oom

@@ -11,6 +11,14 @@
 //    "sweeps": [{"name": "batch", "models": ["qwen3.6-35b-a3b"], "hardware": ["h100-sxm-node"],
 //                "gpus": [4], "global_batch": [16, 32], "seq_len": [4096],
 //                "gpu_budget_gib": [null], "host_budget_gib": [null, 512]}]}
+// Paper studies (experiments/paper/) also name the figure or table they reproduce ("figure":
+// "OOM Figure 5a") and may ask for other OOM plans than the search's ("systems" of a sweep, each
+// a PlanVariant, default ["search"]): "search", "search:ep", "search:local" (the plan search over
+// both paths or one), "base", "base:ep", "base:local" (the paper's Base plans,
+// planner/plan_presets.h), "ep:R23/K4" (an EP plan with 23 interleaved resident decoders and the
+// last 4 MoE-retained, 64K routing chunk: Table 5's grid), "local:A", "local:B", "local:1+1",
+// "local:3+1" (the Local planner's operator splits with a named boundary policy, reference §4:
+// Table 7). Every workload of a sweep is answered once per system; the baselines once per workload.
 // The plan search comes in through a PlanFinder (cli/cmd_whatif.cc wires planner/plan_search.h;
 // tests swap in a fake), so this runner depends only on the baselines and the workload types.
 // A case that the plan search cannot fit is a row with its reason; a baseline that does not fit
@@ -28,8 +36,28 @@
 #include "costmodel/workload.h"
 #include "planner/baselines.h"
 #include "planner/plan.h"
+#include "traces/records.h"
 
 namespace oom {
+
+// How an OOM row gets its plan (see the study format above).
+struct PlanVariant {
+  enum class Kind { kSearch, kBase, kEpGrid, kLocalPolicy };
+  Kind kind = Kind::kSearch;
+  std::string path = "auto";  // kSearch, kBase: "auto" | "ep" | "local"
+  int resident_layers = 0;    // kEpGrid: interleaved resident decoders (R)
+  int retained_layers = 0;    // kEpGrid: the last decoders MoE-retained (K)
+  std::string policy;         // kLocalPolicy: "A" | "B" | "1+1" | "3+1"
+  bool operator==(const PlanVariant&) const = default;
+};
+// The study-file spelling: "search", "base:ep", "ep:R23/K4", "local:1+1" ...
+std::string plan_variant_name(const PlanVariant& v);
+// The variant of a spelling, or nullopt when `name` is none of the forms above.
+std::optional<PlanVariant> plan_variant_from_name(const std::string& name);
+// The boundary policy of a Local plan (reference §4): A = every boundary on the host, O/LSE
+// recomputed; B = A + O/LSE kept; "1+1" / "3+1" = B + one boundary kept in every 2 / 4 decoders,
+// the others regenerated. Returns the plan with keep_attention_results and boundaries set.
+Plan with_boundary_policy(Plan p, const std::string& policy, int layers);
 
 struct StudySweep {
   std::string name;
@@ -42,11 +70,13 @@ struct StudySweep {
   std::vector<std::optional<double>> gpu_budget_gib{std::nullopt};
   std::vector<std::optional<double>> host_budget_gib{std::nullopt};
   std::optional<double> yarn_factor;  // nullopt: the smallest whole factor that reaches seq_len
+  std::vector<PlanVariant> systems{PlanVariant{}};  // the OOM plans of each workload
 };
 
 struct StudySpec {
   std::string name;
   std::string description;
+  std::string figure;               // what a paper study reproduces ("OOM Figure 5a"); "" otherwise
   std::string engine = "analytic";  // StepEngine that runs the baselines
   std::vector<BaselineSystem> baselines = all_baseline_systems();
   std::vector<StudySweep> sweeps;
@@ -65,8 +95,10 @@ StudySpec default_study();
 struct StudyCase {
   std::string sweep;
   Workload workload;
+  PlanVariant system;
 };
-// Every case of every sweep, in file order (models, hardware, gpus, batch, context, budgets).
+// Every case of every sweep, in file order (models, hardware, gpus, batch, context, budgets,
+// systems).
 std::vector<StudyCase> expand_study(const StudySpec& s);
 
 // What the plan search answered for one workload.
@@ -82,11 +114,18 @@ struct StudyPlan {
 // A short description of a plan for tables: "ep R23/K0 c64K", "local shard h2 keepO regen" ...
 std::string plan_summary(const Plan& p);
 
-// Returns the chosen plan, or throws std::runtime_error whose what() is one line saying why no
-// plan fits (e.g. planner/plan_search.h's InfeasibleWorkload). InputError passes through.
-using PlanFinder = std::function<StudyPlan(const WorkloadContext&)>;
+// Returns the plan of `system` for the workload, or throws std::runtime_error whose what() is one
+// line saying why no plan fits (e.g. planner/plan_search.h's InfeasibleWorkload). InputError
+// passes through.
+using PlanFinder = std::function<StudyPlan(const WorkloadContext&, const PlanVariant& system)>;
 // Called after each case: cases done, total, the case's label.
 using StudyProgress = std::function<void(int done, int total, const std::string& label)>;
+
+// A published measurement matched to a row (a step record of traces/records.h).
+struct PublishedPoint {
+  std::string id;
+  Measured measured;
+};
 
 struct StudyRow {
   StudyCase study_case;
@@ -96,6 +135,8 @@ struct StudyRow {
   // Chosen plan's tokens/s over the best baseline that fits (nullopt when either is missing).
   std::optional<double> speedup;
   std::string best_baseline;
+  std::optional<PublishedPoint> published;                     // the OOM plan's, when matched
+  std::vector<std::optional<PublishedPoint>> published_baselines;  // per baseline; empty: none attached
   std::string label() const;        // "qwen3.6-35b-a3b h100-sxm-node ×4 B=32 S=4096"
 };
 
@@ -103,6 +144,7 @@ struct StudyResult {
   StudySpec spec;
   std::vector<StudyRow> rows;
   Seconds wall_s = 0;  // how long the study took to run
+  std::string published_file;  // the records attached (attach_published); "" = none
 };
 
 // Runs every case: the plan search through `find_plan`, each baseline with `spec.engine` and the

@@ -6,6 +6,8 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
+#include "planner/baselines_ktft.h"
+#include "planner/baselines_megatron.h"
 #include "planner/duration_model.h"
 #include "planner/step_engine.h"
 
@@ -18,8 +20,11 @@ Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::
   return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
 }
 
-// Host budget of each NUMA node of the first node: the workload's host budget split by capacity.
-std::vector<Bytes> host_budgets(const WorkloadContext& ctx) {
+std::string gib(Bytes b) { return fmt::format("{:.1f} GiB", to_gib(b)); }
+
+}  // namespace
+
+std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx) {
   const HardwareSpec& hw = ctx.hardware;
   Bytes capacity = 0;
   for (const auto& n : hw.numa) capacity += n.dram_bytes;
@@ -31,21 +36,19 @@ std::vector<Bytes> host_budgets(const WorkloadContext& ctx) {
   return out;
 }
 
-std::string gib(Bytes b) { return fmt::format("{:.1f} GiB", to_gib(b)); }
-
-}  // namespace
-
 std::string_view baseline_system_name(BaselineSystem s) {
   switch (s) {
     case BaselineSystem::kFsdp2Offload: return "fsdp2-offload";
     case BaselineSystem::kZeroOffload: return "zero-offload";
     case BaselineSystem::kMegaTrain: return "megatrain";
+    case BaselineSystem::kMegatronLm: return "megatron-lm";
+    case BaselineSystem::kKtFt: return "kt-ft";
   }
   return "?";
 }
 
 std::optional<BaselineSystem> baseline_system_from_name(std::string_view name) {
-  for (const BaselineSystem s : all_baseline_systems()) {
+  for (const BaselineSystem s : known_baseline_systems()) {
     if (baseline_system_name(s) == name) return s;
   }
   return std::nullopt;
@@ -53,6 +56,13 @@ std::optional<BaselineSystem> baseline_system_from_name(std::string_view name) {
 
 std::vector<BaselineSystem> all_baseline_systems() {
   return {BaselineSystem::kFsdp2Offload, BaselineSystem::kZeroOffload, BaselineSystem::kMegaTrain};
+}
+
+std::vector<BaselineSystem> known_baseline_systems() {
+  std::vector<BaselineSystem> all = all_baseline_systems();
+  all.push_back(BaselineSystem::kMegatronLm);
+  all.push_back(BaselineSystem::kKtFt);
+  return all;
 }
 
 BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
@@ -89,6 +99,9 @@ BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
       t.accumulates_gradients = gpus == 1;
       t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes;  // 14
       break;
+    case BaselineSystem::kMegatronLm:
+    case BaselineSystem::kKtFt:
+      break;  // modelled apart: planner/baselines_megatron.h, planner/baselines_ktft.h
   }
   return t;
 }
@@ -155,11 +168,19 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     }
     out.host_bytes_per_numa.push_back(bytes);
   }
-  out.host_budget_per_numa = host_budgets(ctx);
+  out.host_budget_per_numa = baseline_host_budgets(ctx);
   return out;
 }
 
 BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
+  if (s == BaselineSystem::kMegatronLm) {
+    const MegatronFit m = configure_megatron(ctx, k);
+    BaselineFit fit;
+    if (m.setup) fit.setup = BaselineSetup{s, m.setup->micro_batch_seqs, m.setup->accumulation_steps};
+    fit.oom = m.oom;
+    return fit;
+  }
+  if (s == BaselineSystem::kKtFt) return configure_ktft(ctx, k);
   const std::int64_t seqs = ctx.workload.seqs_per_gpu();
   const BaselineTraits t = baseline_traits(s, ctx.workload.gpus);
   std::vector<std::int64_t> candidates;
@@ -198,6 +219,8 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
 
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& k) {
+  if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engine, calibration, k);
+  if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engine, calibration, k);
   const auto e = make_step_engine(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;

@@ -39,14 +39,22 @@
 
 namespace oom {
 
-enum class BaselineSystem { kFsdp2Offload, kZeroOffload, kMegaTrain };
+// kMegatronLm and kKtFt are modelled apart (planner/baselines_megatron.h: TP/SP, EP, DP, CPU
+// optimizer offload, full recomputation; planner/baselines_ktft.h: routed experts on the CPU with
+// AMX, the rest through FSDP2); run_baseline() and configure_baseline() hand them over there.
+enum class BaselineSystem { kFsdp2Offload, kZeroOffload, kMegaTrain, kMegatronLm, kKtFt };
 
-// "fsdp2-offload", "zero-offload", "megatrain" (the names of recorded measurements' "system").
+// "fsdp2-offload", "zero-offload", "megatrain", "megatron-lm", "kt-ft" (the names of recorded
+// measurements' "system").
 std::string_view baseline_system_name(BaselineSystem s);
 // The system of a name, or nullopt for an unknown name.
 std::optional<BaselineSystem> baseline_system_from_name(std::string_view name);
-// Every system, in the order tables list them.
+// The offload systems a study sets against by default, in the order tables list them.
 std::vector<BaselineSystem> all_baseline_systems();
+// Every system a study may name: all_baseline_systems(), Megatron-LM and KT-FT.
+std::vector<BaselineSystem> known_baseline_systems();
+// Host budget of each NUMA node of the first node: the workload's host budget split by capacity.
+std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx);
 
 // How a system runs a step, as the lowering and the memory estimate read it.
 struct BaselineTraits {

@@ -122,6 +122,16 @@ namespace {
 
 bool has_attention(const ModelSpec& m) { return m.count(LayerKind::kFullAttention) + m.count(LayerKind::kSlidingAttention) > 0; }
 
+// The operator splits of a plan's notes: only the partitioned dimensions, or "no operator splits".
+std::string split_text(const SplitSpec& s) {
+  std::vector<std::string> parts;
+  if (s.attention_head_group > 0) parts.push_back(fmt::format("head group {}", s.attention_head_group));
+  if (s.gdn_chunk_tokens > 0) parts.push_back(fmt::format("GDN chunk {}", s.gdn_chunk_tokens));
+  if (s.sub_batch_seqs > 0) parts.push_back(fmt::format("sub-batch {}", s.sub_batch_seqs));
+  if (s.moe_chunk_tokens > 0) parts.push_back(fmt::format("MoE chunk {}", s.moe_chunk_tokens));
+  return parts.empty() ? std::string("no operator splits") : fmt::format("{}", fmt::join(parts, ", "));
+}
+
 Plan local_plan(const SplitSpec& split, bool keep) {
   Plan p;
   p.path = ExpertPath::kLocal;
@@ -271,10 +281,7 @@ Plan finalist_plan(const Finalist& f, int layers) {
   p.boundaries.host_kept_all = host == layers;
   if (p.boundaries.host_kept_all) p.boundaries.host_kept.clear();
   p.boundaries.regenerate_cap = host + gpu == layers ? 1 : f.cap;
-  const SplitSpec& s = f.split;
-  p.notes = fmt::format("head group {}, GDN chunk {}, sub-batch {}, MoE chunk {}; O/LSE {}; boundaries {} host, {} GPU, {} "
-                        "regenerated (cap {})",
-                        s.attention_head_group, s.gdn_chunk_tokens, s.sub_batch_seqs, s.moe_chunk_tokens,
+  p.notes = fmt::format("{}; O/LSE {}; boundaries {} host, {} GPU, {} regenerated (cap {})", split_text(f.split),
                         f.keep ? "kept" : "recomputed", host, gpu, layers - host - gpu, p.boundaries.regenerate_cap);
   return p;
 }

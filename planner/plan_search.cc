@@ -12,9 +12,7 @@
 #include "planner/step_engine.h"
 
 namespace oom {
-namespace {
-
-PlanChoice choice_of(const PricedPlan& p, const WorkloadContext& ctx) {
+PlanChoice plan_choice_of(const PricedPlan& p, const WorkloadContext& ctx) {
   PlanChoice c;
   c.plan = p.plan;
   c.predicted_step_s = p.step_s;
@@ -24,6 +22,8 @@ PlanChoice choice_of(const PricedPlan& p, const WorkloadContext& ctx) {
   c.host_bytes_per_numa = p.numa_peak_bytes;
   return c;
 }
+
+namespace {
 
 // How far over its budget a shortfall is (needed / budget), for picking the closest path.
 double overshoot(const BudgetShortfall& s) {
@@ -84,7 +84,7 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
     r.compare_engine = options.compare_engine;
   }
   for (std::size_t i = 0; i < configured.size(); ++i) {
-    PlanChoice c = choice_of(configured[i], ctx);
+    PlanChoice c = plan_choice_of(configured[i], ctx);
     c.compared_step_s = compared[i];
     if (i == winner) {
       r.chosen = std::move(c);

@@ -20,6 +20,7 @@
 #include "costmodel/workload.h"
 #include "planner/calibration.h"
 #include "planner/plan.h"
+#include "planner/plan_pricing.h"
 
 namespace oom {
 
@@ -43,6 +44,9 @@ struct PlanSearchResult {
   std::string compare_engine;            // engine of the short executions ("" when one path only)
   int candidates_priced = 0;             // full-depth analytic evaluations, all paths
 };
+
+// A priced plan as a choice: its prediction, tokens/s over the workload, the largest GPU peak.
+PlanChoice plan_choice_of(const PricedPlan& p, const WorkloadContext& ctx);
 
 // No plan of the requested path(s) fits the budgets. what() is one line naming the budget that
 // fails, by how much and where: "GPU budget 24.0 GiB < 31.2 GiB needed by decoder 17 backward

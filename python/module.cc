@@ -16,6 +16,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
 #include "costmodel/params.h"
+#include "experiments/published.h"
 #include "experiments/study.h"
 #include "planner/baselines.h"
 #include "planner/calibration.h"
@@ -169,13 +170,16 @@ PYBIND11_MODULE(oom, m) {
       throw std::runtime_error(e.what());
     }
   }, py::arg("workload"), py::arg("path") = "auto", "Search the best plan of a workload (raises RuntimeError when nothing fits)");
-  m.def("whatif", [](const py::object& study) {
+  m.def("whatif", [](const py::object& study, const std::string& published) {
     const StudySpec spec = study.is_none() ? default_study() : study_from_json(from_py(study), "<python>");
-    const StudyResult r = run_study(spec, &find_plan_by_search);
+    StudyResult r = run_study(spec, &find_plan_by_search);
+    if (!published.empty()) attach_published(r, load_records(published), published);
     py::dict d = to_py(study_result_to_json(r));
     d["csv"] = study_csv(r);
+    d["table"] = study_table_text(r);
     return d;
-  }, py::arg("study") = py::none(), "Run a study (a dict like experiments/*.json; None = the default study)");
+  }, py::arg("study") = py::none(), py::arg("published") = "",
+     "Run a study (a dict like experiments/*.json; None = the default study); published: a records file to match");
   m.def("plot_png", [](const std::string& kind, const std::string& text, const std::string& sweep, const std::string& title) {
     return py::bytes(render_plot_png(plot_kind_from_name(kind, "kind"), text, sweep, title));
   }, py::arg("kind"), py::arg("text"), py::arg("sweep") = "", py::arg("title") = "",

@@ -87,7 +87,7 @@ std::string calibration_with(const std::function<void(json&)>& edit) {
   return edited("configs/calibration/h100-sxm-node.json", edit);
 }
 
-std::string study_with(const std::function<void(json&)>& edit) { return edited("experiments/fig4-batch.json", edit); }
+std::string study_with(const std::function<void(json&)>& edit) { return edited("experiments/paper/fig5a-h100-batch.json", edit); }
 
 std::string first_record_line() {
   std::ifstream in(fs::path(kSrc) / "traces/paper/paper-calibration.jsonl");
@@ -208,6 +208,8 @@ std::vector<Case> cases() {
                memory_with_workload(), H, "gpu.hbm_gib", "-80", "range"});
   c.push_back({"hardware_unknown_fabric", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["fabric"]["kind"] = "infiniband"; })}},
                memory_with_workload(), H, "fabric.kind", "\"infiniband\"", "one of"});
+  c.push_back({"hardware_negative_amx", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["numa"][0]["amx_bf16_flops_per_s"] = -1; })}},
+               memory_with_workload(), H, "numa[0].amx_bf16_flops_per_s", "-1", "range"});
   c.push_back({"hardware_gpu_numa_out_of_range", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu_numa"] = {5}; })}},
                memory_with_workload(), H, "gpu_numa[0]", "5", "range"});
   c.push_back({"hardware_missing_gpu", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j.erase("gpu"); })}},
@@ -310,6 +312,27 @@ std::vector<Case> cases() {
                whatif, S, "sweeps[0].seq_len[0]", "-4096", "range"});
   c.push_back({"whatif_truncated_study", {{"s.json", R"({"name": "x", "sweeps": [{"models": ["qwen3.6-35b-a3b"])"}}, whatif,
                S, "sweeps[0].models", "\"qwen3.6", "malformed JSON"});
+  c.push_back({"whatif_unknown_system", {{"s.json", study_with([](json& j) { j["sweeps"][0]["systems"] = {"search", "ep:R2"}; })}},
+               whatif, S, "sweeps[0].systems[1]", "\"ep:R2\"", "unknown OOM system"});
+  const std::string unchanged_study = study_with([](json&) {});
+  const std::string bad_plan_record = record_with([](json& j) { j["plan"]["path"] = "gpu"; });
+  c.push_back({"whatif_published_bad_plan", {{"s.json", unchanged_study}, {"r.jsonl", bad_plan_record}},
+               {"whatif", S, "-o", "{dir}/out", "--no-plots", "--published", R}, R + ":1", "plan.path", "\"gpu\"", "expected"});
+  c.push_back({"whatif_published_missing_file", {{"s.json", unchanged_study}},
+               {"whatif", S, "-o", "{dir}/out", "--no-plots", "--published", R}, R, "", "", "not found"});
+  c.push_back({"plan_unknown_preset", {}, {"plan", "--workload", "{src}/" + std::string(kWorkload), "--preset", "fancy"}, "",
+               "--preset", "\"fancy\"", "unknown preset"});
+  // --- oom report-paper --studies DIR -o DIR/out: the case folder is the studies folder.
+  const std::vector<std::string> report_paper = {"report-paper", "--studies", "{dir}", "-o", "{dir}/out", "--no-plots"};
+  c.push_back({"report_paper_bad_study", {{"s.json", study_with([](json& j) { j["sweeps"][0]["gpus"] = {0}; })}}, report_paper, S,
+               "sweeps[0].gpus[0]", "0", "range"});
+  c.push_back({"report_paper_no_studies", {{"notes.txt", "not a study"}}, report_paper, "{dir}", "", "", "no study file"});
+  {
+    std::vector<std::string> with_records = report_paper;
+    with_records.insert(with_records.end(), {"--published", R});
+    c.push_back({"report_paper_published_bad_plan", {{"s.json", unchanged_study}, {"r.jsonl", bad_plan_record}}, with_records,
+                 R + ":1", "plan.path", "\"gpu\"", "expected"});
+  }
   return c;
 }
 
@@ -413,7 +436,8 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   EXPECT_GE(rows.size(), 30u);
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
-  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "@records"}));
+  EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
+                                             "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.

@@ -55,6 +55,43 @@ TEST(PlanCommand, TextReportNamesBothPaths) {
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
 }
 
+TEST(PlanCommand, LocalPlanWithoutPartitionsSaysNoOperatorSplits) {
+  const Result r = oom({"plan", "--workload", kWorkload, "--path", "local"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("no operator splits"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("head group 0"), std::string::npos) << r.out;
+}
+
+TEST(PlanCommand, PresetBasePricesBothBasePlansAsTheyAre) {
+  const Result r = oom({"plan", "--workload", kWorkload, "--preset", "base", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["preset"], "base");
+  ASSERT_EQ(j["alternatives"].size(), 1u);
+  const Plan chosen = plan_from_json(j["plan"], "test");
+  const Plan other = plan_from_json(j["alternatives"][0]["plan"], "test");
+  const Plan& ep = chosen.path == ExpertPath::kEp ? chosen : other;
+  const Plan& local = chosen.path == ExpertPath::kEp ? other : chosen;
+  EXPECT_TRUE(ep.resident_layers.empty() && ep.moe_retained_layers.empty()) << "Base EP: R0/K0";
+  EXPECT_EQ(ep.routing_chunk_tokens, 65536);
+  EXPECT_EQ(local.path, ExpertPath::kLocal);
+  EXPECT_EQ(local.split, SplitSpec{}) << "Base Local: no operator splits";
+  EXPECT_FALSE(local.keep_attention_results);
+  EXPECT_TRUE(local.boundaries.host_kept_all);
+  EXPECT_LE(j["predicted_step_s"].get<double>(), j["alternatives"][0]["predicted_step_s"].get<double>()) << "the faster is chosen";
+  // The search does better than Base at batch 32 (residency).
+  const Result searched = oom({"plan", "--workload", kWorkload, "--json"});
+  ASSERT_EQ(searched.code, 0) << searched.err;
+  EXPECT_LT(nlohmann::json::parse(searched.out)["predicted_step_s"].get<double>(), j["predicted_step_s"].get<double>());
+}
+
+TEST(PlanCommand, PresetBaseOverItsBudgetExits3NamingBothPaths) {
+  const Result r = oom({"plan", "--workload", kWorkload, "--preset", "base", "--gpu-budget-gib", "5"});
+  EXPECT_EQ(r.code, kExitInfeasible);
+  EXPECT_NE(r.err.find("base ep: GPU budget 5.0 GiB"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("base local: GPU budget 5.0 GiB"), std::string::npos) << r.err;
+}
+
 TEST(PlanCommand, ComparesWithTheSimGridEngineWhenBuiltWithIt) {
   const Result r = oom({"plan", "--workload", kWorkload, "--compare-engine", "simgrid", "--json"});
   if (r.code == kExitBadInput && r.err.find("--compare-engine") != std::string::npos) {

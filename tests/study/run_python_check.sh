@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs a Python check against Debian's python3 with the built `oom` module on its path.
-# Usage: run_python_check.sh PYTHON_DIR SOURCE_DIR (script | notebook.ipynb) [OUT_DIR]
+# Usage: run_python_check.sh PYTHON_DIR SOURCE_DIR (script | notebook.ipynb) [OUT_DIR [IMAGES]]
+# A notebook is executed into OUT_DIR; with IMAGES, the executed notebook must show exactly that
+# many PNG images (every chart it draws is displayed, none drawn into nothing).
 # Exits 77 (CTest: skipped) only when a needed package is not installed; any other failure fails.
 set -euo pipefail
-py_dir=$1 src=$2 what=$3 out=${4:-}
+py_dir=$1 src=$2 what=$3 out=${4:-} images=${5:-}
 python=/usr/bin/python3
 [ -x "$python" ] || { echo "skip: /usr/bin/python3 is not installed"; exit 77; }
 need=(matplotlib numpy)
@@ -17,7 +19,17 @@ case "$what" in
   *.ipynb)
     mkdir -p "$out"
     cd "$(dirname "$what")"
-    exec "$python" -m nbconvert --to notebook --execute --ExecutePreprocessor.timeout=300 \
-      --ExecutePreprocessor.kernel_name=python3 --output-dir "$out" "$what" ;;
+    "$python" -m nbconvert --to notebook --execute --ExecutePreprocessor.timeout=300 \
+      --ExecutePreprocessor.kernel_name=python3 --output-dir "$out" "$what"
+    if [ -n "$images" ]; then
+      "$python" - "$out/$(basename "$what")" "$images" <<'PY'
+import json, sys
+nb = json.load(open(sys.argv[1]))
+shown = sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+if shown != int(sys.argv[2]):
+    sys.exit(f"{sys.argv[1]}: shows {shown} images, expected {sys.argv[2]}")
+print(f"{sys.argv[1]}: {shown} images shown")
+PY
+    fi ;;
   *) exec "$python" "$what" ;;
 esac

@@ -1,9 +1,12 @@
 // experiments/study.h: study files, their expansion, the runner with a fake plan search, the
 // table and the CSV.
 #include "experiments/study.h"
+#include "experiments/paper_report.h"
+#include "experiments/published.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <stdexcept>
 
 #include "costmodel/input_error.h"
@@ -21,7 +24,8 @@ nlohmann::json small_study() {
 
 // A plan search stand-in: a fixed plan whose throughput is 1000 tokens/s per sequence per GPU,
 // infeasible beyond 1 sequence per GPU.
-StudyPlan fake_search(const WorkloadContext& ctx) {
+StudyPlan fake_search(const WorkloadContext& ctx, const PlanVariant& system) {
+  (void)system;
   if (ctx.workload.seqs_per_gpu() > 1) throw std::runtime_error("GPU budget 1.0 GiB < 2.0 GiB needed by decoder 0 backward");
   StudyPlan p;
   p.summary = plan_summary(p.plan);
@@ -116,7 +120,7 @@ TEST(RunStudy, TableAndCsvHaveOneLinePerCaseAndEveryBaselineColumn) {
   const StudyResult r = run_study(study_from_json(small_study(), "small.json"), &fake_search);
   const std::string csv = study_csv(r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
-  EXPECT_TRUE(csv.starts_with("sweep,model,hardware,gpus,global_batch,seq_len,"));
+  EXPECT_TRUE(csv.starts_with("sweep,system,model,hardware,gpus,global_batch,seq_len,"));
   for (const char* col : {"fsdp2-offload_tokens_per_s", "megatrain_oom", "host_gib", "speedup"}) {
     EXPECT_NE(csv.find(col), std::string::npos) << col;
   }
@@ -148,6 +152,169 @@ TEST(PlanSummary, NamesPathResidencyAndPartitions) {
   local.split.attention_head_group = 2;
   local.keep_attention_results = true;
   EXPECT_EQ(plan_summary(local), "local shard h2 O/LSE");
+}
+
+TEST(PlanVariant, EverySpellingRoundTripsAndNonsenseIsRejected) {
+  for (const char* name : {"search", "search:ep", "search:local", "base", "base:ep", "base:local", "ep:R23/K4", "ep:R0/K0",
+                           "local:A", "local:B", "local:1+1", "local:3+1"}) {
+    const auto v = plan_variant_from_name(name);
+    ASSERT_TRUE(v.has_value()) << name;
+    EXPECT_EQ(plan_variant_name(*v), name);
+  }
+  for (const char* name : {"", "searc", "search:gpu", "ep:R-1/K0", "ep:R3", "ep:R3/K4x", "ep:R03/K4", "local:C", "base:"}) {
+    EXPECT_FALSE(plan_variant_from_name(name).has_value()) << name;
+  }
+  EXPECT_EQ(plan_variant_from_name("ep:R23/K4")->resident_layers, 23);
+  EXPECT_EQ(plan_variant_from_name("ep:R23/K4")->retained_layers, 4);
+}
+
+TEST(PlanVariant, BoundaryPoliciesSetOlseAndKeptBoundaries) {
+  Plan local;
+  local.path = ExpertPath::kLocal;
+  EXPECT_FALSE(with_boundary_policy(local, "A", 8).keep_attention_results);
+  EXPECT_TRUE(with_boundary_policy(local, "B", 8).boundaries.host_kept_all);
+  const Plan one = with_boundary_policy(local, "1+1", 8);
+  EXPECT_TRUE(one.keep_attention_results);
+  EXPECT_EQ(one.boundaries.host_kept, (std::vector<int>{0, 2, 4, 6}));
+  const Plan three = with_boundary_policy(local, "3+1", 8);
+  EXPECT_EQ(three.boundaries.host_kept, (std::vector<int>{0, 4}));
+  EXPECT_EQ(three.boundaries.regenerate_cap, 3);
+  for (const char* p : {"A", "B", "1+1", "3+1"}) EXPECT_EQ(boundary_policy_of(with_boundary_policy(local, p, 8)), p);
+}
+
+TEST(StudyFile, SystemsExpandEveryWorkloadOnceEachAndRoundTrip) {
+  nlohmann::json j = small_study();
+  j["figure"] = "OOM Figure 4";
+  j["sweeps"][0]["systems"] = {"base:ep", "search"};
+  const StudySpec s = study_from_json(j, "s.json");
+  EXPECT_EQ(s.figure, "OOM Figure 4");
+  EXPECT_EQ(study_to_json(study_from_json(study_to_json(s), "again.json")), study_to_json(s));
+  const auto cases = expand_study(s);
+  ASSERT_EQ(cases.size(), 8u);
+  EXPECT_EQ(plan_variant_name(cases[0].system), "base:ep");
+  EXPECT_EQ(plan_variant_name(cases[1].system), "search");
+  EXPECT_EQ(cases[0].workload, cases[1].workload);
+  j["sweeps"][0]["systems"] = {"search", "ep:R2"};
+  try {
+    study_from_json(j, "s.json");
+    ADD_FAILURE() << "a bad system is bad input";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("sweeps[0].systems[1]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunStudy, EachSystemGetsItsOwnRowAndTheBaselinesRunOncePerWorkload) {
+  nlohmann::json j = small_study();
+  j["sweeps"][0]["systems"] = {"base", "search"};
+  std::vector<std::string> asked;
+  const StudyResult r = run_study(study_from_json(j, "s.json"), [&](const WorkloadContext& ctx, const PlanVariant& v) {
+    asked.push_back(plan_variant_name(v));
+    return fake_search(ctx, v);
+  });
+  ASSERT_EQ(r.rows.size(), 8u);
+  EXPECT_EQ(asked, (std::vector<std::string>{"base", "search", "base", "search", "base", "search", "base", "search"}));
+  EXPECT_EQ(r.rows[0].baselines.size(), r.rows[1].baselines.size());
+  EXPECT_EQ(r.rows[0].baselines[0].step_s, r.rows[1].baselines[0].step_s);
+  EXPECT_NE(study_csv(r).find("\nbatch,base,tiny-moe,"), std::string::npos);
+  EXPECT_NE(r.rows[0].label().find("[base]"), std::string::npos);
+  EXPECT_EQ(r.rows[1].label().find("["), std::string::npos) << "the default system is not named";
+}
+
+// Synthetic records: an OOM plan point at batch 2, a no-residency (Base) EP point at batch 2, a
+// baseline point, one at a workload the study does not cover, and an operator record.
+RecordSet synthetic_records() {
+  RecordSet set;
+  auto line = [&](const std::string& text, int n) { parse_record_line(text, "syn.jsonl:" + std::to_string(n), set); };
+  const std::string w2 = R"("workload": {"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 2, "global_batch": 2, "seq_len": 256})";
+  Plan r2;
+  r2.resident_layers = {0, 1};
+  const Plan r0;
+  line(R"({"id": "ep-r2", "source": "s", )" + w2 + R"(, "plan": )" + plan_to_json(r2).dump() +
+           R"(, "measured": {"step_s": 0.8, "gpu_peak_gib": 2.0}})", 1);
+  line(R"({"id": "ep-r0", "source": "s", )" + w2 + R"(, "plan": )" + plan_to_json(r0).dump() + R"(, "measured": {"step_s": 1.6}})", 2);
+  line(R"({"id": "fsdp", "source": "s", )" + w2 + R"(, "system": "fsdp2-offload", "measured": {"step_s": 3.0}})", 3);
+  line(R"({"id": "other", "source": "s", "workload": {"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 2, "global_batch": 8, "seq_len": 256}, "system": "megatrain", "measured": {"step_s": 9.0}})", 4);
+  line(R"({"id": "op", "source": "s", "kind": "operator", "model": "tiny-moe", "hardware": "h100-sxm-node", "layer_type": "moe", "op": "moe_forward", "batch": 1, "seq_len": 256, "measured": {"time_s": 0.1}})", 5);
+  return set;
+}
+
+TEST(Published, RecordsMatchTheirWorkloadAndSystemAndTheRestIsIgnored) {
+  nlohmann::json j = small_study();
+  j["sweeps"][0]["systems"] = {"search", "base:ep", "ep:R2/K0"};
+  j["sweeps"][0]["host_budget_gib"] = {nullptr};
+  StudyResult r = run_study(study_from_json(j, "s.json"), &fake_search);
+  attach_published(r, synthetic_records(), "syn.jsonl");
+  ASSERT_EQ(r.rows.size(), 6u);  // batch 2 and 4, three systems each
+  // Batch 2: "search" takes the fastest plan point, "base:ep" the R0 point, "ep:R2/K0" the R2 one.
+  ASSERT_TRUE(r.rows[0].published.has_value());
+  EXPECT_EQ(r.rows[0].published->id, "ep-r2");
+  ASSERT_TRUE(r.rows[1].published.has_value());
+  EXPECT_EQ(r.rows[1].published->id, "ep-r0");
+  ASSERT_TRUE(r.rows[2].published.has_value());
+  EXPECT_EQ(r.rows[2].published->id, "ep-r2");
+  ASSERT_EQ(r.rows[0].published_baselines.size(), 2u);
+  ASSERT_TRUE(r.rows[0].published_baselines[0].has_value());
+  EXPECT_EQ(r.rows[0].published_baselines[0]->id, "fsdp");
+  EXPECT_FALSE(r.rows[0].published_baselines[1].has_value()) << "no megatrain record at batch 2";
+  // Batch 4: nothing published (the batch-8 record is not in the study).
+  for (std::size_t i = 3; i < 6; ++i) EXPECT_FALSE(r.rows[i].published.has_value());
+  // The fake predicts 0.256 s at batch 2 (2 x 256 tokens at 2000 tokens/s): -68% against 0.8 s.
+  const std::string csv = study_csv(r);
+  EXPECT_NE(csv.find("published_step_s"), std::string::npos);
+  EXPECT_NE(csv.find("fsdp2-offload_step_error"), std::string::npos);
+  EXPECT_NE(csv.find(",ep-r2,0.8,640,-0.6800,2.000,"), std::string::npos) << csv;
+  const PublishedErrors e = published_errors(r);
+  EXPECT_EQ(e.plan_count, 3);
+  EXPECT_NEAR(e.plan_max_abs, 0.84, 1e-9);  // 0.256 s against 1.6 s
+  const std::string table = study_table_text(r);
+  EXPECT_NE(table.find("published (syn.jsonl): 3 OOM points"), std::string::npos) << table;
+  EXPECT_NE(table.find("0.80s -68.0%"), std::string::npos) << table;
+  EXPECT_TRUE(study_result_to_json(r).contains("published_errors"));
+}
+
+TEST(Published, WithoutRecordsTheCsvHasNoPublishedColumns) {
+  const StudyResult r = run_study(study_from_json(small_study(), "small.json"), &fake_search);
+  EXPECT_EQ(study_csv(r).find("published"), std::string::npos);
+  EXPECT_FALSE(study_result_to_json(r).contains("published_errors"));
+}
+
+TEST(PaperStudies, EveryFileNamesItsFigureAndItsWorkloadsResolve) {
+  const std::vector<std::string> files = paper_study_files(std::string(OOM_SOURCE_DIR) + "/experiments/paper");
+  ASSERT_GE(files.size(), 14u);
+  for (const auto& file : files) {
+    const StudySpec s = load_study(file);
+    EXPECT_EQ(s.name + ".json", std::filesystem::path(file).filename().string()) << "the file is named after its study";
+    EXPECT_EQ(s.figure.rfind("OOM ", 0), 0u) << file << ": the figure or table of the OOM paper it reproduces";
+    EXPECT_FALSE(s.description.empty()) << file;
+    for (const auto& c : expand_study(s)) EXPECT_NO_THROW(resolve_workload(c.workload, file)) << file;
+  }
+}
+
+TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
+  nlohmann::json j = small_study();
+  j["figure"] = "OOM Figure 99";
+  j["sweeps"][0]["host_budget_gib"] = {nullptr};
+  PaperSection s;
+  s.result = run_study(study_from_json(j, "s.json"), &fake_search);
+  s.plots = {"small/throughput-batch.png"};
+  std::string md = paper_section_markdown(s);
+  EXPECT_NE(md.find("## OOM Figure 99: small"), std::string::npos) << md;
+  EXPECT_NE(md.find("![small](small/throughput-batch.png)"), std::string::npos) << md;
+  EXPECT_NE(md.find("| workload | system | plan |"), std::string::npos) << md;
+  EXPECT_NE(md.find("Largest workload each system completes"), std::string::npos) << md;
+  EXPECT_EQ(md.find("Predicted vs published"), std::string::npos) << "no records attached";
+  attach_published(s.result, synthetic_records(), "syn.jsonl");
+  md = paper_section_markdown(s);
+  EXPECT_NE(md.find("| ep-r2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fsdp |"), std::string::npos) << md;
+  PaperSection grid;
+  j["sweeps"][0]["systems"] = {"ep:R0/K0", "ep:R0/K1", "ep:R2/K0", "ep:R2/K1"};
+  grid.result = run_study(study_from_json(j, "s.json"), &fake_search);
+  const std::string g = paper_section_markdown(grid);
+  EXPECT_NE(g.find("| | K0 | K1 |"), std::string::npos) << g;
+  EXPECT_NE(g.find("| R2 | 0.256 | 0.256 |"), std::string::npos) << g;
+  const std::string report = paper_report_markdown({s}, "analytic", 1.5);
+  EXPECT_NE(report.find("| OOM Figure 99 | 2 | 2 |"), std::string::npos) << report;
 }
 
 }  // namespace

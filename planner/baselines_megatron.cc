@@ -1,0 +1,438 @@
+// Megatron-LM: configuration, static memory, lowering and run (planner/baselines_megatron.h).
+#include "planner/baselines_megatron.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "costmodel/flops.h"
+#include "costmodel/input_error.h"
+#include "costmodel/params.h"
+#include "planner/duration_model.h"
+#include "planner/lowering.h"
+#include "planner/step_engine.h"
+
+namespace oom {
+namespace {
+
+// Megatron-LM keeps an FP32 "main gradient" buffer beside the BF16 weights of every local
+// parameter (its default without --grad-reduce-in-bf16); with the CPU optimizer offload the FP32
+// masters, both moments and a copy of the gradients live on the host.
+constexpr Bytes kMainGradBytesPerParam = kFp32Bytes;
+constexpr Bytes kHostBytesPerParam = kCanonicalBytesPerParam + kFp32Bytes;  // 16
+
+struct Split {
+  ParamCount dense = 0;    // everything but the routed experts
+  ParamCount experts = 0;  // the routed expert banks of every decoder
+};
+Split split_params(const ModelParams& p) {
+  Split s;
+  s.experts = p.layer_sum().routed_experts;
+  s.dense = p.total() - s.experts;
+  return s;
+}
+
+int expert_parallel_of(const WorkloadContext& ctx) {
+  int ep = ctx.workload.gpus;
+  while (ep > 1 && (ctx.model.moe.experts % ep != 0 || ctx.workload.gpus % ep != 0)) --ep;
+  return std::max(ep, 1);
+}
+
+// Tensor parallelism must divide every head count it splits.
+bool tp_divides_heads(const ModelSpec& m, int t) {
+  for (int l = 0; l < m.layers; ++l) {
+    const LayerKind k = m.layer_kinds[static_cast<std::size_t>(l)];
+    if (k == LayerKind::kLinearAttention) {
+      if (m.gdn.key_heads % t != 0 || m.gdn.value_heads % t != 0) return false;
+    } else {
+      const AttentionSpec& a = m.attention(k);
+      if (a.heads % t != 0 || a.kv_heads % t != 0) return false;
+    }
+  }
+  return true;
+}
+
+Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
+  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
+  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, 0);
+  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
+}
+
+ParamCount rank_params(const Split& s, const MegatronSetup& setup) {
+  return s.dense / setup.tensor_parallel + s.experts / setup.expert_parallel;
+}
+
+}  // namespace
+
+BaselineMemory megatron_static_memory(const MegatronSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
+  const ModelSpec& m = ctx.model;
+  const HardwareSpec& hw = ctx.hardware;
+  const int P = ctx.workload.gpus, t = setup.tensor_parallel;
+  const std::int64_t S = ctx.workload.seq_len, b = setup.micro_batch_seqs, T = b * S;
+  const ModelParams params = model_params(m);
+  const Split split = split_params(params);
+  const ParamCount local = rank_params(split, setup);
+  BaselineMemory out;
+  const Bytes state = (kBf16Bytes + kMainGradBytesPerParam) * local;
+  const Bytes keep = boundary_bytes(m.layers, b, S, m.hidden) / t;  // full recomputation: decoder inputs, sequence-parallel
+  Bytes work = 0;
+  for (int l = 0; l < m.layers; ++l) {
+    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // gathered input, output, running gradient
+                    + mixing_activations(m, l, b, S) / t + moe_activation_bytes(m, T / t) + a2a_buffer_bytes(m, T / t);
+    if (w > work) {
+      work = w;
+      out.gpu_peak_at = fmt::format("decoder {} ({}) recompute and backward, TP {}, micro-batch of {} sequences", l,
+                                    layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]), t, b);
+    }
+  }
+  const Bytes loss = 2 * boundary_bytes(1, b, S, m.hidden) + logits_workspace_bytes(m, std::min(k.loss_chunk_tokens, T)) / t;
+  if (loss > work) {
+    work = loss;
+    out.gpu_peak_at = fmt::format("loss (vocabulary-parallel projection), TP {}, micro-batch of {} sequences", t, b);
+  }
+  out.gpu_peak_bytes = eq2_gpu_peak(k.gpu_fixed_bytes, state, keep, work, k.gpu_headroom_fraction).total();
+  const std::vector<int> ranks_on = hw.ranks_per_numa(P);
+  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+    const Bytes r = ranks_on[n];
+    out.host_bytes_per_numa.push_back(r > 0 ? kHostBytesPerParam * params.total() * r / P + r * k.host_process_bytes : 0);
+  }
+  out.host_budget_per_numa = baseline_host_budgets(ctx);
+  return out;
+}
+
+MegatronFit configure_megatron(const WorkloadContext& ctx, const MemoryConstants& k) {
+  const int P = ctx.workload.gpus;
+  const Bytes gpu_budget = ctx.gpu_budget_bytes();
+  MegatronFit fit;
+  std::optional<OutOfMemory> gpu_oom, host_oom;
+  for (int t = 1; t <= P; t *= 2) {
+    if (P % t != 0 || !tp_divides_heads(ctx.model, t)) continue;
+    MegatronSetup setup;
+    setup.tensor_parallel = t;
+    setup.expert_parallel = expert_parallel_of(ctx);
+    setup.data_parallel = P / t;
+    const std::int64_t seqs = ctx.workload.global_batch / setup.data_parallel;
+    for (std::int64_t mb = seqs; mb >= 1; --mb) {
+      if (seqs % mb != 0) continue;
+      setup.micro_batch_seqs = mb;
+      setup.accumulation_steps = static_cast<int>(seqs / mb);
+      const BaselineMemory mem = megatron_static_memory(setup, ctx, k);
+      if (mem.gpu_peak_bytes > gpu_budget) {
+        gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+        continue;
+      }
+      for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
+        if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
+          // Host state does not shrink with t or the micro-batch: nothing else can fit.
+          fit.oom = OutOfMemory{"host", static_cast<int>(n),
+                                fmt::format("CPU optimizer offload state ({} B/param: FP32 masters, moments and gradients)",
+                                            kHostBytesPerParam),
+                                mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+          return fit;
+        }
+      }
+      fit.setup = setup;
+      return fit;
+    }
+  }
+  fit.oom = host_oom ? host_oom : gpu_oom;
+  return fit;
+}
+
+namespace {
+
+using PerRank = std::vector<StageId>;
+
+class MegatronLowering {
+ public:
+  MegatronLowering(const MegatronSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options)
+      : s_(setup),
+        ctx_(ctx),
+        m_(ctx.model),
+        k_(options.memory),
+        split_(split_params(model_params(ctx.model))),
+        b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())),
+        P_(ctx.workload.gpus),
+        t_(setup.tensor_parallel),
+        S_(ctx.workload.seq_len),
+        seqs_(setup.micro_batch_seqs),
+        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
+    for (int r = 0; r < P_; ++r) r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, false));
+    last_.assign(static_cast<std::size_t>(P_), -1);
+  }
+
+  StepGraph run() {
+    const BaselineMemory mem = megatron_static_memory(s_, ctx_, k_);
+    StepGraph& g = b_.graph();
+    const ParamCount local = rank_params(split_, s_);
+    for (auto& x : g.gpu_base_bytes) x = k_.gpu_fixed_bytes + (kBf16Bytes + kMainGradBytesPerParam) * local;
+    for (std::size_t n = 0; n < g.numa_base_bytes.size() && n < mem.host_bytes_per_numa.size(); ++n) {
+      g.numa_base_bytes[n] = mem.host_bytes_per_numa[n];
+    }
+    g.gpu_headroom_fraction = k_.gpu_headroom_fraction;
+    for (micro_ = 0; micro_ < s_.accumulation_steps; ++micro_) {
+      embedding(Phase::kForward);
+      for (int l = 0; l < layers_; ++l) decoder_forward(l);
+      head();
+      for (int l = layers_ - 1; l >= 0; --l) decoder_backward(l);
+      embedding(Phase::kBackward);
+    }
+    optimizer();
+    return b_.take();
+  }
+
+ private:
+  const lowering::RankResources& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
+  std::int64_t tokens() const { return seqs_ * S_; }
+  Bytes boundary() const { return boundary_bytes(1, seqs_, S_, m_.hidden); }
+
+  Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+    Stage st;
+    st.name = layer >= 0 ? fmt::format("g{}.{}.mb{}.L{}.{}", rank, phase_name(phase), micro_, layer, what)
+                         : fmt::format("g{}.{}.mb{}.{}", rank, phase_name(phase), micro_, what);
+    st.op = op;
+    st.phase = phase;
+    st.resource = res;
+    st.gpu = rank;
+    st.layer = layer;
+    return st;
+  }
+  static void dep(Stage& st, const PerRank& from, int r) {
+    if (from.empty()) return;
+    const StageId d = from[static_cast<std::size_t>(r)];
+    if (d >= 0 && std::find(st.deps.begin(), st.deps.end(), d) == st.deps.end()) st.deps.push_back(d);
+  }
+  void gpu_mem(const PerRank& at, Bytes bytes, bool at_end) {
+    if (bytes == 0) return;
+    for (int r = 0; r < P_; ++r) {
+      b_.graph().stages[static_cast<std::size_t>(at[static_cast<std::size_t>(r)])].memory.push_back({MemorySpace::kGpu, r, bytes, at_end});
+    }
+  }
+
+  PerRank compute(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape) {
+    PerRank out(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage st = make(what, op, phase, rr(r).compute, r, layer);
+      st.flops = flops;
+      st.shape = shape;
+      dep(st, last_, r);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
+    }
+    last_ = out;
+    return out;
+  }
+
+  // A collective of each rank with the members of its group (`group_size` consecutive ranks, or
+  // every `stride`-th rank for the data-parallel group).
+  PerRank collective(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs,
+                     bool data_parallel_group) {
+    PerRank out(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      std::vector<int> peers;
+      for (int q = 0; q < P_; ++q) {
+        const bool member = data_parallel_group ? q % t_ == r % t_
+                                                : (op == OpKind::kAllToAll ? q / s_.expert_parallel == r / s_.expert_parallel
+                                                                           : q / t_ == r / t_);
+        if (member) peers.push_back(q);
+      }
+      Stage st = make(what, op, phase, rr(r).fabric, r, layer);
+      st.bytes = bytes;
+      st.peers = peers;
+      for (const int q : peers) dep(st, inputs, q);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
+    }
+    last_ = out;
+    return out;
+  }
+
+  // Sequence parallelism: gather the hidden states before a sublayer, reduce-scatter after it.
+  void tp_exchange(const std::string& what, OpKind op, Phase phase, int layer) {
+    if (t_ > 1) collective(what, op, phase, layer, boundary() * (t_ - 1) / t_, last_, false);
+  }
+
+  void sublayers(int l, Phase phase, double ratio, PerRank& first) {
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const bool attention = kind != LayerKind::kLinearAttention;
+    const bool backward = phase == Phase::kBackward;
+    const LayerFlops f = layer_flops(m_, l, seqs_, S_);
+    const std::string sfx = backward ? "_bwd" : "";
+    OpShape proj;
+    proj.tokens = tokens();
+    proj.k = m_.hidden;
+    OpShape core;
+    core.seqs = seqs_;
+    core.seq_len = S_;
+    core.tokens = tokens();
+    if (attention) {
+      const AttentionSpec& a = m_.attention(kind);
+      core.heads = a.heads / t_;
+      core.head_dim = a.head_dim;
+      core.window = a.window_tokens;
+    } else {
+      core.heads = m_.gdn.value_heads / t_;
+      core.head_dim = m_.gdn.value_head_dim;
+    }
+    OpShape experts;
+    experts.tokens = tokens() / t_ * m_.moe.top_k;
+    experts.k = m_.hidden;
+    experts.experts = m_.moe.experts / s_.expert_parallel;
+    const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens() / t_, m_.hidden, kBf16Bytes, s_.expert_parallel) / 2;
+    const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
+    auto mixing = [&] {
+      tp_exchange("mixing.allgather" + sfx, OpKind::kAllGather, phase, l);
+      const PerRank p = compute((attention ? "attn.proj" : "gdn.proj") + sfx, OpKind::kGemm, phase, l, ratio * f.mixing_projection / t_, proj);
+      if (first.empty()) first = p;
+      compute((attention ? "attn.core" : "gdn.core") + sfx, attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
+              core_ratio * f.mixing_core.total() / t_, core);
+      tp_exchange("mixing.reduce_scatter" + sfx, OpKind::kReduceScatter, phase, l);
+    };
+    auto moe = [&] {
+      tp_exchange("moe.allgather" + sfx, OpKind::kAllGather, phase, l);
+      compute("moe.router_shared" + sfx, OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj);
+      if (s_.expert_parallel > 1) collective("moe.dispatch" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false);
+      compute("moe.experts" + sfx, OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts);
+      if (s_.expert_parallel > 1) collective("moe.return" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false);
+      tp_exchange("moe.reduce_scatter" + sfx, OpKind::kReduceScatter, phase, l);
+    };
+    if (backward) {
+      moe();
+      mixing();
+    } else {
+      mixing();
+      moe();
+    }
+  }
+
+  Bytes activations(int l) const {
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const Bytes mix = kind == LayerKind::kLinearAttention ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
+                                                          : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
+    return mix / t_ + moe_activation_bytes(m_, tokens() / t_) + a2a_buffer_bytes(m_, tokens() / t_);
+  }
+
+  void decoder_forward(int l) {
+    PerRank first;
+    sublayers(l, Phase::kForward, 1.0, first);
+    // Full recomputation: only the decoder's input (1/t of it) stays; the activations live for
+    // the forward of this decoder only.
+    gpu_mem(first, boundary() / t_ + activations(l), false);
+    gpu_mem(last_, -activations(l), true);
+  }
+
+  void decoder_backward(int l) {
+    PerRank first;
+    sublayers(l, Phase::kRecompute, 1.0, first);
+    gpu_mem(first, activations(l), false);
+    PerRank ignored;
+    sublayers(l, Phase::kBackward, kMatmulBackwardRatio, ignored);
+    gpu_mem(last_, -(activations(l) + boundary() / t_), true);
+  }
+
+  void embedding(Phase phase) {
+    OpShape shape;
+    shape.tokens = tokens();
+    const PerRank e = compute(phase == Phase::kForward ? "embedding.gather" : "embedding.scatter", OpKind::kElementwise, phase, -1,
+                              0, shape);
+    for (int r = 0; r < P_; ++r) b_.graph().stages[static_cast<std::size_t>(e[static_cast<std::size_t>(r)])].bytes = boundary();
+  }
+
+  void head() {
+    const std::int64_t T = tokens();
+    const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T)) / t_;
+    OpShape shape;
+    shape.tokens = T;
+    shape.k = m_.hidden;
+    shape.n = m_.vocab / t_;
+    const Flops f = lm_head_flops(m_, T) / t_;
+    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape);
+    gpu_mem(fwd, logits, false);
+    gpu_mem(fwd, -logits, true);
+    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape);
+    gpu_mem(bwd, logits, false);
+    gpu_mem(bwd, -logits, true);
+  }
+
+  // Distributed optimizer with CPU offload, after the last micro-batch's backward.
+  void optimizer() {
+    micro_ = s_.accumulation_steps;  // names: the step's optimizer stages
+    const int d = s_.data_parallel;
+    const ParamCount dense = split_.dense / t_;
+    const ParamCount shard = dense / d + split_.experts / s_.expert_parallel;
+    if (d > 1) collective("grads.reduce_scatter", OpKind::kReduceScatter, Phase::kOptimizer, -1, kMainGradBytesPerParam * dense * (d - 1) / d, last_, true);
+    PerRank d2h(static_cast<std::size_t>(P_)), adam(static_cast<std::size_t>(P_)), h2d(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage c = make("grads.d2h", OpKind::kD2h, Phase::kOptimizer, rr(r).d2h, r, -1);
+      c.bytes = kMainGradBytesPerParam * shard;
+      dep(c, last_, r);
+      d2h[static_cast<std::size_t>(r)] = b_.add(std::move(c));
+      Stage a = make("cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, rr(r).cpu, r, -1);
+      a.params = shard;
+      a.bytes = canonical_state_bytes(shard);
+      dep(a, d2h, r);
+      adam[static_cast<std::size_t>(r)] = b_.add(std::move(a));
+      Stage h = make("weights.h2d", OpKind::kH2d, Phase::kOptimizer, rr(r).h2d, r, -1);
+      h.bytes = working_weight_bytes(shard);
+      dep(h, adam, r);
+      h2d[static_cast<std::size_t>(r)] = b_.add(std::move(h));
+    }
+    if (d > 1) collective("weights.allgather", OpKind::kAllGather, Phase::kOptimizer, -1, working_weight_bytes(dense) * (d - 1) / d, h2d, true);
+  }
+
+  const MegatronSetup s_;
+  const WorkloadContext& ctx_;
+  const ModelSpec& m_;
+  const MemoryConstants k_;
+  const Split split_;
+  StepGraphBuilder b_;
+  const int P_, t_;
+  const std::int64_t S_, seqs_;
+  const int layers_;
+  std::vector<lowering::RankResources> r_;
+  PerRank last_;
+  int micro_ = 0;
+};
+
+}  // namespace
+
+StepGraph lower_megatron(const MegatronSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options) {
+  OOM_ASSERT(setup.tensor_parallel >= 1 && setup.data_parallel * setup.tensor_parallel == ctx.workload.gpus,
+             "tensor x data parallel must cover the GPUs");
+  MegatronLowering l(setup, ctx, options);
+  StepGraph g = l.run();
+  OOM_ASSERT(check_step_graph(g).empty(), "Megatron-LM lowering produced a malformed StepGraph");
+  return g;
+}
+
+BaselineResult run_megatron(const WorkloadContext& ctx, const std::string& engine, const Calibration& calibration,
+                            const MemoryConstants& k) {
+  const auto e = make_step_engine(engine);
+  if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
+  BaselineResult r;
+  r.system = BaselineSystem::kMegatronLm;
+  const MegatronFit fit = configure_megatron(ctx, k);
+  if (!fit.setup) {
+    r.oom = fit.oom;
+    return r;
+  }
+  r.setup = BaselineSetup{BaselineSystem::kMegatronLm, fit.setup->micro_batch_seqs, fit.setup->accumulation_steps};
+  LoweringOptions options;
+  options.memory = k;
+  const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
+  r.trace = e->execute(lower_megatron(*fit.setup, ctx, options), durations);
+  r.step_s = r.trace.step_s;
+  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
+  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
+  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
+  const BaselineMemory mem = megatron_static_memory(*fit.setup, ctx, k);
+  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
+    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
+      r.oom = OutOfMemory{"gpu", static_cast<int>(i), mem.gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
+                          ctx.gpu_budget_bytes()};
+      return r;
+    }
+  }
+  return r;
+}
+
+}  // namespace oom

@@ -1,0 +1,87 @@
+// planner/baselines_megatron.h: Megatron-LM's configuration (tensor parallelism raised until the
+// weights fit), out-of-memory with where, and a lowering both engines accept.
+#include "planner/baselines_megatron.h"
+
+#include <gtest/gtest.h>
+
+#include "planner/analytic_evaluator.h"
+#include "planner/calibration.h"
+
+namespace oom {
+namespace {
+
+WorkloadContext context(const std::string& model, int gpus, std::int64_t batch, std::int64_t seq_len) {
+  Workload w;
+  w.model = model;
+  w.hardware = "h100-sxm-node";
+  w.gpus = gpus;
+  w.global_batch = batch;
+  w.seq_len = seq_len;
+  return resolve_workload(w, "test");
+}
+
+TEST(Megatron, IsAKnownBaselineByNameButNotADefaultOne) {
+  EXPECT_EQ(baseline_system_from_name("megatron-lm"), BaselineSystem::kMegatronLm);
+  EXPECT_EQ(baseline_system_name(BaselineSystem::kMegatronLm), "megatron-lm");
+  for (const auto s : all_baseline_systems()) EXPECT_NE(s, BaselineSystem::kMegatronLm);
+}
+
+TEST(Megatron, EightH100sFitQwen36WithExpertsOverEveryGpu) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 8, 32, 4096);
+  const MegatronFit fit = configure_megatron(ctx);
+  ASSERT_TRUE(fit.setup.has_value()) << (fit.oom ? fit.oom->message() : "");
+  EXPECT_EQ(fit.setup->expert_parallel, 8);
+  EXPECT_EQ(fit.setup->tensor_parallel * fit.setup->data_parallel, 8);
+  EXPECT_EQ(fit.setup->micro_batch_seqs * fit.setup->accumulation_steps * fit.setup->data_parallel, 32);
+  const BaselineMemory mem = megatron_static_memory(*fit.setup, ctx);
+  EXPECT_LE(mem.gpu_peak_bytes, ctx.gpu_budget_bytes());
+}
+
+TEST(Megatron, OneGpuCannotHoldTheWholeModelAndSaysWhere) {
+  const BaselineResult r = run_baseline(BaselineSystem::kMegatronLm, context("qwen3.6-35b-a3b", 1, 1, 4096), "analytic",
+                                        Calibration{});
+  ASSERT_FALSE(r.fits());
+  EXPECT_EQ(r.oom->space, "gpu");
+  EXPECT_GT(r.oom->needed_bytes, 200 * kGiB) << "35B parameters of BF16 weights and FP32 main gradients";
+  EXPECT_NE(r.oom->message().find("TP 1"), std::string::npos) << r.oom->message();
+}
+
+TEST(Megatron, LoweredStepRunsOnTheAnalyticEngineWithCollectivesAndCpuAdam) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 8, 32, 4096);
+  const BaselineResult r = run_baseline(BaselineSystem::kMegatronLm, ctx, "analytic", load_calibration_for(ctx.hardware));
+  ASSERT_TRUE(r.fits()) << r.oom->message();
+  EXPECT_GT(r.step_s, 0.5);
+  EXPECT_GT(r.tokens_per_s, 0);
+  ASSERT_TRUE(r.setup.has_value());
+  const MegatronFit fit = configure_megatron(ctx);
+  const StepGraph g = lower_megatron(*fit.setup, ctx);
+  EXPECT_TRUE(check_step_graph(g).empty());
+  int a2a = 0, adam = 0;
+  for (const Stage& s : g.stages) {
+    a2a += s.op == OpKind::kAllToAll;
+    adam += s.op == OpKind::kCpuAdamW;
+  }
+  EXPECT_EQ(adam, 8) << "one CPU Adam pass per rank (distributed optimizer, CPU offload)";
+  EXPECT_GT(a2a, 0);
+  // JSON names the system and its micro-batching.
+  const auto j = baseline_result_to_json(r);
+  EXPECT_EQ(j["system"], "megatron-lm");
+  EXPECT_TRUE(j["fits"].get<bool>());
+}
+
+TEST(Megatron, HostOutOfMemoryNamesTheOffloadedOptimizerState) {
+  Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = "h100-sxm-node";
+  w.gpus = 8;
+  w.global_batch = 8;
+  w.seq_len = 4096;
+  w.host_budget_gib = 64;
+  const MegatronFit fit = configure_megatron(resolve_workload(w, "test"));
+  ASSERT_TRUE(fit.oom.has_value());
+  EXPECT_EQ(fit.oom->space, "host");
+  EXPECT_NE(fit.oom->where.find("CPU optimizer offload"), std::string::npos) << fit.oom->where;
+}
+
+}  // namespace
+}  // namespace oom
