@@ -106,7 +106,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
       }
       const std::vector<PublishedBreakdown> breakdowns =
           published.empty() ? std::vector<PublishedBreakdown>{} : load_published_breakdowns(published);
-      const StepExplanation e = explain_record(records, val->explain, val->engine, breakdowns);
+      const StepExplanation e = explain_record(records, val->records_path, val->explain, val->engine, breakdowns);
       emit(val->output, val->json ? explanation_to_json(e).dump(2) + "\n" : explanation_text(e), io);
       return;
     }

@@ -268,7 +268,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
           J.col(j) = (residuals(t) - r) / h;
         }
       };
-      const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+      const int threads = options.threads > 0 ? options.threads
+                                              : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
       std::vector<std::thread> workers;
       for (int w = 1; w < threads; ++w) workers.emplace_back(columns, w, threads);
       columns(0, threads);

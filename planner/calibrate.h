@@ -39,6 +39,7 @@ struct FitOptions {
   // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict.
   std::string engine = "analytic";
   int engine_passes = 3;
+  int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
   static std::vector<std::string> default_held_out_ids();
 };
 

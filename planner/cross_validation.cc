@@ -1,9 +1,11 @@
 #include "planner/cross_validation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -118,23 +120,45 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     throw InputError("", "--hardware", hw.name, "no record with a measurement names this hardware (nothing to cross-validate)");
   }
 
-  // One fit per distinct set of left-out fitted records.
+  // One fit per distinct set of left-out fitted records. Analytic fits are pure and run on
+  // parallel threads (one per core, each fit single-threaded); fits through another engine fork
+  // and run one at a time.
   std::map<std::vector<std::string>, std::optional<CalibrationFit>> fits;
   std::map<std::vector<std::string>, std::string> fit_errors;
+  for (const std::string& group : order) {
+    std::vector<std::string> left_out = fitted_members[group];
+    std::sort(left_out.begin(), left_out.end());
+    fits.emplace(left_out, std::nullopt);
+  }
+  std::vector<std::pair<const std::vector<std::string>*, std::optional<CalibrationFit>*>> jobs;
+  for (auto& [left_out, fit] : fits) jobs.emplace_back(&left_out, &fit);
+  std::vector<std::string> errors(jobs.size());
+  const bool parallel = options.fit.engine == "analytic";
+  const int workers = parallel ? static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u)) : 1;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t j = next++; j < jobs.size(); j = next++) {
+      FitOptions fo = options.fit;
+      fo.held_out_ids = *jobs[j].first;
+      if (workers > 1) fo.threads = 1;
+      try {
+        *jobs[j].second = fit_calibration(scope, hw, fo);
+      } catch (const InputError& e) {
+        errors[j] = e.what();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    if (*jobs[j].second) ++cv.fits;
+    else fit_errors[*jobs[j].first] = errors[j];
+  }
   auto fit_without = [&](std::vector<std::string> left_out) -> const std::optional<CalibrationFit>& {
     std::sort(left_out.begin(), left_out.end());
-    auto it = fits.find(left_out);
-    if (it != fits.end()) return it->second;
-    FitOptions fo = options.fit;
-    fo.held_out_ids = left_out;
-    std::optional<CalibrationFit> fit;
-    try {
-      fit = fit_calibration(scope, hw, fo);
-      ++cv.fits;
-    } catch (const InputError& e) {
-      fit_errors[left_out] = e.what();
-    }
-    return fits.emplace(left_out, std::move(fit)).first->second;
+    return fits.at(left_out);
   };
 
   std::map<std::string, CvPrediction> by_id;
@@ -150,6 +174,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
       result.not_predicted = fmt::format("nothing left to fit without this group ({})", fit_errors[sorted]);
     } else {
       for (const FitRow& row : fit->rows) result.fitted_records += row.held_out ? 0 : 1;
+      result.calibration = fit->calibration;
     }
     const std::set<std::string> ids(result.ids.begin(), result.ids.end());
     // Step and baseline records of the group, predicted by the engine with the fold's calibration.
@@ -270,6 +295,7 @@ nlohmann::json cross_validation_to_json(const CrossValidation& cv) {
                         {"gpu_peak", summary_json(g.gpu_peak)},
                         {"host", summary_json(g.host)}};
     if (!g.not_predicted.empty()) j["not_predicted"] = g.not_predicted;
+    if (g.calibration) j["calibration"] = calibration_to_json(*g.calibration);
     groups.push_back(std::move(j));
   }
   for (const auto& p : cv.predictions) {

@@ -11,7 +11,8 @@
 // records; baseline systems and operators apart) and for GPU peak and host memory where records
 // have them. A group whose removal leaves nothing to fit is reported as not predicted, with why.
 // Folds that leave out the same fitted records share one fit. Deterministic.
-// Not thread-safe (engine registry, forked SimGrid runs).
+// Analytic fits run on one thread per core (fit_calibration is pure for the analytic engine).
+// Not thread-safe to call concurrently (engine registry, forked SimGrid runs).
 #pragma once
 
 #include <optional>
@@ -69,6 +70,7 @@ struct CvGroupResult {
   std::vector<std::string> ids;  // the records left out
   int fitted_records = 0;        // records the fold's fit used
   std::string not_predicted;     // why the group could not be predicted ("" when it was)
+  std::optional<Calibration> calibration;  // the fold's fit (none when not predicted)
   ErrorSummary step, baseline, op, gpu_peak, host;
 };
 

@@ -127,10 +127,10 @@ StepExplanation explain_trace(const Trace& t, int gpu) {
   return e;
 }
 
-StepExplanation explain_record(const RecordSet& records, const std::string& id, const std::string& engine,
-                               const std::vector<PublishedBreakdown>& breakdowns) {
+StepExplanation explain_record(const RecordSet& records, const std::string& records_file, const std::string& id,
+                               const std::string& engine, const std::vector<PublishedBreakdown>& breakdowns) {
   const auto rec = std::find_if(records.steps.begin(), records.steps.end(), [&](const StepRecord& r) { return r.id == id; });
-  if (rec == records.steps.end()) throw InputError("", "--explain", "\"" + id + "\"", "no step record has this id");
+  if (rec == records.steps.end()) throw InputError(records_file, "--explain", "\"" + id + "\"", "no step record has this id");
   const WorkloadContext ctx = resolve_workload(rec->workload, rec->origin);
   const Calibration calibration = load_calibration_for(ctx.hardware);
   Trace trace;

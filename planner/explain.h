@@ -65,10 +65,11 @@ struct StepExplanation {
 // Exposed time per mechanism and busy times of rank `gpu` in `t` (see above).
 StepExplanation explain_trace(const Trace& t, int gpu = 0);
 
-// Predicts record `id` of `records` and explains it. `breakdowns` may be empty. Throws InputError
-// when no step record has that id, or the record cannot be predicted (with the reason).
-StepExplanation explain_record(const RecordSet& records, const std::string& id, const std::string& engine,
-                               const std::vector<PublishedBreakdown>& breakdowns);
+// Predicts record `id` of `records` (read from `records_file`, named in errors) and explains it.
+// `breakdowns` may be empty. Throws InputError when no step record has that id, or the record
+// cannot be predicted (with the reason).
+StepExplanation explain_record(const RecordSet& records, const std::string& records_file, const std::string& id,
+                               const std::string& engine, const std::vector<PublishedBreakdown>& breakdowns);
 
 nlohmann::json explanation_to_json(const StepExplanation& e);
 std::string explanation_text(const StepExplanation& e);
