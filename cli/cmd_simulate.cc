@@ -61,7 +61,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
   s->add_option("--engine", sim->engine, engines);
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
   s->add_option("--calibration", sim->calibration_path,
-                "Calibration JSON (default: configs/calibration/<hardware>.json when present, else uncalibrated)");
+                "Calibration JSON (default: configs/calibration/<hardware>.<engine>.json, else <hardware>.json, when present; else uncalibrated)");
   s->add_flag("--json", sim->json, "Print one JSON object");
   s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
   s->callback([=] {
@@ -69,7 +69,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
     const Plan plan = load_plan(sim->plan_path);
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
-    const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware)
+    const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware, sim->engine)
                                                                   : load_calibration_file(sim->calibration_path, ctx.hardware);
     const SimulationResult r = simulate_plan(plan, ctx, sim->engine, calibration);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);

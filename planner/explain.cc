@@ -132,7 +132,7 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   const auto rec = std::find_if(records.steps.begin(), records.steps.end(), [&](const StepRecord& r) { return r.id == id; });
   if (rec == records.steps.end()) throw InputError(records_file, "--explain", "\"" + id + "\"", "no step record has this id");
   const WorkloadContext ctx = resolve_workload(rec->workload, rec->origin);
-  const Calibration calibration = load_calibration_for(ctx.hardware);
+  const Calibration calibration = load_calibration_for(ctx.hardware, engine);
   Trace trace;
   if (!rec->system.empty()) {
     const auto system = baseline_system_from_name(rec->system);
