@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <exception>
 #include <map>
 #include <set>
 #include <thread>
@@ -133,6 +134,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   std::vector<std::pair<const std::vector<std::string>*, std::optional<CalibrationFit>*>> jobs;
   for (auto& [left_out, fit] : fits) jobs.emplace_back(&left_out, &fit);
   std::vector<std::string> errors(jobs.size());
+  std::vector<std::exception_ptr> failures(jobs.size());
   const bool parallel = options.fit.engine == "analytic";
   const int workers = parallel ? static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u)) : 1;
   std::atomic<std::size_t> next{0};
@@ -144,7 +146,9 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
       try {
         *jobs[j].second = fit_calibration(scope, hw, fo);
       } catch (const InputError& e) {
-        errors[j] = e.what();
+        errors[j] = e.what();  // nothing left to fit: the group is reported, not predicted
+      } catch (...) {
+        failures[j] = std::current_exception();  // rethrown on the calling thread
       }
     }
   };
@@ -152,6 +156,9 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   for (int w = 1; w < workers; ++w) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  for (const auto& f : failures) {
+    if (f) std::rethrow_exception(f);
+  }
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     if (*jobs[j].second) ++cv.fits;
     else fit_errors[*jobs[j].first] = errors[j];
