@@ -99,9 +99,19 @@ TEST(CalibrateCommand, WritesACalibrationFileForTheHardware) {
 
 TEST(CalibrateCommand, CrossValidationByGpuCountPredictsEachGroupFromTheOther) {
   // Two groups: the four-GPU step records and the one-GPU operator records; each is predicted by
-  // a fit on the other alone.
-  const Result r = oom({"calibrate", "--records", kSource + "/traces/paper/paper-calibration.jsonl", "--hardware", "h100-sxm-node",
-                        "--cross-validate", "gpus", "--json"});
+  // a fit on the other alone. A few records of the published set keep the fits short.
+  const std::string records = temp_path("cv.jsonl");
+  {
+    std::ifstream in(kSource + "/traces/paper/paper-calibration.jsonl");
+    std::ofstream out(records);
+    for (std::string line; std::getline(in, line);) {
+      for (const char* id : {"\"t4-b32\"", "\"g-gemma4-b32\"", "\"g-gemma4-b32-fsdp2\"", "\"op-g4-moe-64k\"", "\"op-g4-sliding-64k\""}) {
+        if (line.find(std::string("\"id\": ") + id) != std::string::npos) out << line << "\n";
+      }
+    }
+  }
+  const Result r = oom({"calibrate", "--records", records, "--hardware", "h100-sxm-node", "--cross-validate", "gpus", "--json"});
+  std::filesystem::remove(records);
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["grouping"], "gpus");
@@ -110,8 +120,8 @@ TEST(CalibrateCommand, CrossValidationByGpuCountPredictsEachGroupFromTheOther) {
   EXPECT_EQ(j["groups"][0]["group"], "4");
   EXPECT_EQ(j["groups"][1]["group"], "1");
   EXPECT_EQ(j["fits"], 2);
-  EXPECT_GT(j["step"]["count"].get<int>(), 10);
-  EXPECT_GT(j["operator"]["count"].get<int>(), 10);
+  EXPECT_EQ(j["step"]["count"], 2);
+  EXPECT_EQ(j["operator"]["count"], 2);
   EXPECT_TRUE(j["groups"][0].contains("calibration"));
   for (const auto& rec : j["records"]) EXPECT_NE(rec["status"], "not_predicted") << rec["id"];
 }
