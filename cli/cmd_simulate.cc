@@ -1,8 +1,11 @@
 // `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--calibration C.json] [--trace out.json] [--json]`,
-// `oom validate FILE.jsonl [--engine ...] [--json]` and
-// `oom calibrate --records FILE --hardware NAME -o configs/calibration/NAME.json`.
+// `oom validate FILE.jsonl [--engine ...] [--json] [--explain ID [--published FILE]]` and
+// `oom calibrate --records FILE --hardware NAME [--engine E] -o configs/calibration/NAME.json` and
+// `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E] [--json]`.
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -10,6 +13,8 @@
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "planner/calibrate.h"
+#include "planner/cross_validation.h"
+#include "planner/explain.h"
 #include "planner/step_engine.h"
 #include "planner/validation.h"
 #include "traces/records.h"
@@ -34,12 +39,12 @@ struct SimulateArgs {
 };
 
 struct ValidateArgs {
-  std::string records_path, engine = "analytic", output;
+  std::string records_path, engine = "analytic", output, explain, published;
   bool json = false;
 };
 
 struct CalibrateArgs {
-  std::string records_path, hardware, output;
+  std::string records_path, hardware, output, cross_validate, engine = "analytic";
   bool json = false;
 };
 
@@ -56,7 +61,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
   s->add_option("--engine", sim->engine, engines);
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
   s->add_option("--calibration", sim->calibration_path,
-                "Calibration JSON (default: configs/calibration/<hardware>.json when present, else uncalibrated)");
+                "Calibration JSON (default: configs/calibration/<hardware>.<engine>.json, else <hardware>.json, when present; else uncalibrated)");
   s->add_flag("--json", sim->json, "Print one JSON object");
   s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
   s->callback([=] {
@@ -64,7 +69,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
     const Plan plan = load_plan(sim->plan_path);
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
-    const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware)
+    const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware, sim->engine)
                                                                   : load_calibration_file(sim->calibration_path, ctx.hardware);
     const SimulationResult r = simulate_plan(plan, ctx, sim->engine, calibration);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
@@ -83,11 +88,28 @@ void add_simulate_commands(CLI::App& app, Io io) {
   v->add_option("--engine", val->engine, engines);
   v->add_flag("--json", val->json, "Print one JSON object (count, median/max |relative error|, records)");
   v->add_option("-o,--output", val->output, "Write the output to this file (atomically) instead of stdout");
+  v->add_option("--explain", val->explain,
+                "Explain one record's prediction: busy time per resource, exposed time per mechanism, beside the published breakdown");
+  v->add_option("--published", val->published,
+                "Published breakdowns (default: published-breakdowns.json beside the records file, when present)");
   v->callback([=] {
     if (!make_step_engine(val->engine)) {
       throw InputError("", "--engine", "\"" + val->engine + "\"", "unknown engine");
     }
     const RecordSet records = load_records(val->records_path);
+    if (!val->explain.empty()) {
+      std::string published = val->published;
+      if (published.empty()) {
+        const auto beside = std::filesystem::path(val->records_path).parent_path() / "published-breakdowns.json";
+        std::error_code ec;
+        if (std::filesystem::is_regular_file(beside, ec)) published = beside.string();
+      }
+      const std::vector<PublishedBreakdown> breakdowns =
+          published.empty() ? std::vector<PublishedBreakdown>{} : load_published_breakdowns(published);
+      const StepExplanation e = explain_record(records, val->records_path, val->explain, val->engine, breakdowns);
+      emit(val->output, val->json ? explanation_to_json(e).dump(2) + "\n" : explanation_text(e), io);
+      return;
+    }
     const ValidationReport r = validate_records(records, val->engine);
     emit(val->output, val->json ? validation_to_json(r).dump(2) + "\n" : validation_text(r), io);
   });
@@ -97,17 +119,39 @@ void add_simulate_commands(CLI::App& app, Io io) {
   c->add_option("--records", cal->records_path, "Recorded measurements (JSON Lines)");
   c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)");
   c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");
-  c->add_flag("--json", cal->json, "Print the fit summary as JSON");
+  c->add_flag("--json", cal->json, "Print the fit summary (or the cross-validation) as JSON");
+  c->add_option("--engine", cal->engine, "Engine the fit matches and that predicts: " + fmt::format("{}", fmt::join(step_engine_names(), " | ")));
+  c->add_option("--cross-validate", cal->cross_validate,
+                "Refit leaving each group out and predict it: model | hardware | gpus | path | record (-o then writes the report)");
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;
+    const bool cross = !cal->cross_validate.empty();
     for (const auto& [flag, value] : {std::pair{"--records", cal->records_path}, std::pair{"--hardware", cal->hardware},
-                                      std::pair{"--output", cal->output}}) {
+                                      std::pair{"--output", cross ? std::string("-") : cal->output}}) {
       if (value.empty()) throw InputError("", flag, "missing", "required (or --backend to measure this machine)");
+    }
+    const std::optional<CvGrouping> grouping = cv_grouping_from_name(cal->cross_validate);
+    if (cross && !grouping) {
+      throw InputError("", "--cross-validate", "\"" + cal->cross_validate + "\"", "unknown grouping (model, hardware, gpus, path, record)");
+    }
+    if (!make_step_engine(cal->engine)) {
+      throw InputError("", "--engine", "\"" + cal->engine + "\"", "unknown engine");
     }
     const HardwareSpec hw = load_hardware_spec(cal->hardware);
     const RecordSet records = load_records(cal->records_path);
-    const CalibrationFit fit = fit_calibration(records, hw);
+    if (cross) {
+      CvOptions options;
+      options.grouping = *grouping;
+      options.engine = cal->engine;
+      options.fit.engine = cal->engine;
+      const CrossValidation cv = cross_validate(records, hw, options);
+      emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
+      return;
+    }
+    FitOptions options;
+    options.engine = cal->engine;
+    const CalibrationFit fit = fit_calibration(records, hw, options);
     emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
     io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));
   });

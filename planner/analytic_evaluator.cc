@@ -51,6 +51,36 @@ StageTimes analytic_times(const StepGraph& g, const std::vector<Seconds>& durati
   return t;
 }
 
+AnalyticSchedule::AnalyticSchedule(const StepGraph& g) {
+  std::vector<StageId> previous_on_resource(g.stages.size(), -1);
+  for (const Resource& r : g.resources) {
+    for (std::size_t i = 1; i < r.order.size(); ++i) previous_on_resource[static_cast<std::size_t>(r.order[i])] = r.order[i - 1];
+  }
+  first_.reserve(g.stages.size() + 1);
+  preds_.reserve(g.stages.size() * 2);
+  for (const Stage& s : g.stages) {
+    first_.push_back(static_cast<std::int32_t>(preds_.size()));
+    for (const StageId u : s.deps) preds_.push_back(u);
+    const StageId prev = previous_on_resource[static_cast<std::size_t>(s.id)];
+    if (prev >= 0) preds_.push_back(prev);
+  }
+  first_.push_back(static_cast<std::int32_t>(preds_.size()));
+}
+
+Seconds AnalyticSchedule::step_s(const std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const {
+  const std::size_t n = first_.size() - 1;
+  OOM_ASSERT(duration_s.size() == n, "one duration per stage");
+  finish_s.resize(n);
+  Seconds step = 0;
+  for (std::size_t v = 0; v < n; ++v) {
+    Seconds ready = 0;
+    for (std::int32_t i = first_[v]; i < first_[v + 1]; ++i) ready = std::max(ready, finish_s[static_cast<std::size_t>(preds_[static_cast<std::size_t>(i)])]);
+    finish_s[v] = ready + duration_s[v];
+    step = std::max(step, finish_s[v]);
+  }
+  return step;
+}
+
 MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_samples) {
   struct Event {
     Seconds time_s;

@@ -10,6 +10,7 @@
 // memory events. Stateless and thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,21 @@ struct StageTimes {
 
 // Eq. 3 with the given per-stage durations (indexed by stage id; size == stages).
 StageTimes analytic_times(const StepGraph& g, const std::vector<Seconds>& duration_s);
+
+// Eq. 3 for many duration vectors over one graph (the calibration fit prices each graph thousands
+// of times): the predecessors of every stage (data edges and stream order) are gathered once into
+// flat arrays. step_s() equals analytic_times(g, d).step_s. Holds no reference to `g`. Thread-safe.
+class AnalyticSchedule {
+ public:
+  explicit AnalyticSchedule(const StepGraph& g);
+  // The step time for `duration_s` (one per stage). `finish_s` is scratch space (resized here),
+  // so a caller can reuse one buffer across calls.
+  Seconds step_s(const std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const;
+
+ private:
+  std::vector<std::int32_t> first_;  // predecessors of v: preds_[first_[v] .. first_[v + 1])
+  std::vector<std::int32_t> preds_;
+};
 
 // Memory timelines and peaks of `g` when its stages run at `times`.
 struct MemoryPeaks {

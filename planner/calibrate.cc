@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <tuple>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
 #include <utility>
 
 #include <Eigen/Dense>
@@ -12,6 +17,7 @@
 #include "costmodel/input_error.h"
 #include "planner/analytic_evaluator.h"
 #include "planner/duration_model.h"
+#include "planner/step_engine.h"
 #include "planner/step_graph.h"
 
 namespace oom {
@@ -54,7 +60,36 @@ struct Target {
   WorkloadContext ctx;
   StepGraph graph;
   std::vector<StageId> op_stages;  // operator records: the stages whose durations add up
+  double engine_factor = 1;        // step records: predicting engine / analytic at the last pass
+  std::optional<AnalyticSchedule> schedule;  // step records: Eq. 3 over `graph`, built once
+  // Stages that price alike (DurationModel's contract: a cost depends on a stage's kind, phase,
+  // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
+  std::vector<Stage> priced;             // one representative per distinct pricing
+  std::vector<std::int32_t> priced_of;  // stage id → index into `priced`
 };
+
+// The part of a stage its price depends on (planner/duration_model.h).
+auto pricing_key(const Stage& s) {
+  return std::make_tuple(static_cast<int>(s.op), static_cast<int>(s.phase), s.resource, s.gpu, s.flops, s.bytes, s.params,
+                         s.shape.tokens, s.shape.seqs, s.shape.seq_len, s.shape.k, s.shape.n, s.shape.heads, s.shape.head_dim,
+                         s.shape.window, s.shape.experts, s.peers);
+}
+
+void index_pricing(Target& t) {
+  std::map<decltype(pricing_key(Stage{})), std::int32_t> seen;
+  t.priced_of.resize(t.graph.stages.size());
+  for (const Stage& s : t.graph.stages) {
+    auto [it, added] = seen.emplace(pricing_key(s), static_cast<std::int32_t>(t.priced.size()));
+    if (added) {
+      Stage p = s;
+      p.name.clear();
+      p.deps.clear();
+      p.memory.clear();
+      t.priced.push_back(std::move(p));
+    }
+    t.priced_of[static_cast<std::size_t>(s.id)] = it->second;
+  }
+}
 
 double predict(const Target& t, const Calibration& c) {
   const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
@@ -63,9 +98,16 @@ double predict(const Target& t, const Calibration& c) {
     for (const StageId id : t.op_stages) s += model.duration_s(t.graph.stage(id), t.graph);
     return s;
   }
-  std::vector<Seconds> d(t.graph.stages.size());
-  for (const Stage& s : t.graph.stages) d[static_cast<std::size_t>(s.id)] = model.duration_s(s, t.graph);
-  return analytic_times(t.graph, d).step_s;
+  std::vector<Seconds> priced(t.priced.size()), d(t.graph.stages.size()), finish;
+  for (std::size_t i = 0; i < t.priced.size(); ++i) priced[i] = model.duration_s(t.priced[i], t.graph);
+  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
+  return t.engine_factor * t.schedule->step_s(d, finish);
+}
+
+// The step time of a step record's graph as `engine` executes it with calibration `c`.
+double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
+  const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  return engine.execute(t.graph, model).step_s;
 }
 
 int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
@@ -119,6 +161,8 @@ Target step_target(const StepRecord& r) {
   const Plan plan = plan_from_json(r.plan, r.origin);
   validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
   t.graph = lower(plan, t.ctx);
+  t.schedule.emplace(t.graph);
+  index_pricing(t);
   return t;
 }
 
@@ -130,6 +174,11 @@ std::vector<std::string> FitOptions::default_held_out_ids() {
 
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
   CalibrationFit fit;
+  const std::unique_ptr<StepEngine> engine =
+      options.engine == "analytic" ? nullptr : make_step_engine(options.engine);
+  if (options.engine != "analytic" && !engine) {
+    throw InputError("", "--engine", "\"" + options.engine + "\"", "unknown engine");
+  }
   std::vector<Target> targets;
   auto held_out = [&](const std::string& id) {
     return std::find(options.held_out_ids.begin(), options.held_out_ids.end(), id) != options.held_out_ids.end();
@@ -172,6 +221,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   auto to_calibration = [&](const Eigen::VectorXd& theta) {
     Calibration c = estimate;
     for (int i = 0; i < p; ++i) c.*(k[static_cast<std::size_t>(i)].field) = std::exp(theta[i]);
+    // FP32 accumulation of BF16 partials follows the fitted CPU rate (no record isolates it).
+    c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
     return c;
   };
   auto clamp = [&](Eigen::VectorXd& theta) {
@@ -208,12 +259,21 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     const double h = 1e-2;  // wide enough to step over the kinks of the max-plus model
     int it = 0;
     for (; it < options.max_iterations; ++it) {
+      // Columns are independent (residuals() is pure): computed on a few threads.
       Eigen::MatrixXd J(n + p, p);
-      for (int j = 0; j < p; ++j) {
-        Eigen::VectorXd t = theta;
-        t[j] += h;
-        J.col(j) = (residuals(t) - r) / h;
-      }
+      auto columns = [&](int first, int stride) {
+        for (int j = first; j < p; j += stride) {
+          Eigen::VectorXd t = theta;
+          t[j] += h;
+          J.col(j) = (residuals(t) - r) / h;
+        }
+      };
+      const int threads = options.threads > 0 ? options.threads
+                                              : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+      std::vector<std::thread> workers;
+      for (int w = 1; w < threads; ++w) workers.emplace_back(columns, w, threads);
+      columns(0, threads);
+      for (auto& w : workers) w.join();
       const Eigen::MatrixXd A = J.transpose() * J;
       const Eigen::VectorXd g = J.transpose() * r;
       bool improved = false;
@@ -257,20 +317,36 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
       theta = t;
     }
   }
+  // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
+  // the fitted constants and refit from there (the ratio varies slowly with the constants, the
+  // analytic model carries the gradient).
+  auto refresh_engine_factors = [&](const Calibration& c) {
+    for (auto& t : targets) {
+      if (t.row.kind != "step") continue;
+      t.engine_factor = 1;
+      const double analytic_s = predict(t, c);
+      t.engine_factor = analytic_s > 0 ? engine_step_s(t, c, *engine) / analytic_s : 1.0;
+    }
+  };
+  if (engine) {
+    for (int pass = 0; pass < options.engine_passes; ++pass) {
+      refresh_engine_factors(to_calibration(theta));
+      theta = levenberg_marquardt(theta, it).second;
+    }
+    refresh_engine_factors(to_calibration(theta));
+  }
   fit.iterations = it;
   fit.calibration = to_calibration(theta);
   for (int i = 0; i < p; ++i) {
     if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
   }
-  // host_prep and accumulation follow the fitted CPU rate unless fitted themselves.
-  fit.calibration.host_accumulate_params_per_s = 2 * fit.calibration.cpu_adamw_params_per_s;
   std::string fitted_ids, held_ids;
   for (auto& t : targets) {
     t.row.predicted_s = predict(t, fit.calibration);
     fit.rows.push_back(t.row);
     (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
   }
-  fit.calibration.fitted_from = fmt::format("least squares over {}; held out: {}", fitted_ids, held_ids.empty() ? "none" : held_ids);
+  fit.calibration.fitted_from = fmt::format("least squares ({} engine) over {}; held out: {}", options.engine, fitted_ids, held_ids.empty() ? "none" : held_ids);
   return fit;
 }
 

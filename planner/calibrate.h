@@ -11,7 +11,8 @@
 // Constants are shared by every record of the hardware: nothing is fitted per record. A weak
 // prior (log distance to the uncalibrated estimate) keeps constants that no record exercises at
 // their estimate. Records named in `held_out_ids` are predicted but not fitted, to check the fit.
-// Deterministic. Not thread-safe (uses the engine registry only through the analytic evaluator).
+// Deterministic (the Jacobian's columns run on up to four threads, each column computed the same way).
+// Not thread-safe to call concurrently (engine registry; an engine other than "analytic" may fork).
 #pragma once
 
 #include <string>
@@ -32,6 +33,13 @@ struct FitOptions {
   int starts = 8;                 // deterministic starting points (the first is the estimate)
   double prior_weight = 0.02;     // weight of log(constant / estimate) residuals
   double operator_weight = 0.5;   // weight of an operator record against a step record (1)
+  // The engine whose step times the fit matches ("analytic" or a registered engine such as
+  // "simgrid"). Another engine than "analytic" is fitted by defect correction: the analytic
+  // prediction of each step record times that record's engine/analytic ratio at the current
+  // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict.
+  std::string engine = "analytic";
+  int engine_passes = 3;
+  int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
   static std::vector<std::string> default_held_out_ids();
 };
 
@@ -53,7 +61,7 @@ struct CalibrationFit {
 };
 
 // Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
-// InputError when no usable record names the hardware.
+// InputError when no usable record names the hardware or options.engine is not registered.
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options = {});
 
 nlohmann::json calibration_fit_to_json(const CalibrationFit& fit);

@@ -79,8 +79,9 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   return c;
 }
 
-std::string calibration_path(const std::string& hardware_name) {
-  return config_folder("calibration") + "/" + hardware_name + ".json";
+std::string calibration_path(const std::string& hardware_name, const std::string& engine) {
+  const std::string suffix = engine.empty() || engine == "analytic" ? "" : "." + engine;
+  return config_folder("calibration") + "/" + hardware_name + suffix + ".json";
 }
 
 Calibration load_calibration_file(const std::string& path, const HardwareSpec& h) {
@@ -99,9 +100,11 @@ Calibration load_calibration_file(const std::string& path, const HardwareSpec& h
   return c;
 }
 
-Calibration load_calibration_for(const HardwareSpec& h) {
-  const std::string path = calibration_path(h.name);
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
   std::error_code ec;
+  const std::string own = calibration_path(h.name, engine);
+  if (std::filesystem::is_regular_file(own, ec)) return load_calibration_file(own, h);
+  const std::string path = calibration_path(h.name);
   if (!std::filesystem::is_regular_file(path, ec)) return default_calibration(h);
   return load_calibration_file(path, h);
 }

@@ -60,11 +60,14 @@ nlohmann::json calibration_to_json(const Calibration& c);
 // Parses the object calibration_to_json() writes; missing constants keep their defaults.
 // Throws InputError naming `file`, the field and the value (efficiencies must lie in (0, 1]).
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& file);
-// configs/calibration/NAME.json (under config_root()), or a path.
-std::string calibration_path(const std::string& hardware_name);
-// Loads the calibration of `h` from configs/calibration/<h.name>.json when it exists, else
-// returns default_calibration(h). A file that exists but is malformed throws InputError.
-Calibration load_calibration_for(const HardwareSpec& h);
+// configs/calibration/NAME.json (under config_root()), or a path; for an engine other than
+// "analytic", configs/calibration/NAME.ENGINE.json (the constants fitted with that engine,
+// `oom calibrate --engine ENGINE`).
+std::string calibration_path(const std::string& hardware_name, const std::string& engine = "analytic");
+// Loads the calibration of `h` for `engine`: configs/calibration/<h.name>.<engine>.json when the
+// engine is not "analytic" and that file exists, else configs/calibration/<h.name>.json when it
+// exists, else default_calibration(h). A file that exists but is malformed throws InputError.
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine = "analytic");
 // Loads the calibration file at `path` for hardware `h`; rates left at 0 take h's. Throws
 // InputError when the file is malformed or names other hardware ("hardware" field).
 Calibration load_calibration_file(const std::string& path, const HardwareSpec& h);

@@ -31,7 +31,10 @@ struct StageCost {
 class DurationModel {
  public:
   virtual ~DurationModel() = default;
-  // The cost of stage `s` of graph `g`. Never negative; a kSync stage costs nothing.
+  // The cost of stage `s` of graph `g`. Never negative; a kSync stage costs nothing. Depends only
+  // on the stage's op, phase, resource (and that resource's fields), rank, demand (flops, bytes,
+  // params), shape and peers — never on its name, layer, dependencies or memory events — so stages
+  // alike in those are priced once (planner/calibrate.cc).
   virtual StageCost cost(const Stage& s, const StepGraph& g) const = 0;
   Seconds duration_s(const Stage& s, const StepGraph& g) const { return cost(s, g).duration_s(); }
 };

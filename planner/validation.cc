@@ -33,11 +33,11 @@ double median(std::vector<double> v) {
 
 namespace {
 
-Calibration calibration_of(const HardwareSpec& h, const std::vector<Calibration>& given) {
+Calibration calibration_of(const HardwareSpec& h, const std::vector<Calibration>& given, const std::string& engine) {
   for (const auto& c : given) {
     if (c.hardware == h.name) return c;
   }
-  return load_calibration_for(h);
+  return load_calibration_for(h, engine);
 }
 
 // Fills the predicted values and their relative errors against what was measured.
@@ -66,7 +66,7 @@ RecordPrediction predict(const StepRecord& rec, const std::string& engine, const
       // A baseline system: lowered by planner/baselines.h; out-of-memory is a prediction too.
       const auto system = baseline_system_from_name(rec.system);
       if (!system) throw InputError(rec.origin, "system", "\"" + rec.system + "\"", "unknown baseline system");
-      const BaselineResult b = run_baseline(*system, ctx, engine, calibration_of(ctx.hardware, calibrations));
+      const BaselineResult b = run_baseline(*system, ctx, engine, calibration_of(ctx.hardware, calibrations, engine));
       if (!b.fits()) {
         p.status = "oom";
         p.reason = b.oom->message();
@@ -79,7 +79,7 @@ RecordPrediction predict(const StepRecord& rec, const std::string& engine, const
     }
     const Plan plan = plan_from_json(rec.plan, rec.origin);
     validate_plan(plan, ctx.model, ctx.workload, rec.origin);
-    const SimulationResult r = simulate_plan(plan, ctx, engine, calibration_of(ctx.hardware, calibrations));
+    const SimulationResult r = simulate_plan(plan, ctx, engine, calibration_of(ctx.hardware, calibrations, engine));
     Bytes gpu_peak = 0, host = 0;
     for (const Bytes b : r.trace.gpu_peak_bytes) gpu_peak = std::max(gpu_peak, b);
     for (const Bytes b : r.trace.numa_peak_bytes) host += b;

@@ -72,8 +72,9 @@ struct ValidationReport {
   double baseline_max_abs_rel_error = 0;
 };
 
-// Predicts every step record. `calibration_for` gives the calibration of a hardware (by default
-// load_calibration_for()). Never throws for a bad record: it is reported as failed.
+// Predicts every step record. A hardware's calibration is the one in `calibrations` fitted for it,
+// else load_calibration_for(hardware, engine) (the engine's own fit when there is one). Never
+// throws for a bad record: it is reported as failed.
 ValidationReport validate_records(const RecordSet& records, const std::string& engine);
 ValidationReport validate_records(const RecordSet& records, const std::string& engine,
                                   const std::vector<Calibration>& calibrations);

@@ -299,6 +299,31 @@ std::vector<Case> cases() {
   c.push_back({"calibration_truncated", {{"c.json", "{\"hardware\": \"h100-sxm-node\", \"gemm_efficiency\": 0."}},
                simulate_cal, C, "gemm_efficiency", "0.", "malformed JSON"});
 
+  // --- cross-validation and explanations: oom calibrate --cross-validate G, oom validate --explain ID
+  const std::string paper = "{src}/traces/paper/paper-calibration.jsonl";
+  const std::vector<std::string> cross = {"calibrate", "--records", paper, "--hardware", "h100-sxm-node", "--cross-validate"};
+  c.push_back({"calibrate_unknown_grouping", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "batch"}, "",
+               "--cross-validate", "\"batch\"", "unknown grouping"});
+  c.push_back({"calibrate_unknown_engine", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--engine", "abacus"},
+               "", "--engine", "\"abacus\"", "unknown engine"});
+  c.push_back({"calibrate_cross_validate_records_bad_line", {{"r.jsonl", record_with([](json& j) { j["measured"]["step_s"] = -1; })}},
+               {"calibrate", "--records", R, "--hardware", "h100-sxm-node", "--cross-validate", "record"}, R + ":1",
+               "measured.step_s", "-1", "range"});
+  c.push_back({"validate_explain_unknown_record", {}, {"validate", paper, "--explain", "t4-b999"}, paper, "--explain",
+               "\"t4-b999\"", "no step record"});
+  const std::string B = "{dir}/b.json";
+  auto breakdowns_with = [](const std::function<void(json&)>& edit) { return edited("traces/paper/published-breakdowns.json", edit); };
+  const std::vector<std::string> explain = {"validate", paper, "--explain", "t4-b32", "--published", B};
+  c.push_back({"published_breakdown_time_as_string",
+               {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][1]["step_s"] = "slow"; })}}, explain, B,
+               "breakdowns[1].step_s", "\"slow\"", "number"});
+  c.push_back({"published_breakdown_unknown_field",
+               {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][0]["stepp_s"] = 8.5; })}}, explain, B,
+               "breakdowns[0].stepp_s", "8.5", "unknown"});
+  c.push_back({"published_breakdown_negative_mechanism",
+               {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][0]["mechanisms"]["non_compute_s"] = -4.55; })}}, explain, B,
+               "breakdowns[0].mechanisms.non_compute_s", "-4.55", "range"});
+
   // --- plan search and what-if studies: oom plan --workload PATH, oom whatif STUDY.json -o DIR
   c.push_back({"plan_workload_negative_batch", {{"w.json", workload_with([](json& j) { j["global_batch"] = -4; })}},
                {"plan", "--workload", W}, W, "global_batch", "-4", "range"});
@@ -437,7 +462,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
-                                             "@records"}));
+                                             "calibrate", "validate", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.

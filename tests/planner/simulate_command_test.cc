@@ -97,5 +97,50 @@ TEST(CalibrateCommand, WritesACalibrationFileForTheHardware) {
   std::filesystem::remove(records);
 }
 
+TEST(CalibrateCommand, CrossValidationByGpuCountPredictsEachGroupFromTheOther) {
+  // Two groups: the four-GPU step records and the one-GPU operator records; each is predicted by
+  // a fit on the other alone. A few records of the published set keep the fits short.
+  const std::string records = temp_path("cv.jsonl");
+  {
+    std::ifstream in(kSource + "/traces/paper/paper-calibration.jsonl");
+    std::ofstream out(records);
+    for (std::string line; std::getline(in, line);) {
+      for (const char* id : {"\"t4-b32\"", "\"g-gemma4-b32\"", "\"g-gemma4-b32-fsdp2\"", "\"op-g4-moe-64k\"", "\"op-g4-sliding-64k\""}) {
+        if (line.find(std::string("\"id\": ") + id) != std::string::npos) out << line << "\n";
+      }
+    }
+  }
+  const Result r = oom({"calibrate", "--records", records, "--hardware", "h100-sxm-node", "--cross-validate", "gpus", "--json"});
+  std::filesystem::remove(records);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["grouping"], "gpus");
+  EXPECT_EQ(j["engine"], "analytic");
+  ASSERT_EQ(j["groups"].size(), 2u);
+  EXPECT_EQ(j["groups"][0]["group"], "4");
+  EXPECT_EQ(j["groups"][1]["group"], "1");
+  EXPECT_EQ(j["fits"], 2);
+  EXPECT_EQ(j["step"]["count"], 2);
+  EXPECT_EQ(j["operator"]["count"], 2);
+  EXPECT_TRUE(j["groups"][0].contains("calibration"));
+  for (const auto& rec : j["records"]) EXPECT_NE(rec["status"], "not_predicted") << rec["id"];
+}
+
+TEST(ValidateCommand, ExplainShowsTheBreakdownBesideThePublishedOne) {
+  const Result r = oom({"validate", kSource + "/traces/paper/paper-calibration.jsonl", "--explain", "t4-b32-r0", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["id"], "t4-b32-r0");
+  ASSERT_TRUE(j["published"].is_object());
+  EXPECT_EQ(j["published"]["mechanisms"]["non_compute_s"], 4.55);
+  double total = 0;
+  for (const auto& [m, s] : j["exposed_s"].items()) total += s.get<double>();
+  EXPECT_NEAR(total, j["step_s"].get<double>(), 1e-6);
+  EXPECT_GT(j["exposed_s"]["cpu_adamw"].get<double>(), 0.0);  // no resident layers: CPU updates show
+  const Result none = oom({"validate", kSource + "/traces/paper/paper-calibration.jsonl", "--explain", "g-qwen3-b32"});
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_EQ(none.out.find("Published:"), std::string::npos);  // no published breakdown for it
+}
+
 }  // namespace
 }  // namespace oom::cli
