@@ -182,10 +182,9 @@ void cpu_adamw_step(at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Te
     }
   };
   constexpr std::int64_t kGrain = 1 << 15;  // 32 Ki elements: ~900 KB of traffic per chunk
-  if (threads <= 0) {
-    at::parallel_for(0, n, kGrain, run);
-    return;
-  }
+  // Our own threads, not at::parallel_for: PyPI's LibTorch parallelizes with OpenMP pragmas inlined
+  // from its headers, which run serially in translation units built without -fopenmp.
+  if (threads <= 0) threads = at::get_num_threads();
   const std::int64_t parts = std::max<std::int64_t>(1, std::min<std::int64_t>(threads, (n + kGrain - 1) / kGrain));
   if (parts == 1) return run(0, n);
   const std::int64_t per = ((n + parts - 1) / parts + 15) / 16 * 16;

@@ -47,7 +47,7 @@ void adamw_kernel_bf16(float* p, const std::uint16_t* grad_bf16, float* m, float
 
 // One AdamW step on contiguous CPU tensors: p, m, v FP32 of equal numel, grad FP32 or BF16 of the
 // same numel. `step` is the 1-based step count after this update. Splits the work over `threads`
-// threads (0 = LibTorch's intra-op thread count). Throws c10::Error on mismatched tensors.
+// threads of its own (0 = LibTorch's intra-op thread count). Throws c10::Error on mismatched tensors.
 void cpu_adamw_step(at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Tensor& v, const AdamWConfig& cfg,
                     std::int64_t step, double grad_scale = 1.0, int threads = 0);
 

@@ -8,6 +8,7 @@
 // kernel and triad beside PyTorch's fused CPU AdamW and DeepSpeed's CPU Adam in one run.
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -81,9 +82,17 @@ void BM_Triad(benchmark::State& state) {
   const float* cp = c.data_ptr<float>();
   const float s = 1.0001f;
   for (auto _ : state) {
-    at::parallel_for(0, n, 1 << 15, [&](std::int64_t lo, std::int64_t hi) {
-      triad(ap + lo, bp + lo, cp + lo, s, hi - lo);
-    });
+    // One slice per thread, as cpu_adamw_step splits its work (at::parallel_for would run serially
+    // here: PyPI's LibTorch inlines OpenMP pragmas that need -fopenmp).
+    const int T = at::get_num_threads();
+    const std::int64_t per = (n + T - 1) / T;
+    std::vector<std::thread> pool;
+    for (int t = 1; t < T; ++t) {
+      const auto lo = std::min(n, t * per), hi = std::min(n, (t + 1) * per);
+      pool.emplace_back([=] { triad(ap + lo, bp + lo, cp + lo, s, hi - lo); });
+    }
+    triad(ap, bp, cp, s, std::min(n, per));
+    for (auto& th : pool) th.join();
     benchmark::ClobberMemory();
   }
   state.counters["bytes_per_s"] = benchmark::Counter(16.0 * static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
