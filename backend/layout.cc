@@ -26,6 +26,9 @@ void add_swiglu(Builder& b, const std::string& prefix, std::int64_t h, std::int6
   b.add(prefix + ".down", {h, inter});
 }
 
+// RMSNorm weights start where the norm is the identity: w = 1, or w = 0 for a (1 + w) norm.
+InitKind norm_init(const ModelSpec& s) { return s.zero_centered_norm() ? InitKind::kZeros : InitKind::kOnes; }
+
 }  // namespace
 
 std::int64_t ParamEntry::numel() const {
@@ -57,7 +60,7 @@ std::int64_t ModelLayout::total_numel() const {
 BlockLayout outer_layout(const ModelSpec& s) {
   Builder b("outer");
   b.add("embed", {s.vocab, s.hidden});
-  b.add("final_norm", {s.hidden}, InitKind::kOnes);
+  b.add("final_norm", {s.hidden}, norm_init(s));
   if (!s.tied_embeddings) b.add("lm_head", {s.vocab, s.hidden});
   return b.take();
 }
@@ -67,7 +70,7 @@ BlockLayout decoder_layout(const ModelSpec& s, int layer) {
   const std::int64_t h = s.hidden;
   const LayerKind kind = s.layer_kinds[static_cast<std::size_t>(layer)];
   Builder b("layer." + std::to_string(layer));
-  b.add("input_norm", {h}, InitKind::kOnes);
+  b.add("input_norm", {h}, norm_init(s));
   if (kind == LayerKind::kLinearAttention) {
     const GdnSpec& g = s.gdn;
     const std::int64_t kd = g.key_dim(), vd = g.value_dim();
@@ -86,11 +89,11 @@ BlockLayout decoder_layout(const ModelSpec& s, int layer) {
     if (!a.k_eq_v) b.add("attn.v_proj", {kvw, h});
     b.add("attn.o_proj", {h, qw});
     if (a.qk_norm) {
-      b.add("attn.q_norm", {a.head_dim}, InitKind::kOnes);
-      b.add("attn.k_norm", {a.head_dim}, InitKind::kOnes);
+      b.add("attn.q_norm", {a.head_dim}, norm_init(s));
+      b.add("attn.k_norm", {a.head_dim}, norm_init(s));
     }
   }
-  b.add("post_norm", {h}, InitKind::kOnes);
+  b.add("post_norm", {h}, norm_init(s));
   const MoeSpec& m = s.moe;
   b.add("router", {m.experts, h});
   b.add("experts.gate", {m.experts, m.expert_intermediate, h});

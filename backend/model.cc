@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include <torch/torch.h>
+
 #include "costmodel/input_error.h"
 
 namespace oom::backend {
@@ -29,24 +31,87 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return (y * weight.to(at::kFloat)).to(x.scalar_type());
 }
 
+at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
+  const auto xf = x.to(at::kFloat);
+  const auto y = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + spec.norm_eps);
+  const auto scale = spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight.to(at::kFloat);
+  return (y * scale).to(x.scalar_type());
+}
+
 std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim) {
   auto r = static_cast<std::int64_t>(std::floor(static_cast<double>(head_dim) * spec.partial_rotary_factor));
   return r - r % 2;
 }
 
-at::Tensor apply_rope(const at::Tensor& x, std::int64_t rot, double theta) {
+namespace {
+
+at::Tensor default_inv_freq(double theta, std::int64_t rot, const at::TensorOptions& opts) {
+  return at::pow(theta, at::arange(0, rot, 2, opts) / static_cast<double>(rot)).reciprocal();
+}
+
+at::Tensor rotate(const at::Tensor& x, std::int64_t rot, const at::Tensor& inv_freq, double attention_factor) {
   if (rot <= 0) return x;
   const auto S = x.size(1);
   const auto opts = x.options().dtype(at::kFloat);
-  const auto inv_freq = at::pow(theta, at::arange(0, rot, 2, opts) / static_cast<double>(rot)).reciprocal();
   const auto angles = at::outer(at::arange(S, opts), inv_freq);        // [S, rot/2]
   const auto emb = at::cat({angles, angles}, -1).view({1, S, 1, rot});  // [1, S, 1, rot]
-  const auto cos = emb.cos(), sin = emb.sin();
+  auto cos = emb.cos(), sin = emb.sin();
+  if (attention_factor != 1.0) {
+    cos = cos * attention_factor;
+    sin = sin * attention_factor;
+  }
   const auto xr = x.narrow(-1, 0, rot).to(at::kFloat);
   const auto x1 = xr.narrow(-1, 0, rot / 2), x2 = xr.narrow(-1, rot / 2, rot / 2);
   const auto rotated = (xr * cos + at::cat({-x2, x1}, -1) * sin).to(x.scalar_type());
   if (rot == x.size(-1)) return rotated;
   return at::cat({rotated, x.narrow(-1, rot, x.size(-1) - rot)}, -1);
+}
+
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+}  // namespace
+
+at::Tensor apply_rope(const at::Tensor& x, std::int64_t rot, double theta) {
+  if (rot <= 0) return x;
+  return rotate(x, rot, default_inv_freq(theta, rot, x.options().dtype(at::kFloat)), 1.0);
+}
+
+RopeFrequencies rope_frequencies(const ModelSpec& spec, std::int64_t head_dim, const at::TensorOptions& options) {
+  const auto rot = rotary_dims(spec, head_dim);
+  const auto opts = options.dtype(at::kFloat);
+  const auto base = default_inv_freq(spec.rope_theta, rot, opts);
+  const RopeScaling& y = spec.rope_scaling;
+  if (y.type != "yarn" || rot <= 0) return {base, 1.0};
+  // YaRN (as transformers' _compute_yarn_parameters): frequencies below the ramp are interpolated
+  // (divided by the factor), those above it extrapolated (kept), a linear ramp between.
+  double attention = y.attention_factor;
+  if (attention <= 0) {
+    attention = y.mscale > 0 && y.mscale_all_dim > 0 ? yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)
+                                                      : yarn_mscale(y.factor, 1.0);
+  }
+  const double dim = static_cast<double>(rot);
+  const auto correction_dim = [&](double rotations) {
+    return dim * std::log(static_cast<double>(y.original_max_position) / (rotations * 2 * M_PI)) / (2 * std::log(spec.rope_theta));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  const auto ramp = ((at::arange(rot / 2, opts) - low) / (high - low)).clamp(0, 1);
+  const auto extrapolation = 1 - ramp;
+  const auto inv_freq = base / y.factor * (1 - extrapolation) + base * extrapolation;
+  return {inv_freq, attention};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t head_dim) {
+  const auto rot = rotary_dims(spec, head_dim);
+  if (rot <= 0) return x;
+  const auto f = rope_frequencies(spec, head_dim, x.options());
+  return rotate(x, rot, f.inv_freq, f.attention_factor);
 }
 
 AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -92,12 +157,11 @@ at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const Mo
   auto k = at::linear(x, w["attn.k_proj"]).view({B, S, Hkv, d});
   const auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
   if (a.qk_norm) {
-    q = rms_norm(q, w["attn.q_norm"]);
-    k = rms_norm(k, w["attn.k_norm"]);
+    q = model_norm(q, w["attn.q_norm"], spec);
+    k = model_norm(k, w["attn.k_norm"], spec);
   }
-  const auto rot = rotary_dims(spec, d);
-  q = apply_rope(q, rot, spec.rope_theta);
-  k = apply_rope(k, rot, spec.rope_theta);
+  q = apply_rope(q, spec, d);
+  k = apply_rope(k, spec, d);
   const auto r = attention_core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), a.window_tokens,
                                 opt.attention_query_block);
   if (lse_out != nullptr) *lse_out = r.lse;
@@ -173,7 +237,7 @@ at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpe
     outs.push_back(gdn_chunk(q, k, v, g_all.narrow(2, s0, C), beta_all.narrow(2, s0, C), st.recurrent));
   }
   const auto o = at::cat(outs, 2).transpose(1, 2);  // [B, S, Hv, dv] FP32
-  const auto gated = rms_norm(o, w["gdn.norm"]) * at::silu(z.to(at::kFloat));
+  const auto gated = rms_norm(o, w["gdn.norm"], spec.norm_eps) * at::silu(z.to(at::kFloat));
   return at::linear(gated.reshape({B, S, vd}).to(x.scalar_type()), w["gdn.out_proj"]);
 }
 
@@ -191,11 +255,28 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tens
   return at::linear(act * at::linear(x, up), down);
 }
 
-at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec) {
+void RouterStats::add(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe) {
+  const auto probs = at::softmax(at::linear(x2d, router_weight).to(at::kFloat), -1);
+  const auto ids = std::get<1>(at::topk(probs.detach(), moe.top_k, -1));
+  const auto counts = at::bincount(ids.reshape({-1}), {}, moe.experts).to(at::kFloat);
+  const auto sums = probs.sum(0);
+  slot_counts = slot_counts.defined() ? slot_counts + counts : counts;
+  prob_sums = prob_sums.defined() ? prob_sums + sums : sums;
+  rows += x2d.size(0);
+}
+
+at::Tensor router_aux_loss(const RouterStats& stats, int experts) {
+  OOM_ASSERT(stats.rows > 0, "router statistics of no tokens");
+  const double rows = static_cast<double>(stats.rows);
+  return (stats.slot_counts / rows * (stats.prob_sums / rows)).sum() * static_cast<double>(experts);
+}
+
+at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats) {
   const MoeSpec& m = spec.moe;
   const auto shape = x.sizes().vec();
   const auto x2 = x.reshape({-1, x.size(-1)});
   const auto r = route(x2, w["router"], m);
+  if (stats != nullptr) stats->add(x2, w["router"], m);
   const auto& eg = w["experts.gate"];
   const auto& eu = w["experts.up"];
   const auto& ed = w["experts.down"];
@@ -225,31 +306,112 @@ at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& 
 }
 
 at::Tensor decoder_layer(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, int layer,
-                         const ModelOptions& opt) {
+                         const ModelOptions& opt, RouterStats* stats) {
   const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(layer)];
-  const auto xn = rms_norm(x, w["input_norm"]);
+  const auto xn = model_norm(x, w["input_norm"], spec);
   const auto mixed = kind == LayerKind::kLinearAttention ? gdn_mixing(xn, w, spec, opt)
                                                          : attention_mixing(xn, w, spec, kind, opt);
   const auto h = x + mixed;
-  return h + moe_ffn(rms_norm(h, w["post_norm"]), w, spec);
+  return h + moe_ffn(model_norm(h, w["post_norm"], spec), w, spec, stats);
 }
 
 at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer) { return at::embedding(outer["embed"], tokens); }
 
-at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const BlockWeights& outer, const ModelSpec& spec) {
-  const auto xn = rms_norm(x, outer["final_norm"]);
-  const auto& head = spec.tied_embeddings ? outer["embed"] : outer["lm_head"];
-  auto logits = at::linear(xn, head).to(at::kFloat);
-  if (spec.final_logit_softcap > 0) logits = at::tanh(logits / spec.final_logit_softcap) * spec.final_logit_softcap;
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+namespace {
+
+at::Tensor capped(const at::Tensor& logits, double softcap) {
+  return softcap > 0 ? at::tanh(logits / softcap) * softcap : logits;
+}
+
+// Cross-entropy through the vocabulary projection, chunk by chunk in both directions: the forward
+// keeps the per-token log-sum-exp, the backward recomputes each chunk's logits from xn and head.
+class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& xn, const at::Tensor& head,
+                            const at::Tensor& targets, double softcap, std::int64_t chunk) {
+    const auto N = xn.size(0);
+    auto lse = at::empty({N}, xn.options().dtype(at::kFloat));
+    auto total = at::zeros({}, xn.options().dtype(at::kFloat));
+    for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
+      const auto n = std::min(chunk, N - t0);
+      const auto logits = capped(at::linear(xn.narrow(0, t0, n), head).to(at::kFloat), softcap);  // [n, V]
+      const auto l = at::logsumexp(logits, {-1});
+      lse.narrow(0, t0, n).copy_(l);
+      total += (l - logits.gather(1, targets.narrow(0, t0, n).unsqueeze(1)).squeeze(1)).sum();
+    }
+    ctx->save_for_backward({xn, head, targets, lse});
+    ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["chunk"] = chunk;
+    return total / static_cast<double>(N);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &xn = saved[0], &head = saved[1], &targets = saved[2], &lse = saved[3];
+    const double softcap = ctx->saved_data["softcap"].toDouble();
+    const std::int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const auto N = xn.size(0);
+    const auto g = grad_out[0].to(at::kFloat) / static_cast<double>(N);
+    auto dx = at::empty_like(xn);
+    auto dhead = at::zeros(head.sizes(), head.options().dtype(at::kFloat));
+    for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
+      const auto n = std::min(chunk, N - t0);
+      const auto xc = xn.narrow(0, t0, n);
+      const auto raw = at::linear(xc, head).to(at::kFloat);
+      const auto logits = capped(raw, softcap);
+      auto d = at::exp(logits - lse.narrow(0, t0, n).unsqueeze(1));  // softmax
+      d.scatter_add_(1, targets.narrow(0, t0, n).unsqueeze(1), at::full({n, 1}, -1.0, d.options()));
+      d.mul_(g);
+      if (softcap > 0) d.mul_(1 - (logits / softcap).pow(2));  // d tanh
+      const auto dw = d.to(head.scalar_type());
+      dx.narrow(0, t0, n).copy_(at::matmul(dw, head));
+      dhead.addmm_(d.t(), xc.to(at::kFloat));
+    }
+    return {dx, dhead.to(head.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+const at::Tensor& head_weight(const BlockWeights& outer, const ModelSpec& spec) {
+  return spec.tied_embeddings ? outer["embed"] : outer["lm_head"];
+}
+
+}  // namespace
+
+at::Tensor chunked_cross_entropy(const at::Tensor& xn, const at::Tensor& head, const at::Tensor& targets,
+                                 double softcap, std::int64_t chunk_tokens) {
+  return ChunkedCrossEntropy::apply(xn, head, targets, softcap, std::max<std::int64_t>(1, chunk_tokens));
+}
+
+at::Tensor head_logits(const at::Tensor& x, const BlockWeights& outer, const ModelSpec& spec) {
+  const auto xn = model_norm(x, outer["final_norm"], spec);
+  return capped(at::linear(xn, head_weight(outer, spec)).to(at::kFloat), spec.final_logit_softcap);
+}
+
+at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const BlockWeights& outer, const ModelSpec& spec,
+                     std::int64_t chunk_tokens) {
+  const auto xn = model_norm(x, outer["final_norm"], spec);
+  return chunked_cross_entropy(xn.reshape({-1, xn.size(-1)}), head_weight(outer, spec), targets.reshape({-1}),
+                               spec.final_logit_softcap, chunk_tokens);
+}
+
+at::Tensor model_logits(const at::Tensor& tokens, const std::vector<BlockWeights>& weights, const ModelSpec& spec,
+                        const ModelOptions& opt) {
+  OOM_ASSERT(static_cast<int>(weights.size()) == spec.layers + 1, "one weight block per layer plus the outer block");
+  auto x = embed(tokens, weights[0]);
+  for (int l = 0; l < spec.layers; ++l) x = decoder_layer(x, weights[1 + l], spec, l, opt);
+  return head_logits(x, weights[0], spec);
 }
 
 at::Tensor model_loss(const at::Tensor& tokens, const at::Tensor& targets, const std::vector<BlockWeights>& weights,
                       const ModelSpec& spec, const ModelOptions& opt) {
   OOM_ASSERT(static_cast<int>(weights.size()) == spec.layers + 1, "one weight block per layer plus the outer block");
   auto x = embed(tokens, weights[0]);
-  for (int l = 0; l < spec.layers; ++l) x = decoder_layer(x, weights[1 + l], spec, l, opt);
-  return head_loss(x, targets, weights[0], spec);
+  const bool aux = spec.router_aux_loss_coef > 0;
+  RouterStats stats;
+  for (int l = 0; l < spec.layers; ++l) x = decoder_layer(x, weights[1 + l], spec, l, opt, aux ? &stats : nullptr);
+  const auto loss = head_loss(x, targets, weights[0], spec, opt.loss_chunk_tokens);
+  return aux ? loss + spec.router_aux_loss_coef * router_aux_loss(stats, spec.moe.experts) : loss;
 }
 
 }  // namespace oom::backend

@@ -37,14 +37,26 @@ BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat);
 struct ModelOptions {
   std::int64_t gdn_chunk_tokens = 32;       // GDN sequence chunk (state hand-off between chunks)
   std::int64_t attention_query_block = 64;  // query rows per attention block (windows skip keys)
+  std::int64_t loss_chunk_tokens = 1024;    // tokens per vocabulary-projection chunk of the loss
 };
 
 constexpr double kNormEps = 1e-6;
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = kNormEps);
+// The model's RMSNorm: spec.norm_eps, and a (1 + w) scale where spec.zero_centered_norm().
+at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec);
 // Rotates the first rotary_dims of the last dimension of x [B, S, heads, d] at positions 0..S-1.
 at::Tensor apply_rope(const at::Tensor& x, std::int64_t rotary_dims, double theta);
+// The model's RoPE for heads of head_dim: partial rotation, theta, and YaRN scaling of the
+// frequencies (with its cos/sin attention factor) where spec.rope_scaling asks for it.
+at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t head_dim);
 std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim);
+// Inverse frequencies [rotary_dims / 2] (FP32) and the cos/sin scale of the model's RoPE.
+struct RopeFrequencies {
+  at::Tensor inv_freq;
+  double attention_factor = 1.0;
+};
+RopeFrequencies rope_frequencies(const ModelSpec& spec, std::int64_t head_dim, const at::TensorOptions& options);
 
 struct AttentionOutput {
   at::Tensor out;  // [B, H, S, d] FP32
@@ -80,21 +92,47 @@ struct Routing {
   at::Tensor weights;
 };
 Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe);
+
+// What the load-balancing loss needs from the routers of a forward pass: per expert, how many of
+// the top-k slots it took (no gradient) and the sum of its softmax probability over the tokens.
+struct RouterStats {
+  at::Tensor slot_counts;  // [E] FP32, summed over layers
+  at::Tensor prob_sums;    // [E] FP32, summed over layers (differentiable)
+  std::int64_t rows = 0;   // tokens × layers
+  void add(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe);
+};
+// The Switch-Transformer load-balancing loss of transformers' load_balancing_loss_func:
+// E · Σ_e (slot_counts_e / rows) · (prob_sums_e / rows).
+at::Tensor router_aux_loss(const RouterStats& stats, int experts);
 // SwiGLU-style MLP: down(act(x·gateᵀ) ⊙ x·upᵀ); act is SiLU, or tanh-GELU for "gelu*" activations.
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                      const std::string& activation);
 // Routed experts + shared expert + dense MLP on the normalized input x [B, S, h] → [B, S, h].
-at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec);
+// With `stats`, the router's statistics are added to it.
+at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats = nullptr);
 
 // One decoder layer: x + mix(norm(x)), then + ffn(norm(·)).
 at::Tensor decoder_layer(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, int layer,
-                         const ModelOptions& opt);
+                         const ModelOptions& opt, RouterStats* stats = nullptr);
 
 at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer);
-// Mean cross-entropy of next-token targets [B, S] given the last hidden state x [B, S, h].
-at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const BlockWeights& outer, const ModelSpec& spec);
+// Mean cross-entropy of next-token targets [B, S] given the last hidden state x [B, S, h]. The
+// vocabulary projection runs in chunks of `chunk_tokens` tokens: the forward keeps one log-sum-exp
+// per token, the backward recomputes each chunk's logits, so no [B·S, V] logits tensor exists.
+at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const BlockWeights& outer, const ModelSpec& spec,
+                     std::int64_t chunk_tokens = 1024);
+// The same loss over normalized hidden states xn [N, h], head [V, h] and targets [N], in chunks.
+at::Tensor chunked_cross_entropy(const at::Tensor& xn, const at::Tensor& head, const at::Tensor& targets,
+                                 double softcap, std::int64_t chunk_tokens);
 
-// The whole model: embeddings, every decoder layer, head and loss (weights[0] outer, [1+l] layer l).
+// Logits [B, S, V] FP32 (softcapped where the model caps them) of the last hidden state.
+at::Tensor head_logits(const at::Tensor& x, const BlockWeights& outer, const ModelSpec& spec);
+// The whole model to the logits (for evaluation and parity checks).
+at::Tensor model_logits(const at::Tensor& tokens, const std::vector<BlockWeights>& weights, const ModelSpec& spec,
+                        const ModelOptions& opt);
+
+// The whole model: embeddings, every decoder layer, head and loss (weights[0] outer, [1+l] layer l),
+// plus spec.router_aux_loss_coef × the load-balancing loss where that is > 0.
 at::Tensor model_loss(const at::Tensor& tokens, const at::Tensor& targets, const std::vector<BlockWeights>& weights,
                       const ModelSpec& spec, const ModelOptions& opt);
 

@@ -21,12 +21,11 @@ AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, con
   auto k = at::linear(x, w["attn.k_proj"]).view({B, S, Hkv, d});
   const auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
   if (a.qk_norm) {
-    q = rms_norm(q, w["attn.q_norm"]);
-    k = rms_norm(k, w["attn.k_norm"]);
+    q = model_norm(q, w["attn.q_norm"], spec);
+    k = model_norm(k, w["attn.k_norm"], spec);
   }
-  const auto rot = rotary_dims(spec, d);
-  r.q = apply_rope(q, rot, spec.rope_theta).transpose(1, 2);
-  r.k = apply_rope(k, rot, spec.rope_theta).transpose(1, 2);
+  r.q = apply_rope(q, spec, d).transpose(1, 2);
+  r.k = apply_rope(k, spec, d).transpose(1, 2);
   r.v = v.transpose(1, 2);
   return r;
 }
@@ -160,7 +159,7 @@ at::Tensor gdn_output(const at::Tensor& o_in, const at::Tensor& z, const BlockWe
                       at::ScalarType dtype) {
   const auto o = o_in.transpose(1, 2);  // [B, S, Hv, dv]
   const auto B = o.size(0), S = o.size(1);
-  const auto gated = rms_norm(o, w["gdn.norm"]) * at::silu(z.to(at::kFloat));
+  const auto gated = rms_norm(o, w["gdn.norm"], spec.norm_eps) * at::silu(z.to(at::kFloat));
   return at::linear(gated.reshape({B, S, spec.gdn.value_dim()}).to(dtype), w["gdn.out_proj"]);
 }
 

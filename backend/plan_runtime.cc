@@ -171,7 +171,7 @@ struct PlanTrainer::Impl {
     plan_ops::AttentionInputs in;
     {
       auto s = stage(phase, l, "attn.proj", "gemm");
-      in = plan_ops::attention_inputs(rms_norm(x, w["input_norm"]), w, spec, kind);
+      in = plan_ops::attention_inputs(model_norm(x, w["input_norm"], spec), w, spec, kind);
     }
     at::Tensor out;
     if (!original && plan.keep_attention_results) {
@@ -207,7 +207,7 @@ struct PlanTrainer::Impl {
     plan_ops::AttentionInputs in;
     {
       auto s = stage("recompute", l, "attn.proj", "gemm");
-      in = plan_ops::attention_inputs(rms_norm(x_l, w["input_norm"]), w, spec, kind);
+      in = plan_ops::attention_inputs(model_norm(x_l, w["input_norm"], spec), w, spec, kind);
     }
     // K/V leaves in FP32: their gradients accumulate over the query-head groups in FP32.
     auto q_l = leaf(in.q), k_l = leaf(in.k.to(at::kFloat)), v_l = leaf(in.v.to(at::kFloat)), gate_l = leaf(in.gate);
@@ -291,7 +291,7 @@ struct PlanTrainer::Impl {
     plan_ops::GdnInputs in;
     {
       auto s = stage(phase, l, "gdn.proj", "gemm");
-      in = plan_ops::gdn_inputs(rms_norm(x, w["input_norm"]), w, spec);
+      in = plan_ops::gdn_inputs(model_norm(x, w["input_norm"], spec), w, spec);
     }
     const GdnSpec& g = spec.gdn;
     auto state = at::zeros({x.size(0), g.value_heads, g.key_head_dim, g.value_head_dim}, x.options().dtype(at::kFloat));
@@ -310,7 +310,7 @@ struct PlanTrainer::Impl {
     plan_ops::GdnInputs in;
     {
       auto s = stage("recompute", l, "gdn.proj", "gemm");
-      in = plan_ops::gdn_inputs(rms_norm(x_l, w["input_norm"]), w, spec);
+      in = plan_ops::gdn_inputs(model_norm(x_l, w["input_norm"], spec), w, spec);
     }
     const plan_ops::GdnInputs lin{leaf(in.qkv), leaf(in.z), leaf(in.beta), leaf(in.g)};
     const auto chunks = ranges(x.size(1), plan.split.gdn_chunk_tokens);
@@ -366,7 +366,7 @@ struct PlanTrainer::Impl {
       plan_ops::DenseTerms d;
       {
         auto s = stage(phase, l, fmt::format("moe.c{}.router_shared", c), "gemm");
-        xn = rms_norm(hc, w["post_norm"]);
+        xn = model_norm(hc, w["post_norm"], spec);
         r = route(xn, w["router"], spec.moe);
         d = plan_ops::dense_terms(xn, w, spec);
       }
@@ -394,7 +394,7 @@ struct PlanTrainer::Impl {
       Routing r;
       {
         auto s = stage("recompute", l, fmt::format("moe.c{}.router_shared", c), "gemm");
-        xn = rms_norm(hc, w["post_norm"]);
+        xn = model_norm(hc, w["post_norm"], spec);
         xn_l = leaf(xn);
         r = route(xn_l, w["router"], spec.moe);
         d = plan_ops::dense_terms(xn_l, w, spec);

@@ -17,6 +17,7 @@ std::int64_t element_bytes(const std::string& dtype, at::ScalarType* type) {
   if (dtype == "F32") { *type = at::kFloat; return 4; }
   if (dtype == "BF16") { *type = at::kBFloat16; return 2; }
   if (dtype == "F16") { *type = at::kHalf; return 2; }
+  if (dtype == "I64") { *type = at::kLong; return 8; }
   return 0;
 }
 
@@ -45,7 +46,7 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& path) {
     at::ScalarType type{};
     const std::string dtype = r.string("dtype");
     const auto esize = element_bytes(dtype, &type);
-    if (esize == 0) r.fail("dtype", "unsupported dtype (expected F32, BF16 or F16)");
+    if (esize == 0) r.fail("dtype", "unsupported dtype (expected F32, BF16, F16 or I64)");
     const auto shape = r.integer_list("shape", 0, std::int64_t{1} << 40);
     const auto offsets = r.integer_list("data_offsets", 0, static_cast<std::int64_t>(data_len));
     if (offsets.size() != 2 || offsets[0] > offsets[1]) r.fail("data_offsets", "expected [begin, end] with begin ≤ end");

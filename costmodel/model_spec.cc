@@ -109,6 +109,38 @@ int ModelSpec::count(LayerKind kind) const {
   return n;
 }
 
+bool ModelSpec::zero_centered_norm() const { return is_qwen_hybrid(model_type); }
+
+namespace {
+
+// rope_parameters (transformers ≥ 5) or rope_scaling (older configs): the scaling of the
+// frequencies. Per-layer-type parameters (Gemma 4) are not read here.
+RopeScaling read_rope_scaling(const JsonReader& r, std::int64_t max_position) {
+  RopeScaling s;
+  const char* key = r.has("rope_parameters") && r.raw()["rope_parameters"].is_object() ? "rope_parameters"
+                    : r.has("rope_scaling") && r.raw()["rope_scaling"].is_object()   ? "rope_scaling"
+                                                                                       : nullptr;
+  if (key == nullptr) return s;
+  const JsonReader p = r.object(key);
+  const char* type_key = p.has("rope_type") ? "rope_type" : p.has("type") ? "type" : nullptr;
+  if (type_key == nullptr) return s;
+  s.type = p.one_of(type_key, {"default", "yarn"});
+  if (s.type == "default") return s;
+  s.original_max_position = p.integer("original_max_position_embeddings", 1, std::int64_t{1} << 40);
+  s.factor = p.has("factor") && !p.raw()["factor"].is_null()
+                 ? p.number("factor", 1.0, 1e6)
+                 : static_cast<double>(std::max<std::int64_t>(max_position, 1)) / static_cast<double>(s.original_max_position);
+  s.beta_fast = p.number_or("beta_fast", 32.0, 1e-6, 1e6);
+  s.beta_slow = p.number_or("beta_slow", 1.0, 1e-6, 1e6);
+  s.attention_factor = p.number_or("attention_factor", 0.0, 0.0, 1e3);
+  s.mscale = p.number_or("mscale", 0.0, 0.0, 1e3);
+  s.mscale_all_dim = p.number_or("mscale_all_dim", 0.0, 0.0, 1e3);
+  s.truncate = p.boolean_or("truncate", true);
+  return s;
+}
+
+}  // namespace
+
 ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::string& file, const std::string& name) {
   const JsonReader outer(config, file);
   const JsonReader r = outer.has("text_config") ? outer.object("text_config") : outer;
@@ -127,7 +159,16 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
     theta = r.object("rope_parameters").number_or("rope_theta", theta, 1.0, 1e15);
   }
   s.rope_theta = r.number_or("rope_theta", theta, 1.0, 1e15);
-  s.partial_rotary_factor = r.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
+  double partial = 1.0;
+  if (r.has("rope_parameters") && r.raw()["rope_parameters"].is_object()) {
+    partial = r.object("rope_parameters").number_or("partial_rotary_factor", partial, 0.0, 1.0);
+  }
+  s.partial_rotary_factor = r.number_or("partial_rotary_factor", partial, 0.0, 1.0);
+  s.rope_scaling = read_rope_scaling(r, s.max_position);
+  s.norm_eps = r.number_or("rms_norm_eps", 1e-6, 1e-12, 1.0);
+  // transformers adds the load-balancing loss only when the config outputs the router logits.
+  const double aux = r.number_or("router_aux_loss_coef", 0.0, 0.0, 1e3);
+  s.router_aux_loss_coef = r.boolean_or("output_router_logits", false) ? aux : 0.0;
   s.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0, 0.0, 1e6);
   s.activation = r.string_or("hidden_activation", r.string_or("hidden_act", "silu"));
 
@@ -208,6 +249,15 @@ nlohmann::json model_spec_to_hf_config(const ModelSpec& s) {
   j["partial_rotary_factor"] = s.partial_rotary_factor;
   j["final_logit_softcapping"] = s.final_logit_softcap;
   j["hidden_act"] = s.activation;
+  j["rms_norm_eps"] = s.norm_eps;
+  j["router_aux_loss_coef"] = s.router_aux_loss_coef;
+  j["output_router_logits"] = s.router_aux_loss_coef > 0;
+  if (s.rope_scaling.type != "default") {
+    const RopeScaling& y = s.rope_scaling;
+    j["rope_scaling"] = {{"rope_type", y.type}, {"factor", y.factor}, {"original_max_position_embeddings", y.original_max_position},
+                         {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"attention_factor", y.attention_factor},
+                         {"mscale", y.mscale}, {"mscale_all_dim", y.mscale_all_dim}, {"truncate", y.truncate}};
+  }
   const AttentionSpec& a = s.sliding_attention;
   j["num_attention_heads"] = a.heads;
   j["num_key_value_heads"] = a.kv_heads;

@@ -58,6 +58,21 @@ struct MoeSpec {
   bool operator==(const MoeSpec&) const = default;
 };
 
+// RoPE frequency scaling (Hugging Face rope_parameters / rope_scaling): none, or YaRN.
+struct RopeScaling {
+  std::string type = "default";         // "default" or "yarn"
+  double factor = 1.0;                   // context extension factor
+  std::int64_t original_max_position = 0;  // positions the model was pre-trained on
+  double beta_fast = 32.0;               // ramp bounds, in rotations over the original context
+  double beta_slow = 1.0;
+  double attention_factor = 0.0;         // cos/sin scale; 0 = derived from factor (and mscale)
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  bool truncate = true;                  // round the ramp bounds to whole dimensions
+
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelSpec {
   std::string name;        // project name (configs/models/<name>.json) or the file stem
   std::string model_type;  // Hugging Face model_type of the text backbone
@@ -75,6 +90,13 @@ struct ModelSpec {
   double partial_rotary_factor = 1.0;
   double final_logit_softcap = 0.0;  // 0 = none
   std::string activation = "silu";
+  RopeScaling rope_scaling;
+  double norm_eps = 1e-6;               // rms_norm_eps of every RMSNorm
+  double router_aux_loss_coef = 0.0;    // load-balancing loss weight; 0 = none (see router_aux_loss)
+
+  // Whether the RMSNorms scale by (1 + w) with w initialised at 0 (Qwen3.5, Qwen3.6, Qwen3-Next);
+  // otherwise by w, initialised at 1. Follows from model_type. The GDN output norm always uses w.
+  bool zero_centered_norm() const;
 
   const AttentionSpec& attention(LayerKind kind) const;
   int count(LayerKind kind) const;

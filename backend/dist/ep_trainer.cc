@@ -233,7 +233,7 @@ struct EpTrainer::Impl {
   // x + token mixing of norm(x): the first half of a decoder layer.
   at::Tensor mixing(const at::Tensor& x, const BlockWeights& w, int layer) const {
     const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(layer)];
-    const auto xn = rms_norm(x, w["input_norm"]);
+    const auto xn = model_norm(x, w["input_norm"], spec);
     return x + (kind == LayerKind::kLinearAttention ? gdn_mixing(xn, w, spec, cfg.trainer.model)
                                                     : attention_mixing(xn, w, spec, kind, cfg.trainer.model));
   }
@@ -396,7 +396,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
     if (!s.retained[static_cast<std::size_t>(l)]) {
       at::NoGradGuard no_grad;
       const auto a = s.mixing(h, w, l);
-      h = a + s.moe(rms_norm(a, w["post_norm"]), w, l);
+      h = a + s.moe(model_norm(a, w["post_norm"], s.spec), w, l);
       continue;
     }
     at::Tensor a;
@@ -405,7 +405,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
       a = s.mixing(h, w, l);
     }
     auto a_leaf = a.detach().requires_grad_(true);
-    const auto y = a_leaf + s.moe(rms_norm(a_leaf, w["post_norm"]), w, l);
+    const auto y = a_leaf + s.moe(model_norm(a_leaf, w["post_norm"], s.spec), w, l);
     mids[static_cast<std::size_t>(l)] = a_leaf;
     outs[static_cast<std::size_t>(l)] = y;
     h = y.detach();
@@ -421,7 +421,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
       auto x = inputs[i].detach().requires_grad_(true);
       inputs[i] = at::Tensor();
       const auto a = s.mixing(x, w, l);
-      (a + s.moe(rms_norm(a, w["post_norm"]), w, l, /*record=*/false)).backward(g);
+      (a + s.moe(model_norm(a, w["post_norm"], s.spec), w, l, /*record=*/false)).backward(g);
       g = x.grad();
       continue;
     }
