@@ -1,5 +1,5 @@
 // The entry point of the LibTorch backend plugin, liboom_torch.so (cli/cli.h): `oom train`,
-// `oom rank-worker` and `oom calibrate --backend`, parsed and run with the `oom` program's exit codes.
+// `oom eval`, `oom rank-worker` and `oom calibrate --backend`, parsed and run with the `oom` program's exit codes.
 #include <CLI/CLI.hpp>
 
 #include "cli/cli.h"
@@ -12,6 +12,7 @@ extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std
   app.require_subcommand(1);
   add_train_commands(app, io);
   add_rank_worker_command(app, io);
+  add_eval_command(app, io);
   auto* calibrate = app.add_subcommand("calibrate", "Measure this machine with the LibTorch backend and fit its constants");
   const auto backend = add_backend_calibration_options(*calibrate, io);
   calibrate->callback([backend] { backend(); });

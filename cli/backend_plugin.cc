@@ -49,7 +49,7 @@ std::string backend_library_path() {
 
 bool is_backend_command(const std::vector<std::string>& args) {
   if (args.empty()) return false;
-  if (args[0] == "train" || args[0] == "rank-worker") return true;
+  if (args[0] == "train" || args[0] == "eval" || args[0] == "rank-worker") return true;
   return args[0] == "calibrate" && std::find(args.begin(), args.end(), "--backend") != args.end();
 }
 
@@ -81,6 +81,7 @@ int run_backend(const std::vector<std::string>& args, Io io) {
 
 void add_backend_command_stubs(CLI::App& app) {
   app.add_subcommand("train", "Train a model with the LibTorch backend (one process, --ranks P, or under torchrun); `oom train --help` lists its options");
+  app.add_subcommand("eval", "Mean next-token loss of a Hugging Face checkpoint over a token file; `oom eval --help` lists its options");
 }
 
 std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io) {

@@ -70,6 +70,8 @@ struct TrainRanksOptions;
 std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* train);
 bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& ranks, bool json, Io io);
 void add_rank_worker_command(CLI::App& app, Io io);
+// `oom eval` (backend plugin): the mean next-token loss of a checkpoint over a token file.
+void add_eval_command(CLI::App& app, Io io);
 // `oom calibrate --backend`: its options on the plugin's calibrate subcommand; the returned
 // function runs it.
 std::function<bool()> add_backend_calibration_options(CLI::App& calibrate, Io io);

@@ -51,6 +51,8 @@ class Reader {
     return t->reshape(shape);
   }
   std::vector<std::string> take_names() { return std::move(read_); }
+  std::size_t names_read() const { return read_.size(); }
+  const std::string& name(std::size_t i) const { return read_[i]; }
 
  private:
   const HfTensorSource& source_;
@@ -178,18 +180,26 @@ void check_hf_architecture(const ModelSpec& s, const std::string& origin) {
 }
 
 std::vector<std::string> load_hf_blocks(const ModelSpec& spec, const ModelLayout& layout, const HfTensorSource& source,
-                                        std::vector<at::Tensor>& blocks, const std::string& origin) {
+                                        std::vector<at::Tensor>& blocks, const std::string& origin,
+                                        const std::function<void(const std::string&)>& loaded) {
   check_hf_architecture(spec, origin);
   OOM_ASSERT(blocks.size() == layout.blocks.size(), "one buffer per layout block");
   Reader r(source, origin);
   std::vector<std::vector<Assign>> plans;
+  std::vector<std::size_t> names_end;  // per block: the end of its names in the reader's list
   for (std::size_t b = 0; b < layout.blocks.size(); ++b) {
     plans.push_back(plan_block(spec, layout.blocks[b], static_cast<int>(b), r));
+    names_end.push_back(r.names_read());
   }
   at::NoGradGuard no_grad;
+  std::size_t first = 0;
   for (std::size_t b = 0; b < layout.blocks.size(); ++b) {
     const auto views = block_views(layout.blocks[b], blocks[b]);
     for (std::size_t i = 0; i < plans[b].size(); ++i) plans[b][i](views.tensors[i]);
+    if (loaded) {
+      for (std::size_t i = first; i < names_end[b]; ++i) loaded(r.name(i));
+    }
+    first = names_end[b];
   }
   return r.take_names();
 }

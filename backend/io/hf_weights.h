@@ -38,8 +38,10 @@ void check_hf_architecture(const ModelSpec& spec, const std::string& origin);
 // implies — InputError "ORIGIN: tensor 'NAME' has shape [..], the config asks for [..]" or
 // "... has no tensor 'NAME'" — and only then copies, so a bad checkpoint changes nothing.
 // Returns the names that were read (to report tensors of the checkpoint that the model ignores).
+// `loaded(name)` is called for each tensor once its block is copied (to drop its pages).
 std::vector<std::string> load_hf_blocks(const ModelSpec& spec, const ModelLayout& layout, const HfTensorSource& source,
-                                        std::vector<at::Tensor>& blocks, const std::string& origin);
+                                        std::vector<at::Tensor>& blocks, const std::string& origin,
+                                        const std::function<void(const std::string&)>& loaded = {});
 
 // The Hugging Face tensors of one block (block 0 = outer, 1 + l = layer l) under the names
 // save_pretrained writes, as FP32 tensors (views of `flat` where the layout allows).

@@ -1,0 +1,46 @@
+// Hugging Face checkpoint folders in and out of the host state: `oom train --weights DIR`,
+// `--save-weights DIR` and `oom eval --weights DIR`.
+//
+// Reading maps the folder's safetensors files (backend/io/checkpoint_folder.h) and copies each
+// tensor straight from the mapping into the FP32 masters (backend/io/hf_weights.h names them),
+// dropping each tensor's pages once its block is copied, so the host state is the only full copy
+// in memory. Writing produces what transformers' from_pretrained reads: config.json and
+// model.safetensors, or shards with model.safetensors.index.json. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/state.h"
+#include "costmodel/model_spec.h"
+
+namespace oom::backend {
+
+// Whether `path` is a folder (a Hugging Face checkpoint) rather than a file.
+bool is_hf_checkpoint_dir(const std::string& path);
+
+// The model of the checkpoint in `dir` (its config.json), named after the folder. Throws
+// InputError naming the file for a missing or bad config, or an architecture without HF support.
+ModelSpec hf_checkpoint_spec(const std::string& dir);
+
+// Loads the checkpoint in `dir` into the masters of `state` (and republishes the working copies).
+// Throws InputError naming the file, the tensor and both shapes when a tensor is missing or has
+// another shape than state's model asks for; `state` is unchanged then. Returns the checkpoint's
+// tensors the model does not use (e.g. a multimodal checkpoint's vision tower).
+std::vector<std::string> load_hf_checkpoint(const std::string& dir, HostState& state);
+
+struct SaveHfOptions {
+  bool bf16 = false;                                  // BF16 tensors (else FP32)
+  std::uint64_t max_shard_bytes = 5ull << 30;         // as save_pretrained's default "5GB"
+};
+
+// Writes the masters of `state` to `dir` under transformers' names, with `config` as config.json
+// (the config the model was read from; model_spec_to_hf_config when empty). Atomic per file; the
+// folder's previous checkpoint stays intact when writing fails.
+void save_hf_checkpoint(const std::string& dir, const HostState& state, nlohmann::json config,
+                        const SaveHfOptions& options = {});
+
+}  // namespace oom::backend
