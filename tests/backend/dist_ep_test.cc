@@ -44,7 +44,11 @@ namespace fs = std::filesystem;
 using testing::rel_diff;
 
 constexpr double kTol = 1e-5;
-constexpr double kParamMaxTol = 1e-4;
+// Parameters after AdamW steps, largest difference relative to the block's largest value. Blocks of
+// models with zero-centred norms (Qwen3.5-style, norm weights around 0 instead of 1) have largest
+// values around 0.1, so the same absolute rounding-level difference reads 10× larger than in the
+// blocks of models whose norm weights are 1; the relative L2 check (kTol) stays tight.
+constexpr double kParamMaxTol = 3e-4;
 
 double rel_l2(const at::Tensor& a, const at::Tensor& b) {
   const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
