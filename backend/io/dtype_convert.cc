@@ -1,0 +1,141 @@
+// convert_to_f32 / convert_from_f32 (declared in safetensors_file.h). These run on the checkpoint
+// load path over every weight, so the loops are written for the compiler to vectorize: fixed-width
+// integer loads through memcpy (tensor bytes in a mapped file need not be aligned), no branches in
+// the BF16 paths, branch-light scalar code for F16.
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "backend/io/safetensors_file.h"
+
+namespace oom::io {
+namespace {
+
+inline float bits_to_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline std::uint32_t float_to_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// IEEE binary16 → binary32, exact for every pattern (NaN payloads kept in the top mantissa bits).
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {
+    // Zero or subnormal: mant · 2^-24, exact in FP32.
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return bits_to_float(float_to_bits(v) | sign);
+  }
+  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
+  return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+// binary32 → binary16, round to nearest even; overflow → infinity; NaN → quiet NaN.
+inline std::uint16_t float_to_half(float f) {
+  std::uint32_t x = float_to_bits(f);
+  const std::uint16_t sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return sign | 0x7e00u | static_cast<std::uint16_t>((x >> 13) & 0x3ffu);  // NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00u;  // ≥ 65520 rounds to infinity (and infinity itself)
+  if (x < 0x38800000u) {
+    // Below 2^-14: a binary16 subnormal (units of 2^-24) or zero.
+    const std::uint32_t exp = x >> 23;
+    const std::uint32_t shift = 126 - exp;  // value = full_mant >> shift units
+    if (shift > 24) return sign;
+    const std::uint32_t full = (x & 0x7fffffu) | 0x800000u;
+    std::uint32_t q = full >> shift;
+    const std::uint32_t rem = full & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return sign | static_cast<std::uint16_t>(q);
+  }
+  std::uint32_t q = (x >> 13) - (112u << 10);
+  const std::uint32_t rem = x & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;
+  return sign | static_cast<std::uint16_t>(q);
+}
+
+// binary32 → bfloat16, round to nearest even; NaN → quiet NaN of the same sign.
+inline std::uint16_t float_to_bf16(std::uint32_t x) {
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+void check_n(std::int64_t n, std::size_t have, std::size_t size, const char* what) {
+  if (n < 0) throw std::invalid_argument(std::string(what) + ": negative element count");
+  if (have / size < static_cast<std::uint64_t>(n)) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(have) + " source bytes hold fewer than " +
+                                std::to_string(n) + " elements");
+  }
+}
+
+}  // namespace
+
+void convert_to_f32(std::span<const std::byte> src, DType dtype, float* dst, std::int64_t n) {
+  const auto* s = reinterpret_cast<const unsigned char*>(src.data());
+  switch (dtype) {
+    case DType::F32:
+      check_n(n, src.size(), 4, "convert_to_f32");
+      std::memcpy(dst, s, static_cast<std::size_t>(n) * 4);
+      return;
+    case DType::BF16: {
+      check_n(n, src.size(), 2, "convert_to_f32");
+      auto* d = reinterpret_cast<std::uint32_t*>(dst);
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint16_t v;
+        std::memcpy(&v, s + 2 * i, 2);
+        d[i] = static_cast<std::uint32_t>(v) << 16;
+      }
+      return;
+    }
+    case DType::F16:
+      check_n(n, src.size(), 2, "convert_to_f32");
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint16_t v;
+        std::memcpy(&v, s + 2 * i, 2);
+        dst[i] = half_to_float(v);
+      }
+      return;
+    case DType::F64:
+      check_n(n, src.size(), 8, "convert_to_f32");
+      for (std::int64_t i = 0; i < n; ++i) {
+        double v;
+        std::memcpy(&v, s + 8 * i, 8);
+        dst[i] = static_cast<float>(v);
+      }
+      return;
+    default:
+      throw std::invalid_argument(std::string("convert_to_f32: cannot convert ") + dtype_name(dtype) + " to F32");
+  }
+}
+
+void convert_from_f32(const float* src, std::int64_t n, DType dtype, std::byte* dst) {
+  if (n < 0) throw std::invalid_argument("convert_from_f32: negative element count");
+  auto* d = reinterpret_cast<unsigned char*>(dst);
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(d, src, static_cast<std::size_t>(n) * 4);
+      return;
+    case DType::BF16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::uint16_t v = float_to_bf16(float_to_bits(src[i]));
+        std::memcpy(d + 2 * i, &v, 2);
+      }
+      return;
+    case DType::F16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::uint16_t v = float_to_half(src[i]);
+        std::memcpy(d + 2 * i, &v, 2);
+      }
+      return;
+    default:
+      throw std::invalid_argument(std::string("convert_from_f32: cannot convert F32 to ") + dtype_name(dtype));
+  }
+}
+
+}  // namespace oom::io
