@@ -143,6 +143,23 @@ std::uint64_t CheckpointFolder::total_tensor_bytes() const {
   return total;
 }
 
+void read_tensor_f32(const TensorLocation& t, float* dst, bool release_pages) {
+  // 8 MiB of file per chunk: large enough that the per-call costs vanish, small enough to stay
+  // near the caches and to bound the mapping's share of resident memory.
+  constexpr std::uint64_t kChunkBytes = 8ull << 20;
+  const std::uint64_t elem = dtype_size(t.info->dtype);
+  const std::uint64_t chunk_elems = kChunkBytes / elem;
+  const std::span<const std::byte> all = t.file->bytes(*t.info);
+  const std::uint64_t n = static_cast<std::uint64_t>(t.info->numel());
+  for (std::uint64_t first = 0; first < n; first += chunk_elems) {
+    const std::uint64_t count = std::min(chunk_elems, n - first);
+    const std::span<const std::byte> part = all.subspan(first * elem, count * elem);
+    t.file->prefault(t.info->begin + first * elem, t.info->begin + (first + count) * elem);
+    convert_to_f32(part, t.info->dtype, dst + first, static_cast<std::int64_t>(count));
+    if (release_pages) t.file->release(t.info->begin + first * elem, t.info->begin + (first + count) * elem);
+  }
+}
+
 // ---- writer -----------------------------------------------------------------------------------
 
 namespace {

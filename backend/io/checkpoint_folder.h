@@ -44,6 +44,14 @@ struct TensorLocation {
   const TensorInfo* info;
 };
 
+// Converts the tensor at `t` to FP32 into `dst` (t.info->numel() floats), straight from the file's
+// mapping: the way a trainer loads weights into its host state, with no intermediate copy. Works
+// through the tensor in chunks, prefaulting each chunk's pages in one call (MADV_POPULATE_READ)
+// and, with `release_pages`, dropping them once converted (MADV_DONTNEED), so the mapping adds at
+// most about one chunk to resident memory. Throws std::invalid_argument for a dtype that is not
+// F32, F16, BF16 or F64.
+void read_tensor_f32(const TensorLocation& t, float* dst, bool release_pages = true);
+
 class CheckpointFolder {
  public:
   // Opens `dir`. With an index, every shard it names is mapped and checked: a tensor listed but

@@ -311,6 +311,16 @@ void SafetensorsFile::release(std::uint64_t begin, std::uint64_t end) const {
   if (first < last) ::madvise(const_cast<std::byte*>(data_) + first, last - first, MADV_DONTNEED);
 }
 
+void SafetensorsFile::prefault(std::uint64_t begin, std::uint64_t end) const {
+#ifdef MADV_POPULATE_READ
+  if (data_ == nullptr) return;
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  end = std::min(end, size_);
+  const std::uint64_t first = begin / page * page;
+  if (first < end) ::madvise(const_cast<std::byte*>(data_) + first, end - first, MADV_POPULATE_READ);
+#endif
+}
+
 // ---- writer -----------------------------------------------------------------------------------
 
 std::uint64_t TensorToWrite::size_bytes() const {

@@ -88,6 +88,9 @@ class SafetensorsFile {
   // the range) are no longer needed (MADV_DONTNEED): a loader that has converted a tensor drops
   // its pages so the mapping does not hold the file a second time. Later reads fault them back in.
   void release(std::uint64_t begin, std::uint64_t end) const;
+  // Maps the pages of [begin, end) in one call (MADV_POPULATE_READ; a no-op where the kernel lacks
+  // it) instead of one page fault per page.
+  void prefault(std::uint64_t begin, std::uint64_t end) const;
 
  private:
   void unmap() noexcept;

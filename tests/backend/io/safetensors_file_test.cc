@@ -320,6 +320,23 @@ TEST(WriteSafetensors, AFailingFillLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(entries, 1);
 }
 
+// The fuzz seeds were written by safetensors.torch.save_file: each is a valid file.
+TEST(SafetensorsFile, OpensTheFuzzSeedsWrittenBySaveFile) {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(OOM_SOURCE_DIR) + "/tests/fuzz/seeds/safetensors_header")) {
+    const SafetensorsFile f(e.path().string());
+    EXPECT_FALSE(f.tensors().empty()) << e.path();
+    ++files;
+  }
+  EXPECT_GE(files, 4);
+  const SafetensorsFile m(std::string(OOM_SOURCE_DIR) + "/tests/fuzz/seeds/safetensors_header/f16-f64-metadata.safetensors");
+  EXPECT_EQ(m.metadata().at("step"), "12");
+  float h[3];
+  convert_to_f32(m.bytes(*m.find("h")), DType::F16, h, 3);
+  EXPECT_EQ(h[0], 0.5f);
+  EXPECT_TRUE(std::signbit(h[1]));
+}
+
 // ---- agreement with the safetensors package --------------------------------------------------
 
 std::string venv_python() { return std::string(OOM_SOURCE_DIR) + "/.venv/bin/python"; }
