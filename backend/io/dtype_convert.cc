@@ -7,6 +7,10 @@
 #include <stdexcept>
 #include <string>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "backend/io/safetensors_file.h"
 
 namespace oom::io {
@@ -66,6 +70,56 @@ inline std::uint16_t float_to_bf16(std::uint32_t x) {
   return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+// Output past this size goes around the caches (streaming stores): a loader writes gigabytes of
+// FP32 host state it will not read again soon, and skipping the read-for-ownership of every
+// destination line saves a third of the memory traffic.
+constexpr std::int64_t kStreamingMinElements = std::int64_t{1} << 18;  // 1 MiB of FP32
+
+// BF16 → FP32 of n elements: a 16-bit shift, 8 elements per step with SSE2 streaming stores.
+void bf16_to_f32(const unsigned char* s, std::uint32_t* d, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__SSE2__)
+  if (n >= kStreamingMinElements) {
+    for (; i < n && (reinterpret_cast<std::uintptr_t>(d + i) & 15u) != 0; ++i) {
+      std::uint16_t v;
+      std::memcpy(&v, s + 2 * i, 2);
+      d[i] = static_cast<std::uint32_t>(v) << 16;
+    }
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_unpacklo_epi16(zero, x));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 4), _mm_unpackhi_epi16(zero, x));
+    }
+    _mm_sfence();
+  }
+#endif
+  for (; i < n; ++i) {
+    std::uint16_t v;
+    std::memcpy(&v, s + 2 * i, 2);
+    d[i] = static_cast<std::uint32_t>(v) << 16;
+  }
+}
+
+// FP32 copy with streaming stores past kStreamingMinElements (glibc's memcpy switches to them only
+// past a size tied to the last-level cache, far above a loader's chunks).
+void copy_f32(const unsigned char* s, float* d, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__SSE2__)
+  if (n >= kStreamingMinElements) {
+    for (; i < n && (reinterpret_cast<std::uintptr_t>(d + i) & 15u) != 0; ++i) std::memcpy(d + i, s + 4 * i, 4);
+    for (; i + 8 <= n; i += 8) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 4 * i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 4 * i + 16));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 4), b);
+    }
+    _mm_sfence();
+  }
+#endif
+  if (i < n) std::memcpy(d + i, s + 4 * i, static_cast<std::size_t>(n - i) * 4);
+}
+
 void check_n(std::int64_t n, std::size_t have, std::size_t size, const char* what) {
   if (n < 0) throw std::invalid_argument(std::string(what) + ": negative element count");
   if (have / size < static_cast<std::uint64_t>(n)) {
@@ -81,16 +135,11 @@ void convert_to_f32(std::span<const std::byte> src, DType dtype, float* dst, std
   switch (dtype) {
     case DType::F32:
       check_n(n, src.size(), 4, "convert_to_f32");
-      std::memcpy(dst, s, static_cast<std::size_t>(n) * 4);
+      copy_f32(s, dst, n);
       return;
     case DType::BF16: {
       check_n(n, src.size(), 2, "convert_to_f32");
-      auto* d = reinterpret_cast<std::uint32_t*>(dst);
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::uint16_t v;
-        std::memcpy(&v, s + 2 * i, 2);
-        d[i] = static_cast<std::uint32_t>(v) << 16;
-      }
+      bf16_to_f32(s, reinterpret_cast<std::uint32_t*>(dst), n);
       return;
     }
     case DType::F16:
