@@ -188,6 +188,11 @@ void write_checkpoint_folder(const std::string& dir, const nlohmann::json& confi
   if (max_shard_bytes == 0) throw std::invalid_argument("write_checkpoint_folder: max_shard_bytes must be positive");
   fs::create_directories(dir);
 
+  std::set<std::string_view> names;
+  for (const TensorToWrite& t : tensors) {
+    if (!names.insert(t.name).second) throw std::invalid_argument(dir + ": duplicate tensor name '" + t.name + "'");
+  }
+
   // Greedy packing in the given order: a shard closes when the next tensor would overflow it.
   std::vector<std::vector<TensorToWrite>> shards;
   std::uint64_t in_shard = 0, total = 0;

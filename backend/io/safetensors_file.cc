@@ -55,12 +55,16 @@ std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) {
   return r;
 }
 
+// A tensor name as a field of an error message: names come from the file, so at most 200 bytes.
+std::string field_name(const std::string& name) { return name.size() <= 200 ? name : name.substr(0, 200) + "..."; }
+
 // One tensor entry of the header; offsets relative to the data section.
-TensorInfo parse_entry(const std::string& name, const nlohmann::json& e, std::uint64_t data_len,
+TensorInfo parse_entry(const std::string& full_name, const nlohmann::json& e, std::uint64_t data_len,
                        const std::string& origin) {
-  if (!e.is_object()) throw InputError(origin, name, json_value_text(e), "a tensor entry must be an object");
   TensorInfo t;
-  t.name = name;
+  t.name = full_name;
+  const std::string name = field_name(full_name);
+  if (!e.is_object()) throw InputError(origin, name, json_value_text(e), "a tensor entry must be an object");
 
   const auto dt = e.find("dtype");
   if (dt == e.end()) throw InputError(origin, name + ".dtype", "(missing)", "every tensor needs a dtype");
@@ -160,16 +164,14 @@ SafetensorsHeader parse_safetensors_header(std::string_view file_prefix, std::ui
     throw InputError(origin, "header", text.empty() ? "(empty)" : json_value_text(std::string(text.substr(0, 40))),
                      "the JSON header must start with '{'");
   }
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Find the parser's byte position for the message.
-    try {
-      const nlohmann::json again = nlohmann::json::parse(text.begin(), text.end());
-      (void)again;
-    } catch (const nlohmann::json::parse_error& e) {
-      throw InputError(origin, "header", "byte " + std::to_string(e.byte), "the header is not valid JSON");
-    }
-    throw InputError(origin, "header", "(unparsable)", "the header is not valid JSON");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(origin, "header", "byte " + std::to_string(e.byte), "the header is not valid JSON");
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range: a number too large for a double ("1e9999").
+    throw InputError(origin, "header", "(a number)", std::string("the header is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(origin, "header", json_value_text(j), "the header must be a JSON object");
 
@@ -200,12 +202,12 @@ SafetensorsHeader parse_safetensors_header(std::string_view file_prefix, std::ui
   for (const TensorInfo& t : h.tensors) {
     const std::string value = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
     if (t.begin < covered) {
-      throw InputError(origin, t.name + ".data_offsets", value,
-                       "overlaps tensor '" + (previous ? previous->name : std::string()) + "' (which ends at " +
+      throw InputError(origin, field_name(t.name) + ".data_offsets", value,
+                       "overlaps tensor '" + (previous ? field_name(previous->name) : std::string()) + "' (which ends at " +
                            std::to_string(covered) + ")");
     }
     if (t.begin > covered) {
-      throw InputError(origin, t.name + ".data_offsets", value,
+      throw InputError(origin, field_name(t.name) + ".data_offsets", value,
                        "leaves bytes " + std::to_string(covered) + ".." + std::to_string(t.begin) +
                            " of the data section unused (the tensors must cover it without holes)");
     }

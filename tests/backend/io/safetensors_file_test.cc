@@ -145,6 +145,7 @@ TEST(ParseSafetensorsHeader, MalformedHeadersAreOneLineErrorsNamingFileFieldAndV
       {"length over 100 MiB", huge, {"'header length'", "100 MiB"}},
       {"not an object", raw_file(R"([1,2])", 0), {"'header'", "start with '{'"}},
       {"not JSON", raw_file(R"({"w": )", 0), {"'header'", "byte"}},
+      {"number beyond a double", raw_file(R"({"w": 1e9999})", 0), {"'header'", "not valid JSON"}},
       {"entry not an object", raw_file(R"({"w": 3})", 0), {"'w'", "value 3"}},
       {"unknown dtype", raw_file(R"({"w": {"dtype": "F8", "shape": [2], "data_offsets": [0, 2]}})", 2),
        {"'w.dtype'", "\"F8\""}},
