@@ -7,6 +7,7 @@
 //   (b) LoadBf16:  CheckpointFolder + read_tensor_f32 of every tensor into one preallocated FP32
 //       buffer (straight from the mapping, pages released as converted);
 //   (c) LoadF32:   the same for the FP32 folder.
+// The loads run on 1 and 2 threads (the argument; tensors dealt out round-robin).
 // Throughput is in bytes of file per second. Each load also reports its peak resident memory
 // (VmHWM, reset before the load through /proc/self/clear_refs) over the FP32 buffer's size. The
 // program ends with (b)/(a), (c)/(a) and the peak RSS ratio (targets: ≥ 0.70 and ≤ 1.10).
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -118,18 +120,31 @@ void load(benchmark::State& state, const std::string& dir) {
   std::vector<float> host(elems, 1.0f);  // the host state, touched before any load
   std::uint64_t file_bytes = 0;
   double peak_ratio = 0;
+  const int threads = static_cast<int>(state.range(0));
   for (auto _ : state) {
     reset_peak_rss();
     const CheckpointFolder folder(dir, SafetensorsFile::Access::Sequential);
+    // Every tensor in data order with its place in the host buffer; thread i takes tensors
+    // i, i + threads, ...
+    std::vector<std::pair<TensorLocation, float*>> work;
     float* dst = host.data();
     file_bytes = 0;
     for (const auto& file : folder.files()) {
       file_bytes += file->file_size();
-      for (const TensorInfo& t : file->tensors()) {  // data order
-        read_tensor_f32(TensorLocation{file.get(), &t}, dst);
+      for (const TensorInfo& t : file->tensors()) {
+        work.emplace_back(TensorLocation{file.get(), &t}, dst);
         dst += t.numel();
       }
     }
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) {
+      pool.emplace_back([&work, i, threads] {
+        for (std::size_t k = static_cast<std::size_t>(i); k < work.size(); k += static_cast<std::size_t>(threads)) {
+          read_tensor_f32(work[k].first, work[k].second);
+        }
+      });
+    }
+    for (auto& t : pool) t.join();
     benchmark::DoNotOptimize(host.data());
     peak_ratio = std::max(peak_ratio, static_cast<double>(vm_hwm_bytes()) / static_cast<double>(elems * 4));
   }
@@ -141,8 +156,8 @@ void BM_LoadBf16(benchmark::State& state) { load(state, folders().bf16); }
 void BM_LoadF32(benchmark::State& state) { load(state, folders().f32); }
 
 BENCHMARK(BM_ReadFiles)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_LoadBf16)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_LoadF32)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_LoadBf16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_LoadF32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 }  // namespace
 
@@ -152,14 +167,20 @@ int main(int argc, char** argv) {
   oom::bench::RecordingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   const auto* read = reporter.find("BM_ReadFiles");
-  const auto* bf16 = reporter.find("BM_LoadBf16");
-  const auto* f32 = reporter.find("BM_LoadF32");
+  const auto* bf16 = reporter.find("BM_LoadBf16/1/");
+  const auto* f32 = reporter.find("BM_LoadF32/1/");
+  const auto* bf16_2 = reporter.find("BM_LoadBf16/2/");
+  const auto* f32_2 = reporter.find("BM_LoadF32/2/");
   if (read != nullptr && bf16 != nullptr && f32 != nullptr) {
     const double r = read->counters.at("file_Bps");
-    fmt::print("\n{} MiB of tensors per folder, {} shards\n", folders().bytes >> 20, kShards);
+    fmt::print("\n{} MiB of tensors per folder, {} shards, one thread unless said\n", folders().bytes >> 20, kShards);
     fmt::print("read() {:.3g} B/s; BF16 load {:.3g} B/s: ratio {:.2f} (target >= 0.70); FP32 load {:.3g} B/s: ratio {:.2f}\n",
                r, bf16->counters.at("file_Bps"), bf16->counters.at("file_Bps") / r, f32->counters.at("file_Bps"),
                f32->counters.at("file_Bps") / r);
+    if (bf16_2 != nullptr && f32_2 != nullptr) {
+      fmt::print("two loading threads: BF16 ratio {:.2f}, FP32 ratio {:.2f}\n", bf16_2->counters.at("file_Bps") / r,
+                 f32_2->counters.at("file_Bps") / r);
+    }
     fmt::print("peak RSS during a load / FP32 buffer: BF16 {:.3f}x, FP32 {:.3f}x (target <= 1.10)\n",
                bf16->counters.at("peak_rss_x"), f32->counters.at("peak_rss_x"));
   }
