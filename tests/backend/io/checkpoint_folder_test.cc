@@ -131,6 +131,33 @@ TEST(CheckpointFolder, SingleFileAndTheOtherLayoutIsReplaced) {
   expect_five_tensors(CheckpointFolder(folder));
 }
 
+// read_tensor_f32 works through a tensor by chunks of the file (8 MiB) and releases their pages:
+// a 10 MiB BF16 and a 12 MiB F16 tensor cross chunk boundaries and read back whole, twice.
+TEST(CheckpointFolder, ReadTensorF32ConvertsAcrossChunksAndAfterRelease) {
+  ScratchDir dir;
+  const std::int64_t n = 5'000'011, m = 6'000'000;
+  std::vector<float> values(static_cast<std::size_t>(std::max(n, m)));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 511) - 255.0f;  // exact in BF16 and F16
+  write_checkpoint_folder(dir.path().string(), {{"a", 1}},
+                          {{"big", DType::BF16, {n}, [&](std::byte* d) { convert_from_f32(values.data(), n, DType::BF16, d); }, nullptr},
+                           {"half", DType::F16, {m}, [&](std::byte* d) { convert_from_f32(values.data(), m, DType::F16, d); }, nullptr}},
+                          1ull << 40);
+  const CheckpointFolder f(dir.path().string());
+  for (const auto& [name, count] : {std::pair{"big", n}, std::pair{"half", m}}) {
+    std::vector<float> out(static_cast<std::size_t>(count));
+    for (int round = 0; round < 2; ++round) {
+      std::fill(out.begin(), out.end(), 0.5f);
+      read_tensor_f32(*f.find(name), out.data());
+      for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], values[i]) << name << " " << i;
+    }
+  }
+  std::vector<float> out(4);
+  const float one = 1;
+  write_safetensors(dir.file("ints.safetensors"), {{"i", DType::I32, {1}, {}, &one}}, {});
+  const SafetensorsFile ints(dir.file("ints.safetensors"));
+  EXPECT_THROW(read_tensor_f32(TensorLocation{&ints, ints.find("i")}, out.data()), std::invalid_argument);
+}
+
 TEST(CheckpointFolder, AFailedWriteLeavesTheFolderAsItWas) {
   ScratchDir dir;
   const std::string folder = dir.path().string();

@@ -291,6 +291,33 @@ TEST(Convert, RoundingToNearestEvenAtTiesOverflowAndSubnormals) {
   }
 }
 
+// Large conversions take the streaming-store paths: every alignment of source and destination
+// gives the element-by-element result.
+TEST(Convert, LargeBf16AndF32ConversionsMatchElementwiseAtEveryAlignment) {
+  const std::int64_t n = (std::int64_t{1} << 18) + 37;
+  std::vector<std::uint16_t> bf16(n + 8);
+  std::vector<float> f32(n + 8);
+  for (std::int64_t i = 0; i < n + 8; ++i) {
+    bf16[i] = static_cast<std::uint16_t>(i * 2654435761u >> 7);
+    f32[i] = static_cast<float>(i) * 0.37f - 1000.0f;
+  }
+  std::vector<float> out(n + 8);
+  for (int src_shift : {0, 1}) {
+    for (int dst_shift : {0, 1, 3}) {
+      SCOPED_TRACE(::testing::Message() << "src +" << src_shift << " dst +" << dst_shift);
+      convert_to_f32(std::as_bytes(std::span(bf16.data() + src_shift, n)), DType::BF16, out.data() + dst_shift, n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[dst_shift + i]), static_cast<std::uint32_t>(bf16[src_shift + i]) << 16) << i;
+      }
+      // Source one byte off 4-byte alignment, as in a file whose header length is not padded.
+      std::vector<std::byte> raw(4 * n + 1);
+      std::memcpy(raw.data() + src_shift, f32.data(), 4 * n);
+      convert_to_f32(std::span(raw).subspan(src_shift, 4 * n), DType::F32, out.data() + dst_shift, n);
+      ASSERT_EQ(std::memcmp(out.data() + dst_shift, f32.data(), 4 * n), 0);
+    }
+  }
+}
+
 TEST(Convert, F64RoundsAndOtherDtypesAreRefused) {
   const double d[3] = {1.0 / 3.0, -2.0, 1e300};
   float f[3];
