@@ -3,7 +3,7 @@
 //   {"metadata": {"total_size": BYTES, ...}, "weight_map": {"TENSOR": "SHARD FILE", ...}}
 //
 // CheckpointFolder opens and maps every shard at construction and checks the index against them;
-// afterwards it is immutable and may be read from several threads. write_checkpoint_folder() is
+// afterwards it is immutable and may be read from several threads (config_json() once called). write_checkpoint_folder() is
 // the writer (what save_pretrained writes, minus the model code). Sizes are in bytes.
 #pragma once
 
@@ -62,7 +62,8 @@ class CheckpointFolder {
                             SafetensorsFile::Access access = SafetensorsFile::Access::Normal);
 
   const std::string& dir() const { return dir_; }
-  // Parsed config.json (read on first call). Throws InputError when missing or not JSON.
+  // Parsed config.json (read on first call, which is not thread-safe). Throws InputError when
+  // missing or not JSON.
   const nlohmann::json& config_json() const;
   std::vector<std::string> tensor_names() const;  // sorted
   const TensorLocation* find(std::string_view name) const;  // nullptr if absent
