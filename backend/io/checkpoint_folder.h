@@ -3,8 +3,9 @@
 //   {"metadata": {"total_size": BYTES, ...}, "weight_map": {"TENSOR": "SHARD FILE", ...}}
 //
 // CheckpointFolder opens and maps every shard at construction and checks the index against them;
-// afterwards it is immutable and may be read from several threads (config_json() once called). write_checkpoint_folder() is
-// the writer (what save_pretrained writes, minus the model code). Sizes are in bytes.
+// afterwards it is immutable and may be read from several threads (once config_json() has been
+// called). write_checkpoint_folder() is the writer (what save_pretrained writes, minus the model
+// code). Sizes are in bytes.
 #pragma once
 
 #include <cstdint>
