@@ -35,7 +35,7 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
 }
 
 // The saved run must have the same shape of training; otherwise the resumed losses would differ.
-void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCorpus& data, const std::string& path) {
+void check_resume(const nlohmann::json& run, const TrainOptions& o, const std::string& path) {
   auto same = [&](const char* key, const nlohmann::json& now) {
     if (!run.contains(key) || run[key] != now) {
       throw InputError(path, std::string("run.") + key, run.contains(key) ? run[key].dump() : "missing",
@@ -44,16 +44,13 @@ void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCo
   };
   same("seq", o.seq);
   same("batch", o.batch);
+  // Checkpoints written before gradient accumulation ran one micro-batch per step.
+  if (o.accumulate != 1 || run.contains("accumulate")) same("accumulate", o.accumulate);
   same("lr", o.lr);
   same("weight_decay", o.weight_decay);
   same("max_grad_norm", o.max_grad_norm);
   same("bf16", o.bf16);
   same("gdn_chunk_tokens", o.gdn_chunk_tokens);
-  same("data_bytes", data.bytes());
-  if (!run.contains("rng") || !run["rng"].is_string() || !run.contains("batches_drawn") ||
-      !run["batches_drawn"].is_number_integer()) {
-    throw InputError(path, "run.rng", "missing", "no data sampler state");
-  }
 }
 
 const at::Tensor* buffers_of(const HostState& st, int b, int which) {
@@ -144,11 +141,12 @@ nlohmann::json load_checkpoint(const std::string& dir, HostState& state) {
   return header["run"];
 }
 
-nlohmann::json checkpoint_run(const TrainOptions& o, const ByteCorpus& data) {
-  return {{"seq", o.seq}, {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-          {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed}, {"bf16", o.bf16},
-          {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_bytes", data.bytes()},
-          {"batches_drawn", data.batches_drawn()}, {"rng", data.sampler_state()}};
+nlohmann::json checkpoint_run(const TrainOptions& o, const TrainingData& data) {
+  nlohmann::json run = {{"seq", o.seq}, {"batch", o.batch}, {"accumulate", o.accumulate}, {"lr", o.lr},
+                        {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed},
+                        {"bf16", o.bf16}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_kind", data.kind()}};
+  run.update(data.save_state());
+  return run;
 }
 
 bool checkpoint_due(const TrainOptions& o, int index) {
@@ -156,11 +154,17 @@ bool checkpoint_due(const TrainOptions& o, int index) {
   return index + 1 == o.steps || (o.checkpoint_every > 0 && (index + 1) % o.checkpoint_every == 0);
 }
 
-void resume_training(const TrainOptions& o, HostState& state, ByteCorpus& data) {
+nlohmann::json resume_training(const TrainOptions& o, HostState& state, TrainingData& data) {
   const std::string path = checkpoint_file(o.resume_dir);
   const auto run = load_checkpoint(o.resume_dir, state);
-  check_resume(run, o, data, path);
-  data.restore_sampler_state(run["rng"].get<std::string>(), run["batches_drawn"].get<std::int64_t>(), path);
+  check_resume(run, o, path);
+  // Checkpoints written before token files held bytes.
+  const nlohmann::json kind = run.value("data_kind", nlohmann::json("bytes"));
+  if (kind != data.kind()) {
+    throw InputError(path, "run.data_kind", kind.dump(), "differs from this run's \"" + data.kind() + "\"");
+  }
+  data.restore_state(run, path);
+  return run;
 }
 
 }  // namespace oom::backend

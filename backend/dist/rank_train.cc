@@ -37,6 +37,17 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
   if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
+  if (o.accumulate != 1) {
+    throw InputError("", "--accumulate", std::to_string(o.accumulate), "the multi-rank trainer runs one micro-batch per step");
+  }
+  const auto one_process = [](const char* option, const std::string& value) {
+    throw InputError("", option, value, "learning-rate schedules run in one process; the multi-rank trainer keeps --lr constant");
+  };
+  if (o.lr_schedule == "cosine") one_process("--lr-schedule", o.lr_schedule);
+  if (o.warmup_steps != 0) one_process("--warmup", std::to_string(o.warmup_steps));
+  if (o.decay_steps != 0) one_process("--decay-steps", std::to_string(o.decay_steps));
+  if (o.min_lr >= 0) one_process("--min-lr", std::to_string(o.min_lr));
+  if (!o.log.empty()) throw InputError("", "--log", o.log, "the step log is written by the single-process trainer");
   if (o.checkpoint_every < 0) throw InputError("", "--checkpoint-every", std::to_string(o.checkpoint_every), "must be ≥ 0");
   if (o.steps < 0) throw InputError("", "--steps", std::to_string(o.steps), "must be ≥ 0");
   if (o.seq < 2) throw InputError("", "--seq", std::to_string(o.seq), "must be ≥ 2");
@@ -168,10 +179,15 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   resolve_device(o.device);  // --device cuda without a GPU: one error before any process starts
   {
     // Data and checkpoint errors before any process starts.
-    ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq);
+    const auto probe = open_training_data(o.data.empty() ? default_corpus_path() : o.data, o.seq);
+    probe->check_vocab(spec.vocab);
     if (!o.resume_dir.empty()) {
       HostState state(spec);
-      resume_training(o, state, probe);
+      const auto run = resume_training(o, state, *probe);
+      if (run.contains("lr_schedule") && run["lr_schedule"].value("kind", "") != "constant") {
+        throw InputError(checkpoint_file(o.resume_dir), "run.lr_schedule", run["lr_schedule"].dump(),
+                         "the multi-rank trainer keeps --lr constant");
+      }
     }
   }
   TrainOptions resolved = o;
@@ -238,15 +254,16 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   co.cuda = device.is_cuda();
   if (co.cuda) co.cuda_device = device.index();
 
-  ByteCorpus data(o.data, o.seq);
-  data.seed(o.seed);
+  const auto data = open_training_data(o.data, o.seq);
+  data->check_vocab(spec.vocab);
+  data->seed(o.seed);
   HostState state(spec);
   if (o.weights.empty()) {
     state.init_from_seed(o.seed);
   } else {
     state.load_safetensors(o.weights);
   }
-  if (!o.resume_dir.empty()) resume_training(o, state, data);
+  if (!o.resume_dir.empty()) resume_training(o, state, *data);
   co.rank = rank;
   co.world_size = r.ranks;
   co.timeout_s = r.timeout_s;
@@ -270,7 +287,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   // Every rank gathers (collective); rank 0 writes the one checkpoint file.
   const auto checkpoint = [&] {
     trainer.export_state(state);
-    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
+    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, *data));
   };
   RankRun run;
   run.first_step = state.step + 1;
@@ -279,7 +296,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
   for (int i = 0; i < o.steps; ++i) {
     const auto ts = std::chrono::steady_clock::now();
-    const Batch b = data.next(o.batch);
+    const Batch b = data->next(o.batch);
     const StepStats st = trainer.step(b.tokens, b.targets);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     tokens += b.tokens.numel();
