@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -47,6 +48,9 @@ void check_options(const TrainOptions& o) {
   if (o.peak_tflops < 0) throw InputError("", "--peak-tflops", std::to_string(o.peak_tflops), "must be ≥ 0");
   if (o.reference && !o.plan.empty()) throw InputError("", "--plan", o.plan, "the reference trainer runs no plan");
   if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
+  // The schedule's options, before any work (the run's last step is known only after a resume).
+  resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, o.decay_steps,
+                      std::max<std::int64_t>(o.steps, o.warmup_steps));
 }
 
 // Appends one line per step to the --log file, flushed at once (a killed run keeps its lines).

@@ -119,8 +119,8 @@ TEST(TokenCorpus, IdsBeyondTheVocabularyAndShortFilesAreInputErrors) {
     EXPECT_NE(m.find("tokens[299]"), std::string::npos) << m;
     EXPECT_NE(m.find("value 299"), std::string::npos) << m;
   }
-  EXPECT_THROW(open_training_data(path, 299), InputError);  // 300 tokens: no window of 300 + 1
-  EXPECT_NO_THROW(open_training_data(path, 298));
+  EXPECT_THROW(open_training_data(path, 300), InputError);  // 300 tokens: no window of 300 + 1
+  EXPECT_NO_THROW(open_training_data(path, 299));
   fs::remove(path);
   // A text file is still bytes.
   const auto text = fs::temp_directory_path() / ("oom_data_text_" + std::to_string(::getpid()) + ".txt");
