@@ -149,6 +149,26 @@ nlohmann::json checkpoint_run(const TrainOptions& o, const TrainingData& data) {
   return run;
 }
 
+LrSchedule run_lr_schedule(const TrainOptions& o, std::int64_t steps_done, const nlohmann::json* saved,
+                           const std::string& path) {
+  std::int64_t decay_steps = o.decay_steps;
+  const bool saved_cosine = saved != nullptr && saved->contains("lr_schedule") && (*saved)["lr_schedule"].is_object() &&
+                            (*saved)["lr_schedule"].value("kind", "") == "cosine";
+  if (decay_steps == 0 && saved_cosine && o.lr_schedule != "constant") {
+    const auto& d = (*saved)["lr_schedule"]["decay_steps"];
+    if (d.is_number_integer()) decay_steps = d.get<std::int64_t>();
+  }
+  const LrSchedule schedule =
+      resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, decay_steps, steps_done + o.steps);
+  if (saved != nullptr) {
+    const nlohmann::json now = lr_schedule_to_json(schedule);
+    const nlohmann::json before =
+        saved->value("lr_schedule", lr_schedule_to_json(resolve_lr_schedule("constant", o.lr, -1, 0, 0, 0)));
+    if (before != now) throw InputError(path, "run.lr_schedule", before.dump(), "differs from this run's " + now.dump());
+  }
+  return schedule;
+}
+
 bool checkpoint_due(const TrainOptions& o, int index) {
   if (o.checkpoint_dir.empty()) return false;
   return index + 1 == o.steps || (o.checkpoint_every > 0 && (index + 1) % o.checkpoint_every == 0);

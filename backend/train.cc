@@ -160,22 +160,8 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   }
   std::optional<nlohmann::json> saved_run;
   if (!o.resume_dir.empty()) saved_run = resume_training(o, state, *data);
-  // The schedule: a resumed run without --decay-steps keeps the one its checkpoint ran.
-  std::int64_t decay_steps = o.decay_steps;
-  if (decay_steps == 0 && saved_run && saved_run->contains("lr_schedule") &&
-      (*saved_run)["lr_schedule"].value("kind", "") == "cosine" && o.lr_schedule != "constant") {
-    decay_steps = (*saved_run)["lr_schedule"].value("decay_steps", std::int64_t{0});
-  }
-  const LrSchedule schedule =
-      resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, decay_steps, state.step + o.steps);
+  const LrSchedule schedule = run_lr_schedule(o, state.step, saved_run ? &*saved_run : nullptr, checkpoint_file(o.resume_dir));
   const nlohmann::json schedule_json = lr_schedule_to_json(schedule);
-  if (saved_run) {
-    // Checkpoints written before schedules ran at a constant lr.
-    const nlohmann::json saved = saved_run->value("lr_schedule", lr_schedule_to_json(resolve_lr_schedule("constant", o.lr, -1, 0, 0, 0)));
-    if (saved != schedule_json) {
-      throw InputError(checkpoint_file(o.resume_dir), "run.lr_schedule", saved.dump(), "differs from this run's " + schedule_json.dump());
-    }
-  }
   const auto run_record = [&] {
     nlohmann::json run = checkpoint_run(o, *data);
     run["lr_schedule"] = schedule_json;

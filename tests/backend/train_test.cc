@@ -358,9 +358,12 @@ TEST(OomTrain, AccumulationAndSchedulesOutsideTheirTrainersAreRefused) {
   EXPECT_EQ(oom({"train", "--ranks", "2", "--accumulate", "2", "--steps", "1", "--batch", "2"}, &out, &err),
             cli::kExitBadInput);
   EXPECT_NE(err.find("--accumulate"), std::string::npos) << err;
-  EXPECT_EQ(oom({"train", "--ranks", "2", "--warmup", "2", "--steps", "1", "--batch", "2"}, &out, &err),
+  EXPECT_EQ(oom({"train", "--ranks", "2", "--log", "/tmp/never.jsonl", "--steps", "1", "--batch", "2"}, &out, &err),
             cli::kExitBadInput);
-  EXPECT_NE(err.find("--warmup"), std::string::npos) << err;
+  EXPECT_NE(err.find("--log"), std::string::npos) << err;
+  EXPECT_EQ(oom({"train", "--ranks", "2", "--warmup", "5", "--decay-steps", "2", "--steps", "1", "--batch", "2"}, &out, &err),
+            cli::kExitBadInput);
+  EXPECT_NE(err.find("--decay-steps"), std::string::npos) << err;
   EXPECT_EQ(oom({"train", "--accumulate", "0", "--steps", "1"}, &out, &err), cli::kExitBadInput);
   EXPECT_EQ(oom({"train", "--bf16", "--fp32", "--steps", "1"}, &out, &err), cli::kExitBadInput);
   EXPECT_NE(err.find("--fp32"), std::string::npos) << err;
