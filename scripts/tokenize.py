@@ -99,6 +99,9 @@ def documents(path):
 def write_atomically(path, header, tokens):
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tokens-", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file is data like any other
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header)
