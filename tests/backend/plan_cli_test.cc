@@ -54,6 +54,31 @@ const std::string kPlan = plan_json(R"({"split": {"attention_head_group": 1, "gd
   "moe_chunk_tokens": 8, "sub_batch_seqs": 1}, "keep_attention_results": true,
   "boundaries": {"host_kept": [0], "regenerate_cap": 1}})");
 
+// The plan runtime runs the lr schedule like the streamed trainer (the same losses within 1e-5, and
+// not the constant-lr losses); gradient accumulation is refused beside a plan.
+TEST(OomTrainPlan, AppliesTheLrScheduleLikeTheStreamedTrainer) {
+  const auto dir = temp_dir("schedule");
+  write(dir / "plan.json", plan_json("{}"));
+  const std::vector<std::string> run = {"train", "--steps", "3", "--seq", "16", "--batch", "2", "--lr", "1e-2", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = run;
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = oom(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["losses"].get<std::vector<double>>();
+  };
+  const std::vector<std::string> schedule = {"--warmup", "1", "--decay-steps", "3", "--min-lr", "0"};
+  auto plan_args = schedule;
+  plan_args.insert(plan_args.end(), {"--plan", (dir / "plan.json").string()});
+  const auto planned = with(plan_args), streamed = with(schedule), constant = with({"--plan", (dir / "plan.json").string()});
+  ASSERT_EQ(planned.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(planned[i], streamed[i], 1e-5 * streamed[i]) << "step " << i;
+  EXPECT_GT(std::abs(planned[2] - constant[2]), 1e-4);  // step 2 ran at 0.5 × lr
+  const auto refused = oom({"train", "--steps", "1", "--plan", (dir / "plan.json").string(), "--accumulate", "2"});
+  EXPECT_EQ(refused.code, cli::kExitBadInput);
+  EXPECT_NE(refused.err.find("--accumulate"), std::string::npos) << refused.err;
+}
+
 TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {
   const auto dir = temp_dir("train");
   write(dir / "plan.json", kPlan);
