@@ -48,7 +48,8 @@ struct TrainerConfig {
   // Micro-batches per optimizer step: step() splits its B sequences into this many equal parts,
   // runs forward and backward on each, sums the gradients (each micro-batch's loss scaled by 1/K,
   // so the loss is the mean over all B sequences) and runs one AdamW update. PlainTrainer and
-  // StreamedTrainer; PlanTrainer and the multi-rank trainer take 1 only.
+  // StreamedTrainer; PlanTrainer takes 1 (train() runs a plan's K micro-batches as its sub-batches)
+  // and the multi-rank trainer has none.
   int accumulate = 1;
 };
 

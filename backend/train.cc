@@ -41,10 +41,6 @@ void check_options(const TrainOptions& o) {
   }
   if (o.reference && o.bf16) throw InputError("", "--reference", "true", "the reference trainer is FP32 only");
   if (o.accumulate < 1) throw InputError("", "--accumulate", std::to_string(o.accumulate), "must be ≥ 1");
-  if (o.accumulate > 1 && !o.plan.empty()) {
-    throw InputError("", "--accumulate", std::to_string(o.accumulate),
-                     "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
-  }
   if (o.peak_tflops < 0) throw InputError("", "--peak-tflops", std::to_string(o.peak_tflops), "must be ≥ 0");
   if (o.reference && !o.plan.empty()) throw InputError("", "--plan", o.plan, "the reference trainer runs no plan");
   if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
@@ -139,7 +135,12 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   std::optional<Plan> plan;
   if (!options.plan.empty()) {
     plan = load_plan(options.plan);
-    check_plan_for_run(*plan, spec, options.batch, options.seq, 1, options.plan);
+    // Accumulation with a plan: one plan step over the K·B sequences, in sub-batches of at most B
+    // (the plan's own split.sub_batch_seqs, or B when it runs whole batches). Sub-batches sum their
+    // weight gradients and the loss is the mean over all sequences: K micro-batches exactly.
+    if (options.accumulate > 1 && plan->split.sub_batch_seqs == 0) plan->split.sub_batch_seqs = options.batch;
+    check_plan_for_run(*plan, spec, static_cast<std::int64_t>(options.batch) * options.accumulate, options.seq, 1,
+                       options.plan);
   }
   const at::Device device(resolve_device(options.device));
   // `o` is the run as resolved: its precision is the one the checkpoint records.
@@ -174,7 +175,7 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   cfg.adam.weight_decay = o.weight_decay;
   cfg.max_grad_norm = o.max_grad_norm;
   cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
-  cfg.accumulate = o.accumulate;
+  cfg.accumulate = plan ? 1 : o.accumulate;  // a plan runs the K·B sequences as its sub-batches
   std::optional<StreamedTrainer> streamed;
   std::optional<PlainTrainer> plain;
   std::optional<PlanTrainer> planned;

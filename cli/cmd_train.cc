@@ -37,7 +37,7 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--steps", opts->steps, "Steps to run")->capture_default_str();
   cmd->add_option("--seq", opts->seq, "Sequence length in tokens (bytes for a text file)")->capture_default_str();
   cmd->add_option("--batch", opts->batch, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--accumulate", opts->accumulate, "Micro-batches per optimizer step (gradients summed, one update; not with --plan or --ranks)")->capture_default_str();
+  cmd->add_option("--accumulate", opts->accumulate, "Micro-batches per optimizer step (gradients summed, one update; with --plan they run as its sub-batches; not with --ranks)")->capture_default_str();
   cmd->add_option("--lr", opts->lr, "AdamW (peak) learning rate")->capture_default_str();
   cmd->add_option("--lr-schedule", opts->lr_schedule, "constant or cosine (default: cosine when --warmup or --decay-steps is given, else constant)")
       ->check(CLI::IsMember({"constant", "cosine"}));
