@@ -26,7 +26,7 @@ packages=(
 )
 # The pinned PyTorch (the GPU machines run 2.11 with CUDA 13) and the peers of the AdamW benchmark.
 torch_spec="torch==2.11.*"
-venv_packages=(numpy "deepspeed==0.19.*" py-cpuinfo psutil)
+venv_packages=(numpy "deepspeed==0.19.*" py-cpuinfo psutil tokenizers)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -57,7 +57,7 @@ if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__.s
   echo "install-deps: installing $torch_spec into $venv (PyPI)"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$torch_spec"
 fi
-if ! "$venv/bin/python" -c 'import numpy, deepspeed, cpuinfo, psutil' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import numpy, deepspeed, cpuinfo, psutil, tokenizers' 2>/dev/null; then
   echo "install-deps: installing ${venv_packages[*]} into $venv (PyPI)"
   # DeepSpeed builds nothing at install time (its ops compile on first use) but imports torch.
   DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${venv_packages[@]}"
