@@ -1,7 +1,7 @@
 // scripts/tokenize.py: text tokenized with a tokenizer.json by the `tokenizers` library reads back
-// through the C++ TokenFile as the library's own ids, documents separated by EOS; uint32 tokens
-// above 65,536 vocabulary entries. Needs the project's Python (.venv with tokenizers): skipped
-// without it, except under CI=true where a missing Python or library fails the test.
+// through the C++ TokenFile as the library's own ids, documents (files, or .jsonl lines) separated
+// by EOS; uint32 tokens above 65,536 vocabulary entries. Needs the project's Python (.venv with
+// tokenizers): skipped without it, except under CI=true where a missing Python or library fails.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -79,6 +79,11 @@ TEST(TokenizeScript, TheReaderSeesTheTokenizersIdsWithEosBetweenDocuments) {
   EXPECT_EQ(f.version(), 1);
   EXPECT_EQ(read_all(dir / "t.bin"), want);
   EXPECT_EQ(want.size(), 12u);  // 7 + EOS + 4 words, the unknown word included
+  // A .jsonl file holds one document per line's "text": the same stream as the two files.
+  std::ofstream(dir / "docs.jsonl") << nlohmann::json{{"text", "w1 w2 w3\nw4 w5 w99 w7"}}.dump() << "\n\n"
+                                    << nlohmann::json{{"text", "w8 w9 nope w1"}}.dump() << "\n";
+  ASSERT_EQ(sh(script + " --out " + (dir / "j.bin").string() + " " + (dir / "docs.jsonl").string() + " >/dev/null"), 0);
+  EXPECT_EQ(read_all(dir / "j.bin"), want);
   // --append-eos ends every document with EOS; the tokenizer.json file itself works as --tokenizer.
   ASSERT_EQ(sh(OOM_VENV_PYTHON " " OOM_SOURCE_DIR "/scripts/tokenize.py --tokenizer " + (dir / "tok" / "tokenizer.json").string() +
                " --append-eos --out " + (dir / "e.bin").string() + " " + a.string() + " >/dev/null"), 0);
