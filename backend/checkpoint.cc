@@ -35,7 +35,7 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
 }
 
 // The saved run must have the same shape of training; otherwise the resumed losses would differ.
-void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCorpus& data, const std::string& path) {
+void check_resume(const nlohmann::json& run, const TrainOptions& o, const std::string& path) {
   auto same = [&](const char* key, const nlohmann::json& now) {
     if (!run.contains(key) || run[key] != now) {
       throw InputError(path, std::string("run.") + key, run.contains(key) ? run[key].dump() : "missing",
@@ -44,16 +44,13 @@ void check_resume(const nlohmann::json& run, const TrainOptions& o, const ByteCo
   };
   same("seq", o.seq);
   same("batch", o.batch);
+  // Checkpoints written before gradient accumulation ran one micro-batch per step.
+  if (o.accumulate != 1 || run.contains("accumulate")) same("accumulate", o.accumulate);
   same("lr", o.lr);
   same("weight_decay", o.weight_decay);
   same("max_grad_norm", o.max_grad_norm);
   same("bf16", o.bf16);
   same("gdn_chunk_tokens", o.gdn_chunk_tokens);
-  same("data_bytes", data.bytes());
-  if (!run.contains("rng") || !run["rng"].is_string() || !run.contains("batches_drawn") ||
-      !run["batches_drawn"].is_number_integer()) {
-    throw InputError(path, "run.rng", "missing", "no data sampler state");
-  }
 }
 
 const at::Tensor* buffers_of(const HostState& st, int b, int which) {
@@ -144,11 +141,32 @@ nlohmann::json load_checkpoint(const std::string& dir, HostState& state) {
   return header["run"];
 }
 
-nlohmann::json checkpoint_run(const TrainOptions& o, const ByteCorpus& data) {
-  return {{"seq", o.seq}, {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-          {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed}, {"bf16", o.bf16},
-          {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_bytes", data.bytes()},
-          {"batches_drawn", data.batches_drawn()}, {"rng", data.sampler_state()}};
+nlohmann::json checkpoint_run(const TrainOptions& o, const TrainingData& data) {
+  nlohmann::json run = {{"seq", o.seq}, {"batch", o.batch}, {"accumulate", o.accumulate}, {"lr", o.lr},
+                        {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm}, {"seed", o.seed},
+                        {"bf16", o.bf16}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"data_kind", data.kind()}};
+  run.update(data.save_state());
+  return run;
+}
+
+LrSchedule run_lr_schedule(const TrainOptions& o, std::int64_t steps_done, const nlohmann::json* saved,
+                           const std::string& path) {
+  std::int64_t decay_steps = o.decay_steps;
+  const bool saved_cosine = saved != nullptr && saved->contains("lr_schedule") && (*saved)["lr_schedule"].is_object() &&
+                            (*saved)["lr_schedule"].value("kind", "") == "cosine";
+  if (decay_steps == 0 && saved_cosine && o.lr_schedule != "constant") {
+    const auto& d = (*saved)["lr_schedule"]["decay_steps"];
+    if (d.is_number_integer()) decay_steps = d.get<std::int64_t>();
+  }
+  const LrSchedule schedule =
+      resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, decay_steps, steps_done + o.steps);
+  if (saved != nullptr) {
+    const nlohmann::json now = lr_schedule_to_json(schedule);
+    const nlohmann::json before =
+        saved->value("lr_schedule", lr_schedule_to_json(resolve_lr_schedule("constant", o.lr, -1, 0, 0, 0)));
+    if (before != now) throw InputError(path, "run.lr_schedule", before.dump(), "differs from this run's " + now.dump());
+  }
+  return schedule;
 }
 
 bool checkpoint_due(const TrainOptions& o, int index) {
@@ -156,11 +174,17 @@ bool checkpoint_due(const TrainOptions& o, int index) {
   return index + 1 == o.steps || (o.checkpoint_every > 0 && (index + 1) % o.checkpoint_every == 0);
 }
 
-void resume_training(const TrainOptions& o, HostState& state, ByteCorpus& data) {
+nlohmann::json resume_training(const TrainOptions& o, HostState& state, TrainingData& data) {
   const std::string path = checkpoint_file(o.resume_dir);
   const auto run = load_checkpoint(o.resume_dir, state);
-  check_resume(run, o, data, path);
-  data.restore_sampler_state(run["rng"].get<std::string>(), run["batches_drawn"].get<std::int64_t>(), path);
+  check_resume(run, o, path);
+  // Checkpoints written before token files held bytes.
+  const nlohmann::json kind = run.value("data_kind", nlohmann::json("bytes"));
+  if (kind != data.kind()) {
+    throw InputError(path, "run.data_kind", kind.dump(), "differs from this run's \"" + data.kind() + "\"");
+  }
+  data.restore_state(run, path);
+  return run;
 }
 
 }  // namespace oom::backend

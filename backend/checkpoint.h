@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/data.h"
+#include "backend/lr_schedule.h"
 #include "backend/state.h"
 #include "backend/train.h"
 
@@ -30,15 +31,26 @@ void save_checkpoint(const std::string& dir, const HostState& state, const nlohm
 nlohmann::json load_checkpoint(const std::string& dir, HostState& state);
 
 // The `run` object of a training checkpoint: the settings that shape the losses (sequence, batch,
-// optimizer hyper-parameters, precision, GDN chunk, corpus size) and the data sampler's position.
-nlohmann::json checkpoint_run(const TrainOptions& options, const ByteCorpus& data);
+// micro-batches per step, optimizer hyper-parameters, precision, GDN chunk, the data's size) and
+// the data sampler's position (TrainingData::save_state). `options.bf16` is the run's resolved
+// precision (bf16_working_weights).
+nlohmann::json checkpoint_run(const TrainOptions& options, const TrainingData& data);
+
+// The run's learning-rate schedule: resolve_lr_schedule() of the options, the decay ending by
+// default at the run's last global step (`steps_done` + options.steps). A resumed run (`saved` its
+// checkpoint's run object, else null) without --decay-steps keeps the checkpoint's decay end; a
+// schedule that differs from the saved one (a checkpoint without one ran at a constant lr) is an
+// InputError naming `path` and run.lr_schedule.
+LrSchedule run_lr_schedule(const TrainOptions& options, std::int64_t steps_done, const nlohmann::json* saved,
+                           const std::string& path);
 
 // Whether a checkpoint is due after step `index` (0-based) of this run: after its last step, and
 // after every `checkpoint_every` steps; never without a checkpoint folder.
 bool checkpoint_due(const TrainOptions& options, int index);
 
-// Restores `state` and the data sampler from options.resume_dir. Throws InputError naming the
-// checkpoint and the field when the file is bad or its run differs from `options` (run.FIELD).
-void resume_training(const TrainOptions& options, HostState& state, ByteCorpus& data);
+// Restores `state` and the data sampler from options.resume_dir and returns the saved run object.
+// Throws InputError naming the checkpoint and the field when the file is bad or its run differs
+// from `options` or the data (run.FIELD).
+nlohmann::json resume_training(const TrainOptions& options, HostState& state, TrainingData& data);
 
 }  // namespace oom::backend

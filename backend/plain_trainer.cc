@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "costmodel/input_error.h"
+
 namespace oom::backend {
 
 struct PlainTrainer::Impl {
@@ -39,15 +41,39 @@ PlainTrainer::~PlainTrainer() = default;
 StepStats PlainTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   Impl& s = *impl_;
   s.optimizer->zero_grad();
-  const auto loss = model_loss(tokens, targets, s.weights, s.spec, s.config.model);
-  loss.backward();
+  const int K = s.config.accumulate;
+  if (K < 1 || tokens.size(0) % K != 0) {
+    throw InputError("", "--accumulate", std::to_string(K),
+                     "must divide the step's " + std::to_string(tokens.size(0)) + " sequences");
+  }
   StepStats stats;
-  stats.loss = loss.item<double>();
+  if (K == 1) {
+    const auto loss = model_loss(tokens, targets, s.weights, s.spec, s.config.model);
+    loss.backward();
+    stats.loss = loss.item<double>();
+  } else {
+    // Autograd sums the micro-batches' gradients in the leaves' .grad.
+    const auto tok = tokens.chunk(K, 0), tgt = targets.chunk(K, 0);
+    for (int k = 0; k < K; ++k) {
+      const auto loss = model_loss(tok[static_cast<std::size_t>(k)], tgt[static_cast<std::size_t>(k)], s.weights,
+                                   s.spec, s.config.model);
+      (loss / K).backward();
+      stats.loss += loss.item<double>();
+    }
+    stats.loss /= K;
+  }
   if (s.config.max_grad_norm > 0) {
     stats.grad_norm = torch::nn::utils::clip_grad_norm_(s.params, s.config.max_grad_norm);
   }
   s.optimizer->step();
   return stats;
+}
+
+void PlainTrainer::set_lr(double lr) {
+  impl_->config.adam.lr = lr;
+  for (auto& group : impl_->optimizer->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
 }
 
 std::vector<at::Tensor> PlainTrainer::flat_params() const {

@@ -24,7 +24,11 @@ class PlainTrainer {
   PlainTrainer(const PlainTrainer&) = delete;
   PlainTrainer& operator=(const PlainTrainer&) = delete;
 
+  // One step; with config.accumulate = K the batch runs as K micro-batches whose gradients autograd
+  // sums (each loss scaled by 1/K), then one clip and one update.
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
+  // The learning rate of the following steps.
+  void set_lr(double lr);
   // The current weights as one flat FP32 tensor per block, in layout order (copies).
   std::vector<at::Tensor> flat_params() const;
 

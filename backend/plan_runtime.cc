@@ -533,6 +533,10 @@ struct PlanTrainer::Impl {
 };
 
 StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& targets) {
+  if (cfg.accumulate != 1) {
+    throw InputError("", "--accumulate", std::to_string(cfg.accumulate),
+                     "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
+  }
   if (tokens.dim() != 2 || !targets.sizes().equals(tokens.sizes())) {
     throw InputError("", "tokens", std::to_string(tokens.dim()) + " dimensions", "expected [batch, seq] tokens and targets of one shape");
   }
@@ -667,6 +671,7 @@ PlanTrainer::PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::
     : impl_(std::make_unique<Impl>(state, config, std::move(plan), device)) {}
 PlanTrainer::~PlanTrainer() = default;
 StepStats PlanTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) { return impl_->step(tokens, targets); }
+void PlanTrainer::set_lr(double lr) { impl_->cfg.adam.lr = lr; }
 void PlanTrainer::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& PlanTrainer::last_trace() const { return impl_->trace; }
 

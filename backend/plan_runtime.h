@@ -66,7 +66,11 @@ class PlanTrainer {
   PlanTrainer(const PlanTrainer&) = delete;
   PlanTrainer& operator=(const PlanTrainer&) = delete;
 
+  // One step (config.accumulate must be 1: accumulation over a plan is its sub-batches, which sum
+  // their weight gradients; train() gives the K·B sequences with split.sub_batch_seqs ≤ B).
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
+  // The learning rate of the following steps.
+  void set_lr(double lr);
   // Records the next steps' stage timelines (see last_trace()).
   void set_tracing(bool on);
   // The timeline of the latest traced step (engine "torch").

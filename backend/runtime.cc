@@ -58,9 +58,53 @@ at::Tensor to_host(const at::Tensor& x, bool pinned) {
 }  // namespace
 
 StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
+  const int K = config_.accumulate;
+  if (K < 1 || tokens.size(0) % K != 0) {
+    throw InputError("", "--accumulate", std::to_string(K),
+                     "must divide the step's " + std::to_string(tokens.size(0)) + " sequences");
+  }
+  const bool clip = config_.max_grad_norm > 0;
+  std::vector<double> sq_norm(static_cast<std::size_t>(state_.blocks()), 0.0);
+  std::vector<std::function<void()>> grad_ready(static_cast<std::size_t>(state_.blocks()));
+  const auto tok_parts = tokens.chunk(K, 0), tgt_parts = targets.chunk(K, 0);
+  double loss = 0.0;
+  for (int k = 0; k < K; ++k) {
+    loss += micro_batch(tok_parts[static_cast<std::size_t>(k)], tgt_parts[static_cast<std::size_t>(k)], k, sq_norm,
+                        grad_ready);
+  }
+
+  StepStats stats;
+  stats.loss = K == 1 ? loss : loss / K;
+  if (clip) {
+    double total = 0;
+    for (double s : sq_norm) total += s;
+    stats.grad_norm = std::sqrt(total);
+    const double coef = clip_coefficient(stats.grad_norm, config_.max_grad_norm);
+    for (int b = state_.blocks() - 1; b >= 0; --b) {
+      worker_->submit([this, b, coef, ready = grad_ready[static_cast<std::size_t>(b)]] {
+        ready();
+        update_block(b, coef);
+      });
+    }
+  }
+  worker_->wait_all();
+  ++state_.step;
+  return stats;
+}
+
+// One micro-batch's forward and backward. With one micro-batch per step (K = 1) each block's
+// gradient goes to its host slot and, without clipping, its update is handed to the worker at once.
+// With K > 1 the micro-batch's loss is scaled by 1/K and each block's gradient is summed into an
+// FP32 host buffer; the last micro-batch moves the sums into the gradient slots and hands on the
+// updates as above. With clipping the squared norms are recorded on the last micro-batch and the
+// caller submits the updates.
+double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& targets, int k,
+                                    std::vector<double>& sq_norm, std::vector<std::function<void()>>& grad_ready) {
   const ModelSpec& spec = state_.spec();
   const ModelLayout& layout = state_.layout();
   const int L = spec.layers;
+  const int K = config_.accumulate;
+  const bool last_micro = k + 1 == K;
   const bool clip = config_.max_grad_norm > 0;
   const auto tok = tokens.to(device_), tgt = targets.to(device_);
 
@@ -92,12 +136,38 @@ StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targ
   }
   auto hL = h.detach().requires_grad_(true);
   const auto loss = head_loss(hL, tgt, outer, spec);
-  loss.backward();
+  if (K == 1) {
+    loss.backward();
+  } else {
+    (loss / K).backward();
+  }
   at::Tensor g = hL.grad();
 
+  // Where block b's gradient goes: K = 1 as before; K > 1 summed in FP32 on the host, and on the
+  // last micro-batch moved into the slot (its ready function then has nothing to wait for).
+  const auto deliver = [&](int b, const at::Tensor& grad) -> std::function<void()> {
+    if (K == 1) return gradient_to_host(state_.grad_slot(b), grad);
+    auto& sum = accumulated_[static_cast<std::size_t>(b)];
+    const auto host = grad.to(at::kCPU, at::kFloat);
+    if (k == 0) {
+      sum = host;  // a CPU FP32 gradient is adopted: it is fresh and nothing else reads it
+    } else {
+      sum.add_(host);
+    }
+    if (last_micro) {
+      state_.grad_slot(b) = sum;
+      sum = at::Tensor();
+    }
+    return [] {};
+  };
+  const auto block_sq_norm = [&](int b, const at::Tensor& grad) {
+    return (K == 1 ? grad : state_.grad_slot(b)).to(at::kFloat).pow(2).sum().item<double>();
+  };
+  if (K > 1 && accumulated_.size() != static_cast<std::size_t>(state_.blocks())) {
+    accumulated_.resize(static_cast<std::size_t>(state_.blocks()));
+  }
+
   // Backward: recompute each layer from its checkpoint, bring its gradient home, update it.
-  std::vector<double> sq_norm(static_cast<std::size_t>(state_.blocks()), 0.0);
-  std::vector<std::function<void()>> grad_ready(static_cast<std::size_t>(state_.blocks()));
   if (L > 0) window_.prefetch(L);
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) window_.prefetch(l);
@@ -118,9 +188,10 @@ StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targ
     g = x.grad();
     window_.release(1 + l);
     const int b = 1 + l;
-    auto ready = gradient_to_host(state_.grad_slot(b), w.grad());
+    auto ready = deliver(b, w.grad());
+    if (!last_micro) continue;
     if (clip) {
-      sq_norm[static_cast<std::size_t>(b)] = w.grad().to(at::kFloat).pow(2).sum().item<double>();
+      sq_norm[static_cast<std::size_t>(b)] = block_sq_norm(b, w.grad());
       grad_ready[static_cast<std::size_t>(b)] = std::move(ready);
     } else {
       worker_->submit([this, b, ready] {
@@ -130,32 +201,19 @@ StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targ
     }
   }
   x0.backward(g);
-  auto ready0 = gradient_to_host(state_.grad_slot(0), outer_flat.grad());
-
-  StepStats stats;
-  stats.loss = loss.item<double>();
-  if (clip) {
-    sq_norm[0] = outer_flat.grad().to(at::kFloat).pow(2).sum().item<double>();
-    double total = 0;
-    for (double s : sq_norm) total += s;
-    stats.grad_norm = std::sqrt(total);
-    const double coef = clip_coefficient(stats.grad_norm, config_.max_grad_norm);
-    grad_ready[0] = ready0;
-    for (int b = state_.blocks() - 1; b >= 0; --b) {
-      worker_->submit([this, b, coef, ready = grad_ready[static_cast<std::size_t>(b)]] {
-        ready();
-        update_block(b, coef);
+  auto ready0 = deliver(0, outer_flat.grad());
+  if (last_micro) {
+    if (clip) {
+      sq_norm[0] = block_sq_norm(0, outer_flat.grad());
+      grad_ready[0] = ready0;
+    } else {
+      worker_->submit([this, ready0] {
+        ready0();
+        update_block(0, 1.0);
       });
     }
-  } else {
-    worker_->submit([this, ready0] {
-      ready0();
-      update_block(0, 1.0);
-    });
   }
-  worker_->wait_all();
-  ++state_.step;
-  return stats;
+  return loss.item<double>();
 }
 
 }  // namespace oom::backend

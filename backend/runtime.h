@@ -22,7 +22,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -43,6 +45,12 @@ struct TrainerConfig {
   // recomputed (its backward follows the head at once). Off by default: on the 2-core CPU it made
   // the tiny-moe step slower (tests/bench/step_bench.cc, BM_StreamedStep/4/128/0/1 vs /0/0).
   bool retain_last_decoder = false;
+  // Micro-batches per optimizer step: step() splits its B sequences into this many equal parts,
+  // runs forward and backward on each, sums the gradients (each micro-batch's loss scaled by 1/K,
+  // so the loss is the mean over all B sequences) and runs one AdamW update. PlainTrainer and
+  // StreamedTrainer; PlanTrainer takes 1 (train() runs a plan's K micro-batches as its sub-batches)
+  // and the multi-rank trainer has none.
+  int accumulate = 1;
 };
 
 struct StepStats {
@@ -58,17 +66,23 @@ class StreamedTrainer {
   StreamedTrainer(const StreamedTrainer&) = delete;
   StreamedTrainer& operator=(const StreamedTrainer&) = delete;
 
-  // One optimizer step on tokens/targets int64 [B, S] (host). Increments state.step.
+  // One optimizer step on tokens/targets int64 [B, S] (host), B divisible by config.accumulate
+  // (InputError naming --accumulate otherwise). Increments state.step.
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
+  // The learning rate of the following steps (a schedule sets it before each step).
+  void set_lr(double lr) { config_.adam.lr = lr; }
 
  private:
   void update_block(int block, double grad_scale);
+  double micro_batch(const at::Tensor& tokens, const at::Tensor& targets, int k, std::vector<double>& sq_norm,
+                     std::vector<std::function<void()>>& grad_ready);
 
   HostState& state_;
   TrainerConfig config_;
   at::Device device_;
   ParamWindow window_;
   std::unique_ptr<JobQueue> worker_;  // CPU AdamW of finished blocks
+  std::vector<at::Tensor> accumulated_;  // accumulate > 1: FP32 gradient sums per block, on the host
 };
 
 // Global L2 norm of gradients given per-block squared norms, and torch's clip coefficient

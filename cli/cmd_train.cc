@@ -1,4 +1,4 @@
-// `oom train`: trains a model on byte-level text with the LibTorch backend (backend/train.h); part
+// `oom train`: trains a model on text (bytes) or a token file with the LibTorch backend (backend/train.h); part
 // of the backend plugin (cli/backend_main.cc).
 #include <memory>
 
@@ -18,19 +18,32 @@ std::string progress_bar(int done, int total) {
   return "[" + std::string(static_cast<std::size_t>(filled), '#') + std::string(static_cast<std::size_t>(kWidth - filled), '.') + "]";
 }
 
+std::string format_step_line(const backend::StepReport& r) {
+  const std::string mfu = r.mfu >= 0 ? fmt::format("{:.1f}%", 100.0 * r.mfu) : std::string("-");
+  return fmt::format("step {:>5}  loss {:.4f}  lr {:.3e}  tokens/s {:>9.0f}  MFU {:>6}  {} {:>3}%  {:.1f} s\n", r.step,
+                     r.loss, r.lr, r.tokens_per_s, mfu, progress_bar(r.index + 1, r.steps),
+                     (r.index + 1) * 100 / std::max(1, r.steps), r.elapsed_s);
+}
+
 }  // namespace
 
 void add_train_commands(CLI::App& app, Io io) {
   auto opts = std::make_shared<backend::TrainOptions>();
   auto json = std::make_shared<bool>(false);
-  auto* cmd = app.add_subcommand("train", "Train a model on byte-level text (streamed trainer, or --reference)");
+  auto* cmd = app.add_subcommand("train", "Train a model on text (bytes) or a token file (streamed trainer, --plan, or --reference)");
   cmd->add_option("--model", opts->model, "Model name (configs/models) or path to a config.json")->capture_default_str();
-  cmd->add_option("--data", opts->data, "Text file to train on (default: the shipped corpus)");
+  cmd->add_option("--data", opts->data, "Text file (trained on its bytes) or token file (llm.c layout, scripts/tokenize.py; recognized by its magic) to train on (default: the shipped corpus)");
   cmd->add_option("--weights", opts->weights, "Initial weights from a safetensors file (default: seeded)");
   cmd->add_option("--steps", opts->steps, "Steps to run")->capture_default_str();
-  cmd->add_option("--seq", opts->seq, "Sequence length in bytes")->capture_default_str();
-  cmd->add_option("--batch", opts->batch, "Sequences per step")->capture_default_str();
-  cmd->add_option("--lr", opts->lr, "AdamW learning rate")->capture_default_str();
+  cmd->add_option("--seq", opts->seq, "Sequence length in tokens (bytes for a text file)")->capture_default_str();
+  cmd->add_option("--batch", opts->batch, "Sequences per micro-batch")->capture_default_str();
+  cmd->add_option("--accumulate", opts->accumulate, "Micro-batches per optimizer step (gradients summed, one update; with --plan they run as its sub-batches; not with --ranks)")->capture_default_str();
+  cmd->add_option("--lr", opts->lr, "AdamW (peak) learning rate")->capture_default_str();
+  cmd->add_option("--lr-schedule", opts->lr_schedule, "constant or cosine (default: cosine when --warmup or --decay-steps is given, else constant)")
+      ->check(CLI::IsMember({"constant", "cosine"}));
+  cmd->add_option("--warmup", opts->warmup_steps, "Cosine schedule: steps of linear warm-up from 0");
+  cmd->add_option("--decay-steps", opts->decay_steps, "Cosine schedule: the global step at which the lr reaches --min-lr (default: the run's last step; a resumed run keeps its checkpoint's)");
+  cmd->add_option("--min-lr", opts->min_lr, "Cosine schedule: the floor (default 0.1 x --lr)");
   cmd->add_option("--weight-decay", opts->weight_decay, "AdamW decoupled weight decay")->capture_default_str();
   cmd->add_option("--clip", opts->max_grad_norm, "Gradient clipping max norm (0 = off)")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the weights and of the data sampler")->capture_default_str();
@@ -41,7 +54,10 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--device", opts->device, "Compute device: auto (a GPU when LibTorch sees one), cpu or cuda; with ranks, cuda means NCCL and one GPU per rank")
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_flag("--reference", opts->reference, "Plain in-memory trainer (autograd + torch::optim::AdamW)");
-  cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments)");
+  cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments); the default on a GPU");
+  cmd->add_flag("--fp32", opts->fp32, "FP32 working weights even on a GPU (the default on the CPU)");
+  cmd->add_option("--peak-tflops", opts->peak_tflops, "The device's peak TFLOP/s for MFU (default: a GPU's BF16 dense peak from configs/hardware by name; none on the CPU)");
+  cmd->add_option("--log", opts->log, "Append one JSON line per step to FILE (step, loss, lr, tokens, tokens_per_s, mfu, grad_norm, elapsed_s)");
   cmd->add_option("--checkpoint", opts->checkpoint_dir, "Write the training state to DIR at the end");
   cmd->add_option("--checkpoint-every", opts->checkpoint_every, "Also checkpoint every N steps");
   cmd->add_option("--resume", opts->resume_dir, "Resume from the checkpoint in DIR");
@@ -51,9 +67,7 @@ void add_train_commands(CLI::App& app, Io io) {
     if (run_train_ranks(*opts, *ranks, *json, io)) return;
     std::ostream& lines = *json ? io.err : io.out;
     const auto result = backend::train(*opts, [&](const backend::StepReport& r) {
-      lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {} {:>3}%  {:.1f} s\n", r.step, r.loss,
-                           r.tokens_per_s, progress_bar(r.index + 1, r.steps), (r.index + 1) * 100 / std::max(1, r.steps),
-                           r.elapsed_s);
+      lines << format_step_line(r);
       lines.flush();
     });
     if (*json) {

@@ -63,8 +63,8 @@ void print_ranks_result(const backend::dist::RanksResult& result, int ranks, boo
 }
 
 void print_step(std::ostream& lines, const backend::StepReport& r) {
-  lines << fmt::format("step {:>5}  loss {:.4f}  tokens/s {:>9.0f}  {:.1f} s\n", r.step, r.loss, r.tokens_per_s,
-                       r.elapsed_s);
+  lines << fmt::format("step {:>5}  loss {:.4f}  lr {:.3e}  tokens/s {:>9.0f}  {:.1f} s\n", r.step, r.loss, r.lr,
+                       r.tokens_per_s, r.elapsed_s);
   lines.flush();
 }
 

@@ -53,11 +53,13 @@ for name in "${names[@]}"; do
   dict="build-fuzz/corpus/${name}.dict"
   cat "${seed_files[@]}" | grep -a -o '"[A-Za-z0-9_.-]\+"' | sort -u | sed 's/^/kw=/' >"$dict" || true
   log="build-fuzz/${name}.log"
+  dict_opt=()
+  if [ -s "$dict" ]; then dict_opt=(-dict="$dict"); fi  # libFuzzer refuses an empty dictionary (binary seeds)
   runs_opt=()
   if [ -n "${OOM_FUZZ_RUNS:-}" ]; then runs_opt=(-runs="$OOM_FUZZ_RUNS"); fi
   start=$(date +%s)
   set +e
-  "build-fuzz/tests/fuzz/fuzz_${name}" "$corpus" -dict="$dict" -max_total_time="$seconds" "${runs_opt[@]}" \
+  "build-fuzz/tests/fuzz/fuzz_${name}" "$corpus" "${dict_opt[@]}" -max_total_time="$seconds" "${runs_opt[@]}" \
     -timeout=10 -rss_limit_mb=2048 -max_len="${OOM_FUZZ_MAX_LEN:-8192}" -print_final_stats=1 -artifact_prefix="$artifacts" \
     >"$log" 2>&1
   rc=$?

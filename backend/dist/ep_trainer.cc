@@ -350,6 +350,7 @@ EpTrainer::~EpTrainer() = default;
 
 const std::vector<DispatchRecord>& EpTrainer::last_dispatch() const { return impl_->log; }
 std::int64_t EpTrainer::steps() const { return impl_->step; }
+void EpTrainer::set_lr(double lr) { impl_->cfg.trainer.adam.lr = lr; }
 
 int EpTrainer::host_grad_slots_used() const { return static_cast<int>(impl_->slots.size()); }
 

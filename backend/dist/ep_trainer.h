@@ -95,6 +95,8 @@ class EpTrainer {
   // One optimizer step on the global batch tokens/targets int64 [B, S]; returns the global mean
   // loss (and global gradient norm with clipping), identical on every rank. Collective.
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets);
+  // The learning rate of the following steps (the same on every rank).
+  void set_lr(double lr);
 
   // Every block's full weights in layout order (experts gathered from their owners), as one flat
   // FP32 CPU tensor per block like PlainTrainer::flat_params. Collective.

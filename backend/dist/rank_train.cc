@@ -4,10 +4,12 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include <ATen/Parallel.h>
@@ -37,6 +39,12 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
   if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
+  if (o.accumulate != 1) {
+    throw InputError("", "--accumulate", std::to_string(o.accumulate), "the multi-rank trainer runs one micro-batch per step");
+  }
+  resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, o.decay_steps,
+                      std::max<std::int64_t>(o.steps, o.warmup_steps));
+  if (!o.log.empty()) throw InputError("", "--log", o.log, "the step log is written by the single-process trainer");
   if (o.checkpoint_every < 0) throw InputError("", "--checkpoint-every", std::to_string(o.checkpoint_every), "must be ≥ 0");
   if (o.steps < 0) throw InputError("", "--steps", std::to_string(o.steps), "must be ≥ 0");
   if (o.seq < 2) throw InputError("", "--seq", std::to_string(o.seq), "must be ≥ 2");
@@ -77,6 +85,8 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
   return {{"model", o.model}, {"data", o.data}, {"weights", o.weights}, {"steps", o.steps}, {"seq", o.seq},
           {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
           {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"device", o.device},
+          {"lr_schedule", o.lr_schedule}, {"warmup_steps", o.warmup_steps}, {"decay_steps", o.decay_steps},
+          {"min_lr", o.min_lr},
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
           {"cpu_grad_slots", r.cpu_grad_slots},
@@ -114,8 +124,12 @@ void forward_progress(const std::string& path, std::streamoff& offset,
     offset = in.tellg();
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !on_step) continue;
-    on_step({j.value("step", std::int64_t{0}), j.value("index", 0), j.value("steps", 0), j.value("loss", 0.0),
-             j.value("tokens_per_s", 0.0), j.value("elapsed_s", 0.0)});
+    StepReport report{j.value("step", std::int64_t{0}), j.value("index", 0), j.value("steps", 0), j.value("loss", 0.0),
+                      j.value("tokens_per_s", 0.0), j.value("elapsed_s", 0.0)};
+    report.lr = j.value("lr", 0.0);
+    report.tokens = j.value("tokens", std::int64_t{0});
+    report.grad_norm = j.value("grad_norm", 0.0);
+    on_step(report);
   }
 }
 
@@ -168,10 +182,12 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   resolve_device(o.device);  // --device cuda without a GPU: one error before any process starts
   {
     // Data and checkpoint errors before any process starts.
-    ByteCorpus probe(o.data.empty() ? default_corpus_path() : o.data, o.seq);
+    const auto probe = open_training_data(o.data.empty() ? default_corpus_path() : o.data, o.seq);
+    probe->check_vocab(spec.vocab);
     if (!o.resume_dir.empty()) {
       HostState state(spec);
-      resume_training(o, state, probe);
+      const auto run = resume_training(o, state, *probe);
+      run_lr_schedule(o, state.step, &run, checkpoint_file(o.resume_dir));
     }
   }
   TrainOptions resolved = o;
@@ -238,15 +254,18 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   co.cuda = device.is_cuda();
   if (co.cuda) co.cuda_device = device.index();
 
-  ByteCorpus data(o.data, o.seq);
-  data.seed(o.seed);
+  const auto data = open_training_data(o.data, o.seq);
+  data->check_vocab(spec.vocab);
+  data->seed(o.seed);
   HostState state(spec);
   if (o.weights.empty()) {
     state.init_from_seed(o.seed);
   } else {
     state.load_safetensors(o.weights);
   }
-  if (!o.resume_dir.empty()) resume_training(o, state, data);
+  std::optional<nlohmann::json> saved_run;
+  if (!o.resume_dir.empty()) saved_run = resume_training(o, state, *data);
+  const LrSchedule schedule = run_lr_schedule(o, state.step, saved_run ? &*saved_run : nullptr, checkpoint_file(o.resume_dir));
   co.rank = rank;
   co.world_size = r.ranks;
   co.timeout_s = r.timeout_s;
@@ -267,10 +286,15 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   cfg.cpu_grad_slots = r.cpu_grad_slots;
   EpTrainer trainer(state, cfg, comm, comm.device());
 
+  const auto checkpoint_run_with = [&](const TrainingData& d) {
+    nlohmann::json run = checkpoint_run(o, d);
+    run["lr_schedule"] = lr_schedule_to_json(schedule);
+    return run;
+  };
   // Every rank gathers (collective); rank 0 writes the one checkpoint file.
   const auto checkpoint = [&] {
     trainer.export_state(state);
-    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run(o, data));
+    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run_with(*data));
   };
   RankRun run;
   run.first_step = state.step + 1;
@@ -279,14 +303,20 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
   for (int i = 0; i < o.steps; ++i) {
     const auto ts = std::chrono::steady_clock::now();
-    const Batch b = data.next(o.batch);
+    const Batch b = data->next(o.batch);
+    const double lr = lr_at(schedule, trainer.steps() + 1);
+    trainer.set_lr(lr);
     const StepStats st = trainer.step(b.tokens, b.targets);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     tokens += b.tokens.numel();
     run.losses.push_back(st.loss);
     if (rank == 0 && on_step) {
-      on_step({trainer.steps(), i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+      StepReport report{trainer.steps(), i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+      report.lr = lr;
+      report.tokens = b.tokens.numel();
+      report.grad_norm = st.grad_norm;
+      on_step(report);
     }
     if (checkpoint_due(o, i)) checkpoint();
   }
@@ -341,6 +371,10 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.threads = field<int>(j, "threads", job_path);
   o.gdn_chunk_tokens = field<std::int64_t>(j, "gdn_chunk_tokens", job_path);
   o.device = field<std::string>(j, "device", job_path);
+  o.lr_schedule = field<std::string>(j, "lr_schedule", job_path);
+  o.warmup_steps = field<std::int64_t>(j, "warmup_steps", job_path);
+  o.decay_steps = field<std::int64_t>(j, "decay_steps", job_path);
+  o.min_lr = field<double>(j, "min_lr", job_path);
   o.checkpoint_dir = field<std::string>(j, "checkpoint_dir", job_path);
   o.checkpoint_every = field<int>(j, "checkpoint_every", job_path);
   o.resume_dir = field<std::string>(j, "resume_dir", job_path);
@@ -365,7 +399,8 @@ void run_rank_worker(const std::string& job_path, int rank) {
   if (rank == 0) progress_out.open(progress, std::ios::app);
   const RankRun run = run_rank(o, r, rank, co, [&](const StepReport& s) {
     const nlohmann::json line = {{"step", s.step}, {"index", s.index}, {"steps", s.steps}, {"loss", s.loss},
-                                 {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", s.elapsed_s}};
+                                 {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", s.elapsed_s}, {"lr", s.lr},
+                                 {"tokens", s.tokens}, {"grad_norm", s.grad_norm}};
     progress_out << line.dump() << "\n";
     progress_out.flush();
   });

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +31,7 @@
 #include "backend/data.h"
 #include "backend/dist/process_group.h"
 #include "backend/dist/rank_train.h"
+#include "backend/io/token_file.h"
 #include "backend/model.h"
 #include "backend/plain_trainer.h"
 #include "cli/cli.h"
@@ -273,6 +275,18 @@ TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
   r.deadline_s = 120;
   auto o = small_run("tiny-moe", 4);
   o.steps = 4;
+  // A token file and a warm-up + cosine schedule: the ranks draw the packed windows and apply the
+  // step's lr like the single process.
+  o.warmup_steps = 1;
+  o.decay_steps = 4;
+  {
+    std::ifstream in(default_corpus_path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::uint32_t> ids(text.begin(), text.end());
+    for (auto& id : ids) id &= 0xff;
+    o.data = (dir / "tokens.bin").string();
+    io::write_token_file(o.data, ids, 1);
+  }
   const auto whole = train_ranks(o, r).train.losses;
   ASSERT_EQ(whole.size(), 4u);
   auto first = o;
@@ -280,6 +294,9 @@ TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
   first.checkpoint_dir = (dir / "ckpt").string();
   train_ranks(first, r);
   ASSERT_TRUE(fs::exists(checkpoint_file(first.checkpoint_dir)));
+  // One process with the same data and schedule: the same losses within float rounding.
+  const auto single_whole = train(o).losses;
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_NEAR(single_whole[i], whole[i], kTol * whole[i]) << "step " << i;
   auto second = o;
   second.steps = 2;
   second.resume_dir = first.checkpoint_dir;

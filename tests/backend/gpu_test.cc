@@ -15,11 +15,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include "backend/adamw.h"
+#include "backend/checkpoint.h"
 #include "backend/dist/ep_trainer.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
+#include "backend/train.h"
+#include "costmodel/input_error.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {
@@ -78,6 +83,40 @@ TEST(Gpu, StreamedTrainerMatchesTheCpu) {
     expect_gpu_matches_cpu(model, [](HostState& st, at::Device d) { return std::make_unique<StreamedTrainer>(st, config(1e9), d); },
                            3, "streamed");
   }
+}
+
+// Gradient accumulation on the GPU: each micro-batch's gradients summed into the FP32 host buffers.
+TEST(Gpu, StreamedTrainerAccumulatingMicroBatchesMatchesTheCpu) {
+  for (double clip : {1e9, 0.0}) {
+    TrainerConfig cfg = config(clip);
+    cfg.accumulate = 2;
+    expect_gpu_matches_cpu("tiny-moe", [&](HostState& st, at::Device d) { return std::make_unique<StreamedTrainer>(st, cfg, d); },
+                           2, "streamed, 2 micro-batches");
+  }
+}
+
+// `oom train` on a GPU: BF16 working weights unless --fp32 (recorded in the checkpoint), and an
+// MFU on every step when configs/hardware knows the GPU by its name.
+TEST(Gpu, TrainDefaultsToBf16WorkingWeightsAndReportsMfu) {
+  const auto dir = std::filesystem::temp_directory_path() / ("oom-gpu-train-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  TrainOptions o;
+  o.steps = 2;
+  o.seq = 32;
+  o.batch = 2;
+  o.device = "cuda";
+  o.checkpoint_dir = dir.string();
+  std::vector<double> mfu;
+  train(o, [&](const StepReport& r) { mfu.push_back(r.mfu); });
+  HostState state(load_model_spec(o.model));
+  EXPECT_EQ(load_checkpoint(dir.string(), state)["bf16"], true);
+  const std::string name = at::cuda::getDeviceProperties(0)->name;
+  std::cout << "GPU \"" << name << "\": peak " << device_peak_flops(0, name) / 1e12 << " TFLOP/s, MFU " << mfu.back() << "\n";
+  if (device_peak_flops(0, name) > 0) EXPECT_GT(mfu.back(), 0.0);
+  o.fp32 = true;
+  o.resume_dir = dir.string();
+  EXPECT_THROW(train(o), InputError);  // the checkpoint ran BF16: run.bf16 differs
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Gpu, PlanTrainerWithEverySplitMatchesTheCpu) {
