@@ -15,6 +15,7 @@
 
 #include "backend/checkpoint.h"
 #include "backend/data.h"
+#include "backend/io/hf_checkpoint.h"
 #include "backend/plain_trainer.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
@@ -131,7 +132,9 @@ std::string resolve_device(const std::string& device, int local_rank) {
 TrainResult train(const TrainOptions& options, const std::function<void(const StepReport&)>& on_step) {
   check_options(options);
   set_compute_threads(options.threads);
-  const ModelSpec spec = load_model_spec(options.model);
+  // A Hugging Face checkpoint folder brings its own model (config.json).
+  const ModelSpec spec = run_model_spec(options.model, options.weights);
+  check_final_weights(spec, options.save_weights);
   std::optional<Plan> plan;
   if (!options.plan.empty()) {
     plan = load_plan(options.plan);
@@ -154,11 +157,7 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   StateOptions so;
   so.precision = o.bf16 ? WorkingPrecision::kBFloat16 : WorkingPrecision::kFloat32;
   HostState state(spec, so);
-  if (o.weights.empty()) {
-    state.init_from_seed(o.seed);
-  } else {
-    state.load_safetensors(o.weights);
-  }
+  load_initial_weights(state, o.weights, o.seed);
   std::optional<nlohmann::json> saved_run;
   if (!o.resume_dir.empty()) saved_run = resume_training(o, state, *data);
   const LrSchedule schedule = run_lr_schedule(o, state.step, saved_run ? &*saved_run : nullptr, checkpoint_file(o.resume_dir));
@@ -236,6 +235,13 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   if (o.steps == 0 && !o.checkpoint_dir.empty()) save_checkpoint(o.checkpoint_dir, state, run_record());
   if (planned && !o.trace.empty() && o.steps > 0) {
     write_file_atomically(o.trace, trace_to_chrome_json(planned->last_trace()).dump() + "\n");
+  }
+  if (!o.save_weights.empty()) {
+    if (plain) {  // the reference trainer keeps its own weights
+      const auto params = plain->flat_params();
+      for (int b = 0; b < state.blocks(); ++b) state.master(b).copy_(params[static_cast<std::size_t>(b)]);
+    }
+    save_final_weights(state, o.save_weights, o.model, o.weights, o.save_bf16);
   }
   return result;
 }

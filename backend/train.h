@@ -22,7 +22,10 @@ namespace oom::backend {
 struct TrainOptions {
   std::string model = "tiny-moe";  // name, or path to a config.json
   std::string data;                // text file or token file (by its magic); empty = the shipped corpus
-  std::string weights;             // safetensors file; empty = seeded initialization
+  std::string weights;             // Hugging Face checkpoint folder (its config.json is the model), or a
+                                   // safetensors file in the backend's names; empty = seeded
+  std::string save_weights;        // write the final weights here as a Hugging Face checkpoint folder
+  bool save_bf16 = false;          // ... with BF16 tensors (else FP32)
   int steps = 20;                  // steps to run in this invocation
   int seq = 64;
   int batch = 4;                   // sequences per micro-batch

@@ -1,5 +1,6 @@
 // `oom train`: trains a model on text (bytes) or a token file with the LibTorch backend (backend/train.h); part
 // of the backend plugin (cli/backend_main.cc).
+#include <filesystem>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -8,6 +9,7 @@
 
 #include "backend/train.h"
 #include "cli/cli.h"
+#include "costmodel/input_error.h"
 
 namespace oom::cli {
 namespace {
@@ -33,7 +35,13 @@ void add_train_commands(CLI::App& app, Io io) {
   auto* cmd = app.add_subcommand("train", "Train a model on text (bytes) or a token file (streamed trainer, --plan, or --reference)");
   cmd->add_option("--model", opts->model, "Model name (configs/models) or path to a config.json")->capture_default_str();
   cmd->add_option("--data", opts->data, "Text file (trained on its bytes) or token file (llm.c layout, scripts/tokenize.py; recognized by its magic) to train on (default: the shipped corpus)");
-  cmd->add_option("--weights", opts->weights, "Initial weights from a safetensors file (default: seeded)");
+  cmd->add_option("--weights", opts->weights,
+                  "Initial weights: a Hugging Face checkpoint folder (config.json + *.safetensors; its config is the "
+                  "model) or a safetensors file in the backend's names (default: seeded)");
+  cmd->add_option("--save-weights", opts->save_weights,
+                  "Write the final weights: a Hugging Face checkpoint folder that transformers loads, or a .safetensors "
+                  "file in the backend's names");
+  cmd->add_flag("--save-bf16", opts->save_bf16, "With --save-weights: BF16 tensors (default FP32)");
   cmd->add_option("--steps", opts->steps, "Steps to run")->capture_default_str();
   cmd->add_option("--seq", opts->seq, "Sequence length in tokens (bytes for a text file)")->capture_default_str();
   cmd->add_option("--batch", opts->batch, "Sequences per micro-batch")->capture_default_str();
@@ -63,7 +71,11 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--resume", opts->resume_dir, "Resume from the checkpoint in DIR");
   cmd->add_flag("--json", *json, "End with one JSON object: losses, tokens_per_s (step lines go to stderr)");
   const auto ranks = add_train_ranks_options(cmd);
-  cmd->callback([opts, json, io, ranks] {
+  cmd->callback([opts, json, io, ranks, cmd] {
+    std::error_code ec;
+    if (cmd->count("--model") > 0 && !opts->weights.empty() && std::filesystem::is_directory(opts->weights, ec)) {
+      throw InputError("", "--model", opts->model, "the checkpoint folder given as --weights names the model (its config.json)");
+    }
     if (run_train_ranks(*opts, *ranks, *json, io)) return;
     std::ostream& lines = *json ? io.err : io.out;
     const auto result = backend::train(*opts, [&](const backend::StepReport& r) {

@@ -38,7 +38,6 @@ std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* cmd) {
       ->capture_default_str()->group(group);
   cmd->add_option("--deadline", r.deadline_s, "Seconds the whole run may take (0 = no limit)")
       ->capture_default_str()->group(group);
-  cmd->add_option("--save-weights", r.save_weights, "Write the final weights to this safetensors file")->group(group);
   return o;
 }
 
@@ -70,7 +69,9 @@ void print_step(std::ostream& lines, const backend::StepReport& r) {
 
 }  // namespace
 
-bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& o, bool json, Io io) {
+bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& o_in, bool json, Io io) {
+  TrainRanksOptions o = o_in;
+  o.ranks.save_weights = options.save_weights;  // rank 0 writes the final weights
   // Started by torchrun (or any launcher that sets PyTorch's rank environment): this process is one
   // rank; rank 0 prints, the others stay quiet.
   if (const auto env = backend::dist::torchrun_env()) {
@@ -93,7 +94,7 @@ bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptio
   }
   if (o.ranks.ranks <= 1) {
     for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk",
-                             "--rank-timeout", "--deadline", "--save-weights"}) {
+                             "--rank-timeout", "--deadline"}) {
       if (o.cmd->count(name) > 0) {
         throw InputError("", name, o.cmd->get_option(name)->as<std::string>(), "needs --ranks ≥ 2");
       }

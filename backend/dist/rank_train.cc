@@ -20,6 +20,7 @@
 #include "backend/data.h"
 #include "backend/dist/ep_trainer.h"
 #include "backend/dist/launcher.h"
+#include "backend/io/hf_checkpoint.h"
 #include "backend/plan_runtime.h"
 #include "backend/state.h"
 #include "backend/threads.h"
@@ -90,7 +91,7 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
           {"cpu_grad_slots", r.cpu_grad_slots},
-          {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights},
+          {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights}, {"save_bf16", o.save_bf16},
           {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"resume_dir", o.resume_dir},
           {"resident_layers", optional_layers(r.resident_layers)},
           {"moe_retained_layers", optional_layers(r.moe_retained_layers)},
@@ -147,7 +148,7 @@ T field(const nlohmann::json& j, const char* key, const std::string& path) {
 
 void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
   const Plan plan = load_plan(o.plan);
-  const ModelSpec spec = load_model_spec(o.model);
+  const ModelSpec spec = run_model_spec(o.model, o.weights);
   const std::string& file = o.plan;
   if (plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"",
@@ -177,8 +178,9 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
                         const std::function<void(const StepReport&)>& on_step) {
   RanksOptions r = r_in;
   if (!o.plan.empty()) apply_ep_plan(o, r);
-  const ModelSpec spec = load_model_spec(o.model);
+  const ModelSpec spec = run_model_spec(o.model, o.weights);
   check(o, r, spec);
+  check_final_weights(spec, r.save_weights);
   resolve_device(o.device);  // --device cuda without a GPU: one error before any process starts
   {
     // Data and checkpoint errors before any process starts.
@@ -246,7 +248,7 @@ struct RankRun {
 // on rank 0 after every step.
 RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOptions co,
                  const std::function<void(const StepReport&)>& on_step) {
-  const ModelSpec spec = load_model_spec(o.model);
+  const ModelSpec spec = run_model_spec(o.model, o.weights);
   check(o, r, spec);
   if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
   set_compute_threads(o.threads > 0 ? o.threads : 1);
@@ -258,11 +260,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   data->check_vocab(spec.vocab);
   data->seed(o.seed);
   HostState state(spec);
-  if (o.weights.empty()) {
-    state.init_from_seed(o.seed);
-  } else {
-    state.load_safetensors(o.weights);
-  }
+  load_initial_weights(state, o.weights, o.seed);
   std::optional<nlohmann::json> saved_run;
   if (!o.resume_dir.empty()) saved_run = resume_training(o, state, *data);
   const LrSchedule schedule = run_lr_schedule(o, state.step, saved_run ? &*saved_run : nullptr, checkpoint_file(o.resume_dir));
@@ -325,7 +323,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     const auto flats = trainer.gather_flat_params();  // collective: every rank takes part
     if (rank == 0) {
       for (int b = 0; b < state.blocks(); ++b) state.master(b).copy_(flats[static_cast<std::size_t>(b)]);
-      state.save_safetensors(r.save_weights);
+      save_final_weights(state, r.save_weights, o.model, o.weights, o.save_bf16);
     }
   }
   run.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
@@ -387,6 +385,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   r.cpu_grad_slots = field<int>(j, "cpu_grad_slots", job_path);
   r.timeout_s = field<double>(j, "timeout_s", job_path);
   r.save_weights = field<std::string>(j, "save_weights", job_path);
+  o.save_bf16 = field<bool>(j, "save_bf16", job_path);
   r.resident_layers = optional_layers(j, "resident_layers", job_path);
   r.moe_retained_layers = optional_layers(j, "moe_retained_layers", job_path);
 

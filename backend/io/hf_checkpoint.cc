@@ -8,6 +8,7 @@
 
 #include "backend/io/checkpoint_folder.h"
 #include "backend/io/hf_weights.h"
+#include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 
@@ -101,6 +102,53 @@ void save_hf_checkpoint(const std::string& dir, const HostState& state, nlohmann
     }
   }
   io::write_checkpoint_folder(dir, config, std::move(tensors), options.max_shard_bytes);
+}
+
+namespace {
+
+bool ends_with_safetensors(const std::string& p) {
+  const std::string ext = ".safetensors";
+  return p.size() >= ext.size() && p.compare(p.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+}  // namespace
+
+ModelSpec run_model_spec(const std::string& model, const std::string& weights) {
+  return !weights.empty() && is_hf_checkpoint_dir(weights) ? hf_checkpoint_spec(weights) : load_model_spec(model);
+}
+
+void load_initial_weights(HostState& state, const std::string& weights, std::uint64_t seed) {
+  if (weights.empty()) {
+    state.init_from_seed(seed);
+  } else if (is_hf_checkpoint_dir(weights)) {
+    load_hf_checkpoint(weights, state);
+  } else {
+    state.load_safetensors(weights);
+  }
+}
+
+void check_final_weights(const ModelSpec& spec, const std::string& path) {
+  if (path.empty() || ends_with_safetensors(path)) return;
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
+    throw InputError("", "--save-weights", path, "is a file; a checkpoint folder (or a .safetensors file) is written there");
+  }
+  check_hf_architecture(spec, "--save-weights " + path);
+}
+
+void save_final_weights(const HostState& state, const std::string& path, const std::string& model,
+                        const std::string& weights, bool bf16) {
+  if (ends_with_safetensors(path)) {
+    state.save_safetensors(path);
+    return;
+  }
+  nlohmann::json config;
+  if (!weights.empty() && is_hf_checkpoint_dir(weights)) {
+    config = read_json_file((fs::path(weights) / "config.json").string());
+  } else if (const auto file = resolve_config("models", model)) {
+    config = read_json_file(*file);
+  }
+  save_hf_checkpoint(path, state, config, SaveHfOptions{bf16});
 }
 
 }  // namespace oom::backend

@@ -43,4 +43,19 @@ struct SaveHfOptions {
 void save_hf_checkpoint(const std::string& dir, const HostState& state, nlohmann::json config,
                         const SaveHfOptions& options = {});
 
+// What a training run does with --weights and --save-weights, shared by every trainer.
+// The run's model: the config.json of a checkpoint folder given as `weights`, else `model`.
+ModelSpec run_model_spec(const std::string& model, const std::string& weights);
+// The initial weights: a checkpoint folder, a safetensors file in the backend's names, or (empty)
+// the seeded initialization.
+void load_initial_weights(HostState& state, const std::string& weights, std::uint64_t seed);
+// Checks before any work that `path` can be written as the run's final weights (a folder needs an
+// architecture with Hugging Face names).
+void check_final_weights(const ModelSpec& spec, const std::string& path);
+// The final weights: `path` ending in ".safetensors" is one file in the backend's names; any other
+// path is a Hugging Face checkpoint folder whose config.json is the run's source config (the
+// checkpoint's, or the project's models/NAME.json), BF16 or FP32.
+void save_final_weights(const HostState& state, const std::string& path, const std::string& model,
+                        const std::string& weights, bool bf16);
+
 }  // namespace oom::backend
