@@ -38,6 +38,10 @@ void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t bat
 void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
                         const std::string& file) {
   check_plan_shape(plan, model, batch, seq, ranks, file);
+  if (model.router_aux_loss_coef > 0) {
+    throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
+                     "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
+  }
   if (plan.path == ExpertPath::kEp) {
     throw InputError(file, "path", "\"ep\"",
                      fmt::format("the EP path runs over rank processes (oom train --ranks P); this run has {} rank", ranks));

@@ -115,6 +115,12 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
 
   // Forward without autograd, keeping each layer's input on the host; the last decoder (with
   // retain_last_decoder) runs with autograd and keeps its graph and its window slot until its backward.
+  // The load-balancing loss couples the layers only through the routers' slot counts, which carry
+  // no gradient: the forward sums them over every layer, then each layer's recompute adds its own
+  // term coef·E/R² · Σ_e counts_e · probs_l,e, whose values sum to the loss and whose gradients are
+  // exactly its gradients.
+  const bool aux = spec.router_aux_loss_coef > 0;
+  RouterStats routed, last_stats;
   std::vector<at::Tensor> checkpoints(static_cast<std::size_t>(L));
   at::Tensor h = x0.detach();
   at::Tensor last_w, last_x, last_y;
@@ -125,17 +131,30 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
     if (l + 1 == L && config_.retain_last_decoder) {
       last_w = window_.acquire(1 + l).detach().requires_grad_(true);
       last_x = h.detach().requires_grad_(true);
-      last_y = decoder_layer(last_x, views(last_w), spec, l, config_.model);
+      last_y = decoder_layer(last_x, views(last_w), spec, l, config_.model, aux ? &last_stats : nullptr);
+      if (aux) {
+        at::NoGradGuard no_grad;
+        routed.slot_counts = routed.slot_counts.defined() ? routed.slot_counts + last_stats.slot_counts : last_stats.slot_counts;
+        routed.prob_sums = routed.prob_sums.defined() ? routed.prob_sums + last_stats.prob_sums.detach()
+                                                      : last_stats.prob_sums.detach();
+        routed.rows += last_stats.rows;
+      }
       h = last_y.detach();
       continue;
     }
     at::NoGradGuard no_grad;
     checkpoints[static_cast<std::size_t>(l)] = to_host(h, state_.pinned());
-    h = decoder_layer(h, views(window_.acquire(1 + l)), spec, l, config_.model);
+    h = decoder_layer(h, views(window_.acquire(1 + l)), spec, l, config_.model, aux ? &routed : nullptr);
     window_.release(1 + l);
   }
+  const double aux_scale = aux ? spec.router_aux_loss_coef * spec.moe.experts /
+                                     (static_cast<double>(routed.rows) * static_cast<double>(routed.rows)) / K
+                               : 0.0;
+  // The term of one layer from its recomputed router probabilities (autograd on).
+  const auto aux_term = [&](const RouterStats& layer) { return (routed.slot_counts * layer.prob_sums).sum() * aux_scale; };
   auto hL = h.detach().requires_grad_(true);
-  const auto loss = head_loss(hL, tgt, outer, spec);
+  const auto loss = head_loss(hL, tgt, outer, spec, config_.model.loss_chunk_tokens);
+  const double aux_value = aux ? (routed.slot_counts * routed.prob_sums).sum().item<double>() * aux_scale * K : 0.0;
   if (K == 1) {
     loss.backward();
   } else {
@@ -175,15 +194,24 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
     if (last_y.defined() && l + 1 == L) {
       w = last_w;
       x = last_x;
-      last_y.backward(g);
+      if (aux) {
+        torch::autograd::backward({last_y, aux_term(last_stats)}, {g, at::ones({}, g.options().dtype(at::kFloat))});
+      } else {
+        last_y.backward(g);
+      }
       last_y = at::Tensor();
     } else {
       w = window_.acquire(1 + l).detach().requires_grad_(true);
       x = checkpoints[static_cast<std::size_t>(l)].to(device_).detach().requires_grad_(true);
       checkpoints[static_cast<std::size_t>(l)] = at::Tensor();
+      RouterStats layer;
       const auto y = decoder_layer(x, block_views(layout.blocks[static_cast<std::size_t>(1 + l)], w), spec, l,
-                                   config_.model);
-      y.backward(g);
+                                   config_.model, aux ? &layer : nullptr);
+      if (aux) {
+        torch::autograd::backward({y, aux_term(layer)}, {g, at::ones({}, g.options().dtype(at::kFloat))});
+      } else {
+        y.backward(g);
+      }
     }
     g = x.grad();
     window_.release(1 + l);
@@ -213,7 +241,7 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
       });
     }
   }
-  return loss.item<double>();
+  return loss.item<double>() + aux_value;
 }
 
 }  // namespace oom::backend

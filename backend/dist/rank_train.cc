@@ -53,6 +53,10 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
     throw InputError("", "--batch", std::to_string(o.batch), "must be a positive multiple of --ranks " + P);
   }
   if (!(o.lr > 0)) throw InputError("", "--lr", std::to_string(o.lr), "must be > 0");
+  if (spec.router_aux_loss_coef > 0) {
+    throw InputError(spec.name, "router_aux_loss_coef", fmt::format("{}", spec.router_aux_loss_coef),
+                     "the multi-rank trainer trains without the load-balancing loss (the streamed trainer adds it)");
+  }
   if (r.expert_parallel && spec.moe.experts % r.ranks != 0) {
     throw InputError(o.model, "num_experts", std::to_string(spec.moe.experts),
                      "expert parallelism needs a multiple of --ranks " + P);

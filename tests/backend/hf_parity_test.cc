@@ -174,23 +174,27 @@ TEST_P(HfParity, LogitsLossAuxLossAndGradientsOfAutogradOverTheWholeModel) {
 
 TEST_P(HfParity, StreamedTrainerAndPlanRuntimeGradientsEqualTheReference) {
   Fixture f = load_fixture(GetParam());
-  f.spec.router_aux_loss_coef = 0.0;  // the trainers below run the language-model loss alone
   const auto& tokens = f.reference.at("tokens");
   const auto& targets = f.reference.at("targets");
-  const auto want = f.grads("grad.");
+  const auto g = f.grads("grad."), a = f.grads("aux_grad.");
   TrainerConfig cfg;
   cfg.model = model_options();
   cfg.max_grad_norm = 0.0;
-  {
+  {  // The streamed trainer with the load-balancing loss the config asks for.
     HostState state(f.spec);
     load_state(f, state);
     StreamedTrainer streamed(state, cfg);
     const auto st = streamed.step(tokens, targets);
-    EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << "streamed";
-    std::vector<at::Tensor> got;
-    for (int b = 0; b < state.blocks(); ++b) got.push_back(state.grad_slot(b));
-    expect_grads(f, state, got, want, "streamed trainer");
+    const double want = f.ref("loss") + f.spec.router_aux_loss_coef * f.ref("aux_loss");
+    EXPECT_NEAR(st.loss, want, kOutTol * want) << "streamed";
+    std::vector<at::Tensor> got, with_aux;
+    for (int b = 0; b < state.blocks(); ++b) {
+      got.push_back(state.grad_slot(b));
+      with_aux.push_back(g[static_cast<std::size_t>(b)] + f.spec.router_aux_loss_coef * a[static_cast<std::size_t>(b)]);
+    }
+    expect_grads(f, state, got, with_aux, "streamed trainer");
   }
+  f.spec.router_aux_loss_coef = 0.0;  // the plan runtime runs the language-model loss alone
   {
     HostState state(f.spec);
     load_state(f, state);
@@ -207,7 +211,7 @@ TEST_P(HfParity, StreamedTrainerAndPlanRuntimeGradientsEqualTheReference) {
     EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << "plan";
     std::vector<at::Tensor> got;
     for (int b = 0; b < state.blocks(); ++b) got.push_back(state.grad_slot(b));
-    expect_grads(f, state, got, want, "plan runtime");
+    expect_grads(f, state, got, g, "plan runtime");
   }
 }
 
