@@ -37,6 +37,7 @@
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "planner/plan.h"
+#include "tests/backend/ep_threads.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend::dist {
@@ -392,35 +393,8 @@ TEST(EpTrainer, GradientsOfAStepEqualAutogradOverTheWholeModel) {
   cfg.moe_retained_layers = std::vector<int>{1};
   cfg.cpu_grad_slots = 1;
 
-  std::vector<at::Tensor> grads;
-  std::vector<double> norms(2), losses(2);
-  std::vector<int> slots_used(2);
-  std::vector<std::int64_t> resident_bytes(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        CommOptions co;
-        co.rank = r;
-        co.world_size = 2;
-        co.store_path = (dir / "store").string();
-        co.timeout_s = 60;
-        Communicator comm(co);
-        EpTrainer trainer(init, cfg, comm);
-        const auto st = trainer.step(tokens, targets);
-        losses[static_cast<std::size_t>(r)] = st.loss;
-        norms[static_cast<std::size_t>(r)] = st.grad_norm;
-        slots_used[static_cast<std::size_t>(r)] = trainer.host_grad_slots_used();
-        resident_bytes[static_cast<std::size_t>(r)] = trainer.device_expert_bytes_between_steps();
-        auto g = trainer.gather_flat_grads();
-        if (r == 0) grads = std::move(g);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const auto run = testing::ep_step_in_threads(init, tokens, targets, cfg, 2, (dir / "threads").string());
+  const auto& [losses, norms, slots_used, resident_bytes, errors, grads] = run;
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
 
@@ -476,7 +450,7 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   EXPECT_EQ(cli::run({"train", "--ranks", "3", "--model", "tiny-moe", "--batch", "3"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("num_experts"), std::string::npos) << err.str();
   err.str("");
-  EXPECT_EQ(cli::run({"train", "--save-weights", "w.safetensors"}, {out, err}), cli::kExitBadInput);
+  EXPECT_EQ(cli::run({"train", "--moe-chunk", "8"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("needs --ranks"), std::string::npos) << err.str();
   err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--reference"}, {out, err}), cli::kExitBadInput);

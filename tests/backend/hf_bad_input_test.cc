@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 fs::path fixture() {
   const char* dir = std::getenv("OOM_HF_FIXTURES");
-  return dir != nullptr ? fs::path(dir) / "qwen3_5_moe" : fs::path();
+  return (dir != nullptr ? fs::path(dir) : fs::path(OOM_HF_FIXTURES_DIR)) / "qwen3_5_moe";
 }
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary | std::ios::trunc) << text; }
@@ -103,11 +103,13 @@ std::vector<Row> rows() {
   };
 }
 
+void PrintTo(const Row& r, std::ostream* os) { *os << r.name; }
+
 class HfBadInput : public ::testing::TestWithParam<Row> {};
 
 TEST_P(HfBadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
   const Row& row = GetParam();
-  ASSERT_FALSE(fixture().empty()) << "OOM_HF_FIXTURES is not set";
+  ASSERT_TRUE(fs::exists(fixture() / "config.json")) << "no fixture in " << fixture();
   const fs::path dir = fs::temp_directory_path() / ("oom_hf_bad_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -22,6 +24,7 @@
 #include "backend/safetensors.h"
 #include "backend/state.h"
 #include "costmodel/json_input.h"
+#include "tests/backend/ep_threads.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {
@@ -33,9 +36,10 @@ using testing::rel_diff;
 constexpr double kOutTol = 1e-5;
 constexpr double kGradTol = 1e-4;
 
+// $OOM_HF_FIXTURES, else the build tree's folder that CTest's fixture writes.
 fs::path fixtures() {
   const char* dir = std::getenv("OOM_HF_FIXTURES");
-  return dir != nullptr ? fs::path(dir) : fs::path();
+  return dir != nullptr ? fs::path(dir) : fs::path(OOM_HF_FIXTURES_DIR);
 }
 
 // One architecture's fixture: the checkpoint, its spec, and the reference outputs.
@@ -135,8 +139,8 @@ void expect_grads(const Fixture& f, const HostState& state, const std::vector<at
 class HfParity : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    ASSERT_FALSE(fixtures().empty()) << "OOM_HF_FIXTURES is not set (CTest runs tests/backend/hf_reference.py first)";
-    ASSERT_TRUE(fs::exists(fixtures() / GetParam() / "reference.safetensors")) << "no fixture for " << GetParam();
+    ASSERT_TRUE(fs::exists(fixtures() / GetParam() / "reference.safetensors")) << "no fixture for " << GetParam() << " in " << fixtures()
+                                                                          << " (CTest runs tests/backend/hf_reference.py first)";
   }
 };
 
@@ -213,6 +217,31 @@ TEST_P(HfParity, StreamedTrainerAndPlanRuntimeGradientsEqualTheReference) {
     for (int b = 0; b < state.blocks(); ++b) got.push_back(state.grad_slot(b));
     expect_grads(f, state, got, g, "plan runtime");
   }
+}
+
+// Two expert-parallel ranks (threads) with shard delivery, a resident and a streamed decoder, a
+// replayed decoder, chunked dispatch and one host gradient slot.
+TEST_P(HfParity, EpTrainerGradientsEqualTheReference) {
+  Fixture f = load_fixture(GetParam());
+  f.spec.router_aux_loss_coef = 0.0;  // the multi-rank trainer runs the language-model loss alone
+  HostState init(f.spec);
+  load_state(f, init);
+  dist::EpConfig cfg;
+  cfg.trainer.model = model_options();
+  cfg.trainer.max_grad_norm = 0.0;
+  cfg.delivery = dist::Delivery::kShard;
+  cfg.moe_chunk_tokens = 10;
+  cfg.resident_layers = std::vector<int>{0};
+  cfg.moe_retained_layers = std::vector<int>{1};
+  cfg.cpu_grad_slots = 1;
+  const auto dir = fs::temp_directory_path() / ("oom_hf_ep_" + GetParam() + "_" + std::to_string(::getpid()));
+  const auto run = testing::ep_step_in_threads(init, f.reference.at("tokens"), f.reference.at("targets"), cfg, 2,
+                                               dir.string());
+  fs::remove_all(dir);
+  ASSERT_EQ(run.errors[0], "");
+  ASSERT_EQ(run.errors[1], "");
+  EXPECT_NEAR(run.losses[0], f.ref("loss"), kOutTol * f.ref("loss")) << "EP";
+  expect_grads(f, init, run.grads, f.grads("grad."), "EP trainer");
 }
 
 // Writing the loaded weights under transformers' names gives back every tensor of the file.
