@@ -334,7 +334,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     auto total = at::zeros({}, xn.options().dtype(at::kFloat));
     for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
       const auto n = std::min(chunk, N - t0);
-      const auto logits = capped(at::linear(xn.narrow(0, t0, n), head).to(at::kFloat), softcap);  // [n, V]
+      auto logits = at::linear(xn.narrow(0, t0, n), head).to(at::kFloat);  // [n, V]
+      if (softcap > 0) logits.div_(softcap).tanh_().mul_(softcap);          // in place: one [n, V] buffer
       const auto l = at::logsumexp(logits, {-1});
       lse.narrow(0, t0, n).copy_(l);
       total += (l - logits.gather(1, targets.narrow(0, t0, n).unsqueeze(1)).squeeze(1)).sum();
@@ -358,12 +359,17 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
       const auto n = std::min(chunk, N - t0);
       const auto xc = xn.narrow(0, t0, n);
-      const auto raw = at::linear(xc, head).to(at::kFloat);
-      const auto logits = capped(raw, softcap);
-      auto d = at::exp(logits - lse.narrow(0, t0, n).unsqueeze(1));  // softmax
+      // In place on one [n, V] buffer (two with a softcap): logits → softmax − one-hot → × dL/dloss.
+      auto d = at::linear(xc, head).to(at::kFloat);
+      at::Tensor t;  // tanh(logits / cap), for the cap's derivative 1 − t²
+      if (softcap > 0) {
+        t = d.div_(softcap).tanh_();
+        d = t * softcap;
+      }
+      d.sub_(lse.narrow(0, t0, n).unsqueeze(1)).exp_();
       d.scatter_add_(1, targets.narrow(0, t0, n).unsqueeze(1), at::full({n, 1}, -1.0, d.options()));
       d.mul_(g);
-      if (softcap > 0) d.mul_(1 - (logits / softcap).pow(2));  // d tanh
+      if (softcap > 0) d.mul_(t.mul_(t).neg_().add_(1));
       const auto dw = d.to(head.scalar_type());
       dx.narrow(0, t0, n).copy_(at::matmul(dw, head));
       dhead.addmm_(d.t(), xc.to(at::kFloat));

@@ -168,6 +168,31 @@ TEST(AttentionMixing, ReturnsLsePerQueryHeadAndHandlesKEqualsVAndOutputGate) {
   }
 }
 
+// The token-chunked vocabulary projection and loss against the full-logits cross-entropy: the loss
+// and the gradients of the hidden states and the head, with and without a softcap, for chunks that
+// do not divide the tokens and for one chunk holding them all.
+TEST(ChunkedCrossEntropy, EqualsFullLogitsCrossEntropyWithAndWithoutSoftcap) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({20, 16}, torch::kDouble).to(at::kFloat);
+  const auto head = (torch::randn({50, 16}, torch::kDouble) * 0.5).to(at::kFloat);
+  const auto targets = torch::randint(0, 50, {20}, torch::kLong);
+  for (const double cap : {0.0, 3.0}) {
+    auto xr = x.clone().requires_grad_(true), hr = head.clone().requires_grad_(true);
+    auto logits = at::linear(xr, hr);
+    if (cap > 0) logits = at::tanh(logits / cap) * cap;
+    const auto ref = at::cross_entropy_loss(logits, targets);
+    ref.backward();
+    for (const std::int64_t chunk : {7, 20, 1000}) {
+      auto xc = x.clone().requires_grad_(true), hc = head.clone().requires_grad_(true);
+      const auto got = chunked_cross_entropy(xc, hc, targets, cap, chunk);
+      got.backward();
+      EXPECT_NEAR(got.item<double>(), ref.item<double>(), 1e-6 * ref.item<double>()) << "cap " << cap << " chunk " << chunk;
+      EXPECT_LE(rel_diff(xc.grad(), xr.grad()), 1e-5) << "cap " << cap << " chunk " << chunk;
+      EXPECT_LE(rel_diff(hc.grad(), hr.grad()), 1e-5) << "cap " << cap << " chunk " << chunk;
+    }
+  }
+}
+
 TEST(ModelLoss, EveryFamilyStartsNearUniformAndGivesEveryWeightAGradient) {
   for (const char* name : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
     const ModelSpec spec = load_model_spec(name);
