@@ -14,6 +14,15 @@ bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 
 bool interleaved_gdn(const ModelSpec& s) { return starts_with(s.model_type, "qwen3_next"); }
 bool mixtral_names(const ModelSpec& s) { return starts_with(s.model_type, "mixtral"); }
 
+// The GDN widths the projections are cut by: key/value dims, heads, head dims, value heads per key head.
+struct GdnDims {
+  std::int64_t kd, vd, Hk, Hv, dk, dv, rep;
+};
+GdnDims gdn_dims(const GdnSpec& g) {
+  return {g.key_dim(), g.value_dim(), g.key_heads, g.value_heads, g.key_head_dim, g.value_head_dim,
+          std::int64_t{g.value_heads} / g.key_heads};
+}
+
 std::string shape_text(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 // Name lookups with the checkpoint's prefix, shape checks, and (in the copy pass) the copies.
@@ -96,10 +105,8 @@ std::vector<Assign> plan_block(const ModelSpec& s, const BlockLayout& layout, in
       const std::string hf = n.substr(5);  // q_proj, k_proj, v_proj, o_proj, q_norm, k_norm
       out.push_back(copy(r.get(lp + "self_attn." + hf + ".weight", e.shape)));
     } else if (starts_with(n, "gdn.")) {
-      const GdnSpec& g = s.gdn;
       const std::string A = lp + "linear_attn.";
-      const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hk = g.key_heads, Hv = g.value_heads;
-      const std::int64_t dk = g.key_head_dim, dv = g.value_head_dim, rep = Hv / Hk;
+      const auto [kd, vd, Hk, Hv, dk, dv, rep] = gdn_dims(s.gdn);
       if (n == "gdn.in_proj_qkvz") {
         if (interleaved_gdn(s)) {
           // Per key head g: [q_g | k_g | v of its rep value heads | z of them].
@@ -228,10 +235,8 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors_of_block(const ModelS
     } else if (starts_with(n, "attn.")) {
       out.emplace_back(lp + "self_attn." + n.substr(5) + ".weight", t);
     } else if (starts_with(n, "gdn.")) {
-      const GdnSpec& g = s.gdn;
       const std::string A = lp + "linear_attn.";
-      const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hk = g.key_heads, Hv = g.value_heads;
-      const std::int64_t dk = g.key_head_dim, dv = g.value_head_dim, rep = Hv / Hk;
+      const auto [kd, vd, Hk, Hv, dk, dv, rep] = gdn_dims(s.gdn);
       if (n == "gdn.in_proj_qkvz") {
         if (interleaved_gdn(s)) {
           const auto q = t.narrow(0, 0, kd).view({Hk, dk, h}), k = t.narrow(0, kd, kd).view({Hk, dk, h});
