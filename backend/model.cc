@@ -32,10 +32,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
-  const auto xf = x.to(at::kFloat);
-  const auto y = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + spec.norm_eps);
-  const auto scale = spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight.to(at::kFloat);
-  return (y * scale).to(x.scalar_type());
+  return rms_norm(x, spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight, spec.norm_eps);
 }
 
 std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim) {
@@ -245,7 +242,7 @@ Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeS
   const auto probs = at::softmax(at::linear(x2d, router_weight).to(at::kFloat), -1);
   auto [weights, ids] = at::topk(probs, moe.top_k, -1, /*largest=*/true, /*sorted=*/true);
   if (moe.norm_topk_prob) weights = weights / weights.sum({-1}, true);
-  return {ids, weights};
+  return {ids, weights, probs};
 }
 
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
@@ -255,14 +252,19 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tens
   return at::linear(act * at::linear(x, up), down);
 }
 
-void RouterStats::add(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe) {
-  const auto probs = at::softmax(at::linear(x2d, router_weight).to(at::kFloat), -1);
-  const auto ids = std::get<1>(at::topk(probs.detach(), moe.top_k, -1));
-  const auto counts = at::bincount(ids.reshape({-1}), {}, moe.experts).to(at::kFloat);
-  const auto sums = probs.sum(0);
+void RouterStats::add(const Routing& routing, int experts) {
+  const auto counts = at::bincount(routing.expert_ids.reshape({-1}), {}, experts).to(at::kFloat);
+  const auto sums = routing.probs.sum(0);
   slot_counts = slot_counts.defined() ? slot_counts + counts : counts;
   prob_sums = prob_sums.defined() ? prob_sums + sums : sums;
-  rows += x2d.size(0);
+  rows += routing.probs.size(0);
+}
+
+void RouterStats::add_detached(const RouterStats& other) {
+  at::NoGradGuard no_grad;
+  slot_counts = slot_counts.defined() ? slot_counts + other.slot_counts : other.slot_counts;
+  prob_sums = prob_sums.defined() ? prob_sums + other.prob_sums.detach() : other.prob_sums.detach();
+  rows += other.rows;
 }
 
 at::Tensor router_aux_loss(const RouterStats& stats, int experts) {
@@ -276,7 +278,7 @@ at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& 
   const auto shape = x.sizes().vec();
   const auto x2 = x.reshape({-1, x.size(-1)});
   const auto r = route(x2, w["router"], m);
-  if (stats != nullptr) stats->add(x2, w["router"], m);
+  if (stats != nullptr) stats->add(r, m.experts);
   const auto& eg = w["experts.gate"];
   const auto& eu = w["experts.up"];
   const auto& ed = w["experts.down"];

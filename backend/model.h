@@ -90,6 +90,7 @@ at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpe
 struct Routing {
   at::Tensor expert_ids;
   at::Tensor weights;
+  at::Tensor probs;  // [T, E] FP32: the softmax over all experts (what the load-balancing loss reads)
 };
 Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe);
 
@@ -99,7 +100,10 @@ struct RouterStats {
   at::Tensor slot_counts;  // [E] FP32, summed over layers
   at::Tensor prob_sums;    // [E] FP32, summed over layers (differentiable)
   std::int64_t rows = 0;   // tokens × layers
-  void add(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe);
+  // Adds one layer's routing of its tokens.
+  void add(const Routing& routing, int experts);
+  // Adds another set of statistics, its probability sums without their gradient.
+  void add_detached(const RouterStats& other);
 };
 // The Switch-Transformer load-balancing loss of transformers' load_balancing_loss_func:
 // E · Σ_e (slot_counts_e / rows) · (prob_sums_e / rows).

@@ -132,13 +132,7 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
       last_w = window_.acquire(1 + l).detach().requires_grad_(true);
       last_x = h.detach().requires_grad_(true);
       last_y = decoder_layer(last_x, views(last_w), spec, l, config_.model, aux ? &last_stats : nullptr);
-      if (aux) {
-        at::NoGradGuard no_grad;
-        routed.slot_counts = routed.slot_counts.defined() ? routed.slot_counts + last_stats.slot_counts : last_stats.slot_counts;
-        routed.prob_sums = routed.prob_sums.defined() ? routed.prob_sums + last_stats.prob_sums.detach()
-                                                      : last_stats.prob_sums.detach();
-        routed.rows += last_stats.rows;
-      }
+      if (aux) routed.add_detached(last_stats);
       h = last_y.detach();
       continue;
     }
@@ -154,7 +148,8 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
   const auto aux_term = [&](const RouterStats& layer) { return (routed.slot_counts * layer.prob_sums).sum() * aux_scale; };
   auto hL = h.detach().requires_grad_(true);
   const auto loss = head_loss(hL, tgt, outer, spec, config_.model.loss_chunk_tokens);
-  const double aux_value = aux ? (routed.slot_counts * routed.prob_sums).sum().item<double>() * aux_scale * K : 0.0;
+  const double aux_value =
+      aux ? spec.router_aux_loss_coef * router_aux_loss(routed, spec.moe.experts).item<double>() : 0.0;
   if (K == 1) {
     loss.backward();
   } else {

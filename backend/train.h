@@ -1,8 +1,9 @@
 // The training loop behind `oom train`: model, data, trainer, checkpoints and resume.
 //
-// Builds a HostState for the model (seeded, or from safetensors weights), draws batches from a text
-// file (bytes) or a token file (backend/data.h), and runs the streamed trainer (or, with
-// `reference`, the plain in-memory trainer; with `plan`, the plan runtime). Each optimizer step
+// Builds a HostState for the model (seeded, from a Hugging Face checkpoint folder, or from a
+// safetensors file of the backend), draws batches from a text file (bytes) or a token file
+// (backend/data.h), and runs the streamed trainer (or, with `reference`, the plain in-memory
+// trainer; with `plan`, the plan runtime). Each optimizer step
 // runs `accumulate` micro-batches of `batch` sequences (gradients summed, the loss their mean) at
 // the learning rate of the schedule (backend/lr_schedule.h) for its global step. With a checkpoint directory the whole training state (masters, moments, step, data
 // sampler state) is saved atomically at the end (and every `checkpoint_every` steps); `resume_dir`
