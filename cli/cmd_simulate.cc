@@ -44,9 +44,21 @@ struct ValidateArgs {
 };
 
 struct CalibrateArgs {
-  std::string records_path, hardware, output, cross_validate, engine = "analytic";
+  std::string records_path, hardware, output, cross_validate, published, engine = "analytic";
   bool json = false;
 };
+
+// The published breakdowns of `explicit_path`, else of published-breakdowns.json beside the
+// records file when there is one, else none.
+std::vector<PublishedBreakdown> published_breakdowns(const std::string& records_path, const std::string& explicit_path) {
+  std::string path = explicit_path;
+  if (path.empty()) {
+    const auto beside = std::filesystem::path(records_path).parent_path() / "published-breakdowns.json";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(beside, ec)) path = beside.string();
+  }
+  return path.empty() ? std::vector<PublishedBreakdown>{} : load_published_breakdowns(path);
+}
 
 }  // namespace
 
@@ -98,14 +110,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     }
     const RecordSet records = load_records(val->records_path);
     if (!val->explain.empty()) {
-      std::string published = val->published;
-      if (published.empty()) {
-        const auto beside = std::filesystem::path(val->records_path).parent_path() / "published-breakdowns.json";
-        std::error_code ec;
-        if (std::filesystem::is_regular_file(beside, ec)) published = beside.string();
-      }
-      const std::vector<PublishedBreakdown> breakdowns =
-          published.empty() ? std::vector<PublishedBreakdown>{} : load_published_breakdowns(published);
+      const std::vector<PublishedBreakdown> breakdowns = published_breakdowns(val->records_path, val->published);
       const StepExplanation e = explain_record(records, val->records_path, val->explain, val->engine, breakdowns);
       emit(val->output, val->json ? explanation_to_json(e).dump(2) + "\n" : explanation_text(e), io);
       return;
@@ -121,6 +126,8 @@ void add_simulate_commands(CLI::App& app, Io io) {
   c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");
   c->add_flag("--json", cal->json, "Print the fit summary (or the cross-validation) as JSON");
   c->add_option("--engine", cal->engine, "Engine the fit matches and that predicts: " + fmt::format("{}", fmt::join(step_engine_names(), " | ")));
+  c->add_option("--published", cal->published,
+                "Published breakdowns whose compute times the fit also matches (default: published-breakdowns.json beside the records file, when present)");
   c->add_option("--cross-validate", cal->cross_validate,
                 "Refit leaving each group out and predict it: model | hardware | gpus | path | record (-o then writes the report)");
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
@@ -140,17 +147,23 @@ void add_simulate_commands(CLI::App& app, Io io) {
     }
     const HardwareSpec hw = load_hardware_spec(cal->hardware);
     const RecordSet records = load_records(cal->records_path);
+    std::map<std::string, double> anchors;
+    for (const PublishedBreakdown& b : published_breakdowns(cal->records_path, cal->published)) {
+      if (const auto it = b.mechanisms_s.find("compute_with_replay_s"); it != b.mechanisms_s.end()) anchors[b.record] = it->second;
+    }
     if (cross) {
       CvOptions options;
       options.grouping = *grouping;
       options.engine = cal->engine;
       options.fit.engine = cal->engine;
+      options.fit.compute_anchors_s = anchors;
       const CrossValidation cv = cross_validate(records, hw, options);
       emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
     }
     FitOptions options;
     options.engine = cal->engine;
+    options.compute_anchors_s = anchors;
     const CalibrationFit fit = fit_calibration(records, hw, options);
     emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
     io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));

@@ -9,6 +9,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
+#include "costmodel/traffic.h"
 #include "planner/lowering.h"
 #include "planner/step_engine.h"
 
@@ -194,8 +195,8 @@ class KtFtLowering {
     }
     return out;
   }
-  PerRank gpu(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape) {
-    last_ = each(what, op, phase, layer, [&](int r) { return rr(r).compute; }, flops, 0, 0, shape, last_);
+  PerRank gpu(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape, Bytes bytes = 0) {
+    last_ = each(what, op, phase, layer, [&](int r) { return rr(r).compute; }, flops, bytes, 0, shape, last_);
     return last_;
   }
   PerRank collective(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
@@ -259,16 +260,18 @@ class KtFtLowering {
     const double ratio = backward ? kMatmulBackwardRatio : 1.0;
     const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
     const Bytes act = mixing_activations(m_, l, seqs_, S_) + 2 * boundary();
+    const double mem_ratio = backward ? kMemoryBackwardRatio : 1.0;
+    const auto traffic = [&](Bytes forward) { return static_cast<Bytes>(mem_ratio * static_cast<double>(forward)); };
     auto mixing = [&] {
       const PerRank p = gpu((attention ? "attn.proj" : "gdn.proj") + std::string(backward ? "_bwd" : ""), OpKind::kGemm, phase, l,
-                            ratio * f.mixing_projection, proj);
+                            ratio * f.mixing_projection, proj, traffic(mixing_hbm_bytes(m_, l, tokens())));
       gpu((attention ? "attn.core" : "gdn.core") + std::string(backward ? "_bwd" : ""), attention ? OpKind::kAttention : OpKind::kGdn,
           phase, l, core_ratio * f.mixing_core.total(), core);
       return p;
     };
     auto moe = [&] {
       gpu(backward ? "moe.router_shared_bwd" : "moe.router_shared", OpKind::kGemm, phase, l,
-          ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj);
+          ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj, traffic(moe_hbm_bytes(m_, tokens()).pre));
       // The hidden states (or their gradient) to the host, the experts on the socket's cores, back.
       const PerRank out = each(backward ? "experts.grad_d2h" : "experts.input_d2h", OpKind::kD2h, phase, l,
                                [&](int r) { return rr(r).d2h; }, 0, boundary(), 0, {}, last_);
@@ -316,10 +319,11 @@ class KtFtLowering {
     shape.k = m_.hidden;
     shape.n = m_.vocab;
     const Flops f = lm_head_flops(m_, T);
-    const PerRank fwd = gpu("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape);
+    const PerRank fwd = gpu("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T));
     gpu_mem(fwd, logits, false);
     gpu_mem(fwd, -logits, true);
-    const PerRank bwd = gpu("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape);
+    const PerRank bwd = gpu("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
+                            loss_backward_hbm_bytes(m_, T));
     gpu_mem(bwd, logits, false);
     gpu_mem(bwd, -logits, true);
   }

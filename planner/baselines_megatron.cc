@@ -9,6 +9,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
+#include "costmodel/traffic.h"
 #include "planner/duration_model.h"
 #include "planner/lowering.h"
 #include "planner/step_engine.h"
@@ -210,11 +211,13 @@ class MegatronLowering {
     }
   }
 
-  PerRank compute(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape) {
+  PerRank compute(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape,
+                  Bytes bytes = 0) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
       Stage st = make(what, op, phase, rr(r).compute, r, layer);
       st.flops = flops;
+      st.bytes = bytes;
       st.shape = shape;
       dep(st, last_, r);
       out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
@@ -279,9 +282,14 @@ class MegatronLowering {
     experts.experts = m_.moe.experts / s_.expert_parallel;
     const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens() / t_, m_.hidden, kBf16Bytes, s_.expert_parallel) / 2;
     const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
+    // Memory-bound kernels: sequence parallelism gives each rank of the TP group 1/t of the tokens.
+    const double mem_ratio = (backward ? kMemoryBackwardRatio : 1.0) / t_;
+    const auto traffic = [&](Bytes forward) { return static_cast<Bytes>(mem_ratio * static_cast<double>(forward)); };
+    const MoeTraffic moe_bytes = moe_hbm_bytes(m_, tokens());
     auto mixing = [&] {
       tp_exchange("mixing.allgather" + sfx, OpKind::kAllGather, phase, l);
-      const PerRank p = compute((attention ? "attn.proj" : "gdn.proj") + sfx, OpKind::kGemm, phase, l, ratio * f.mixing_projection / t_, proj);
+      const PerRank p = compute((attention ? "attn.proj" : "gdn.proj") + sfx, OpKind::kGemm, phase, l, ratio * f.mixing_projection / t_, proj,
+                                traffic(mixing_hbm_bytes(m_, l, tokens())));
       if (first.empty()) first = p;
       compute((attention ? "attn.core" : "gdn.core") + sfx, attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
               core_ratio * f.mixing_core.total() / t_, core);
@@ -289,9 +297,11 @@ class MegatronLowering {
     };
     auto moe = [&] {
       tp_exchange("moe.allgather" + sfx, OpKind::kAllGather, phase, l);
-      compute("moe.router_shared" + sfx, OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj);
+      compute("moe.router_shared" + sfx, OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj,
+              traffic(moe_bytes.pre + moe_bytes.combine));
       if (s_.expert_parallel > 1) collective("moe.dispatch" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false);
-      compute("moe.experts" + sfx, OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts);
+      compute("moe.experts" + sfx, OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts,
+              traffic(moe_bytes.experts));
       if (s_.expert_parallel > 1) collective("moe.return" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false);
       tp_exchange("moe.reduce_scatter" + sfx, OpKind::kReduceScatter, phase, l);
     };
@@ -345,10 +355,11 @@ class MegatronLowering {
     shape.k = m_.hidden;
     shape.n = m_.vocab / t_;
     const Flops f = lm_head_flops(m_, T) / t_;
-    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape);
+    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T) / t_);
     gpu_mem(fwd, logits, false);
     gpu_mem(fwd, -logits, true);
-    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape);
+    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
+                                loss_backward_hbm_bytes(m_, T) / t_);
     gpu_mem(bwd, logits, false);
     gpu_mem(bwd, -logits, true);
   }

@@ -35,21 +35,29 @@ struct Constant {
 
 const std::vector<Constant>& constants() {
   static const std::vector<Constant> c = {
-      {"gemm_efficiency", &Calibration::gemm_efficiency, true, 20, 20},
-      {"expert_gemm_efficiency", &Calibration::expert_gemm_efficiency, true, 20, 20},
-      {"attention_efficiency", &Calibration::attention_efficiency, true, 20, 20},
-      {"attention_backward_efficiency", &Calibration::attention_backward_efficiency, true, 20, 20},
-      {"wide_attention_efficiency", &Calibration::wide_attention_efficiency, true, 50, 50},
-      {"gdn_efficiency", &Calibration::gdn_efficiency, true, 20, 20},
-      {"fabric_efficiency", &Calibration::fabric_efficiency, true, 20, 20},
+      // Efficiencies against the BF16 dense peak, kept within what such kernels reach on any GPU.
+      // GEMMs: at most what a large square BF16 GEMM reaches (~0.8 of peak measured on an H200).
+      {"gemm_efficiency", &Calibration::gemm_efficiency, true, 2, 1.143},           // 0.35–0.80
+      {"expert_gemm_efficiency", &Calibration::expert_gemm_efficiency, true, 4, 1.455},  // 0.14–0.80
+      // Flash attention (head dim ≤ 256) between FlashAttention-2 and FlashAttention-3 on the H100:
+      // 298 and 642 TFLOP/s forward at head dim 256, 16K tokens (FlashAttention-3 paper, Shah et
+      // al. 2024, H100 SXM5 benchmarks); the backward runs at 0.8–0.9× of its forward there.
+      {"attention_efficiency", &Calibration::attention_efficiency, true, 1.5, 1.56},  // 0.30–0.70
+      {"attention_backward_efficiency", &Calibration::attention_backward_efficiency, true, 1.4, 1.72},  // 0.25–0.60
+      {"wide_attention_efficiency", &Calibration::wide_attention_efficiency, true, 2.5, 10},  // 0.02–0.50
+      {"gdn_efficiency", &Calibration::gdn_efficiency, true, 10, 5},                 // 0.01–0.50
+      // NVLink all-to-all, all-gather and reduce-scatter: half to all of the per-GPU rate.
+      {"fabric_efficiency", &Calibration::fabric_efficiency, true, 1.6, 1.25},
       // Achieved PCIe: between half the estimate and the x16 link's line rate.
       {"h2d_Bps", &Calibration::h2d_Bps, false, 2, 1.2},
       {"d2h_Bps", &Calibration::d2h_Bps, false, 2, 1.2},
       {"cpu_adamw_params_per_s", &Calibration::cpu_adamw_params_per_s, false, 10, 10},
       {"host_prep_params_per_s", &Calibration::host_prep_params_per_s, false, 10, 10},
-      {"compute_overhead_s", &Calibration::compute_overhead_s, false, 50, 50},
+      // Fixed costs: kernel launches and host dispatch per stage (5 µs–1 ms), per local expert
+      // (0.4 µs–1 ms), per collective (launch, split exchange, synchronization: 0.6–300 µs).
+      {"compute_overhead_s", &Calibration::compute_overhead_s, false, 4, 50},
       {"expert_overhead_s", &Calibration::expert_overhead_s, false, 50, 50},
-      {"collective_overhead_s", &Calibration::collective_overhead_s, false, 50, 300},
+      {"collective_overhead_s", &Calibration::collective_overhead_s, false, 50, 10},
   };
   return c;
 }
@@ -61,6 +69,7 @@ struct Target {
   StepGraph graph;
   std::vector<StageId> op_stages;  // operator records: the stages whose durations add up
   double engine_factor = 1;        // step records: predicting engine / analytic at the last pass
+  std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
   std::optional<AnalyticSchedule> schedule;  // step records: Eq. 3 over `graph`, built once
   // Stages that price alike (DurationModel's contract: a cost depends on a stage's kind, phase,
   // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
@@ -91,18 +100,30 @@ void index_pricing(Target& t) {
   }
 }
 
-double predict(const Target& t, const Calibration& c) {
+struct Prediction {
+  double time_s = 0;          // step or operator time
+  double compute_busy_s = 0;  // step records: rank 0's compute-stream busy time
+};
+
+Prediction predict_detail(const Target& t, const Calibration& c) {
   const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  Prediction out;
   if (t.row.kind == "operator") {
-    double s = 0;
-    for (const StageId id : t.op_stages) s += model.duration_s(t.graph.stage(id), t.graph);
-    return s;
+    for (const StageId id : t.op_stages) out.time_s += model.duration_s(t.graph.stage(id), t.graph);
+    return out;
   }
   std::vector<Seconds> priced(t.priced.size()), d(t.graph.stages.size()), finish;
   for (std::size_t i = 0; i < t.priced.size(); ++i) priced[i] = model.duration_s(t.priced[i], t.graph);
-  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
-  return t.engine_factor * t.schedule->step_s(d, finish);
+  for (std::size_t v = 0; v < d.size(); ++v) {
+    d[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
+    const Stage& s = t.graph.stages[v];
+    if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) out.compute_busy_s += d[v];
+  }
+  out.time_s = t.engine_factor * t.schedule->step_s(d, finish);
+  return out;
 }
+
+double predict(const Target& t, const Calibration& c) { return predict_detail(t, c).time_s; }
 
 // The step time of a step record's graph as `engine` executes it with calibration `c`.
 double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
@@ -190,6 +211,9 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     try {
       targets.push_back(step_target(r));
       targets.back().row.held_out = held_out(r.id);
+      if (const auto a = options.compute_anchors_s.find(r.id); a != options.compute_anchors_s.end() && a->second > 0) {
+        targets.back().compute_anchor_s = a->second;
+      }
     } catch (const std::exception& e) {
       fit.skipped.push_back(fmt::format("{}: {}", r.id, e.what()));
     }
@@ -237,15 +261,24 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     if (!t.row.held_out) fitted.push_back(&t);
   }
   const int n = static_cast<int>(fitted.size());
+  std::vector<int> anchor_row(fitted.size(), -1);  // residual row of each fitted target's anchor
+  int rows = n;
+  for (std::size_t i = 0; i < fitted.size(); ++i) {
+    if (fitted[i]->compute_anchor_s) anchor_row[i] = rows++;
+  }
   auto residuals = [&](const Eigen::VectorXd& theta) {
     const Calibration c = to_calibration(theta);
-    Eigen::VectorXd r(n + p);
+    Eigen::VectorXd r(rows + p);
     for (int i = 0; i < n; ++i) {
       const Target& t = *fitted[static_cast<std::size_t>(i)];
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
-      r[i] = w * std::log(predict(t, c) / t.row.measured_s);
+      const Prediction pr = predict_detail(t, c);
+      r[i] = w * std::log(pr.time_s / t.row.measured_s);
+      if (const int a = anchor_row[static_cast<std::size_t>(i)]; a >= 0) {
+        r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
+      }
     }
-    for (int i = 0; i < p; ++i) r[n + i] = options.prior_weight * (theta[i] - theta0[i]);
+    for (int i = 0; i < p; ++i) r[rows + i] = options.prior_weight * (theta[i] - theta0[i]);
     return r;
   };
 
@@ -260,7 +293,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     int it = 0;
     for (; it < options.max_iterations; ++it) {
       // Columns are independent (residuals() is pure): computed on a few threads.
-      Eigen::MatrixXd J(n + p, p);
+      Eigen::MatrixXd J(rows + p, p);
       auto columns = [&](int first, int stride) {
         for (int j = first; j < p; j += stride) {
           Eigen::VectorXd t = theta;
@@ -342,7 +375,10 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   }
   std::string fitted_ids, held_ids;
   for (auto& t : targets) {
-    t.row.predicted_s = predict(t, fit.calibration);
+    const Prediction pr = predict_detail(t, fit.calibration);
+    t.row.predicted_s = pr.time_s;
+    t.row.predicted_compute_s = pr.compute_busy_s;
+    t.row.compute_anchor_s = t.compute_anchor_s;
     fit.rows.push_back(t.row);
     (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
   }
@@ -353,8 +389,13 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
 nlohmann::json calibration_fit_to_json(const CalibrationFit& fit) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : fit.rows) {
-    rows.push_back({{"id", r.id}, {"kind", r.kind}, {"held_out", r.held_out}, {"measured_s", r.measured_s},
-                    {"predicted_s", r.predicted_s}, {"rel_error", r.rel_error()}});
+    nlohmann::json row = {{"id", r.id}, {"kind", r.kind}, {"held_out", r.held_out}, {"measured_s", r.measured_s},
+                          {"predicted_s", r.predicted_s}, {"rel_error", r.rel_error()}};
+    if (r.compute_anchor_s) {
+      row["compute_anchor_s"] = *r.compute_anchor_s;
+      row["predicted_compute_s"] = r.predicted_compute_s;
+    }
+    rows.push_back(std::move(row));
   }
   return {{"calibration", calibration_to_json(fit.calibration)}, {"fitted", fit.fitted}, {"iterations", fit.iterations},
           {"records", rows}, {"skipped", fit.skipped}};
@@ -371,6 +412,12 @@ std::string calibration_fit_text(const CalibrationFit& fit) {
   for (const auto& r : fit.rows) {
     out += fmt::format("{:<22} {:<9} {:>9} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", r.id, r.kind, r.held_out ? "held out" : "fit",
                        r.measured_s, r.predicted_s, 100 * r.rel_error());
+  }
+  for (const auto& r : fit.rows) {
+    if (!r.compute_anchor_s) continue;
+    out += fmt::format("{:<22} compute busy (published {:.3f} s) predicted {:.3f} s {:>+7.1f}%{}\n", r.id, *r.compute_anchor_s,
+                       r.predicted_compute_s, 100 * (r.predicted_compute_s / *r.compute_anchor_s - 1),
+                       r.held_out ? " (held out)" : "");
   }
   for (const auto& s : fit.skipped) out += "skipped " + s + "\n";
   return out;

@@ -15,6 +15,8 @@
 // Not thread-safe to call concurrently (engine registry; an engine other than "analytic" may fork).
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,13 @@ struct FitOptions {
   std::string engine = "analytic";
   int engine_passes = 3;
   int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
+  // Published compute time of a step record (record id → seconds rank 0's compute stream is busy,
+  // replay included: "compute_with_replay_s" of traces/paper/published-breakdowns.json). Each is
+  // one more residual, log(predicted busy / published), weighted `anchor_weight`, fitted with its
+  // record (a held-out or left-out record's anchor is left out too). It separates what the step
+  // time alone cannot: compute from the non-compute time the step exposes beside it.
+  std::map<std::string, double> compute_anchors_s;
+  double anchor_weight = 1.0;
   static std::vector<std::string> default_held_out_ids();
 };
 
@@ -49,6 +58,8 @@ struct FitRow {
   bool held_out = false;
   double measured_s = 0;
   double predicted_s = 0;  // with the fitted constants
+  std::optional<double> compute_anchor_s;  // step records: the published compute time the fit matched
+  double predicted_compute_s = 0;          // step records: rank 0's compute-stream busy time
   double rel_error() const { return (predicted_s - measured_s) / measured_s; }
 };
 

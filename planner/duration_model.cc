@@ -23,10 +23,21 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
   const Calibration& c = calibration_;
   const double peak = hardware_.gpu.bf16_flops_per_s;
   StageCost out;
+  const double hbm = hardware_.gpu.hbm_Bps * c.hbm_efficiency;
+  // Arithmetic at the kernel kind's efficiency plus the stage's memory-bound kernels (norms,
+  // activations, permutations: Stage::bytes) at the HBM rate, one after the other on the stream;
+  // expressed as one effective rate over the FLOPs so both engines run it as one piece of work.
   auto compute = [&](double efficiency) {
     out.fixed_s = c.compute_overhead_s;
-    out.work = s.flops;
-    out.rate = out.exclusive_rate = peak * efficiency;
+    const double flops = static_cast<double>(s.flops), bytes = static_cast<double>(s.bytes);
+    if (flops <= 0) {
+      out.work = bytes;
+      out.rate = out.exclusive_rate = hbm;
+      return;
+    }
+    const double seconds = flops / (peak * efficiency) + bytes / hbm;
+    out.work = flops;
+    out.rate = out.exclusive_rate = flops / seconds;
   };
   auto fill_rows = [](double rows, double half_rows) { return rows <= 0 ? 1.0 : rows / (rows + half_rows); };
   auto cpu = [&](double socket_rate) {
@@ -65,7 +76,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
     case OpKind::kGpuAdamW:
       out.fixed_s = c.compute_overhead_s;
       out.work = static_cast<double>(s.bytes);
-      out.rate = out.exclusive_rate = hardware_.gpu.hbm_Bps * c.hbm_efficiency;
+      out.rate = out.exclusive_rate = hbm;
       break;
     case OpKind::kH2d:
       out.fixed_s = c.transfer_overhead_s + hardware_.pcie.latency_s;
@@ -79,11 +90,15 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       break;
     case OpKind::kAllToAll:
     case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
-      out.fixed_s = c.collective_overhead_s + hardware_.fabric.latency_s;
+    case OpKind::kReduceScatter: {
+      // Alpha–beta: a fixed cost per collective (launch, split exchange, synchronization) plus one
+      // fabric latency per peer a member exchanges with, then the bytes at the fabric's rate.
+      const std::size_t members = std::max<std::size_t>(2, s.peers.size());
+      out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * hardware_.fabric.latency_s;
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = hardware_.fabric.per_gpu_Bps * c.fabric_efficiency;
       break;
+    }
     case OpKind::kCpuAdamW:
       cpu(c.cpu_adamw_params_per_s);
       break;

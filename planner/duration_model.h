@@ -41,10 +41,13 @@ class DurationModel {
 
 // Prices stages from the HardwareSpec's peaks and a Calibration's constants:
 //   GEMM: flops / (peak · gemm_efficiency · m/(m + half_rows)); expert GEMM likewise with the
-//   tokens per expert, plus expert_overhead_s per local expert; attention and GDN: flops / (peak · efficiency), attention backward with its
-//   own efficiency; element-wise and GPU AdamW:
-//   bytes / (HBM · hbm_efficiency); H2D/D2H: bytes / achieved link rate; collectives: bytes /
-//   (fabric rate · fabric_efficiency); CPU work: params / (socket rate / ranks on the socket).
+//   tokens per expert, plus expert_overhead_s per local expert; attention and GDN:
+//   flops / (peak · efficiency), attention backward with its own efficiency; every compute stage
+//   adds its memory-bound kernels' HBM bytes (costmodel/traffic.h) / (HBM · hbm_efficiency);
+//   element-wise and GPU AdamW: bytes / (HBM · hbm_efficiency); H2D/D2H: a transfer's fixed cost
+//   plus bytes / achieved link rate; collectives: collective_overhead_s + (members − 1) · fabric
+//   latency + bytes / (fabric rate · fabric_efficiency); CPU work: params / (socket rate / ranks
+//   on the socket).
 class CalibratedDurationModel : public DurationModel {
  public:
   // `ranks` is the number of training ranks (to share sockets fairly).

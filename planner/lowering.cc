@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/traffic.h"
 #include "planner/memory_report.h"
 
 namespace oom {
@@ -284,9 +285,10 @@ void Lowering::head_forward_backward() {
   shape.k = m_.hidden;
   shape.n = m_.vocab;
   const Flops f = lm_head_flops(m_, N_);
-  const PerRank fwd = compute_all("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, 0, shape, {w.ready});
-  const PerRank bwd = compute_all("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, 0,
-                                  shape, {fwd});
+  const PerRank fwd = compute_all("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f,
+                                  loss_forward_hbm_bytes(m_, N_), shape, {w.ready});
+  const PerRank bwd = compute_all("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
+                                  loss_backward_hbm_bytes(m_, N_), shape, {fwd});
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits);
     gpu_free(fwd[static_cast<std::size_t>(r)], r, logits);

@@ -19,6 +19,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
+#include "costmodel/traffic.h"
 #include "planner/baselines.h"
 #include "planner/lowering.h"
 
@@ -171,7 +172,9 @@ class BaselineLowering {
     proj.k = m_.hidden;
     proj.seqs = seqs_;
     proj.seq_len = S_;
-    PerRank x = compute(attention ? "attn.proj" : "gdn.proj", OpKind::kGemm, phase, l, f.mixing_projection, 0, proj, deps);
+    const MoeTraffic t = moe_hbm_bytes(m_, T);
+    PerRank x = compute(attention ? "attn.proj" : "gdn.proj", OpKind::kGemm, phase, l, f.mixing_projection,
+                        mixing_hbm_bytes(m_, l, T), proj, deps);
     first = x;
     OpShape core;
     core.seqs = seqs_;
@@ -191,13 +194,13 @@ class BaselineLowering {
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
-    x = compute("moe.router_shared", OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, 0,
+    x = compute("moe.router_shared", OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
                 dense, {x});
     OpShape experts;
     experts.tokens = T * m_.moe.top_k;
     experts.k = m_.hidden;
     experts.experts = m_.moe.experts;
-    return compute("moe.experts", OpKind::kExpertGemm, phase, l, f.moe.routed_experts, 0, experts, {x});
+    return compute("moe.experts", OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
   }
 
   Bytes activations(int l) const {
@@ -243,8 +246,10 @@ class BaselineLowering {
     shape.k = m_.hidden;
     shape.n = m_.vocab;
     const Flops f = lm_head_flops(m_, T);
-    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, 0, shape, {ready, last_compute_});
-    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, 0, shape, {fwd});
+    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, loss_forward_hbm_bytes(m_, T), shape,
+                                {ready, last_compute_});
+    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
+                                loss_backward_hbm_bytes(m_, T), shape, {fwd});
     gpu(fwd, logits, false);
     gpu(fwd, -logits, true);
     gpu(bwd, logits + t_.grad_bytes_per_param * head, false);
@@ -271,17 +276,19 @@ class BaselineLowering {
     const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
     const LayerFlops f = layer_flops(m_, l, seqs_, S_);
     const std::int64_t T = seqs_ * S_;
+    const MoeTraffic t = moe_hbm_bytes(m_, T);
+    const auto bwd_bytes = [](Bytes forward) { return static_cast<Bytes>(kMemoryBackwardRatio * static_cast<double>(forward)); };
     OpShape experts;
     experts.tokens = T * m_.moe.top_k;
     experts.k = m_.hidden;
     experts.experts = m_.moe.experts;
     PerRank x = compute("moe.experts_bwd", OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
-                        0, experts, {recomputed});
+                        bwd_bytes(t.experts + t.combine), experts, {recomputed});
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
     x = compute("moe.router_shared_bwd", OpKind::kGemm, Phase::kBackward, l,
-                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), 0, dense, {x});
+                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), bwd_bytes(t.pre), dense, {x});
     OpShape core;
     core.seqs = seqs_;
     core.seq_len = S_;
@@ -302,7 +309,7 @@ class BaselineLowering {
     proj.tokens = T;
     proj.k = m_.hidden;
     x = compute(attention ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
-                kMatmulBackwardRatio * f.mixing_projection, 0, proj, {x});
+                kMatmulBackwardRatio * f.mixing_projection, bwd_bytes(mixing_hbm_bytes(m_, l, T)), proj, {x});
     gpu(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
     slot_last_[slot] = x;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/traffic.h"
 #include "planner/lowering.h"
 
 namespace oom::lowering {
@@ -48,7 +49,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
   proj.seqs = seqs;
   proj.seq_len = S_;
   const PerRank p = compute_all(is_attention(kind) ? "attn.proj" : "gdn.proj", OpKind::kGemm, phase, l,
-                                f.mixing_projection, 0, proj, {input, w.ready});
+                                f.mixing_projection, mixing_hbm_bytes(m_, l, seqs * S_), proj, {input, w.ready});
   PerRank last = p;
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
@@ -102,23 +103,24 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
 PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
                                     int chunk) {
   const MoeFlops f = moe_flops(m_, tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, tokens);
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
   const PerRank pre = compute_all(fmt::format("moe.c{}.router_shared", chunk), OpKind::kGemm, phase, l,
-                                  f.router + f.shared_expert + f.dense_mlp, 0, dense, {input, w.ready});
+                                  f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
   OpShape experts;
   experts.tokens = tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
   experts.k = m_.hidden;
   experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
   if (!ep_ || P_ == 1) {
-    return compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts, 0,
-                       experts, {pre, w.ready});
+    return compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
+                       t.experts + t.combine, experts, {pre, w.ready});
   }
   const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens, m_.hidden, kBf16Bytes, P_) / 2;
   const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_dispatch", chunk), OpKind::kAllToAll, phase, l, a2a, pre);
   const PerRank exp = compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
-                                  0, experts, {dispatch, w.ready});
+                                  t.experts, experts, {dispatch, w.ready});
   const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_return", chunk), OpKind::kAllToAll, phase, l, a2a, exp);
   const Bytes buffers = a2a_buffer_bytes(m_, tokens);
   for (int r = 0; r < P_; ++r) {
@@ -127,12 +129,14 @@ PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, con
   }
   OpShape combine;
   combine.tokens = tokens;
-  return compute_all(fmt::format("moe.c{}.combine", chunk), OpKind::kElementwise, phase, l, 0,
-                     tokens * m_.moe.top_k * m_.hidden * kBf16Bytes, combine, {ret});
+  return compute_all(fmt::format("moe.c{}.combine", chunk), OpKind::kElementwise, phase, l, 0, t.combine, combine,
+                     {ret});
 }
 
 PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk) {
   const MoeFlops f = moe_flops(m_, tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, tokens);
+  const auto bwd_bytes = [](Bytes forward) { return static_cast<Bytes>(kMemoryBackwardRatio * static_cast<double>(forward)); };
   OpShape experts;
   experts.tokens = tokens * m_.moe.top_k;
   experts.k = m_.hidden;
@@ -143,7 +147,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_grad_dispatch", chunk), OpKind::kAllToAll,
                                             Phase::kBackward, l, a2a, ready);
     exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
-                      kMatmulBackwardRatio * f.routed_experts, 0, experts, {dispatch});
+                      kMatmulBackwardRatio * f.routed_experts, bwd_bytes(t.experts), experts, {dispatch});
     const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
                                        Phase::kBackward, l, a2a, exp);
     const Bytes buffers = a2a_buffer_bytes(m_, tokens);
@@ -154,13 +158,14 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     exp = ret;
   } else {
     exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
-                      kMatmulBackwardRatio * f.routed_experts, 0, experts, {ready});
+                      kMatmulBackwardRatio * f.routed_experts, bwd_bytes(t.experts), experts, {ready});
   }
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
   return compute_all(fmt::format("moe.c{}.router_shared_bwd", chunk), OpKind::kGemm, Phase::kBackward, l,
-                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), 0, dense, {exp});
+                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), bwd_bytes(t.pre + t.combine),
+                     dense, {exp});
 }
 
 PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready) {
@@ -198,8 +203,9 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   OpShape proj;
   proj.tokens = seqs * S_;
   proj.k = m_.hidden;
+  const Bytes bytes = static_cast<Bytes>(kMemoryBackwardRatio * static_cast<double>(mixing_hbm_bytes(m_, l, seqs * S_)));
   return compute_all(is_attention(kind) ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
-                     kMatmulBackwardRatio * f.mixing_projection, 0, proj, {last});
+                     kMatmulBackwardRatio * f.mixing_projection, bytes, proj, {last});
 }
 
 void Lowering::decoder_forward(int l, Phase phase, bool original) {

@@ -123,5 +123,42 @@ TEST(CalibratedDurationModel, SyncStagesCostNothing) {
   EXPECT_EQ(m.duration_s(s, f.g), 0.0);
 }
 
+TEST(CalibratedDurationModel, MemoryBoundKernelsOfAComputeStageRunAtTheHbmRate) {
+  const Fixture f = fixture();
+  Calibration c = round_calibration(two_socket_node());
+  c.hbm_efficiency = 0.5;  // 1 TB/s of the 2 TB/s HBM
+  const CalibratedDurationModel m(two_socket_node(), c, 4);
+  Stage s;
+  s.resource = f.compute;
+  s.op = OpKind::kGemm;
+  s.flops = 500e12;
+  s.shape.tokens = 4096;
+  s.bytes = 250'000'000'000;  // 0.25 s of norms, activations and permutations
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 1.0 + 0.25, 1e-12);
+  const StageCost cost = m.cost(s, f.g);
+  EXPECT_DOUBLE_EQ(cost.work, 500e12);  // one piece of work at one effective rate, for SimGrid too
+  EXPECT_NEAR(cost.exclusive_rate, 500e12 / 1.25, 1.0);
+  s.flops = 0;  // bytes only: priced like an element-wise stage
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 0.25, 1e-12);
+}
+
+TEST(CalibratedDurationModel, CollectivesPayAFabricLatencyPerPeer) {
+  StepGraphBuilder b(4, 2);
+  const ResourceId fabric = b.add_resource(ResourceKind::kFabric, "gpu0.fabric", 0, -1);
+  const StepGraph g = b.take();
+  Calibration c = round_calibration(two_socket_node());
+  c.collective_overhead_s = 1e-4;
+  c.fabric_efficiency = 0.5;
+  const CalibratedDurationModel m(two_socket_node(), c, 4);
+  Stage s;
+  s.resource = fabric;
+  s.op = OpKind::kAllToAll;
+  s.bytes = 200'000'000'000;  // 1 s at half of 400 GB/s
+  s.peers = {0, 1};
+  EXPECT_NEAR(m.duration_s(s, g), 1e-4 + 1 * 2e-6 + 1.0, 1e-12);
+  s.peers = {0, 1, 2, 3};
+  EXPECT_NEAR(m.duration_s(s, g), 1e-4 + 3 * 2e-6 + 1.0, 1e-12);
+}
+
 }  // namespace
 }  // namespace oom

@@ -1,0 +1,57 @@
+// HBM traffic of the memory-bound kernels around the matmuls of a decoder layer.
+//
+// A training step's GPU time is not only matmuls and attention: every RMSNorm, residual add, RoPE,
+// activation, gate, token permutation and loss softmax reads and writes whole activation tensors
+// and runs at the HBM's bandwidth, not at the tensor cores' rate. Their share grows as the
+// matmuls per token shrink: a model of many small experts (top-8 of 256 with I = 512) moves about
+// as many bytes per token through permutation and activation as it does arithmetic on them, while
+// a model of a few large experts (Mixtral: top-2 of 8 with I = 14336) hides them. Counting these
+// bytes is what lets one set of efficiencies price both kinds of model.
+//
+// Counts are forward bytes for `tokens` tokens of BF16 activations, each kernel counted as the
+// tensors it reads plus the tensors it writes (no fusion across kernels; a kernel is one pass):
+//   RMSNorm: read x, write x̂                                     2·h per token
+//   residual add: read two, write one                            3·h
+//   RoPE and q/k RMSNorm: read and write q and k                 2·(H + Hkv)·d each
+//   output gate: read the gate and O, write                      3·H·d
+//   GDN: causal conv over q, k, v (read, write), L2 norm of q, k, gated output norm (read o and z,
+//        write)                                                  2·(2·dk + dv) + 2·2·dk + 3·dv
+//   router: FP32 logits written by the GEMM read by softmax/top-k, probabilities written
+//                                                                2·E (FP32, so 4 B each)
+//   token permutation: gather k copies of each token, scatter back with the routing weights
+//                                                                2·k·h (dispatch) + k·h + h (combine)
+//   SwiGLU of the routed experts: read gate and up, write        3·k·I (and 3·I_shared, 3·I_dense)
+// The backward of a memory-bound kernel reads the output gradient and the saved inputs and writes
+// the input gradients: kMemoryBackwardRatio × the forward bytes.
+// Attention's and GDN's cores read their operands inside the fused kernel: their efficiency covers
+// that, so they are not counted here. Pure functions.
+#pragma once
+
+#include <cstdint>
+
+#include "costmodel/model_spec.h"
+#include "costmodel/units.h"
+
+namespace oom {
+
+inline constexpr double kMemoryBackwardRatio = 2.0;
+
+// Forward HBM bytes of the mixing sublayer of decoder `layer` (input norm, RoPE/q-k norms or the
+// GDN's conv, norms and gates, output gate, residual add) for `tokens` tokens.
+Bytes mixing_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens);
+
+// Forward HBM bytes of the MoE sublayer for `tokens` tokens on the GPU that routes them.
+struct MoeTraffic {
+  Bytes pre = 0;      // post-attention norm, router softmax/top-k, dispatch permutation, shared/dense activations
+  Bytes experts = 0;  // SwiGLU activation of the routed experts' k·tokens rows
+  Bytes combine = 0;  // weighted un-permutation and the residual add
+  Bytes total() const { return pre + experts + combine; }
+};
+MoeTraffic moe_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
+
+// HBM bytes of the LM head's cross-entropy for `tokens` tokens: FP32 logits written and read back
+// by the log-sum-exp in the forward; read again and a BF16 gradient written in the backward.
+Bytes loss_forward_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
+Bytes loss_backward_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
+
+}  // namespace oom

@@ -1,0 +1,59 @@
+// Tests of costmodel/traffic.h: the HBM bytes of the memory-bound kernels follow the documented
+// per-token counts, scale with tokens, and grow with the expert count and width they depend on.
+#include "costmodel/traffic.h"
+
+#include <gtest/gtest.h>
+
+namespace oom {
+namespace {
+
+ModelSpec model() {
+  ModelSpec m;
+  m.layers = 2;
+  m.hidden = 64;
+  m.vocab = 1000;
+  m.layer_kinds = {LayerKind::kFullAttention, LayerKind::kLinearAttention};
+  m.full_attention = {.heads = 4, .kv_heads = 2, .head_dim = 16, .output_gate = true, .qk_norm = true};
+  m.gdn = {.key_heads = 2, .value_heads = 4, .key_head_dim = 16, .value_head_dim = 8, .conv_kernel = 4};
+  m.moe = {.experts = 8, .top_k = 2, .expert_intermediate = 32, .shared_expert_intermediate = 16};
+  return m;
+}
+
+TEST(Traffic, AttentionMixingCountsNormsRopeGateAndResidual) {
+  const ModelSpec m = model();
+  // 5·h (norm, residual) + 2·(H+Hkv)·d (RoPE) + 2·(H+Hkv)·d (q/k norm) + 3·H·d (gate), BF16.
+  const std::int64_t per_token = 5 * 64 + 2 * 96 + 2 * 96 + 3 * 64;
+  EXPECT_EQ(mixing_hbm_bytes(m, 0, 10), 10 * per_token * kBf16Bytes);
+  EXPECT_EQ(mixing_hbm_bytes(m, 0, 20), 2 * mixing_hbm_bytes(m, 0, 10));
+}
+
+TEST(Traffic, GdnMixingCountsConvNormsAndGates) {
+  const ModelSpec m = model();
+  const std::int64_t dk = 32, dv = 32;
+  const std::int64_t per_token = 5 * 64 + 2 * (2 * dk + dv) + 4 * dk + 3 * dv;
+  EXPECT_EQ(mixing_hbm_bytes(m, 1, 7), 7 * per_token * kBf16Bytes);
+}
+
+TEST(Traffic, MoeCountsRouterPermutationAndActivations) {
+  ModelSpec m = model();
+  const MoeTraffic t = moe_hbm_bytes(m, 10);
+  EXPECT_EQ(t.pre, 10 * ((2 * 64 + 2 * 2 * 64 + 3 * 16) * kBf16Bytes + 2 * 8 * kFp32Bytes));
+  EXPECT_EQ(t.experts, 10 * 3 * 2 * 32 * kBf16Bytes);
+  EXPECT_EQ(t.combine, 10 * (2 * 64 + 64 + 3 * 64) * kBf16Bytes);
+  EXPECT_EQ(t.total(), t.pre + t.experts + t.combine);
+  // More experts per token move more bytes through the permutation and the activation.
+  m.moe.top_k = 4;
+  const MoeTraffic wider = moe_hbm_bytes(m, 10);
+  EXPECT_GT(wider.pre, t.pre);
+  EXPECT_EQ(wider.experts, 2 * t.experts);
+  EXPECT_GT(wider.combine, t.combine);
+}
+
+TEST(Traffic, LossMovesFp32LogitsTwiceForwardAndOnceBack) {
+  const ModelSpec m = model();
+  EXPECT_EQ(loss_forward_hbm_bytes(m, 3), 3 * 1000 * 8);
+  EXPECT_EQ(loss_backward_hbm_bytes(m, 3), 3 * 1000 * 6);
+}
+
+}  // namespace
+}  // namespace oom
