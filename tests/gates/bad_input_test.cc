@@ -323,6 +323,10 @@ std::vector<Case> cases() {
   c.push_back({"published_breakdown_negative_mechanism",
                {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][0]["mechanisms"]["non_compute_s"] = -4.55; })}}, explain, B,
                "breakdowns[0].mechanisms.non_compute_s", "-4.55", "range"});
+  c.push_back({"calibrate_published_negative_compute",
+               {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][1]["mechanisms"]["compute_with_replay_s"] = -3.93; })}},
+               {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--published", B}, B,
+               "breakdowns[1].mechanisms.compute_with_replay_s", "-3.93", "range"});
 
   // --- plan search and what-if studies: oom plan --workload PATH, oom whatif STUDY.json -o DIR
   c.push_back({"plan_workload_negative_batch", {{"w.json", workload_with([](json& j) { j["global_batch"] = -4; })}},
