@@ -45,7 +45,7 @@ struct AttentionGrads {
 };
 AttentionGrads attention_core_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                                       std::int64_t window, std::int64_t query_block);
+                                       std::int64_t window, std::int64_t query_block, double scale = 0.0);
 
 // --- Gated DeltaNet ---
 struct GdnInputs {
@@ -64,9 +64,7 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
 at::Tensor gdn_output(const at::Tensor& o, const at::Tensor& z, const BlockWeights& w, const ModelSpec& spec,
                       at::ScalarType dtype);
 
-// --- MoE (x2d [T, h], the normalized input of one token chunk) ---
-// Routed experts (routing, dispatch, expert SwiGLUs, weighted combine) → [T, h].
-at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
+// --- MoE (x2d [T, h], the normalized input of one token chunk; routed experts: model.h) ---
 // Shared expert (gated) and dense MLP terms; undefined when the model has none.
 struct DenseTerms {
   at::Tensor shared, dense;

@@ -108,8 +108,10 @@ TEST(GdnMixing, MatchesRecurrentReferenceForEverySequenceChunking) {
   }
 }
 
+// Gemma 4's feed-forward half (ffn_half: sandwich norms, scaled router) is held against transformers
+// in tests/backend/hf_parity_test.cc.
 TEST(MoeFfn, RoutedSharedAndDenseExpertsMatchDenseComputationForEachFamily) {
-  for (const char* name : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
+  for (const char* name : {"tiny-moe", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
     const ModelSpec spec = load_model_spec(name);
     auto w = layer_weights(spec, 0);
     torch::manual_seed(5);
@@ -210,6 +212,10 @@ TEST(ModelLoss, EveryFamilyStartsNearUniformAndGivesEveryWeightAGradient) {
     for (int b = 0; b < st.blocks(); ++b) {
       for (const auto& e : st.layout().blocks[static_cast<std::size_t>(b)].entries) {
         const auto g = flats[static_cast<std::size_t>(b)].grad().narrow(0, e.offset, e.numel());
+        if (e.name == "layer_scalar") {  // Gemma 4's layer scalar is a buffer in transformers: no gradient
+          EXPECT_EQ(g.abs().sum().item<double>(), 0.0) << name << " " << e.name;
+          continue;
+        }
         EXPECT_GT(g.abs().sum().item<double>(), 0.0) << name << " " << e.name;
       }
     }
