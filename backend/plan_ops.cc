@@ -177,11 +177,4 @@ DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelS
   return d;
 }
 
-at::Tensor moe_sum(const at::Tensor& routed, const DenseTerms& d) {
-  auto out = routed;
-  if (d.shared.defined()) out = out + d.shared;
-  if (d.dense.defined()) out = out + d.dense;
-  return out;
-}
-
 }  // namespace oom::backend::plan_ops
