@@ -53,7 +53,7 @@ EvalResult evaluate(const EvalOptions& o) {
     tokens.copy(s0 * o.seq, b * o.seq, buf.data());
     const auto ids = at::from_blob(buf.data(), {b, o.seq}, at::kLong).to(device);
     const auto input = ids.narrow(1, 0, o.seq - 1), target = ids.narrow(1, 1, o.seq - 1);
-    auto x = embed(input, outer);
+    auto x = embed(input, outer, spec);
     window.prefetch(1);
     for (int l = 0; l < spec.layers; ++l) {
       if (l + 1 < spec.layers) window.prefetch(2 + l);

@@ -93,8 +93,23 @@ BlockLayout decoder_layout(const ModelSpec& s, int layer) {
       b.add("attn.k_norm", {a.head_dim}, norm_init(s));
     }
   }
-  b.add("post_norm", {h}, norm_init(s));
   const MoeSpec& m = s.moe;
+  if (s.gemma4()) {
+    // Gemma 4's sandwich norms (transformers' names: post_attention_layernorm, pre_feedforward_layernorm,
+    // post_feedforward_layernorm_1, pre_feedforward_layernorm_2, post_feedforward_layernorm_2,
+    // post_feedforward_layernorm), the router's input and per-expert scales, the layer scalar.
+    b.add("attn.post_norm", {h}, InitKind::kOnes);
+    b.add("dense.pre_norm", {h}, InitKind::kOnes);
+    b.add("dense.post_norm", {h}, InitKind::kOnes);
+    b.add("moe.pre_norm", {h}, InitKind::kOnes);
+    b.add("moe.post_norm", {h}, InitKind::kOnes);
+    b.add("ffn.post_norm", {h}, InitKind::kOnes);
+    b.add("router.scale", {h}, InitKind::kOnes);
+    b.add("router.expert_scale", {m.experts}, InitKind::kOnes);
+    b.add("layer_scalar", {1}, InitKind::kOnes);
+  } else {
+    b.add("post_norm", {h}, norm_init(s));
+  }
   b.add("router", {m.experts, h});
   b.add("experts.gate", {m.experts, m.expert_intermediate, h});
   b.add("experts.up", {m.experts, m.expert_intermediate, h});

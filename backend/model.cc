@@ -28,6 +28,7 @@ BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat) {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto xf = x.to(at::kFloat);
   const auto y = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  if (!weight.defined()) return y.to(x.scalar_type());
   return (y * weight.to(at::kFloat)).to(x.scalar_type());
 }
 
@@ -111,15 +112,32 @@ at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t h
   return rotate(x, rot, f.inv_freq, f.attention_factor);
 }
 
+at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind) {
+  const AttentionSpec& a = spec.attention(kind);
+  const std::int64_t d = x.size(-1);
+  if (a.rope_theta <= 0) return apply_rope(x, spec, d);
+  const auto opts = x.options().dtype(at::kFloat);
+  if (!a.rope_proportional) return rotate(x, d, default_inv_freq(a.rope_theta, d, opts), 1.0);
+  // transformers' _compute_proportional_rope_parameters: int(factor · d // 2) rotating frequencies
+  // θ^(−2i/d) (exponents over the whole head), zeros for the rest of the d/2 pairs (i, i + d/2).
+  const auto angles = static_cast<std::int64_t>(std::floor(a.rope_partial_factor * static_cast<double>(d) / 2));
+  const auto rotating = at::pow(a.rope_theta, at::arange(0, 2 * angles, 2, opts) / static_cast<double>(d)).reciprocal();
+  return rotate(x, d, at::cat({rotating, at::zeros({d / 2 - angles}, opts)}), 1.0);
+}
+
+double attention_scale(const ModelSpec& spec, const AttentionSpec& a) {
+  return spec.gemma4() ? 1.0 : 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+}
+
 AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                               std::int64_t window, std::int64_t query_block) {
+                               std::int64_t window, std::int64_t query_block, double scale_in) {
   const auto H = q_in.size(1), S = q_in.size(2), d = q_in.size(3);
   const auto group = H / k_in.size(1);
   OOM_ASSERT(group * k_in.size(1) == H, "query heads must be a multiple of KV heads");
   const auto q = q_in.to(at::kFloat);
   const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
   const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = scale_in > 0 ? scale_in : 1.0 / std::sqrt(static_cast<double>(d));
   const auto block = std::max<std::int64_t>(1, query_block);
   const auto idx_opts = q.options().dtype(at::kLong);
   std::vector<at::Tensor> outs, lses;
@@ -152,15 +170,16 @@ at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const Mo
     gate = q_all.narrow(-1, d, d);
   }
   auto k = at::linear(x, w["attn.k_proj"]).view({B, S, Hkv, d});
-  const auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
+  auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
   if (a.qk_norm) {
     q = model_norm(q, w["attn.q_norm"], spec);
     k = model_norm(k, w["attn.k_norm"], spec);
   }
-  q = apply_rope(q, spec, d);
-  k = apply_rope(k, spec, d);
+  if (spec.gemma4()) v = rms_norm(v, at::Tensor(), spec.norm_eps);
+  q = attention_rope(q, spec, kind);
+  k = attention_rope(k, spec, kind);
   const auto r = attention_core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), a.window_tokens,
-                                opt.attention_query_block);
+                                opt.attention_query_block, attention_scale(spec, a));
   if (lse_out != nullptr) *lse_out = r.lse;
   auto o = r.out.transpose(1, 2).to(x.scalar_type());  // [B, S, H, d]
   if (a.output_gate) o = o * at::sigmoid(gate);
@@ -245,6 +264,18 @@ Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeS
   return {ids, weights, probs};
 }
 
+Routing route_layer(const at::Tensor& router_in, const BlockWeights& w, const ModelSpec& spec) {
+  if (!spec.gemma4()) return route(router_in, w["router"], spec.moe);
+  // transformers' Gemma4TextRouter.
+  const auto xs = rms_norm(router_in, at::Tensor(), spec.norm_eps) * w["router.scale"] *
+                  (1.0 / std::sqrt(static_cast<double>(spec.hidden)));
+  const auto probs = at::softmax(at::linear(xs, w["router"]).to(at::kFloat), -1);
+  auto [weights, ids] = at::topk(probs, spec.moe.top_k, -1, /*largest=*/true, /*sorted=*/true);
+  weights = weights / weights.sum({-1}, true);
+  weights = weights * w["router.expert_scale"].to(at::kFloat).index_select(0, ids.reshape({-1})).view(ids.sizes());
+  return {ids, weights, probs};
+}
+
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                      const std::string& activation) {
   const auto g = at::linear(x, gate);
@@ -273,12 +304,8 @@ at::Tensor router_aux_loss(const RouterStats& stats, int experts) {
   return (stats.slot_counts / rows * (stats.prob_sums / rows)).sum() * static_cast<double>(experts);
 }
 
-at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats) {
+at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWeights& w, const ModelSpec& spec) {
   const MoeSpec& m = spec.moe;
-  const auto shape = x.sizes().vec();
-  const auto x2 = x.reshape({-1, x.size(-1)});
-  const auto r = route(x2, w["router"], m);
-  if (stats != nullptr) stats->add(r, m.experts);
   const auto& eg = w["experts.gate"];
   const auto& eu = w["experts.up"];
   const auto& ed = w["experts.down"];
@@ -299,6 +326,17 @@ at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& 
     out = out.index_add(0, tok, ye * weights_sorted.narrow(0, start, n).unsqueeze(1).to(ye.scalar_type()));
     start += n;
   }
+  return out;
+}
+
+at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats) {
+  OOM_ASSERT(!spec.gemma4(), "Gemma 4's feed-forward half is ffn_half");
+  const MoeSpec& m = spec.moe;
+  const auto shape = x.sizes().vec();
+  const auto x2 = x.reshape({-1, x.size(-1)});
+  const auto r = route(x2, w["router"], m);
+  if (stats != nullptr) stats->add(r, m.experts);
+  auto out = routed_experts(x2, r, w, spec);
   if (m.shared_expert_intermediate > 0) {
     const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
     out = out + at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s;
@@ -307,17 +345,58 @@ at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& 
   return out.view(shape);
 }
 
+at::Tensor post_mixing(const at::Tensor& mixed, const BlockWeights& w, const ModelSpec& spec) {
+  return spec.gemma4() ? model_norm(mixed, w["attn.post_norm"], spec) : mixed;
+}
+
+FfnInputs ffn_inputs(const at::Tensor& a2d, const BlockWeights& w, const ModelSpec& spec) {
+  if (!spec.gemma4()) {
+    const auto xn = model_norm(a2d, w["post_norm"], spec);
+    return {xn, xn, xn};
+  }
+  return {a2d, model_norm(a2d, w["moe.pre_norm"], spec), model_norm(a2d, w["dense.pre_norm"], spec)};
+}
+
+at::Tensor ffn_output(const at::Tensor& a, const at::Tensor& routed, const at::Tensor& shared, const at::Tensor& dense,
+                      const BlockWeights& w, const ModelSpec& spec) {
+  if (!spec.gemma4()) {
+    auto out = routed;
+    if (shared.defined()) out = out + shared;
+    if (dense.defined()) out = out + dense;
+    return a + out;
+  }
+  OOM_ASSERT(dense.defined() && !shared.defined(), "Gemma 4 layers have a dense MLP and no shared expert");
+  const auto f = model_norm(dense, w["dense.post_norm"], spec) + model_norm(routed, w["moe.post_norm"], spec);
+  return (a + model_norm(f, w["ffn.post_norm"], spec)) * w["layer_scalar"].detach().to(a.scalar_type());
+}
+
+at::Tensor ffn_half(const at::Tensor& a, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats) {
+  if (!spec.gemma4()) return a + moe_ffn(model_norm(a, w["post_norm"], spec), w, spec, stats);
+  const auto a2 = a.reshape({-1, a.size(-1)});
+  const auto in = ffn_inputs(a2, w, spec);
+  const auto r = route_layer(in.router, w, spec);
+  if (stats != nullptr) stats->add(r, spec.moe.experts);
+  const auto routed = routed_experts(in.experts, r, w, spec);
+  const auto dense = gated_mlp(in.dense, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
+  return ffn_output(a2, routed, at::Tensor(), dense, w, spec).view(a.sizes());
+}
+
 at::Tensor decoder_layer(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, int layer,
                          const ModelOptions& opt, RouterStats* stats) {
   const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(layer)];
   const auto xn = model_norm(x, w["input_norm"], spec);
   const auto mixed = kind == LayerKind::kLinearAttention ? gdn_mixing(xn, w, spec, opt)
                                                          : attention_mixing(xn, w, spec, kind, opt);
-  const auto h = x + mixed;
-  return h + moe_ffn(model_norm(h, w["post_norm"], spec), w, spec, stats);
+  return ffn_half(x + post_mixing(mixed, w, spec), w, spec, stats);
 }
 
-at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer) { return at::embedding(outer["embed"], tokens); }
+at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer, const ModelSpec& spec) {
+  const auto& table = outer["embed"];
+  const auto x = at::embedding(table, tokens);
+  if (!spec.gemma4()) return x;
+  // transformers' Gemma4TextScaledWordEmbedding: × √h cast to the table's dtype.
+  return x * at::scalar_tensor(std::sqrt(static_cast<double>(spec.hidden)), table.options().dtype(table.scalar_type()));
+}
 
 namespace {
 
@@ -406,7 +485,7 @@ at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const Block
 at::Tensor model_logits(const at::Tensor& tokens, const std::vector<BlockWeights>& weights, const ModelSpec& spec,
                         const ModelOptions& opt) {
   OOM_ASSERT(static_cast<int>(weights.size()) == spec.layers + 1, "one weight block per layer plus the outer block");
-  auto x = embed(tokens, weights[0]);
+  auto x = embed(tokens, weights[0], spec);
   for (int l = 0; l < spec.layers; ++l) x = decoder_layer(x, weights[1 + l], spec, l, opt);
   return head_logits(x, weights[0], spec);
 }
@@ -414,7 +493,7 @@ at::Tensor model_logits(const at::Tensor& tokens, const std::vector<BlockWeights
 at::Tensor model_loss(const at::Tensor& tokens, const at::Tensor& targets, const std::vector<BlockWeights>& weights,
                       const ModelSpec& spec, const ModelOptions& opt) {
   OOM_ASSERT(static_cast<int>(weights.size()) == spec.layers + 1, "one weight block per layer plus the outer block");
-  auto x = embed(tokens, weights[0]);
+  auto x = embed(tokens, weights[0], spec);
   const bool aux = spec.router_aux_loss_coef > 0;
   RouterStats stats;
   for (int l = 0; l < spec.layers; ++l) x = decoder_layer(x, weights[1 + l], spec, l, opt, aux ? &stats : nullptr);

@@ -42,6 +42,8 @@ struct ModelOptions {
 
 constexpr double kNormEps = 1e-6;
 
+// x · (mean(x²) + eps)^-1/2 · weight over the last dimension, in FP32, in x's dtype; an undefined
+// weight gives the weightless norm (Gemma 4's V and router norms).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = kNormEps);
 // The model's RMSNorm: spec.norm_eps, and a (1 + w) scale where spec.zero_centered_norm().
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec);
@@ -57,6 +59,11 @@ struct RopeFrequencies {
   double attention_factor = 1.0;
 };
 RopeFrequencies rope_frequencies(const ModelSpec& spec, std::int64_t head_dim, const at::TensorOptions& options);
+// The RoPE of a layer of `kind` on x [B, S, heads, head_dim]: the model's (above), or the layer
+// type's own where the spec has one (Gemma 4: "default" over the whole head, or "proportional").
+at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind);
+// The softmax scale of the attention scores: 1/√head_dim, or 1 for Gemma 4 (its Q/K norms set it).
+double attention_scale(const ModelSpec& spec, const AttentionSpec& a);
 
 struct AttentionOutput {
   at::Tensor out;  // [B, H, S, d] FP32
@@ -64,9 +71,9 @@ struct AttentionOutput {
 };
 // Causal softmax attention of q [B, H, S, d] over k, v [B, Hkv, S, d] (H a multiple of Hkv);
 // window_tokens > 0 restricts query i to keys j with i − j < window. Computed in query blocks
-// that only visit the keys inside the window.
+// that only visit the keys inside the window. Scores are q·k·scale; scale 0 means 1/√d.
 AttentionOutput attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               std::int64_t window_tokens, std::int64_t query_block);
+                               std::int64_t window_tokens, std::int64_t query_block, double scale = 0.0);
 
 // Recurrent state carried between GDN sequence chunks: FP32 S [B, Hv, dk, dv] and the last
 // conv_kernel − 1 pre-conv q/k/v channels [B, conv_dim, K − 1] (the causal-conv left context).
@@ -80,7 +87,8 @@ struct GdnState {
 at::Tensor gdn_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                      const at::Tensor& beta, at::Tensor& state);
 
-// Token mixing of one layer on the normalized input x [B, S, h] → [B, S, h].
+// Token mixing of one layer on the normalized input x [B, S, h] → [B, S, h] (without Gemma 4's
+// norm of the output: see post_mixing).
 at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind,
                             const ModelOptions& opt, at::Tensor* lse_out = nullptr);
 at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, const ModelOptions& opt);
@@ -111,15 +119,41 @@ at::Tensor router_aux_loss(const RouterStats& stats, int experts);
 // SwiGLU-style MLP: down(act(x·gateᵀ) ⊙ x·upᵀ); act is SiLU, or tanh-GELU for "gelu*" activations.
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                      const std::string& activation);
+// Routed experts of the tokens x2d [T, h] under routing r (dispatch, expert MLPs, weighted combine) → [T, h].
+at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
 // Routed experts + shared expert + dense MLP on the normalized input x [B, S, h] → [B, S, h].
-// With `stats`, the router's statistics are added to it.
+// With `stats`, the router's statistics are added to it. Not for Gemma 4, whose branches have
+// their own inputs (ffn_half).
 at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats = nullptr);
 
-// One decoder layer: x + mix(norm(x)), then + ffn(norm(·)).
+// What the token mixing adds to the residual: `mixed` itself, or its RMSNorm for Gemma 4
+// (post_attention_layernorm).
+at::Tensor post_mixing(const at::Tensor& mixed, const BlockWeights& w, const ModelSpec& spec);
+
+// The inputs of the feed-forward half for the tokens a2d [T, h] (the residual after the mixing):
+// router, routed experts and dense MLP / shared expert. All three are norm(a) (post_norm) except
+// for Gemma 4: the router reads a itself, the experts and the dense MLP their own pre-norms.
+struct FfnInputs {
+  at::Tensor router, experts, dense;
+};
+FfnInputs ffn_inputs(const at::Tensor& a2d, const BlockWeights& w, const ModelSpec& spec);
+// The layer's routing of its router input: route() on the router weight, or Gemma 4's router
+// (weightless RMSNorm · router.scale · h^-1/2, softmax, top-k renormalized, × router.expert_scale).
+Routing route_layer(const at::Tensor& router_in, const BlockWeights& w, const ModelSpec& spec);
+// The feed-forward half's output from its parts (undefined parts absent): a + ((routed + shared) +
+// dense); Gemma 4: (a + norm_ffn(norm_dense(dense) + norm_moe(routed))) · layer_scalar, the layer
+// scalar without gradient (a buffer in transformers).
+at::Tensor ffn_output(const at::Tensor& a, const at::Tensor& routed, const at::Tensor& shared, const at::Tensor& dense,
+                      const BlockWeights& w, const ModelSpec& spec);
+// The feed-forward half of a decoder layer on the residual a [B, S, h] after the mixing.
+at::Tensor ffn_half(const at::Tensor& a, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats = nullptr);
+
+// One decoder layer: a = x + post_mixing(mix(norm(x))), then ffn_half(a).
 at::Tensor decoder_layer(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, int layer,
                          const ModelOptions& opt, RouterStats* stats = nullptr);
 
-at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer);
+// Token embeddings [B, S, h] (× √h in the weights' dtype for Gemma 4).
+at::Tensor embed(const at::Tensor& tokens, const BlockWeights& outer, const ModelSpec& spec);
 // Mean cross-entropy of next-token targets [B, S] given the last hidden state x [B, S, h]. The
 // vocabulary projection runs in chunks of `chunk_tokens` tokens: the forward keeps one log-sum-exp
 // per token, the backward recomputes each chunk's logits, so no [B·S, V] logits tensor exists.

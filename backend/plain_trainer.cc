@@ -62,6 +62,12 @@ StepStats PlainTrainer::step(const at::Tensor& tokens, const at::Tensor& targets
     }
     stats.loss /= K;
   }
+  // A weight the loss does not depend on (Gemma 4's layer_scalar enters without gradient) gets a
+  // zero gradient rather than none, so AdamW decays it as the flat-buffer trainers do instead of
+  // skipping it.
+  for (auto& p : s.params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+  }
   if (s.config.max_grad_norm > 0) {
     stats.grad_norm = torch::nn::utils::clip_grad_norm_(s.params, s.config.max_grad_norm);
   }

@@ -19,13 +19,14 @@ AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, con
     r.gate = q_all.narrow(-1, d, d);
   }
   auto k = at::linear(x, w["attn.k_proj"]).view({B, S, Hkv, d});
-  const auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
+  auto v = a.k_eq_v ? k : at::linear(x, w["attn.v_proj"]).view({B, S, Hkv, d});
   if (a.qk_norm) {
     q = model_norm(q, w["attn.q_norm"], spec);
     k = model_norm(k, w["attn.k_norm"], spec);
   }
-  r.q = apply_rope(q, spec, d).transpose(1, 2);
-  r.k = apply_rope(k, spec, d).transpose(1, 2);
+  if (spec.gemma4()) v = rms_norm(v, at::Tensor(), spec.norm_eps);
+  r.q = attention_rope(q, spec, kind).transpose(1, 2);
+  r.k = attention_rope(k, spec, kind).transpose(1, 2);
   r.v = v.transpose(1, 2);
   return r;
 }
@@ -61,14 +62,14 @@ at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const
 
 AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                        const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& dout_in,
-                                       std::int64_t window, std::int64_t query_block) {
+                                       std::int64_t window, std::int64_t query_block, double scale_in) {
   const auto B = q_in.size(0), H = q_in.size(1), S = q_in.size(2), d = q_in.size(3), Hkv = k_in.size(1);
   const auto group = H / Hkv;
   const auto q = q_in.to(at::kFloat);
   const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
   const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
   const auto out = out_in.to(at::kFloat), dout = dout_in.to(at::kFloat), lse = lse_in.to(at::kFloat);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = scale_in > 0 ? scale_in : 1.0 / std::sqrt(static_cast<double>(d));
   const auto block = std::max<std::int64_t>(1, query_block);
   const auto idx_opts = q.options().dtype(at::kLong);
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
@@ -163,31 +164,8 @@ at::Tensor gdn_output(const at::Tensor& o_in, const at::Tensor& z, const BlockWe
   return at::linear(gated.reshape({B, S, spec.gdn.value_dim()}).to(dtype), w["gdn.out_proj"]);
 }
 
-at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWeights& w, const ModelSpec& spec) {
-  const MoeSpec& m = spec.moe;
-  const auto& eg = w["experts.gate"];
-  const auto& eu = w["experts.up"];
-  const auto& ed = w["experts.down"];
-  auto out = at::zeros_like(x2);
-  const auto flat_ids = r.expert_ids.reshape({-1});
-  const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
-  const auto counts = at::bincount(flat_ids, {}, m.experts).to(at::kCPU);
-  const auto* count = counts.data_ptr<std::int64_t>();
-  const auto tokens_sorted = at::div(order, m.top_k, "floor");
-  const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
-  std::int64_t start = 0;
-  for (int e = 0; e < m.experts; ++e) {
-    const auto n = count[e];
-    if (n == 0) continue;
-    const auto tok = tokens_sorted.narrow(0, start, n);
-    const auto ye = gated_mlp(x2.index_select(0, tok), eg[e], eu[e], ed[e], spec.activation);
-    out = out.index_add(0, tok, ye * weights_sorted.narrow(0, start, n).unsqueeze(1).to(ye.scalar_type()));
-    start += n;
-  }
-  return out;
-}
-
 DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelSpec& spec) {
+  // Gemma 4's dense MLP reads its own pre-norm: x2 is FfnInputs::dense there.
   DenseTerms d;
   if (spec.moe.shared_expert_intermediate > 0) {
     const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
@@ -197,13 +175,6 @@ DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelS
     d.dense = gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
   }
   return d;
-}
-
-at::Tensor moe_sum(const at::Tensor& routed, const DenseTerms& d) {
-  auto out = routed;
-  if (d.shared.defined()) out = out + d.shared;
-  if (d.dense.defined()) out = out + d.dense;
-  return out;
 }
 
 }  // namespace oom::backend::plan_ops

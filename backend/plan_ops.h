@@ -7,7 +7,8 @@
 //   - Gated DeltaNet: projections, the recurrence over sequence chunks with the FP32 state handed
 //     from chunk to chunk (and the causal-conv left context read from the previous chunk's
 //     pre-conv channels), the gated norm and output projection;
-//   - MoE: per token chunk, router + shared expert + dense MLP, and the routed experts.
+//   - MoE: per token chunk, router + shared expert + dense MLP, and the routed experts (their
+//     inputs and the combination from model.h: ffn_inputs, route_layer, ffn_output).
 // Shapes: x [B, S, h]; q [B, H, S, d], k, v [B, Hkv, S, d]; GDN pre-conv channels [B, conv, S].
 // Stateless; thread-compatible.
 #pragma once
@@ -45,7 +46,7 @@ struct AttentionGrads {
 };
 AttentionGrads attention_core_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                                       std::int64_t window, std::int64_t query_block);
+                                       std::int64_t window, std::int64_t query_block, double scale = 0.0);
 
 // --- Gated DeltaNet ---
 struct GdnInputs {
@@ -64,15 +65,12 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
 at::Tensor gdn_output(const at::Tensor& o, const at::Tensor& z, const BlockWeights& w, const ModelSpec& spec,
                       at::ScalarType dtype);
 
-// --- MoE (x2d [T, h], the normalized input of one token chunk) ---
-// Routed experts (routing, dispatch, expert SwiGLUs, weighted combine) → [T, h].
-at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
+// --- MoE (x2d [T, h], one token chunk's input of the shared expert and dense MLP: FfnInputs::dense;
+// routing, routed experts and the combination: model.h) ---
 // Shared expert (gated) and dense MLP terms; undefined when the model has none.
 struct DenseTerms {
   at::Tensor shared, dense;
 };
 DenseTerms dense_terms(const at::Tensor& x2d, const BlockWeights& w, const ModelSpec& spec);
-// ((routed + shared) + dense): the sum in moe_ffn's order.
-at::Tensor moe_sum(const at::Tensor& routed, const DenseTerms& d);
 
 }  // namespace oom::backend::plan_ops

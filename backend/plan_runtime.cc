@@ -187,7 +187,7 @@ struct PlanTrainer::Impl {
       for (int g = 0; g < G; ++g) {
         auto s = stage(phase, l, fmt::format("attn.core.h{}", g), "attention");
         auto r = attention_core(plan_ops::query_group(in.q, a.kv_heads, G, g), in.k, in.v, a.window_tokens,
-                                cfg.model.attention_query_block);
+                                cfg.model.attention_query_block, attention_scale(spec, a));
         outs.push_back(r.out);
         lses.push_back(r.lse.unsqueeze(-1));
       }
@@ -198,7 +198,7 @@ struct PlanTrainer::Impl {
       }
     }
     auto s = stage(phase, l, "attn.proj", "gemm");
-    return x + plan_ops::attention_output(out, in.gate, w, x.scalar_type());
+    return x + post_mixing(plan_ops::attention_output(out, in.gate, w, x.scalar_type()), w, spec);
   }
 
   // Recompute (with autograd on leaves), MoE backward, then the mixing backward. Returns dx.
@@ -223,7 +223,7 @@ struct PlanTrainer::Impl {
       lse = kept.lse.to(dev);
     } else if (G == 1) {
       auto s = stage("recompute", l, "attn.core.h0", "attention");
-      out_graph = attention_core(q_l, k_l, v_l, a.window_tokens, cfg.model.attention_query_block).out;
+      out_graph = attention_core(q_l, k_l, v_l, a.window_tokens, cfg.model.attention_query_block, attention_scale(spec, a)).out;
       out = out_graph.detach();
     } else {
       at::NoGradGuard no_grad;
@@ -231,7 +231,7 @@ struct PlanTrainer::Impl {
       for (int g = 0; g < G; ++g) {
         auto s = stage("recompute", l, fmt::format("attn.core.h{}", g), "attention");
         outs.push_back(attention_core(plan_ops::query_group(q_l, a.kv_heads, G, g), k_l, v_l, a.window_tokens,
-                                      cfg.model.attention_query_block).out);
+                                      cfg.model.attention_query_block, attention_scale(spec, a)).out);
       }
       out = plan_ops::merge_groups(outs, a.kv_heads);
     }
@@ -239,7 +239,7 @@ struct PlanTrainer::Impl {
     at::Tensor mixed;
     {
       auto s = stage("recompute", l, "attn.proj", "gemm");
-      mixed = plan_ops::attention_output(out_l, gate_l, w, x.scalar_type());
+      mixed = post_mixing(plan_ops::attention_output(out_l, gate_l, w, x.scalar_type()), w, spec);
     }
     const auto dh = moe_backward(l, w, x + mixed.detach(), dy);
     {
@@ -260,7 +260,7 @@ struct PlanTrainer::Impl {
             plan_ops::query_group(in.q.detach(), a.kv_heads, G, g), in.k.detach(), in.v.detach(),
             plan_ops::query_group(out, a.kv_heads, G, g),
             plan_ops::query_group(lse.unsqueeze(-1), a.kv_heads, G, g).squeeze(-1),
-            plan_ops::query_group(dout, a.kv_heads, G, g), a.window_tokens, cfg.model.attention_query_block);
+            plan_ops::query_group(dout, a.kv_heads, G, g), a.window_tokens, cfg.model.attention_query_block, attention_scale(spec, a));
         dq.view({B, a.kv_heads, per, S, d}).narrow(2, g * gh, gh).copy_(grads.dq.reshape({B, a.kv_heads, gh, S, d}));
         dk.add_(grads.dk.to(at::kFloat));
         dv.add_(grads.dv.to(at::kFloat));
@@ -276,7 +276,7 @@ struct PlanTrainer::Impl {
         {
           auto s = stage("recompute", l, fmt::format("attn.core_refwd.h{}", g), "attention");
           og = attention_core(plan_ops::query_group(q_l, a.kv_heads, G, g), k_l, v_l, a.window_tokens,
-                              cfg.model.attention_query_block).out;
+                              cfg.model.attention_query_block, attention_scale(spec, a)).out;
         }
         auto s = stage("bwd", l, fmt::format("attn.core_bwd.h{}", g), "attention");
         og.backward(plan_ops::query_group(dout, a.kv_heads, G, g));  // K/V gradients accumulate over groups
@@ -365,20 +365,21 @@ struct PlanTrainer::Impl {
     int c = 0;
     for (const auto& [t0, n] : ranges(h2.size(0), plan.split.moe_chunk_tokens)) {
       const auto hc = h2.narrow(0, t0, n);
-      at::Tensor xn, routed;
+      FfnInputs in;
+      at::Tensor routed;
       Routing r;
       plan_ops::DenseTerms d;
       {
         auto s = stage(phase, l, fmt::format("moe.c{}.router_shared", c), "gemm");
-        xn = model_norm(hc, w["post_norm"], spec);
-        r = route(xn, w["router"], spec.moe);
-        d = plan_ops::dense_terms(xn, w, spec);
+        in = ffn_inputs(hc, w, spec);
+        r = route_layer(in.router, w, spec);
+        d = plan_ops::dense_terms(in.dense, w, spec);
       }
       {
         auto s = stage(phase, l, fmt::format("moe.c{}.experts", c), "expert_gemm");
-        routed = plan_ops::routed_experts(xn, r, w, spec);
+        routed = routed_experts(in.experts, r, w, spec);
       }
-      y2.narrow(0, t0, n).copy_(hc + plan_ops::moe_sum(routed, d));
+      y2.narrow(0, t0, n).copy_(ffn_output(hc, routed, d.shared, d.dense, w, spec));
       ++c;
     }
     return y2.view(h.sizes());
@@ -393,31 +394,49 @@ struct PlanTrainer::Impl {
     for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
       const auto [t0, n] = chunks[static_cast<std::size_t>(c)];
       auto hc = leaf(h2.narrow(0, t0, n));
-      at::Tensor xn, xn_l, routed;
+      // Router, experts and dense MLP read one normalized input, except Gemma 4's (its router reads
+      // the residual and each branch has its own norm): the experts' input is a leaf either way.
+      const bool one_input = !spec.gemma4();
+      FfnInputs in;
+      at::Tensor xn_l, routed;
       plan_ops::DenseTerms d;
       Routing r;
       {
         auto s = stage("recompute", l, fmt::format("moe.c{}.router_shared", c), "gemm");
-        xn = model_norm(hc, w["post_norm"], spec);
-        xn_l = leaf(xn);
-        r = route(xn_l, w["router"], spec.moe);
-        d = plan_ops::dense_terms(xn_l, w, spec);
+        in = ffn_inputs(hc, w, spec);
+        xn_l = leaf(in.experts);
+        r = route_layer(one_input ? xn_l : in.router, w, spec);
+        d = plan_ops::dense_terms(one_input ? xn_l : in.dense, w, spec);
       }
       {
         auto s = stage("recompute", l, fmt::format("moe.c{}.experts", c), "expert_gemm");
-        routed = plan_ops::routed_experts(xn_l, r, w, spec);
+        routed = routed_experts(xn_l, r, w, spec);
       }
       const auto dyc = dy2.narrow(0, t0, n);
-      {
-        auto s = stage("bwd", l, fmt::format("moe.c{}.experts_bwd", c), "expert_gemm");
-        routed.backward(dyc);
+      if (one_input) {
+        {
+          auto s = stage("bwd", l, fmt::format("moe.c{}.experts_bwd", c), "expert_gemm");
+          routed.backward(dyc);
+        }
+        {
+          auto s = stage("bwd", l, fmt::format("moe.c{}.router_shared_bwd", c), "gemm");
+          backward_defined({d.shared, d.dense}, {dyc, dyc});
+          in.experts.backward(xn_l.grad());
+        }
+        dh2.narrow(0, t0, n).copy_(dyc + hc.grad());
+        continue;
       }
+      auto routed_l = leaf(routed);
       {
         auto s = stage("bwd", l, fmt::format("moe.c{}.router_shared_bwd", c), "gemm");
-        backward_defined({d.shared, d.dense}, {dyc, dyc});
-        xn.backward(xn_l.grad());
+        ffn_output(hc, routed_l, d.shared, d.dense, w, spec).backward(dyc);
       }
-      dh2.narrow(0, t0, n).copy_(dyc + hc.grad());
+      {
+        auto s = stage("bwd", l, fmt::format("moe.c{}.experts_bwd", c), "expert_gemm");
+        routed.backward(routed_l.grad());
+        in.experts.backward(xn_l.grad());
+      }
+      dh2.narrow(0, t0, n).copy_(hc.grad());
     }
     return dh2.view(h.sizes());
   }
@@ -478,7 +497,7 @@ struct PlanTrainer::Impl {
     if (bp.place(j) == Place::kRegenerated && !held.count(j)) {
       auto s = stage("recompute", -1, "embedding.regather", "elementwise");
       at::NoGradGuard no_grad;
-      start = embed(tok, outer);
+      start = embed(tok, outer, spec);
       if (j == l) return start;
     } else {
       start = boundary_for_backward(j);
@@ -569,7 +588,7 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
   at::Tensor x0;
   {
     auto s = stage("fwd", -1, "embedding.gather", "elementwise");
-    x0 = embed(tok, outer);
+    x0 = embed(tok, outer, spec);
   }
   at::Tensor h = x0.detach();
   {

@@ -111,7 +111,7 @@ double StreamedTrainer::micro_batch(const at::Tensor& tokens, const at::Tensor& 
   // Outer block: resident on the compute device for the whole step.
   auto outer_flat = state_.working(0).to(device_).detach().requires_grad_(true);
   const auto outer = block_views(layout.blocks[0], outer_flat);
-  const auto x0 = embed(tok, outer);
+  const auto x0 = embed(tok, outer, spec);
 
   // Forward without autograd, keeping each layer's input on the host; the last decoder (with
   // retain_last_decoder) runs with autograd and keeps its graph and its window slot until its backward.

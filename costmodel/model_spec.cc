@@ -1,8 +1,10 @@
 #include "costmodel/model_spec.h"
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <limits>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -20,6 +22,7 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 // Qwen3.5 / Qwen3.6 / Qwen3-Next gate the attention output and use GDN with an interval.
 bool is_qwen_hybrid(const std::string& t) { return starts_with(t, "qwen3_5") || starts_with(t, "qwen3_next"); }
 bool is_gemma(const std::string& t) { return starts_with(t, "gemma"); }
+bool is_gemma4(const std::string& t) { return starts_with(t, "gemma4"); }
 
 int dim(const JsonReader& r, const std::string& key) { return static_cast<int>(r.integer(key, 1, kMaxDim)); }
 int dim_or(const JsonReader& r, const std::string& key, int fallback) {
@@ -111,6 +114,8 @@ int ModelSpec::count(LayerKind kind) const {
 
 bool ModelSpec::zero_centered_norm() const { return is_qwen_hybrid(model_type); }
 
+bool ModelSpec::gemma4() const { return is_gemma4(model_type); }
+
 namespace {
 
 // rope_parameters (transformers ≥ 5) or rope_scaling (older configs): the scaling of the
@@ -137,6 +142,89 @@ RopeScaling read_rope_scaling(const JsonReader& r, std::int64_t max_position) {
   s.mscale_all_dim = p.number_or("mscale_all_dim", 0.0, 0.0, 1e3);
   s.truncate = p.boolean_or("truncate", true);
   return s;
+}
+
+// Gemma 4's RoPE of one layer type (transformers' defaults: sliding "default" θ = 1e4, full
+// "proportional" with factor 0.25 and θ = 1e6).
+void read_gemma4_rope(const JsonReader& r, const char* layer_type, AttentionSpec& a) {
+  const bool full = std::string(layer_type) == "full_attention";
+  a.rope_theta = full ? 1e6 : 1e4;
+  a.rope_proportional = full;
+  a.rope_partial_factor = full ? 0.25 : 1.0;
+  if (!r.has("rope_parameters") || !r.raw()["rope_parameters"].is_object()) return;
+  const JsonReader all = r.object("rope_parameters");
+  if (!all.has(layer_type)) return;
+  const JsonReader p = all.object(layer_type);
+  const std::string type = p.has("rope_type") ? p.one_of("rope_type", {"default", "proportional"}) : "default";
+  a.rope_theta = p.number_or("rope_theta", 1e4, 1.0, 1e15);
+  a.rope_proportional = type == "proportional";
+  // transformers' default RoPE rotates the whole head whatever partial_rotary_factor says.
+  a.rope_partial_factor = a.rope_proportional ? p.number_or("partial_rotary_factor", 1.0, 0.0, 1.0) : 1.0;
+  if (a.rope_proportional && p.has("factor") && p.number("factor", 0.0, 1e6) != 1.0) {
+    p.fail("factor", "proportional RoPE is read without frequency scaling (factor 1)");
+  }
+}
+
+// The Gemma 4 fields of Gemma4TextConfig beyond the common ones: global layers' heads, per-layer-
+// type RoPE, and the refusal of what the backend does not implement.
+void read_gemma4(const JsonReader& r, ModelSpec& s, const AttentionSpec& attn) {
+  if (const auto ple = r.integer_or("hidden_size_per_layer_input", 256, 0, kMaxDim); ple != 0) {
+    r.fail_value(r.field("hidden_size_per_layer_input"), ple,
+                 "per-layer inputs are not implemented (set 0; transformers' default is 256 when absent)");
+  }
+  if (const auto shared = r.integer_or("num_kv_shared_layers", 0, 0, kMaxDim); shared != 0) {
+    r.fail_value(r.field("num_kv_shared_layers"), shared, "KV sharing across layers is not implemented (set 0)");
+  }
+  if (r.boolean_or("attention_bias", false)) r.fail("attention_bias", "projection biases are not implemented");
+  if (r.has("use_bidirectional_attention") && r.raw()["use_bidirectional_attention"] == "all") {
+    r.fail("use_bidirectional_attention", "only causal attention over text tokens is implemented");
+  }
+  if (!r.boolean_or("enable_moe_block", false)) {
+    r.fail_value(r.field("enable_moe_block"), r.boolean_or("enable_moe_block", false),
+                 "a Gemma 4 model without the MoE block has no experts (transformers' default is false)");
+  }
+  // Global layers: transformers' per_layer_config (what save_pretrained writes), else
+  // global_head_dim (default 512) and, with attention_k_eq_v, num_global_key_value_heads.
+  s.full_attention = attn;
+  s.full_attention.k_eq_v = r.boolean_or("attention_k_eq_v", false);
+  s.full_attention.head_dim = dim_or(r, "global_head_dim", 512);
+  if (s.full_attention.k_eq_v && r.has("num_global_key_value_heads")) {
+    s.full_attention.kv_heads = dim(r, "num_global_key_value_heads");
+  }
+  if (r.has("per_layer_config")) {
+    const JsonReader per = r.object("per_layer_config");
+    bool seen = false;
+    for (const auto& [key, value] : per.raw().items()) {
+      std::size_t used = 0;
+      int layer = -1;
+      try {
+        layer = std::stoi(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || layer < 0 || layer >= s.layers ||
+          s.layer_kinds[static_cast<std::size_t>(layer)] != LayerKind::kFullAttention) {
+        per.fail(key, "overrides are read for full_attention layers only");
+      }
+      const JsonReader o = per.object(key);
+      AttentionSpec a = attn;
+      a.k_eq_v = s.full_attention.k_eq_v;
+      a.head_dim = dim_or(o, "head_dim", attn.head_dim);
+      a.kv_heads = dim_or(o, "num_key_value_heads", attn.kv_heads);
+      if (seen && (a.head_dim != s.full_attention.head_dim || a.kv_heads != s.full_attention.kv_heads)) {
+        per.fail(key, "every full_attention layer must have the same head_dim and num_key_value_heads");
+      }
+      s.full_attention.head_dim = a.head_dim;
+      s.full_attention.kv_heads = a.kv_heads;
+      seen = true;
+    }
+  }
+  if (s.full_attention.heads % s.full_attention.kv_heads != 0) {
+    r.fail("num_global_key_value_heads", fmt::format("must divide num_attention_heads = {}", attn.heads));
+  }
+  read_gemma4_rope(r, "sliding_attention", s.sliding_attention);
+  read_gemma4_rope(r, "full_attention", s.full_attention);
+  s.router_aux_loss_coef = 0.0;  // Gemma4ForCausalLM adds no load-balancing loss
 }
 
 }  // namespace
@@ -170,7 +258,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   const double aux = r.number_or("router_aux_loss_coef", 0.0, 0.0, 1e3);
   s.router_aux_loss_coef = r.boolean_or("output_router_logits", false) ? aux : 0.0;
   s.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0, 0.0, 1e6);
-  s.activation = r.string_or("hidden_activation", r.string_or("hidden_act", "silu"));
+  s.activation = r.string_or("hidden_activation", r.string_or("hidden_act", is_gemma4(type) ? "gelu_pytorch_tanh" : "silu"));
 
   // Softmax attention. Gemma 4 global layers have their own KV heads and head dim.
   AttentionSpec attn;
@@ -182,7 +270,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   if (attn.heads % attn.kv_heads != 0) {
     r.fail("num_key_value_heads", fmt::format("must divide num_attention_heads = {}", attn.heads));
   }
-  const auto window = r.integer_or("sliding_window", 0, 0, std::int64_t{1} << 40);
+  const auto window = r.integer_or("sliding_window", is_gemma4(type) ? 512 : 0, 0, std::int64_t{1} << 40);
   s.sliding_attention = attn;
   s.sliding_attention.window_tokens = window;
   s.full_attention = attn;
@@ -199,6 +287,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   if (s.count(LayerKind::kSlidingAttention) > 0 && window == 0) {
     r.fail("sliding_window", "sliding_attention layers need a window");
   }
+  if (is_gemma4(type)) read_gemma4(r, s, attn);
 
   if (s.count(LayerKind::kLinearAttention) > 0) {
     s.gdn.key_heads = dim(r, "linear_num_key_heads");
@@ -268,6 +357,18 @@ nlohmann::json model_spec_to_hf_config(const ModelSpec& s) {
   j["global_head_dim"] = s.full_attention.head_dim;
   j["num_global_key_value_heads"] = s.full_attention.kv_heads;
   j["attention_k_eq_v"] = s.full_attention.k_eq_v;
+  if (s.gemma4()) {
+    j["hidden_size_per_layer_input"] = 0;
+    j["num_kv_shared_layers"] = 0;
+    j["enable_moe_block"] = true;
+    j["hidden_activation"] = s.activation;
+    auto rope = [](const AttentionSpec& a) {
+      nlohmann::json p = {{"rope_type", a.rope_proportional ? "proportional" : "default"}, {"rope_theta", a.rope_theta}};
+      if (a.rope_proportional) p["partial_rotary_factor"] = a.rope_partial_factor;
+      return p;
+    };
+    j["rope_parameters"] = {{"sliding_attention", rope(s.sliding_attention)}, {"full_attention", rope(s.full_attention)}};
+  }
   auto& types = j["layer_types"] = nlohmann::json::array();
   for (auto k : s.layer_kinds) types.push_back(std::string(layer_kind_name(k)));
   if (s.count(LayerKind::kLinearAttention) > 0) {

@@ -30,6 +30,12 @@ struct AttentionSpec {
   bool k_eq_v = false;       // V reuses K: no V projection (Gemma 4 global layers)
   bool qk_norm = false;      // per-head RMSNorm of Q and K
   std::int64_t window_tokens = 0;  // sliding window; 0 = unlimited (full causal)
+  // RoPE of this layer kind where the config gives one per layer type (Gemma 4's rope_parameters
+  // keyed by "sliding_attention" / "full_attention"); rope_theta 0 = the model's RoPE.
+  double rope_theta = 0.0;
+  bool rope_proportional = false;     // "proportional": head_dim/2 frequencies θ^(−2i/head_dim), the
+                                      // first ⌊factor·head_dim/2⌋ rotating, the rest 0 (unrotated)
+  double rope_partial_factor = 1.0;   // the rotated fraction of a proportional RoPE
 
   bool operator==(const AttentionSpec&) const = default;
 };
@@ -94,6 +100,13 @@ struct ModelSpec {
   double norm_eps = 1e-6;               // rms_norm_eps of every RMSNorm
   double router_aux_loss_coef = 0.0;    // load-balancing loss weight; 0 = none (see router_aux_loss)
 
+  // Whether the decoder is Gemma 4's (model_type gemma4*): RMSNorms before and after attention, the
+  // dense MLP, the experts and their sum; the router on the un-normalized residual (weightless norm,
+  // learned per-channel scale, h^-1/2, top-k renormalized, then per-expert scales); a weightless V
+  // norm; attention scale 1 (Q/K norms instead of 1/√d); embeddings scaled by √h; each layer's
+  // output multiplied by its layer_scalar (a checkpoint buffer, not trained in transformers).
+  bool gemma4() const;
+
   // Whether the RMSNorms scale by (1 + w) with w initialised at 0 (Qwen3.5, Qwen3.6, Qwen3-Next);
   // otherwise by w, initialised at 1. Follows from model_type. The GDN output norm always uses w.
   bool zero_centered_norm() const;
@@ -105,7 +118,12 @@ struct ModelSpec {
 
 // Reads a Hugging Face config.json object (or the "text_config" of a multimodal config).
 // `file` names the origin for error messages; `name` becomes ModelSpec::name. Throws InputError
-// naming the field for a missing, mistyped or out-of-range value.
+// naming the field for a missing, mistyped or out-of-range value. Gemma 4 fields are read with
+// transformers' defaults (Gemma4TextConfig); its features that no MoE checkpoint here uses are
+// refused with an InputError naming the field: per-layer inputs (hidden_size_per_layer_input ≠ 0,
+// 256 when absent), KV sharing (num_kv_shared_layers ≠ 0), attention_bias, bidirectional
+// attention over all tokens, a model without the MoE block (enable_moe_block false), and RoPE
+// types other than default/proportional.
 ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::string& file,
                                     const std::string& name);
 

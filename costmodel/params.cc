@@ -42,6 +42,12 @@ LayerParams layer_params(const ModelSpec& m, int layer) {
   p.mixing = kind == LayerKind::kLinearAttention ? gdn_params(m.gdn, h) : attention_params(m.attention(kind), h);
   p.norms = 2 * h;                                           // input + post-attention RMSNorm
   p.router = h * m.moe.experts;                              // [h × E]
+  if (m.gemma4()) {
+    // Input, post-attention, pre/post dense MLP, pre/post experts and post-FFN RMSNorms [h], and
+    // the layer scalar [1]; the router's input scale [h] and per-expert scales [E].
+    p.norms = 7 * h + 1;
+    p.router = h * m.moe.experts + h + m.moe.experts;
+  }
   p.routed_experts = std::int64_t{m.moe.experts} * expert_params(m);
   if (m.moe.shared_expert_intermediate > 0) {
     p.shared_expert = swiglu_params(h, m.moe.shared_expert_intermediate) + h;  // + gate [h × 1]

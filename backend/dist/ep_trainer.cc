@@ -234,17 +234,21 @@ struct EpTrainer::Impl {
   at::Tensor mixing(const at::Tensor& x, const BlockWeights& w, int layer) const {
     const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(layer)];
     const auto xn = model_norm(x, w["input_norm"], spec);
-    return x + (kind == LayerKind::kLinearAttention ? gdn_mixing(xn, w, spec, cfg.trainer.model)
-                                                    : attention_mixing(xn, w, spec, kind, cfg.trainer.model));
+    return x + post_mixing(kind == LayerKind::kLinearAttention ? gdn_mixing(xn, w, spec, cfg.trainer.model)
+                                                               : attention_mixing(xn, w, spec, kind, cfg.trainer.model),
+                           w, spec);
   }
 
-  // Routed experts with the owned shard: dispatch to owners, compute, return; then shared/dense.
-  // `record`: add the dispatches to the step's log (not when a backward replay repeats them).
-  at::Tensor moe(const at::Tensor& x, const BlockWeights& w, int layer, bool record = true) {
-    if (!cfg.expert_parallel || P == 1) return moe_ffn(x, w, spec);
+  // The feed-forward half of a decoder layer on the residual a: routed experts with the owned
+  // shard (dispatch to owners, compute, return), shared expert and dense MLP, combined as the
+  // model does (ffn_output). `record`: add the dispatches to the step's log (not when a backward
+  // replay repeats them).
+  at::Tensor ffn(const at::Tensor& a, const BlockWeights& w, int layer, bool record = true) {
+    if (!cfg.expert_parallel || P == 1) return ffn_half(a, w, spec);
     const MoeSpec& m = spec.moe;
-    const auto shape = x.sizes().vec();
-    const auto x2 = x.reshape({-1, x.size(-1)});
+    const auto a2 = a.reshape({-1, a.size(-1)});
+    const FfnInputs in = ffn_inputs(a2, w, spec);
+    const auto& x2 = in.experts;
     const std::int64_t T = x2.size(0);
     const std::int64_t chunk = cfg.moe_chunk_tokens > 0 ? std::min(cfg.moe_chunk_tokens, T) : T;
     const auto& eg = w["experts.gate"];
@@ -255,7 +259,7 @@ struct EpTrainer::Impl {
     for (std::int64_t c0 = 0; c0 < T; c0 += chunk, ++chunk_index) {
       const auto C = std::min(chunk, T - c0);
       const auto xc = x2.narrow(0, c0, C);
-      const auto r = route(xc, w["router"], m);
+      const auto r = route_layer(in.router.narrow(0, c0, C), w, spec);
       const auto flat_ids = r.expert_ids.reshape({-1});
       const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
       const auto counts_t = at::bincount(flat_ids, {}, m.experts).to(at::kCPU).contiguous();
@@ -286,7 +290,7 @@ struct EpTrainer::Impl {
       for (int j = 0; j < experts_local; ++j) {
         const auto& rj = rows[static_cast<std::size_t>(j)];
         if (rj.empty()) continue;
-        const auto idx = at::tensor(rj, at::TensorOptions().dtype(at::kLong)).to(x.device());
+        const auto idx = at::tensor(rj, at::TensorOptions().dtype(at::kLong)).to(a.device());
         const auto ye = gated_mlp(recv_x.index_select(0, idx), eg[j], eu[j], ed[j], spec.activation);
         y_recv = y_recv.index_add(0, idx, ye);
       }
@@ -294,13 +298,14 @@ struct EpTrainer::Impl {
       outs.push_back(at::zeros_like(xc).index_add(
           0, tokens_sorted, back * weights_sorted.unsqueeze(1).to(back.scalar_type())));
     }
-    auto out = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    const auto routed = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    at::Tensor shared, dense;
     if (m.shared_expert_intermediate > 0) {
-      const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
-      out = out + at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s;
+      const auto s = gated_mlp(in.dense, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
+      shared = at::sigmoid(at::linear(in.dense, w["shared.expert_gate"])) * s;
     }
-    if (m.dense_intermediate > 0) out = out + gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
-    return out.view(shape);
+    if (m.dense_intermediate > 0) dense = gated_mlp(in.dense, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
+    return ffn_output(a2, routed, shared, dense, w, spec).view(a.sizes());
   }
 
   static at::Tensor grad_or_zeros(const at::Tensor& leaf) {
@@ -387,7 +392,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   }
 
   const auto& outer = s.blocks[0].weights;
-  const auto x0 = embed(tok, outer);
+  const auto x0 = embed(tok, outer, s.spec);
   std::vector<at::Tensor> inputs(static_cast<std::size_t>(L)), mids(static_cast<std::size_t>(L)),
       outs(static_cast<std::size_t>(L));
   at::Tensor h = x0.detach();
@@ -397,7 +402,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
     if (!s.retained[static_cast<std::size_t>(l)]) {
       at::NoGradGuard no_grad;
       const auto a = s.mixing(h, w, l);
-      h = a + s.moe(model_norm(a, w["post_norm"], s.spec), w, l);
+      h = s.ffn(a, w, l);
       continue;
     }
     at::Tensor a;
@@ -406,7 +411,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
       a = s.mixing(h, w, l);
     }
     auto a_leaf = a.detach().requires_grad_(true);
-    const auto y = a_leaf + s.moe(model_norm(a_leaf, w["post_norm"], s.spec), w, l);
+    const auto y = s.ffn(a_leaf, w, l);
     mids[static_cast<std::size_t>(l)] = a_leaf;
     outs[static_cast<std::size_t>(l)] = y;
     h = y.detach();
@@ -422,7 +427,7 @@ StepStats EpTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
       auto x = inputs[i].detach().requires_grad_(true);
       inputs[i] = at::Tensor();
       const auto a = s.mixing(x, w, l);
-      (a + s.moe(model_norm(a, w["post_norm"], s.spec), w, l, /*record=*/false)).backward(g);
+      s.ffn(a, w, l, /*record=*/false).backward(g);
       g = x.grad();
       continue;
     }

@@ -14,6 +14,34 @@ bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 
 bool interleaved_gdn(const ModelSpec& s) { return starts_with(s.model_type, "qwen3_next"); }
 bool mixtral_names(const ModelSpec& s) { return starts_with(s.model_type, "mixtral"); }
 
+// Gemma 4's per-layer tensors outside attention and the experts: our entry → transformers' name
+// under model.layers.N. (the router's projection, scales and the layer_scalar buffer included).
+const std::vector<std::pair<std::string, std::string>>& gemma4_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"input_norm", "input_layernorm.weight"},
+      {"attn.post_norm", "post_attention_layernorm.weight"},
+      {"dense.pre_norm", "pre_feedforward_layernorm.weight"},
+      {"dense.post_norm", "post_feedforward_layernorm_1.weight"},
+      {"moe.pre_norm", "pre_feedforward_layernorm_2.weight"},
+      {"moe.post_norm", "post_feedforward_layernorm_2.weight"},
+      {"ffn.post_norm", "post_feedforward_layernorm.weight"},
+      {"router", "router.proj.weight"},
+      {"router.scale", "router.scale"},
+      {"router.expert_scale", "router.per_expert_scale"},
+      {"layer_scalar", "layer_scalar"},
+      {"dense.gate", "mlp.gate_proj.weight"},
+      {"dense.up", "mlp.up_proj.weight"},
+      {"dense.down", "mlp.down_proj.weight"},
+  };
+  return names;
+}
+const std::string* gemma4_name(const std::string& entry) {
+  for (const auto& [ours, hf] : gemma4_names()) {
+    if (ours == entry) return &hf;
+  }
+  return nullptr;
+}
+
 // The GDN widths the projections are cut by: key/value dims, heads, head dims, value heads per key head.
 struct GdnDims {
   std::int64_t kd, vd, Hk, Hv, dk, dv, rep;
@@ -72,6 +100,7 @@ class Reader {
 
 // Where the routed experts, router and shared expert of layer l live.
 std::string moe_prefix(const ModelSpec& s, const Reader& r, const std::string& lp) {
+  if (s.gemma4()) return lp;
   if (r.has(lp + "block_sparse_moe.gate.weight")) return lp + "block_sparse_moe.";
   if (r.has(lp + "mlp.gate.weight")) return lp + "mlp.";
   return lp + (mixtral_names(s) ? "block_sparse_moe." : "mlp.");
@@ -97,7 +126,9 @@ std::vector<Assign> plan_block(const ModelSpec& s, const BlockLayout& layout, in
   const std::int64_t h = s.hidden;
   for (const auto& e : layout.entries) {
     const std::string& n = e.name;
-    if (n == "input_norm") {
+    if (const std::string* hf = s.gemma4() ? gemma4_name(n) : nullptr) {
+      out.push_back(copy(r.get(lp + *hf, e.shape)));
+    } else if (n == "input_norm") {
       out.push_back(copy(r.get(lp + "input_layernorm.weight", e.shape)));
     } else if (n == "post_norm") {
       out.push_back(copy(r.get(lp + "post_attention_layernorm.weight", e.shape)));
@@ -179,11 +210,11 @@ std::vector<Assign> plan_block(const ModelSpec& s, const BlockLayout& layout, in
 }  // namespace
 
 void check_hf_architecture(const ModelSpec& s, const std::string& origin) {
-  for (const char* t : {"qwen3_5_moe", "qwen3_next", "qwen3_moe", "mixtral"}) {
+  for (const char* t : {"qwen3_5_moe", "qwen3_next", "qwen3_moe", "mixtral", "gemma4"}) {
     if (starts_with(s.model_type, t)) return;
   }
   throw InputError(origin, "model_type", "\"" + s.model_type + "\"",
-                   "Hugging Face checkpoints are read and written for qwen3_5_moe, qwen3_next, qwen3_moe and mixtral");
+                   "Hugging Face checkpoints are read and written for qwen3_5_moe, qwen3_next, qwen3_moe, mixtral and gemma4");
 }
 
 std::vector<std::string> load_hf_blocks(const ModelSpec& spec, const ModelLayout& layout, const HfTensorSource& source,
@@ -224,11 +255,17 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors_of_block(const ModelS
   }
   const std::string lp = fmt::format("model.layers.{}.", block - 1);
   const std::int64_t h = s.hidden;
-  const std::string M = lp + (mixtral_names(s) ? "block_sparse_moe." : "mlp.");
+  const std::string M = lp + (s.gemma4() ? "" : mixtral_names(s) ? "block_sparse_moe." : "mlp.");
   for (std::size_t i = 0; i < w.tensors.size(); ++i) {
     const std::string& n = w.layout->entries[i].name;
     const at::Tensor& t = w.tensors[i];
-    if (n == "input_norm") {
+    if (const std::string* hf = s.gemma4() ? gemma4_name(n) : nullptr) {
+      out.emplace_back(lp + *hf, t);
+    } else if (s.gemma4() && starts_with(n, "experts.")) {
+      // Gemma 4 checkpoints hold the experts fused: gate_up_proj [E, 2I, h] and down_proj [E, h, I].
+      if (n == "experts.gate") out.emplace_back(M + "experts.gate_up_proj", at::cat({t, w["experts.up"]}, 1));
+      if (n == "experts.down") out.emplace_back(M + "experts.down_proj", t);
+    } else if (n == "input_norm") {
       out.emplace_back(lp + "input_layernorm.weight", t);
     } else if (n == "post_norm") {
       out.emplace_back(lp + "post_attention_layernorm.weight", t);

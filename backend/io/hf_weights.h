@@ -2,13 +2,13 @@
 //
 // Reads the tensor names of the transformers implementations of every architecture the backend
 // trains — Qwen3.5/Qwen3.6 MoE (split in_proj_qkv/z/b/a), Qwen3-Next (in_proj_qkvz and in_proj_ba
-// interleaved per key head), Qwen3-MoE and Mixtral — under "model." or, for multimodal checkpoints,
+// interleaved per key head), Qwen3-MoE, Mixtral and Gemma 4 (its sandwich norms, router scales and
+// layer_scalar buffer, experts fused) — under "model." or, for multimodal checkpoints,
 // "model.language_model.", with the routed experts either per expert
 // (`mlp.experts.N.gate_proj.weight`, Mixtral's `block_sparse_moe.experts.N.w1.weight`) or fused
 // (`mlp.experts.gate_up_proj` [E, 2I, h], `mlp.experts.down_proj` [E, h, I]). Writes the names
-// transformers' save_pretrained writes (per expert). Tensors may be FP32, BF16 or F16; they are
-// converted while copied into the FP32 block buffers. Gemma 4 checkpoints are refused: the
-// backend's Gemma layers are a structural stand-in (see backend/README.md).
+// transformers' save_pretrained writes (per expert; fused for Gemma 4). Tensors may be FP32, BF16
+// or F16; they are converted while copied into the FP32 block buffers.
 // Pure functions; thread-compatible.
 #pragma once
 

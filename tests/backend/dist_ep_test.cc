@@ -108,7 +108,8 @@ bool uneven(const std::vector<std::vector<std::int64_t>>& rows) {
   return false;
 }
 
-void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::string& tag) {
+void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::string& tag,
+                              double max_tol = kParamMaxTol, double l2_tol = kTol) {
   const auto dir = scratch(tag);
   r.worker_program = OOM_BINARY;
   r.save_weights = (dir / "final.safetensors").string();
@@ -127,8 +128,8 @@ void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::
   for (int b = 0; b < final_state.blocks(); ++b) {
     const auto& ref = params[static_cast<std::size_t>(b)];
     const double dmax = rel_diff(final_state.master(b), ref), dl2 = rel_l2(final_state.master(b), ref);
-    EXPECT_LE(dmax, kParamMaxTol) << tag << " block " << b;
-    EXPECT_LE(dl2, kTol) << tag << " block " << b;
+    EXPECT_LE(dmax, max_tol) << tag << " block " << b;
+    EXPECT_LE(dl2, l2_tol) << tag << " block " << b;
     worst_max = std::max(worst_max, dmax);
     worst_l2 = std::max(worst_l2, dl2);
   }
@@ -162,7 +163,10 @@ TEST(EpTrainer, TwoRanksDataParallelWithShardDeliveryMatchPlainTrainer) {
   r.ranks = 2;
   r.expert_parallel = false;
   r.delivery = "shard";
-  expect_ranks_match_plain(small_run("tiny-moe-gemma", 2), r, "dp2");
+  // Gemma 4's first-step gradients differ by 3–6e-6 between two exact orders of summation (its
+  // sandwich norms; tests/backend/runtime_test.cc), ~10× the other families', and AdamW turns that
+  // into parameter differences: held to 1e-3 max and 1e-4 L2 relative (measured 5.8e-4, 5.9e-5).
+  expect_ranks_match_plain(small_run("tiny-moe-gemma", 2), r, "dp2", 1e-3, 1e-4);
 }
 
 TEST(EpTrainer, FourRanksExpertParallelMatchPlainTrainer) {

@@ -1,7 +1,7 @@
 // Bad Hugging Face checkpoints and token files given to `oom train` and `oom eval`: one line on
 // stderr naming the file, the field and the value, exit code 2, and nothing written (the
 // --save-weights folder is not created). Each row starts from the tiny Qwen3.6-style fixture of
-// tests/backend/hf_reference.py ($OOM_HF_FIXTURES) and breaks one thing.
+// tests/backend/hf_reference.py ($OOM_HF_FIXTURES), or its Gemma 4 fixture, and breaks one thing.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "backend/io/token_file.h"
@@ -47,6 +48,14 @@ std::vector<Row> rows() {
     edit(t);
     write_safetensors((ckpt / "model.safetensors").string(), t);
   };
+  // Replaces the checkpoint by the Gemma 4 fixture with its config.json edited.
+  const auto gemma4 = [](const fs::path& ckpt, const std::function<void(nlohmann::json&)>& edit) {
+    fs::remove_all(ckpt);
+    fs::copy(fixture().parent_path() / "gemma4", ckpt);
+    auto config = nlohmann::json::parse(slurp(ckpt / "config.json"));
+    edit(config);
+    write(ckpt / "config.json", config.dump(1));
+  };
   return {
       {"missing config", [](const fs::path& c, const fs::path&) { fs::remove(c / "config.json"); }, "train",
        {"config.json", "missing"}},
@@ -55,10 +64,31 @@ std::vector<Row> rows() {
       {"unsupported architecture",
        [](const fs::path& c, const fs::path&) {
          auto text = slurp(c / "config.json");
-         text.replace(text.find("qwen3_5_moe_text"), 16, "gemma4_text");
+         text.replace(text.find("qwen3_5_moe_text"), 16, "olmoe");
          write(c / "config.json", text);
        },
-       "eval", {"config.json", "model_type", "gemma4_text"}},
+       "eval", {"config.json", "model_type", "olmoe"}},
+      // Gemma 4 features that no MoE checkpoint here uses are refused by name (the Gemma 4 fixture).
+      {"gemma4 per-layer inputs",
+       [gemma4](const fs::path& c, const fs::path&) { gemma4(c, [](auto& j) { j.erase("hidden_size_per_layer_input"); }); },
+       "eval", {"config.json", "hidden_size_per_layer_input", "256"}},
+      {"gemma4 kv sharing",
+       [gemma4](const fs::path& c, const fs::path&) { gemma4(c, [](auto& j) { j["num_kv_shared_layers"] = 2; }); },
+       "train", {"config.json", "num_kv_shared_layers", "2"}},
+      {"gemma4 without the MoE block",
+       [gemma4](const fs::path& c, const fs::path&) { gemma4(c, [](auto& j) { j["enable_moe_block"] = false; }); },
+       "eval", {"config.json", "enable_moe_block", "false"}},
+      {"gemma4 attention bias",
+       [gemma4](const fs::path& c, const fs::path&) { gemma4(c, [](auto& j) { j["attention_bias"] = true; }); },
+       "eval", {"config.json", "attention_bias", "true"}},
+      {"gemma4 bidirectional attention",
+       [gemma4](const fs::path& c, const fs::path&) { gemma4(c, [](auto& j) { j["use_bidirectional_attention"] = "all"; }); },
+       "eval", {"config.json", "use_bidirectional_attention", "all"}},
+      {"gemma4 yarn rope on global layers",
+       [gemma4](const fs::path& c, const fs::path&) {
+         gemma4(c, [](auto& j) { j["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; });
+       },
+       "eval", {"config.json", "rope_parameters.full_attention.rope_type", "yarn"}},
       {"missing tensor",
        [rewrite](const fs::path& c, const fs::path&) {
          rewrite(c, [](auto& t) { t.erase("model.layers.1.linear_attn.in_proj_z.weight"); });

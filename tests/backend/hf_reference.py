@@ -61,17 +61,37 @@ def tiny_configs():
             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                              "original_max_position_embeddings": 128}),
+        # Gemma 4 (the 26B-A4B layer structure): sliding and global layers with their own KV heads,
+        # head dim, K = V and "proportional" RoPE; sandwich norms around attention, the dense MLP,
+        # the experts and their sum; the scaled router with per-expert scales; tied embeddings
+        # scaled by sqrt(h); final logit softcap (5, small enough to bend these logits).
+        "gemma4": transformers.Gemma4TextConfig(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            sliding_window=8, intermediate_size=48, enable_moe_block=True, num_experts=8, top_k_experts=2,
+            moe_intermediate_size=32, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+            final_logit_softcapping=5.0, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                "rope_theta": 1000000.0}}),
     }
 
 
 def randomize(model, seed):
-    """Every parameter N(0, 0.05²) (norms 1 ± N(0, 0.05²) where the norm scales by w, N(0, 0.05²) where
-    by 1 + w), so no weight sits at a special value that would hide a layout mistake."""
+    """Every parameter N(0, 0.05²) (norms and scales 1 ± N(0, 0.05²) where they multiply by w,
+    N(0, 0.05²) where by 1 + w), so no weight sits at a special value that would hide a layout mistake;
+    Gemma 4's layer_scalar buffers U(0.5, 1.5)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g) * 0.05
-            if name.endswith("A_log"):
+            if name.endswith("scale"):
+                p.copy_(1 + noise)
+            elif name.endswith("A_log"):
                 p.copy_(torch.log(torch.rand(p.shape, generator=g) * 15 + 1))
             elif "norm" in name and p.dim() == 1 and float(p.abs().mean()) > 0.5:
                 p.copy_(1 + noise)
@@ -107,6 +127,10 @@ def make(arch, config, out_dir, seed):
                      if value.requires_grad else [None] * len(params))
             for (name, p), g in zip(params.items(), grads):
                 result[key + name] = g if g is not None else torch.zeros_like(p)
+            # Buffers the checkpoint holds and the backend keeps among its parameters: no gradient.
+            for name, b in m.named_buffers():
+                if name.endswith("layer_scalar"):
+                    result[key + name] = torch.zeros_like(b)
         return result
 
     r32 = run(model)
@@ -122,7 +146,7 @@ def make(arch, config, out_dir, seed):
     save_file(tensors, os.path.join(folder, "reference.safetensors"))
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump({"arch": arch, "transformers": transformers.__version__, "torch": torch.__version__,
-                   "router_aux_loss_coef": config.router_aux_loss_coef, "parameters": saved,
+                   "router_aux_loss_coef": getattr(config, "router_aux_loss_coef", 0.0), "parameters": saved,
                    "fp32_grad_error": fp32_error}, f, indent=1)
 
 

@@ -3,7 +3,7 @@
 1. For every fixture architecture: `oom eval --weights DIR --data tokens.bin --seq S --json` gives
    per-sequence losses equal to transformers' causal-LM loss (labels = input_ids) on the same
    consecutive sequences, within 1e-5 relative (transformers in FP64, oom in FP32).
-2. The tiny Qwen3.6-style checkpoint (qwen3_5_moe) trains 20 steps under
+2. The tiny Qwen3.6-style (qwen3_5_moe) and Gemma 4 checkpoints train 20 steps under
    `oom train --weights DIR --data tokens.bin --save-weights OUT` with a falling loss; transformers
    loads OUT, and its per-sequence losses equal `oom eval --weights OUT` again.
 
@@ -75,23 +75,24 @@ def main():
         write_tokens(tokens, ids)
         check_eval(binary, folder, tokens, ids, arch)
 
-    # Train the Qwen3.6-style checkpoint on a repetitive token stream (learnable), save, load back.
-    folder = os.path.join(fixtures, "qwen3_5_moe")
-    vocab = json.load(open(os.path.join(folder, "config.json")))["vocab_size"]
-    pattern = torch.randint(0, vocab, (24,), generator=g).tolist()
-    ids = (pattern * 200)[:4000]
-    tokens = os.path.join(work, "train.bin")
-    write_tokens(tokens, ids)
-    out = os.path.join(work, "trained")
-    result = json.loads(oom(binary, "train", "--weights", folder, "--data", tokens, "--steps", "20", "--seq", "32",
-                            "--batch", "4", "--lr", "3e-3", "--save-weights", out, "--json", "--device", "cpu"))
-    losses = result["losses"]
-    print(f"qwen3_5_moe training: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps")
-    assert len(losses) == 20 and losses[-1] < 0.5 * losses[0], losses
-    held = os.path.join(work, "eval.bin")
-    write_tokens(held, ids[: 6 * SEQ])
-    check_eval(binary, out, held, ids[: 6 * SEQ], "trained qwen3_5_moe, saved and loaded back")
-
+    # Train the Qwen3.6-style and the Gemma 4 checkpoints on a repetitive token stream (learnable),
+    # save, load back.
+    for arch in ("qwen3_5_moe", "gemma4"):
+        folder = os.path.join(fixtures, arch)
+        vocab = json.load(open(os.path.join(folder, "config.json")))["vocab_size"]
+        pattern = torch.randint(0, vocab, (24,), generator=g).tolist()
+        ids = (pattern * 200)[:4000]
+        tokens = os.path.join(work, f"train-{arch}.bin")
+        write_tokens(tokens, ids)
+        out = os.path.join(work, f"trained-{arch}")
+        result = json.loads(oom(binary, "train", "--weights", folder, "--data", tokens, "--steps", "20", "--seq", "32",
+                                "--batch", "4", "--lr", "3e-3", "--save-weights", out, "--json", "--device", "cpu"))
+        losses = result["losses"]
+        print(f"{arch} training: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps")
+        assert len(losses) == 20 and losses[-1] < 0.5 * losses[0], losses
+        held = os.path.join(work, f"eval-{arch}.bin")
+        write_tokens(held, ids[: 6 * SEQ])
+        check_eval(binary, out, held, ids[: 6 * SEQ], f"trained {arch}, saved and loaded back")
 
 if __name__ == "__main__":
     main()

@@ -99,6 +99,67 @@ TEST(ModelSpec, EveryShippedConfigRoundTripsThroughTheHfWriter) {
   }
 }
 
+// transformers' Gemma4TextConfig defaults (26B-A4B's config names neither rope_parameters nor
+// hidden_activation) and the per_layer_config form save_pretrained writes for the global layers.
+TEST(ModelSpec, Gemma4ReadsPerLayerTypeRopeAndPerLayerConfigAsTransformersDoes) {
+  const ModelSpec m = load_model_spec("gemma4-26b-a4b");
+  EXPECT_TRUE(m.gemma4());
+  EXPECT_DOUBLE_EQ(m.sliding_attention.rope_theta, 1e4);
+  EXPECT_FALSE(m.sliding_attention.rope_proportional);
+  EXPECT_DOUBLE_EQ(m.full_attention.rope_theta, 1e6);
+  EXPECT_TRUE(m.full_attention.rope_proportional);
+  EXPECT_DOUBLE_EQ(m.full_attention.rope_partial_factor, 0.25);
+  EXPECT_EQ(m.activation, "gelu_pytorch_tanh");
+  EXPECT_DOUBLE_EQ(m.router_aux_loss_coef, 0.0);
+  nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe-gemma"));
+  j.erase("global_head_dim");
+  j.erase("num_global_key_value_heads");
+  j["per_layer_config"] = {{"5", {{"head_dim", 48}, {"num_key_value_heads", 2}}}};
+  j["rope_parameters"] = {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 5e3}}},
+                          {"full_attention", {{"rope_type", "proportional"}, {"rope_theta", 2e6}, {"partial_rotary_factor", 0.5}}}};
+  const ModelSpec t = model_spec_from_hf_config(j, "cfg.json", "x");
+  EXPECT_EQ(t.full_attention.head_dim, 48);
+  EXPECT_EQ(t.full_attention.kv_heads, 2);
+  EXPECT_EQ(t.sliding_attention.head_dim, 16);
+  EXPECT_DOUBLE_EQ(t.sliding_attention.rope_theta, 5e3);
+  EXPECT_DOUBLE_EQ(t.full_attention.rope_theta, 2e6);
+  EXPECT_DOUBLE_EQ(t.full_attention.rope_partial_factor, 0.5);
+  // Without attention_k_eq_v transformers gives the global layers num_key_value_heads.
+  nlohmann::json no_kv = model_spec_to_hf_config(load_model_spec("tiny-moe-gemma"));
+  no_kv["attention_k_eq_v"] = false;
+  EXPECT_EQ(model_spec_from_hf_config(no_kv, "cfg.json", "x").full_attention.kv_heads, 2);
+  // An override on a sliding layer is refused.
+  j["per_layer_config"] = {{"0", {{"head_dim", 48}}}};
+  EXPECT_THROW(model_spec_from_hf_config(j, "cfg.json", "x"), InputError);
+}
+
+TEST(ModelSpec, Gemma4FeaturesTheBackendDoesNotImplementAreRefusedByField) {
+  const nlohmann::json base = model_spec_to_hf_config(load_model_spec("tiny-moe-gemma"));
+  const auto refused = [&](const char* field, const nlohmann::json& value, const char* shown) {
+    nlohmann::json j = base;
+    if (value.is_null()) {
+      j.erase(field);
+    } else {
+      j[field] = value;
+    }
+    try {
+      model_spec_from_hf_config(j, "cfg.json", "x");
+      ADD_FAILURE() << field << " accepted";
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("'") + field + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(shown), std::string::npos) << what;
+    }
+  };
+  refused("hidden_size_per_layer_input", nullptr, "256");  // transformers' default
+  refused("hidden_size_per_layer_input", 128, "128");
+  refused("num_kv_shared_layers", 2, "2");
+  refused("attention_bias", true, "true");
+  refused("use_bidirectional_attention", "all", "all");
+  refused("enable_moe_block", false, "false");
+  refused("enable_moe_block", nullptr, "false");  // transformers' default
+}
+
 TEST(ModelSpec, UnknownLayerTypeNamesTheFieldAndIndex) {
   nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe"));
   j["layer_types"][2] = "mamba";
