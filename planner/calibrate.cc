@@ -111,7 +111,8 @@ struct Prediction {
   double compute_busy_s = 0;  // step records: rank 0's compute-stream busy time
 };
 
-Prediction predict_detail(const Target& t, const Calibration& c) {
+// `compute_busy`: also sum rank 0's compute-stream busy time (step records).
+Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy) {
   const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
   Prediction out;
   if (t.row.kind == "operator") {
@@ -121,14 +122,14 @@ Prediction predict_detail(const Target& t, const Calibration& c) {
   std::vector<Seconds> priced(t.priced.size()), d(t.graph.stages.size()), finish;
   for (std::size_t i = 0; i < t.priced.size(); ++i) priced[i] = model.duration_s(t.priced[i], t.graph);
   for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
-  if (t.compute_anchor_s) {
+  if (compute_busy) {
     for (const std::int32_t v : t.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
   }
   out.time_s = t.engine_factor * t.schedule->step_s(d, finish);
   return out;
 }
 
-double predict(const Target& t, const Calibration& c) { return predict_detail(t, c).time_s; }
+double predict(const Target& t, const Calibration& c) { return predict_detail(t, c, false).time_s; }
 
 // The step time of a step record's graph as `engine` executes it with calibration `c`.
 double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
@@ -280,7 +281,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     for (int i = 0; i < n; ++i) {
       const Target& t = *fitted[static_cast<std::size_t>(i)];
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
-      const Prediction pr = predict_detail(t, c);
+      const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value());
       r[i] = w * std::log(pr.time_s / t.row.measured_s);
       if (const int a = anchor_row[static_cast<std::size_t>(i)]; a >= 0) {
         r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
@@ -383,7 +384,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   }
   std::string fitted_ids, held_ids;
   for (auto& t : targets) {
-    const Prediction pr = predict_detail(t, fit.calibration);
+    const Prediction pr = predict_detail(t, fit.calibration, true);
     t.row.predicted_s = pr.time_s;
     t.row.predicted_compute_s = pr.compute_busy_s;
     t.row.compute_anchor_s = t.compute_anchor_s;

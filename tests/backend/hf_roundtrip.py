@@ -6,6 +6,8 @@
 2. The tiny Qwen3.6-style (qwen3_5_moe) and Gemma 4 checkpoints train 20 steps under
    `oom train --weights DIR --data tokens.bin --save-weights OUT` with a falling loss; transformers
    loads OUT, and its per-sequence losses equal `oom eval --weights OUT` again.
+3. A checkpoint that save_pretrained splits into several shards (model.safetensors.index.json)
+   evaluates like its single-file original and trains under `oom train --weights`.
 
 Usage: hf_roundtrip.py OOM_BINARY FIXTURES_DIR WORK_DIR
 """
@@ -93,6 +95,24 @@ def main():
         held = os.path.join(work, f"eval-{arch}.bin")
         write_tokens(held, ids[: 6 * SEQ])
         check_eval(binary, out, held, ids[: 6 * SEQ], f"trained {arch}, saved and loaded back")
+
+    # A sharded checkpoint: the same weights in several files behind an index.
+    folder = os.path.join(fixtures, "qwen3_5_moe")
+    sharded = os.path.join(work, "sharded")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    shards = [f for f in os.listdir(sharded) if f.endswith(".safetensors")]
+    assert len(shards) > 1 and os.path.exists(os.path.join(sharded, "model.safetensors.index.json")), shards
+    vocab = json.load(open(os.path.join(folder, "config.json")))["vocab_size"]
+    ids = torch.randint(0, vocab, (4 * SEQ,), generator=g).tolist()
+    tokens = os.path.join(work, "sharded.bin")
+    write_tokens(tokens, ids)
+    check_eval(binary, sharded, tokens, ids, f"qwen3_5_moe in {len(shards)} shards")
+    result = json.loads(oom(binary, "train", "--weights", sharded, "--data", tokens, "--steps", "2", "--seq", str(SEQ),
+                            "--batch", "2", "--json", "--device", "cpu"))
+    assert len(result["losses"]) == 2 and all(l == l and l > 0 for l in result["losses"]), result["losses"]
+    print(f"sharded training: losses {result['losses']}")
+
 
 if __name__ == "__main__":
     main()
