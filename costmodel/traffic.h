@@ -34,7 +34,7 @@
 
 namespace oom {
 
-inline constexpr double kMemoryBackwardRatio = 2.0;
+inline constexpr Bytes kMemoryBackwardRatio = 2;
 
 // Forward HBM bytes of the mixing sublayer of decoder `layer` (input norm, RoPE/q-k norms or the
 // GDN's conv, norms and gates, output gate, residual add) for `tokens` tokens.

@@ -260,8 +260,7 @@ class KtFtLowering {
     const double ratio = backward ? kMatmulBackwardRatio : 1.0;
     const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
     const Bytes act = mixing_activations(m_, l, seqs_, S_) + 2 * boundary();
-    const double mem_ratio = backward ? kMemoryBackwardRatio : 1.0;
-    const auto traffic = [&](Bytes forward) { return static_cast<Bytes>(mem_ratio * static_cast<double>(forward)); };
+    const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward; };
     auto mixing = [&] {
       const PerRank p = gpu((attention ? "attn.proj" : "gdn.proj") + std::string(backward ? "_bwd" : ""), OpKind::kGemm, phase, l,
                             ratio * f.mixing_projection, proj, traffic(mixing_hbm_bytes(m_, l, tokens())));

@@ -283,8 +283,7 @@ class MegatronLowering {
     const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens() / t_, m_.hidden, kBf16Bytes, s_.expert_parallel) / 2;
     const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
     // Memory-bound kernels: sequence parallelism gives each rank of the TP group 1/t of the tokens.
-    const double mem_ratio = (backward ? kMemoryBackwardRatio : 1.0) / t_;
-    const auto traffic = [&](Bytes forward) { return static_cast<Bytes>(mem_ratio * static_cast<double>(forward)); };
+    const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward / t_; };
     const MoeTraffic moe_bytes = moe_hbm_bytes(m_, tokens());
     auto mixing = [&] {
       tp_exchange("mixing.allgather" + sfx, OpKind::kAllGather, phase, l);

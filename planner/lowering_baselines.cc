@@ -277,18 +277,17 @@ class BaselineLowering {
     const LayerFlops f = layer_flops(m_, l, seqs_, S_);
     const std::int64_t T = seqs_ * S_;
     const MoeTraffic t = moe_hbm_bytes(m_, T);
-    const auto bwd_bytes = [](Bytes forward) { return static_cast<Bytes>(kMemoryBackwardRatio * static_cast<double>(forward)); };
     OpShape experts;
     experts.tokens = T * m_.moe.top_k;
     experts.k = m_.hidden;
     experts.experts = m_.moe.experts;
     PerRank x = compute("moe.experts_bwd", OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
-                        bwd_bytes(t.experts + t.combine), experts, {recomputed});
+                        kMemoryBackwardRatio * (t.experts + t.combine), experts, {recomputed});
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
     x = compute("moe.router_shared_bwd", OpKind::kGemm, Phase::kBackward, l,
-                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), bwd_bytes(t.pre), dense, {x});
+                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), kMemoryBackwardRatio * t.pre, dense, {x});
     OpShape core;
     core.seqs = seqs_;
     core.seq_len = S_;
@@ -309,7 +308,7 @@ class BaselineLowering {
     proj.tokens = T;
     proj.k = m_.hidden;
     x = compute(attention ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
-                kMatmulBackwardRatio * f.mixing_projection, bwd_bytes(mixing_hbm_bytes(m_, l, T)), proj, {x});
+                kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, {x});
     gpu(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
     slot_last_[slot] = x;

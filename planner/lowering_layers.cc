@@ -136,7 +136,6 @@ PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, con
 PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk) {
   const MoeFlops f = moe_flops(m_, tokens);
   const MoeTraffic t = moe_hbm_bytes(m_, tokens);
-  const auto bwd_bytes = [](Bytes forward) { return static_cast<Bytes>(kMemoryBackwardRatio * static_cast<double>(forward)); };
   OpShape experts;
   experts.tokens = tokens * m_.moe.top_k;
   experts.k = m_.hidden;
@@ -147,7 +146,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_grad_dispatch", chunk), OpKind::kAllToAll,
                                             Phase::kBackward, l, a2a, ready);
     exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
-                      kMatmulBackwardRatio * f.routed_experts, bwd_bytes(t.experts), experts, {dispatch});
+                      kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, {dispatch});
     const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
                                        Phase::kBackward, l, a2a, exp);
     const Bytes buffers = a2a_buffer_bytes(m_, tokens);
@@ -158,13 +157,13 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     exp = ret;
   } else {
     exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
-                      kMatmulBackwardRatio * f.routed_experts, bwd_bytes(t.experts), experts, {ready});
+                      kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, {ready});
   }
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
   return compute_all(fmt::format("moe.c{}.router_shared_bwd", chunk), OpKind::kGemm, Phase::kBackward, l,
-                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), bwd_bytes(t.pre + t.combine),
+                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), kMemoryBackwardRatio * (t.pre + t.combine),
                      dense, {exp});
 }
 
@@ -203,7 +202,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   OpShape proj;
   proj.tokens = seqs * S_;
   proj.k = m_.hidden;
-  const Bytes bytes = static_cast<Bytes>(kMemoryBackwardRatio * static_cast<double>(mixing_hbm_bytes(m_, l, seqs * S_)));
+  const Bytes bytes = kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, seqs * S_);
   return compute_all(is_attention(kind) ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
                      kMatmulBackwardRatio * f.mixing_projection, bytes, proj, {last});
 }
