@@ -269,11 +269,12 @@ Routing route_layer(const at::Tensor& router_in, const BlockWeights& w, const Mo
   // transformers' Gemma4TextRouter.
   const auto xs = rms_norm(router_in, at::Tensor(), spec.norm_eps) * w["router.scale"] *
                   (1.0 / std::sqrt(static_cast<double>(spec.hidden)));
-  const auto probs = at::softmax(at::linear(xs, w["router"]).to(at::kFloat), -1);
-  auto [weights, ids] = at::topk(probs, spec.moe.top_k, -1, /*largest=*/true, /*sorted=*/true);
-  weights = weights / weights.sum({-1}, true);
-  weights = weights * w["router.expert_scale"].to(at::kFloat).index_select(0, ids.reshape({-1})).view(ids.sizes());
-  return {ids, weights, probs};
+  MoeSpec moe = spec.moe;
+  moe.norm_topk_prob = true;  // Gemma 4 always renormalizes the top-k probabilities
+  Routing r = route(xs, w["router"], moe);
+  r.weights = r.weights *
+              w["router.expert_scale"].to(at::kFloat).index_select(0, r.expert_ids.reshape({-1})).view(r.expert_ids.sizes());
+  return r;
 }
 
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
