@@ -382,18 +382,15 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   for (int i = 0; i < p; ++i) {
     if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
   }
-  std::string fitted_ids, held_ids;
+  std::string fitted_ids, held_ids, anchored;
   for (auto& t : targets) {
+    if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
     const Prediction pr = predict_detail(t, fit.calibration, true);
     t.row.predicted_s = pr.time_s;
     t.row.predicted_compute_s = pr.compute_busy_s;
     t.row.compute_anchor_s = t.compute_anchor_s;
     fit.rows.push_back(t.row);
     (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
-  }
-  std::string anchored;
-  for (const auto& t : targets) {
-    if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
   }
   fit.calibration.fitted_from = fmt::format("least squares ({} engine) over {}; held out: {}{}", options.engine, fitted_ids,
                                             held_ids.empty() ? "none" : held_ids,
