@@ -42,6 +42,7 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
                      "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
   }
+  refuse_flat_not_executed(plan, file);
   if (plan.path == ExpertPath::kEp) {
     throw InputError(file, "path", "\"ep\"",
                      fmt::format("the EP path runs over rank processes (oom train --ranks P); this run has {} rank", ranks));

@@ -60,17 +60,22 @@ Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, 
 }
 
 Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t T) {
-  const std::int64_t h = m.hidden, k = m.moe.top_k, I = m.moe.expert_intermediate;
+  const std::int64_t h = m.hidden, k = m.moe.top_k;
   Bytes bytes = 0;
   bytes += T * h * kBf16Bytes;                         // normed input [T, h]
   bytes += T * m.moe.experts * kFp32Bytes;             // router logits [T, E] FP32
   bytes += T * k * (kFp32Bytes + 8);                   // top-k weights FP32 + indices int64 [T, k]
-  bytes += T * k * h * kBf16Bytes;                     // dispatched tokens [k·T, h]
-  bytes += T * k * 3 * I * kBf16Bytes;                 // gate, up, activation [k·T, I] ×3
-  bytes += T * k * h * kBf16Bytes;                     // expert outputs [k·T, h]
+  bytes += moe_assignment_bytes(m, T * k);             // dispatched copies, expert intermediates
   bytes += T * 3 * m.moe.shared_expert_intermediate * kBf16Bytes;  // shared expert [T, I_s] ×3
   bytes += T * 3 * m.moe.dense_intermediate * kBf16Bytes;          // dense MLP [T, I_d] ×3
   return bytes;
+}
+
+Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t A) {
+  const std::int64_t h = m.hidden, I = m.moe.expert_intermediate;
+  return A * h * kBf16Bytes       // dispatched tokens [A, h]
+         + A * 3 * I * kBf16Bytes  // gate, up, activation [A, I] ×3
+         + A * h * kBf16Bytes;     // expert outputs [A, h]
 }
 
 Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t c) {
@@ -79,6 +84,10 @@ Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t c) {
 
 Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t T) {
   return T * m.vocab * (kBf16Bytes + kFp32Bytes);  // logits [T, V] BF16 + softmax grad [T, V] FP32
+}
+
+Bytes sharded_logits_workspace_bytes(const ModelSpec& m, std::int64_t T, int shards) {
+  return T * (m.vocab / std::max(1, shards)) * (kBf16Bytes + kFp32Bytes);
 }
 
 GpuPeakTerms eq2_gpu_peak(Bytes fixed, Bytes state, Bytes keep, Bytes work, double headroom_fraction) {

@@ -47,13 +47,19 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, st
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t hidden, std::int64_t seqs, std::int64_t seq_len,
                            std::int64_t chunk_tokens);
 // Activations saved by the MoE sublayer for `tokens` tokens (routing, dispatched copies, expert
-// intermediates, shared expert and dense MLP).
+// intermediates, shared expert and dense MLP) = the per-token part + the per-assignment part of
+// its k·tokens token–expert assignments.
 Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t tokens);
+// The part that lives where the assignments are processed (the receiving rank under EP):
+// dispatched copies, expert gate/up/activation and outputs, per assignment.
+Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t assignments);
 // Send + receive buffers of one EP dispatch round of `chunk_tokens` tokens: 2·k·c·h BF16.
 Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t chunk_tokens);
 // Logits workspace of the vocabulary projection for `tokens` tokens at once: BF16 logits and
 // their FP32 softmax gradient.
 Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens);
+// The same for one block of a vocabulary sharded over `shards` GPUs (Ring-DTP): [T, V/shards].
+Bytes sharded_logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens, int shards);
 
 // Runtime constants that no equation gives (estimates until calibration replaces them).
 struct MemoryConstants {

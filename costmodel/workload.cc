@@ -37,7 +37,7 @@ double bytes_per_token_bound(const ModelSpec& m) {
 Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
   const JsonReader r(j, file, path);
   r.reject_unknown_keys({"model", "hardware", "gpus", "global_batch", "seq_len", "gpu_budget_gib",
-                         "host_budget_gib", "yarn_factor"});
+                         "host_budget_gib", "yarn_factor", "routing"});
   Workload w;
   w.model = r.string("model");
   w.hardware = r.string("hardware");
@@ -47,6 +47,7 @@ Workload workload_from_json(const nlohmann::json& j, const std::string& file, co
   w.gpu_budget_gib = r.optional_number("gpu_budget_gib", 0.001, 1e6);
   w.host_budget_gib = r.optional_number("host_budget_gib", 0.001, 1e9);
   w.yarn_factor = r.number_or("yarn_factor", 1.0, 1.0, 1024.0);
+  if (r.has("routing")) w.routing = routing_from_json(r.object("routing").raw(), file, r.field("routing"));
   if (w.global_batch % w.gpus != 0) {
     r.fail("global_batch", fmt::format("must be a multiple of gpus = {}", w.gpus));
   }
@@ -59,6 +60,7 @@ nlohmann::json workload_to_json(const Workload& w) {
   j["gpu_budget_gib"] = w.gpu_budget_gib ? nlohmann::json(*w.gpu_budget_gib) : nlohmann::json();
   j["host_budget_gib"] = w.host_budget_gib ? nlohmann::json(*w.host_budget_gib) : nlohmann::json();
   j["yarn_factor"] = w.yarn_factor;
+  if (!w.routing.uniform()) j["routing"] = routing_to_json(w.routing);
   return j;
 }
 
@@ -94,6 +96,7 @@ WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
     r.fail("seq_len", fmt::format("exceeds max_position_embeddings {} × yarn_factor {} of {}", c.model.max_position,
                                   w.yarn_factor, c.model.name));
   }
+  check_routing(w.routing, c.model.moe.experts, c.model.layers, file, "routing");
   const double tokens_per_gpu = static_cast<double>(w.global_batch) / w.gpus * static_cast<double>(w.seq_len);
   if (const double bytes = tokens_per_gpu * bytes_per_token_bound(c.model); bytes > kMaxStepBytes) {
     r.fail("global_batch", fmt::format("{} tokens per GPU of {} need up to {:.3g} bytes per step, more than the {:.3g} "

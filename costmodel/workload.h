@@ -2,7 +2,8 @@
 //
 // JSON form (DESIGN.md): {"model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", "gpus": 4,
 // "global_batch": 32, "seq_len": 4096, "gpu_budget_gib": null, "host_budget_gib": null,
-// "yarn_factor": 1}. A null budget means "the hardware's capacity". The global batch is split
+// "yarn_factor": 1, "routing": {"kind": "zipf", "skew": 1.2}} ("routing" optional, default
+// uniform; costmodel/routing.h). A null budget means "the hardware's capacity". The global batch is split
 // evenly over the GPUs (whole sequences per GPU; no gradient accumulation). Plain value type.
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include "costmodel/hardware_spec.h"
 #include "costmodel/model_spec.h"
+#include "costmodel/routing.h"
 #include "costmodel/units.h"
 
 namespace oom {
@@ -26,6 +28,7 @@ struct Workload {
   std::optional<double> gpu_budget_gib;   // per GPU
   std::optional<double> host_budget_gib;  // whole node (split over NUMA nodes by capacity)
   double yarn_factor = 1.0;               // context extension factor over max_position_embeddings
+  RoutingSpec routing;                    // how tokens spread over experts (default: uniform)
 
   std::int64_t seqs_per_gpu() const { return global_batch / gpus; }
   std::int64_t tokens_per_gpu() const { return seqs_per_gpu() * seq_len; }

@@ -59,6 +59,27 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   slot_last_use_[0].assign(static_cast<std::size_t>(P_), -1);
   slot_last_use_[1].assign(static_cast<std::size_t>(P_), -1);
   last_update_.assign(static_cast<std::size_t>(P_), -1);
+  // Routing: each rank's share of a dispatch (skewed routing makes some ranks receive more);
+  // PipelinedLLEP spills the excess to the least-loaded ranks.
+  llep_ = ep_ && P_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  const auto ranks = static_cast<std::size_t>(P_);
+  loads_.assign(static_cast<std::size_t>(layers_), std::vector<double>(ranks, 1.0));
+  llep_fetched_.assign(static_cast<std::size_t>(layers_), std::vector<int>(ranks, 0));
+  llep_lent_ = llep_fetched_;
+  if (ep_ && P_ > 1 && m_.moe.experts > 0 && (!ctx.workload.routing.uniform() || llep_)) {
+    for (int l = 0; l < layers_; ++l) {
+      const auto i = static_cast<std::size_t>(l);
+      const std::vector<double> shares = expert_shares(ctx.workload.routing, m_.moe.experts, l);
+      if (llep_) {
+        LlepBalance b = least_loaded_ep(shares, P_, kLlepTolerance);
+        loads_[i] = std::move(b.loads);
+        llep_fetched_[i] = std::move(b.fetched);
+        llep_lent_[i] = std::move(b.lent);
+      } else {
+        loads_[i] = ep_rank_loads(shares, P_);
+      }
+    }
+  }
 }
 
 ParamCount Lowering::expert_params_on_gpu(int layer) const {
@@ -96,11 +117,11 @@ Stage Lowering::make(const std::string& what, OpKind op, Phase phase, ResourceId
   return s;
 }
 
-void Lowering::gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end) {
-  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, bytes, at_end});
+void Lowering::gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end, MemoryUse use) {
+  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, bytes, at_end, use});
 }
-void Lowering::gpu_free(StageId s, int rank, Bytes bytes) {
-  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, -bytes, true});
+void Lowering::gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use) {
+  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, -bytes, true, use});
 }
 void Lowering::host_alloc(StageId s, int rank, Bytes bytes, bool at_end) {
   if (bytes > 0) {
@@ -139,6 +160,28 @@ PerRank Lowering::collective_all(const std::string& what, OpKind op, Phase phase
     s.peers = peers;
     for (int q = 0; q < P_; ++q) append(s.deps, inputs, q);
     out[static_cast<std::size_t>(r)] = add(std::move(s));
+  }
+  return out;
+}
+
+PerRank Lowering::collective_each(const std::string& what, OpKind op, Phase phase, int layer,
+                                  const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs) {
+  PerRank out = collective_all(what, op, phase, layer, 0, inputs);
+  for (int r = 0; r < P_; ++r) {
+    b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])].bytes = bytes_of_rank[static_cast<std::size_t>(r)];
+  }
+  return out;
+}
+
+PerRank Lowering::compute_loaded(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                                 OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps) {
+  PerRank out = compute_all(what, op, phase, layer, flops, bytes, shape, deps);
+  for (int r = 0; r < P_; ++r) {
+    const double f = load[static_cast<std::size_t>(r)];
+    Stage& s = b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])];
+    s.flops = flops * f;
+    s.bytes = static_cast<Bytes>(static_cast<double>(bytes) * f);
+    s.shape.tokens = static_cast<std::int64_t>(std::llround(static_cast<double>(shape.tokens) * f));
   }
   return out;
 }
@@ -205,7 +248,7 @@ void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount 
       append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);
     }
     out[static_cast<std::size_t>(r)] = add(std::move(s));
-    gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params_on_gpu));
+    gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params_on_gpu), MemoryUse::kOptimizer);
   }
   d2h_out.push_back(out);
   pending_grad_frees_.push_back(out);
@@ -262,8 +305,77 @@ void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_
 void Lowering::gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready) {
   PerRank out = compute_all(what + ".gpu_adamw", OpKind::kGpuAdamW, Phase::kOptimizer, layer, 0,
                             params * kGpuAdamBytesPerParam, OpShape{}, {ready});
-  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params));
+  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params), MemoryUse::kOptimizer);
   pending_grad_frees_.push_back(out);
+}
+
+void Lowering::stream_gradients(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                bool reduce, bool expert_kind, bool accumulate_partials,
+                                ParamCount update_params_per_rank) {
+  if (params_on_gpu <= 0) return;
+  PerRank after = ready;
+  ParamCount sent = params_on_gpu;
+  if (reduce && P_ > 1) {
+    after = collective_all(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
+                           gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
+    sent = params_on_gpu / P_;
+  }
+  const Bytes bucket_bytes = plan_.flat.optimizer_bucket_mib * kMiB;
+  const std::int64_t buckets = std::max<std::int64_t>(1, (gradient_bytes(sent) + bucket_bytes - 1) / bucket_bytes);
+  const int kind = expert_kind ? 1 : 0;
+  auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  const int slots = std::max(1, plan_.cpu_grad_slots);
+  PerRank d2h(static_cast<std::size_t>(P_));
+  for (std::int64_t i = 0; i < buckets; ++i) {
+    // Even buckets; the last takes the remainder.
+    const ParamCount part = sent / buckets + (i + 1 == buckets ? sent % buckets : 0);
+    const ParamCount update = update_params_per_rank / buckets + (i + 1 == buckets ? update_params_per_rank % buckets : 0);
+    const Bytes freed = gradient_bytes(params_on_gpu) / buckets + (i + 1 == buckets ? gradient_bytes(params_on_gpu) % buckets : 0);
+    const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
+    OOM_ASSERT(static_cast<int>(updates.size()) == index, "streamed gradients are updated bucket by bucket");
+    for (int r = 0; r < P_; ++r) {
+      const auto& rr = r_[static_cast<std::size_t>(r)];
+      Stage s = make(fmt::format("{}.grad_d2h.b{}", what, i), OpKind::kD2h, Phase::kBackward,
+                     expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
+      s.bytes = gradient_bytes(part);
+      append(s.deps, after, r);
+      if (index >= slots) append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);  // CPU slot reuse
+      d2h[static_cast<std::size_t>(r)] = add(std::move(s));
+      gpu_free(d2h[static_cast<std::size_t>(r)], r, freed, MemoryUse::kOptimizer);
+    }
+    PerRank ready_for_update = d2h;
+    if (accumulate_partials) {
+      for (int r = 0; r < P_; ++r) {
+        Stage s = make(fmt::format("{}.host_accumulate.b{}", what, i), OpKind::kHostAccumulate, Phase::kOptimizer,
+                       r_[static_cast<std::size_t>(r)].cpu, r, layer);
+        s.params = part;
+        s.bytes = gradient_bytes(part);
+        append(s.deps, d2h, r);
+        ready_for_update[static_cast<std::size_t>(r)] = add(std::move(s));
+      }
+    }
+    PerRank upd(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      const auto& rr = r_[static_cast<std::size_t>(r)];
+      Stage s = make(fmt::format("{}.cpu_adamw.b{}", what, i), OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
+      s.params = update;
+      s.bytes = canonical_state_bytes(update);
+      if (accumulate_partials) {
+        for (int q = 0; q < P_; ++q) append(s.deps, ready_for_update, q);
+      } else {
+        append(s.deps, ready_for_update, r);
+      }
+      upd[static_cast<std::size_t>(r)] = add(std::move(s));
+      Stage p = make(fmt::format("{}.publish.b{}", what, i), OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
+      p.params = update;
+      p.bytes = working_weight_bytes(update);
+      p.deps.push_back(upd[static_cast<std::size_t>(r)]);
+      add(std::move(p));
+    }
+    updates.push_back(upd);
+    last_update_ = upd;
+  }
+  pending_grad_frees_.push_back(d2h);
 }
 
 void Lowering::embedding_forward() {
@@ -277,9 +389,14 @@ void Lowering::embedding_forward() {
 }
 
 void Lowering::head_forward_backward() {
+  if (plan_.flat.vocab_projection == VocabProjection::kRingDtp && P_ > 1) {
+    ring_head_forward_backward();
+    return;
+  }
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
   const WindowUse w = deliver_weights("lm_head", Phase::kForward, -1, head, 0, 0, false);
-  const Bytes logits = logits_workspace_bytes(m_, std::min(options_.memory.loss_chunk_tokens, N_));
+  const std::int64_t chunk = plan_.flat.vocab_chunk_tokens > 0 ? std::min(plan_.flat.vocab_chunk_tokens, N_) : N_;
+  const Bytes logits = logits_workspace_bytes(m_, chunk);
   OpShape shape;
   shape.tokens = N_;
   shape.k = m_.hidden;
@@ -290,18 +407,94 @@ void Lowering::head_forward_backward() {
   const PerRank bwd = compute_all("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
                                   loss_backward_hbm_bytes(m_, N_), shape, {fwd});
   for (int r = 0; r < P_; ++r) {
-    gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits);
-    gpu_free(fwd[static_cast<std::size_t>(r)], r, logits);
-    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits + gradient_bytes(head));
-    gpu_free(bwd[static_cast<std::size_t>(r)], r, logits);
+    gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+    gpu_free(fwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, gradient_bytes(head), false, MemoryUse::kOptimizer);
+    gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
     // The running gradient of the hidden states lives until the embedding's backward.
-    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden));
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false, MemoryUse::kActivations);
   }
   hidden_grad_alloc_ = bwd;
   release_window(w, bwd);
+  if (streamed_optimizer()) {
+    stream_gradients("lm_head", -1, head, bwd, true, false, false, head / P_);
+    return;
+  }
   std::vector<PerRank> d2h;
   gradients_to_host("lm_head", -1, head, bwd, true, false, d2h);
   cpu_update("lm_head", -1, head / P_, d2h, false, 0);
+}
+
+void Lowering::ring_head_forward_backward() {
+  // Ring-DTP: rank r holds vocabulary shard r (V/P rows of the head). Each rank's hidden states
+  // visit every shard: P steps, each computing one block of logits against the local shard and
+  // folding it into the block's online log-sum-exp, while the next block arrives from the ring
+  // neighbour. What circulates is the smaller of a rank's hidden block (N·h) and a head shard
+  // ((V/P)·h); in the backward it travels with its gradient (hidden-state or head-shard partials),
+  // so every rank ends with its shard's whole gradient and its tokens' hidden-state gradient.
+  const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding);
+  const ParamCount shard = head / P_ + params_.final_norm;
+  const PerRank hidden = last_compute_;  // the last decoder's output: the block each rank starts with
+  const WindowUse w = deliver_weights("lm_head", Phase::kForward, -1, shard, 0, 0, false);
+  const Bytes hidden_block = boundary_bytes(1, seqs_, S_, m_.hidden);
+  const Bytes weight_block = working_weight_bytes(head / P_);
+  const Bytes hop = std::min(hidden_block, weight_block);
+  const bool weights_move = weight_block < hidden_block;
+  const std::int64_t chunk = plan_.flat.vocab_chunk_tokens > 0 ? std::min(plan_.flat.vocab_chunk_tokens, N_) : N_;
+  const Bytes logits = sharded_logits_workspace_bytes(m_, chunk, P_);
+  OpShape shape;
+  shape.tokens = N_;
+  shape.k = m_.hidden;
+  shape.n = m_.vocab / P_;
+  const Flops f = lm_head_flops(m_, N_) / P_;  // one block against one shard
+  const Bytes fwd_bytes = loss_forward_hbm_bytes(m_, N_) / P_, bwd_bytes = loss_backward_hbm_bytes(m_, N_) / P_;
+  // Two circulating buffers (the block being computed and the one arriving), the logits block.
+  for (int r = 0; r < P_; ++r) gpu_alloc(w.ready[static_cast<std::size_t>(r)], r, 2 * hop, true, MemoryUse::kVocabulary);
+  PerRank last = w.ready, arrived = w.ready;
+  for (int step = 0; step < P_; ++step) {
+    last = compute_all(fmt::format("lm_head.ring.s{}.loss", step), OpKind::kGemm, Phase::kForward, -1, f, fwd_bytes,
+                       shape, {last, arrived});
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(last[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+      gpu_free(last[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    }
+    if (step + 1 < P_) {
+      arrived = collective_all(fmt::format("lm_head.ring.s{}.pass", step), OpKind::kAllGather, Phase::kForward, -1, hop,
+                               step == 0 ? (weights_move ? w.ready : hidden) : arrived);
+    }
+  }
+  PerRank bwd = last;
+  arrived = last;
+  const Bytes back_hop = 2 * hop;  // the block and its gradient partial
+  for (int step = 0; step < P_; ++step) {
+    bwd = compute_all(fmt::format("lm_head.ring.s{}.backward", step), OpKind::kGemm, Phase::kBackward, -1,
+                      kMatmulBackwardRatio * f, bwd_bytes, shape, {bwd, arrived});
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+      gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    }
+    // The partials move on; after the last step they return home (P hops in all).
+    arrived = collective_all(fmt::format("lm_head.ring.s{}.grad_pass", step), OpKind::kAllGather, Phase::kBackward, -1,
+                             back_hop, bwd);
+  }
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, gradient_bytes(shard), false, MemoryUse::kOptimizer);
+    gpu_free(arrived[static_cast<std::size_t>(r)], r, 2 * hop, MemoryUse::kVocabulary);
+    gpu_alloc(arrived[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false,
+              MemoryUse::kActivations);
+  }
+  hidden_grad_alloc_ = arrived;
+  last_compute_ = compute_all("lm_head.ring.done", OpKind::kSync, Phase::kBackward, -1, 0, 0, OpShape{}, {arrived});
+  release_window(w, last_compute_);
+  // Each shard's gradient is complete on its owner: no reduce-scatter.
+  if (streamed_optimizer()) {
+    stream_gradients("lm_head", -1, shard, last_compute_, false, false, false, shard);
+    return;
+  }
+  std::vector<PerRank> d2h;
+  gradients_to_host("lm_head", -1, shard, last_compute_, false, false, d2h);
+  cpu_update("lm_head", -1, shard, d2h, false, 0);
 }
 
 void Lowering::embedding_backward() {
@@ -310,8 +503,12 @@ void Lowering::embedding_backward() {
   const PerRank scatter = compute_all("embedding.scatter", OpKind::kElementwise, Phase::kBackward, -1, 0,
                                       boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
   for (int r = 0; r < P_; ++r) {
-    gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding));
-    gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden));
+    gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding), false, MemoryUse::kOptimizer);
+    gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), MemoryUse::kActivations);
+  }
+  if (streamed_optimizer()) {
+    stream_gradients("embedding", -1, params_.embedding, scatter, true, false, false, params_.embedding / P_);
+    return;
   }
   std::vector<PerRank> d2h;
   gradients_to_host("embedding", -1, params_.embedding, scatter, true, false, d2h);

@@ -32,6 +32,11 @@ namespace oom::lowering {
 
 using PerRank = std::vector<StageId>;  // one stage per rank (−1: none)
 
+// PipelinedLLEP spills only from ranks more than 5% above the mean load: each spill costs a
+// weight fetch, and a few percent of imbalance costs less than one (FLAT's least-loaded rule with
+// a tolerance; not fitted).
+inline constexpr double kLlepTolerance = 0.05;
+
 struct RankResources {
   ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
   int numa = 0;
@@ -59,8 +64,8 @@ class Lowering {
   // --- building blocks (lowering.cc) ---
   Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const;
   StageId add(Stage s) { return b_.add(std::move(s)); }
-  void gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end = false);
-  void gpu_free(StageId s, int rank, Bytes bytes);  // at the stage's end
+  void gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end = false, MemoryUse use = MemoryUse::kOther);
+  void gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use = MemoryUse::kOther);  // at the stage's end
   void host_alloc(StageId s, int rank, Bytes bytes, bool at_end = true);
   void host_free(StageId s, int rank, Bytes bytes);
   // A compute stage on every rank; `deps` per rank (may be empty), plus extra common deps.
@@ -69,6 +74,12 @@ class Lowering {
   // A collective on every rank's fabric port: member r depends on inputs[q] of every rank q.
   PerRank collective_all(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
                          const PerRank& inputs);
+  // The same with each member's own bytes (uneven all-to-alls under skewed routing).
+  PerRank collective_each(const std::string& what, OpKind op, Phase phase, int layer,
+                          const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs);
+  // A compute stage per rank with each rank's own FLOPs and bytes scaled by `load[r]`.
+  PerRank compute_loaded(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                         OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps);
   // Copies the weights of one window use (common params + expert params on this GPU).
   WindowUse deliver_weights(const std::string& what, Phase phase, int layer, ParamCount common,
                             ParamCount expert_h2d, ParamCount expert_total, bool allgather);
@@ -81,10 +92,18 @@ class Lowering {
   void cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                   bool accumulate_partials, ParamCount partial_params);
   void gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready);
+  // OffloadStreamAdamW: one parameter group's gradients (optionally reduce-scattered first) to the
+  // host in buckets of plan.flat.optimizer_bucket_mib, each bucket updated (after the ranks'
+  // partials are summed when `accumulate_partials`) and published as soon as it arrived.
+  // `update_params_per_rank` is what each rank updates of the whole group.
+  void stream_gradients(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                        bool reduce, bool expert_kind, bool accumulate_partials, ParamCount update_params_per_rank);
+  bool streamed_optimizer() const { return plan_.flat.optimizer_bucket_mib > 0; }
 
   // --- the step (lowering.cc: embedding, LM head; lowering_layers.cc: decoders) ---
   void embedding_forward();
   void head_forward_backward();
+  void ring_head_forward_backward();  // Ring-DTP
   void embedding_backward();
   void decoder_forward(int layer, Phase phase, bool save_boundary);
   void decoder_backward(int layer);
@@ -92,9 +111,35 @@ class Lowering {
   PerRank mixing_forward(int layer, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
                          bool first_pass, bool replay_reuses_o);
   PerRank mixing_backward(int layer, std::int64_t seqs, const PerRank& ready);
+  // One forward chunk (both halves back to back); `fetched`: LLEP's weight fetch the expert GEMMs
+  // wait for (empty: none).
   PerRank moe_forward_chunk(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
-                            int chunk);
-  PerRank moe_backward_chunk(int layer, std::int64_t tokens, const PerRank& ready, int chunk);
+                            int chunk, const PerRank& fetched);
+  // The two halves of a forward chunk: router and dispatch; experts, return and combine. A plain
+  // chunk runs them back to back; PipelinedLLEP issues round c+1's dispatch before round c's experts.
+  struct MoeRound {
+    PerRank pre, dispatch;  // dispatch empty without a fabric all-to-all
+    PerRank fetched;        // LLEP's weight fetch the experts wait for (empty: none)
+    std::int64_t tokens = 0;
+    int chunk = 0;
+  };
+  MoeRound moe_dispatch_half(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                             int chunk);
+  PerRank moe_expert_half(int layer, Phase phase, const MoeRound& round, const WindowUse& w);
+  // The MoE sublayer's forward over `tokens` tokens in rounds; allocates the saved activations
+  // (freed here unless `retained`). Returns the last stage per rank.
+  PerRank moe_forward(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                      bool retained);
+  // LLEP: spilled experts' weights to their helpers (forward, recompute) and their gradients
+  // back to the owners (backward). Empty when nothing spills.
+  PerRank llep_fetch(int layer, Phase phase, const PerRank& after);
+  PerRank llep_gradient_return(int layer, const PerRank& after);
+  // Per-rank received load of decoder `layer`'s dispatch relative to the mean (1 = balanced).
+  const std::vector<double>& rank_load(int layer) const { return loads_[static_cast<std::size_t>(layer)]; }
+  Bytes moe_activation_on_rank(std::int64_t tokens, int layer, int rank) const;
+  Bytes llep_expert_bytes(int layer) const;           // BF16 weights of one routed expert
+  Bytes llep_weight_bytes(int layer, int rank) const;  // the experts `rank` fetches under LLEP
+  PerRank moe_backward_chunk(int layer, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched);
 
   // Parameters of decoder `layer` this GPU holds in the window: (common, experts).
   ParamCount common_params(int layer) const { return params_.layers[static_cast<std::size_t>(layer)].common(); }
@@ -115,6 +160,12 @@ class Lowering {
   int layers_ = 0;  // decoders lowered
   std::int64_t seqs_ = 1, S_ = 1, N_ = 1;
 
+  // Routing: per decoder, each rank's received dispatch load relative to the mean, after LLEP's
+  // rebalancing when the plan runs it; and the experts each rank fetches / lends under LLEP.
+  std::vector<std::vector<double>> loads_;
+  std::vector<std::vector<int>> llep_fetched_, llep_lent_;
+  bool llep_ = false;
+
   PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
   std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
   int window_uses_ = 0;
@@ -131,6 +182,7 @@ class Lowering {
   std::map<int, PerRank> host_boundaries_;  // layer → D2H stage that saved it
   std::map<int, PerRank> olse_saved_;       // layer → D2H stage that saved O/LSE
   PerRank boundary_consumed_;               // the backward stage that last released a loaded boundary
+  PerRank boundary_consumed_before_;        // SCO: the one before it (two boundary buffers)
   PerRank hidden_grad_alloc_;               // stage that allocated the running hidden-state gradient
 };
 

@@ -1,6 +1,7 @@
 // Decoder layers of the lowering: forward, replay, backward, boundaries and gradients
 // (reference §3 for EP, §4 for Local). See planner/lowering.h for the runtime rules.
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -100,40 +101,172 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
   return last;
 }
 
-PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
-                                    int chunk) {
+Bytes Lowering::moe_activation_on_rank(std::int64_t tokens, int l, int r) const {
+  const Bytes mean = moe_activation_bytes(m_, tokens);
+  if (!ep_ || P_ == 1) return mean;
+  // The routed part lives where the assignments are processed: the receiving rank's share.
+  const double extra = rank_load(l)[static_cast<std::size_t>(r)] - 1.0;
+  return mean + static_cast<Bytes>(extra * static_cast<double>(moe_assignment_bytes(m_, tokens * m_.moe.top_k)));
+}
+
+namespace {
+
+// Per-rank bytes of one all-to-all of `tokens` tokens per rank: each rank sends its k·tokens
+// assignments ((P−1)/P of them leave the GPU) and receives its load's share; the larger of the
+// two directions sets its time.
+std::vector<Bytes> a2a_bytes_per_rank(const ModelSpec& m, std::int64_t tokens, int P, const std::vector<double>& load) {
+  const Bytes send = ep_a2a_bytes(m.moe.top_k, tokens, m.hidden, kBf16Bytes, P) / 2;
+  std::vector<Bytes> out;
+  for (const double f : load) out.push_back(std::max(send, static_cast<Bytes>(static_cast<double>(send) * f)));
+  return out;
+}
+
+// Send and receive buffers of one round on a rank with the given load.
+Bytes a2a_buffers_on_rank(const ModelSpec& m, std::int64_t tokens, double load) {
+  const Bytes each = a2a_buffer_bytes(m, tokens) / 2;
+  return each + static_cast<Bytes>(static_cast<double>(each) * load);
+}
+
+}  // namespace
+
+Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t tokens, const WindowUse& w,
+                                               const PerRank& input, int chunk) {
   const MoeFlops f = moe_flops(m_, tokens);
   const MoeTraffic t = moe_hbm_bytes(m_, tokens);
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
-  const PerRank pre = compute_all(fmt::format("moe.c{}.router_shared", chunk), OpKind::kGemm, phase, l,
-                                  f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
-  OpShape experts;
-  experts.tokens = tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
-  experts.k = m_.hidden;
-  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
-  if (!ep_ || P_ == 1) {
-    return compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
-                       t.experts + t.combine, experts, {pre, w.ready});
-  }
-  const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens, m_.hidden, kBf16Bytes, P_) / 2;
-  const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_dispatch", chunk), OpKind::kAllToAll, phase, l, a2a, pre);
-  const PerRank exp = compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
-                                  t.experts, experts, {dispatch, w.ready});
-  const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_return", chunk), OpKind::kAllToAll, phase, l, a2a, exp);
-  const Bytes buffers = a2a_buffer_bytes(m_, tokens);
+  MoeRound round;
+  round.tokens = tokens;
+  round.chunk = chunk;
+  round.pre = compute_all(fmt::format("moe.c{}.router_shared", chunk), OpKind::kGemm, phase, l,
+                          f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
+  if (!ep_ || P_ == 1) return round;
+  const std::vector<double>& load = rank_load(l);
+  round.dispatch = collective_each(fmt::format("moe.c{}.a2a_dispatch", chunk), OpKind::kAllToAll, phase, l,
+                                   a2a_bytes_per_rank(m_, tokens, P_, load), round.pre);
   for (int r = 0; r < P_; ++r) {
-    gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers);
-    gpu_free(ret[static_cast<std::size_t>(r)], r, buffers);
+    gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffers_on_rank(m_, tokens, load[static_cast<std::size_t>(r)]),
+              false, MemoryUse::kDispatch);
   }
-  OpShape combine;
-  combine.tokens = tokens;
-  return compute_all(fmt::format("moe.c{}.combine", chunk), OpKind::kElementwise, phase, l, 0, t.combine, combine,
-                     {ret});
+  return round;
 }
 
-PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk) {
+PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, const WindowUse& w) {
+  const MoeFlops f = moe_flops(m_, round.tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, round.tokens);
+  OpShape experts;
+  experts.tokens = round.tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
+  experts.k = m_.hidden;
+  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  const int chunk = round.chunk;
+  if (round.dispatch.empty()) {
+    return compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
+                       t.experts + t.combine, experts, {round.pre, w.ready});
+  }
+  // The slowest rank (the largest received share) sets the pace of the return all-to-all.
+  const std::vector<double>& load = rank_load(l);
+  const PerRank exp = compute_loaded(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l,
+                                     f.routed_experts, t.experts, experts, load, {round.dispatch, w.ready, round.fetched});
+  const PerRank ret = collective_each(fmt::format("moe.c{}.a2a_return", chunk), OpKind::kAllToAll, phase, l,
+                                      a2a_bytes_per_rank(m_, round.tokens, P_, load), exp);
+  for (int r = 0; r < P_; ++r) {
+    gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffers_on_rank(m_, round.tokens, load[static_cast<std::size_t>(r)]),
+             MemoryUse::kDispatch);
+  }
+  OpShape combine;
+  combine.tokens = round.tokens;
+  return compute_all(fmt::format("moe.c{}.combine", chunk), OpKind::kElementwise, phase, l, 0, t.combine, combine, {ret});
+}
+
+PerRank Lowering::moe_forward(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                              bool retained) {
+  const PerRank fetched = llep_fetch(l, phase, w.ready);
+  PerRank x = input;
+  const auto finish = [&](const MoeRound& round) {
+    const PerRank out = moe_expert_half(l, phase, round, w);
+    for (int r = 0; r < P_; ++r) {
+      const Bytes act = moe_activation_on_rank(round.tokens, l, r);
+      gpu_alloc(out[static_cast<std::size_t>(r)], r, act, false, MemoryUse::kDispatch);
+      if (!retained) gpu_free(out[static_cast<std::size_t>(r)], r, act, MemoryUse::kDispatch);  // retained: the backward frees
+    }
+    return out;
+  };
+  int c = 0;
+  if (llep_) {
+    // PipelinedLLEP: round c+1's router and dispatch are issued before round c's experts, so the
+    // dispatch of one round overlaps the expert GEMMs of the previous one (two rounds in flight).
+    std::optional<MoeRound> previous;
+    for (const std::int64_t t : moe_chunks(tokens)) {
+      MoeRound round = moe_dispatch_half(l, phase, t, w, input, c++);
+      round.fetched = fetched;
+      if (previous) x = finish(*previous);
+      previous = std::move(round);
+    }
+    x = finish(*previous);
+  } else {
+    for (const std::int64_t t : moe_chunks(tokens)) {
+      MoeRound round = moe_dispatch_half(l, phase, t, w, x, c++);
+      x = finish(round);
+    }
+  }
+  if (!fetched.empty()) {
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
+  }
+  return x;
+}
+
+Bytes Lowering::llep_expert_bytes(int l) const {
+  return working_weight_bytes(params_.layers[static_cast<std::size_t>(l)].routed_experts / std::max(1, m_.moe.experts));
+}
+
+Bytes Lowering::llep_weight_bytes(int l, int r) const {
+  return llep_expert_bytes(l) * llep_fetched_[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)];
+}
+
+PerRank Lowering::llep_fetch(int l, Phase phase, const PerRank& after) {
+  if (!llep_) return {};
+  const auto& fetched = llep_fetched_[static_cast<std::size_t>(l)];
+  const auto& lent = llep_lent_[static_cast<std::size_t>(l)];
+  if (std::all_of(fetched.begin(), fetched.end(), [](int n) { return n == 0; })) return {};
+  // Helpers receive the spilled experts' BF16 weights from their owners over the fabric.
+  std::vector<Bytes> bytes;
+  for (int r = 0; r < P_; ++r) {
+    bytes.push_back(llep_expert_bytes(l) * std::max(fetched[static_cast<std::size_t>(r)], lent[static_cast<std::size_t>(r)]));
+  }
+  const PerRank out = collective_each("llep.fetch", OpKind::kAllToAll, phase, l, bytes, after);
+  for (int r = 0; r < P_; ++r) gpu_alloc(out[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), false, MemoryUse::kDispatch);
+  return out;
+}
+
+PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
+  if (!llep_) return after;
+  const auto& fetched = llep_fetched_[static_cast<std::size_t>(l)];
+  const auto& lent = llep_lent_[static_cast<std::size_t>(l)];
+  if (std::all_of(fetched.begin(), fetched.end(), [](int n) { return n == 0; })) return after;
+  // The spilled experts' BF16 gradients go back to their owners, which add them to their own.
+  std::vector<Bytes> bytes;
+  for (int r = 0; r < P_; ++r) {
+    bytes.push_back(llep_expert_bytes(l) * std::max(fetched[static_cast<std::size_t>(r)], lent[static_cast<std::size_t>(r)]));
+  }
+  const PerRank back = collective_each("llep.grad_return", OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
+  // Owner side: read its own gradient and the returned one, write the sum (3 passes per expert lent).
+  std::vector<double> lent_count;
+  for (int r = 0; r < P_; ++r) lent_count.push_back(static_cast<double>(lent[static_cast<std::size_t>(r)]));
+  const PerRank sum = compute_loaded("llep.grad_add", OpKind::kElementwise, Phase::kBackward, l, 0,
+                                     3 * llep_expert_bytes(l), OpShape{}, lent_count, {back});
+  for (int r = 0; r < P_; ++r) gpu_free(sum[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
+  return sum;
+}
+
+PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                                    int chunk, const PerRank& fetched) {
+  MoeRound round = moe_dispatch_half(l, phase, tokens, w, input, chunk);
+  round.fetched = fetched;
+  return moe_expert_half(l, phase, round, w);
+}
+
+PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched) {
   const MoeFlops f = moe_flops(m_, tokens);
   const MoeTraffic t = moe_hbm_bytes(m_, tokens);
   OpShape experts;
@@ -142,17 +275,19 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
   PerRank exp;
   if (ep_ && P_ > 1) {
-    const Bytes a2a = ep_a2a_bytes(m_.moe.top_k, tokens, m_.hidden, kBf16Bytes, P_) / 2;
-    const PerRank dispatch = collective_all(fmt::format("moe.c{}.a2a_grad_dispatch", chunk), OpKind::kAllToAll,
-                                            Phase::kBackward, l, a2a, ready);
-    exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
-                      kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, {dispatch});
-    const PerRank ret = collective_all(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
-                                       Phase::kBackward, l, a2a, exp);
-    const Bytes buffers = a2a_buffer_bytes(m_, tokens);
+    const std::vector<double>& load = rank_load(l);
+    const std::vector<Bytes> a2a = a2a_bytes_per_rank(m_, tokens, P_, load);
+    const PerRank dispatch = collective_each(fmt::format("moe.c{}.a2a_grad_dispatch", chunk), OpKind::kAllToAll,
+                                             Phase::kBackward, l, a2a, ready);
+    exp = compute_loaded(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+                         kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
+                         {dispatch, fetched});
+    const PerRank ret = collective_each(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
+                                        Phase::kBackward, l, a2a, exp);
     for (int r = 0; r < P_; ++r) {
-      gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers);
-      gpu_free(ret[static_cast<std::size_t>(r)], r, buffers);
+      const Bytes buffers = a2a_buffers_on_rank(m_, tokens, load[static_cast<std::size_t>(r)]);
+      gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers, false, MemoryUse::kDispatch);
+      gpu_free(ret[static_cast<std::size_t>(r)], r, buffers, MemoryUse::kDispatch);
     }
     exp = ret;
   } else {
@@ -228,7 +363,7 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
         break;
       }
       case BoundaryPolicy::Place::kGpu:
-        for (int r = 0; r < P_; ++r) gpu_alloc(input[static_cast<std::size_t>(r)], r, boundary, true);
+        for (int r = 0; r < P_; ++r) gpu_alloc(input[static_cast<std::size_t>(r)], r, boundary, true, MemoryUse::kBoundaries);
         gpu_boundaries_[l] = {input, boundary};
         break;
       case BoundaryPolicy::Place::kRegenerated:
@@ -247,20 +382,10 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
                               : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
     const PerRank mix = mixing_forward(l, phase, seqs, w, x, original, reuse_o);
     for (int r = 0; r < P_; ++r) {
-      gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false);
-      gpu_free(mix[static_cast<std::size_t>(r)], r, mix_act);
+      gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
+      gpu_free(mix[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
     }
-    x = mix;
-    int c = 0;
-    for (const std::int64_t tokens : moe_chunks(seqs * S_)) {
-      const PerRank pre_input = x;
-      x = moe_forward_chunk(l, phase, tokens, w, pre_input, c++);
-      const Bytes act = moe_activation_bytes(m_, tokens);
-      for (int r = 0; r < P_; ++r) {
-        gpu_alloc(x[static_cast<std::size_t>(r)], r, act, false);
-        if (!retained) gpu_free(x[static_cast<std::size_t>(r)], r, act);  // retained: freed by the backward
-      }
-    }
+    x = moe_forward(l, phase, seqs * S_, w, mix, retained);
   }
   release_window(w, x);
 }
@@ -275,11 +400,12 @@ PerRank Lowering::boundary_for_backward(int l) {
       s.bytes = boundary;
       if (host_boundaries_.count(l)) s.deps.push_back(host_boundaries_.at(l)[static_cast<std::size_t>(r)]);
       // One boundary buffer: the load waits until the previous decoder's backward consumed its input.
-      if (!boundary_consumed_.empty() && boundary_consumed_[static_cast<std::size_t>(r)] >= 0) {
-        s.deps.push_back(boundary_consumed_[static_cast<std::size_t>(r)]);
-      }
+      // SCO has two: the load is prefetched while the previous decoder's backward runs, and waits
+      // only for the consumer of the buffer before (the decoder two back).
+      const PerRank& freed = plan_.flat.selective_checkpoint_offload ? boundary_consumed_before_ : boundary_consumed_;
+      if (!freed.empty() && freed[static_cast<std::size_t>(r)] >= 0) s.deps.push_back(freed[static_cast<std::size_t>(r)]);
       load[static_cast<std::size_t>(r)] = add(std::move(s));
-      gpu_alloc(load[static_cast<std::size_t>(r)], r, boundary);
+      gpu_alloc(load[static_cast<std::size_t>(r)], r, boundary, false, MemoryUse::kBoundaries);
     }
     gpu_boundaries_[l] = {load, boundary};
     return load;
@@ -297,7 +423,7 @@ PerRank Lowering::boundary_for_backward(int l) {
     OpShape shape;
     shape.tokens = N_;
     start = compute_all("embedding.regather", OpKind::kElementwise, Phase::kRecompute, -1, 0, boundary, shape, {last_compute_});
-    for (int r = 0; r < P_; ++r) gpu_alloc(start[static_cast<std::size_t>(r)], r, boundary);
+    for (int r = 0; r < P_; ++r) gpu_alloc(start[static_cast<std::size_t>(r)], r, boundary, false, MemoryUse::kBoundaries);
     gpu_boundaries_[j] = {start, boundary};
   } else {
     start = boundary_for_backward(j);
@@ -308,14 +434,14 @@ PerRank Lowering::boundary_for_backward(int l) {
     decoder_forward(d, Phase::kRecompute, false);
     const int produced = d + 1;  // the input of decoder d+1
     if (produced > l - cap) {
-      for (int r = 0; r < P_; ++r) gpu_alloc(last_compute_[static_cast<std::size_t>(r)], r, boundary, true);
+      for (int r = 0; r < P_; ++r) gpu_alloc(last_compute_[static_cast<std::size_t>(r)], r, boundary, true, MemoryUse::kBoundaries);
       gpu_boundaries_[produced] = {last_compute_, boundary};
     }
   }
   // The starting boundary stays where it was for its own backward; a copy loaded only to start
   // the run is released.
   if (!j_was_held && plan_.boundaries.place(j) == BoundaryPolicy::Place::kHost) {
-    for (int r = 0; r < P_; ++r) gpu_free(last_compute_[static_cast<std::size_t>(r)], r, boundary);
+    for (int r = 0; r < P_; ++r) gpu_free(last_compute_[static_cast<std::size_t>(r)], r, boundary, MemoryUse::kBoundaries);
     gpu_boundaries_.erase(j);
   }
   return gpu_boundaries_.at(l).first;
@@ -344,9 +470,7 @@ void Lowering::decoder_backward(int l) {
                               ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
                               : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
     const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
-    for (int r = 0; r < P_; ++r) {
-      gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false);
-    }
+    for (int r = 0; r < P_; ++r) gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
     x = mix;
     if (first) {
       // Gradient buffer: wait until the buffer of the decoder two back has drained.
@@ -356,30 +480,35 @@ void Lowering::decoder_backward(int l) {
         for (const auto& f : grad_buffer_frees_[uses - 2]) gate.push_back(f);
       }
       x = compute_all("grad_buffer", OpKind::kSync, Phase::kBackward, l, 0, 0, OpShape{}, gate);
-      for (int r = 0; r < P_; ++r) gpu_alloc(x[static_cast<std::size_t>(r)], r, gradient_bytes(common + experts));
+      for (int r = 0; r < P_; ++r) gpu_alloc(x[static_cast<std::size_t>(r)], r, gradient_bytes(common + experts), false, MemoryUse::kOptimizer);
       first = false;
     }
+    // LLEP: the spilled experts' weights again for the replay and backward (rounds in order here).
+    const PerRank fetched = llep_fetch(l, Phase::kBackward, w.ready);
     const auto chunks = moe_chunks(seqs * S_);
     for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
       const std::int64_t tokens = chunks[static_cast<std::size_t>(c)];
-      const Bytes act = moe_activation_bytes(m_, tokens);
       PerRank ready = x;
       if (!retained) {
-        ready = moe_forward_chunk(l, Phase::kRecompute, tokens, w, x, c);
-        for (int r = 0; r < P_; ++r) gpu_alloc(ready[static_cast<std::size_t>(r)], r, act, false);
+        ready = moe_forward_chunk(l, Phase::kRecompute, tokens, w, x, c, fetched);
+        for (int r = 0; r < P_; ++r) {
+          gpu_alloc(ready[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), false, MemoryUse::kDispatch);
+        }
       }
-      x = moe_backward_chunk(l, tokens, ready, c);
+      x = moe_backward_chunk(l, tokens, ready, c, fetched);
       last_expert_bwd = x;
-      for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, act);
+      for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), MemoryUse::kDispatch);
     }
+    if (!fetched.empty()) last_expert_bwd = x = llep_gradient_return(l, x);
     x = mixing_backward(l, seqs, x);
-    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act);
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
   }
   release_window(w, x);
   // The decoder input is consumed; an O/LSE copy on the host is no longer needed.
+  boundary_consumed_before_ = boundary_consumed_;
   boundary_consumed_ = x;
   if (gpu_boundaries_.count(l)) {
-    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second);
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
     gpu_boundaries_.erase(l);
   }
   if (host_boundaries_.count(l)) {
@@ -391,7 +520,21 @@ void Lowering::decoder_backward(int l) {
 
   std::vector<PerRank> d2h;
   pending_grad_frees_.clear();
-  if (ep_) {
+  if (streamed_optimizer()) {
+    const ParamCount group = common + experts;
+    if (ep_) {
+      if (plan_.is_resident(l)) {
+        gpu_adamw("experts", l, experts, last_expert_bwd);
+      } else {
+        stream_gradients("experts", l, experts, last_expert_bwd, false, true, false, experts);
+      }
+      stream_gradients("common", l, common, x, true, false, false, common / P_);
+    } else if (plan_.param_transfer == ParamTransfer::kShard) {
+      stream_gradients("layer", l, group, x, true, false, false, group / P_);
+    } else {
+      stream_gradients("layer", l, group, x, false, false, true, group / P_);
+    }
+  } else if (ep_) {
     const bool resident = plan_.is_resident(l);
     if (resident) {
       // Resident shard: GPU AdamW and BF16 refresh on the owner; no H2D, D2H or CPU update.

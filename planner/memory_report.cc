@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "costmodel/params.h"
+#include "costmodel/routing.h"
+#include "planner/lowering.h"
 
 namespace oom {
 namespace {
@@ -57,6 +59,29 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   ParamCount largest_layer = params.embedding;  // the LM head / embedding also passes the window
   for (int l = 0; l < m.layers; ++l) largest_layer = std::max(largest_layer, params.layers[l].common() + experts_on_gpu(l));
   const Bytes window = 2 * working_weight_bytes(largest_layer);  // two-slot parameter window
+  // Skewed routing: the rank receiving the largest share holds that share of the routed
+  // activations and the receive buffers (after PipelinedLLEP's rebalancing when the plan runs it).
+  const bool llep = ep && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  double load = 1.0;
+  Bytes llep_weights = 0;
+  if (ep && P > 1 && m.moe.experts > 0 && (!w.routing.uniform() || llep)) {
+    for (int l = 0; l < m.layers; ++l) {
+      const std::vector<double> shares = expert_shares(w.routing, m.moe.experts, l);
+      if (llep) {
+        const LlepBalance b = least_loaded_ep(shares, P, lowering::kLlepTolerance);
+        load = std::max(load, max_load(b.loads));
+        const int most = *std::max_element(b.fetched.begin(), b.fetched.end());
+        llep_weights = std::max(llep_weights, most * working_weight_bytes(params.layers[l].routed_experts / m.moe.experts));
+      } else {
+        load = std::max(load, max_load(ep_rank_loads(shares, P)));
+      }
+    }
+  }
+  const auto moe_on_worst_rank = [&](std::int64_t tokens) {
+    if (!ep || P == 1) return moe_activation_bytes(m, tokens);
+    return moe_activation_bytes(m, tokens) +
+           static_cast<Bytes>((load - 1.0) * static_cast<double>(moe_assignment_bytes(m, tokens * m.moe.top_k)));
+  };
 
   MemoryReport report;
   GpuMemoryReport& gpu = report.gpu;
@@ -72,7 +97,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   const std::int64_t moe_tokens_live =
       ep ? std::min(plan.routing_chunk_tokens, N) : (plan.split.moe_chunk_tokens > 0 ? std::min(plan.split.moe_chunk_tokens, live_tokens) : live_tokens);
   add(gpu.keep, fmt::format("MoE-retained activations, {} layers", plan.moe_retained_layers.size()),
-      static_cast<Bytes>(plan.moe_retained_layers.size()) * moe_activation_bytes(m, N));
+      static_cast<Bytes>(plan.moe_retained_layers.size()) * moe_on_worst_rank(N));
   add(gpu.keep, fmt::format("boundaries held on GPU, {} layers", plan.boundaries.gpu_held.size()),
       boundary_bytes(static_cast<std::int64_t>(plan.boundaries.gpu_held.size()), seqs, S, m.hidden));
 
@@ -89,9 +114,14 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     }
     add(ph.items, "layer gradients (BF16)", gradient_bytes(params.layers[l].common() + experts_on_gpu(l)));
     add(ph.items, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
+    if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
-    if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_activation_bytes(m, moe_tokens_live));
-    if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes(m, moe_tokens_live));
+    if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(moe_tokens_live));
+    if (ep && P > 1) {
+      const Bytes each = a2a_buffer_bytes(m, moe_tokens_live) / 2;
+      add(ph.items, "all-to-all buffers", each + static_cast<Bytes>(static_cast<double>(each) * load));
+    }
+    add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
     if (any_regenerated) {
       add(ph.items, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
           boundary_bytes(plan.boundaries.regenerate_cap, live_seqs, S, m.hidden));
@@ -101,10 +131,19 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   {
     WorkPhase ph{"loss (vocabulary projection)", {}};
     add(ph.items, "parameter window (2 slots, BF16)", window);
-    add(ph.items, "LM head gradient (BF16)", gradient_bytes(params.lm_head > 0 ? params.lm_head : params.embedding));
+    const ParamCount head = params.lm_head > 0 ? params.lm_head : params.embedding;
+    const std::int64_t chunk = plan.flat.vocab_chunk_tokens > 0 ? std::min(plan.flat.vocab_chunk_tokens, N) : N;
     add(ph.items, "final hidden states + gradient (BF16)", 2 * boundary_bytes(1, seqs, S, m.hidden));
-    add(ph.items, fmt::format("logits chunk ({} tokens)", std::min(k.loss_chunk_tokens, N)),
-        logits_workspace_bytes(m, std::min(k.loss_chunk_tokens, N)));
+    if (plan.flat.vocab_projection == VocabProjection::kRingDtp && P > 1) {
+      add(ph.items, "LM head shard gradient (BF16)", gradient_bytes(head / P));
+      add(ph.items, "Ring-DTP circulating blocks (2, BF16)",
+          2 * std::min(boundary_bytes(1, seqs, S, m.hidden), working_weight_bytes(head / P)));
+      add(ph.items, fmt::format("logits block ({} tokens × 1/{} of the vocabulary)", chunk, P),
+          sharded_logits_workspace_bytes(m, chunk, P));
+    } else {
+      add(ph.items, "LM head gradient (BF16)", gradient_bytes(head));
+      add(ph.items, fmt::format("logits chunk ({} tokens)", chunk), logits_workspace_bytes(m, chunk));
+    }
     phases.push_back(std::move(ph));
   }
   const auto peak = std::max_element(phases.begin(), phases.end(),
@@ -147,12 +186,17 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
       add(h.items, "canonical state, streamed expert shards", r * canonical_state_bytes(per_rank_streamed));
       add(h.items, "pinned weight staging (2 transfer chunks per rank)", r * 2 * plan.transfer_chunk_mib * kMiB);
       if (ep) {
-        add(h.items, fmt::format("CPU gradient slots ({} per rank, BF16)", plan.cpu_grad_slots),
-            r * plan.cpu_grad_slots * gradient_bytes(largest_layer));
+        // A slot holds one gradient: a whole parameter group, or one bucket under OffloadStreamAdamW.
+        const Bytes slot = plan.flat.optimizer_bucket_mib > 0 ? std::min(gradient_bytes(largest_layer), plan.flat.optimizer_bucket_mib * kMiB)
+                                                              : gradient_bytes(largest_layer);
+        add(h.items, fmt::format("CPU gradient slots ({} per rank, BF16)", plan.cpu_grad_slots), r * plan.cpu_grad_slots * slot);
       } else {
         // Local: BF16 partials of all ranks accumulate in FP32 in shared host memory.
+        const ParamCount slot = plan.flat.optimizer_bucket_mib > 0
+                                    ? std::min(largest_layer, plan.flat.optimizer_bucket_mib * kMiB / kBf16Bytes)
+                                    : largest_layer;
         add(h.items, fmt::format("FP32 gradient accumulation slots ({})", plan.cpu_grad_slots),
-            plan.cpu_grad_slots * kFp32Bytes * largest_layer);
+            plan.cpu_grad_slots * kFp32Bytes * slot);
       }
       add(h.items, fmt::format("boundaries kept on host, {} layers", host_boundaries), r * boundary_bytes(host_boundaries, seqs, S, m.hidden));
       add(h.items, "attention O/LSE kept on host", r * olse_per_rank);

@@ -48,7 +48,7 @@ Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std:
   const JsonReader r(j, file, path);
   r.reject_unknown_keys({"version", "path", "resident_layers", "moe_retained_layers", "routing_chunk_tokens",
                          "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
-                         "keep_attention_results", "boundaries", "notes"});
+                         "keep_attention_results", "boundaries", "flat", "notes"});
   Plan p;
   p.version = static_cast<int>(r.integer("version", 1, 1));
   p.path = r.one_of("path", {"ep", "local"}) == "ep" ? ExpertPath::kEp : ExpertPath::kLocal;
@@ -82,6 +82,24 @@ Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std:
   }
   p.boundaries.gpu_held = to_int_vector(b.integer_list("gpu_held", 0, kMaxLayers));
   p.boundaries.regenerate_cap = static_cast<int>(b.integer("regenerate_cap", 0, kMaxLayers));
+  if (r.has("flat")) {
+    const JsonReader f = r.object("flat");
+    f.reject_unknown_keys({"expert_dispatch", "vocab_projection", "vocab_chunk_tokens", "checkpoint_offload",
+                           "optimizer_bucket_mib"});
+    if (f.has("expert_dispatch")) {
+      p.flat.expert_dispatch = f.one_of("expert_dispatch", {"standard", "pipelined_llep"}) == "standard"
+                                   ? ExpertDispatch::kStandard
+                                   : ExpertDispatch::kPipelinedLlep;
+    }
+    if (f.has("vocab_projection")) {
+      p.flat.vocab_projection = f.one_of("vocab_projection", {"chunked", "ring_dtp"}) == "chunked"
+                                    ? VocabProjection::kChunked
+                                    : VocabProjection::kRingDtp;
+    }
+    p.flat.vocab_chunk_tokens = f.integer_or("vocab_chunk_tokens", p.flat.vocab_chunk_tokens, 0, kMaxTokens);
+    if (f.has("checkpoint_offload")) p.flat.selective_checkpoint_offload = f.one_of("checkpoint_offload", {"none", "sco"}) == "sco";
+    p.flat.optimizer_bucket_mib = f.integer_or("optimizer_bucket_mib", 0, 0, 1 << 20);
+  }
   p.notes = r.string_or("notes", "");
   return p;
 }
@@ -104,8 +122,35 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["boundaries"] = {{"host_kept", p.boundaries.host_kept_all ? nlohmann::json("all") : nlohmann::json(p.boundaries.host_kept)},
                      {"gpu_held", p.boundaries.gpu_held},
                      {"regenerate_cap", p.boundaries.regenerate_cap}};
+  if (!p.flat.is_default()) {
+    const FlatSchedules& f = p.flat;
+    j["flat"] = {{"expert_dispatch", f.expert_dispatch == ExpertDispatch::kStandard ? "standard" : "pipelined_llep"},
+                 {"vocab_projection", f.vocab_projection == VocabProjection::kChunked ? "chunked" : "ring_dtp"},
+                 {"vocab_chunk_tokens", f.vocab_chunk_tokens},
+                 {"checkpoint_offload", f.selective_checkpoint_offload ? "sco" : "none"},
+                 {"optimizer_bucket_mib", f.optimizer_bucket_mib}};
+  }
   j["notes"] = p.notes;
   return j;
+}
+
+std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p) {
+  const FlatSchedules& f = p.flat;
+  if (f.expert_dispatch != ExpertDispatch::kStandard) return std::pair{"flat.expert_dispatch", "\"pipelined_llep\""};
+  if (f.vocab_projection != VocabProjection::kChunked) return std::pair{"flat.vocab_projection", "\"ring_dtp\""};
+  if (f.selective_checkpoint_offload) return std::pair{"flat.checkpoint_offload", "\"sco\""};
+  if (f.optimizer_bucket_mib != 0) return std::pair{"flat.optimizer_bucket_mib", std::to_string(f.optimizer_bucket_mib)};
+  if (f.vocab_chunk_tokens != FlatSchedules{}.vocab_chunk_tokens) {
+    return std::pair{"flat.vocab_chunk_tokens", std::to_string(f.vocab_chunk_tokens)};
+  }
+  return std::nullopt;
+}
+
+void refuse_flat_not_executed(const Plan& p, const std::string& file) {
+  if (const auto f = flat_field_not_executed(p)) {
+    throw InputError(file, f->first, f->second,
+                     "the backend does not execute FLAT's schedules yet; this plan runs in simulation (oom simulate)");
+  }
 }
 
 Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
@@ -153,6 +198,22 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
   }
   if (p.split.sub_batch_seqs > 0 && w.seqs_per_gpu() % p.split.sub_batch_seqs != 0) {
     s.fail("sub_batch_seqs", fmt::format("must divide the {} sequences per GPU", w.seqs_per_gpu()));
+  }
+  if (!p.flat.is_default()) {
+    const JsonReader f(j["flat"], file, r.field("flat"));
+    if (p.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep && (p.path != ExpertPath::kEp || w.gpus < 2)) {
+      f.fail("expert_dispatch", "PipelinedLLEP balances expert parallelism: it needs the ep path on 2 or more GPUs");
+    }
+    if (p.flat.vocab_projection == VocabProjection::kRingDtp && w.gpus < 2) {
+      f.fail("vocab_projection", "Ring-DTP shards the vocabulary over a ring: it needs 2 or more GPUs");
+    }
+    if (p.flat.vocab_projection == VocabProjection::kRingDtp && m.vocab % w.gpus != 0) {
+      f.fail("vocab_projection", fmt::format("Ring-DTP needs the vocabulary of {} ({}) to split evenly over {} GPUs",
+                                             m.name, m.vocab, w.gpus));
+    }
+    if (p.flat.selective_checkpoint_offload && (!p.boundaries.host_kept_all || !p.boundaries.gpu_held.empty())) {
+      f.fail("checkpoint_offload", "SCO offloads every boundary: it needs boundaries.host_kept \"all\" and no gpu_held");
+    }
   }
 }
 

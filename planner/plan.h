@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +44,31 @@ struct BoundaryPolicy {
   Place place(int layer) const;
 };
 
+// FLAT's fixed-working-set schedules (reference §6; README "FLAT schedules"). Every default is
+// the schedule the project ran before them, so a plan without the "flat" object is unchanged.
+enum class ExpertDispatch { kStandard, kPipelinedLlep };
+enum class VocabProjection { kChunked, kRingDtp };
+struct FlatSchedules {
+  // EP: "pipelined_llep" rebalances each dispatch round least-loaded (overloaded experts' tokens
+  // spill to the least-loaded ranks, which fetch those experts' weights), caps what each source
+  // sends per round at routing_chunk_tokens, and pipelines rounds (dispatch i+1 ‖ experts i).
+  ExpertDispatch expert_dispatch = ExpertDispatch::kStandard;
+  // "chunked": the logits of vocab_chunk_tokens tokens at a time against the whole head;
+  // "ring_dtp": the head sharded over the GPUs, hidden-state blocks (or weight shards, whichever
+  // moves fewer bytes) circulating around the ring, logits folded into an online log-sum-exp.
+  VocabProjection vocab_projection = VocabProjection::kChunked;
+  std::int64_t vocab_chunk_tokens = 1024;  // tokens per logits block; 0 = all of a GPU's tokens at once
+  // SCO: every checkpoint boundary's one long-lived tensor (the decoder input) on the host,
+  // prefetched one decoder ahead into a second GPU buffer during the backward.
+  bool selective_checkpoint_offload = false;
+  // OffloadStreamAdamW: gradients to the host, CPU AdamW and weight publication in buckets of this
+  // many MiB of gradient, pipelined (D2H of bucket i+1 ‖ AdamW of i ‖ publication of i−1); 0 = one
+  // update per parameter group after all its gradients arrived.
+  std::int64_t optimizer_bucket_mib = 0;
+  bool operator==(const FlatSchedules&) const = default;
+  bool is_default() const { return *this == FlatSchedules{}; }
+};
+
 struct Plan {
   int version = 1;
   ExpertPath path = ExpertPath::kEp;
@@ -55,6 +81,7 @@ struct Plan {
   SplitSpec split;
   bool keep_attention_results = false;  // O/LSE kept on the host
   BoundaryPolicy boundaries;
+  FlatSchedules flat;                   // optional "flat" object; written only when not default
   std::string notes;
 
   bool is_resident(int layer) const;
@@ -77,5 +104,11 @@ Plan load_plan(const std::string& path);
 // sequences per GPU. Throws InputError naming `file` and the field.
 void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,
                    const std::string& path = "");
+
+// The first FLAT field of `p` that the LibTorch backend does not execute yet, as (field, value),
+// or nullopt. The backend refuses such a plan with one error naming the field.
+std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p);
+// Throws InputError naming `file` and that field (the backend's check before any work).
+void refuse_flat_not_executed(const Plan& p, const std::string& file);
 
 }  // namespace oom

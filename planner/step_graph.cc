@@ -40,6 +40,18 @@ std::string_view op_kind_name(OpKind k) {
   return "?";
 }
 
+std::string_view memory_use_name(MemoryUse u) {
+  switch (u) {
+    case MemoryUse::kOther: return "other";
+    case MemoryUse::kActivations: return "activations";
+    case MemoryUse::kDispatch: return "dispatch";
+    case MemoryUse::kVocabulary: return "vocabulary";
+    case MemoryUse::kBoundaries: return "boundaries";
+    case MemoryUse::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
 std::string_view phase_name(Phase p) {
   switch (p) {
     case Phase::kForward: return "fwd";

@@ -91,12 +91,26 @@ struct OpShape {
 
 enum class MemorySpace { kGpu, kHost };
 
+// What an allocation holds, so that a peak can be read as its parts (FLAT's four peaks among
+// them: expert dispatch, vocabulary projection, checkpoint boundaries, optimizer state).
+enum class MemoryUse {
+  kOther,        // weights in the window, staging, anything not below
+  kActivations,  // mixing (attention, GDN) activations and the running hidden-state gradient
+  kDispatch,     // MoE: all-to-all buffers, routed activations, LLEP's fetched expert weights
+  kVocabulary,   // the vocabulary projection's logits and their gradient
+  kBoundaries,   // checkpoint boundaries (decoder inputs) and regenerated ones
+  kOptimizer,    // gradients awaiting their optimizer (GPU buffers) and resident optimizer state
+};
+std::string_view memory_use_name(MemoryUse u);  // "other", "activations", "dispatch", "vocabulary", ...
+inline constexpr int kMemoryUses = 6;
+
 // `bytes` > 0 allocates, < 0 frees, on GPU `device` or NUMA node `device`, at the stage's start or end.
 struct MemoryEvent {
   MemorySpace space = MemorySpace::kGpu;
   int device = 0;
   Bytes bytes = 0;
   bool at_end = false;  // false: when the stage starts; true: when it ends
+  MemoryUse use = MemoryUse::kOther;
   bool operator==(const MemoryEvent&) const = default;
 };
 

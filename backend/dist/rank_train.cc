@@ -163,6 +163,7 @@ void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
   const auto unsupported = [&](const char* field, const std::string& value) {
     throw InputError(file, field, value, "the multi-rank EP trainer runs unsplit operators and keeps every boundary on the host");
   };
+  refuse_flat_not_executed(plan, file);
   if (plan.split.attention_head_group != 0) unsupported("split.attention_head_group", std::to_string(plan.split.attention_head_group));
   if (plan.split.gdn_chunk_tokens != 0) unsupported("split.gdn_chunk_tokens", std::to_string(plan.split.gdn_chunk_tokens));
   if (plan.split.moe_chunk_tokens != 0) unsupported("split.moe_chunk_tokens", std::to_string(plan.split.moe_chunk_tokens));
