@@ -1,0 +1,89 @@
+#include "planner/peak_composition.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace oom {
+
+PeakComposition gpu_peak_composition(const StepGraph& g, const StageTimes& times, int gpu, Bytes resident_state_bytes) {
+  struct Event {
+    Seconds time_s;
+    Bytes bytes;
+    MemoryUse use;
+    StageId stage;
+  };
+  std::vector<Event> events;
+  for (const Stage& s : g.stages) {
+    for (const MemoryEvent& m : s.memory) {
+      if (m.space != MemorySpace::kGpu || m.device != gpu) continue;
+      const auto i = static_cast<std::size_t>(s.id);
+      events.push_back({m.at_end ? times.finish_s[i] : times.start_s[i], m.bytes, m.use, s.id});
+    }
+  }
+  // The order memory_peaks() uses: time, then frees before allocations.
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    if (a.time_s != b.time_s) return a.time_s < b.time_s;
+    return a.bytes < b.bytes;
+  });
+  PeakComposition c;
+  c.gpu = gpu;
+  c.base = g.gpu_base_bytes.at(static_cast<std::size_t>(gpu));
+  std::array<Bytes, kMemoryUses> held{};
+  Bytes total = c.base, peak = c.base;
+  for (const Event& e : events) {
+    held[static_cast<std::size_t>(e.use)] += e.bytes;
+    total += e.bytes;
+    if (total > peak) {
+      peak = total;
+      c.by_use = held;
+      c.stage = g.stages[static_cast<std::size_t>(e.stage)].name;
+    }
+  }
+  // Parts that rise and fall under different tags can dip below zero between events; a part of
+  // the peak is never negative (the difference stays in the total).
+  for (auto& b : c.by_use) b = std::max<Bytes>(0, b);
+  const Bytes state = std::min(resident_state_bytes, c.base);
+  c.by_use[static_cast<std::size_t>(MemoryUse::kOptimizer)] += state;
+  c.base -= state;
+  c.total = peak;
+  return c;
+}
+
+BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
+  BindingPeak b;
+  for (const MemoryUse u : {MemoryUse::kDispatch, MemoryUse::kVocabulary, MemoryUse::kBoundaries, MemoryUse::kOptimizer}) {
+    if (b.peak.empty() || c.of(u) > b.bytes) {
+      b.peak = std::string(memory_use_name(u));
+      b.bytes = c.of(u);
+    }
+  }
+  const FlatSchedules& f = plan.flat;
+  if (b.peak == "dispatch") {
+    b.bounded_by = f.expert_dispatch == ExpertDispatch::kPipelinedLlep
+                       ? fmt::format("PipelinedLLEP, rounds of {} tokens per source", plan.routing_chunk_tokens)
+                       : (plan.path == ExpertPath::kEp ? fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens)
+                                                       : fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens));
+  } else if (b.peak == "vocabulary") {
+    b.bounded_by = f.vocab_projection == VocabProjection::kRingDtp
+                       ? fmt::format("Ring-DTP, blocks of {} tokens", f.vocab_chunk_tokens)
+                       : (f.vocab_chunk_tokens > 0 ? fmt::format("logits chunks of {} tokens", f.vocab_chunk_tokens) : "unbounded");
+  } else if (b.peak == "boundaries") {
+    b.bounded_by = f.selective_checkpoint_offload ? "SCO (boundaries on the host, one prefetched)"
+                   : plan.boundaries.gpu_held.empty() ? "boundaries on the host or regenerated"
+                                                      : fmt::format("{} boundaries held on the GPU", plan.boundaries.gpu_held.size());
+  } else {
+    b.bounded_by = f.optimizer_bucket_mib > 0 ? fmt::format("OffloadStreamAdamW, buckets of {} MiB", f.optimizer_bucket_mib)
+                                              : "per-layer CPU updates";
+  }
+  return b;
+}
+
+nlohmann::json peak_composition_to_json(const PeakComposition& c) {
+  nlohmann::json parts = nlohmann::json::object();
+  parts["base"] = to_gib(c.base);
+  for (int u = 0; u < kMemoryUses; ++u) parts[std::string(memory_use_name(static_cast<MemoryUse>(u)))] = to_gib(c.by_use[static_cast<std::size_t>(u)]);
+  return {{"gpu", c.gpu}, {"peak_gib", to_gib(c.total)}, {"parts_gib", parts}, {"at", c.stage}};
+}
+
+}  // namespace oom
