@@ -86,4 +86,51 @@ nlohmann::json peak_composition_to_json(const PeakComposition& c) {
   return {{"gpu", c.gpu}, {"peak_gib", to_gib(c.total)}, {"parts_gib", parts}, {"at", c.stage}};
 }
 
+std::array<Bytes, kMemoryUses> use_peaks(const StepGraph& g, const StageTimes& times) {
+  struct Event {
+    Seconds time_s;
+    Bytes bytes;
+    int gpu;
+    int use;
+  };
+  std::vector<Event> events;
+  for (const Stage& s : g.stages) {
+    for (const MemoryEvent& m : s.memory) {
+      if (m.space != MemorySpace::kGpu) continue;
+      const auto i = static_cast<std::size_t>(s.id);
+      events.push_back({m.at_end ? times.finish_s[i] : times.start_s[i], m.bytes, m.device, static_cast<int>(m.use)});
+    }
+  }
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    if (a.time_s != b.time_s) return a.time_s < b.time_s;
+    return a.bytes < b.bytes;
+  });
+  std::vector<std::array<Bytes, kMemoryUses>> held(static_cast<std::size_t>(g.gpus), std::array<Bytes, kMemoryUses>{});
+  std::array<Bytes, kMemoryUses> peak{};
+  for (const Event& e : events) {
+    Bytes& h = held[static_cast<std::size_t>(e.gpu)][static_cast<std::size_t>(e.use)];
+    h += e.bytes;
+    peak[static_cast<std::size_t>(e.use)] = std::max(peak[static_cast<std::size_t>(e.use)], h);
+  }
+  return peak;
+}
+
+nlohmann::json use_peaks_to_json(const std::array<Bytes, kMemoryUses>& peaks) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int u = 0; u < kMemoryUses; ++u) j[std::string(memory_use_name(static_cast<MemoryUse>(u)))] = to_gib(peaks[static_cast<std::size_t>(u)]);
+  return j;
+}
+
+StageTimes times_of_trace(const Trace& t) {
+  StageTimes out;
+  out.start_s.resize(t.stages.size());
+  out.finish_s.resize(t.stages.size());
+  for (const auto& s : t.stages) {
+    out.start_s[static_cast<std::size_t>(s.id)] = s.start_s;
+    out.finish_s[static_cast<std::size_t>(s.id)] = s.end_s;
+  }
+  out.step_s = t.step_s;
+  return out;
+}
+
 }  // namespace oom

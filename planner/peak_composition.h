@@ -15,6 +15,7 @@
 
 #include "planner/analytic_evaluator.h"
 #include "planner/step_graph.h"
+#include "traces/trace.h"
 
 namespace oom {
 
@@ -40,5 +41,14 @@ struct BindingPeak {
 BindingPeak binding_peak(const PeakComposition& c, const Plan& plan);
 
 nlohmann::json peak_composition_to_json(const PeakComposition& c);
+
+// The most bytes of each use held at once on any one GPU over the step (each use's own peak,
+// which need not fall at the GPU's peak): FLAT's per-peak figures ("dispatch peak", ...).
+std::array<Bytes, kMemoryUses> use_peaks(const StepGraph& g, const StageTimes& times);
+// The same as {"dispatch": GiB, ...}.
+nlohmann::json use_peaks_to_json(const std::array<Bytes, kMemoryUses>& peaks);
+
+// Stage times read back from an engine's Trace of `g` (same stage ids).
+StageTimes times_of_trace(const Trace& t);
 
 }  // namespace oom

@@ -7,6 +7,7 @@
 
 #include "costmodel/input_error.h"
 #include "planner/baselines.h"
+#include "planner/memory_report.h"
 #include "planner/step_engine.h"
 #include "planner/step_graph.h"
 
@@ -143,6 +144,12 @@ SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, con
   r.trace = e->execute(g, durations);
   r.breakdown = step_breakdown(r.trace, 0);
   r.stages = g.stages.size();
+  const StageTimes times = times_of_trace(r.trace);
+  const auto worst = std::max_element(r.trace.gpu_peak_bytes.begin(), r.trace.gpu_peak_bytes.end());
+  const int gpu = worst == r.trace.gpu_peak_bytes.end() ? 0 : static_cast<int>(worst - r.trace.gpu_peak_bytes.begin());
+  r.peak = gpu_peak_composition(g, times, gpu, static_memory(ctx, plan).gpu.eq2.state);
+  r.binding = binding_peak(r.peak, plan);
+  r.use_peaks = use_peaks(g, times);
   return r;
 }
 
@@ -160,7 +167,10 @@ nlohmann::json simulation_to_json(const SimulationResult& r) {
                          {"exposed_a2a_s", b.exposed_collective_s},
                          {"exposed_transfer_s", b.exposed_transfer_s},
                          {"exposed_cpu_update_s", b.exposed_cpu_update_s},
-                         {"idle_s", b.idle_s}}}};
+                         {"idle_s", b.idle_s}}},
+          {"peak", peak_composition_to_json(r.peak)},
+          {"binding_peak", {{"peak", r.binding.peak}, {"gib", to_gib(r.binding.bytes)}, {"bounded_by", r.binding.bounded_by}}},
+          {"use_peak_gib", use_peaks_to_json(r.use_peaks)}};
 }
 
 std::string simulation_text(const SimulationResult& r) {
@@ -177,6 +187,14 @@ std::string simulation_text(const SimulationResult& r) {
   for (std::size_t n = 0; n < r.trace.numa_peak_bytes.size(); ++n) {
     out += fmt::format("NUMA node {} host peak: {:.2f} GiB\n", n, to_gib(r.trace.numa_peak_bytes[n]));
   }
+  out += fmt::format("GPU {} peak {:.2f} GiB at {}: base {:.2f} GiB", r.peak.gpu, to_gib(r.peak.total), r.peak.stage,
+                     to_gib(r.peak.base));
+  for (int u = 0; u < kMemoryUses; ++u) {
+    const Bytes b = r.peak.by_use[static_cast<std::size_t>(u)];
+    if (b > 0) out += fmt::format(", {} {:.2f} GiB", memory_use_name(static_cast<MemoryUse>(u)), to_gib(b));
+  }
+  out += fmt::format("\nbinding peak: {} ({:.2f} GiB), bounded by {}\n", r.binding.peak, to_gib(r.binding.bytes),
+                     r.binding.bounded_by);
   return out;
 }
 

@@ -17,6 +17,7 @@
 
 #include "costmodel/workload.h"
 #include "planner/calibration.h"
+#include "planner/peak_composition.h"
 #include "planner/plan.h"
 #include "traces/records.h"
 #include "traces/trace.h"
@@ -40,6 +41,9 @@ struct SimulationResult {
   Trace trace;
   StepBreakdown breakdown;
   std::size_t stages = 0;
+  PeakComposition peak;                       // the GPU with the largest peak, by memory use
+  BindingPeak binding;                        // which of FLAT's four peaks binds, and what bounds it
+  std::array<Bytes, kMemoryUses> use_peaks{};  // each use's own peak over the step
 };
 
 // Throws InputError when `engine` is not registered.

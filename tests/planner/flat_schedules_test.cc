@@ -49,23 +49,8 @@ Bytes gpu_peak(const Lowered& r) {
   return *std::max_element(m.gpu_peak_bytes.begin(), m.gpu_peak_bytes.end());
 }
 
-// The most bytes of one use held at once on any GPU over the step.
 Bytes use_peak(const StepGraph& g, const StageTimes& t, MemoryUse use) {
-  std::vector<std::tuple<Seconds, Bytes, int>> ev;
-  for (const Stage& s : g.stages) {
-    for (const MemoryEvent& m : s.memory) {
-      if (m.space != MemorySpace::kGpu || m.use != use) continue;
-      const auto i = static_cast<std::size_t>(s.id);
-      ev.emplace_back(m.at_end ? t.finish_s[i] : t.start_s[i], m.bytes, m.device);
-    }
-  }
-  std::sort(ev.begin(), ev.end(), [](const auto& a, const auto& b) {
-    return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) < std::get<0>(b) : std::get<1>(a) < std::get<1>(b);
-  });
-  std::map<int, Bytes> held;
-  Bytes peak = 0;
-  for (const auto& [at, bytes, gpu] : ev) peak = std::max(peak, held[gpu] += bytes);
-  return peak;
+  return use_peaks(g, t)[static_cast<std::size_t>(use)];
 }
 
 // Every allocation is freed by the end of the step, per device and per use.
