@@ -48,7 +48,8 @@ namespace {
 // candidate.
 class EpMemoryModel {
  public:
-  EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants) : ctx_(ctx), constants_(constants) {
+  EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants, const PlanPricer& pricer)
+      : ctx_(ctx), constants_(constants), pricer_(pricer) {
     const ModelParams params = model_params(ctx.model);
     for (const auto& l : params.layers) shard_params_.push_back(l.routed_experts / ctx.workload.gpus);
     ranks_on_ = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
@@ -90,6 +91,7 @@ class EpMemoryModel {
  private:
   const WorkloadContext& ctx_;
   MemoryConstants constants_;
+  const PlanPricer& pricer_;
   std::vector<ParamCount> shard_params_;
   std::vector<int> ranks_on_;
   std::map<std::pair<int, std::int64_t>, MemoryReport> gpu_cache_;
@@ -101,7 +103,7 @@ class EpMemoryModel {
     p.moe_retained_layers = retained_set(ctx_.model.layers, retained);
     p.routing_chunk_tokens = chunk;
     p.cpu_grad_slots = slots;
-    return p;
+    return pricer_.with_flat(std::move(p));
   }
 };
 
@@ -121,7 +123,7 @@ std::string chunk_label(std::int64_t tokens) {
 class EpSearch {
  public:
   EpSearch(const PlanPricer& pricer, const EpPlannerOptions& options)
-      : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants()),
+      : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants(), pricer),
         budgets_(workload_budgets(ctx_)), L_(ctx_.model.layers) {
     // Chunks at or above the tokens per GPU all mean "one round": keep the smallest of them.
     const std::int64_t N = ctx_.workload.tokens_per_gpu();
@@ -194,7 +196,7 @@ class EpSearch {
     plan.notes = fmt::format("R{}/K{} ({}), {} routing chunk, {} CPU gradient slot{}", p.resident, p.retained,
                              p.shape == ResidentShape::kContiguous ? "contiguous" : "interleaved", chunk_label(p.chunk),
                              p.slots, p.slots == 1 ? "" : "s");
-    return plan;
+    return pricer_.with_flat(std::move(plan));
   }
 
   // Prices the point; a plan whose simulated memory exceeds a budget is retried with fewer
@@ -204,12 +206,14 @@ class EpSearch {
       if (priced_.count(p.key())) return priced_.at(p.key());
       PricedPlan pp = pricer_.price(make_plan(p));
       ++out.priced;
-      if (!check_budgets(budgets_, pp.gpu_peak_max(), pp.numa_peak_bytes, "", "")) {
+      const auto miss = check_budgets(budgets_, pp.gpu_peak_max(), pp.numa_peak_bytes, "the simulated EP step", "the simulated EP step");
+      if (!miss) {
         priced_[p.key()] = pp.step_s;
         points_.push_back(p);
         plans_.push_back(std::move(pp));
         return plans_.back().step_s;
       }
+      if (!first_simulated_miss_) first_simulated_miss_ = miss;
       priced_[p.key()] = std::nullopt;
       --p.resident;
     }
@@ -229,10 +233,19 @@ class EpSearch {
     for (int k = 0; k <= L_; ++k) {
       if (k <= 6 || k % 4 == 0 || k == L_) grid.push_back(k);
     }
+    // The first chunk, or when nothing fits with it the largest smaller chunk that fits.
+    std::vector<std::int64_t> first_chunks = {first_chunk_};
+    for (auto it = chunks_.rbegin(); it != chunks_.rend(); ++it) {
+      if (*it < first_chunk_) first_chunks.push_back(*it);
+    }
     auto frontier = [&](int k) {
       for (ResidentShape shape : {ResidentShape::kInterleaved, ResidentShape::kContiguous}) {
-        const int r = largest_resident(shape, k, first_chunk_, options_.first_slots);
-        if (r >= 0) price({shape, r, k, first_chunk_, options_.first_slots}, out);
+        for (const std::int64_t c : first_chunks) {
+          const int r = largest_resident(shape, k, c, options_.first_slots);
+          if (r < 0) continue;
+          price({shape, r, k, c, options_.first_slots}, out);
+          break;
+        }
       }
     };
     for (int k : grid) frontier(k);
@@ -270,7 +283,9 @@ class EpSearch {
     if (const auto chosen = chosen_index(); chosen) {
       out.best = plans_[*chosen];
     } else {
+      // Eq. 2 admitted plans whose simulated memory timeline did not fit: report that.
       out.shortfall = least_demanding_shortfall();
+      if (!out.shortfall) out.shortfall = first_simulated_miss_;
     }
     return out;
   }
@@ -326,6 +341,7 @@ class EpSearch {
   int L_ = 0;
   std::vector<std::int64_t> chunks_;
   std::int64_t first_chunk_ = 65536;
+  std::optional<BudgetShortfall> first_simulated_miss_;
   std::map<std::tuple<int, int, int, std::int64_t, int>, std::optional<Seconds>> priced_;
   std::vector<Point> points_;
   std::vector<PricedPlan> plans_;

@@ -149,7 +149,7 @@ LayerTable local_layer_table(const PlanPricer& pricer, const SplitSpec& split, b
   const ModelSpec& m = ctx.model;
   const int L = m.layers;
   const int u = repeating_unit_layers(m);
-  const Plan plan = local_plan(split, keep);
+  const Plan plan = pricer.with_flat(local_plan(split, keep));
   LayerTable t;
   t.boundary_bytes = boundary_bytes(1, ctx.workload.seqs_per_gpu(), ctx.workload.seq_len, m.hidden);
   if (keep) {
@@ -300,6 +300,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   // with every boundary regenerated and O/LSE recomputed (model state, pinned pools, process).
   Plan bare = local_plan({}, false);
   bare.boundaries.host_kept_all = false;
+  bare = pricer.with_flat(std::move(bare));
   const MemoryReport bare_memory = static_memory(ctx, bare, pricer.constants());
   const std::vector<int> ranks_on = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
   Bytes host_room = -1;
@@ -331,7 +332,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
         for (int e = 0; e < size[3]; ++e) {
           const std::array<int, 4> at{a, b, c, e};
           all.push_back(at);
-          const MemoryReport r = static_memory(ctx, local_plan(menu.split(at), false), pricer.constants());
+          const MemoryReport r = static_memory(ctx, pricer.with_flat(local_plan(menu.split(at), false)), pricer.constants());
           fits[static_cast<std::size_t>(index(at))] = r.gpu.eq2.total() <= budgets.gpu_bytes;
           if (a == size[0] - 1 && b == size[1] - 1 && c == size[2] - 1 && e == size[3] - 1) {
             finest_peak = r.gpu.eq2.total();
@@ -391,7 +392,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   std::vector<Plan> tried;
   for (const Finalist& f : finalists) {
     if (static_cast<int>(feasible.size()) >= o.finalists || static_cast<int>(tried.size()) >= 3 * o.finalists) break;
-    const Plan p = finalist_plan(f, L);
+    const Plan p = pricer.with_flat(finalist_plan(f, L));
     if (std::find(tried.begin(), tried.end(), p) != tried.end()) continue;
     tried.push_back(p);
     PricedPlan pp = pricer.price(p);

@@ -73,8 +73,11 @@ BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
                    : plan.boundaries.gpu_held.empty() ? "boundaries on the host or regenerated"
                                                       : fmt::format("{} boundaries held on the GPU", plan.boundaries.gpu_held.size());
   } else {
-    b.bounded_by = f.optimizer_bucket_mib > 0 ? fmt::format("OffloadStreamAdamW, buckets of {} MiB", f.optimizer_bucket_mib)
-                                              : "per-layer CPU updates";
+    const std::string updates = f.optimizer_bucket_mib > 0 ? fmt::format("OffloadStreamAdamW, buckets of {} MiB", f.optimizer_bucket_mib)
+                                                           : std::string("per-layer CPU updates");
+    b.bounded_by = plan.resident_layers.empty()
+                       ? updates
+                       : fmt::format("the resident expert state of {} decoders, sized to the budget; {}", plan.resident_layers.size(), updates);
   }
   return b;
 }

@@ -134,6 +134,14 @@ nlohmann::json plan_to_json(const Plan& p) {
   return j;
 }
 
+FlatSchedules applicable_flat(const FlatSchedules& f, const Plan& p, const ModelSpec& m, const Workload& w) {
+  FlatSchedules out = f;
+  if (p.path != ExpertPath::kEp || w.gpus < 2) out.expert_dispatch = ExpertDispatch::kStandard;
+  if (w.gpus < 2 || m.vocab % w.gpus != 0) out.vocab_projection = VocabProjection::kChunked;
+  if (!p.boundaries.host_kept_all || !p.boundaries.gpu_held.empty()) out.selective_checkpoint_offload = false;
+  return out;
+}
+
 std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p) {
   const FlatSchedules& f = p.flat;
   if (f.expert_dispatch != ExpertDispatch::kStandard) return std::pair{"flat.expert_dispatch", "\"pipelined_llep\""};

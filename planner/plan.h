@@ -105,6 +105,11 @@ Plan load_plan(const std::string& path);
 void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,
                    const std::string& path = "");
 
+// The schedules of `f` that apply to `p` on this model and workload (what validate_plan accepts):
+// PipelinedLLEP only on the EP path over 2+ GPUs, Ring-DTP over 2+ GPUs that split the vocabulary
+// evenly, SCO only when every boundary is on the host; the rest as given.
+FlatSchedules applicable_flat(const FlatSchedules& f, const Plan& p, const ModelSpec& m, const Workload& w);
+
 // The first FLAT field of `p` that the LibTorch backend does not execute yet, as (field, value),
 // or nullopt. The backend refuses such a plan with one error naming the field.
 std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p);

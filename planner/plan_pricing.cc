@@ -65,8 +65,14 @@ std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_by
   return std::nullopt;
 }
 
-PlanPricer::PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants)
-    : ctx_(ctx), durations_(ctx.hardware, calibration, ctx.workload.gpus), constants_(constants) {}
+PlanPricer::PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants,
+                       FlatSchedules flat)
+    : ctx_(ctx), durations_(ctx.hardware, calibration, ctx.workload.gpus), constants_(constants), flat_(flat) {}
+
+Plan PlanPricer::with_flat(Plan plan) const {
+  plan.flat = applicable_flat(flat_, plan, ctx_.model, ctx_.workload);
+  return plan;
+}
 
 StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const {
   LoweringOptions options;

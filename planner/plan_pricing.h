@@ -59,7 +59,10 @@ std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_by
 
 class PlanPricer {
  public:
-  PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants = {});
+  // `flat`: FLAT schedules the planners put into every plan they build, where they apply
+  // (applicable_flat); default: none.
+  PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants = {},
+             FlatSchedules flat = {});
   // Lowers `plan` (the first `decoder_layers` decoders; 0 = all) and evaluates it analytically.
   // Precondition: validate_plan() accepts the plan for the workload.
   PricedPlan price(const Plan& plan, int decoder_layers = 0) const;
@@ -69,11 +72,15 @@ class PlanPricer {
   const WorkloadContext& context() const { return ctx_; }
   const MemoryConstants& constants() const { return constants_; }
   const Calibration& calibration() const { return durations_.calibration(); }
+  const FlatSchedules& flat() const { return flat_; }
+  // `plan` with the pricer's FLAT schedules that apply to it.
+  Plan with_flat(Plan plan) const;
 
  private:
   const WorkloadContext& ctx_;
   CalibratedDurationModel durations_;
   MemoryConstants constants_;
+  FlatSchedules flat_;
 };
 
 // The largest repeating unit of decoder kinds: the smallest p with kinds[i] == kinds[i mod p]

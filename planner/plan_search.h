@@ -20,6 +20,7 @@
 #include "costmodel/workload.h"
 #include "planner/calibration.h"
 #include "planner/plan.h"
+#include "planner/peak_composition.h"
 #include "planner/plan_pricing.h"
 
 namespace oom {
@@ -36,6 +37,8 @@ struct PlanChoice {
   Bytes gpu_peak_bytes = 0;                // max over GPUs, headroom included
   std::vector<Bytes> host_bytes_per_numa;  // peak host bytes per NUMA node
   Seconds compared_step_s = 0;             // Configure-then-Compare extrapolation (0 when not compared)
+  PeakComposition peak;                    // the largest GPU peak by memory use (analytic)
+  BindingPeak binding;                     // which of FLAT's four peaks binds, and what bounds it
 };
 
 struct PlanSearchResult {
@@ -47,6 +50,17 @@ struct PlanSearchResult {
 
 // A priced plan as a choice: its prediction, tokens/s over the workload, the largest GPU peak.
 PlanChoice plan_choice_of(const PricedPlan& p, const WorkloadContext& ctx);
+// The same with the peak's composition and binding peak (one more lowering and evaluation).
+PlanChoice plan_choice_of(const PricedPlan& p, const PlanPricer& pricer);
+
+// FLAT's schedules with every peak bounded: PipelinedLLEP, Ring-DTP in 1024-token blocks, SCO and
+// OffloadStreamAdamW in 64 MiB buckets. search_plan configures each path without and with them.
+FlatSchedules bounded_flat_schedules();
+// Switches each of the plan's four FLAT schedules on or off in turn (where it applies) and keeps
+// a switch when the plan still fits the budgets and is faster; returns the result.
+PricedPlan refine_flat_schedules(const PlanPricer& pricer, PricedPlan plan);
+// A short description of the plan's FLAT schedules ("PipelinedLLEP, SCO"), or "" for none.
+std::string flat_schedules_text(const FlatSchedules& f);
 
 // No plan of the requested path(s) fits the budgets. what() is one line naming the budget that
 // fails, by how much and where: "GPU budget 24.0 GiB < 31.2 GiB needed by decoder 17 backward

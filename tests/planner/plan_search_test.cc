@@ -132,6 +132,39 @@ TEST(BudgetShortfall, MessageShowsAsManyDecimalsAsTellTheNumbersApart) {
             "host NUMA node 1 budget 1.52 GiB < 1.53 GiB needed by x");
 }
 
+// FLAT: under skewed routing and a tight GPU budget, the EP plan bounds its dispatch peak with
+// PipelinedLLEP and says that this is the peak that binds; schedules that do not pay are left out.
+TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) {
+  Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = "h100-sxm-node";
+  w.gpus = 4;
+  w.global_batch = 64;
+  w.seq_len = 16384;
+  w.gpu_budget_gib = 30;
+  w.routing = routing_from_json({{"kind", "zipf"}, {"skew", 1.4}}, "test", "routing");
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const Calibration cal = load_calibration_for(ctx.hardware);
+  PlanSearchOptions o;
+  o.path = "ep";
+  const PlanSearchResult r = search_plan(ctx, cal, o);
+  EXPECT_EQ(r.chosen.plan.flat.expert_dispatch, ExpertDispatch::kPipelinedLlep);
+  EXPECT_EQ(r.chosen.binding.peak, "dispatch");
+  EXPECT_NE(r.chosen.binding.bounded_by.find("PipelinedLLEP"), std::string::npos);
+  EXPECT_NE(r.chosen.plan.notes.find("FLAT: PipelinedLLEP"), std::string::npos);
+  EXPECT_LE(r.chosen.gpu_peak_bytes, 30 * kGiB);
+  EXPECT_EQ(plan_search_to_json(r)["binding_peak"]["peak"], "dispatch");
+  // Without the schedules no EP plan is as fast within the budget.
+  const PlanPricer plain(ctx, cal);
+  Plan without = r.chosen.plan;
+  without.flat = FlatSchedules{};
+  const PricedPlan p = plain.price(without);
+  EXPECT_TRUE(p.gpu_peak_max() > 30 * kGiB || p.step_s > r.chosen.predicted_step_s);
+  // Refining never trades the budget for speed, and never returns a slower plan.
+  const PricedPlan refined = refine_flat_schedules(plain, plain.price(without));
+  EXPECT_LE(refined.step_s, p.step_s);
+}
+
 TEST(PlanSearch, RejectsAnUnknownPathOrEngine) {
   const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096);
   PlanSearchOptions o;
