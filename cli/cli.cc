@@ -18,6 +18,7 @@ int run(const std::vector<std::string>& args, Io io) {
   add_simulate_commands(app, io);
   add_plan_commands(app, io);
   add_whatif_commands(app, io);
+  add_ablation_commands(app, io);
   add_report_paper_commands(app, io);
   add_plot_commands(app, io);
   add_diff_commands(app, io);

@@ -42,6 +42,7 @@ void add_model_commands(CLI::App& app, Io io);
 void add_memory_commands(CLI::App& app, Io io);
 void add_simulate_commands(CLI::App& app, Io io);
 void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
+void add_ablation_commands(CLI::App& app, Io io);  // oom ablation (experiments/ablation.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
 void add_diff_commands(CLI::App& app, Io io);
 void add_report_paper_commands(CLI::App& app, Io io);  // oom report-paper (experiments/paper_report.h)

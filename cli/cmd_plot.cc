@@ -38,7 +38,11 @@ void check_input(const std::string& file, const std::string& kind, const std::st
     }
     return;
   }
-  if (!text.starts_with("sweep,")) {
+  if (kind == "ablation") {
+    if (!text.starts_with("workload,variant,")) {
+      throw InputError(file, "expected an ablation CSV (oom ablation) whose header starts with \"workload,variant,\"");
+    }
+  } else if (!text.starts_with("sweep,")) {
     throw InputError(file, "expected a study CSV (oom whatif) whose header starts with \"sweep,\"");
   }
   if (text.find('\n') == std::string::npos || text.find('\n') + 1 >= text.size()) throw InputError(file, "the study CSV has no rows");
@@ -50,15 +54,17 @@ void add_plot_commands(CLI::App& app, Io io) {
   auto a = std::make_shared<PlotArgs>();
   auto* p = app.add_subcommand("plot", "PNG plots: throughput or memory of a study CSV, timeline (Gantt) of a trace");
   p->add_option("input", a->input, "Study CSV (oom whatif) or trace JSON (oom simulate --trace)")->required();
-  p->add_option("--kind", a->kind, "throughput | memory | timeline")->required();
+  p->add_option("--kind", a->kind, "throughput | memory | timeline | ablation")->required();
   p->add_option("-o,--output", a->output, "PNG file to write (default: INPUT-KIND.png beside the input)");
   p->add_option("--sweep", a->sweep, "Throughput: only this sweep of the study");
   p->add_option("--title", a->title, "Title instead of the default");
   p->callback([=] {
-    if (a->kind != "throughput" && a->kind != "memory" && a->kind != "timeline") {
-      throw InputError("", "--kind", "\"" + a->kind + "\"", "unknown plot kind (throughput, memory, timeline)");
+    if (a->kind != "throughput" && a->kind != "memory" && a->kind != "timeline" && a->kind != "ablation") {
+      throw InputError("", "--kind", "\"" + a->kind + "\"", "unknown plot kind (throughput, memory, timeline, ablation)");
     }
-    const std::string text = read_input_file(a->input, a->kind == "timeline" ? "a trace JSON file" : "a study CSV file");
+    const std::string text = read_input_file(a->input, a->kind == "timeline"   ? "a trace JSON file"
+                                                       : a->kind == "ablation" ? "an ablation CSV file"
+                                                                               : "a study CSV file");
     check_input(a->input, a->kind, text);
     const std::string out = a->output.empty() ? default_output(a->input, a->kind) : a->output;
 #ifdef OOM_HAVE_PLOT

@@ -50,6 +50,7 @@ StudyPlan find_plan_by_search(const WorkloadContext& ctx, const PlanVariant& sys
     case PlanVariant::Kind::kSearch: {
       PlanSearchOptions options;
       options.path = system.path;
+      options.flat = system.flat;
       return study_plan_of(search_plan(ctx, calibration, options).chosen);
     }
     case PlanVariant::Kind::kBase:

@@ -44,7 +44,7 @@ std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key,
 
 StudySweep sweep_from_json(const JsonReader& r) {
   r.reject_unknown_keys({"name", "models", "hardware", "gpus", "global_batch", "seqs_per_gpu", "seq_len",
-                         "gpu_budget_gib", "host_budget_gib", "yarn_factor", "systems"});
+                         "gpu_budget_gib", "host_budget_gib", "yarn_factor", "routing", "systems"});
   StudySweep s;
   s.name = r.string("name");
   s.models = r.string_list("models");
@@ -60,6 +60,7 @@ StudySweep sweep_from_json(const JsonReader& r) {
   s.gpu_budget_gib = budget_list(r, "gpu_budget_gib");
   s.host_budget_gib = budget_list(r, "host_budget_gib");
   s.yarn_factor = r.optional_number("yarn_factor", 1.0, 1024.0);
+  if (r.has("routing")) s.routing = routing_from_json(r.object("routing").raw(), r.file(), r.field("routing"));
   if (r.has("systems")) {
     const std::vector<std::string> names = r.string_list("systems");
     if (names.empty()) r.fail("systems", "expected a non-empty list of OOM systems");
@@ -119,7 +120,7 @@ std::string tokens_text(std::int64_t t) {
 std::string plan_variant_name(const PlanVariant& v) {
   switch (v.kind) {
     case PlanVariant::Kind::kSearch:
-      return v.path == "auto" ? "search" : "search:" + v.path;
+      return (v.path == "auto" ? "search" : "search:" + v.path) + (v.flat ? "" : "/noflat");
     case PlanVariant::Kind::kBase:
       return v.path == "auto" ? "base" : "base:" + v.path;
     case PlanVariant::Kind::kEpGrid:
@@ -130,16 +131,24 @@ std::string plan_variant_name(const PlanVariant& v) {
   return "search";
 }
 
-std::optional<PlanVariant> plan_variant_from_name(const std::string& name) {
+std::optional<PlanVariant> plan_variant_from_name(const std::string& spelled) {
   PlanVariant v;
+  std::string name = spelled;
+  // "search/noflat": the plan search without FLAT's schedules.
+  if (name.starts_with("search") && name.ends_with("/noflat")) {
+    name.resize(name.size() - 7);
+    v.flat = false;
+  }
   for (const auto& [prefix, kind] : {std::pair{std::string("search"), PlanVariant::Kind::kSearch},
                                      std::pair{std::string("base"), PlanVariant::Kind::kBase}}) {
+    if (prefix == "base" && !v.flat) break;
     if (name == prefix || name == prefix + ":auto" || name == prefix + ":ep" || name == prefix + ":local") {
       v.kind = kind;
       v.path = name == prefix ? "auto" : name.substr(prefix.size() + 1);
       return v;
     }
   }
+  if (!v.flat) return std::nullopt;
   if (name == "local:A" || name == "local:B" || name == "local:1+1" || name == "local:3+1") {
     v.kind = PlanVariant::Kind::kLocalPolicy;
     v.path = "local";
@@ -236,6 +245,7 @@ nlohmann::json study_to_json(const StudySpec& s) {
     if (!w.global_batch.empty()) j["global_batch"] = w.global_batch;
     if (!w.seqs_per_gpu.empty()) j["seqs_per_gpu"] = w.seqs_per_gpu;
     if (w.yarn_factor) j["yarn_factor"] = *w.yarn_factor;
+    if (!w.routing.uniform()) j["routing"] = routing_to_json(w.routing);
     if (w.systems != std::vector<PlanVariant>{PlanVariant{}}) {
       nlohmann::json systems = nlohmann::json::array();
       for (const auto& v : w.systems) systems.push_back(plan_variant_name(v));
@@ -293,6 +303,7 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
                   wl.gpu_budget_gib = gb;
                   wl.host_budget_gib = hb;
                   wl.yarn_factor = w.yarn_factor ? *w.yarn_factor : auto_yarn_factor(model, S, s.name);
+                  wl.routing = w.routing;
                   for (const auto& system : w.systems) out.push_back({w.name, wl, system});
                 }
               }

@@ -18,7 +18,9 @@
 // planner/plan_presets.h), "ep:R23/K4" (an EP plan with 23 interleaved resident decoders and the
 // last 4 MoE-retained, 64K routing chunk: Table 5's grid), "local:A", "local:B", "local:1+1",
 // "local:3+1" (the Local planner's operator splits with a named boundary policy, reference §4:
-// Table 7). Every workload of a sweep is answered once per system; the baselines once per workload.
+// Table 7), "search/noflat" (the search without FLAT's schedules). A sweep's optional "routing"
+// (costmodel/routing.h) applies to all its workloads. Every workload of a sweep is answered once
+// per system; the baselines once per workload.
 // The plan search comes in through a PlanFinder (cli/cmd_whatif.cc wires planner/plan_search.h;
 // tests swap in a fake), so this runner depends only on the baselines and the workload types.
 // A case that the plan search cannot fit is a row with its reason; a baseline that does not fit
@@ -48,6 +50,7 @@ struct PlanVariant {
   int resident_layers = 0;    // kEpGrid: interleaved resident decoders (R)
   int retained_layers = 0;    // kEpGrid: the last decoders MoE-retained (K)
   std::string policy;         // kLocalPolicy: "A" | "B" | "1+1" | "3+1"
+  bool flat = true;           // kSearch: FLAT's schedules offered to the search ("search/noflat": not)
   bool operator==(const PlanVariant&) const = default;
 };
 // The study-file spelling: "search", "base:ep", "ep:R23/K4", "local:1+1" ...
@@ -70,6 +73,7 @@ struct StudySweep {
   std::vector<std::optional<double>> gpu_budget_gib{std::nullopt};
   std::vector<std::optional<double>> host_budget_gib{std::nullopt};
   std::optional<double> yarn_factor;  // nullopt: the smallest whole factor that reaches seq_len
+  RoutingSpec routing;                // every workload's routing (costmodel/routing.h; default uniform)
   std::vector<PlanVariant> systems{PlanVariant{}};  // the OOM plans of each workload
 };
 

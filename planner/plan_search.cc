@@ -125,14 +125,14 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
   const auto keep = [&](std::optional<PricedPlan> best, const std::optional<BudgetShortfall>& plain_miss,
                         const std::optional<BudgetShortfall>& flat_miss) {
     if (best) {
-      configured.push_back(refine_flat_schedules(pricer, std::move(*best)));
+      configured.push_back(options.flat ? refine_flat_schedules(pricer, std::move(*best)) : std::move(*best));
     } else if (plain_miss || flat_miss) {
       // The schedules bound peaks: the shortfall with them is the one to report.
       shortfalls.push_back(flat_miss ? *flat_miss : *plain_miss);
     }
   };
   if (options.path != "local") {
-    const EpSearchResult ep = plan_ep(pricer), ep_flat = plan_ep(flat_pricer);
+    const EpSearchResult ep = plan_ep(pricer), ep_flat = options.flat ? plan_ep(flat_pricer) : EpSearchResult{};
     r.candidates_priced += ep.priced + ep_flat.priced;
     keep(better(ep.best, ep_flat.best), ep.shortfall, ep_flat.shortfall);
     if (!ep.best && !ep.shortfall && !ep_flat.best && !ep_flat.shortfall) {
@@ -141,7 +141,7 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
     }
   }
   if (options.path != "ep") {
-    const LocalSearchResult local = plan_local(pricer), local_flat = plan_local(flat_pricer);
+    const LocalSearchResult local = plan_local(pricer), local_flat = options.flat ? plan_local(flat_pricer) : LocalSearchResult{};
     r.candidates_priced += local.priced + local_flat.priced;
     keep(better(local.best, local_flat.best), local.shortfall, local_flat.shortfall);
   }

@@ -28,6 +28,7 @@ namespace oom {
 struct PlanSearchOptions {
   std::string path = "auto";                // "ep" | "local" | "auto"
   std::string compare_engine = "analytic";  // StepEngine for Configure-then-Compare short executions
+  bool flat = true;                         // offer FLAT's schedules (false: plans without them)
 };
 
 struct PlanChoice {

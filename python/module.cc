@@ -16,6 +16,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
 #include "costmodel/params.h"
+#include "experiments/ablation.h"
 #include "experiments/published.h"
 #include "experiments/study.h"
 #include "planner/baselines.h"
@@ -180,8 +181,18 @@ PYBIND11_MODULE(oom, m) {
     return d;
   }, py::arg("study") = py::none(), py::arg("published") = "",
      "Run a study (a dict like experiments/*.json; None = the default study); published: a records file to match");
+  m.def("ablation", [](const py::object& study) {
+    const bool is_path = py::isinstance<py::str>(study);
+    const std::string file = is_path ? study.cast<std::string>() : std::string("<python>");
+    const AblationSpec spec = is_path ? load_ablation(file) : ablation_from_json(from_py(study.cast<py::dict>()), file);
+    const AblationResult r = run_ablation(spec, file);
+    py::dict d = to_py(ablation_result_to_json(r));
+    d["csv"] = ablation_csv(r);
+    d["table"] = ablation_table_text(r);
+    return d;
+  }, py::arg("study"), "Run a matched component study (a path or a dict like experiments/flat-*.json)");
   m.def("plot_png", [](const std::string& kind, const std::string& text, const std::string& sweep, const std::string& title) {
     return py::bytes(render_plot_png(plot_kind_from_name(kind, "kind"), text, sweep, title));
   }, py::arg("kind"), py::arg("text"), py::arg("sweep") = "", py::arg("title") = "",
-     "PNG bytes of a plot: kind throughput|memory (study CSV text) or timeline (trace JSON text)");
+     "PNG bytes of a plot: kind throughput|memory (study CSV text), timeline (trace JSON text) or ablation (ablation CSV text)");
 }

@@ -320,12 +320,50 @@ def timeline_png(trace_text, title=None, max_resources=24):
     return _png(fig)
 
 
+def ablation_png(csv_text, title=None):
+    """A matched component study (oom ablation): per workload, the study's peak (GiB), the GPU
+    peak (GiB) and the step time (s) of every variant, the reference first; the change against
+    the reference is written on each bar."""
+    rows = read_rows(csv_text)
+    if not rows:
+        raise ValueError("the ablation CSV has no rows")
+    workloads = []
+    for r in rows:
+        if r["workload"] not in workloads:
+            workloads.append(r["workload"])
+    peak_column = "study_peak_gib"
+    fig, axes = plt.subplots(len(workloads), 3, figsize=(16, 3.6 * len(workloads)), squeeze=False, constrained_layout=True)
+    for i, w in enumerate(workloads):
+        wrows = [r for r in rows if r["workload"] == w]
+        names = [r["variant"] for r in wrows]
+        for ax, column, label, change in ((axes[i][0], peak_column, "study peak (GiB)", "peak_change"),
+                                          (axes[i][1], "gpu_peak_gib", "GPU peak (GiB)", "gpu_peak_change"),
+                                          (axes[i][2], "step_s", "step time (s)", "step_change")):
+            values = [float(r[column]) for r in wrows]
+            colors = ["#888888"] + ["C%d" % (j % 10) for j in range(len(values) - 1)]
+            bars = ax.bar(range(len(values)), values, color=colors)
+            for j, (b, r) in enumerate(zip(bars, wrows)):
+                if j > 0:
+                    ax.annotate(f"{100 * float(r[change]):+.1f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
+                                ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(range(len(values)))
+            ax.set_xticklabels(names, rotation=25, ha="right", fontsize=7)
+            ax.set_ylabel(label)
+            ax.set_title(f"{w}: {label.split(' (')[0]}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return _png(fig)
+
+
 def render(kind, text, sweep="", title=""):
-    """Dispatch used by the C++ bridge: kind is 'throughput', 'memory' or 'timeline'."""
+    """Dispatch used by the C++ bridge: kind is 'throughput', 'memory', 'timeline' or 'ablation'."""
+    if kind == "ablation":
+        return ablation_png(text, title or None)
     if kind == "throughput":
         return throughput_png(text, sweep or None, title or None)
     if kind == "memory":
         return memory_png(text, title or None)
     if kind == "timeline":
         return timeline_png(text, title or None)
-    raise ValueError(f"unknown plot kind {kind!r} (throughput, memory, timeline)")
+    raise ValueError(f"unknown plot kind {kind!r} (throughput, memory, timeline, ablation)")

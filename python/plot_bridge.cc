@@ -39,12 +39,16 @@ PlotKind plot_kind_from_name(const std::string& name, const std::string& field) 
   if (name == "throughput") return PlotKind::kThroughput;
   if (name == "memory") return PlotKind::kMemory;
   if (name == "timeline") return PlotKind::kTimeline;
-  throw InputError("", field, "\"" + name + "\"", "unknown plot kind (throughput, memory, timeline)");
+  if (name == "ablation") return PlotKind::kAblation;
+  throw InputError("", field, "\"" + name + "\"", "unknown plot kind (throughput, memory, timeline, ablation)");
 }
 
 std::string render_plot_png(PlotKind kind, const std::string& input_text, const std::string& sweep, const std::string& title) {
   return with_python([&] {
-    const char* name = kind == PlotKind::kThroughput ? "throughput" : kind == PlotKind::kMemory ? "memory" : "timeline";
+    const char* name = kind == PlotKind::kThroughput ? "throughput"
+                       : kind == PlotKind::kMemory   ? "memory"
+                       : kind == PlotKind::kTimeline ? "timeline"
+                                                     : "ablation";
     const py::bytes png = plots().attr("render")(name, input_text, sweep, title);
     return std::string(png);
   });

@@ -13,9 +13,9 @@
 
 namespace oom {
 
-enum class PlotKind { kThroughput, kMemory, kTimeline };
+enum class PlotKind { kThroughput, kMemory, kTimeline, kAblation };
 
-// "throughput", "memory", "timeline"; nullopt-like empty result for anything else is not offered:
+// "throughput", "memory", "timeline", "ablation"; nullopt-like empty result for anything else is not offered:
 // plot_kind_from_name() throws InputError naming `field` for an unknown name.
 PlotKind plot_kind_from_name(const std::string& name, const std::string& field);
 
@@ -26,7 +26,7 @@ class PlotError : public std::runtime_error {
 };
 
 // The PNG bytes of a plot. `input_text` is a study CSV (throughput, memory) or a trace JSON
-// (timeline: Chrome trace events or traces/trace.h's form). `sweep` restricts a throughput plot
+// (timeline: Chrome trace events or traces/trace.h's form) or an ablation CSV (ablation). `sweep` restricts a throughput plot
 // to one sweep ("" = one panel per sweep); `title` replaces the default title when not empty.
 // Throws PlotError when Python fails; nothing is written.
 std::string render_plot_png(PlotKind kind, const std::string& input_text, const std::string& sweep = "",

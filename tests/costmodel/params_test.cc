@@ -31,6 +31,24 @@ TEST(Params, Qwen3_30bIs30point53BTotalAnd3point3BActive) {
   EXPECT_EQ(static_cast<long long>(p.active() / 100'000'000), 33);
 }
 
+// The FLAT studies' 120B–667B class (reference §6): Qwen3-235B-A22B and Qwen3-Coder-480B-A35B,
+// both qwen3_moe, against their published totals and activated counts.
+TEST(Params, Qwen3_235bIs235BTotalAnd22BActive) {
+  const ModelParams p = model_params(load_model_spec("qwen3-235b-a22b"));
+  EXPECT_LT(rel(p.total(), 235e9), 0.01) << p.total();
+  EXPECT_LT(rel(p.active(), 22e9), 0.03) << p.active();
+  // Attention 4096·8192 + 2·4096·512 + 8192·4096 + q/k norms 2·128; experts 128·3·4096·1536.
+  EXPECT_EQ(p.layers[0].mixing, 4096LL * 8192 * 2 + 2LL * 4096 * 512 + 256);
+  EXPECT_EQ(p.layers[0].routed_experts, 128LL * 3 * 4096 * 1536);
+}
+
+TEST(Params, Qwen3Coder480bIs480BTotalAnd35BActive) {
+  const ModelParams p = model_params(load_model_spec("qwen3-coder-480b-a35b"));
+  EXPECT_LT(rel(p.total(), 480e9), 0.01) << p.total();
+  EXPECT_LT(rel(p.active(), 35e9), 0.03) << p.active();
+  EXPECT_EQ(p.layers[0].routed_experts, 160LL * 3 * 6144 * 2560);
+}
+
 TEST(Params, Qwen36BackboneIsWithin3PercentOf35B) {
   // The published 35B also counts the vision tower (~0.4B) and the multi-token-prediction layer;
   // the language backbone modelled here is 34.66B.
