@@ -24,7 +24,7 @@ namespace {
 struct PlanArgs {
   std::string workload_path, path = "auto", compare_engine = "analytic", output, preset;
   std::optional<double> gpu_budget_gib, host_budget_gib;
-  bool json = false;
+  bool json = false, no_flat = false;
 };
 
 void check_budget(const std::optional<double>& gib, const std::string& flag) {
@@ -47,6 +47,8 @@ void add_plan_commands(CLI::App& app, Io io) {
                 fmt::format("Engine of the short executions: {}", fmt::join(step_engine_names(), " | ")));
   c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
   c->add_flag("--json", a->json, "Print one JSON object");
+  c->add_flag("--no-flat", a->no_flat,
+              "Plan without FLAT's schedules (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW): the plans the LibTorch backend executes today");
   c->callback([=] {
     if (a->path != "ep" && a->path != "local" && a->path != "auto") {
       throw InputError("", "--path", "\"" + a->path + "\"", "expected ep, local or auto");
@@ -69,6 +71,7 @@ void add_plan_commands(CLI::App& app, Io io) {
     PlanSearchOptions options;
     options.path = a->path;
     options.compare_engine = a->compare_engine;
+    options.flat = !a->no_flat;
     const PlanSearchResult r = a->preset.empty() ? search_plan(ctx, load_calibration_for(ctx.hardware), options)
                                                  : preset_plan_search(a->preset, ctx, load_calibration_for(ctx.hardware), a->path);
     if (!a->output.empty()) emit(a->output, plan_to_json(r.chosen.plan).dump(2) + "\n", io);

@@ -132,6 +132,7 @@ AblationResult run_ablation(const AblationSpec& spec, const std::string& file, c
       row.step_s = sim.trace.step_s;
       row.optimizer_tail_s = optimizer_tail(sim.trace);
       row.gpu_peak_bytes = *std::max_element(sim.trace.gpu_peak_bytes.begin(), sim.trace.gpu_peak_bytes.end());
+      row.fits_gpu = row.gpu_peak_bytes <= ctx.gpu_budget_bytes();
       row.use_peaks = sim.use_peaks;
       row.study_peak_bytes = sim.use_peaks[static_cast<std::size_t>(spec.schedule)];
       row.binding_peak = sim.binding.peak;
@@ -160,7 +161,7 @@ AblationResult run_ablation(const AblationSpec& spec, const std::string& file, c
 std::string ablation_csv(const AblationResult& r) {
   std::string out = "workload,variant,step_s,optimizer_tail_s,gpu_peak_gib,study_peak_gib";
   for (int u = 0; u < kMemoryUses; ++u) out += fmt::format(",{}_peak_gib", memory_use_name(static_cast<MemoryUse>(u)));
-  out += ",binding_peak,peak_change,step_change,gpu_peak_change,tail_speedup\n";
+  out += ",fits_gpu,binding_peak,peak_change,step_change,gpu_peak_change,tail_speedup\n";
   const auto quoted = [](const std::string& s) {
     std::string q = "\"";
     for (const char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
@@ -170,7 +171,7 @@ std::string ablation_csv(const AblationResult& r) {
     out += fmt::format("{},{},{:.6g},{:.6g},{},{}", quoted(row.workload), quoted(row.variant), row.step_s, row.optimizer_tail_s,
                        gib(row.gpu_peak_bytes), gib(row.study_peak_bytes));
     for (const Bytes b : row.use_peaks) out += "," + gib(b);
-    out += fmt::format(",{},{:.4f},{:.4f},{:.4f},{:.4f}\n", row.binding_peak, row.peak_change, row.step_change,
+    out += fmt::format(",{},{},{:.4f},{:.4f},{:.4f},{:.4f}\n", row.fits_gpu ? "yes" : "no", row.binding_peak, row.peak_change, row.step_change,
                        row.gpu_peak_change, row.tail_speedup);
   }
   return out;
@@ -183,7 +184,7 @@ nlohmann::json ablation_result_to_json(const AblationResult& r) {
     for (int u = 0; u < kMemoryUses; ++u) uses[std::string(memory_use_name(static_cast<MemoryUse>(u)))] = to_gib(row.use_peaks[static_cast<std::size_t>(u)]);
     rows.push_back({{"workload", row.workload}, {"variant", row.variant}, {"plan", plan_to_json(row.plan)},
                     {"step_s", row.step_s}, {"optimizer_tail_s", row.optimizer_tail_s},
-                    {"gpu_peak_gib", to_gib(row.gpu_peak_bytes)}, {"study_peak_gib", to_gib(row.study_peak_bytes)},
+                    {"gpu_peak_gib", to_gib(row.gpu_peak_bytes)}, {"fits_gpu", row.fits_gpu}, {"study_peak_gib", to_gib(row.study_peak_bytes)},
                     {"use_peak_gib", uses}, {"binding_peak", row.binding_peak}, {"peak_change", row.peak_change},
                     {"step_change", row.step_change}, {"gpu_peak_change", row.gpu_peak_change}, {"tail_speedup", row.tail_speedup}});
   }
@@ -209,9 +210,12 @@ std::string ablation_table_text(const AblationResult& r) {
   out += fmt::format("{:<34} {:<34} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8} {:>7}\n", "workload", "variant", "step s", "tail s",
                      "GPU GiB", peak + " GiB", "Δpeak", "Δstep", "tail×");
   for (const auto& row : r.rows) {
-    out += fmt::format("{:<34} {:<34} {:9.3f} {:9.3f} {:9.2f} {:11.2f} {:7.1f}% {:7.1f}% {:7.2f}\n", row.workload, row.variant,
-                       row.step_s, row.optimizer_tail_s, to_gib(row.gpu_peak_bytes), to_gib(row.study_peak_bytes),
+    out += fmt::format("{:<34} {:<34} {:9.3f} {:9.3f} {:8.2f}{} {:11.2f} {:7.1f}% {:7.1f}% {:7.2f}\n", row.workload, row.variant,
+                       row.step_s, row.optimizer_tail_s, to_gib(row.gpu_peak_bytes), row.fits_gpu ? " " : "!", to_gib(row.study_peak_bytes),
                        100 * row.peak_change, 100 * row.step_change, row.tail_speedup);
+  }
+  if (std::any_of(r.rows.begin(), r.rows.end(), [](const AblationRow& row) { return !row.fits_gpu; })) {
+    out += "! the GPU peak exceeds the workload's GPU budget (HBM unless the workload sets one)\n";
   }
   for (const auto& b : r.best) {
     out += r.spec.schedule == MemoryUse::kOptimizer

@@ -69,6 +69,7 @@ struct AblationRow {
   Seconds step_s = 0;
   Seconds optimizer_tail_s = 0;     // step end − the last compute stage's end, any GPU
   Bytes gpu_peak_bytes = 0;         // the largest GPU peak (headroom included)
+  bool fits_gpu = true;             // the GPU peak within the workload's GPU budget (HBM by default)
   Bytes study_peak_bytes = 0;       // the study's use at its own peak (any GPU)
   std::array<Bytes, kMemoryUses> use_peaks{};
   std::string binding_peak;

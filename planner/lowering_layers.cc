@@ -244,19 +244,16 @@ PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
   const auto& fetched = llep_fetched_[static_cast<std::size_t>(l)];
   const auto& lent = llep_lent_[static_cast<std::size_t>(l)];
   if (std::all_of(fetched.begin(), fetched.end(), [](int n) { return n == 0; })) return after;
-  // The spilled experts' BF16 gradients go back to their owners, which add them to their own.
+  // The spilled experts' BF16 gradients go back to their owners over the fabric; the expert
+  // gradients' D2H waits for it. The owners' add (three passes over one expert's BF16 gradient
+  // per helper, ~10 µs) is not priced, and it does not hold up the mixing backward.
   std::vector<Bytes> bytes;
   for (int r = 0; r < P_; ++r) {
     bytes.push_back(llep_expert_bytes(l) * std::max(fetched[static_cast<std::size_t>(r)], lent[static_cast<std::size_t>(r)]));
   }
   const PerRank back = collective_each("llep.grad_return", OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
-  // Owner side: read its own gradient and the returned one, write the sum (3 passes per expert lent).
-  std::vector<double> lent_count;
-  for (int r = 0; r < P_; ++r) lent_count.push_back(static_cast<double>(lent[static_cast<std::size_t>(r)]));
-  const PerRank sum = compute_loaded("llep.grad_add", OpKind::kElementwise, Phase::kBackward, l, 0,
-                                     3 * llep_expert_bytes(l), OpShape{}, lent_count, {back});
-  for (int r = 0; r < P_; ++r) gpu_free(sum[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
-  return sum;
+  for (int r = 0; r < P_; ++r) gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
+  return back;
 }
 
 PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
@@ -499,7 +496,7 @@ void Lowering::decoder_backward(int l) {
       last_expert_bwd = x;
       for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), MemoryUse::kDispatch);
     }
-    if (!fetched.empty()) last_expert_bwd = x = llep_gradient_return(l, x);
+    if (!fetched.empty()) last_expert_bwd = llep_gradient_return(l, x);
     x = mixing_backward(l, seqs, x);
     for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
   }

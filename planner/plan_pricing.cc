@@ -41,6 +41,8 @@ Bytes PricedPlan::host_total() const {
 }
 
 std::string BudgetShortfall::message() const {
+  // No single figure (a search that found nothing within both budgets): say what has no room.
+  if (needed_bytes <= 0) return fmt::format("{}, within {:.1f} GiB of {} room and the GPU budget", where, to_gib(budget_bytes), budget);
   // One decimal, or as many more (up to four) as it takes to tell the two numbers apart and to show
   // a budget below 0.1 GiB as more than zero.
   const double have = to_gib(budget_bytes), need = to_gib(needed_bytes);

@@ -1,6 +1,7 @@
 #include "planner/plan_search.h"
 
 #include <algorithm>
+#include <array>
 
 #include <fmt/format.h>
 
@@ -61,9 +62,9 @@ PricedPlan refine_flat_schedules(const PlanPricer& pricer, PricedPlan best) {
   const WorkloadContext& ctx = pricer.context();
   const Budgets budgets = workload_budgets(ctx);
   const FlatSchedules on = bounded_flat_schedules();
-  for (int which = 0; which < 4; ++which) {
-    Plan p = best.plan;
-    FlatSchedules& f = p.flat;
+  // Each schedule switched on or off in turn, then the update's bucket size among three; every
+  // change starts from the best plan so far.
+  const auto changed = [&](int which, FlatSchedules f) {
     switch (which) {
       case 0: f.expert_dispatch = f.expert_dispatch == ExpertDispatch::kStandard ? on.expert_dispatch : ExpertDispatch::kStandard; break;
       case 1:
@@ -71,9 +72,14 @@ PricedPlan refine_flat_schedules(const PlanPricer& pricer, PricedPlan best) {
         f.vocab_chunk_tokens = on.vocab_chunk_tokens;
         break;
       case 2: f.selective_checkpoint_offload = !f.selective_checkpoint_offload; break;
-      default: f.optimizer_bucket_mib = f.optimizer_bucket_mib > 0 ? 0 : on.optimizer_bucket_mib; break;
+      case 3: f.optimizer_bucket_mib = f.optimizer_bucket_mib > 0 ? 0 : on.optimizer_bucket_mib; break;
+      default: if (f.optimizer_bucket_mib > 0) f.optimizer_bucket_mib = std::array<std::int64_t, 3>{16, 64, 256}[static_cast<std::size_t>(which - 4)]; break;
     }
-    p.flat = applicable_flat(p.flat, p, ctx.model, ctx.workload);
+    return f;
+  };
+  for (int which = 0; which < 7; ++which) {
+    Plan p = best.plan;
+    p.flat = applicable_flat(changed(which, p.flat), p, ctx.model, ctx.workload);
     if (p == best.plan) continue;
     PricedPlan candidate = pricer.price(p);
     if (check_budgets(budgets, candidate.gpu_peak_max(), candidate.numa_peak_bytes, "", "")) continue;

@@ -57,8 +57,9 @@ PlanChoice plan_choice_of(const PricedPlan& p, const PlanPricer& pricer);
 // FLAT's schedules with every peak bounded: PipelinedLLEP, Ring-DTP in 1024-token blocks, SCO and
 // OffloadStreamAdamW in 64 MiB buckets. search_plan configures each path without and with them.
 FlatSchedules bounded_flat_schedules();
-// Switches each of the plan's four FLAT schedules on or off in turn (where it applies) and keeps
-// a switch when the plan still fits the budgets and is faster; returns the result.
+// Switches each of the plan's four FLAT schedules on or off in turn (where it applies), then
+// tries 16, 64 and 256 MiB update buckets when the update is streamed, and keeps a change when
+// the plan still fits the budgets and is faster; returns the result.
 PricedPlan refine_flat_schedules(const PlanPricer& pricer, PricedPlan plan);
 // A short description of the plan's FLAT schedules ("PipelinedLLEP, SCO"), or "" for none.
 std::string flat_schedules_text(const FlatSchedules& f);

@@ -225,7 +225,7 @@ TEST(EpTrainer, ThePlannersEpPlanRunsOnTheRanks) {
                                   "seq_len": 16, "gpu_budget_gib": 1.6, "host_budget_gib": null, "yarn_factor": 1})";
   const auto plan_path = (dir / "plan.json").string();
   std::ostringstream out, err;
-  ASSERT_EQ(cli::run({"plan", "--workload", workload, "--path", "ep", "-o", plan_path}, {out, err}), 0) << err.str();
+  ASSERT_EQ(cli::run({"plan", "--workload", workload, "--path", "ep", "--no-flat", "-o", plan_path}, {out, err}), 0) << err.str();
   const Plan plan = load_plan(plan_path);
   ASSERT_EQ(plan.path, ExpertPath::kEp);
   EXPECT_FALSE(plan.resident_layers.empty());

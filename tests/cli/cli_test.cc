@@ -184,6 +184,26 @@ TEST(Cli, WhatifProgressIsPlainLinesWhenNotATerminal) {
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
 }
 
+// `oom ablation`: the optimizer study runs, reports each variant against the reference and the
+// published figure, and writes its CSV and JSON; the streamed update shortens the step's tail.
+TEST(Cli, AblationRunsAMatchedComponentStudy) {
+  TempDir dir;
+  const Result r = oom({"ablation", source("experiments/flat-optimizer.json"), "-o", dir.path("out"), "--no-plots", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schedule"], "optimizer");
+  EXPECT_EQ(j["rows"].size(), 8u);  // 2 workloads × 4 variants
+  EXPECT_DOUBLE_EQ(j["rows"][0]["tail_speedup"].get<double>(), 1.0);
+  for (const auto& b : j["best"]) {
+    EXPECT_NE(b["variant"], "serial per-group update");
+    EXPECT_GT(b["tail_speedup"].get<double>(), 1.0);
+  }
+  EXPECT_DOUBLE_EQ(j["paper"]["tail_speedup"].get<double>(), 2.05);
+  EXPECT_TRUE(std::filesystem::exists(dir.path("out/ablation.csv")));
+  EXPECT_TRUE(std::filesystem::exists(dir.path("out/ablation.json")));
+  EXPECT_NE(oom({"ablation", "--help"}).out.find("--engine"), std::string::npos);
+}
+
 TEST(Cli, UnknownCommandOrOptionExits2) {
   EXPECT_EQ(oom({"frobnicate"}).code, 2);
   EXPECT_EQ(oom({"model", "show", "tiny-moe", "--bogus"}).code, 2);

@@ -328,6 +328,51 @@ std::vector<Case> cases() {
                {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--published", B}, B,
                "breakdowns[1].mechanisms.compute_with_replay_s", "-3.93", "range"});
 
+  // --- routing (costmodel/routing.h) and FLAT's schedules (planner/plan.h "flat")
+  c.push_back({"workload_routing_unknown_kind", {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "pareto"}}; })}},
+               memory_with_workload(), W, "routing.kind", "\"pareto\"", "one of"});
+  c.push_back({"workload_routing_negative_skew",
+               {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "zipf"}, {"skew", -1}}; })}},
+               memory_with_workload(), W, "routing.skew", "-1", "range"});
+  c.push_back({"workload_routing_negative_count",
+               {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "histogram"}, {"counts", {4, -1}}}; })}},
+               memory_with_workload(), W, "routing.counts[1]", "-1", "non-negative"});
+  c.push_back({"workload_routing_histogram_length",
+               {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "histogram"}, {"counts", {1, 2, 3}}}; })}},
+               memory_with_workload(), W, "routing.counts", "3 counts", "routed experts"});
+  c.push_back({"workload_routing_histogram_file_missing",
+               {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "histogram"}, {"file", "h.json"}}; })}},
+               memory_with_workload(), "h.json", "", "", "not found"});
+  c.push_back({"plan_flat_unknown_dispatch", {{"p.json", plan_with([](json& j) { j["flat"] = {{"expert_dispatch", "balanced"}}; })}},
+               memory_with_plan(), P, "flat.expert_dispatch", "\"balanced\"", "one of"});
+  c.push_back({"plan_flat_negative_bucket", {{"p.json", plan_with([](json& j) { j["flat"] = {{"optimizer_bucket_mib", -64}}; })}},
+               memory_with_plan(), P, "flat.optimizer_bucket_mib", "-64", "range"});
+  c.push_back({"plan_flat_sco_with_gpu_held",
+               {{"p.json", plan_with([](json& j) {
+                  j["flat"] = {{"checkpoint_offload", "sco"}};
+                  j["boundaries"]["gpu_held"] = {3};
+                })}},
+               memory_with_plan(), P, "flat.checkpoint_offload", "\"sco\"", "host_kept"});
+  c.push_back({"plan_flat_unknown_field", {{"p.json", plan_with([](json& j) { j["flat"] = {{"ring", true}}; })}},
+               memory_with_plan(), P, "flat.ring", "true", "unknown"});
+  // --- oom ablation STUDY.json -o DIR
+  const std::string A = "{dir}/a.json";
+  const std::vector<std::string> ablation = {"ablation", A, "-o", "{dir}/out", "--no-plots"};
+  const auto ablation_with = [](const std::function<void(json&)>& edit) { return edited("experiments/flat-optimizer.json", edit); };
+  c.push_back({"ablation_unknown_schedule", {{"a.json", ablation_with([](json& j) { j["schedule"] = "weights"; })}}, ablation, A,
+               "schedule", "\"weights\"", "one of"});
+  c.push_back({"ablation_one_variant", {{"a.json", ablation_with([](json& j) { j["variants"] = json::array({j["variants"][0]}); })}}, ablation, A,
+               "variants", "", "reference"});
+  c.push_back({"ablation_token_fraction_not_dividing",
+               {{"a.json", ablation_with([](json& j) { j["variants"][1]["plan"] = {{"routing_chunk_tokens", "tokens_per_gpu/7"}}; })}},
+               ablation, A, "variant 'OffloadStreamAdamW, 256 MiB' plan.routing_chunk_tokens", "\"tokens_per_gpu/7\"", "divide"});
+  c.push_back({"ablation_variant_bad_plan",
+               {{"a.json", ablation_with([](json& j) { j["variants"][2]["plan"] = {{"flat", {{"vocab_projection", "tree"}}}}; })}},
+               ablation, A, "variant 'OffloadStreamAdamW, 64 MiB' plan.flat.vocab_projection", "\"tree\"", "one of"});
+  c.push_back({"ablation_workload_bad_gpus",
+               {{"a.json", ablation_with([](json& j) { j["workloads"][0]["workload"]["gpus"] = 0; })}},
+               ablation, A, "workloads[0].workload.gpus", "0", "range"});
+
   // --- plan search and what-if studies: oom plan --workload PATH, oom whatif STUDY.json -o DIR
   c.push_back({"plan_workload_negative_batch", {{"w.json", workload_with([](json& j) { j["global_batch"] = -4; })}},
                {"plan", "--workload", W}, W, "global_batch", "-4", "range"});
@@ -466,7 +511,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
-                                             "calibrate", "validate", "@records"}));
+                                             "calibrate", "validate", "ablation", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
