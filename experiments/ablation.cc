@@ -148,9 +148,10 @@ AblationResult run_ablation(const AblationSpec& spec, const std::string& file, c
     AblationResult::Best best{spec.workloads[wi].name, out.rows[first].variant, 0, 0, 1};
     for (std::size_t i = first + 1; i < out.rows.size(); ++i) {
       const AblationRow& r = out.rows[i];
-      const bool better = spec.schedule == MemoryUse::kOptimizer
-                              ? r.tail_speedup > best.tail_speedup
-                              : r.step_change <= kEqualThroughput && r.peak_change < best.peak_change;
+      // Only a variant whose GPU peak fits the budget can be the answer.
+      const bool better = r.fits_gpu && (spec.schedule == MemoryUse::kOptimizer
+                                             ? r.tail_speedup > best.tail_speedup
+                                             : r.step_change <= kEqualThroughput && r.peak_change < best.peak_change);
       if (better) best = {r.workload, r.variant, r.peak_change, r.step_change, r.tail_speedup};
     }
     out.best.push_back(best);

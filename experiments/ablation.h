@@ -80,8 +80,9 @@ struct AblationRow {
 struct AblationResult {
   AblationSpec spec;
   std::vector<AblationRow> rows;
-  // Per workload: the variant with the largest cut of the study's peak whose step time is at most
-  // 2% above the reference's ("at equal throughput"); for the optimizer study the fastest tail.
+  // Per workload: among the variants whose GPU peak fits the budget, the one with the largest cut
+  // of the study's peak whose step time is at most 2% above the reference's ("at equal
+  // throughput"); for the optimizer study the fastest tail.
   struct Best {
     std::string workload, variant;
     double peak_change = 0, step_change = 0, tail_speedup = 1;

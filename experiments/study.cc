@@ -181,15 +181,23 @@ Plan with_boundary_policy(Plan p, const std::string& policy, int layers) {
 }
 
 std::string plan_summary(const Plan& p) {
+  std::string s;
   if (p.path == ExpertPath::kEp) {
-    return fmt::format("ep R{}/K{} c{}", p.resident_layers.size(), p.moe_retained_layers.size(), tokens_text(p.routing_chunk_tokens));
+    s = fmt::format("ep R{}/K{} c{}", p.resident_layers.size(), p.moe_retained_layers.size(), tokens_text(p.routing_chunk_tokens));
+  } else {
+    s = fmt::format("local {}", p.param_transfer == ParamTransfer::kShard ? "shard" : "full");
+    if (p.split.attention_head_group > 0) s += fmt::format(" h{}", p.split.attention_head_group);
+    if (p.split.gdn_chunk_tokens > 0) s += " g" + tokens_text(p.split.gdn_chunk_tokens);
+    if (p.split.moe_chunk_tokens > 0) s += " m" + tokens_text(p.split.moe_chunk_tokens);
+    if (p.keep_attention_results) s += " O/LSE";
+    if (!p.boundaries.host_kept_all) s += fmt::format(" keep{}", p.boundaries.host_kept.size());
   }
-  std::string s = fmt::format("local {}", p.param_transfer == ParamTransfer::kShard ? "shard" : "full");
-  if (p.split.attention_head_group > 0) s += fmt::format(" h{}", p.split.attention_head_group);
-  if (p.split.gdn_chunk_tokens > 0) s += " g" + tokens_text(p.split.gdn_chunk_tokens);
-  if (p.split.moe_chunk_tokens > 0) s += " m" + tokens_text(p.split.moe_chunk_tokens);
-  if (p.keep_attention_results) s += " O/LSE";
-  if (!p.boundaries.host_kept_all) s += fmt::format(" keep{}", p.boundaries.host_kept.size());
+  // FLAT's schedules: +LLEP, +RingDTP, +SCO, +OSA<bucket MiB>.
+  const FlatSchedules& f = p.flat;
+  if (f.expert_dispatch == ExpertDispatch::kPipelinedLlep) s += " +LLEP";
+  if (f.vocab_projection == VocabProjection::kRingDtp) s += " +RingDTP";
+  if (f.selective_checkpoint_offload) s += " +SCO";
+  if (f.optimizer_bucket_mib > 0) s += fmt::format(" +OSA{}", f.optimizer_bucket_mib);
   return s;
 }
 
