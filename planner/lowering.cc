@@ -221,17 +221,21 @@ void Lowering::release_window(const WindowUse& use, const PerRank& last) {
   slot_last_use_[static_cast<std::size_t>(use.slot)] = last;
 }
 
+PerRank Lowering::reduce_scatter(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                 bool reduce, ParamCount& sent) {
+  sent = params_on_gpu;
+  if (!reduce || P_ == 1) return ready;
+  // Each rank sends (P−1)/P of its gradient and keeps the reduced 1/P.
+  sent = params_on_gpu / P_;
+  return collective_all(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
+                        gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
+}
+
 void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
                                  bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
   if (params_on_gpu <= 0) return;
-  PerRank after = ready;
   ParamCount sent = params_on_gpu;
-  if (reduce && P_ > 1) {
-    // Reduce-scatter: each rank sends (P−1)/P of its gradient and keeps the reduced 1/P.
-    after = collective_all(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
-                           gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
-    sent = params_on_gpu / P_;
-  }
+  const PerRank after = reduce_scatter(what, layer, params_on_gpu, ready, reduce, sent);
   const int kind = expert_kind ? 1 : 0;
   const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
   auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
@@ -313,13 +317,8 @@ void Lowering::stream_gradients(const std::string& what, int layer, ParamCount p
                                 bool reduce, bool expert_kind, bool accumulate_partials,
                                 ParamCount update_params_per_rank) {
   if (params_on_gpu <= 0) return;
-  PerRank after = ready;
   ParamCount sent = params_on_gpu;
-  if (reduce && P_ > 1) {
-    after = collective_all(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
-                           gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
-    sent = params_on_gpu / P_;
-  }
+  const PerRank after = reduce_scatter(what, layer, params_on_gpu, ready, reduce, sent);
   const Bytes bucket_bytes = plan_.flat.optimizer_bucket_mib * kMiB;
   const std::int64_t buckets = std::max<std::int64_t>(1, (gradient_bytes(sent) + bucket_bytes - 1) / bucket_bytes);
   const int kind = expert_kind ? 1 : 0;

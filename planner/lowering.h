@@ -85,6 +85,10 @@ class Lowering {
                             ParamCount expert_h2d, ParamCount expert_total, bool allgather);
   // Marks `last` as the last consumer of `use` (frees the slot at its end).
   void release_window(const WindowUse& use, const PerRank& last);
+  // When `reduce` (and P > 1): the group's gradient reduce-scattered over the fabric, `sent` = the
+  // 1/P each rank keeps; else `ready` as it is and `sent` = the whole group.
+  PerRank reduce_scatter(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready, bool reduce,
+                         ParamCount& sent);
   // Gradients of one parameter group to the host and their CPU update and publication.
   // `reduce` first reduce-scatters over the fabric (each rank then sends 1/P).
   void gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,

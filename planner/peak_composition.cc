@@ -5,33 +5,44 @@
 #include <fmt/format.h>
 
 namespace oom {
+namespace {
 
-PeakComposition gpu_peak_composition(const StepGraph& g, const StageTimes& times, int gpu, Bytes resident_state_bytes) {
-  struct Event {
-    Seconds time_s;
-    Bytes bytes;
-    MemoryUse use;
-    StageId stage;
-  };
-  std::vector<Event> events;
+struct GpuEvent {
+  Seconds time_s;
+  Bytes bytes;
+  int gpu;
+  MemoryUse use;
+  StageId stage;
+};
+
+// The GPU memory events of `g` at `times` (of one GPU, or all when `gpu` < 0) in the order
+// memory_peaks() sweeps them: by time, frees before allocations.
+std::vector<GpuEvent> gpu_events(const StepGraph& g, const StageTimes& times, int gpu) {
+  std::vector<GpuEvent> events;
   for (const Stage& s : g.stages) {
     for (const MemoryEvent& m : s.memory) {
-      if (m.space != MemorySpace::kGpu || m.device != gpu) continue;
+      if (m.space != MemorySpace::kGpu || (gpu >= 0 && m.device != gpu)) continue;
       const auto i = static_cast<std::size_t>(s.id);
-      events.push_back({m.at_end ? times.finish_s[i] : times.start_s[i], m.bytes, m.use, s.id});
+      events.push_back({m.at_end ? times.finish_s[i] : times.start_s[i], m.bytes, m.device, m.use, s.id});
     }
   }
-  // The order memory_peaks() uses: time, then frees before allocations.
-  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+  std::stable_sort(events.begin(), events.end(), [](const GpuEvent& a, const GpuEvent& b) {
     if (a.time_s != b.time_s) return a.time_s < b.time_s;
     return a.bytes < b.bytes;
   });
+  return events;
+}
+
+}  // namespace
+
+PeakComposition gpu_peak_composition(const StepGraph& g, const StageTimes& times, int gpu, Bytes resident_state_bytes) {
+  const std::vector<GpuEvent> events = gpu_events(g, times, gpu);
   PeakComposition c;
   c.gpu = gpu;
   c.base = g.gpu_base_bytes.at(static_cast<std::size_t>(gpu));
   std::array<Bytes, kMemoryUses> held{};
   Bytes total = c.base, peak = c.base;
-  for (const Event& e : events) {
+  for (const GpuEvent& e : events) {
     held[static_cast<std::size_t>(e.use)] += e.bytes;
     total += e.bytes;
     if (total > peak) {
@@ -90,27 +101,9 @@ nlohmann::json peak_composition_to_json(const PeakComposition& c) {
 }
 
 std::array<Bytes, kMemoryUses> use_peaks(const StepGraph& g, const StageTimes& times) {
-  struct Event {
-    Seconds time_s;
-    Bytes bytes;
-    int gpu;
-    int use;
-  };
-  std::vector<Event> events;
-  for (const Stage& s : g.stages) {
-    for (const MemoryEvent& m : s.memory) {
-      if (m.space != MemorySpace::kGpu) continue;
-      const auto i = static_cast<std::size_t>(s.id);
-      events.push_back({m.at_end ? times.finish_s[i] : times.start_s[i], m.bytes, m.device, static_cast<int>(m.use)});
-    }
-  }
-  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    if (a.time_s != b.time_s) return a.time_s < b.time_s;
-    return a.bytes < b.bytes;
-  });
   std::vector<std::array<Bytes, kMemoryUses>> held(static_cast<std::size_t>(g.gpus), std::array<Bytes, kMemoryUses>{});
   std::array<Bytes, kMemoryUses> peak{};
-  for (const Event& e : events) {
+  for (const GpuEvent& e : gpu_events(g, times, -1)) {
     Bytes& h = held[static_cast<std::size_t>(e.gpu)][static_cast<std::size_t>(e.use)];
     h += e.bytes;
     peak[static_cast<std::size_t>(e.use)] = std::max(peak[static_cast<std::size_t>(e.use)], h);
