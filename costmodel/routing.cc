@@ -122,6 +122,10 @@ RoutingSpec routing_from_json(const nlohmann::json& j, const std::string& file_o
         const auto beside = std::filesystem::path(file_of_spec).parent_path() / f;
         if (std::filesystem::exists(beside)) f = beside;
       }
+      std::error_code ec;
+      if (std::filesystem::exists(f, ec) && !std::filesystem::is_regular_file(f, ec)) {
+        r.fail("file", "a histogram file must be a regular JSON file");
+      }
       const nlohmann::json h = read_json_file(f.string());
       const JsonReader hr(h, f.string());
       hr.reject_unknown_keys({"counts", "source"});

@@ -28,7 +28,7 @@ MemoryUse schedule_of(const JsonReader& r) {
 
 // Replaces "tokens_per_gpu" / "tokens_per_gpu/K" strings of the token-count fields by numbers.
 void resolve_tokens(nlohmann::json& j, std::int64_t tokens_per_gpu, const std::string& file, const std::string& where) {
-  static const std::regex form(R"(tokens_per_gpu(?:/([0-9]+))?)");
+  static const std::regex form(R"(tokens_per_gpu(?:/([0-9]{1,18}))?)");
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it->is_object()) {
       resolve_tokens(*it, tokens_per_gpu, file, where + "." + it.key());

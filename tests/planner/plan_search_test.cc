@@ -17,8 +17,9 @@ namespace oom {
 namespace {
 
 WorkloadContext workload(const std::string& hardware, std::int64_t batch, std::int64_t seq,
-                         std::optional<double> gpu_gib = std::nullopt) {
+                         std::optional<double> gpu_gib = std::nullopt, const nlohmann::json& routing = nullptr) {
   Workload w;
+  if (!routing.is_null()) w.routing = routing_from_json(routing, "test", "routing");
   w.model = "qwen3.6-35b-a3b";
   w.hardware = hardware;
   w.gpus = 4;
@@ -135,15 +136,7 @@ TEST(BudgetShortfall, MessageShowsAsManyDecimalsAsTellTheNumbersApart) {
 // FLAT: under skewed routing and a tight GPU budget, the EP plan bounds its dispatch peak with
 // PipelinedLLEP and says that this is the peak that binds; schedules that do not pay are left out.
 TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) {
-  Workload w;
-  w.model = "qwen3.6-35b-a3b";
-  w.hardware = "h100-sxm-node";
-  w.gpus = 4;
-  w.global_batch = 64;
-  w.seq_len = 16384;
-  w.gpu_budget_gib = 30;
-  w.routing = routing_from_json({{"kind", "zipf"}, {"skew", 1.4}}, "test", "routing");
-  const WorkloadContext ctx = resolve_workload(w, "test");
+  const WorkloadContext ctx = workload("h100-sxm-node", 64, 16384, 30.0, {{"kind", "zipf"}, {"skew", 1.4}});
   const Calibration cal = load_calibration_for(ctx.hardware);
   PlanSearchOptions o;
   o.path = "ep";
