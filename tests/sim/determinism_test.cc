@@ -28,8 +28,9 @@ struct Case {
   StepGraph graph;
 };
 
-// The default workload (Qwen3.6 on four H100s, EP plan R23) and a Local plan with every split
-// on a small Qwen-like model on one H200.
+// The default workload (Qwen3.6 on four H100s, EP plan R23), a Local plan with every split on a
+// small Qwen-like model on one H200, and the default workload under skewed routing with FLAT's
+// four schedules.
 std::vector<Case> cases() {
   std::vector<Case> out;
   {
@@ -58,6 +59,22 @@ std::vector<Case> cases() {
     validate_plan(p, ctx.model, ctx.workload, "tiny-local");
     StepGraph g = lower(p, ctx);
     out.push_back({"tiny-local", std::move(ctx), std::move(g)});
+  }
+  {
+    // FLAT's four schedules under skewed routing: uneven per-rank stages, LLEP's weight fetches,
+    // Ring-DTP's ring passes, SCO's prefetch and the bucketed optimizer.
+    Workload w = default_workload();
+    w.routing = routing_from_json({{"kind", "zipf"}, {"skew", 1.2}}, "flat", "routing");
+    WorkloadContext ctx = resolve_workload(w, "flat-skewed");
+    Plan p = default_plan();
+    p.routing_chunk_tokens = 16384;
+    p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
+    p.flat.vocab_projection = VocabProjection::kRingDtp;
+    p.flat.selective_checkpoint_offload = true;
+    p.flat.optimizer_bucket_mib = 64;
+    validate_plan(p, ctx.model, ctx.workload, "flat-skewed");
+    StepGraph g = lower(p, ctx);
+    out.push_back({"flat-skewed", std::move(ctx), std::move(g)});
   }
   return out;
 }
