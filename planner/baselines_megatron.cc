@@ -2,6 +2,7 @@
 #include "planner/baselines_megatron.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -60,6 +61,23 @@ Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::
   return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
 }
 
+// Each expert-parallel rank's received load per decoder (relative to the mean; ranks of a group of
+// `ep` consecutive ranks hold contiguous expert slices) under the workload's routing.
+std::vector<std::vector<double>> ep_loads(const WorkloadContext& ctx, int ep) {
+  const ModelSpec& m = ctx.model;
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(m.layers), std::vector<double>(static_cast<std::size_t>(std::max(1, ep)), 1.0));
+  if (ep <= 1 || m.moe.experts <= 0 || ctx.workload.routing.uniform()) return out;
+  for (int l = 0; l < m.layers; ++l) out[static_cast<std::size_t>(l)] = ep_rank_loads(expert_shares(ctx.workload.routing, m.moe.experts, l), ep);
+  return out;
+}
+
+// Routed activations and all-to-all buffers of `tokens` tokens on a rank receiving `load` times
+// the mean share.
+Bytes moe_bytes_at_load(const ModelSpec& m, std::int64_t tokens, double load) {
+  const Bytes extra = moe_assignment_bytes(m, tokens * m.moe.top_k) + a2a_buffer_bytes(m, tokens) / 2;
+  return moe_activation_bytes(m, tokens) + a2a_buffer_bytes(m, tokens) + static_cast<Bytes>((load - 1.0) * static_cast<double>(extra));
+}
+
 ParamCount rank_params(const Split& s, const MegatronSetup& setup) {
   return s.dense / setup.tensor_parallel + s.experts / setup.expert_parallel;
 }
@@ -78,9 +96,12 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
   const Bytes state = (kBf16Bytes + kMainGradBytesPerParam) * local;
   const Bytes keep = boundary_bytes(m.layers, b, S, m.hidden) / t;  // full recomputation: decoder inputs, sequence-parallel
   Bytes work = 0;
+  const auto loads = ep_loads(ctx, setup.expert_parallel);
   for (int l = 0; l < m.layers; ++l) {
+    // The rank receiving the largest share under skewed routing sets the peak.
+    const double load = max_load(loads[static_cast<std::size_t>(l)]);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // gathered input, output, running gradient
-                    + mixing_activations(m, l, b, S) / t + moe_activation_bytes(m, T / t) + a2a_buffer_bytes(m, T / t);
+                    + mixing_activations(m, l, b, S) / t + moe_bytes_at_load(m, T / t, load);
     if (w > work) {
       work = w;
       out.gpu_peak_at = fmt::format("decoder {} ({}) recompute and backward, TP {}, micro-batch of {} sequences", l,
@@ -161,6 +182,7 @@ class MegatronLowering {
         layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
     for (int r = 0; r < P_; ++r) r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, false));
     last_.assign(static_cast<std::size_t>(P_), -1);
+    loads_ = ep_loads(ctx, s_.expert_parallel);
   }
 
   StepGraph run() {
@@ -298,10 +320,11 @@ class MegatronLowering {
       tp_exchange("moe.allgather" + sfx, OpKind::kAllGather, phase, l);
       compute("moe.router_shared" + sfx, OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj,
               traffic(moe_bytes.pre + moe_bytes.combine));
-      if (s_.expert_parallel > 1) collective("moe.dispatch" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false);
-      compute("moe.experts" + sfx, OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts,
-              traffic(moe_bytes.experts));
-      if (s_.expert_parallel > 1) collective("moe.return" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false);
+      if (s_.expert_parallel > 1) skewed(collective("moe.dispatch" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
+      skewed(compute("moe.experts" + sfx, OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts,
+                     traffic(moe_bytes.experts)),
+             l, true);
+      if (s_.expert_parallel > 1) skewed(collective("moe.return" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
       tp_exchange("moe.reduce_scatter" + sfx, OpKind::kReduceScatter, phase, l);
     };
     if (backward) {
@@ -313,11 +336,31 @@ class MegatronLowering {
     }
   }
 
+  // Skewed routing: rank r of each expert-parallel group receives loads_[l][r mod ep] times the
+  // mean share: its expert GEMMs scale with it (`compute_stage`), its all-to-alls move the larger
+  // of what it sends and receives.
+  void skewed(const PerRank& stages, int l, bool compute_stage) {
+    const auto& load = loads_[static_cast<std::size_t>(l)];
+    for (int r = 0; r < P_; ++r) {
+      const double f = load[static_cast<std::size_t>(r % s_.expert_parallel)];
+      if (f == 1.0) continue;
+      Stage& st = b_.graph().stages[static_cast<std::size_t>(stages[static_cast<std::size_t>(r)])];
+      if (compute_stage) {
+        st.flops *= f;
+        st.bytes = static_cast<Bytes>(static_cast<double>(st.bytes) * f);
+        st.shape.tokens = static_cast<std::int64_t>(std::llround(static_cast<double>(st.shape.tokens) * f));
+      } else {
+        st.bytes = std::max(st.bytes, static_cast<Bytes>(static_cast<double>(st.bytes) * f));
+      }
+    }
+  }
+
+  // Every rank is charged the most loaded rank's MoE bytes (the GPU peak is the largest one's).
   Bytes activations(int l) const {
     const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
     const Bytes mix = kind == LayerKind::kLinearAttention ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
                                                           : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
-    return mix / t_ + moe_activation_bytes(m_, tokens() / t_) + a2a_buffer_bytes(m_, tokens() / t_);
+    return mix / t_ + moe_bytes_at_load(m_, tokens() / t_, max_load(loads_[static_cast<std::size_t>(l)]));
   }
 
   void decoder_forward(int l) {
@@ -400,6 +443,7 @@ class MegatronLowering {
   const int layers_;
   std::vector<lowering::RankResources> r_;
   PerRank last_;
+  std::vector<std::vector<double>> loads_;  // per decoder: each expert-parallel position's received load
   int micro_ = 0;
 };
 

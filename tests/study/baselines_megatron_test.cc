@@ -69,6 +69,36 @@ TEST(Megatron, LoweredStepRunsOnTheAnalyticEngineWithCollectivesAndCpuAdam) {
   EXPECT_TRUE(j["fits"].get<bool>());
 }
 
+// Skewed routing reaches the baseline's expert parallelism too: the most loaded rank's expert
+// GEMMs and receive side set the pace and its MoE bytes the peak; the total expert work is the same.
+TEST(Megatron, SkewedRoutingSlowsTheExpertParallelStepAndRaisesItsPeak) {
+  const WorkloadContext even = context("qwen3.6-35b-a3b", 8, 32, 4096);
+  Workload w = even.workload;
+  w.routing = routing_from_json({{"kind", "zipf"}, {"skew", 1.2}}, "test", "routing");
+  const WorkloadContext skewed = resolve_workload(w, "test");
+  const MegatronFit fit = configure_megatron(even);
+  ASSERT_TRUE(fit.setup.has_value());
+  const StepGraph u = lower_megatron(*fit.setup, even), z = lower_megatron(*fit.setup, skewed);
+  // Decoder 0 (each decoder has its own hot experts, so sums over decoders even out).
+  double fu = 0, fz = 0, hottest = 0;
+  std::vector<double> per_rank(8, 0.0);
+  for (const Stage& s : u.stages) fu += s.op == OpKind::kExpertGemm && s.layer == 0 ? s.flops : 0.0;
+  for (const Stage& s : z.stages) {
+    if (s.op != OpKind::kExpertGemm || s.layer != 0) continue;
+    fz += s.flops;
+    per_rank[static_cast<std::size_t>(s.gpu)] += s.flops;
+  }
+  for (double f : per_rank) hottest = std::max(hottest, f);
+  EXPECT_NEAR(fz / fu, 1.0, 1e-9);
+  EXPECT_GT(hottest, 1.2 * fz / 8);
+  const Calibration cal = load_calibration_for(even.hardware);
+  const BaselineResult ru = run_baseline(BaselineSystem::kMegatronLm, even, "analytic", cal);
+  const BaselineResult rz = run_baseline(BaselineSystem::kMegatronLm, skewed, "analytic", cal);
+  ASSERT_TRUE(ru.fits() && rz.fits());
+  EXPECT_GT(rz.step_s, ru.step_s);
+  EXPECT_GT(megatron_static_memory(*fit.setup, skewed).gpu_peak_bytes, megatron_static_memory(*fit.setup, even).gpu_peak_bytes);
+}
+
 TEST(Megatron, HostOutOfMemoryNamesTheOffloadedOptimizerState) {
   Workload w;
   w.model = "qwen3.6-35b-a3b";
