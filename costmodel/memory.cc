@@ -78,6 +78,15 @@ Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t A) {
          + A * h * kBf16Bytes;     // expert outputs [A, h]
 }
 
+Bytes moe_activation_bytes_at_load(const ModelSpec& m, std::int64_t T, double load) {
+  return moe_activation_bytes(m, T) + static_cast<Bytes>((load - 1.0) * static_cast<double>(moe_assignment_bytes(m, T * m.moe.top_k)));
+}
+
+Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, std::int64_t c, double load) {
+  const Bytes each = a2a_buffer_bytes(m, c) / 2;
+  return each + static_cast<Bytes>(static_cast<double>(each) * load);
+}
+
 Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t c) {
   return 2 * std::int64_t{m.moe.top_k} * c * m.hidden * kBf16Bytes;  // send + receive [k·c, h]
 }

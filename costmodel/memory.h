@@ -53,8 +53,13 @@ Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t tokens);
 // The part that lives where the assignments are processed (the receiving rank under EP):
 // dispatched copies, expert gate/up/activation and outputs, per assignment.
 Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t assignments);
+// moe_activation_bytes on a rank that processes `load` times the mean share of the assignments
+// (skewed routing under expert parallelism; 1 = balanced).
+Bytes moe_activation_bytes_at_load(const ModelSpec& m, std::int64_t tokens, double load);
 // Send + receive buffers of one EP dispatch round of `chunk_tokens` tokens: 2·k·c·h BF16.
 Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t chunk_tokens);
+// The same on a rank that receives `load` times the mean: its send half, and `load` receive halves.
+Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, std::int64_t chunk_tokens, double load);
 // Logits workspace of the vocabulary projection for `tokens` tokens at once: BF16 logits and
 // their FP32 softmax gradient.
 Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens);

@@ -249,4 +249,21 @@ LlepBalance least_loaded_ep(const std::vector<double>& shares, int ranks, double
   return b;
 }
 
+std::vector<LlepBalance> ep_layer_balance(const RoutingSpec& r, int experts, int layers, int ranks, bool llep) {
+  const auto n = static_cast<std::size_t>(std::max(1, ranks));
+  LlepBalance even{std::vector<double>(n, 1.0), std::vector<int>(n, 0), std::vector<int>(n, 0), 0};
+  std::vector<LlepBalance> out(static_cast<std::size_t>(std::max(0, layers)), even);
+  if (ranks <= 1 || experts <= 0 || (r.uniform() && !llep)) return out;
+  for (int l = 0; l < layers; ++l) {
+    const std::vector<double> shares = expert_shares(r, experts, l);
+    auto& b = out[static_cast<std::size_t>(l)];
+    if (llep) {
+      b = least_loaded_ep(shares, ranks, kLlepTolerance);
+    } else {
+      b.loads = ep_rank_loads(shares, ranks);
+    }
+  }
+  return out;
+}
+
 }  // namespace oom

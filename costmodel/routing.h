@@ -71,4 +71,14 @@ struct LlepBalance {
 };
 LlepBalance least_loaded_ep(const std::vector<double>& shares, int ranks, double tolerance);
 
+// PipelinedLLEP spills only from ranks more than 5% above the mean load: each spill costs a
+// weight fetch, and a few percent of imbalance costs less than one (FLAT's least-loaded rule with
+// a tolerance; not fitted).
+inline constexpr double kLlepTolerance = 0.05;
+
+// Per decoder (`layers` of them), each of `ranks` expert-parallel ranks' received load under `r`,
+// after PipelinedLLEP's rebalancing (tolerance kLlepTolerance) when `llep`. Uniform routing
+// without LLEP: every load 1 and nothing spilled, without drawing any shares.
+std::vector<LlepBalance> ep_layer_balance(const RoutingSpec& r, int experts, int layers, int ranks, bool llep);
+
 }  // namespace oom

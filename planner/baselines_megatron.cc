@@ -64,18 +64,17 @@ Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::
 // Each expert-parallel rank's received load per decoder (relative to the mean; ranks of a group of
 // `ep` consecutive ranks hold contiguous expert slices) under the workload's routing.
 std::vector<std::vector<double>> ep_loads(const WorkloadContext& ctx, int ep) {
-  const ModelSpec& m = ctx.model;
-  std::vector<std::vector<double>> out(static_cast<std::size_t>(m.layers), std::vector<double>(static_cast<std::size_t>(std::max(1, ep)), 1.0));
-  if (ep <= 1 || m.moe.experts <= 0 || ctx.workload.routing.uniform()) return out;
-  for (int l = 0; l < m.layers; ++l) out[static_cast<std::size_t>(l)] = ep_rank_loads(expert_shares(ctx.workload.routing, m.moe.experts, l), ep);
+  std::vector<std::vector<double>> out;
+  for (LlepBalance& b : ep_layer_balance(ctx.workload.routing, ctx.model.moe.experts, ctx.model.layers, ep, false)) {
+    out.push_back(std::move(b.loads));
+  }
   return out;
 }
 
 // Routed activations and all-to-all buffers of `tokens` tokens on a rank receiving `load` times
 // the mean share.
 Bytes moe_bytes_at_load(const ModelSpec& m, std::int64_t tokens, double load) {
-  const Bytes extra = moe_assignment_bytes(m, tokens * m.moe.top_k) + a2a_buffer_bytes(m, tokens) / 2;
-  return moe_activation_bytes(m, tokens) + a2a_buffer_bytes(m, tokens) + static_cast<Bytes>((load - 1.0) * static_cast<double>(extra));
+  return moe_activation_bytes_at_load(m, tokens, load) + a2a_buffer_bytes_at_load(m, tokens, load);
 }
 
 ParamCount rank_params(const Split& s, const MegatronSetup& setup) {

@@ -62,24 +62,7 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   // Routing: each rank's share of a dispatch (skewed routing makes some ranks receive more);
   // PipelinedLLEP spills the excess to the least-loaded ranks.
   llep_ = ep_ && P_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
-  const auto ranks = static_cast<std::size_t>(P_);
-  loads_.assign(static_cast<std::size_t>(layers_), std::vector<double>(ranks, 1.0));
-  llep_fetched_.assign(static_cast<std::size_t>(layers_), std::vector<int>(ranks, 0));
-  llep_lent_ = llep_fetched_;
-  if (ep_ && P_ > 1 && m_.moe.experts > 0 && (!ctx.workload.routing.uniform() || llep_)) {
-    for (int l = 0; l < layers_; ++l) {
-      const auto i = static_cast<std::size_t>(l);
-      const std::vector<double> shares = expert_shares(ctx.workload.routing, m_.moe.experts, l);
-      if (llep_) {
-        LlepBalance b = least_loaded_ep(shares, P_, kLlepTolerance);
-        loads_[i] = std::move(b.loads);
-        llep_fetched_[i] = std::move(b.fetched);
-        llep_lent_[i] = std::move(b.lent);
-      } else {
-        loads_[i] = ep_rank_loads(shares, P_);
-      }
-    }
-  }
+  routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? P_ : 1, llep_);
 }
 
 ParamCount Lowering::expert_params_on_gpu(int layer) const {
@@ -231,20 +214,17 @@ PerRank Lowering::reduce_scatter(const std::string& what, int layer, ParamCount 
                         gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
 }
 
-void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
-                                 bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
-  if (params_on_gpu <= 0) return;
-  ParamCount sent = params_on_gpu;
-  const PerRank after = reduce_scatter(what, layer, params_on_gpu, ready, reduce, sent);
+PerRank Lowering::gradient_d2h(const std::string& name, int layer, Bytes bytes, Bytes freed, const PerRank& after,
+                               bool expert_kind) {
   const int kind = expert_kind ? 1 : 0;
   const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
-  auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  const auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
   const int slots = std::max(1, plan_.cpu_grad_slots);
   PerRank out(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
     const auto& rr = r_[static_cast<std::size_t>(r)];
-    Stage s = make(what + ".grad_d2h", OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
-    s.bytes = gradient_bytes(sent);
+    Stage s = make(name, OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
+    s.bytes = bytes;
     append(s.deps, after, r);
     // CPU gradient slot reuse: wait for the update that consumed gradient index − slots.
     if (index >= slots) {
@@ -252,39 +232,44 @@ void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount 
       append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);
     }
     out[static_cast<std::size_t>(r)] = add(std::move(s));
-    gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params_on_gpu), MemoryUse::kOptimizer);
+    gpu_free(out[static_cast<std::size_t>(r)], r, freed, MemoryUse::kOptimizer);
   }
+  return out;
+}
+
+void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                 bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
+  if (params_on_gpu <= 0) return;
+  ParamCount sent = params_on_gpu;
+  const PerRank after = reduce_scatter(what, layer, params_on_gpu, ready, reduce, sent);
+  const PerRank out = gradient_d2h(what + ".grad_d2h", layer, gradient_bytes(sent), gradient_bytes(params_on_gpu), after, expert_kind);
   d2h_out.push_back(out);
   pending_grad_frees_.push_back(out);
 }
 
-void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
-                          bool accumulate_partials, ParamCount partial_params) {
-  if (d2h.empty() && params_per_rank <= 0) return;
-  std::vector<PerRank> ready = d2h;
-  if (accumulate_partials) {
-    // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum; the
-    // update of any part waits for every rank's partial.
-    PerRank acc(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) {
-      Stage s = make(what + ".host_accumulate", OpKind::kHostAccumulate, Phase::kOptimizer,
-                     r_[static_cast<std::size_t>(r)].cpu, r, layer);
-      s.params = partial_params;
-      s.bytes = gradient_bytes(partial_params);
-      for (const auto& d : d2h) append(s.deps, d, r);
-      acc[static_cast<std::size_t>(r)] = add(std::move(s));
-    }
-    ready.assign(1, PerRank{});
-    for (int r = 0; r < P_; ++r) ready[0].push_back(acc[static_cast<std::size_t>(r)]);
+PerRank Lowering::host_accumulate(const std::string& name, int layer, ParamCount params, const std::vector<PerRank>& d2h) {
+  // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum.
+  PerRank acc(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    Stage s = make(name, OpKind::kHostAccumulate, Phase::kOptimizer, r_[static_cast<std::size_t>(r)].cpu, r, layer);
+    s.params = params;
+    s.bytes = gradient_bytes(params);
+    for (const auto& d : d2h) append(s.deps, d, r);
+    acc[static_cast<std::size_t>(r)] = add(std::move(s));
   }
+  return acc;
+}
+
+PerRank Lowering::update_and_publish(const std::string& what, const std::string& suffix, int layer, ParamCount params,
+                                     const std::vector<PerRank>& ready, bool after_every_rank) {
   PerRank upd(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
     const auto& rr = r_[static_cast<std::size_t>(r)];
-    Stage s = make(what + ".cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
-    s.params = params_per_rank;
-    s.bytes = canonical_state_bytes(params_per_rank);
+    Stage s = make(what + ".cpu_adamw" + suffix, OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
+    s.params = params;
+    s.bytes = canonical_state_bytes(params);
     for (const auto& d : ready) {
-      if (accumulate_partials) {
+      if (after_every_rank) {
         for (int q = 0; q < P_; ++q) append(s.deps, d, q);
       } else {
         append(s.deps, d, r);
@@ -292,18 +277,28 @@ void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_
     }
     upd[static_cast<std::size_t>(r)] = add(std::move(s));
     // Weight publication: BF16 staging of the updated masters for the next step's copies.
-    Stage p = make(what + ".publish", OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
-    p.params = params_per_rank;
-    p.bytes = working_weight_bytes(params_per_rank);
+    Stage p = make(what + ".publish" + suffix, OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
+    p.params = params;
+    p.bytes = working_weight_bytes(params);
     p.deps.push_back(upd[static_cast<std::size_t>(r)]);
     add(std::move(p));
   }
+  last_update_ = upd;
+  return upd;
+}
+
+void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+                          bool accumulate_partials, ParamCount partial_params) {
+  if (d2h.empty() && params_per_rank <= 0) return;
+  // With host accumulation, the update of any part waits for every rank's partial.
+  const std::vector<PerRank> ready =
+      accumulate_partials ? std::vector<PerRank>{host_accumulate(what + ".host_accumulate", layer, partial_params, d2h)} : d2h;
+  const PerRank upd = update_and_publish(what, "", layer, params_per_rank, ready, accumulate_partials);
   // The updates free the CPU gradient slots of every gradient they consumed.
   for (int kind = 0; kind < 2; ++kind) {
     auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
     while (static_cast<int>(updates.size()) < grads_sent_[static_cast<std::size_t>(kind)]) updates.push_back(upd);
   }
-  last_update_ = upd;
 }
 
 void Lowering::gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready) {
@@ -323,56 +318,19 @@ void Lowering::stream_gradients(const std::string& what, int layer, ParamCount p
   const std::int64_t buckets = std::max<std::int64_t>(1, (gradient_bytes(sent) + bucket_bytes - 1) / bucket_bytes);
   const int kind = expert_kind ? 1 : 0;
   auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
-  const int slots = std::max(1, plan_.cpu_grad_slots);
-  PerRank d2h(static_cast<std::size_t>(P_));
+  PerRank d2h;
   for (std::int64_t i = 0; i < buckets; ++i) {
     // Even buckets; the last takes the remainder.
-    const ParamCount part = sent / buckets + (i + 1 == buckets ? sent % buckets : 0);
-    const ParamCount update = update_params_per_rank / buckets + (i + 1 == buckets ? update_params_per_rank % buckets : 0);
-    const Bytes freed = gradient_bytes(params_on_gpu) / buckets + (i + 1 == buckets ? gradient_bytes(params_on_gpu) % buckets : 0);
-    const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
-    OOM_ASSERT(static_cast<int>(updates.size()) == index, "streamed gradients are updated bucket by bucket");
-    for (int r = 0; r < P_; ++r) {
-      const auto& rr = r_[static_cast<std::size_t>(r)];
-      Stage s = make(fmt::format("{}.grad_d2h.b{}", what, i), OpKind::kD2h, Phase::kBackward,
-                     expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
-      s.bytes = gradient_bytes(part);
-      append(s.deps, after, r);
-      if (index >= slots) append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);  // CPU slot reuse
-      d2h[static_cast<std::size_t>(r)] = add(std::move(s));
-      gpu_free(d2h[static_cast<std::size_t>(r)], r, freed, MemoryUse::kOptimizer);
-    }
-    PerRank ready_for_update = d2h;
-    if (accumulate_partials) {
-      for (int r = 0; r < P_; ++r) {
-        Stage s = make(fmt::format("{}.host_accumulate.b{}", what, i), OpKind::kHostAccumulate, Phase::kOptimizer,
-                       r_[static_cast<std::size_t>(r)].cpu, r, layer);
-        s.params = part;
-        s.bytes = gradient_bytes(part);
-        append(s.deps, d2h, r);
-        ready_for_update[static_cast<std::size_t>(r)] = add(std::move(s));
-      }
-    }
-    PerRank upd(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) {
-      const auto& rr = r_[static_cast<std::size_t>(r)];
-      Stage s = make(fmt::format("{}.cpu_adamw.b{}", what, i), OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
-      s.params = update;
-      s.bytes = canonical_state_bytes(update);
-      if (accumulate_partials) {
-        for (int q = 0; q < P_; ++q) append(s.deps, ready_for_update, q);
-      } else {
-        append(s.deps, ready_for_update, r);
-      }
-      upd[static_cast<std::size_t>(r)] = add(std::move(s));
-      Stage p = make(fmt::format("{}.publish.b{}", what, i), OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
-      p.params = update;
-      p.bytes = working_weight_bytes(update);
-      p.deps.push_back(upd[static_cast<std::size_t>(r)]);
-      add(std::move(p));
-    }
-    updates.push_back(upd);
-    last_update_ = upd;
+    const auto share = [&](auto total) { return total / buckets + (i + 1 == buckets ? total % buckets : 0); };
+    const ParamCount part = share(sent);
+    OOM_ASSERT(static_cast<int>(updates.size()) == grads_sent_[static_cast<std::size_t>(kind)],
+               "streamed gradients are updated bucket by bucket");
+    d2h = gradient_d2h(fmt::format("{}.grad_d2h.b{}", what, i), layer, gradient_bytes(part),
+                       share(gradient_bytes(params_on_gpu)), after, expert_kind);
+    const PerRank ready_for_update =
+        accumulate_partials ? host_accumulate(fmt::format("{}.host_accumulate.b{}", what, i), layer, part, {d2h}) : d2h;
+    updates.push_back(update_and_publish(what, fmt::format(".b{}", i), layer, share(update_params_per_rank),
+                                         {ready_for_update}, accumulate_partials));
   }
   pending_grad_frees_.push_back(d2h);
 }
@@ -394,7 +352,7 @@ void Lowering::head_forward_backward() {
   }
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
   const WindowUse w = deliver_weights("lm_head", Phase::kForward, -1, head, 0, 0, false);
-  const std::int64_t chunk = plan_.flat.vocab_chunk_tokens > 0 ? std::min(plan_.flat.vocab_chunk_tokens, N_) : N_;
+  const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
   const Bytes logits = logits_workspace_bytes(m_, chunk);
   OpShape shape;
   shape.tokens = N_;
@@ -440,7 +398,7 @@ void Lowering::ring_head_forward_backward() {
   const Bytes weight_block = working_weight_bytes(head / P_);
   const Bytes hop = std::min(hidden_block, weight_block);
   const bool weights_move = weight_block < hidden_block;
-  const std::int64_t chunk = plan_.flat.vocab_chunk_tokens > 0 ? std::min(plan_.flat.vocab_chunk_tokens, N_) : N_;
+  const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
   const Bytes logits = sharded_logits_workspace_bytes(m_, chunk, P_);
   OpShape shape;
   shape.tokens = N_;

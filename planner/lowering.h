@@ -32,10 +32,6 @@ namespace oom::lowering {
 
 using PerRank = std::vector<StageId>;  // one stage per rank (−1: none)
 
-// PipelinedLLEP spills only from ranks more than 5% above the mean load: each spill costs a
-// weight fetch, and a few percent of imbalance costs less than one (FLAT's least-loaded rule with
-// a tolerance; not fitted).
-inline constexpr double kLlepTolerance = 0.05;
 
 struct RankResources {
   ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
@@ -89,6 +85,15 @@ class Lowering {
   // 1/P each rank keeps; else `ready` as it is and `sent` = the whole group.
   PerRank reduce_scatter(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready, bool reduce,
                          ParamCount& sent);
+  // The D2H of one gradient (the `index`-th of its kind): it waits for `after` and for the update
+  // that freed its CPU gradient slot, and frees `freed` GPU bytes at its end.
+  PerRank gradient_d2h(const std::string& name, int layer, Bytes bytes, Bytes freed, const PerRank& after, bool expert_kind);
+  // Each rank adds its BF16 partial into the FP32 host sum once its D2Hs `d2h` are done.
+  PerRank host_accumulate(const std::string& name, int layer, ParamCount params, const std::vector<PerRank>& d2h);
+  // CPU AdamW of `params` per rank (stages named what + ".cpu_adamw" + suffix), waiting for its own
+  // rank's `ready` stages or, `after_every_rank`, for every rank's; then its BF16 publication.
+  PerRank update_and_publish(const std::string& what, const std::string& suffix, int layer, ParamCount params,
+                             const std::vector<PerRank>& ready, bool after_every_rank);
   // Gradients of one parameter group to the host and their CPU update and publication.
   // `reduce` first reduce-scatters over the fabric (each rank then sends 1/P).
   void gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
@@ -139,10 +144,12 @@ class Lowering {
   PerRank llep_fetch(int layer, Phase phase, const PerRank& after);
   PerRank llep_gradient_return(int layer, const PerRank& after);
   // Per-rank received load of decoder `layer`'s dispatch relative to the mean (1 = balanced).
-  const std::vector<double>& rank_load(int layer) const { return loads_[static_cast<std::size_t>(layer)]; }
+  const std::vector<double>& rank_load(int layer) const { return routing_[static_cast<std::size_t>(layer)].loads; }
   Bytes moe_activation_on_rank(std::int64_t tokens, int layer, int rank) const;
   Bytes llep_expert_bytes(int layer) const;           // BF16 weights of one routed expert
   Bytes llep_weight_bytes(int layer, int rank) const;  // the experts `rank` fetches under LLEP
+  // Per rank, the bytes of one LLEP exchange (weights out, or gradients back); empty when nothing spills.
+  std::vector<Bytes> llep_exchange_bytes(int layer) const;
   PerRank moe_backward_chunk(int layer, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched);
 
   // Parameters of decoder `layer` this GPU holds in the window: (common, experts).
@@ -165,9 +172,8 @@ class Lowering {
   std::int64_t seqs_ = 1, S_ = 1, N_ = 1;
 
   // Routing: per decoder, each rank's received dispatch load relative to the mean, after LLEP's
-  // rebalancing when the plan runs it; and the experts each rank fetches / lends under LLEP.
-  std::vector<std::vector<double>> loads_;
-  std::vector<std::vector<int>> llep_fetched_, llep_lent_;
+  // rebalancing when the plan runs it, and the experts each rank fetches / lends under LLEP.
+  std::vector<LlepBalance> routing_;
   bool llep_ = false;
 
   PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)

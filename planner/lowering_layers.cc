@@ -102,11 +102,9 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
 }
 
 Bytes Lowering::moe_activation_on_rank(std::int64_t tokens, int l, int r) const {
-  const Bytes mean = moe_activation_bytes(m_, tokens);
-  if (!ep_ || P_ == 1) return mean;
   // The routed part lives where the assignments are processed: the receiving rank's share.
-  const double extra = rank_load(l)[static_cast<std::size_t>(r)] - 1.0;
-  return mean + static_cast<Bytes>(extra * static_cast<double>(moe_assignment_bytes(m_, tokens * m_.moe.top_k)));
+  if (!ep_ || P_ == 1) return moe_activation_bytes(m_, tokens);
+  return moe_activation_bytes_at_load(m_, tokens, rank_load(l)[static_cast<std::size_t>(r)]);
 }
 
 namespace {
@@ -119,12 +117,6 @@ std::vector<Bytes> a2a_bytes_per_rank(const ModelSpec& m, std::int64_t tokens, i
   std::vector<Bytes> out;
   for (const double f : load) out.push_back(std::max(send, static_cast<Bytes>(static_cast<double>(send) * f)));
   return out;
-}
-
-// Send and receive buffers of one round on a rank with the given load.
-Bytes a2a_buffers_on_rank(const ModelSpec& m, std::int64_t tokens, double load) {
-  const Bytes each = a2a_buffer_bytes(m, tokens) / 2;
-  return each + static_cast<Bytes>(static_cast<double>(each) * load);
 }
 
 }  // namespace
@@ -146,7 +138,7 @@ Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t 
   round.dispatch = collective_each(fmt::format("moe.c{}.a2a_dispatch", chunk), OpKind::kAllToAll, phase, l,
                                    a2a_bytes_per_rank(m_, tokens, P_, load), round.pre);
   for (int r = 0; r < P_; ++r) {
-    gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffers_on_rank(m_, tokens, load[static_cast<std::size_t>(r)]),
+    gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]),
               false, MemoryUse::kDispatch);
   }
   return round;
@@ -171,7 +163,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
   const PerRank ret = collective_each(fmt::format("moe.c{}.a2a_return", chunk), OpKind::kAllToAll, phase, l,
                                       a2a_bytes_per_rank(m_, round.tokens, P_, load), exp);
   for (int r = 0; r < P_; ++r) {
-    gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffers_on_rank(m_, round.tokens, load[static_cast<std::size_t>(r)]),
+    gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, round.tokens, load[static_cast<std::size_t>(r)]),
              MemoryUse::kDispatch);
   }
   OpShape combine;
@@ -221,36 +213,35 @@ Bytes Lowering::llep_expert_bytes(int l) const {
 }
 
 Bytes Lowering::llep_weight_bytes(int l, int r) const {
-  return llep_expert_bytes(l) * llep_fetched_[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)];
+  return llep_expert_bytes(l) * routing_[static_cast<std::size_t>(l)].fetched[static_cast<std::size_t>(r)];
+}
+
+std::vector<Bytes> Lowering::llep_exchange_bytes(int l) const {
+  const LlepBalance& b = routing_[static_cast<std::size_t>(l)];
+  if (!llep_ || b.spilled_experts == 0) return {};
+  // Each rank sends the experts it lends and receives those it fetches (or their gradients back).
+  std::vector<Bytes> bytes;
+  for (int r = 0; r < P_; ++r) {
+    bytes.push_back(llep_expert_bytes(l) * std::max(b.fetched[static_cast<std::size_t>(r)], b.lent[static_cast<std::size_t>(r)]));
+  }
+  return bytes;
 }
 
 PerRank Lowering::llep_fetch(int l, Phase phase, const PerRank& after) {
-  if (!llep_) return {};
-  const auto& fetched = llep_fetched_[static_cast<std::size_t>(l)];
-  const auto& lent = llep_lent_[static_cast<std::size_t>(l)];
-  if (std::all_of(fetched.begin(), fetched.end(), [](int n) { return n == 0; })) return {};
+  const std::vector<Bytes> bytes = llep_exchange_bytes(l);
+  if (bytes.empty()) return {};
   // Helpers receive the spilled experts' BF16 weights from their owners over the fabric.
-  std::vector<Bytes> bytes;
-  for (int r = 0; r < P_; ++r) {
-    bytes.push_back(llep_expert_bytes(l) * std::max(fetched[static_cast<std::size_t>(r)], lent[static_cast<std::size_t>(r)]));
-  }
   const PerRank out = collective_each("llep.fetch", OpKind::kAllToAll, phase, l, bytes, after);
   for (int r = 0; r < P_; ++r) gpu_alloc(out[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), false, MemoryUse::kDispatch);
   return out;
 }
 
 PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
-  if (!llep_) return after;
-  const auto& fetched = llep_fetched_[static_cast<std::size_t>(l)];
-  const auto& lent = llep_lent_[static_cast<std::size_t>(l)];
-  if (std::all_of(fetched.begin(), fetched.end(), [](int n) { return n == 0; })) return after;
+  const std::vector<Bytes> bytes = llep_exchange_bytes(l);
+  if (bytes.empty()) return after;
   // The spilled experts' BF16 gradients go back to their owners over the fabric; the expert
   // gradients' D2H waits for it. The owners' add (three passes over one expert's BF16 gradient
   // per helper, ~10 µs) is not priced, and it does not hold up the mixing backward.
-  std::vector<Bytes> bytes;
-  for (int r = 0; r < P_; ++r) {
-    bytes.push_back(llep_expert_bytes(l) * std::max(fetched[static_cast<std::size_t>(r)], lent[static_cast<std::size_t>(r)]));
-  }
   const PerRank back = collective_each("llep.grad_return", OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
   for (int r = 0; r < P_; ++r) gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
   return back;
@@ -282,7 +273,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     const PerRank ret = collective_each(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
                                         Phase::kBackward, l, a2a, exp);
     for (int r = 0; r < P_; ++r) {
-      const Bytes buffers = a2a_buffers_on_rank(m_, tokens, load[static_cast<std::size_t>(r)]);
+      const Bytes buffers = a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]);
       gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers, false, MemoryUse::kDispatch);
       gpu_free(ret[static_cast<std::size_t>(r)], r, buffers, MemoryUse::kDispatch);
     }

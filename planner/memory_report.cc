@@ -6,7 +6,6 @@
 
 #include "costmodel/params.h"
 #include "costmodel/routing.h"
-#include "planner/lowering.h"
 
 namespace oom {
 namespace {
@@ -64,23 +63,17 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   const bool llep = ep && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
   double load = 1.0;
   Bytes llep_weights = 0;
-  if (ep && P > 1 && m.moe.experts > 0 && (!w.routing.uniform() || llep)) {
+  if (ep) {
+    const std::vector<LlepBalance> routing = ep_layer_balance(w.routing, m.moe.experts, m.layers, P, llep);
     for (int l = 0; l < m.layers; ++l) {
-      const std::vector<double> shares = expert_shares(w.routing, m.moe.experts, l);
-      if (llep) {
-        const LlepBalance b = least_loaded_ep(shares, P, lowering::kLlepTolerance);
-        load = std::max(load, max_load(b.loads));
-        const int most = *std::max_element(b.fetched.begin(), b.fetched.end());
-        llep_weights = std::max(llep_weights, most * working_weight_bytes(params.layers[l].routed_experts / m.moe.experts));
-      } else {
-        load = std::max(load, max_load(ep_rank_loads(shares, P)));
-      }
+      const LlepBalance& b = routing[static_cast<std::size_t>(l)];
+      load = std::max(load, max_load(b.loads));
+      const int most = *std::max_element(b.fetched.begin(), b.fetched.end());
+      if (most > 0) llep_weights = std::max(llep_weights, most * working_weight_bytes(params.layers[l].routed_experts / m.moe.experts));
     }
   }
   const auto moe_on_worst_rank = [&](std::int64_t tokens) {
-    if (!ep || P == 1) return moe_activation_bytes(m, tokens);
-    return moe_activation_bytes(m, tokens) +
-           static_cast<Bytes>((load - 1.0) * static_cast<double>(moe_assignment_bytes(m, tokens * m.moe.top_k)));
+    return ep && P > 1 ? moe_activation_bytes_at_load(m, tokens, load) : moe_activation_bytes(m, tokens);
   };
 
   MemoryReport report;
@@ -117,10 +110,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
     if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(moe_tokens_live));
-    if (ep && P > 1) {
-      const Bytes each = a2a_buffer_bytes(m, moe_tokens_live) / 2;
-      add(ph.items, "all-to-all buffers", each + static_cast<Bytes>(static_cast<double>(each) * load));
-    }
+    if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, moe_tokens_live, load));
     add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
     if (any_regenerated) {
       add(ph.items, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
@@ -132,7 +122,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     WorkPhase ph{"loss (vocabulary projection)", {}};
     add(ph.items, "parameter window (2 slots, BF16)", window);
     const ParamCount head = params.lm_head > 0 ? params.lm_head : params.embedding;
-    const std::int64_t chunk = plan.flat.vocab_chunk_tokens > 0 ? std::min(plan.flat.vocab_chunk_tokens, N) : N;
+    const std::int64_t chunk = plan.flat.logits_block_tokens(N);
     add(ph.items, "final hidden states + gradient (BF16)", 2 * boundary_bytes(1, seqs, S, m.hidden));
     if (plan.flat.vocab_projection == VocabProjection::kRingDtp && P > 1) {
       add(ph.items, "LM head shard gradient (BF16)", gradient_bytes(head / P));

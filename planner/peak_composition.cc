@@ -62,33 +62,38 @@ PeakComposition gpu_peak_composition(const StepGraph& g, const StageTimes& times
 }
 
 BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
-  BindingPeak b;
-  for (const MemoryUse u : {MemoryUse::kDispatch, MemoryUse::kVocabulary, MemoryUse::kBoundaries, MemoryUse::kOptimizer}) {
-    if (b.peak.empty() || c.of(u) > b.bytes) {
-      b.peak = std::string(memory_use_name(u));
-      b.bytes = c.of(u);
-    }
+  MemoryUse binding = MemoryUse::kDispatch;
+  for (const MemoryUse u : {MemoryUse::kVocabulary, MemoryUse::kBoundaries, MemoryUse::kOptimizer}) {
+    if (c.of(u) > c.of(binding)) binding = u;
   }
+  BindingPeak b;
+  b.peak = std::string(memory_use_name(binding));
+  b.bytes = c.of(binding);
   const FlatSchedules& f = plan.flat;
-  if (b.peak == "dispatch") {
-    b.bounded_by = f.expert_dispatch == ExpertDispatch::kPipelinedLlep
-                       ? fmt::format("PipelinedLLEP, rounds of {} tokens per source", plan.routing_chunk_tokens)
-                       : (plan.path == ExpertPath::kEp ? fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens)
-                                                       : fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens));
-  } else if (b.peak == "vocabulary") {
-    b.bounded_by = f.vocab_projection == VocabProjection::kRingDtp
-                       ? fmt::format("Ring-DTP, blocks of {} tokens", f.vocab_chunk_tokens)
-                       : (f.vocab_chunk_tokens > 0 ? fmt::format("logits chunks of {} tokens", f.vocab_chunk_tokens) : "unbounded");
-  } else if (b.peak == "boundaries") {
-    b.bounded_by = f.selective_checkpoint_offload ? "SCO (boundaries on the host, one prefetched)"
-                   : plan.boundaries.gpu_held.empty() ? "boundaries on the host or regenerated"
-                                                      : fmt::format("{} boundaries held on the GPU", plan.boundaries.gpu_held.size());
-  } else {
-    const std::string updates = f.optimizer_bucket_mib > 0 ? fmt::format("OffloadStreamAdamW, buckets of {} MiB", f.optimizer_bucket_mib)
-                                                           : std::string("per-layer CPU updates");
-    b.bounded_by = plan.resident_layers.empty()
-                       ? updates
-                       : fmt::format("the resident expert state of {} decoders, sized to the budget; {}", plan.resident_layers.size(), updates);
+  switch (binding) {
+    case MemoryUse::kDispatch:
+      b.bounded_by = f.expert_dispatch == ExpertDispatch::kPipelinedLlep
+                         ? fmt::format("PipelinedLLEP, rounds of {} tokens per source", plan.routing_chunk_tokens)
+                         : (plan.path == ExpertPath::kEp ? fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens)
+                                                         : fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens));
+      break;
+    case MemoryUse::kVocabulary:
+      b.bounded_by = f.vocab_projection == VocabProjection::kRingDtp
+                         ? fmt::format("Ring-DTP, blocks of {} tokens", f.vocab_chunk_tokens)
+                         : (f.vocab_chunk_tokens > 0 ? fmt::format("logits chunks of {} tokens", f.vocab_chunk_tokens) : "unbounded");
+      break;
+    case MemoryUse::kBoundaries:
+      b.bounded_by = f.selective_checkpoint_offload ? "SCO (boundaries on the host, one prefetched)"
+                     : plan.boundaries.gpu_held.empty() ? "boundaries on the host or regenerated"
+                                                        : fmt::format("{} boundaries held on the GPU", plan.boundaries.gpu_held.size());
+      break;
+    default: {
+      const std::string updates = f.optimizer_bucket_mib > 0 ? fmt::format("OffloadStreamAdamW, buckets of {} MiB", f.optimizer_bucket_mib)
+                                                             : std::string("per-layer CPU updates");
+      b.bounded_by = plan.resident_layers.empty()
+                         ? updates
+                         : fmt::format("the resident expert state of {} decoders, sized to the budget; {}", plan.resident_layers.size(), updates);
+    }
   }
   return b;
 }

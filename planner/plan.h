@@ -67,6 +67,10 @@ struct FlatSchedules {
   std::int64_t optimizer_bucket_mib = 0;
   bool operator==(const FlatSchedules&) const = default;
   bool is_default() const { return *this == FlatSchedules{}; }
+  // Tokens whose logits exist at once out of a GPU's `tokens`.
+  std::int64_t logits_block_tokens(std::int64_t tokens) const {
+    return vocab_chunk_tokens > 0 && vocab_chunk_tokens < tokens ? vocab_chunk_tokens : tokens;
+  }
 };
 
 struct Plan {
