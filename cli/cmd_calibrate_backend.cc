@@ -76,6 +76,7 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
   FitOptions fo;
   fo.held_out_ids.clear();
   for (std::size_t i = 2; i < named.steps.size(); i += 3) fo.held_out_ids.push_back(named.steps[i].id);
+  fo.attention_half_keys = 0;  // LibTorch's CPU attention kernels: no GPU tile-fill ramp
   CalibrationFit fit = fit_calibration(named, by_path, fo);
   fit.calibration.hardware = hw.name;
   write_file_atomically(cal_path, calibration_to_json(fit.calibration).dump(2) + "\n");

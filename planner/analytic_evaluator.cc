@@ -81,6 +81,166 @@ Seconds AnalyticSchedule::step_s(const std::vector<Seconds>& duration_s, std::ve
   return step;
 }
 
+HostSharing::HostSharing(const StepGraph& g) {
+  int nodes = g.numa_nodes;
+  for (const Resource& r : g.resources) nodes = std::max(nodes, r.numa + 1);
+  std::vector<std::vector<const Resource*>> per(static_cast<std::size_t>(std::max(0, nodes)));
+  for (const Resource& r : g.resources) {
+    const bool cpu = r.kind == ResourceKind::kCpuUpdate || r.kind == ResourceKind::kHostPrep;
+    const bool dma = r.kind == ResourceKind::kH2d || r.kind == ResourceKind::kD2h || r.kind == ResourceKind::kExpertGradD2h;
+    if (r.numa >= 0 && (cpu || dma) && !r.order.empty()) per[static_cast<std::size_t>(r.numa)].push_back(&r);
+  }
+  node_first_.push_back(0);
+  for (const auto& lanes : per) {
+    for (const Resource* r : lanes) {
+      Lane lane;
+      lane.cpu = r->kind == ResourceKind::kCpuUpdate || r->kind == ResourceKind::kHostPrep;
+      lane.first = static_cast<std::int32_t>(stages_.size());
+      stages_.insert(stages_.end(), r->order.begin(), r->order.end());
+      lane.last = static_cast<std::int32_t>(stages_.size());
+      lanes_.push_back(lane);
+    }
+    node_first_.push_back(static_cast<std::int32_t>(lanes_.size()));
+  }
+}
+
+Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs,
+                            const std::vector<double>& dram_Bps, std::vector<Seconds>& duration_s,
+                            std::vector<Seconds>& finish_s) const {
+  const std::size_t n = stages_.size();
+  std::vector<Seconds> alone(n), demand(n), progress(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const StageCost& c = costs[static_cast<std::size_t>(stages_[i])];
+    alone[i] = c.alone_s();
+    demand[i] = alone[i] > 0 ? static_cast<double>(c.dram_bytes) / alone[i] : 0.0;
+  }
+  auto work_s = [&](std::size_t i) {
+    const auto v = static_cast<std::size_t>(stages_[i]);
+    return alone[i] > 0 ? duration_s[v] - costs[v].fixed_s : 0.0;
+  };
+  // Per lane: the participant it is at, whether that one's work has begun, the time of its next
+  // edge, and the value of the progress integral of its class when the work began.
+  const std::size_t lanes = lanes_.size();
+  std::vector<std::int32_t> at(lanes);
+  std::vector<char> begun(lanes);
+  std::vector<Seconds> edge(lanes);
+  std::vector<double> since(lanes);
+  std::vector<std::pair<double, std::size_t>> asks;
+  Seconds step = 0;
+  for (int pass = 0;; ++pass) {
+    step = schedule.step_s(duration_s, finish_s);
+    if (pass == kHostSharingPasses) break;
+    std::fill(progress.begin(), progress.end(), 0.0);
+    for (std::size_t node = 0; node + 1 < node_first_.size(); ++node) {
+      const double capacity = node < dram_Bps.size() ? dram_Bps[node] : 0.0;
+      const auto l0 = static_cast<std::size_t>(node_first_[node]), l1 = static_cast<std::size_t>(node_first_[node + 1]);
+      // Each lane's stages run one after another, so its begin/end edges come in time order:
+      // merge the lanes (a few per node) instead of sorting.
+      auto seek = [&](std::size_t l) {  // the lane's next stage with work, and its begin edge
+        auto& i = at[l];
+        while (i < lanes_[l].last && work_s(static_cast<std::size_t>(i)) <= 0) ++i;
+        if (i < lanes_[l].last) {
+          const auto u = static_cast<std::size_t>(i);
+          edge[l] = finish_s[static_cast<std::size_t>(stages_[u])] - work_s(u);
+        }
+      };
+      for (std::size_t l = l0; l < l1; ++l) {
+        at[l] = lanes_[l].first;
+        begun[l] = 0;
+        seek(l);
+      }
+      // Progress integrals while DRAM is not oversubscribed: a copy advances at 1, a CPU stage at
+      // its core share; a contended interval adds each running stage's shortfall to it directly.
+      double copy_integral = 0, cpu_integral = 0;
+      int cpus = 0;
+      double copy_asks = 0, cpu_asks = 0;  // DRAM asked by running copies, and by running CPU stages alone
+      Seconds previous = 0;
+      for (;;) {
+        // The next edge: the earliest; ends before beginnings at one instant (a stage that ends
+        // as another begins shares nothing with it).
+        std::size_t next = l1;
+        for (std::size_t l = l0; l < l1; ++l) {
+          if (at[l] >= lanes_[l].last) continue;
+          if (next == l1 || edge[l] < edge[next] || (edge[l] == edge[next] && begun[l] && !begun[next])) next = l;
+        }
+        if (next == l1) break;
+        const Seconds when = edge[next];
+        const Seconds span = when - previous;
+        if (span > 0) {
+          const double core_share = cpus > 0 ? 1.0 / cpus : 1.0;
+          copy_integral += span;
+          cpu_integral += span * core_share;
+          const double asked = copy_asks + cpu_asks * core_share;
+          if (capacity > 0 && asked > capacity * (1 + 1e-12)) {
+            // A max-min fair split of the capacity over what each running stage asks.
+            asks.clear();
+            for (std::size_t l = l0; l < l1; ++l) {
+              if (!begun[l]) continue;
+              const auto i = static_cast<std::size_t>(at[l]);
+              asks.emplace_back(lanes_[l].cpu ? demand[i] * core_share : demand[i], l);
+            }
+            std::sort(asks.begin(), asks.end());
+            double left = capacity;
+            auto waiting = static_cast<double>(asks.size());
+            for (const auto& [ask, l] : asks) {
+              const auto i = static_cast<std::size_t>(at[l]);
+              const double granted = std::min(ask, left / waiting);
+              left -= granted;
+              waiting -= 1;
+              if (demand[i] > 0) progress[i] += span * (granted - ask) / demand[i];
+            }
+          }
+        }
+        previous = when;
+        const auto i = static_cast<std::size_t>(at[next]);
+        const double ask = demand[i];
+        if (!begun[next]) {
+          begun[next] = 1;
+          since[next] = lanes_[next].cpu ? cpu_integral : copy_integral;
+          edge[next] = finish_s[static_cast<std::size_t>(stages_[i])];
+          (lanes_[next].cpu ? cpu_asks : copy_asks) += ask;
+          cpus += lanes_[next].cpu ? 1 : 0;
+        } else {
+          begun[next] = 0;
+          progress[i] += (lanes_[next].cpu ? cpu_integral : copy_integral) - since[next];
+          (lanes_[next].cpu ? cpu_asks : copy_asks) -= ask;
+          cpus -= lanes_[next].cpu ? 1 : 0;
+          ++at[next];
+          seek(next);
+        }
+      }
+    }
+    // Each stage's work takes its alone time at the mean progress rate it saw; move half way.
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto v = static_cast<std::size_t>(stages_[i]);
+      const Seconds w = work_s(i);
+      if (w <= 0 || progress[i] <= 0) continue;
+      const Seconds settled = alone[i] * w / progress[i];
+      duration_s[v] = costs[v].fixed_s + 0.5 * (w + settled);
+    }
+  }
+  return step;
+}
+
+StageTimes analytic_step_times(const StepGraph& g, const DurationModel& durations) {
+  std::vector<StageCost> costs;
+  costs.reserve(g.stages.size());
+  std::vector<Seconds> d;
+  d.reserve(g.stages.size());
+  for (const Stage& s : g.stages) {
+    costs.push_back(durations.cost(s, g));
+    d.push_back(costs.back().duration_s());
+  }
+  const HostSharing sharing(g);
+  if (!sharing.empty()) {
+    std::vector<double> dram;
+    for (int n = 0; n < g.numa_nodes; ++n) dram.push_back(durations.host_dram_Bps(n));
+    std::vector<Seconds> finish;
+    sharing.settle(AnalyticSchedule(g), costs, dram, d, finish);
+  }
+  return analytic_times(g, d);
+}
+
 MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_samples) {
   struct Event {
     Seconds time_s;
@@ -141,10 +301,7 @@ MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_
 }
 
 Trace AnalyticEngine::execute(const StepGraph& g, const DurationModel& durations) const {
-  std::vector<Seconds> d(g.stages.size());
-  for (const Stage& s : g.stages) d[static_cast<std::size_t>(s.id)] = durations.duration_s(s, g);
-  const StageTimes times = analytic_times(g, d);
-  return trace_of_times(g, times, name());
+  return trace_of_times(g, analytic_step_times(g, durations), name());
 }
 
 Trace trace_of_times(const StepGraph& g, const StageTimes& times, const std::string& engine) {

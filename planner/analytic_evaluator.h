@@ -1,9 +1,11 @@
 // Analytic evaluator: Eq. 3 over a StepGraph, f_v = d_v + max_{u ∈ P_v} f_u.
 //
 // P_v holds v's data dependencies and the stage issued before v on the same resource (stream
-// order), so waiting emerges from the edges and is never counted twice; there is no contention
-// between resources (each runs at its fair-share rate of the DurationModel). The start of v is
-// max_u f_u. Memory: every allocation/free event is placed at its stage's start or end; per GPU
+// order), so waiting emerges from the edges and is never counted twice. The start of v is
+// max_u f_u. GPU resources do not contend with each other. The host does (HostSharing): the CPU
+// workers of the ranks on one socket share its cores, and they share the NUMA node's DRAM
+// bandwidth with the DMA copies whose host buffers lie there; durations are settled against the
+// overlaps Eq. 3 itself produces. Memory: every allocation/free event is placed at its stage's start or end; per GPU
 // and per NUMA node the bytes held are swept in time order (frees before allocations at equal
 // times), starting from the graph's base bytes; GPU peaks add the graph's headroom fraction ε.
 // This is the engine the planners call thousands of times: O(V + E) after one sort of the
@@ -45,6 +47,46 @@ class AnalyticSchedule {
   std::vector<std::int32_t> first_;  // predecessors of v: preds_[first_[v] .. first_[v + 1])
   std::vector<std::int32_t> preds_;
 };
+
+// Host sharing, the analytic counterpart of what the SimGrid platform models with shared hosts and
+// links. Participants: every stage with work on a CPU worker (cores of NUMA node n's socket) and
+// every H2D/D2H copy (its host buffer in NUMA node n's DRAM). Within each interval where the set
+// of running participants of node n is constant:
+//   - the k CPU stages running split the socket's cores evenly (each progresses at 1/k);
+//   - the DRAM bandwidth B_n is split max-min fairly among the running stages, each demanding
+//     what it draws alone (dram_bytes / alone time; a CPU stage's demand divided by k too);
+//   - a stage progresses at the smaller of its core share and allocation / demand.
+// A stage's work part then takes its alone time divided by its mean progress rate over the
+// interval it ran in. Settling starts from the fair-share durations (StageCost::duration_s) and
+// repeats Eq. 3 with the stretched durations `kHostSharingPasses` times, each pass moving half way
+// to the new durations (a damped fixed-point iteration: stretching moves the overlaps).
+// B_n = DurationModel::host_dram_Bps(n) (0: DRAM not shared). Built once per graph; thread-safe.
+inline constexpr int kHostSharingPasses = 4;
+class HostSharing {
+ public:
+  explicit HostSharing(const StepGraph& g);
+  bool empty() const { return stages_.empty(); }
+  // Settles `duration_s` (in: fair-share durations from `costs`, indexed by stage id; out: the
+  // shared ones) and leaves the final Eq. 3 finish times in `finish_s`. Returns the step time.
+  // `dram_Bps[n]`: NUMA node n's shared DRAM bandwidth (missing or 0: unlimited).
+  Seconds settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs, const std::vector<double>& dram_Bps,
+                 std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const;
+
+ private:
+  // One CPU worker or copy engine of a NUMA node: its stages, in issue order (they run one after
+  // another), are stages_[first .. last).
+  struct Lane {
+    std::int32_t first = 0, last = 0;
+    bool cpu = false;
+  };
+  std::vector<std::int32_t> stages_;      // participating stage ids, lane by lane
+  std::vector<Lane> lanes_;               // grouped by NUMA node
+  std::vector<std::int32_t> node_first_;  // lanes of node n: lanes_[node_first_[n] .. node_first_[n + 1])
+};
+
+// Eq. 3 of `g` priced by `durations`, with host sharing settled: what the analytic engine, the
+// planners and the pricer all run.
+StageTimes analytic_step_times(const StepGraph& g, const DurationModel& durations);
 
 // Memory timelines and peaks of `g` when its stages run at `times`.
 struct MemoryPeaks {

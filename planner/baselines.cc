@@ -77,6 +77,9 @@ BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
       t.publishes_bf16 = false;
       t.accumulates_gradients = true;
       t.host_bytes_per_param = 4 * kFp32Bytes;  // FP32 parameter (the master), gradient and two moments
+      // optimizer.step() of torch.optim.AdamW over the CPU DTensor shards once the backward is done
+      // (FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer state on the host).
+      t.optimizer = OpKind::kTorchCpuAdamW;
       break;
     case BaselineSystem::kZeroOffload:
       // BF16 parameter copy on the host, BF16 communication, FP32 gradient + master + moments.
@@ -217,6 +220,21 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
   return fit;
 }
 
+BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
+  if (s == BaselineSystem::kMegatronLm || s == BaselineSystem::kKtFt) {
+    throw InputError("", "system", std::string(baseline_system_name(s)), "lowered apart from the offload baselines (no single step graph here)");
+  }
+  BaselineGraph out;
+  const BaselineFit fit = configure_baseline(s, ctx, k);
+  out.setup = fit.setup;
+  out.oom = fit.oom;
+  if (!fit.setup) return out;
+  LoweringOptions options;
+  options.memory = k;
+  out.graph = lower_baseline(*fit.setup, ctx, options);
+  return out;
+}
+
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& k) {
   if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engine, calibration, k);
@@ -225,23 +243,20 @@ BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const 
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;
   r.system = s;
-  const BaselineFit fit = configure_baseline(s, ctx, k);
-  if (!fit.setup) {
-    r.oom = fit.oom;
+  const BaselineGraph lowered = baseline_step_graph(s, ctx, k);
+  if (!lowered.setup) {
+    r.oom = lowered.oom;
     return r;
   }
-  r.setup = fit.setup;
-  LoweringOptions options;
-  options.memory = k;
-  const StepGraph g = lower_baseline(*fit.setup, ctx, options);
+  r.setup = lowered.setup;
   const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
-  r.trace = e->execute(g, durations);
+  r.trace = e->execute(lowered.graph, durations);
   r.step_s = r.trace.step_s;
   r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
   for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
   r.host_bytes_per_numa = r.trace.numa_peak_bytes;
   // The executed timeline may hold more than the static estimate: check it against the budgets too.
-  const BaselineMemory mem = baseline_static_memory(*fit.setup, ctx, k);
+  const BaselineMemory mem = baseline_static_memory(*r.setup, ctx, k);
   for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
     if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
       r.oom = OutOfMemory{"gpu", static_cast<int>(i), mem.gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],

@@ -65,6 +65,9 @@ struct BaselineTraits {
   bool publishes_bf16 = false;      // a BF16 copy of the updated masters is staged for the next step
   bool accumulates_gradients = true;  // may split the per-GPU batch into micro-batches (GAS)
   Bytes host_bytes_per_param = 16;  // host state per model parameter, over all ranks together
+  // The CPU optimizer's implementation: torch.optim.AdamW over the CPU shards (FSDP2) or a fused
+  // CPU Adam kernel (DeepSpeed's CPUAdam, MegaTrain's update), priced apart (planner/calibration.h).
+  OpKind optimizer = OpKind::kCpuAdamW;
 };
 BaselineTraits baseline_traits(BaselineSystem s, int gpus);
 
@@ -112,6 +115,15 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
 // same resources, operator kinds and memory events as lower(), so every StepEngine runs it; it
 // satisfies check_step_graph().
 StepGraph lower_baseline(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options = {});
+
+// The StepGraph of one step of system `s` as configure_baseline() sets it up, or the
+// out-of-memory that stops it. Megatron-LM and KT-FT are lowered apart (run_baseline()): InputError.
+struct BaselineGraph {
+  std::optional<BaselineSetup> setup;
+  std::optional<OutOfMemory> oom;
+  StepGraph graph;
+};
+BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& constants = {});
 
 // A baseline predicted on a workload: a step time, or out-of-memory.
 struct BaselineResult {

@@ -342,7 +342,8 @@ class KtFtLowering {
     const PerRank acc = each("experts.host_accumulate", OpKind::kHostAccumulate, Phase::kOptimizer, -1,
                              [&](int r) { return rr(r).cpu; }, 0, gradient_bytes(experts / P_), experts / P_, {}, all);
     const ParamCount shard = (dense + experts) / P_;
-    each("cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, canonical_state_bytes(shard), shard,
+    // FSDP2's optimizer.step(): torch.optim.AdamW over the host shards.
+    each("cpu_adamw", OpKind::kTorchCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, canonical_state_bytes(shard), shard,
          {}, acc);
   }
 

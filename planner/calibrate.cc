@@ -16,6 +16,7 @@
 
 #include "costmodel/input_error.h"
 #include "planner/analytic_evaluator.h"
+#include "planner/baselines.h"
 #include "planner/duration_model.h"
 #include "planner/step_engine.h"
 #include "planner/step_graph.h"
@@ -56,6 +57,9 @@ const std::vector<Constant>& constants() {
       {"h2d_Bps", &Calibration::h2d_Bps, false, 2, 1.2},
       {"d2h_Bps", &Calibration::d2h_Bps, false, 2, 1.2},
       {"cpu_adamw_params_per_s", &Calibration::cpu_adamw_params_per_s, false, 10, 10},
+      // torch.optim.AdamW over CPU shards (FSDP2's optimizer.step()): only the baseline-system
+      // records price it; the same range around the socket's estimate.
+      {"torch_adamw_params_per_s", &Calibration::torch_adamw_params_per_s, false, 10, 10},
       {"host_prep_params_per_s", &Calibration::host_prep_params_per_s, false, 10, 10},
       // Fixed costs (estimates 20, 20 and 30 µs): kernel launches and eager host dispatch per
       // stage (5 µs–1 ms: a stage is up to ~20 kernels), per local expert (0.4 µs–1 ms), per
@@ -77,6 +81,12 @@ struct Target {
   std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
   std::vector<std::int32_t> rank0_compute;  // step records: the stages on rank 0's compute stream
   std::optional<AnalyticSchedule> schedule;  // step records: Eq. 3 over `graph`, built once
+  std::optional<HostSharing> sharing;        // step records: the host sharing of `graph`, built once
+  // Step records, inside the fit: each stage's work stretch from host sharing, settled at the
+  // constants of the fit's last accepted step and held while the Jacobian is taken (settling at
+  // every evaluation costs ~15 Eq. 3 passes); empty: settle exactly.
+  std::vector<std::pair<std::int32_t, double>> stretch;  // (stage, stretch) of the stretched stages
+  bool stretched = false;
   // Stages that price alike (DurationModel's contract: a cost depends on a stage's kind, phase,
   // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
   std::vector<Stage> priced;             // one representative per distinct pricing
@@ -112,20 +122,52 @@ struct Prediction {
 };
 
 // `compute_busy`: also sum rank 0's compute-stream busy time (step records).
-Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy) {
+// `stretch`: also return the work stretch host sharing gave each stage (exact settling only).
+Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy,
+                          std::vector<std::pair<std::int32_t, double>>* stretch = nullptr) {
   const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
   Prediction out;
   if (t.row.kind == "operator") {
     for (const StageId id : t.op_stages) out.time_s += model.duration_s(t.graph.stage(id), t.graph);
     return out;
   }
-  std::vector<Seconds> priced(t.priced.size()), d(t.graph.stages.size()), finish;
-  for (std::size_t i = 0; i < t.priced.size(); ++i) priced[i] = model.duration_s(t.priced[i], t.graph);
-  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
+  std::vector<StageCost> priced(t.priced.size());
+  std::vector<Seconds> priced_s(t.priced.size()), d(t.graph.stages.size()), finish;
+  for (std::size_t i = 0; i < t.priced.size(); ++i) {
+    priced[i] = model.cost(t.priced[i], t.graph);
+    priced_s[i] = priced[i].duration_s();
+  }
+  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(t.priced_of[v])];
   if (compute_busy) {
     for (const std::int32_t v : t.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
   }
-  out.time_s = t.engine_factor * t.schedule->step_s(d, finish);
+  auto fixed_s = [&](std::size_t v) { return priced[static_cast<std::size_t>(t.priced_of[v])].fixed_s; };
+  Seconds step = 0;
+  if (t.stretched) {
+    for (const auto& [v, k] : t.stretch) {
+      const auto u = static_cast<std::size_t>(v);
+      d[u] = fixed_s(u) + k * (d[u] - fixed_s(u));
+    }
+    step = t.schedule->step_s(d, finish);
+  } else if (t.sharing && !t.sharing->empty()) {
+    std::vector<StageCost> costs(d.size());
+    for (std::size_t v = 0; v < d.size(); ++v) costs[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
+    std::vector<double> dram;
+    for (int n = 0; n < t.graph.numa_nodes; ++n) dram.push_back(model.host_dram_Bps(n));
+    const std::vector<Seconds> fair = d;
+    step = t.sharing->settle(*t.schedule, costs, dram, d, finish);
+    if (stretch) {
+      // Out: the work stretch (settled over fair-share work) of every stage sharing changed.
+      stretch->clear();
+      for (std::size_t v = 0; v < d.size(); ++v) {
+        const Seconds work = fair[v] - costs[v].fixed_s;
+        if (work > 0 && d[v] != fair[v]) stretch->emplace_back(static_cast<std::int32_t>(v), (d[v] - costs[v].fixed_s) / work);
+      }
+    }
+  } else {
+    step = t.schedule->step_s(d, finish);
+  }
+  out.time_s = t.engine_factor * step;
   return out;
 }
 
@@ -185,10 +227,20 @@ Target step_target(const StepRecord& r) {
   Target t;
   t.row = {r.id, "step", false, *r.measured.step_s, 0};
   t.ctx = resolve_workload(r.workload, r.origin);
-  const Plan plan = plan_from_json(r.plan, r.origin);
-  validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
-  t.graph = lower(plan, t.ctx);
+  if (!r.system.empty()) {
+    // A baseline system's record: its step as configure_baseline() sets it up.
+    const auto system = baseline_system_from_name(r.system);
+    if (!system) throw InputError(r.origin, "system", "\"" + r.system + "\"", "unknown baseline system");
+    BaselineGraph b = baseline_step_graph(*system, t.ctx);
+    if (!b.setup) throw InputError(r.origin, "system", "\"" + r.system + "\"", "does not fit: " + b.oom->message());
+    t.graph = std::move(b.graph);
+  } else {
+    const Plan plan = plan_from_json(r.plan, r.origin);
+    validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
+    t.graph = lower(plan, t.ctx);
+  }
   t.schedule.emplace(t.graph);
+  t.sharing.emplace(t.graph);
   index_pricing(t);
   for (const Stage& s : t.graph.stages) {
     if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);
@@ -199,7 +251,7 @@ Target step_target(const StepRecord& r) {
 }  // namespace
 
 std::vector<std::string> FitOptions::default_held_out_ids() {
-  return {"t4-b64", "long-128k", "t6-512k-replay", "g-qwen3-b32", "op-g4-global-128k", "op-g4-moe-128k"};
+  return {"t4-b64", "long-128k", "t6-512k-replay", "g-qwen3-b32", "g-qwen3-b32-fsdp2", "op-g4-global-128k", "op-g4-moe-128k"};
 }
 
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
@@ -214,7 +266,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     return std::find(options.held_out_ids.begin(), options.held_out_ids.end(), id) != options.held_out_ids.end();
   };
   for (const auto& r : records.steps) {
-    if (!r.system.empty() || !r.measured.step_s) continue;
+    if (!r.measured.step_s) continue;
     const bool same = r.workload.hardware == hw.name;
     if (!same) continue;
     try {
@@ -239,6 +291,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   const Calibration estimate = [&] {
     Calibration c = default_calibration(hw);
     c.hardware = hw.name;
+    if (options.attention_half_keys >= 0) c.attention_half_keys = options.attention_half_keys;
     return c;
   }();
   fit.calibration = estimate;
@@ -291,10 +344,23 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     return r;
   };
 
+  // Host sharing settled at `theta` and held (Target::stretch) until the next accepted step.
+  auto settle_sharing = [&](const Eigen::VectorXd& theta) {
+    const Calibration c = to_calibration(theta);
+    for (const Target* t : fitted) {
+      if (t->row.kind != "step" || !t->sharing || t->sharing->empty()) continue;
+      auto& target = const_cast<Target&>(*t);
+      target.stretched = false;
+      predict_detail(target, c, false, &target.stretch);
+      target.stretched = true;
+    }
+  };
+
   // Levenberg–Marquardt with a forward-difference Jacobian in log space, from several
   // deterministic starting points (the max-plus model has kinks and local minima); the best wins.
   auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations) {
     clamp(theta);
+    settle_sharing(theta);
     Eigen::VectorXd r = residuals(theta);
     double cost = r.squaredNorm();
     double lambda = 1e-2;
@@ -329,10 +395,13 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
         const double cn = rn.squaredNorm();
         if (cn < cost) {
           improved = true;
-          converged = cost - cn < 1e-10;
+          // Converged when the cost stops falling or the constants stop moving (settling host
+          // sharing afresh at each accepted step moves the cost a little by itself).
+          converged = cost - cn < 1e-10 || (next - theta).lpNorm<Eigen::Infinity>() < 1e-4;
           theta = next;
-          r = rn;
-          cost = cn;
+          settle_sharing(theta);
+          r = residuals(theta);
+          cost = r.squaredNorm();
           lambda = std::max(lambda / 3, 1e-7);
         } else {
           lambda *= 4;
@@ -342,6 +411,9 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     }
     iterations += it;
     return std::make_pair(cost, theta);
+  };
+  auto settle_exactly = [&] {
+    for (auto& t : targets) t.stretched = false;
   };
   int it = 0;
   std::uint64_t seed = 0x9e3779b97f4a7c15ULL;
@@ -363,6 +435,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   // the fitted constants and refit from there (the ratio varies slowly with the constants, the
   // analytic model carries the gradient).
   auto refresh_engine_factors = [&](const Calibration& c) {
+    settle_exactly();
     for (auto& t : targets) {
       if (t.row.kind != "step") continue;
       t.engine_factor = 1;
@@ -377,6 +450,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     }
     refresh_engine_factors(to_calibration(theta));
   }
+  settle_exactly();
   fit.iterations = it;
   fit.calibration = to_calibration(theta);
   for (int i = 0; i < p; ++i) {

@@ -49,6 +49,9 @@ struct FitOptions {
   // time alone cannot: compute from the non-compute time the step exposes beside it.
   std::map<std::string, double> compute_anchors_s;
   double anchor_weight = 1.0;
+  // The attention key-span ramp to keep (Calibration::attention_half_keys); < 0: the estimate's.
+  // Devices whose attention kernels have no GPU tile-fill ramp (the CPU backend) set 0.
+  double attention_half_keys = -1;
   static std::vector<std::string> default_held_out_ids();
 };
 

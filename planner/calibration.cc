@@ -17,6 +17,7 @@ Calibration default_calibration(const HardwareSpec& h) {
   c.cpu_adamw_params_per_s = h.numa.empty() ? 0 : h.numa.front().adamw_params_per_s;
   c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
   c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+  c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
   return c;
 }
 
@@ -30,6 +31,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
           {"attention_efficiency", c.attention_efficiency},
           {"attention_backward_efficiency", c.attention_backward_efficiency},
           {"wide_attention_efficiency", c.wide_attention_efficiency},
+          {"attention_half_keys", c.attention_half_keys},
           {"gdn_efficiency", c.gdn_efficiency},
           {"hbm_efficiency", c.hbm_efficiency},
           {"h2d_Bps", c.h2d_Bps},
@@ -38,6 +40,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
           {"cpu_adamw_params_per_s", c.cpu_adamw_params_per_s},
           {"host_prep_params_per_s", c.host_prep_params_per_s},
           {"host_accumulate_params_per_s", c.host_accumulate_params_per_s},
+          {"torch_adamw_params_per_s", c.torch_adamw_params_per_s},
           {"compute_overhead_s", c.compute_overhead_s},
           {"expert_overhead_s", c.expert_overhead_s},
           {"transfer_overhead_s", c.transfer_overhead_s},
@@ -48,9 +51,9 @@ nlohmann::json calibration_to_json(const Calibration& c) {
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
   r.reject_unknown_keys({"hardware", "fitted_from", "gemm_efficiency", "gemm_half_rows", "expert_gemm_efficiency",
-                         "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "gdn_efficiency",
+                         "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "attention_half_keys", "gdn_efficiency",
                          "hbm_efficiency", "h2d_Bps", "d2h_Bps", "fabric_efficiency", "cpu_adamw_params_per_s",
-                         "host_prep_params_per_s", "host_accumulate_params_per_s", "compute_overhead_s", "expert_overhead_s",
+                         "host_prep_params_per_s", "host_accumulate_params_per_s", "torch_adamw_params_per_s", "compute_overhead_s", "expert_overhead_s",
                          "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "fit"});
   Calibration c;
   c.hardware = r.string("hardware");
@@ -63,6 +66,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   c.attention_efficiency = eff("attention_efficiency", c.attention_efficiency);
   c.attention_backward_efficiency = eff("attention_backward_efficiency", c.attention_backward_efficiency);
   c.wide_attention_efficiency = eff("wide_attention_efficiency", c.wide_attention_efficiency);
+  c.attention_half_keys = r.number_or("attention_half_keys", c.attention_half_keys, 0.0, 1e9);
   c.gdn_efficiency = eff("gdn_efficiency", c.gdn_efficiency);
   c.hbm_efficiency = eff("hbm_efficiency", c.hbm_efficiency);
   c.h2d_Bps = r.number_or("h2d_Bps", 0.0, 0.0, 1e15);
@@ -71,6 +75,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   c.cpu_adamw_params_per_s = r.number_or("cpu_adamw_params_per_s", 0.0, 0.0, 1e15);
   c.host_prep_params_per_s = r.number_or("host_prep_params_per_s", 0.0, 0.0, 1e15);
   c.host_accumulate_params_per_s = r.number_or("host_accumulate_params_per_s", 0.0, 0.0, 1e15);
+  c.torch_adamw_params_per_s = r.number_or("torch_adamw_params_per_s", 0.0, 0.0, 1e15);
   c.compute_overhead_s = r.number_or("compute_overhead_s", c.compute_overhead_s, 0.0, 10.0);
   c.expert_overhead_s = r.number_or("expert_overhead_s", c.expert_overhead_s, 0.0, 10.0);
   c.transfer_overhead_s = r.number_or("transfer_overhead_s", c.transfer_overhead_s, 0.0, 10.0);
@@ -97,6 +102,7 @@ Calibration load_calibration_file(const std::string& path, const HardwareSpec& h
   if (c.cpu_adamw_params_per_s <= 0) c.cpu_adamw_params_per_s = d.cpu_adamw_params_per_s;
   if (c.host_prep_params_per_s <= 0) c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
   if (c.host_accumulate_params_per_s <= 0) c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+  if (c.torch_adamw_params_per_s <= 0) c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
   return c;
 }
 

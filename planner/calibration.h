@@ -30,6 +30,12 @@ struct Calibration {
   double attention_efficiency = 0.45;     // flash attention core forward (head dim ≤ 256)
   double attention_backward_efficiency = 0.35;  // flash attention core backward (head dim ≤ 256)
   double wide_attention_efficiency = 0.05;  // attention with head dim > 256 (memory-efficient kernel)
+  // Attention kernels fill the GPU as the keys each query attends to grow: a core over κ keys per
+  // query (half the sequence when causal, about the window when windowed) reaches
+  // κ / (κ + attention_half_keys) of its efficiency. Not fitted: FlashAttention-2's causal forward
+  // throughput at head dim 128 rises from about half of its 16K-token value at 512 tokens to ~92%
+  // at 4K (Dao 2023, Fig. 4), which κ_half ≈ 290 keys (575 tokens causal) reproduces.
+  double attention_half_keys = 290;
   double gdn_efficiency = 0.10;           // chunked Gated DeltaNet recurrence
   double hbm_efficiency = 0.80;           // bandwidth-bound kernels (norms, GPU AdamW) against HBM peak
 
@@ -42,6 +48,9 @@ struct Calibration {
   double cpu_adamw_params_per_s = 0;
   double host_prep_params_per_s = 0;        // BF16 staging; 0 = 4 × the AdamW rate
   double host_accumulate_params_per_s = 0;  // FP32 accumulation of BF16 partials; 0 = 2 × AdamW
+  // torch.optim.AdamW stepping CPU tensors after the backward (FSDP2 with CPU offload, and the
+  // FSDP2 part of KT-FT): another implementation than the update above; 0 = the AdamW rate.
+  double torch_adamw_params_per_s = 0;
 
   // Fixed cost per stage (kernel launches, synchronization, DMA set-up).
   Seconds compute_overhead_s = 20e-6;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "planner/baselines.h"
 #include "planner/step_engine.h"
 #include "planner/validation.h"
 
@@ -82,8 +83,13 @@ struct Errors {
   }
 };
 
+// Plan records and the records of the offload baselines (lowered by lower_baseline()) join the
+// fit; Megatron-LM and KT-FT records are predicted only.
 bool fittable(const StepRecord& r, const std::string& hw) {
-  return r.system.empty() && r.measured.step_s && r.workload.hardware == hw;
+  if (!r.measured.step_s || r.workload.hardware != hw) return false;
+  if (r.system.empty()) return true;
+  const auto s = baseline_system_from_name(r.system);
+  return s && *s != BaselineSystem::kMegatronLm && *s != BaselineSystem::kKtFt;
 }
 
 }  // namespace

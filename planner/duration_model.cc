@@ -17,6 +17,28 @@ CalibratedDurationModel::CalibratedDurationModel(HardwareSpec hardware, Calibrat
   if (calibration_.host_accumulate_params_per_s <= 0) {
     calibration_.host_accumulate_params_per_s = 2 * calibration_.cpu_adamw_params_per_s;
   }
+  if (calibration_.torch_adamw_params_per_s <= 0) calibration_.torch_adamw_params_per_s = calibration_.cpu_adamw_params_per_s;
+}
+
+Bytes cpu_stage_dram_bytes(const Stage& s) {
+  if (s.bytes > 0) return s.bytes;
+  switch (s.op) {
+    case OpKind::kCpuAdamW:
+      return s.params * kAdamWDramBytesPerParam;
+    case OpKind::kTorchCpuAdamW:
+      return s.params * kTorchAdamWDramBytesPerParam;
+    case OpKind::kHostAccumulate:
+      return s.params * kHostAccumulateDramBytesPerParam;
+    case OpKind::kHostPrep:
+      return s.params * kHostPrepDramBytesPerParam;
+    default:
+      return 0;
+  }
+}
+
+double CalibratedDurationModel::host_dram_Bps(int numa) const {
+  if (numa < 0 || hardware_.numa.empty()) return 0;
+  return hardware_.numa[static_cast<std::size_t>(numa) % hardware_.numa.size()].dram_Bps;
 }
 
 StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) const {
@@ -50,6 +72,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
     out.work = static_cast<double>(s.params);
     out.exclusive_rate = socket_rate;
     out.rate = socket_rate / sharing;
+    out.dram_bytes = cpu_stage_dram_bytes(s);
   };
   switch (s.op) {
     case OpKind::kGemm:
@@ -63,12 +86,18 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       out.fixed_s += c.expert_overhead_s * static_cast<double>(std::max<std::int64_t>(1, s.shape.experts));
       break;
     }
-    case OpKind::kAttention:
+    case OpKind::kAttention: {
+      // Keys per query, averaged over the sequence: half of it when causal; W·(1 − W/2L) with a
+      // window W shorter than the sequence L.
+      const double L = static_cast<double>(s.shape.seq_len), W = static_cast<double>(s.shape.window);
+      const double keys = W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;
       // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike.
-      compute(s.shape.head_dim > 256       ? c.wide_attention_efficiency
-              : s.phase == Phase::kBackward ? c.attention_backward_efficiency
-                                            : c.attention_efficiency);
+      compute((s.shape.head_dim > 256       ? c.wide_attention_efficiency
+               : s.phase == Phase::kBackward ? c.attention_backward_efficiency
+                                             : c.attention_efficiency) *
+              fill_rows(keys, c.attention_half_keys));
       break;
+    }
     case OpKind::kGdn:
       compute(c.gdn_efficiency);
       break;
@@ -82,11 +111,13 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       out.fixed_s = c.transfer_overhead_s + hardware_.pcie.latency_s;
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = c.h2d_Bps;
+      out.dram_bytes = s.bytes;
       break;
     case OpKind::kD2h:
       out.fixed_s = c.transfer_overhead_s + hardware_.pcie.latency_s;
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = c.d2h_Bps;
+      out.dram_bytes = s.bytes;
       break;
     case OpKind::kAllToAll:
     case OpKind::kAllGather:
@@ -101,6 +132,9 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
     }
     case OpKind::kCpuAdamW:
       cpu(c.cpu_adamw_params_per_s);
+      break;
+    case OpKind::kTorchCpuAdamW:
+      cpu(c.torch_adamw_params_per_s);
       break;
     case OpKind::kHostAccumulate:
       cpu(c.host_accumulate_params_per_s);

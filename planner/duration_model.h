@@ -25,12 +25,31 @@ struct StageCost {
   double work = 0;            // FLOPs, bytes or parameters
   double rate = 0;            // work per second, fair share (0 when work is 0)
   double exclusive_rate = 0;  // work per second with the shared element to itself
+  Bytes dram_bytes = 0;       // host DRAM bytes the work moves (CPU tasks, host-side DMA); 0 for GPU work
   Seconds duration_s() const { return fixed_s + (rate > 0 ? work / rate : 0.0); }
+  // The work part alone on its hardware: work / exclusive_rate.
+  Seconds alone_s() const { return work > 0 && exclusive_rate > 0 ? work / exclusive_rate : 0.0; }
 };
+
+// DRAM bytes a CPU task moves per parameter when the lowering leaves a stage's bytes at 0.
+inline constexpr Bytes kAdamWDramBytesPerParam = 28;          // r/w FP32 master, m, v (24) + BF16 grad in (2) + BF16 weight out (2)
+inline constexpr Bytes kTorchAdamWDramBytesPerParam = 28;     // r FP32 grad, master, m, v (16) + w master, m, v (12), fused
+inline constexpr Bytes kHostAccumulateDramBytesPerParam = 10;  // BF16 partial in (2) + FP32 sum read and written (8)
+inline constexpr Bytes kHostPrepDramBytesPerParam = 6;         // FP32 master in (4) + BF16 copy out (2)
+
+// DRAM bytes of CPU stage `s`: its bytes when the lowering set them, else its parameters at the
+// per-kind rates above; 0 for stages that are not CPU tasks.
+Bytes cpu_stage_dram_bytes(const Stage& s);
 
 class DurationModel {
  public:
   virtual ~DurationModel() = default;
+  // Achievable DRAM bandwidth of NUMA node `numa` that CPU tasks and DMA copies share; 0 when the
+  // model does not know it (then only the socket's cores are shared).
+  virtual double host_dram_Bps(int numa) const {
+    (void)numa;
+    return 0;
+  }
   // The cost of stage `s` of graph `g`. Never negative; a kSync stage costs nothing. Depends only
   // on the stage's op, phase, resource (and that resource's fields), rank, demand (flops, bytes,
   // params), shape and peers — never on its name, layer, dependencies or memory events — so stages
@@ -53,6 +72,7 @@ class CalibratedDurationModel : public DurationModel {
   // `ranks` is the number of training ranks (to share sockets fairly).
   CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
   StageCost cost(const Stage& s, const StepGraph& g) const override;
+  double host_dram_Bps(int numa) const override;
   const Calibration& calibration() const { return calibration_; }
   const HardwareSpec& hardware() const { return hardware_; }
 

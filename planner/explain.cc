@@ -22,7 +22,7 @@ int mechanism_of(const std::string& kind) {
   if (kind == "all_to_all" || kind == "all_gather" || kind == "reduce_scatter") return kCollective;
   if (kind == "h2d") return kH2d;
   if (kind == "d2h") return kD2h;
-  if (kind == "cpu_adamw") return kCpuAdamW;
+  if (kind == "cpu_adamw" || kind == "torch_cpu_adamw") return kCpuAdamW;
   if (kind == "host_accumulate") return kHostAccumulate;
   if (kind == "host_prep") return kHostPrep;
   return -1;  // compute (or a zero-work join)

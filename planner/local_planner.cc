@@ -163,7 +163,7 @@ LayerTable local_layer_table(const PlanPricer& pricer, const SplitSpec& split, b
   const StepGraph g = pricer.lower_plan(plan, unit_layers);
   std::vector<Seconds> d(g.stages.size());
   for (const Stage& s : g.stages) d[static_cast<std::size_t>(s.id)] = pricer.durations().duration_s(s, g);
-  const StageTimes times = analytic_times(g, d);
+  const StageTimes times = analytic_step_times(g, pricer.durations());
   const MemoryPeaks mem = memory_peaks(g, times, /*keep_samples=*/true);
   const std::vector<MemorySample>& samples = mem.timelines.at(0).samples;
   std::vector<Seconds> replay(static_cast<std::size_t>(unit_layers), 0.0);

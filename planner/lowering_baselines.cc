@@ -363,7 +363,7 @@ class BaselineLowering {
       // Each rank updates 1/P of the group once every rank's partial is summed.
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(what + ".cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, rr(r).cpu, r, layer);
+        Stage s = make(what + ".cpu_adamw", t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = params / P_;
         s.bytes = canonical_state_bytes(params / P_);
         for (int q = 0; q < P_; ++q) dep(s, consumed, q);
@@ -392,7 +392,7 @@ class BaselineLowering {
     for (const auto& u : pending_updates_) {
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(u.what + ".cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, rr(r).cpu, r, u.layer);
+        Stage s = make(u.what + ".cpu_adamw", t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
         s.params = u.params / P_;
         s.bytes = canonical_state_bytes(u.params / P_);
         dep(s, u.ready, r);

@@ -85,9 +85,7 @@ StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const {
 
 PricedPlan PlanPricer::price(const Plan& plan, int decoder_layers) const {
   const StepGraph g = lower_plan(plan, decoder_layers);
-  std::vector<Seconds> d(g.stages.size());
-  for (const Stage& s : g.stages) d[static_cast<std::size_t>(s.id)] = durations_.duration_s(s, g);
-  const StageTimes t = analytic_times(g, d);
+  const StageTimes t = analytic_step_times(g, durations_);
   MemoryPeaks m = memory_peaks(g, t, /*keep_samples=*/false);
   PricedPlan p;
   p.plan = plan;

@@ -29,9 +29,7 @@ PlanChoice plan_choice_of(const PricedPlan& p, const WorkloadContext& ctx) {
 PlanChoice plan_choice_of(const PricedPlan& p, const PlanPricer& pricer) {
   PlanChoice c = plan_choice_of(p, pricer.context());
   const StepGraph g = pricer.lower_plan(p.plan);
-  std::vector<Seconds> d(g.stages.size());
-  for (const Stage& s : g.stages) d[static_cast<std::size_t>(s.id)] = pricer.durations().duration_s(s, g);
-  const StageTimes t = analytic_times(g, d);
+  const StageTimes t = analytic_step_times(g, pricer.durations());
   const auto worst = std::max_element(p.gpu_peak_bytes.begin(), p.gpu_peak_bytes.end());
   const int gpu = worst == p.gpu_peak_bytes.end() ? 0 : static_cast<int>(worst - p.gpu_peak_bytes.begin());
   c.peak = gpu_peak_composition(g, t, gpu, static_memory(pricer.context(), p.plan, pricer.constants()).gpu.eq2.state);

@@ -32,6 +32,7 @@ std::string_view op_kind_name(OpKind k) {
     case OpKind::kAllGather: return "all_gather";
     case OpKind::kReduceScatter: return "reduce_scatter";
     case OpKind::kCpuAdamW: return "cpu_adamw";
+    case OpKind::kTorchCpuAdamW: return "torch_cpu_adamw";
     case OpKind::kHostAccumulate: return "host_accumulate";
     case OpKind::kHostPrep: return "host_prep";
     case OpKind::kGpuAdamW: return "gpu_adamw";

@@ -64,6 +64,7 @@ enum class OpKind {
   kAllGather,        // Local shard delivery
   kReduceScatter,    // gradient reduction over the fabric
   kCpuAdamW,         // CPU AdamW of host-resident state
+  kTorchCpuAdamW,    // torch.optim.AdamW over CPU tensors after the backward (FSDP2's optimizer.step())
   kHostAccumulate,   // FP32 accumulation of BF16 gradient partials in host memory
   kHostPrep,         // BF16 staging of FP32 masters into the pinned pool
   kGpuAdamW,         // GPU AdamW of a resident shard + BF16 refresh

@@ -19,7 +19,7 @@ enum Category { kCompute = 0, kCollective = 1, kTransfer = 2, kCpu = 3 };
 int category_of(const std::string& kind) {
   if (kind == "all_to_all" || kind == "all_gather" || kind == "reduce_scatter") return kCollective;
   if (kind == "h2d" || kind == "d2h") return kTransfer;
-  if (kind == "cpu_adamw" || kind == "host_accumulate" || kind == "host_prep") return kCpu;
+  if (kind == "cpu_adamw" || kind == "torch_cpu_adamw" || kind == "host_accumulate" || kind == "host_prep") return kCpu;
   return kCompute;
 }
 

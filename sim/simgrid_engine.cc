@@ -100,7 +100,8 @@ class Simulation {
   // DRAM bytes of a CPU stage that does work.
   Bytes dram_flow_bytes(const Stage& s) const {
     const StageCost& c = costs_[at(s.id)];
-    return c.work > 0 ? cpu_stage_dram_bytes(s) : 0;
+    if (c.work <= 0) return 0;
+    return c.dram_bytes > 0 ? c.dram_bytes : cpu_stage_dram_bytes(s);  // duration models that leave it unset
   }
 
   void walk(const Resource& r) {
@@ -180,7 +181,7 @@ class Simulation {
                             ->set_flops_amount(alone_s * socket->get_speed())
                             ->set_thread_count(cores);
     exec->start();
-    const Bytes dram = cpu_stage_dram_bytes(s);
+    const Bytes dram = dram_flow_bytes(s);
     if (dram > 0) {
       static const int token = 0;
       sg4::Mailbox* box = sg4::Mailbox::by_name(r.name + ".dram");
@@ -214,20 +215,6 @@ std::vector<double> read_doubles(const std::string& in, std::size_t offset, std:
 }
 
 }  // namespace
-
-Bytes cpu_stage_dram_bytes(const Stage& s) {
-  if (s.bytes > 0) return s.bytes;
-  switch (s.op) {
-    case OpKind::kCpuAdamW:
-      return s.params * kAdamWDramBytesPerParam;
-    case OpKind::kHostAccumulate:
-      return s.params * kHostAccumulateDramBytesPerParam;
-    case OpKind::kHostPrep:
-      return s.params * kHostPrepDramBytesPerParam;
-    default:
-      return 0;
-  }
-}
 
 std::vector<int> rank_global_gpus(const HardwareSpec& h, int ranks) {
   const std::vector<int> local = h.rank_gpus(ranks);

@@ -55,14 +55,6 @@ std::unique_ptr<StepEngine> make_simgrid_engine();
 
 namespace oom::sim {
 
-// DRAM bytes a CPU task moves per parameter when the lowering leaves a stage's bytes at 0.
-inline constexpr Bytes kAdamWDramBytesPerParam = 28;          // r/w FP32 master, m, v (24) + BF16 grad in (2) + BF16 weight out (2)
-inline constexpr Bytes kHostAccumulateDramBytesPerParam = 10;  // BF16 partial in (2) + FP32 sum read and written (8)
-inline constexpr Bytes kHostPrepDramBytesPerParam = 6;         // FP32 master in (4) + BF16 copy out (2)
-
-// DRAM bytes of CPU stage `s` (see above); 0 for stages that are not CPU tasks.
-Bytes cpu_stage_dram_bytes(const Stage& s);
-
 class SimGridEngine : public StepEngine {
  public:
   // Takes the hardware and calibration from the CalibratedDurationModel passed to execute().

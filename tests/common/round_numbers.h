@@ -20,6 +20,7 @@ class RoundNumbers : public DurationModel {
       case OpKind::kReduceScatter:
         return {0, static_cast<double>(s.bytes), 100e9, 100e9};
       case OpKind::kCpuAdamW:
+      case OpKind::kTorchCpuAdamW:
         return {0, static_cast<double>(s.params), 0.25e9, 0.25e9};
       case OpKind::kSync:
         return {};
