@@ -36,6 +36,10 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
   h.pcie.h2d_Bps = p.number("h2d_Bps", 1e6, kMaxRate);
   h.pcie.d2h_Bps = p.number("d2h_Bps", 1e6, kMaxRate);
   h.pcie.latency_s = p.number("latency_s", 0.0, 1.0);
+  h.pcie.gpus_per_switch = static_cast<int>(p.integer_or("gpus_per_switch", 1, 1, 1024));
+  if (h.gpus_per_node % h.pcie.gpus_per_switch != 0) {
+    p.fail("gpus_per_switch", fmt::format("must divide gpu.count {}", h.gpus_per_node));
+  }
 
   const JsonReader f = r.object("fabric");
   h.fabric.kind = f.one_of("kind", {"nvlink", "pcie_peer"}) == "nvlink" ? FabricKind::kNvlink : FabricKind::kPciePeer;
@@ -63,6 +67,11 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
     r.fail("gpu_numa", fmt::format("has {} entries, gpu.count is {}", gpu_numa.size(), h.gpus_per_node));
   }
   for (auto n : gpu_numa) h.gpu_numa.push_back(static_cast<int>(n));
+  for (int g = 0; g < h.gpus_per_node; ++g) {
+    if (h.gpu_numa[static_cast<std::size_t>(g)] != h.gpu_numa[static_cast<std::size_t>(g - g % h.pcie.gpus_per_switch)]) {
+      p.fail("gpus_per_switch", fmt::format("puts GPU {} behind one switch with GPUs of another NUMA node (gpu_numa)", g));
+    }
+  }
 
   if (r.has("network")) {
     const JsonReader n = r.object("network");
@@ -87,6 +96,7 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   j["gpu_numa"] = h.gpu_numa;
   j["pcie"] = {{"generation", h.pcie.generation}, {"h2d_Bps", h.pcie.h2d_Bps}, {"d2h_Bps", h.pcie.d2h_Bps},
                {"latency_s", h.pcie.latency_s}};
+  if (h.pcie.gpus_per_switch != 1) j["pcie"]["gpus_per_switch"] = h.pcie.gpus_per_switch;
   j["fabric"] = {{"kind", h.fabric.kind == FabricKind::kNvlink ? "nvlink" : "pcie_peer"},
                  {"per_gpu_Bps", h.fabric.per_gpu_Bps}, {"latency_s", h.fabric.latency_s}};
   auto& numa = j["numa"] = nlohmann::json::array();
@@ -114,6 +124,10 @@ std::vector<int> HardwareSpec::rank_gpus(int ranks) const {
   return out;
 }
 
+int HardwareSpec::global_gpu_of_rank(int rank, int ranks) const {
+  return (rank / gpus_per_node) * gpus_per_node + rank_gpus(ranks).at(static_cast<std::size_t>(rank));
+}
+
 int HardwareSpec::numa_of_rank(int rank, int ranks) const { return numa_of_gpu(rank_gpus(ranks).at(static_cast<std::size_t>(rank))); }
 
 std::vector<int> HardwareSpec::ranks_per_numa(int ranks) const {
@@ -139,6 +153,7 @@ std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
   if (std::any_of(h.numa.begin(), h.numa.end(), [](const NumaSpec& n) { return n.amx_bf16_flops_per_s > 0; })) {
     f.push_back("numa.amx_bf16_flops_per_s");
   }
+  if (h.pcie.gpus_per_switch != 1) f.push_back("pcie.gpus_per_switch");
   if (h.nodes > 1) {
     f.push_back("network.per_node_Bps");
     f.push_back("network.latency_s");

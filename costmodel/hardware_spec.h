@@ -31,6 +31,9 @@ struct PcieSpec {
   BytesPerS h2d_Bps = 0;  // achieved host-to-device, pinned memory
   BytesPerS d2h_Bps = 0;
   Seconds latency_s = 0;
+  // GPUs behind one PCIe switch, sharing its single x16 uplink to the CPU (1: a link per GPU).
+  // The GPUs of a switch are consecutive and hang off one socket.
+  int gpus_per_switch = 1;
   bool operator==(const PcieSpec&) const = default;
 };
 
@@ -78,6 +81,10 @@ struct HardwareSpec {
   // (round robin over sockets, lowest GPU index first), so that each rank's CPU work runs on its
   // own socket and a partial node uses every socket. Ranks beyond one node wrap to the next node.
   std::vector<int> rank_gpus(int ranks) const;
+  // The GPU (global index over all nodes) of training rank r under rank_gpus().
+  int global_gpu_of_rank(int rank, int ranks) const;
+  // The PCIe switch (global index over all nodes) whose uplink carries the host copies of rank r.
+  int pcie_switch_of_rank(int rank, int ranks) const { return global_gpu_of_rank(rank, ranks) / pcie.gpus_per_switch; }
   // NUMA node of training rank r under rank_gpus().
   int numa_of_rank(int rank, int ranks) const;
   // Ranks per NUMA node (of the first node) for `ranks` ranks.

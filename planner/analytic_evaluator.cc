@@ -81,7 +81,7 @@ Seconds AnalyticSchedule::step_s(const std::vector<Seconds>& duration_s, std::ve
   return step;
 }
 
-HostSharing::HostSharing(const StepGraph& g) {
+HostSharing::HostSharing(const StepGraph& g, const std::vector<int>& rank_link) {
   int nodes = g.numa_nodes;
   for (const Resource& r : g.resources) nodes = std::max(nodes, r.numa + 1);
   std::vector<std::vector<const Resource*>> per(static_cast<std::size_t>(std::max(0, nodes)));
@@ -92,16 +92,27 @@ HostSharing::HostSharing(const StepGraph& g) {
   }
   node_first_.push_back(0);
   for (const auto& lanes : per) {
+    std::vector<std::pair<int, int>> channels;  // (link, direction) of this node's copy lanes
     for (const Resource* r : lanes) {
       Lane lane;
       lane.cpu = r->kind == ResourceKind::kCpuUpdate || r->kind == ResourceKind::kHostPrep;
+      if (!lane.cpu) {
+        const int link = r->gpu >= 0 && static_cast<std::size_t>(r->gpu) < rank_link.size() ? rank_link[static_cast<std::size_t>(r->gpu)] : r->gpu;
+        const std::pair<int, int> key{link, r->kind == ResourceKind::kH2d ? 0 : 1};
+        auto it = std::find(channels.begin(), channels.end(), key);
+        if (it == channels.end()) it = channels.insert(channels.end(), key);
+        lane.channel = channels_ + static_cast<std::int32_t>(it - channels.begin());
+      }
       lane.first = static_cast<std::int32_t>(stages_.size());
       stages_.insert(stages_.end(), r->order.begin(), r->order.end());
       lane.last = static_cast<std::int32_t>(stages_.size());
       lanes_.push_back(lane);
     }
+    channel_first_.push_back(channels_);
+    channels_ += static_cast<std::int32_t>(channels.size());
     node_first_.push_back(static_cast<std::int32_t>(lanes_.size()));
   }
+  channel_first_.push_back(channels_);
 }
 
 Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs,
@@ -119,12 +130,17 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
     return alone[i] > 0 ? duration_s[v] - costs[v].fixed_s : 0.0;
   };
   // Per lane: the participant it is at, whether that one's work has begun, the time of its next
-  // edge, and the value of the progress integral of its class when the work began.
+  // edge, and the value of its progress integral when the work began.
   const std::size_t lanes = lanes_.size();
   std::vector<std::int32_t> at(lanes);
   std::vector<char> begun(lanes);
   std::vector<Seconds> edge(lanes);
   std::vector<double> since(lanes);
+  // Per PCIe channel (a link or switch uplink, one direction): copies running on it, the DRAM
+  // they ask alone, and the progress integral of one copy on it (each of k gets 1/k of it).
+  const auto channels = static_cast<std::size_t>(channels_);
+  std::vector<int> on_channel(channels);
+  std::vector<double> channel_asks(channels), channel_integral(channels);
   std::vector<std::pair<double, std::size_t>> asks;
   Seconds step = 0;
   for (int pass = 0;; ++pass) {
@@ -134,6 +150,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
     for (std::size_t node = 0; node + 1 < node_first_.size(); ++node) {
       const double capacity = node < dram_Bps.size() ? dram_Bps[node] : 0.0;
       const auto l0 = static_cast<std::size_t>(node_first_[node]), l1 = static_cast<std::size_t>(node_first_[node + 1]);
+      const auto c0 = static_cast<std::size_t>(channel_first_[node]), c1 = static_cast<std::size_t>(channel_first_[node + 1]);
       // Each lane's stages run one after another, so its begin/end edges come in time order:
       // merge the lanes (a few per node) instead of sorting.
       auto seek = [&](std::size_t l) {  // the lane's next stage with work, and its begin edge
@@ -149,11 +166,14 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
         begun[l] = 0;
         seek(l);
       }
-      // Progress integrals while DRAM is not oversubscribed: a copy advances at 1, a CPU stage at
-      // its core share; a contended interval adds each running stage's shortfall to it directly.
-      double copy_integral = 0, cpu_integral = 0;
+      for (std::size_t c = c0; c < c1; ++c) {
+        on_channel[c] = 0;
+        channel_asks[c] = channel_integral[c] = 0;
+      }
+      // While DRAM is not oversubscribed a CPU stage advances at its core share and a copy at its
+      // channel share; a contended interval adds each running stage's shortfall directly.
+      double cpu_integral = 0, cpu_asks = 0;
       int cpus = 0;
-      double copy_asks = 0, cpu_asks = 0;  // DRAM asked by running copies, and by running CPU stages alone
       Seconds previous = 0;
       for (;;) {
         // The next edge: the earliest; ends before beginnings at one instant (a stage that ends
@@ -168,16 +188,21 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
         const Seconds span = when - previous;
         if (span > 0) {
           const double core_share = cpus > 0 ? 1.0 / cpus : 1.0;
-          copy_integral += span;
           cpu_integral += span * core_share;
-          const double asked = copy_asks + cpu_asks * core_share;
+          double asked = cpu_asks * core_share;
+          for (std::size_t c = c0; c < c1; ++c) {
+            if (on_channel[c] == 0) continue;
+            channel_integral[c] += span / on_channel[c];
+            asked += channel_asks[c] / on_channel[c];
+          }
           if (capacity > 0 && asked > capacity * (1 + 1e-12)) {
             // A max-min fair split of the capacity over what each running stage asks.
             asks.clear();
             for (std::size_t l = l0; l < l1; ++l) {
               if (!begun[l]) continue;
               const auto i = static_cast<std::size_t>(at[l]);
-              asks.emplace_back(lanes_[l].cpu ? demand[i] * core_share : demand[i], l);
+              const double share = lanes_[l].cpu ? core_share : 1.0 / on_channel[static_cast<std::size_t>(lanes_[l].channel)];
+              asks.emplace_back(demand[i] * share, l);
             }
             std::sort(asks.begin(), asks.end());
             double left = capacity;
@@ -193,18 +218,31 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
         }
         previous = when;
         const auto i = static_cast<std::size_t>(at[next]);
-        const double ask = demand[i];
+        const Lane& lane = lanes_[next];
+        const auto c = static_cast<std::size_t>(std::max(0, lane.channel));
         if (!begun[next]) {
           begun[next] = 1;
-          since[next] = lanes_[next].cpu ? cpu_integral : copy_integral;
           edge[next] = finish_s[static_cast<std::size_t>(stages_[i])];
-          (lanes_[next].cpu ? cpu_asks : copy_asks) += ask;
-          cpus += lanes_[next].cpu ? 1 : 0;
+          if (lane.cpu) {
+            since[next] = cpu_integral;
+            cpu_asks += demand[i];
+            ++cpus;
+          } else {
+            since[next] = channel_integral[c];
+            channel_asks[c] += demand[i];
+            ++on_channel[c];
+          }
         } else {
           begun[next] = 0;
-          progress[i] += (lanes_[next].cpu ? cpu_integral : copy_integral) - since[next];
-          (lanes_[next].cpu ? cpu_asks : copy_asks) -= ask;
-          cpus -= lanes_[next].cpu ? 1 : 0;
+          if (lane.cpu) {
+            progress[i] += cpu_integral - since[next];
+            cpu_asks -= demand[i];
+            --cpus;
+          } else {
+            progress[i] += channel_integral[c] - since[next];
+            channel_asks[c] -= demand[i];
+            --on_channel[c];
+          }
           ++at[next];
           seek(next);
         }
@@ -231,7 +269,9 @@ StageTimes analytic_step_times(const StepGraph& g, const DurationModel& duration
     costs.push_back(durations.cost(s, g));
     d.push_back(costs.back().duration_s());
   }
-  const HostSharing sharing(g);
+  std::vector<int> links;
+  for (int r = 0; r < g.gpus; ++r) links.push_back(durations.pcie_link_of_rank(r, g.gpus));
+  const HostSharing sharing(g, links);
   if (!sharing.empty()) {
     std::vector<double> dram;
     for (int n = 0; n < g.numa_nodes; ++n) dram.push_back(durations.host_dram_Bps(n));

@@ -50,12 +50,14 @@ class AnalyticSchedule {
 
 // Host sharing, the analytic counterpart of what the SimGrid platform models with shared hosts and
 // links. Participants: every stage with work on a CPU worker (cores of NUMA node n's socket) and
-// every H2D/D2H copy (its host buffer in NUMA node n's DRAM). Within each interval where the set
-// of running participants of node n is constant:
+// every H2D/D2H copy (its host buffer in NUMA node n's DRAM, its bytes over a PCIe channel: the
+// GPU's link, or the uplink of the switch several GPUs share, one per direction). Within each
+// interval where the set of running participants of node n is constant:
 //   - the k CPU stages running split the socket's cores evenly (each progresses at 1/k);
-//   - the DRAM bandwidth B_n is split max-min fairly among the running stages, each demanding
-//     what it draws alone (dram_bytes / alone time; a CPU stage's demand divided by k too);
-//   - a stage progresses at the smaller of its core share and allocation / demand.
+//   - the k copies running on one PCIe channel split it evenly (each at 1/k);
+//   - the DRAM bandwidth B_n is split max-min fairly among the running stages, each asking what
+//     it draws alone (dram_bytes / alone time) times its core or channel share;
+//   - a stage progresses at the smaller of that share and allocation / demand.
 // A stage's work part then takes its alone time divided by its mean progress rate over the
 // interval it ran in. Settling starts from the fair-share durations (StageCost::duration_s) and
 // repeats Eq. 3 with the stretched durations `kHostSharingPasses` times, each pass moving half way
@@ -64,7 +66,9 @@ class AnalyticSchedule {
 inline constexpr int kHostSharingPasses = 4;
 class HostSharing {
  public:
-  explicit HostSharing(const StepGraph& g);
+  // `rank_link[r]`: the PCIe channel rank r's copies use (DurationModel::pcie_link_of_rank);
+  // missing ranks get a link of their own.
+  explicit HostSharing(const StepGraph& g, const std::vector<int>& rank_link = {});
   bool empty() const { return stages_.empty(); }
   // Settles `duration_s` (in: fair-share durations from `costs`, indexed by stage id; out: the
   // shared ones) and leaves the final Eq. 3 finish times in `finish_s`. Returns the step time.
@@ -74,14 +78,17 @@ class HostSharing {
 
  private:
   // One CPU worker or copy engine of a NUMA node: its stages, in issue order (they run one after
-  // another), are stages_[first .. last).
+  // another), are stages_[first .. last); a copy engine's PCIe channel (−1 for CPU workers).
   struct Lane {
     std::int32_t first = 0, last = 0;
     bool cpu = false;
+    std::int32_t channel = -1;
   };
   std::vector<std::int32_t> stages_;      // participating stage ids, lane by lane
   std::vector<Lane> lanes_;               // grouped by NUMA node
   std::vector<std::int32_t> node_first_;  // lanes of node n: lanes_[node_first_[n] .. node_first_[n + 1])
+  std::vector<std::int32_t> channel_first_;  // channels of node n: [channel_first_[n], channel_first_[n + 1])
+  std::int32_t channels_ = 0;
 };
 
 // Eq. 3 of `g` priced by `durations`, with host sharing settled: what the analytic engine, the

@@ -240,7 +240,9 @@ Target step_target(const StepRecord& r) {
     t.graph = lower(plan, t.ctx);
   }
   t.schedule.emplace(t.graph);
-  t.sharing.emplace(t.graph);
+  std::vector<int> links;
+  for (int r = 0; r < t.graph.gpus; ++r) links.push_back(t.ctx.hardware.pcie_switch_of_rank(r, t.graph.gpus));
+  t.sharing.emplace(t.graph, links);
   index_pricing(t);
   for (const Stage& s : t.graph.stages) {
     if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);

@@ -127,9 +127,9 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     throw InputError("", "--hardware", hw.name, "no record with a measurement names this hardware (nothing to cross-validate)");
   }
 
-  // One fit per distinct set of left-out fitted records. Analytic fits are pure and run on
-  // parallel threads (one per core, each fit single-threaded); fits through another engine fork
-  // and run one at a time.
+  // One fit per distinct set of left-out fitted records, on parallel threads (one per core, each
+  // fit single-threaded). Fits through another engine fork a process per simulation
+  // (sim/isolated_run.h), which each thread may do at once.
   std::map<std::vector<std::string>, std::optional<CalibrationFit>> fits;
   std::map<std::vector<std::string>, std::string> fit_errors;
   for (const std::string& group : order) {
@@ -141,8 +141,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   for (auto& [left_out, fit] : fits) jobs.emplace_back(&left_out, &fit);
   std::vector<std::string> errors(jobs.size());
   std::vector<std::exception_ptr> failures(jobs.size());
-  const bool parallel = options.fit.engine == "analytic";
-  const int workers = parallel ? static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u)) : 1;
+  const int workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t j = next++; j < jobs.size(); j = next++) {

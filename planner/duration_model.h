@@ -50,6 +50,12 @@ class DurationModel {
     (void)numa;
     return 0;
   }
+  // The PCIe channel (a GPU's link, or a switch uplink several GPUs share) that rank `rank` of
+  // `ranks` copies over; ranks with equal values share it. Default: a link per rank.
+  virtual int pcie_link_of_rank(int rank, int ranks) const {
+    (void)ranks;
+    return rank;
+  }
   // The cost of stage `s` of graph `g`. Never negative; a kSync stage costs nothing. Depends only
   // on the stage's op, phase, resource (and that resource's fields), rank, demand (flops, bytes,
   // params), shape and peers — never on its name, layer, dependencies or memory events — so stages
@@ -73,6 +79,7 @@ class CalibratedDurationModel : public DurationModel {
   CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
   StageCost cost(const Stage& s, const StepGraph& g) const override;
   double host_dram_Bps(int numa) const override;
+  int pcie_link_of_rank(int rank, int ranks) const override { return hardware_.pcie_switch_of_rank(rank, ranks); }
   const Calibration& calibration() const { return calibration_; }
   const HardwareSpec& hardware() const { return hardware_; }
 

@@ -33,6 +33,10 @@ bool write_all(int fd, const char* data, std::size_t size) {
 }
 
 [[noreturn]] void child_main(int fd, const std::function<void(std::string&)>& body) {
+  // Other threads of the parent may run simulations of their own at once: drop the pipe ends of
+  // their children, inherited here, so that each parent sees its pipe close when its child exits.
+  if (fd > 3) ::close_range(3, static_cast<unsigned>(fd - 1), 0);
+  ::close_range(static_cast<unsigned>(fd + 1), ~0U, 0);
   std::string out;
   char status = kOk;
   try {

@@ -4,9 +4,10 @@
 // (models and configuration are frozen once initialized). run_isolated() forks, runs `body` in
 // the child with a fresh SimGrid state, and returns the bytes the child wrote to its output. The
 // parent never initializes SimGrid, so runs are independent and repeatable: the same body gives
-// the same bytes. Assumptions: POSIX fork; the calling process has no other threads that the
-// child would need (the child only runs `body`). Not thread-safe with respect to concurrent
-// fork-sensitive state of the caller; each call is independent otherwise.
+// the same bytes. Assumptions: POSIX fork; the child needs none of the caller's other threads
+// (it only runs `body`, which must not wait on locks those threads may hold; glibc's malloc is
+// fork-safe). Several threads may run isolated runs at once: each child closes every inherited
+// descriptor but its own pipe end, so no child keeps another run's pipe open.
 #pragma once
 
 #include <functional>

@@ -92,6 +92,17 @@ Platform::Platform(const HardwareSpec& h, const PlatformRates& rates, const Plat
     port->seal();
     ports.push_back(port);
   }
+  // PCIe switches shared by several GPUs: one uplink to the CPU per switch, at one link's rate.
+  std::vector<sg4::SplitDuplexLink*> uplinks;
+  const int per_switch = std::max(1, h.pcie.gpus_per_switch);
+  if (per_switch > 1) {
+    for (int k = 0; k < total_gpus() / per_switch; ++k) {
+      auto* up = zone->create_split_duplex_link(fmt::format("pcie_switch{}", k), rates.h2d_Bps);
+      up->get_link_down()->set_bandwidth(rates.d2h_Bps);
+      up->seal();
+      uplinks.push_back(up);
+    }
+  }
   std::vector<const sg4::Link*> switches;
   std::vector<sg4::SplitDuplexLink*> nics;
   for (int n = 0; n < nodes_; ++n) {
@@ -129,9 +140,12 @@ Platform::Platform(const HardwareSpec& h, const PlatformRates& rates, const Plat
       const std::size_t ns = at(n * numa_per_node_ + s);
       std::vector<sg4::LinkInRoute> down{sg4::LinkInRoute(dram_[ns]), sg4::LinkInRoute(bridges[ns])};
       if (ns != own) down.emplace_back(bridges[own]);
+      if (!uplinks.empty()) down.emplace_back(uplinks[at(g / per_switch)], Direction::UP);
       down.emplace_back(pcie_[at(g)], Direction::UP);
       route(memories_[ns], gpus_[at(g)], down);
-      std::vector<sg4::LinkInRoute> up{sg4::LinkInRoute(pcie_[at(g)], Direction::DOWN), sg4::LinkInRoute(bridges[own])};
+      std::vector<sg4::LinkInRoute> up{sg4::LinkInRoute(pcie_[at(g)], Direction::DOWN)};
+      if (!uplinks.empty()) up.emplace_back(uplinks[at(g / per_switch)], Direction::DOWN);
+      up.emplace_back(bridges[own]);
       if (ns != own) up.emplace_back(bridges[ns]);
       up.emplace_back(dram_[ns]);
       route(gpus_[at(g)], memories_[ns], up);

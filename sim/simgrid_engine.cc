@@ -217,10 +217,9 @@ std::vector<double> read_doubles(const std::string& in, std::size_t offset, std:
 }  // namespace
 
 std::vector<int> rank_global_gpus(const HardwareSpec& h, int ranks) {
-  const std::vector<int> local = h.rank_gpus(ranks);
   std::vector<int> out;
-  out.reserve(local.size());
-  for (int r = 0; r < ranks; ++r) out.push_back((r / h.gpus_per_node) * h.gpus_per_node + local[at(r)]);
+  out.reserve(static_cast<std::size_t>(std::max(0, ranks)));
+  for (int r = 0; r < ranks; ++r) out.push_back(h.global_gpu_of_rank(r, ranks));
   return out;
 }
 
