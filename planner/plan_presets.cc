@@ -50,7 +50,7 @@ PlanChoice price_fixed_plan(const Plan& plan, const WorkloadContext& ctx, const 
   const auto shortfall = check_budgets(workload_budgets(ctx), priced.gpu_peak_max(), priced.numa_peak_bytes,
                                        fmt::format("the {} plan's step", path_name(plan.path)), "the plan's host state and pools");
   if (shortfall) throw InfeasibleWorkload(shortfall->message());
-  return plan_choice_of(priced, ctx);
+  return plan_choice_of(priced, pricer);  // with the peak's composition and the peak that binds
 }
 
 PlanSearchResult preset_plan_search(const std::string& preset, const WorkloadContext& ctx, const Calibration& calibration,

@@ -49,6 +49,33 @@ TEST(HardwareSpec, RanksSpreadOverSocketsSoFourOfEightGpusUseBothSockets) {
   EXPECT_EQ(h.numa_of_rank(1, 4), 1);
 }
 
+TEST(HardwareSpec, PairsOfGpusShareAPcieSwitchAndRanksFindTheirs) {
+  const HardwareSpec h = load_hardware_spec("h100-sxm-node");
+  EXPECT_EQ(h.pcie.gpus_per_switch, 2);
+  // Ranks 0-3 use GPUs 0, 4, 1, 5: ranks 0 and 2 share switch 0, ranks 1 and 3 switch 2.
+  EXPECT_EQ(h.pcie_switch_of_rank(0, 4), 0);
+  EXPECT_EQ(h.pcie_switch_of_rank(2, 4), 0);
+  EXPECT_EQ(h.pcie_switch_of_rank(1, 4), 2);
+  EXPECT_EQ(h.pcie_switch_of_rank(3, 4), 2);
+  const HardwareSpec two = load_hardware_spec("h100-sxm-2node");
+  EXPECT_EQ(two.global_gpu_of_rank(9, 16), 12);  // rank 9 is the second node's rank 1: its GPU 4
+  EXPECT_EQ(two.pcie_switch_of_rank(9, 16), 6);
+  EXPECT_EQ(load_hardware_spec("rtx4090-node").pcie.gpus_per_switch, 1);
+}
+
+TEST(HardwareSpec, ASwitchMustDivideTheGpusAndStayOnOneSocket) {
+  nlohmann::json j = hardware_spec_to_json(load_hardware_spec("h100-sxm-node"));
+  j["pcie"]["gpus_per_switch"] = 3;
+  try {
+    hardware_spec_from_json(j, "hw.json");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "hw.json: field 'pcie.gpus_per_switch': value 3: must divide gpu.count 8");
+  }
+  j["pcie"]["gpus_per_switch"] = 8;  // GPUs 0-3 and 4-7 hang off different sockets
+  EXPECT_THROW(hardware_spec_from_json(j, "hw.json"), InputError);
+}
+
 TEST(HardwareSpec, MultiNodeSpecNeedsANetwork) {
   nlohmann::json j = hardware_spec_to_json(load_hardware_spec("h100-sxm-2node"));
   EXPECT_EQ(hardware_spec_from_json(j, "x.json").total_gpus(), 16);

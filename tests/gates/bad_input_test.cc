@@ -218,6 +218,8 @@ std::vector<Case> cases() {
                memory_with_workload(), H, "numa", "[]", "non-empty"});
   c.push_back({"hardware_bandwidth_string", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["pcie"]["h2d_Bps"] = "fast"; })}},
                memory_with_workload(), H, "pcie.h2d_Bps", "\"fast\"", "number"});
+  c.push_back({"hardware_switch_not_dividing", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["pcie"]["gpus_per_switch"] = 3; })}},
+               memory_with_workload(), H, "pcie.gpus_per_switch", "3", "divide"});
   c.push_back({"hardware_directory", {{"w.json", workload_on_hw()}, {"hw.json", kDirectory}}, memory_with_workload(), H, "", "",
                "directory"});
 
@@ -294,6 +296,8 @@ std::vector<Case> cases() {
                simulate_cal, C, "h2d_Bps", "\"fast\"", "number"});
   c.push_back({"calibration_other_hardware", {{"c.json", calibration_with([](json& j) { j["hardware"] = "rtx4090-node"; })}},
                simulate_cal, C, "hardware", "\"rtx4090-node\"", "other hardware"});
+  c.push_back({"calibration_negative_torch_adamw", {{"c.json", calibration_with([](json& j) { j["torch_adamw_params_per_s"] = -1; })}},
+               simulate_cal, C, "torch_adamw_params_per_s", "-1", "range"});
   c.push_back({"calibration_unknown_constant", {{"c.json", calibration_with([](json& j) { j["gemm_speedup"] = 2; })}},
                simulate_cal, C, "gemm_speedup", "2", "unknown"});
   c.push_back({"calibration_truncated", {{"c.json", "{\"hardware\": \"h100-sxm-node\", \"gemm_efficiency\": 0."}},

@@ -54,7 +54,7 @@ TEST(ValidateCommand, JsonSummaryOfThePublishedRecords) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_GE(j["count"].get<int>(), 15);
-  EXPECT_LE(j["median_abs_rel_error"].get<double>(), 0.06);  // see ValidateRecords in validation_test.cc
+  EXPECT_LE(j["median_abs_rel_error"].get<double>(), 0.075);  // see ValidateRecords in validation_test.cc
   for (const auto& rec : j["records"]) {
     EXPECT_TRUE(rec.contains("id"));
     EXPECT_TRUE(rec.contains("predicted_step_s"));

@@ -55,12 +55,15 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
   const ValidationReport r = validate_records(records, "analytic");
   EXPECT_GE(r.count, 15);
-  // In sample (the calibration was fitted on these records): the constants are held to physical
-  // ranges (planner/calibrate.cc), so they no longer absorb what the model lacks; the Gemma 4 EP
-  // record (−17%) and the RTX 4090 record on uncalibrated estimates (+15%) are the largest
-  // errors. Out-of-sample figures: traces/paper/README.md.
-  EXPECT_LE(r.median_abs_rel_error, 0.06);
-  EXPECT_LE(r.max_abs_rel_error, 0.20);
+  // In sample (the calibration was fitted on these records and the FSDP2 ones): the constants are
+  // held to physical ranges (planner/calibrate.cc), so they do not absorb what the model lacks;
+  // since host sharing is settled (socket cores, DRAM, PCIe switch uplinks) one CPU AdamW rate
+  // serves the plan and baseline records, at the price of the plan records' in-sample median
+  // (6.9%). The Gemma 4 EP record (−20%) and the RTX 4090 record on uncalibrated estimates (+16%)
+  // are the largest errors. Out-of-sample figures: traces/paper/README.md.
+  EXPECT_LE(r.median_abs_rel_error, 0.075);
+  EXPECT_LE(r.max_abs_rel_error, 0.22);
+  EXPECT_LE(r.baseline_median_abs_rel_error, 0.05);  // measured 0.3% (max 8.8%)
   int baselines = 0, gpu_peaks = 0;
   for (const auto& p : r.records) {
     baselines += !p.system.empty() && p.status == "ok" ? 1 : 0;

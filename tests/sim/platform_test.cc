@@ -98,10 +98,11 @@ TEST(PlatformTest, HostCopiesCrossDramBridgeAndOnePcieDirection) {
                 {"remote_h2d", route(p.memory(0, 0), p.gpu(5))},
                 {"cpu", route(p.socket(0, 1), p.memory(0, 1))}};
   });
-  EXPECT_EQ(r["h2d"]["links"], json({"node0.dram1", "node0.bridge1", "gpu5.pcie_UP"}));
+  // GPU 5 sits behind PCIe switch 2 (GPUs 4 and 5), whose uplink it shares.
+  EXPECT_EQ(r["h2d"]["links"], json({"node0.dram1", "node0.bridge1", "pcie_switch2_UP", "gpu5.pcie_UP"}));
   EXPECT_DOUBLE_EQ(r["h2d"]["latency_s"].get<double>(), 1e-5);
-  EXPECT_EQ(r["d2h"]["links"], json({"gpu5.pcie_DOWN", "node0.bridge1", "node0.dram1"}));
-  EXPECT_EQ(r["remote_h2d"]["links"], json({"node0.dram0", "node0.bridge0", "node0.bridge1", "gpu5.pcie_UP"}));
+  EXPECT_EQ(r["d2h"]["links"], json({"gpu5.pcie_DOWN", "pcie_switch2_DOWN", "node0.bridge1", "node0.dram1"}));
+  EXPECT_EQ(r["remote_h2d"]["links"], json({"node0.dram0", "node0.bridge0", "node0.bridge1", "pcie_switch2_UP", "gpu5.pcie_UP"}));
   EXPECT_EQ(r["cpu"]["links"], json({"node0.dram1"}));
 }
 
@@ -133,7 +134,7 @@ TEST(PlatformTest, NodesTalkThroughTheirNics) {
   EXPECT_EQ(r["gpus"], 16);
   EXPECT_EQ(r["route"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP", "node1.nic_DOWN", "gpu9.fabric_DOWN"}));
   EXPECT_DOUBLE_EQ(r["route"]["latency_s"].get<double>(), 5e-6);
-  EXPECT_EQ(r["h2d"]["links"], json({"node1.dram0", "node1.bridge0", "gpu9.pcie_UP"}));
+  EXPECT_EQ(r["h2d"]["links"], json({"node1.dram0", "node1.bridge0", "pcie_switch4_UP", "gpu9.pcie_UP"}));
 }
 
 TEST(PlatformTest, LatenciesCanBeLeftOffTheLinks) {
@@ -154,10 +155,28 @@ TEST(PlatformTest, OneHostCopyRunsAtItsPcieRate) {
   EXPECT_NEAR(r[0].get<double>(), 1.0, 1e-9);
 }
 
-TEST(PlatformTest, CopiesOfOneSocketShareItsDramButNotTheOtherSocketsDram) {
-  // GPUs 0-3 hang off socket 0: four H2D and four D2H copies at once want 8 × 53 GB/s, more than
-  // the socket's 245 GB/s of DRAM, so each gets 245/8 GB/s. GPU 4's copy on socket 1 is not slowed.
+TEST(PlatformTest, GpusBehindOneSwitchShareItsUplink) {
+  // GPUs 0 and 1 share switch 0's uplink: their H2D copies get 26.5 GB/s each; GPU 2's (switch 1)
+  // runs at 53 GB/s, and GPU 1's D2H copy uses the uplink's other direction at its full rate.
   const HardwareSpec h = load_hardware_spec("h100-sxm-node");
+  const json r = with_platform(h, kNoLatency, [&](Platform& p) {
+    return json(finish_times({{p.memory(0, 0), p.gpu(0), 1'000'000'000ULL},
+                              {p.memory(0, 0), p.gpu(1), 1'000'000'000ULL},
+                              {p.memory(0, 0), p.gpu(2), 1'000'000'000ULL},
+                              {p.gpu(3), p.memory(0, 0), 1'000'000'000ULL}}));
+  });
+  EXPECT_NEAR(r[0].get<double>(), 1e9 / 26.5e9, 1e-9);
+  EXPECT_NEAR(r[1].get<double>(), 1e9 / 26.5e9, 1e-9);
+  EXPECT_NEAR(r[2].get<double>(), 1e9 / 53e9, 1e-9);
+  EXPECT_NEAR(r[3].get<double>(), 1e9 / 53e9, 1e-9);
+}
+
+TEST(PlatformTest, CopiesOfOneSocketShareItsDramButNotTheOtherSocketsDram) {
+  // GPUs 0-3 hang off socket 0, each with a link of its own here (no shared switch): four H2D and
+  // four D2H copies at once want 8 × 53 GB/s, more than the socket's 245 GB/s of DRAM, so each gets
+  // 245/8 GB/s. GPU 4's copy on socket 1 is not slowed.
+  HardwareSpec h = load_hardware_spec("h100-sxm-node");
+  h.pcie.gpus_per_switch = 1;
   const json r = with_platform(h, kNoLatency, [&](Platform& p) {
     std::vector<Flow> flows;
     for (int g = 0; g < 4; ++g) {
