@@ -81,7 +81,9 @@ Seconds AnalyticSchedule::step_s(const std::vector<Seconds>& duration_s, std::ve
   return step;
 }
 
-HostSharing::HostSharing(const StepGraph& g, const std::vector<int>& rank_link) {
+HostSharing::HostSharing(const StepGraph& g, const DurationModel& durations) {
+  std::vector<int> rank_link;
+  for (int r = 0; r < g.gpus; ++r) rank_link.push_back(durations.pcie_link_of_rank(r, g.gpus));
   int nodes = g.numa_nodes;
   for (const Resource& r : g.resources) nodes = std::max(nodes, r.numa + 1);
   std::vector<std::vector<const Resource*>> per(static_cast<std::size_t>(std::max(0, nodes)));
@@ -111,19 +113,20 @@ HostSharing::HostSharing(const StepGraph& g, const std::vector<int>& rank_link) 
     channel_first_.push_back(channels_);
     channels_ += static_cast<std::int32_t>(channels.size());
     node_first_.push_back(static_cast<std::int32_t>(lanes_.size()));
+    dram_Bps_.push_back(durations.host_dram_Bps(static_cast<int>(dram_Bps_.size())));
   }
   channel_first_.push_back(channels_);
+  for (const std::int32_t v : stages_) dram_bytes_.push_back(static_cast<double>(host_dram_bytes(g.stage(v))));
 }
 
 Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs,
-                            const std::vector<double>& dram_Bps, std::vector<Seconds>& duration_s,
-                            std::vector<Seconds>& finish_s) const {
+                            std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const {
   const std::size_t n = stages_.size();
   std::vector<Seconds> alone(n), demand(n), progress(n);
   for (std::size_t i = 0; i < n; ++i) {
     const StageCost& c = costs[static_cast<std::size_t>(stages_[i])];
     alone[i] = c.alone_s();
-    demand[i] = alone[i] > 0 ? static_cast<double>(c.dram_bytes) / alone[i] : 0.0;
+    demand[i] = alone[i] > 0 ? dram_bytes_[i] / alone[i] : 0.0;
   }
   auto work_s = [&](std::size_t i) {
     const auto v = static_cast<std::size_t>(stages_[i]);
@@ -148,7 +151,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
     if (pass == kHostSharingPasses) break;
     std::fill(progress.begin(), progress.end(), 0.0);
     for (std::size_t node = 0; node + 1 < node_first_.size(); ++node) {
-      const double capacity = node < dram_Bps.size() ? dram_Bps[node] : 0.0;
+      const double capacity = dram_Bps_[node];
       const auto l0 = static_cast<std::size_t>(node_first_[node]), l1 = static_cast<std::size_t>(node_first_[node + 1]);
       const auto c0 = static_cast<std::size_t>(channel_first_[node]), c1 = static_cast<std::size_t>(channel_first_[node + 1]);
       // Each lane's stages run one after another, so its begin/end edges come in time order:
@@ -260,7 +263,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
   return step;
 }
 
-StageTimes analytic_step_times(const StepGraph& g, const DurationModel& durations) {
+StageTimes analytic_step_times(const StepGraph& g, const DurationModel& durations, std::vector<Seconds>* duration_s) {
   std::vector<StageCost> costs;
   costs.reserve(g.stages.size());
   std::vector<Seconds> d;
@@ -269,16 +272,14 @@ StageTimes analytic_step_times(const StepGraph& g, const DurationModel& duration
     costs.push_back(durations.cost(s, g));
     d.push_back(costs.back().duration_s());
   }
-  std::vector<int> links;
-  for (int r = 0; r < g.gpus; ++r) links.push_back(durations.pcie_link_of_rank(r, g.gpus));
-  const HostSharing sharing(g, links);
+  const HostSharing sharing(g, durations);
   if (!sharing.empty()) {
-    std::vector<double> dram;
-    for (int n = 0; n < g.numa_nodes; ++n) dram.push_back(durations.host_dram_Bps(n));
     std::vector<Seconds> finish;
-    sharing.settle(AnalyticSchedule(g), costs, dram, d, finish);
+    sharing.settle(AnalyticSchedule(g), costs, d, finish);
   }
-  return analytic_times(g, d);
+  StageTimes t = analytic_times(g, d);
+  if (duration_s) *duration_s = std::move(d);
+  return t;
 }
 
 MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_samples) {

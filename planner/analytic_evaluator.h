@@ -62,19 +62,19 @@ class AnalyticSchedule {
 // interval it ran in. Settling starts from the fair-share durations (StageCost::duration_s) and
 // repeats Eq. 3 with the stretched durations `kHostSharingPasses` times, each pass moving half way
 // to the new durations (a damped fixed-point iteration: stretching moves the overlaps).
-// B_n = DurationModel::host_dram_Bps(n) (0: DRAM not shared). Built once per graph; thread-safe.
+// B_n = DurationModel::host_dram_Bps(n) (0: DRAM not shared), the channels from
+// DurationModel::pcie_link_of_rank() and each stage's DRAM bytes from host_dram_Bps(stage): all
+// hardware facts, read once per graph; settling depends on the calibration's costs only. Thread-safe.
 inline constexpr int kHostSharingPasses = 4;
 class HostSharing {
  public:
-  // `rank_link[r]`: the PCIe channel rank r's copies use (DurationModel::pcie_link_of_rank);
-  // missing ranks get a link of their own.
-  explicit HostSharing(const StepGraph& g, const std::vector<int>& rank_link = {});
+  // The hardware facts come from `durations` (any calibration of the same hardware).
+  HostSharing(const StepGraph& g, const DurationModel& durations);
   bool empty() const { return stages_.empty(); }
   // Settles `duration_s` (in: fair-share durations from `costs`, indexed by stage id; out: the
   // shared ones) and leaves the final Eq. 3 finish times in `finish_s`. Returns the step time.
-  // `dram_Bps[n]`: NUMA node n's shared DRAM bandwidth (missing or 0: unlimited).
-  Seconds settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs, const std::vector<double>& dram_Bps,
-                 std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const;
+  Seconds settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs, std::vector<Seconds>& duration_s,
+                 std::vector<Seconds>& finish_s) const;
 
  private:
   // One CPU worker or copy engine of a NUMA node: its stages, in issue order (they run one after
@@ -85,15 +85,17 @@ class HostSharing {
     std::int32_t channel = -1;
   };
   std::vector<std::int32_t> stages_;      // participating stage ids, lane by lane
+  std::vector<double> dram_bytes_;        // per participant: host_dram_bytes() of its stage
   std::vector<Lane> lanes_;               // grouped by NUMA node
   std::vector<std::int32_t> node_first_;  // lanes of node n: lanes_[node_first_[n] .. node_first_[n + 1])
   std::vector<std::int32_t> channel_first_;  // channels of node n: [channel_first_[n], channel_first_[n + 1])
   std::int32_t channels_ = 0;
+  std::vector<double> dram_Bps_;  // per NUMA node: B_n
 };
 
 // Eq. 3 of `g` priced by `durations`, with host sharing settled: what the analytic engine, the
-// planners and the pricer all run.
-StageTimes analytic_step_times(const StepGraph& g, const DurationModel& durations);
+// planners and the pricer all run. `duration_s`, when given, receives the settled durations.
+StageTimes analytic_step_times(const StepGraph& g, const DurationModel& durations, std::vector<Seconds>* duration_s = nullptr);
 
 // Memory timelines and peaks of `g` when its stages run at `times`.
 struct MemoryPeaks {

@@ -152,10 +152,8 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
   } else if (t.sharing && !t.sharing->empty()) {
     std::vector<StageCost> costs(d.size());
     for (std::size_t v = 0; v < d.size(); ++v) costs[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
-    std::vector<double> dram;
-    for (int n = 0; n < t.graph.numa_nodes; ++n) dram.push_back(model.host_dram_Bps(n));
     const std::vector<Seconds> fair = d;
-    step = t.sharing->settle(*t.schedule, costs, dram, d, finish);
+    step = t.sharing->settle(*t.schedule, costs, d, finish);
     if (stretch) {
       // Out: the work stretch (settled over fair-share work) of every stage sharing changed.
       stretch->clear();
@@ -240,9 +238,7 @@ Target step_target(const StepRecord& r) {
     t.graph = lower(plan, t.ctx);
   }
   t.schedule.emplace(t.graph);
-  std::vector<int> links;
-  for (int r = 0; r < t.graph.gpus; ++r) links.push_back(t.ctx.hardware.pcie_switch_of_rank(r, t.graph.gpus));
-  t.sharing.emplace(t.graph, links);
+  t.sharing.emplace(t.graph, CalibratedDurationModel(t.ctx.hardware, default_calibration(t.ctx.hardware), t.graph.gpus));
   index_pricing(t);
   for (const Stage& s : t.graph.stages) {
     if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);

@@ -36,6 +36,21 @@ Bytes cpu_stage_dram_bytes(const Stage& s) {
   }
 }
 
+Bytes host_dram_bytes(const Stage& s) {
+  switch (s.op) {
+    case OpKind::kH2d:
+    case OpKind::kD2h:
+      return s.bytes;
+    case OpKind::kCpuAdamW:
+    case OpKind::kTorchCpuAdamW:
+    case OpKind::kHostAccumulate:
+    case OpKind::kHostPrep:
+      return cpu_stage_dram_bytes(s);
+    default:
+      return 0;
+  }
+}
+
 double CalibratedDurationModel::host_dram_Bps(int numa) const {
   if (numa < 0 || hardware_.numa.empty()) return 0;
   return hardware_.numa[static_cast<std::size_t>(numa) % hardware_.numa.size()].dram_Bps;
@@ -72,7 +87,6 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
     out.work = static_cast<double>(s.params);
     out.exclusive_rate = socket_rate;
     out.rate = socket_rate / sharing;
-    out.dram_bytes = cpu_stage_dram_bytes(s);
   };
   switch (s.op) {
     case OpKind::kGemm:
@@ -111,13 +125,11 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       out.fixed_s = c.transfer_overhead_s + hardware_.pcie.latency_s;
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = c.h2d_Bps;
-      out.dram_bytes = s.bytes;
       break;
     case OpKind::kD2h:
       out.fixed_s = c.transfer_overhead_s + hardware_.pcie.latency_s;
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = c.d2h_Bps;
-      out.dram_bytes = s.bytes;
       break;
     case OpKind::kAllToAll:
     case OpKind::kAllGather:

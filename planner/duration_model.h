@@ -25,7 +25,6 @@ struct StageCost {
   double work = 0;            // FLOPs, bytes or parameters
   double rate = 0;            // work per second, fair share (0 when work is 0)
   double exclusive_rate = 0;  // work per second with the shared element to itself
-  Bytes dram_bytes = 0;       // host DRAM bytes the work moves (CPU tasks, host-side DMA); 0 for GPU work
   Seconds duration_s() const { return fixed_s + (rate > 0 ? work / rate : 0.0); }
   // The work part alone on its hardware: work / exclusive_rate.
   Seconds alone_s() const { return work > 0 && exclusive_rate > 0 ? work / exclusive_rate : 0.0; }
@@ -40,6 +39,9 @@ inline constexpr Bytes kHostPrepDramBytesPerParam = 6;         // FP32 master in
 // DRAM bytes of CPU stage `s`: its bytes when the lowering set them, else its parameters at the
 // per-kind rates above; 0 for stages that are not CPU tasks.
 Bytes cpu_stage_dram_bytes(const Stage& s);
+// Host DRAM bytes stage `s` moves: a CPU task's (above), a host–device copy's bytes; 0 for GPU work.
+// A property of the stage, not of a calibration: both engines' host sharing read it.
+Bytes host_dram_bytes(const Stage& s);
 
 class DurationModel {
  public:

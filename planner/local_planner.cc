@@ -161,9 +161,8 @@ LayerTable local_layer_table(const PlanPricer& pricer, const SplitSpec& split, b
   // One repeating unit, read stage by stage.
   const int unit_layers = std::min(u, L);
   const StepGraph g = pricer.lower_plan(plan, unit_layers);
-  std::vector<Seconds> d(g.stages.size());
-  for (const Stage& s : g.stages) d[static_cast<std::size_t>(s.id)] = pricer.durations().duration_s(s, g);
-  const StageTimes times = analytic_step_times(g, pricer.durations());
+  std::vector<Seconds> d;
+  const StageTimes times = analytic_step_times(g, pricer.durations(), &d);
   const MemoryPeaks mem = memory_peaks(g, times, /*keep_samples=*/true);
   const std::vector<MemorySample>& samples = mem.timelines.at(0).samples;
   std::vector<Seconds> replay(static_cast<std::size_t>(unit_layers), 0.0);

@@ -100,8 +100,7 @@ class Simulation {
   // DRAM bytes of a CPU stage that does work.
   Bytes dram_flow_bytes(const Stage& s) const {
     const StageCost& c = costs_[at(s.id)];
-    if (c.work <= 0) return 0;
-    return c.dram_bytes > 0 ? c.dram_bytes : cpu_stage_dram_bytes(s);  // duration models that leave it unset
+    return c.work > 0 ? cpu_stage_dram_bytes(s) : 0;
   }
 
   void walk(const Resource& r) {
