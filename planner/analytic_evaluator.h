@@ -56,14 +56,14 @@ class AnalyticSchedule {
 //   - the k CPU stages running split the socket's cores evenly (each progresses at 1/k);
 //   - the k copies running on one PCIe channel split it evenly (each at 1/k);
 //   - the DRAM bandwidth B_n is split max-min fairly among the running stages, each asking what
-//     it draws alone (dram_bytes / alone time) times its core or channel share;
+//     it draws alone (its host DRAM bytes / alone time) times its core or channel share;
 //   - a stage progresses at the smaller of that share and allocation / demand.
 // A stage's work part then takes its alone time divided by its mean progress rate over the
 // interval it ran in. Settling starts from the fair-share durations (StageCost::duration_s) and
 // repeats Eq. 3 with the stretched durations `kHostSharingPasses` times, each pass moving half way
 // to the new durations (a damped fixed-point iteration: stretching moves the overlaps).
 // B_n = DurationModel::host_dram_Bps(n) (0: DRAM not shared), the channels from
-// DurationModel::pcie_link_of_rank() and each stage's DRAM bytes from host_dram_Bps(stage): all
+// DurationModel::pcie_link_of_rank() and each stage's DRAM bytes from host_dram_bytes(stage): all
 // hardware facts, read once per graph; settling depends on the calibration's costs only. Thread-safe.
 inline constexpr int kHostSharingPasses = 4;
 class HostSharing {
