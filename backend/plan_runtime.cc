@@ -11,6 +11,7 @@
 #include "backend/plan_ops.h"
 #include "backend/stage_recorder.h"
 #include "costmodel/input_error.h"
+#include "planner/step_graph.h"
 
 #ifdef OOM_BACKEND_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -148,6 +149,7 @@ struct PlanTrainer::Impl {
   at::Tensor tok;
   BlockWeights outer;
   std::int64_t sb = 1;                          // sequences per sub-batch
+  int sub_batch = -1;                           // the sub-batch being run (−1: the whole batch), for stage keys
   std::map<int, std::vector<OLse>> olse;        // layer → per sub-batch
   std::map<int, at::Tensor> held;               // boundaries on the device (held or regenerated)
   std::map<int, at::Tensor> host;               // boundaries kept on the host
@@ -157,9 +159,12 @@ struct PlanTrainer::Impl {
       : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d), rec(recorder_callbacks(d)), spec(s.spec()) {}
 
   bool attention(int l) const { return spec.layer_kinds[static_cast<std::size_t>(l)] != LayerKind::kLinearAttention; }
-  StageRecorder::Scope stage(const char* phase, int l, const std::string& what, const char* kind,
+  // A recorded stage of rank 0 keyed as the lowering keys it, in the sub-batch being run.
+  StageRecorder::Scope stage(Phase phase, int l, const StageWhat& what, const char* kind,
                              const char* resource = kCompute) {
-    return rec.stage(phase, l, what, kind, resource);
+    StageKey k = what.key(0, phase, l);
+    k.sub_batch = sub_batch;
+    return rec.stage(k, kind, resource);
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges(std::int64_t total, std::int64_t chunk) const {
     if (chunk <= 0 || chunk >= total) return {{0, total}};
@@ -169,24 +174,24 @@ struct PlanTrainer::Impl {
   }
 
   // ---- attention ----
-  at::Tensor attention_forward(int l, const char* phase, const BlockWeights& w, const at::Tensor& x, int sub,
+  at::Tensor attention_forward(int l, Phase phase, const BlockWeights& w, const at::Tensor& x, int sub,
                                bool original) {
     const LayerKind kind = spec.layer_kinds[static_cast<std::size_t>(l)];
     const AttentionSpec& a = spec.attention(kind);
     plan_ops::AttentionInputs in;
     {
-      auto s = stage(phase, l, "attn.proj", "gemm");
+      auto s = stage(phase, l, what(StagePart::kAttention, StageOp::kProj), "gemm");
       in = plan_ops::attention_inputs(model_norm(x, w["input_norm"], spec), w, spec, kind);
     }
     at::Tensor out;
     if (!original && plan.keep_attention_results) {
-      auto s = stage(phase, l, "attn.olse_h2d", "h2d", kH2d);
+      auto s = stage(phase, l, what(StagePart::kAttention, StageOp::kOlseH2d), "h2d", kH2d);
       out = olse.at(l)[static_cast<std::size_t>(sub)].out.to(dev);
     } else {
       const int G = plan_ops::attention_groups(a, plan.split.attention_head_group);
       std::vector<at::Tensor> outs, lses;
       for (int g = 0; g < G; ++g) {
-        auto s = stage(phase, l, fmt::format("attn.core.h{}", g), "attention");
+        auto s = stage(phase, l, what(StagePart::kAttention, StageOp::kCore).at_head_group(g), "attention");
         auto r = attention_core(plan_ops::query_group(in.q, a.kv_heads, G, g), in.k, in.v, a.window_tokens,
                                 cfg.model.attention_query_block, attention_scale(spec, a));
         outs.push_back(r.out);
@@ -194,11 +199,11 @@ struct PlanTrainer::Impl {
       }
       out = plan_ops::merge_groups(outs, a.kv_heads);
       if (original && plan.keep_attention_results) {
-        auto s = stage(phase, l, "attn.olse_d2h", "d2h", kD2h);
+        auto s = stage(phase, l, what(StagePart::kAttention, StageOp::kOlseD2h), "d2h", kD2h);
         olse[l].push_back({to_host(out, st.pinned()), to_host(plan_ops::merge_groups(lses, a.kv_heads).squeeze(-1), st.pinned())});
       }
     }
-    auto s = stage(phase, l, "attn.proj", "gemm");
+    auto s = stage(phase, l, what(StagePart::kAttention, StageOp::kProj), "gemm");
     return x + post_mixing(plan_ops::attention_output(out, in.gate, w, x.scalar_type()), w, spec);
   }
 
@@ -211,26 +216,26 @@ struct PlanTrainer::Impl {
     auto x_l = leaf(x);
     plan_ops::AttentionInputs in;
     {
-      auto s = stage("recompute", l, "attn.proj", "gemm");
+      auto s = stage(Phase::kRecompute, l, what(StagePart::kAttention, StageOp::kProj), "gemm");
       in = plan_ops::attention_inputs(model_norm(x_l, w["input_norm"], spec), w, spec, kind);
     }
     // K/V leaves in FP32: their gradients accumulate over the query-head groups in FP32.
     auto q_l = leaf(in.q), k_l = leaf(in.k.to(at::kFloat)), v_l = leaf(in.v.to(at::kFloat)), gate_l = leaf(in.gate);
     at::Tensor out, lse, out_graph;
     if (keep) {
-      auto s = stage("recompute", l, "attn.olse_h2d", "h2d", kH2d);
+      auto s = stage(Phase::kRecompute, l, what(StagePart::kAttention, StageOp::kOlseH2d), "h2d", kH2d);
       const OLse& kept = olse.at(l)[static_cast<std::size_t>(sub)];
       out = kept.out.to(dev);
       lse = kept.lse.to(dev);
     } else if (G == 1) {
-      auto s = stage("recompute", l, "attn.core.h0", "attention");
+      auto s = stage(Phase::kRecompute, l, what(StagePart::kAttention, StageOp::kCore).at_head_group(0), "attention");
       out_graph = attention_core(q_l, k_l, v_l, a.window_tokens, cfg.model.attention_query_block, attention_scale(spec, a)).out;
       out = out_graph.detach();
     } else {
       at::NoGradGuard no_grad;
       std::vector<at::Tensor> outs;
       for (int g = 0; g < G; ++g) {
-        auto s = stage("recompute", l, fmt::format("attn.core.h{}", g), "attention");
+        auto s = stage(Phase::kRecompute, l, what(StagePart::kAttention, StageOp::kCore).at_head_group(g), "attention");
         outs.push_back(attention_core(plan_ops::query_group(q_l, a.kv_heads, G, g), k_l, v_l, a.window_tokens,
                                       cfg.model.attention_query_block, attention_scale(spec, a)).out);
       }
@@ -239,12 +244,12 @@ struct PlanTrainer::Impl {
     auto out_l = leaf(out);
     at::Tensor mixed;
     {
-      auto s = stage("recompute", l, "attn.proj", "gemm");
+      auto s = stage(Phase::kRecompute, l, what(StagePart::kAttention, StageOp::kProj), "gemm");
       mixed = post_mixing(plan_ops::attention_output(out_l, gate_l, w, x.scalar_type()), w, spec);
     }
     const auto dh = moe_backward(l, w, x + mixed.detach(), dy);
     {
-      auto s = stage("bwd", l, "attn.proj_bwd", "gemm");
+      auto s = stage(Phase::kBackward, l, what(StagePart::kAttention, StageOp::kProjBwd), "gemm");
       mixed.backward(dh);
     }
     const auto dout = out_l.grad();
@@ -256,7 +261,7 @@ struct PlanTrainer::Impl {
       const auto B = q_l.size(0), H = q_l.size(1), S = q_l.size(2), d = q_l.size(3);
       const auto per = H / a.kv_heads, gh = per / G;
       for (int g = G - 1; g >= 0; --g) {
-        auto s = stage("bwd", l, fmt::format("attn.core_bwd.h{}", g), "attention");
+        auto s = stage(Phase::kBackward, l, what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(g), "attention");
         auto grads = plan_ops::attention_core_backward(
             plan_ops::query_group(in.q.detach(), a.kv_heads, G, g), in.k.detach(), in.v.detach(),
             plan_ops::query_group(out, a.kv_heads, G, g),
@@ -268,34 +273,34 @@ struct PlanTrainer::Impl {
       }
       dq = dq.to(q_l.scalar_type());
     } else if (G == 1) {
-      auto s = stage("bwd", l, "attn.core_bwd.h0", "attention");
+      auto s = stage(Phase::kBackward, l, what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(0), "attention");
       out_graph.backward(dout);
       dq = q_l.grad(), dk = k_l.grad(), dv = v_l.grad();
     } else {
       for (int g = G - 1; g >= 0; --g) {
         at::Tensor og;
         {
-          auto s = stage("recompute", l, fmt::format("attn.core_refwd.h{}", g), "attention");
+          auto s = stage(Phase::kRecompute, l, what(StagePart::kAttention, StageOp::kCoreRefwd).at_head_group(g), "attention");
           og = attention_core(plan_ops::query_group(q_l, a.kv_heads, G, g), k_l, v_l, a.window_tokens,
                               cfg.model.attention_query_block, attention_scale(spec, a)).out;
         }
-        auto s = stage("bwd", l, fmt::format("attn.core_bwd.h{}", g), "attention");
+        auto s = stage(Phase::kBackward, l, what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(g), "attention");
         og.backward(plan_ops::query_group(dout, a.kv_heads, G, g));  // K/V gradients accumulate over groups
       }
       dq = q_l.grad(), dk = k_l.grad(), dv = v_l.grad();
     }
     {
-      auto s = stage("bwd", l, "attn.proj_bwd", "gemm");
+      auto s = stage(Phase::kBackward, l, what(StagePart::kAttention, StageOp::kProjBwd), "gemm");
       backward_defined({in.q, in.k, in.v, in.gate}, {dq, dk.to(in.k.scalar_type()), dv.to(in.v.scalar_type()), grad_of(gate_l)});
     }
     return dh + x_l.grad();
   }
 
   // ---- Gated DeltaNet ----
-  at::Tensor gdn_forward(int l, const char* phase, const BlockWeights& w, const at::Tensor& x) {
+  at::Tensor gdn_forward(int l, Phase phase, const BlockWeights& w, const at::Tensor& x) {
     plan_ops::GdnInputs in;
     {
-      auto s = stage(phase, l, "gdn.proj", "gemm");
+      auto s = stage(phase, l, what(StagePart::kGdn, StageOp::kProj), "gemm");
       in = plan_ops::gdn_inputs(model_norm(x, w["input_norm"], spec), w, spec);
     }
     const GdnSpec& g = spec.gdn;
@@ -303,10 +308,10 @@ struct PlanTrainer::Impl {
     std::vector<at::Tensor> outs;
     int c = 0;
     for (const auto& [s0, C] : ranges(x.size(1), plan.split.gdn_chunk_tokens)) {
-      auto s = stage(phase, l, fmt::format("gdn.core.c{}", c++), "gdn");
+      auto s = stage(phase, l, what(StagePart::kGdn, StageOp::kCore).at_chunk(c++), "gdn");
       outs.push_back(plan_ops::gdn_core(in, s0, C, w, spec, cfg.model.gdn_chunk_tokens, state));
     }
-    auto s = stage(phase, l, "gdn.proj", "gemm");
+    auto s = stage(phase, l, what(StagePart::kGdn, StageOp::kProj), "gemm");
     return x + plan_ops::gdn_output(outs.size() == 1 ? outs[0] : at::cat(outs, 2), in.z, w, spec, x.scalar_type());
   }
 
@@ -314,7 +319,7 @@ struct PlanTrainer::Impl {
     auto x_l = leaf(x);
     plan_ops::GdnInputs in;
     {
-      auto s = stage("recompute", l, "gdn.proj", "gemm");
+      auto s = stage(Phase::kRecompute, l, what(StagePart::kGdn, StageOp::kProj), "gemm");
       in = plan_ops::gdn_inputs(model_norm(x_l, w["input_norm"], spec), w, spec);
     }
     const plan_ops::GdnInputs lin{leaf(in.qkv), leaf(in.z), leaf(in.beta), leaf(in.g)};
@@ -325,7 +330,7 @@ struct PlanTrainer::Impl {
       at::NoGradGuard no_grad;
       auto state = at::zeros({x.size(0), g.value_heads, g.key_head_dim, g.value_head_dim}, x.options().dtype(at::kFloat));
       for (std::size_t c = 0; c < chunks.size(); ++c) {
-        auto s = stage("recompute", l, fmt::format("gdn.core.c{}", c), "gdn");
+        auto s = stage(Phase::kRecompute, l, what(StagePart::kGdn, StageOp::kCore).at_chunk(c), "gdn");
         starts.push_back(state);  // gdn_chunk replaces the state tensor, so this one stays the chunk's start
         outs.push_back(plan_ops::gdn_core(lin, chunks[c].first, chunks[c].second, w, spec, cfg.model.gdn_chunk_tokens, state));
       }
@@ -333,18 +338,18 @@ struct PlanTrainer::Impl {
     auto o_l = leaf(outs.size() == 1 ? outs[0] : at::cat(outs, 2));
     at::Tensor mixed;
     {
-      auto s = stage("recompute", l, "gdn.proj", "gemm");
+      auto s = stage(Phase::kRecompute, l, what(StagePart::kGdn, StageOp::kProj), "gemm");
       mixed = plan_ops::gdn_output(o_l, lin.z, w, spec, x.scalar_type());
     }
     const auto dh = moe_backward(l, w, x + mixed.detach(), dy);
     {
-      auto s = stage("bwd", l, "gdn.proj_bwd", "gemm");
+      auto s = stage(Phase::kBackward, l, what(StagePart::kGdn, StageOp::kProjBwd), "gemm");
       mixed.backward(dh);
     }
     const auto dout = o_l.grad();
     at::Tensor dstate;  // derivative of the loss by the state a chunk hands to the next
     for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
-      auto s = stage("bwd", l, fmt::format("gdn.core_bwd.c{}", c), "gdn");
+      auto s = stage(Phase::kBackward, l, what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), "gdn");
       const auto [s0, C] = chunks[static_cast<std::size_t>(c)];
       auto start = leaf(starts[static_cast<std::size_t>(c)]);
       auto state = start;
@@ -353,14 +358,14 @@ struct PlanTrainer::Impl {
       dstate = start.grad();
     }
     {
-      auto s = stage("bwd", l, "gdn.proj_bwd", "gemm");
+      auto s = stage(Phase::kBackward, l, what(StagePart::kGdn, StageOp::kProjBwd), "gemm");
       backward_defined({in.qkv, in.z, in.beta, in.g}, {grad_of(lin.qkv), grad_of(lin.z), grad_of(lin.beta), grad_of(lin.g)});
     }
     return dh + x_l.grad();
   }
 
   // ---- MoE ----
-  at::Tensor moe_forward(int l, const char* phase, const BlockWeights& w, const at::Tensor& h) {
+  at::Tensor moe_forward(int l, Phase phase, const BlockWeights& w, const at::Tensor& h) {
     const auto h2 = h.reshape({-1, h.size(-1)});
     auto y2 = at::empty_like(h2);
     int c = 0;
@@ -371,13 +376,13 @@ struct PlanTrainer::Impl {
       Routing r;
       plan_ops::DenseTerms d;
       {
-        auto s = stage(phase, l, fmt::format("moe.c{}.router_shared", c), "gemm");
+        auto s = stage(phase, l, what(StagePart::kMoe, StageOp::kRouterShared).at_chunk(c), "gemm");
         in = ffn_inputs(hc, w, spec);
         r = route_layer(in.router, w, spec);
         d = plan_ops::dense_terms(in.dense, w, spec);
       }
       {
-        auto s = stage(phase, l, fmt::format("moe.c{}.experts", c), "expert_gemm");
+        auto s = stage(phase, l, what(StagePart::kMoe, StageOp::kExperts).at_chunk(c), "expert_gemm");
         routed = routed_experts(in.experts, r, w, spec);
       }
       y2.narrow(0, t0, n).copy_(ffn_output(hc, routed, d.shared, d.dense, w, spec));
@@ -403,24 +408,24 @@ struct PlanTrainer::Impl {
       plan_ops::DenseTerms d;
       Routing r;
       {
-        auto s = stage("recompute", l, fmt::format("moe.c{}.router_shared", c), "gemm");
+        auto s = stage(Phase::kRecompute, l, what(StagePart::kMoe, StageOp::kRouterShared).at_chunk(c), "gemm");
         in = ffn_inputs(hc, w, spec);
         xn_l = leaf(in.experts);
         r = route_layer(one_input ? xn_l : in.router, w, spec);
         d = plan_ops::dense_terms(one_input ? xn_l : in.dense, w, spec);
       }
       {
-        auto s = stage("recompute", l, fmt::format("moe.c{}.experts", c), "expert_gemm");
+        auto s = stage(Phase::kRecompute, l, what(StagePart::kMoe, StageOp::kExperts).at_chunk(c), "expert_gemm");
         routed = routed_experts(xn_l, r, w, spec);
       }
       const auto dyc = dy2.narrow(0, t0, n);
       if (one_input) {
         {
-          auto s = stage("bwd", l, fmt::format("moe.c{}.experts_bwd", c), "expert_gemm");
+          auto s = stage(Phase::kBackward, l, what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(c), "expert_gemm");
           routed.backward(dyc);
         }
         {
-          auto s = stage("bwd", l, fmt::format("moe.c{}.router_shared_bwd", c), "gemm");
+          auto s = stage(Phase::kBackward, l, what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(c), "gemm");
           backward_defined({d.shared, d.dense}, {dyc, dyc});
           in.experts.backward(xn_l.grad());
         }
@@ -429,11 +434,11 @@ struct PlanTrainer::Impl {
       }
       auto routed_l = leaf(routed);
       {
-        auto s = stage("bwd", l, fmt::format("moe.c{}.router_shared_bwd", c), "gemm");
+        auto s = stage(Phase::kBackward, l, what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(c), "gemm");
         ffn_output(hc, routed_l, d.shared, d.dense, w, spec).backward(dyc);
       }
       {
-        auto s = stage("bwd", l, fmt::format("moe.c{}.experts_bwd", c), "expert_gemm");
+        auto s = stage(Phase::kBackward, l, what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(c), "expert_gemm");
         routed.backward(routed_l.grad());
         in.experts.backward(xn_l.grad());
       }
@@ -443,21 +448,25 @@ struct PlanTrainer::Impl {
   }
 
   // ---- decoders ----
-  at::Tensor decoder_forward(int l, const char* phase, const at::Tensor& x, bool original) {
+  at::Tensor decoder_forward(int l, Phase phase, const at::Tensor& x, bool original) {
     at::Tensor wflat;
     {
-      auto s = stage(phase, l, "weights.h2d", "h2d", kH2d);
+      auto s = stage(phase, l, what(StagePart::kWeights, StageOp::kH2d), "h2d", kH2d);
       wflat = window.acquire(1 + l);
     }
     const auto w = block_views(st.layout().blocks[static_cast<std::size_t>(1 + l)], wflat);
     std::vector<at::Tensor> ys;
     int sub = 0;
-    for (const auto& [b0, n] : ranges(x.size(0), sb)) {
+    const auto subs = ranges(x.size(0), sb);
+    const int outer_sub = sub_batch;
+    for (const auto& [b0, n] : subs) {
+      sub_batch = subs.size() > 1 ? sub : -1;
       const auto xi = x.narrow(0, b0, n);
       const auto h = attention(l) ? attention_forward(l, phase, w, xi, sub, original) : gdn_forward(l, phase, w, xi);
       ys.push_back(moe_forward(l, phase, w, h));
       ++sub;
     }
+    sub_batch = outer_sub;
     window.release(1 + l);
     return ys.size() == 1 ? ys[0] : at::cat(ys, 0);
   }
@@ -466,17 +475,20 @@ struct PlanTrainer::Impl {
   at::Tensor decoder_backward(int l, const at::Tensor& x, const at::Tensor& dy, at::Tensor& wgrad) {
     at::Tensor wflat;
     {
-      auto s = stage("bwd", l, "weights.h2d", "h2d", kH2d);
+      auto s = stage(Phase::kBackward, l, what(StagePart::kWeights, StageOp::kH2d), "h2d", kH2d);
       wflat = leaf(window.acquire(1 + l));
     }
     const auto w = block_views(st.layout().blocks[static_cast<std::size_t>(1 + l)], wflat);
     auto dx = at::empty_like(x);
     int sub = 0;
-    for (const auto& [b0, n] : ranges(x.size(0), sb)) {
+    const auto subs = ranges(x.size(0), sb);
+    for (const auto& [b0, n] : subs) {
+      sub_batch = subs.size() > 1 ? sub : -1;
       const auto xi = x.narrow(0, b0, n), dyi = dy.narrow(0, b0, n);
       dx.narrow(0, b0, n).copy_(attention(l) ? attention_backward(l, w, xi, dyi, sub) : gdn_backward(l, w, xi, dyi));
       ++sub;
     }
+    sub_batch = -1;
     window.release(1 + l);
     wgrad = wflat.grad();
     return dx;
@@ -487,7 +499,7 @@ struct PlanTrainer::Impl {
     using Place = BoundaryPolicy::Place;
     const auto& bp = plan.boundaries;
     if (bp.place(l) == Place::kHost) {
-      auto s = stage("bwd", l, "boundary_h2d", "h2d", kH2d);
+      auto s = stage(Phase::kBackward, l, what(StagePart::kBoundary, StageOp::kH2d), "h2d", kH2d);
       return host.at(l).to(dev);
     }
     if (held.count(l)) return held.at(l);
@@ -496,7 +508,7 @@ struct PlanTrainer::Impl {
     j = std::max(j, 0);
     at::Tensor start;
     if (bp.place(j) == Place::kRegenerated && !held.count(j)) {
-      auto s = stage("recompute", -1, "embedding.regather", "elementwise");
+      auto s = stage(Phase::kRecompute, -1, what(StagePart::kEmbedding, StageOp::kRegather), "elementwise");
       at::NoGradGuard no_grad;
       start = embed(tok, outer, spec);
       if (j == l) return start;
@@ -507,7 +519,7 @@ struct PlanTrainer::Impl {
     at::NoGradGuard no_grad;
     at::Tensor h = start;
     for (int d = j; d < l; ++d) {
-      h = decoder_forward(d, "recompute", h, false);
+      h = decoder_forward(d, Phase::kRecompute, h, false);
       if (d + 1 > l - cap) held[d + 1] = h;
     }
     return held.at(l);
@@ -530,19 +542,19 @@ struct PlanTrainer::Impl {
 
   // Queues the CPU update (and publication) of a parameter group; returns the worker job index.
   // `publish` false: the working copy is republished later (publish_range).
-  int submit_update(const std::string& group, int layer, int block, std::int64_t a, std::int64_t n,
+  int submit_update(StagePart group, int layer, int block, std::int64_t a, std::int64_t n,
                     std::function<void()> ready, double scale, bool publish = true) {
     return worker.submit([this, group, layer, block, a, n, ready = std::move(ready), scale, publish] {
       ready();
       {
-        auto s = rec.stage("opt", layer, group + ".cpu_adamw", "cpu_adamw", kCpu);
+        auto s = rec.stage(what(group, StageOp::kCpuAdamW).key(0, Phase::kOptimizer, layer), "cpu_adamw", kCpu);
         update_range(block, a, n, st.grad_slot(block), scale);
       }
       if (publish) publish_range(group, layer, block, a, n);
     });
   }
-  void publish_range(const std::string& group, int layer, int block, std::int64_t a, std::int64_t n) {
-    auto s = rec.stage("opt", layer, group + ".publish", "host_prep", kPrep);
+  void publish_range(StagePart group, int layer, int block, std::int64_t a, std::int64_t n) {
+    auto s = rec.stage(what(group, StageOp::kPublish).key(0, Phase::kOptimizer, layer), "host_prep", kPrep);
     st.working(block).narrow(0, a, n).copy_(st.master(block).narrow(0, a, n));
   }
 
@@ -582,13 +594,13 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
 
   at::Tensor outer_flat;
   {
-    auto s = stage("fwd", -1, "embedding.h2d", "h2d", kH2d);
+    auto s = stage(Phase::kForward, -1, what(StagePart::kEmbedding, StageOp::kH2d), "h2d", kH2d);
     outer_flat = leaf(st.working(0).to(dev));
   }
   outer = block_views(st.layout().blocks[0], outer_flat);
   at::Tensor x0;
   {
-    auto s = stage("fwd", -1, "embedding.gather", "elementwise");
+    auto s = stage(Phase::kForward, -1, what(StagePart::kEmbedding, StageOp::kGather), "elementwise");
     x0 = embed(tok, outer, spec);
   }
   at::Tensor h = x0.detach();
@@ -597,7 +609,7 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
     for (int l = 0; l < L; ++l) {
       switch (plan.boundaries.place(l)) {
         case BoundaryPolicy::Place::kHost: {
-          auto s = stage("fwd", l, "boundary_d2h", "d2h", kD2h);
+          auto s = stage(Phase::kForward, l, what(StagePart::kBoundary, StageOp::kD2h), "d2h", kD2h);
           host[l] = to_host(h, st.pinned());
           break;
         }
@@ -607,17 +619,17 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
         case BoundaryPolicy::Place::kRegenerated:
           break;
       }
-      h = decoder_forward(l, "fwd", h, true);
+      h = decoder_forward(l, Phase::kForward, h, true);
     }
   }
   auto hL = leaf(h);
   at::Tensor loss;
   {
-    auto s = stage("fwd", -1, "lm_head.loss", "gemm");
+    auto s = stage(Phase::kForward, -1, what(StagePart::kLmHead, StageOp::kLoss), "gemm");
     loss = head_loss(hL, tgt, outer, spec);
   }
   {
-    auto s = stage("bwd", -1, "lm_head.backward", "gemm");
+    auto s = stage(Phase::kBackward, -1, what(StagePart::kLmHead, StageOp::kBackward), "gemm");
     loss.backward();
   }
   at::Tensor g = hL.grad();
@@ -626,12 +638,12 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
   std::vector<std::function<void()>> grad_ready(static_cast<std::size_t>(st.blocks()));
   std::function<void()> head_ready;
   {
-    auto s = stage("bwd", -1, "lm_head.grad_d2h", "d2h", kD2h);
+    auto s = stage(Phase::kBackward, -1, what(StagePart::kLmHead, StageOp::kGradD2h), "d2h", kD2h);
     head_ready = gradient_to_host(st.grad_slot(0), outer_flat.grad());
   }
   // The LM head's update overlaps the decoders' backward; its working copy is republished after
   // the embedding backward (on a CPU device the step's outer weights are that very buffer).
-  if (!clip) update_jobs.push_back(submit_update("lm_head", -1, 0, head.first, head.second, head_ready, 1.0, false));
+  if (!clip) update_jobs.push_back(submit_update(StagePart::kLmHead, -1, 0, head.first, head.second, head_ready, 1.0, false));
 
   for (int l = L - 1; l >= 0; --l) {
     const auto x = boundary_for_backward(l);
@@ -644,24 +656,24 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
     if (!clip) wait_for_slot();
     std::function<void()> ready;
     {
-      auto s = stage("bwd", l, "layer.grad_d2h", "d2h", kD2h);
+      auto s = stage(Phase::kBackward, l, what(StagePart::kLayer, StageOp::kGradD2h), "d2h", kD2h);
       ready = gradient_to_host(st.grad_slot(b), wgrad);
     }
     if (clip) {
       sq_norm[static_cast<std::size_t>(b)] = wgrad.to(at::kFloat).pow(2).sum().item<double>();
       grad_ready[static_cast<std::size_t>(b)] = std::move(ready);
     } else {
-      update_jobs.push_back(submit_update("layer", l, b, 0, st.layout().blocks[static_cast<std::size_t>(b)].numel, ready, 1.0));
+      update_jobs.push_back(submit_update(StagePart::kLayer, l, b, 0, st.layout().blocks[static_cast<std::size_t>(b)].numel, ready, 1.0));
     }
   }
   {
-    auto s = stage("bwd", -1, "embedding.scatter", "elementwise");
+    auto s = stage(Phase::kBackward, -1, what(StagePart::kEmbedding, StageOp::kScatter), "elementwise");
     x0.backward(g);
   }
   if (!clip) worker.wait_done(update_jobs.front());  // the head update read the slot before it is replaced
   std::function<void()> outer_ready;
   {
-    auto s = stage("bwd", -1, "embedding.grad_d2h", "d2h", kD2h);
+    auto s = stage(Phase::kBackward, -1, what(StagePart::kEmbedding, StageOp::kGradD2h), "d2h", kD2h);
     outer_ready = gradient_to_host(st.grad_slot(0), outer_flat.grad());
   }
   StepStats stats;
@@ -673,14 +685,14 @@ StepStats PlanTrainer::Impl::step(const at::Tensor& tokens, const at::Tensor& ta
     stats.grad_norm = std::sqrt(total);
     const double coef = clip_coefficient(stats.grad_norm, cfg.max_grad_norm);
     for (int b = st.blocks() - 1; b >= 1; --b) {
-      submit_update("layer", b - 1, b, 0, st.layout().blocks[static_cast<std::size_t>(b)].numel,
+      submit_update(StagePart::kLayer, b - 1, b, 0, st.layout().blocks[static_cast<std::size_t>(b)].numel,
                     grad_ready[static_cast<std::size_t>(b)], coef);
     }
-    submit_update("lm_head", -1, 0, head.first, head.second, outer_ready, coef);
-    submit_update("embedding", -1, 0, emb.first, emb.second, [] {}, coef);
+    submit_update(StagePart::kLmHead, -1, 0, head.first, head.second, outer_ready, coef);
+    submit_update(StagePart::kEmbedding, -1, 0, emb.first, emb.second, [] {}, coef);
   } else {
-    worker.submit([this, head] { publish_range("lm_head", -1, 0, head.first, head.second); });
-    submit_update("embedding", -1, 0, emb.first, emb.second, outer_ready, 1.0);
+    worker.submit([this, head] { publish_range(StagePart::kLmHead, -1, 0, head.first, head.second); });
+    submit_update(StagePart::kEmbedding, -1, 0, emb.first, emb.second, outer_ready, 1.0);
   }
   worker.wait_all();
   ++st.step;

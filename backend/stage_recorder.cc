@@ -15,10 +15,6 @@ Bytes process_rss_bytes() {
   return static_cast<Bytes>(pages_resident) * static_cast<Bytes>(sysconf(_SC_PAGESIZE));
 }
 
-std::string stage_name(const std::string& phase, int layer, const std::string& what) {
-  return layer >= 0 ? fmt::format("g0.{}.L{}.{}", phase, layer, what) : fmt::format("g0.{}.{}", phase, what);
-}
-
 void StageRecorder::start_step(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
   enabled_ = enabled;
@@ -47,16 +43,16 @@ void StageRecorder::Scope::end() {
   r_ = nullptr;
 }
 
-StageRecorder::Scope StageRecorder::stage(const std::string& phase, int layer, const std::string& what,
-                                          const std::string& kind, const std::string& resource, Flops flops,
-                                          Bytes bytes) {
+StageRecorder::Scope StageRecorder::stage(const StageKey& key, const std::string& kind, const std::string& resource,
+                                          Flops flops, Bytes bytes) {
   if (!enabled_) return {};
   if (cb_.sync && resource.rfind("gpu", 0) == 0) cb_.sync();
   TraceStage s;
-  s.name = stage_name(phase, layer, what);
+  s.name = format_stage_key(key);
+  s.key = key;
   s.kind = kind;
   s.resource = resource;
-  s.layer = layer;
+  s.layer = key.decoder;
   s.flops = flops;
   s.bytes = bytes;
   s.start_s = now_s();

@@ -1,12 +1,12 @@
 // StageRecorder: the measured timeline of one training step, stage by stage, as an oom::Trace.
 //
 // The plan-driven runtime (backend/plan_runtime.h) wraps each piece of work it does in a stage
-// named exactly as the StepGraph lowering names it (planner/lowering*.cc: "g0.fwd.L3.attn.proj",
+// keyed exactly as the StepGraph lowering keys it (traces/stage_key.h: "g0.fwd.L3.attn.proj",
 // "g0.bwd.L3.moe.c1.experts_bwd", "g0.opt.L3.layer.cpu_adamw", ...), with the lowering's operator
 // kind ("gemm", "attention", "cpu_adamw", ...) and resource ("gpu0.compute", "gpu0.h2d",
 // "numa0.cpu_update.r0"), so a measured step can be held against its prediction stage by stage
-// (`oom diff`). Several stages may carry the same name (one per sub-batch, or a projection that
-// runs before and after the core); comparisons sum them. Memory samples: the host's resident set
+// (`oom diff`). Sub-batches run one by one carry their index in the key; several stages may carry
+// the same key (a projection that runs before and after the core); comparisons sum them. Memory samples: the host's resident set
 // ("numa0", from /proc/self/statm) and the compute device's allocator bytes ("gpu0", from a
 // callback the runtime supplies) at the end of every stage.
 //
@@ -61,9 +61,9 @@ class StageRecorder {
     TraceStage s_;
   };
 
-  // Starts a stage named "g0.<phase>.L<layer>.<what>" (or "g0.<phase>.<what>" for layer −1).
-  Scope stage(const std::string& phase, int layer, const std::string& what, const std::string& kind,
-              const std::string& resource = "gpu0.compute", Flops flops = 0, Bytes bytes = 0);
+  // Starts the stage `key` (its name is format_stage_key(key)).
+  Scope stage(const StageKey& key, const std::string& kind, const std::string& resource = "gpu0.compute",
+              Flops flops = 0, Bytes bytes = 0);
 
   // The recorded step: stages in start order, step_s, memory timelines and peaks (engine "torch").
   Trace finish();
@@ -79,8 +79,5 @@ class StageRecorder {
   std::vector<TraceStage> stages_;
   std::vector<MemorySample> host_samples_, device_samples_;
 };
-
-// The StepGraph stage name of rank 0: "g0.<phase>.L<layer>.<what>", or "g0.<phase>.<what>".
-std::string stage_name(const std::string& phase, int layer, const std::string& what);
 
 }  // namespace oom::backend

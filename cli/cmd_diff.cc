@@ -2,9 +2,10 @@
 // --trace`) against a measured one (`oom train --plan P --trace`), stage by stage.
 //
 // Both files are traces: the Chrome trace JSON the commands write, or the Trace JSON form
-// (traces/trace.h). Stages are matched by name (the StepGraph's names, which the LibTorch runtime
-// records too); stages of the same name (one per sub-batch, say) are summed. Then totals per
-// operator kind and per phase (the name's second part: fwd, recompute, bwd, opt), and the step.
+// (traces/trace.h). Stages are matched by their key (traces/stage_key.h: the StepGraph's, which
+// the LibTorch runtime records too) without its sub-batch and repeat: the stages of one operator
+// over several sub-batches, or repeated for several regenerations, are summed. Then totals per
+// operator kind and per phase (fwd, recompute, bwd, opt), and the step.
 // Ratios are measured / predicted; errors (predicted − measured) / measured.
 #include <algorithm>
 #include <map>
@@ -23,6 +24,7 @@ namespace oom::cli {
 namespace {
 
 struct StageSum {
+  Phase phase = Phase::kForward;
   std::string kind;
   double seconds = 0;
   int count = 0;
@@ -34,9 +36,12 @@ struct StepTimes {
   double step_s = 0;
 };
 
-void add_stage(StepTimes& t, const std::string& name, const std::string& kind, double start_s, double dur_s) {
-  auto [it, fresh] = t.stages.try_emplace(name);
+void add_stage(StepTimes& t, StageKey key, const std::string& kind, double start_s, double dur_s) {
+  key.sub_batch = -1;
+  key.repeat = -1;
+  auto [it, fresh] = t.stages.try_emplace(format_stage_key(key));
   if (fresh) it->second.first_start_s = start_s;
+  it->second.phase = key.phase;
   it->second.kind = kind;
   it->second.seconds += dur_s;
   it->second.count += 1;
@@ -58,28 +63,24 @@ StepTimes load_step(const std::string& path) {
         throw InputError(path, field + ".dur", e.contains("dur") ? json_value_text(e["dur"]) : "missing",
                          "expected a duration ≥ 0 in microseconds");
       }
+      const auto key = parse_stage_key(e["name"].get<std::string>());
+      if (!key) throw InputError(path, field + ".name", json_value_text(e["name"]), "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>)");
       const double ts = e.contains("ts") && e["ts"].is_number() ? e["ts"].get<double>() : 0.0;
-      add_stage(t, e["name"].get<std::string>(), e.value("cat", ""), ts * 1e-6, e["dur"].get<double>() * 1e-6);
+      add_stage(t, *key, e.value("cat", ""), ts * 1e-6, e["dur"].get<double>() * 1e-6);
       t.step_s = std::max(t.step_s, (ts + e["dur"].get<double>()) * 1e-6);
     }
   } else {
     const Trace tr = trace_from_json(j, path);
-    for (const auto& s : tr.stages) add_stage(t, s.name, s.kind, s.start_s, s.duration_s());
+    for (const auto& s : tr.stages) add_stage(t, s.key, s.kind, s.start_s, s.duration_s());
     t.step_s = tr.step_s;
   }
   if (t.stages.empty()) throw InputError(path, "no stages: expected a trace written by oom simulate or oom train --trace");
   return t;
 }
 
-std::string phase_of(const std::string& name) {
-  const auto a = name.find('.');
-  if (a == std::string::npos) return "";
-  const auto b = name.find('.', a + 1);
-  return name.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
-}
-
 struct Row {
   std::string key, kind;
+  Phase phase = Phase::kForward;
   double predicted_s = 0, measured_s = 0;
   bool in_predicted = false, in_measured = false;
   double order = 0;
@@ -119,11 +120,11 @@ void add_diff_commands(CLI::App& app, Io io) {
     std::map<std::string, Row> rows;
     for (const auto& [name, s] : p.stages) {
       Row& r = rows[name];
-      r.key = name, r.kind = s.kind, r.predicted_s = s.seconds, r.in_predicted = true, r.order = s.first_start_s;
+      r.key = name, r.kind = s.kind, r.phase = s.phase, r.predicted_s = s.seconds, r.in_predicted = true, r.order = s.first_start_s;
     }
     for (const auto& [name, s] : m.stages) {
       Row& r = rows[name];
-      if (!r.in_predicted) r.key = name, r.kind = s.kind, r.order = 1e30 + s.first_start_s;
+      if (!r.in_predicted) r.key = name, r.kind = s.kind, r.phase = s.phase, r.order = 1e30 + s.first_start_s;
       r.measured_s = s.seconds, r.in_measured = true;
     }
     std::vector<Row> ordered;
@@ -143,7 +144,7 @@ void add_diff_commands(CLI::App& app, Io io) {
         t.measured_s += r.measured_s;
       };
       add_to(kinds, r.kind);
-      add_to(phases, phase_of(r.key));
+      add_to(phases, std::string(phase_name(r.phase)));
     }
     const double step_error = m.step_s > 0 ? (p.step_s - m.step_s) / m.step_s : 0.0;
     if (a->json) {

@@ -352,7 +352,7 @@ Trace trace_of_times(const StepGraph& g, const StageTimes& times, const std::str
   t.stages.reserve(g.stages.size());
   for (const Stage& s : g.stages) {
     const auto i = static_cast<std::size_t>(s.id);
-    t.stages.push_back({s.id, s.name, std::string(op_kind_name(s.op)), g.resource(s.resource).name, times.start_s[i],
+    t.stages.push_back({s.id, s.name, s.key, std::string(op_kind_name(s.op)), g.resource(s.resource).name, times.start_s[i],
                         times.finish_s[i], s.layer, s.bytes, s.flops});
   }
   t.memory = std::move(mem.timelines);

@@ -155,15 +155,11 @@ class KtFtLowering {
   std::int64_t tokens() const { return seqs_ * S_; }
   Bytes boundary() const { return boundary_bytes(1, seqs_, S_, m_.hidden); }
 
-  Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
     Stage st;
-    st.name = layer >= 0 ? fmt::format("g{}.{}.mb{}.L{}.{}", rank, phase_name(phase), micro_, layer, what)
-                         : fmt::format("g{}.{}.mb{}.{}", rank, phase_name(phase), micro_, what);
+    st.key = what.key(rank, phase, layer, micro_);
     st.op = op;
-    st.phase = phase;
     st.resource = res;
-    st.gpu = rank;
-    st.layer = layer;
     return st;
   }
   static void dep(Stage& st, const PerRank& from, int r) {
@@ -181,7 +177,7 @@ class KtFtLowering {
   // One stage per rank on `res(r)`, after `after` (the data it needs) and the rank's previous
   // stage of the chain when `chain`.
   template <typename Res>
-  PerRank each(const std::string& what, OpKind op, Phase phase, int layer, Res res, Flops flops, Bytes bytes, ParamCount params,
+  PerRank each(const StageWhat& what, OpKind op, Phase phase, int layer, Res res, Flops flops, Bytes bytes, ParamCount params,
                const OpShape& shape, const PerRank& after) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
@@ -195,11 +191,11 @@ class KtFtLowering {
     }
     return out;
   }
-  PerRank gpu(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape, Bytes bytes = 0) {
+  PerRank gpu(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape, Bytes bytes = 0) {
     last_ = each(what, op, phase, layer, [&](int r) { return rr(r).compute; }, flops, bytes, 0, shape, last_);
     return last_;
   }
-  PerRank collective(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
+  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
     PerRank out(static_cast<std::size_t>(P_));
     std::vector<int> peers(static_cast<std::size_t>(P_));
     for (int q = 0; q < P_; ++q) peers[static_cast<std::size_t>(q)] = q;
@@ -214,10 +210,10 @@ class KtFtLowering {
   }
 
   // The FSDP2 delivery of a dense parameter group: the rank's FP32 shard, then the BF16 all-gather.
-  PerRank deliver(Phase phase, int layer, ParamCount params) {
-    PerRank ready = each("weights.h2d", OpKind::kH2d, phase, layer, [&](int r) { return rr(r).h2d; }, 0,
+  PerRank deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
+    PerRank ready = each(what(part, StageOp::kH2d), OpKind::kH2d, phase, layer, [&](int r) { return rr(r).h2d; }, 0,
                          kFp32Bytes * (params / P_), 0, {}, slot_free_[uses_ % 2]);
-    if (P_ > 1) ready = collective("weights.allgather", OpKind::kAllGather, phase, layer, working_weight_bytes(params - params / P_), ready);
+    if (P_ > 1) ready = collective(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, working_weight_bytes(params - params / P_), ready);
     return ready;
   }
 
@@ -231,7 +227,7 @@ class KtFtLowering {
     const PerRank ready = deliver(phase, l, dense);
     ++uses_;
     // Compute waits for its weights and for the rank's previous compute.
-    PerRank joined = each("weights.ready", OpKind::kSync, phase, l, [&](int r) { return rr(r).compute; }, 0, 0, 0, {}, ready);
+    PerRank joined = each(what(StagePart::kWeights, StageOp::kReady), OpKind::kSync, phase, l, [&](int r) { return rr(r).compute; }, 0, 0, 0, {}, ready);
     for (int r = 0; r < P_; ++r) {
       Stage& st = b_.graph().stages[static_cast<std::size_t>(joined[static_cast<std::size_t>(r)])];
       dep(st, last_, r);
@@ -262,21 +258,21 @@ class KtFtLowering {
     const Bytes act = mixing_activations(m_, l, seqs_, S_) + 2 * boundary();
     const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward; };
     auto mixing = [&] {
-      const PerRank p = gpu((attention ? "attn.proj" : "gdn.proj") + std::string(backward ? "_bwd" : ""), OpKind::kGemm, phase, l,
+      const PerRank p = gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kProjBwd : StageOp::kProj), OpKind::kGemm, phase, l,
                             ratio * f.mixing_projection, proj, traffic(mixing_hbm_bytes(m_, l, tokens())));
-      gpu((attention ? "attn.core" : "gdn.core") + std::string(backward ? "_bwd" : ""), attention ? OpKind::kAttention : OpKind::kGdn,
+      gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn,
           phase, l, core_ratio * f.mixing_core.total(), core);
       return p;
     };
     auto moe = [&] {
-      gpu(backward ? "moe.router_shared_bwd" : "moe.router_shared", OpKind::kGemm, phase, l,
+      gpu(what(StagePart::kMoe, backward ? StageOp::kRouterSharedBwd : StageOp::kRouterShared), OpKind::kGemm, phase, l,
           ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj, traffic(moe_hbm_bytes(m_, tokens()).pre));
       // The hidden states (or their gradient) to the host, the experts on the socket's cores, back.
-      const PerRank out = each(backward ? "experts.grad_d2h" : "experts.input_d2h", OpKind::kD2h, phase, l,
+      const PerRank out = each(what(StagePart::kExperts, backward ? StageOp::kGradD2h : StageOp::kInputD2h), OpKind::kD2h, phase, l,
                                [&](int r) { return rr(r).d2h; }, 0, boundary(), 0, {}, last_);
-      const PerRank cpu = each(backward ? "experts.cpu_bwd" : "experts.cpu", OpKind::kExpertGemm, phase, l,
+      const PerRank cpu = each(what(StagePart::kExperts, backward ? StageOp::kCpuBwd : StageOp::kCpu), OpKind::kExpertGemm, phase, l,
                                [&](int r) { return rr(r).cpu; }, ratio * f.moe.routed_experts, 0, 0, experts, out);
-      last_ = each(backward ? "experts.grad_h2d" : "experts.output_h2d", OpKind::kH2d, phase, l, [&](int r) { return rr(r).h2d; },
+      last_ = each(what(StagePart::kExperts, backward ? StageOp::kGradH2d : StageOp::kOutputH2d), OpKind::kH2d, phase, l, [&](int r) { return rr(r).h2d; },
                    0, boundary(), 0, {}, cpu);
       if (backward) expert_grads_.push_back(cpu);
     };
@@ -298,8 +294,8 @@ class KtFtLowering {
       gpu_mem(first, kFp32Bytes * dense, false);
       gpu_mem(last_, -(act + boundary()), true);
       PerRank grads = last_;
-      if (P_ > 1) grads = collective("grads.reduce_scatter", OpKind::kReduceScatter, phase, l, kFp32Bytes * dense * (P_ - 1) / P_, grads);
-      const PerRank d2h = each("grads.d2h", OpKind::kD2h, phase, l, [&](int r) { return rr(r).d2h; }, 0, kFp32Bytes * (dense / P_), 0,
+      if (P_ > 1) grads = collective(what(StagePart::kGrads, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l, kFp32Bytes * dense * (P_ - 1) / P_, grads);
+      const PerRank d2h = each(what(StagePart::kGrads, StageOp::kD2h), OpKind::kD2h, phase, l, [&](int r) { return rr(r).d2h; }, 0, kFp32Bytes * (dense / P_), 0,
                                {}, grads);
       gpu_mem(d2h, -kFp32Bytes * dense, true);
       dense_grads_.push_back(d2h);
@@ -310,7 +306,7 @@ class KtFtLowering {
   void head() {
     const std::int64_t T = tokens();
     const ParamCount head = params_.lm_head + params_.final_norm;
-    deliver(Phase::kForward, -1, head);
+    deliver(Phase::kForward, -1, head, StagePart::kLmHead);
     ++uses_;
     const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T));
     OpShape shape;
@@ -318,10 +314,10 @@ class KtFtLowering {
     shape.k = m_.hidden;
     shape.n = m_.vocab;
     const Flops f = lm_head_flops(m_, T);
-    const PerRank fwd = gpu("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T));
+    const PerRank fwd = gpu(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T));
     gpu_mem(fwd, logits, false);
     gpu_mem(fwd, -logits, true);
-    const PerRank bwd = gpu("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
+    const PerRank bwd = gpu(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
                             loss_backward_hbm_bytes(m_, T));
     gpu_mem(bwd, logits, false);
     gpu_mem(bwd, -logits, true);
@@ -333,17 +329,17 @@ class KtFtLowering {
     micro_ = s_.accumulation_steps;
     const ParamCount experts = params_.layer_sum().routed_experts;
     const ParamCount dense = params_.total() - experts;
-    PerRank all = each("grads.done", OpKind::kSync, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, 0, 0, {}, last_);
+    PerRank all = each(what(StagePart::kGrads, StageOp::kDone), OpKind::kSync, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, 0, 0, {}, last_);
     for (int r = 0; r < P_; ++r) {
       Stage& st = b_.graph().stages[static_cast<std::size_t>(all[static_cast<std::size_t>(r)])];
       for (const auto& g : dense_grads_) dep(st, g, r);
       for (const auto& g : expert_grads_) dep(st, g, r);
     }
-    const PerRank acc = each("experts.host_accumulate", OpKind::kHostAccumulate, Phase::kOptimizer, -1,
+    const PerRank acc = each(what(StagePart::kExperts, StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, -1,
                              [&](int r) { return rr(r).cpu; }, 0, gradient_bytes(experts / P_), experts / P_, {}, all);
     const ParamCount shard = (dense + experts) / P_;
     // FSDP2's optimizer.step(): torch.optim.AdamW over the host shards.
-    each("cpu_adamw", OpKind::kTorchCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, canonical_state_bytes(shard), shard,
+    each(what(StagePart::kModel, StageOp::kCpuAdamW), OpKind::kTorchCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, canonical_state_bytes(shard), shard,
          {}, acc);
   }
 

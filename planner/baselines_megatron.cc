@@ -209,15 +209,11 @@ class MegatronLowering {
   std::int64_t tokens() const { return seqs_ * S_; }
   Bytes boundary() const { return boundary_bytes(1, seqs_, S_, m_.hidden); }
 
-  Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
     Stage st;
-    st.name = layer >= 0 ? fmt::format("g{}.{}.mb{}.L{}.{}", rank, phase_name(phase), micro_, layer, what)
-                         : fmt::format("g{}.{}.mb{}.{}", rank, phase_name(phase), micro_, what);
+    st.key = what.key(rank, phase, layer, micro_);
     st.op = op;
-    st.phase = phase;
     st.resource = res;
-    st.gpu = rank;
-    st.layer = layer;
     return st;
   }
   static void dep(Stage& st, const PerRank& from, int r) {
@@ -232,7 +228,7 @@ class MegatronLowering {
     }
   }
 
-  PerRank compute(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape,
+  PerRank compute(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape,
                   Bytes bytes = 0) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
@@ -249,7 +245,7 @@ class MegatronLowering {
 
   // A collective of each rank with the members of its group (`group_size` consecutive ranks, or
   // every `stride`-th rank for the data-parallel group).
-  PerRank collective(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs,
+  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs,
                      bool data_parallel_group) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
@@ -271,7 +267,7 @@ class MegatronLowering {
   }
 
   // Sequence parallelism: gather the hidden states before a sublayer, reduce-scatter after it.
-  void tp_exchange(const std::string& what, OpKind op, Phase phase, int layer) {
+  void tp_exchange(const StageWhat& what, OpKind op, Phase phase, int layer) {
     if (t_ > 1) collective(what, op, phase, layer, boundary() * (t_ - 1) / t_, last_, false);
   }
 
@@ -280,7 +276,8 @@ class MegatronLowering {
     const bool attention = kind != LayerKind::kLinearAttention;
     const bool backward = phase == Phase::kBackward;
     const LayerFlops f = layer_flops(m_, l, seqs_, S_);
-    const std::string sfx = backward ? "_bwd" : "";
+    // Compute operators run their backward in the backward phase; exchanges keep their names.
+    const auto op = [&](StageOp o) { return backward ? backward_op(o) : o; };
     OpShape proj;
     proj.tokens = tokens();
     proj.k = m_.hidden;
@@ -307,24 +304,24 @@ class MegatronLowering {
     const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward / t_; };
     const MoeTraffic moe_bytes = moe_hbm_bytes(m_, tokens());
     auto mixing = [&] {
-      tp_exchange("mixing.allgather" + sfx, OpKind::kAllGather, phase, l);
-      const PerRank p = compute((attention ? "attn.proj" : "gdn.proj") + sfx, OpKind::kGemm, phase, l, ratio * f.mixing_projection / t_, proj,
+      tp_exchange(what(StagePart::kMixing, StageOp::kAllGather), OpKind::kAllGather, phase, l);
+      const PerRank p = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, op(StageOp::kProj)), OpKind::kGemm, phase, l, ratio * f.mixing_projection / t_, proj,
                                 traffic(mixing_hbm_bytes(m_, l, tokens())));
       if (first.empty()) first = p;
-      compute((attention ? "attn.core" : "gdn.core") + sfx, attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
+      compute(what(attention ? StagePart::kAttention : StagePart::kGdn, op(StageOp::kCore)), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
               core_ratio * f.mixing_core.total() / t_, core);
-      tp_exchange("mixing.reduce_scatter" + sfx, OpKind::kReduceScatter, phase, l);
+      tp_exchange(what(StagePart::kMixing, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l);
     };
     auto moe = [&] {
-      tp_exchange("moe.allgather" + sfx, OpKind::kAllGather, phase, l);
-      compute("moe.router_shared" + sfx, OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj,
+      tp_exchange(what(StagePart::kMoe, StageOp::kAllGather), OpKind::kAllGather, phase, l);
+      compute(what(StagePart::kMoe, op(StageOp::kRouterShared)), OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj,
               traffic(moe_bytes.pre + moe_bytes.combine));
-      if (s_.expert_parallel > 1) skewed(collective("moe.dispatch" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
-      skewed(compute("moe.experts" + sfx, OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts,
+      if (s_.expert_parallel > 1) skewed(collective(what(StagePart::kMoe, StageOp::kDispatch), OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
+      skewed(compute(what(StagePart::kMoe, op(StageOp::kExperts)), OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts,
                      traffic(moe_bytes.experts)),
              l, true);
-      if (s_.expert_parallel > 1) skewed(collective("moe.return" + sfx, OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
-      tp_exchange("moe.reduce_scatter" + sfx, OpKind::kReduceScatter, phase, l);
+      if (s_.expert_parallel > 1) skewed(collective(what(StagePart::kMoe, StageOp::kReturn), OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
+      tp_exchange(what(StagePart::kMoe, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l);
     };
     if (backward) {
       moe();
@@ -383,7 +380,7 @@ class MegatronLowering {
   void embedding(Phase phase) {
     OpShape shape;
     shape.tokens = tokens();
-    const PerRank e = compute(phase == Phase::kForward ? "embedding.gather" : "embedding.scatter", OpKind::kElementwise, phase, -1,
+    const PerRank e = compute(what(StagePart::kEmbedding, phase == Phase::kForward ? StageOp::kGather : StageOp::kScatter), OpKind::kElementwise, phase, -1,
                               0, shape);
     for (int r = 0; r < P_; ++r) b_.graph().stages[static_cast<std::size_t>(e[static_cast<std::size_t>(r)])].bytes = boundary();
   }
@@ -396,10 +393,10 @@ class MegatronLowering {
     shape.k = m_.hidden;
     shape.n = m_.vocab / t_;
     const Flops f = lm_head_flops(m_, T) / t_;
-    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T) / t_);
+    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T) / t_);
     gpu_mem(fwd, logits, false);
     gpu_mem(fwd, -logits, true);
-    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
+    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
                                 loss_backward_hbm_bytes(m_, T) / t_);
     gpu_mem(bwd, logits, false);
     gpu_mem(bwd, -logits, true);
@@ -411,24 +408,24 @@ class MegatronLowering {
     const int d = s_.data_parallel;
     const ParamCount dense = split_.dense / t_;
     const ParamCount shard = dense / d + split_.experts / s_.expert_parallel;
-    if (d > 1) collective("grads.reduce_scatter", OpKind::kReduceScatter, Phase::kOptimizer, -1, kMainGradBytesPerParam * dense * (d - 1) / d, last_, true);
+    if (d > 1) collective(what(StagePart::kGrads, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kOptimizer, -1, kMainGradBytesPerParam * dense * (d - 1) / d, last_, true);
     PerRank d2h(static_cast<std::size_t>(P_)), adam(static_cast<std::size_t>(P_)), h2d(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
-      Stage c = make("grads.d2h", OpKind::kD2h, Phase::kOptimizer, rr(r).d2h, r, -1);
+      Stage c = make(what(StagePart::kGrads, StageOp::kD2h), OpKind::kD2h, Phase::kOptimizer, rr(r).d2h, r, -1);
       c.bytes = kMainGradBytesPerParam * shard;
       dep(c, last_, r);
       d2h[static_cast<std::size_t>(r)] = b_.add(std::move(c));
-      Stage a = make("cpu_adamw", OpKind::kCpuAdamW, Phase::kOptimizer, rr(r).cpu, r, -1);
+      Stage a = make(what(StagePart::kModel, StageOp::kCpuAdamW), OpKind::kCpuAdamW, Phase::kOptimizer, rr(r).cpu, r, -1);
       a.params = shard;
       a.bytes = canonical_state_bytes(shard);
       dep(a, d2h, r);
       adam[static_cast<std::size_t>(r)] = b_.add(std::move(a));
-      Stage h = make("weights.h2d", OpKind::kH2d, Phase::kOptimizer, rr(r).h2d, r, -1);
+      Stage h = make(what(StagePart::kWeights, StageOp::kH2d), OpKind::kH2d, Phase::kOptimizer, rr(r).h2d, r, -1);
       h.bytes = working_weight_bytes(shard);
       dep(h, adam, r);
       h2d[static_cast<std::size_t>(r)] = b_.add(std::move(h));
     }
-    if (d > 1) collective("weights.allgather", OpKind::kAllGather, Phase::kOptimizer, -1, working_weight_bytes(dense) * (d - 1) / d, h2d, true);
+    if (d > 1) collective(what(StagePart::kWeights, StageOp::kAllGather), OpKind::kAllGather, Phase::kOptimizer, -1, working_weight_bytes(dense) * (d - 1) / d, h2d, true);
   }
 
   const MegatronSetup s_;

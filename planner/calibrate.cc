@@ -185,11 +185,12 @@ int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
   return -1;
 }
 
-bool op_stage_matches(const std::string& op, const std::string& what) {
-  if (op == "attention_forward") return what == "attn.proj" || what.starts_with("attn.core.");
-  if (op == "attention_replay_reuse_o") return what == "attn.proj";
-  if (op == "gdn_mixing_forward") return what == "gdn.proj" || what.starts_with("gdn.core.");
-  if (op == "moe_forward") return what.starts_with("moe.") && (what.ends_with(".router_shared") || what.ends_with(".experts"));
+bool op_stage_matches(const std::string& op, const StageKey& k) {
+  const bool proj = k.op == StageOp::kProj, core = k.op == StageOp::kCore;
+  if (op == "attention_forward") return k.part == StagePart::kAttention && (proj || core);
+  if (op == "attention_replay_reuse_o") return k.part == StagePart::kAttention && proj;
+  if (op == "gdn_mixing_forward") return k.part == StagePart::kGdn && (proj || core);
+  if (op == "moe_forward") return k.part == StagePart::kMoe && (k.op == StageOp::kRouterShared || k.op == StageOp::kExperts);
   return false;
 }
 
@@ -213,9 +214,9 @@ Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
   LoweringOptions options;
   options.decoder_layers = layer + 1;
   t.graph = lower(plan, t.ctx, options);
-  const std::string prefix = fmt::format("g0.fwd.L{}.", layer);
   for (const Stage& s : t.graph.stages) {
-    if (s.name.starts_with(prefix) && op_stage_matches(o.op, s.name.substr(prefix.size()))) t.op_stages.push_back(s.id);
+    const StageKey& k = s.key;
+    if (k.rank == 0 && k.phase == Phase::kForward && k.decoder == layer && op_stage_matches(o.op, k)) t.op_stages.push_back(s.id);
   }
   if (t.op_stages.empty()) throw InputError(o.origin, "op", o.op, "no matching stages in the lowered layer");
   return t;

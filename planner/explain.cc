@@ -66,7 +66,6 @@ StepExplanation explain_trace(const Trace& t, int gpu) {
   StepExplanation e;
   e.engine = t.engine;
   e.step_s = t.step_s;
-  const std::string prefix = fmt::format("g{}.", gpu);
   std::map<std::string, ResourceBusy> busy;
   struct Edge {
     Seconds time_s;
@@ -76,7 +75,7 @@ StepExplanation explain_trace(const Trace& t, int gpu) {
   };
   std::vector<Edge> edges;
   for (const TraceStage& s : t.stages) {
-    if (!s.name.starts_with(prefix)) continue;
+    if (s.key.rank != gpu) continue;
     const Seconds d = s.end_s - s.start_s;
     ResourceBusy& b = busy[s.resource];
     b.resource = s.resource;
@@ -157,12 +156,11 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
     first_layer.emplace(std::string(layer_kind_name(ctx.model.layer_kinds[static_cast<std::size_t>(l)])), l);
   }
   for (const auto& [kind, l] : first_layer) {
-    const std::string prefix = fmt::format("g0.fwd.L{}.", l);
     for (const TraceStage& s : trace.stages) {
-      if (!s.name.starts_with(prefix) || mechanism_of(s.kind) >= 0) continue;
-      const std::string what = s.name.substr(prefix.size());
-      if (what.starts_with("attn.") || what.starts_with("gdn.")) e.layer_forward_s[kind] += s.duration_s();
-      else if (what.starts_with("moe.") && l == first_layer.begin()->second) e.layer_forward_s["moe"] += s.duration_s();
+      const StageKey& k = s.key;
+      if (k.rank != 0 || k.phase != Phase::kForward || k.decoder != l || mechanism_of(s.kind) >= 0) continue;
+      if (k.part == StagePart::kAttention || k.part == StagePart::kGdn) e.layer_forward_s[kind] += s.duration_s();
+      else if (k.part == StagePart::kMoe && l == first_layer.begin()->second) e.layer_forward_s["moe"] += s.duration_s();
     }
   }
   for (const auto& b : breakdowns) {

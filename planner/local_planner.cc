@@ -174,7 +174,7 @@ LayerTable local_layer_table(const PlanPricer& pricer, const SplitSpec& split, b
     const bool compute = g.resource(s.resource).kind == ResourceKind::kGpuCompute;
     // The no-grad forward a regeneration repeats is the replay half of the decoder's backward
     // (a partitioned attention's per-group re-forward belongs to its backward, not to the replay).
-    if (compute && s.phase == Phase::kRecompute && s.name.find("core_refwd") == std::string::npos) replay[l] += d[i];
+    if (compute && s.phase == Phase::kRecompute && s.key.op != StageOp::kCoreRefwd) replay[l] += d[i];
     if (s.phase == Phase::kRecompute || s.phase == Phase::kBackward) {
       from[l] = std::min(from[l], times.start_s[i]);
       to[l] = std::max(to[l], times.finish_s[i]);

@@ -88,15 +88,12 @@ std::vector<std::int64_t> Lowering::moe_chunks(std::int64_t tokens) const {
   return out;
 }
 
-Stage Lowering::make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+Stage Lowering::make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
   Stage s;
-  s.name = layer >= 0 ? fmt::format("g{}.{}.L{}.{}", rank, phase_name(phase), layer, what)
-                      : fmt::format("g{}.{}.{}", rank, phase_name(phase), what);
+  s.key = what.key(rank, phase, layer);
+  s.key.sub_batch = sub_batch_;
   s.op = op;
-  s.phase = phase;
   s.resource = res;
-  s.gpu = rank;
-  s.layer = layer;
   return s;
 }
 
@@ -117,7 +114,7 @@ void Lowering::host_free(StageId s, int rank, Bytes bytes) {
   }
 }
 
-PerRank Lowering::compute_all(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                               const OpShape& shape, const std::vector<PerRank>& deps) {
   PerRank out(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
@@ -132,7 +129,7 @@ PerRank Lowering::compute_all(const std::string& what, OpKind op, Phase phase, i
   return out;
 }
 
-PerRank Lowering::collective_all(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
+PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
                                  const PerRank& inputs) {
   PerRank out(static_cast<std::size_t>(P_));
   std::vector<int> peers;
@@ -147,7 +144,7 @@ PerRank Lowering::collective_all(const std::string& what, OpKind op, Phase phase
   return out;
 }
 
-PerRank Lowering::collective_each(const std::string& what, OpKind op, Phase phase, int layer,
+PerRank Lowering::collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
                                   const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs) {
   PerRank out = collective_all(what, op, phase, layer, 0, inputs);
   for (int r = 0; r < P_; ++r) {
@@ -156,7 +153,7 @@ PerRank Lowering::collective_each(const std::string& what, OpKind op, Phase phas
   return out;
 }
 
-PerRank Lowering::compute_loaded(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+PerRank Lowering::compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                                  OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps) {
   PerRank out = compute_all(what, op, phase, layer, flops, bytes, shape, deps);
   for (int r = 0; r < P_; ++r) {
@@ -169,7 +166,7 @@ PerRank Lowering::compute_loaded(const std::string& what, OpKind op, Phase phase
   return out;
 }
 
-WindowUse Lowering::deliver_weights(const std::string& what, Phase phase, int layer, ParamCount common,
+WindowUse Lowering::deliver_weights(StagePart part, Phase phase, int layer, ParamCount common,
                                     ParamCount expert_h2d, ParamCount expert_total, bool allgather) {
   WindowUse use;
   use.slot = window_uses_++ % 2;
@@ -180,7 +177,7 @@ WindowUse Lowering::deliver_weights(const std::string& what, Phase phase, int la
   PerRank shard_copies(static_cast<std::size_t>(P_), -1);
   for (int r = 0; r < P_; ++r) {
     const auto& rr = r_[static_cast<std::size_t>(r)];
-    Stage s = make(what + ".h2d", OpKind::kH2d, phase, rr.h2d, r, layer);
+    Stage s = make(what(part, StageOp::kH2d), OpKind::kH2d, phase, rr.h2d, r, layer);
     s.bytes = working_weight_bytes(common + expert_h2d);
     append(s.deps, previous, r);  // buffer reuse: the slot's previous consumer has finished
     const StageId copy = add(std::move(s));
@@ -190,7 +187,7 @@ WindowUse Lowering::deliver_weights(const std::string& what, Phase phase, int la
   if (allgather && P_ > 1) {
     // Each rank receives the other ranks' shards: (P−1)/P of the bank.
     const Bytes received = working_weight_bytes(expert_total - expert_h2d);
-    use.ready = collective_all(what + ".allgather", OpKind::kAllGather, phase, layer, received, shard_copies);
+    use.ready = collective_all(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, received, shard_copies);
     // The local shard is staged beside the slot until the all-gather has rebuilt the bank.
     for (int r = 0; r < P_; ++r) {
       gpu_alloc(shard_copies[static_cast<std::size_t>(r)], r, working_weight_bytes(expert_h2d));
@@ -204,17 +201,17 @@ void Lowering::release_window(const WindowUse& use, const PerRank& last) {
   slot_last_use_[static_cast<std::size_t>(use.slot)] = last;
 }
 
-PerRank Lowering::reduce_scatter(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+PerRank Lowering::reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
                                  bool reduce, ParamCount& sent) {
   sent = params_on_gpu;
   if (!reduce || P_ == 1) return ready;
   // Each rank sends (P−1)/P of its gradient and keeps the reduced 1/P.
   sent = params_on_gpu / P_;
-  return collective_all(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
+  return collective_all(what(part, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
                         gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
 }
 
-PerRank Lowering::gradient_d2h(const std::string& name, int layer, Bytes bytes, Bytes freed, const PerRank& after,
+PerRank Lowering::gradient_d2h(const StageWhat& what, int layer, Bytes bytes, Bytes freed, const PerRank& after,
                                bool expert_kind) {
   const int kind = expert_kind ? 1 : 0;
   const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
@@ -223,7 +220,7 @@ PerRank Lowering::gradient_d2h(const std::string& name, int layer, Bytes bytes, 
   PerRank out(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
     const auto& rr = r_[static_cast<std::size_t>(r)];
-    Stage s = make(name, OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
+    Stage s = make(what, OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
     s.bytes = bytes;
     append(s.deps, after, r);
     // CPU gradient slot reuse: wait for the update that consumed gradient index − slots.
@@ -237,21 +234,21 @@ PerRank Lowering::gradient_d2h(const std::string& name, int layer, Bytes bytes, 
   return out;
 }
 
-void Lowering::gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+void Lowering::gradients_to_host(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
                                  bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
   if (params_on_gpu <= 0) return;
   ParamCount sent = params_on_gpu;
-  const PerRank after = reduce_scatter(what, layer, params_on_gpu, ready, reduce, sent);
-  const PerRank out = gradient_d2h(what + ".grad_d2h", layer, gradient_bytes(sent), gradient_bytes(params_on_gpu), after, expert_kind);
+  const PerRank after = reduce_scatter(part, layer, params_on_gpu, ready, reduce, sent);
+  const PerRank out = gradient_d2h(what(part, StageOp::kGradD2h), layer, gradient_bytes(sent), gradient_bytes(params_on_gpu), after, expert_kind);
   d2h_out.push_back(out);
   pending_grad_frees_.push_back(out);
 }
 
-PerRank Lowering::host_accumulate(const std::string& name, int layer, ParamCount params, const std::vector<PerRank>& d2h) {
+PerRank Lowering::host_accumulate(const StageWhat& what, int layer, ParamCount params, const std::vector<PerRank>& d2h) {
   // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum.
   PerRank acc(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
-    Stage s = make(name, OpKind::kHostAccumulate, Phase::kOptimizer, r_[static_cast<std::size_t>(r)].cpu, r, layer);
+    Stage s = make(what, OpKind::kHostAccumulate, Phase::kOptimizer, r_[static_cast<std::size_t>(r)].cpu, r, layer);
     s.params = params;
     s.bytes = gradient_bytes(params);
     for (const auto& d : d2h) append(s.deps, d, r);
@@ -260,12 +257,12 @@ PerRank Lowering::host_accumulate(const std::string& name, int layer, ParamCount
   return acc;
 }
 
-PerRank Lowering::update_and_publish(const std::string& what, const std::string& suffix, int layer, ParamCount params,
+PerRank Lowering::update_and_publish(StagePart part, int bucket, int layer, ParamCount params,
                                      const std::vector<PerRank>& ready, bool after_every_rank) {
   PerRank upd(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
     const auto& rr = r_[static_cast<std::size_t>(r)];
-    Stage s = make(what + ".cpu_adamw" + suffix, OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
+    Stage s = make(what(part, StageOp::kCpuAdamW).at_bucket(bucket), OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
     s.params = params;
     s.bytes = canonical_state_bytes(params);
     for (const auto& d : ready) {
@@ -277,7 +274,7 @@ PerRank Lowering::update_and_publish(const std::string& what, const std::string&
     }
     upd[static_cast<std::size_t>(r)] = add(std::move(s));
     // Weight publication: BF16 staging of the updated masters for the next step's copies.
-    Stage p = make(what + ".publish" + suffix, OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
+    Stage p = make(what(part, StageOp::kPublish).at_bucket(bucket), OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
     p.params = params;
     p.bytes = working_weight_bytes(params);
     p.deps.push_back(upd[static_cast<std::size_t>(r)]);
@@ -287,13 +284,13 @@ PerRank Lowering::update_and_publish(const std::string& what, const std::string&
   return upd;
 }
 
-void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+void Lowering::cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                           bool accumulate_partials, ParamCount partial_params) {
   if (d2h.empty() && params_per_rank <= 0) return;
   // With host accumulation, the update of any part waits for every rank's partial.
   const std::vector<PerRank> ready =
-      accumulate_partials ? std::vector<PerRank>{host_accumulate(what + ".host_accumulate", layer, partial_params, d2h)} : d2h;
-  const PerRank upd = update_and_publish(what, "", layer, params_per_rank, ready, accumulate_partials);
+      accumulate_partials ? std::vector<PerRank>{host_accumulate(what(part, StageOp::kHostAccumulate), layer, partial_params, d2h)} : d2h;
+  const PerRank upd = update_and_publish(part, -1, layer, params_per_rank, ready, accumulate_partials);
   // The updates free the CPU gradient slots of every gradient they consumed.
   for (int kind = 0; kind < 2; ++kind) {
     auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
@@ -301,19 +298,19 @@ void Lowering::cpu_update(const std::string& what, int layer, ParamCount params_
   }
 }
 
-void Lowering::gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready) {
-  PerRank out = compute_all(what + ".gpu_adamw", OpKind::kGpuAdamW, Phase::kOptimizer, layer, 0,
+void Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready) {
+  PerRank out = compute_all(what(part, StageOp::kGpuAdamW), OpKind::kGpuAdamW, Phase::kOptimizer, layer, 0,
                             params * kGpuAdamBytesPerParam, OpShape{}, {ready});
   for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params), MemoryUse::kOptimizer);
   pending_grad_frees_.push_back(out);
 }
 
-void Lowering::stream_gradients(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
                                 bool reduce, bool expert_kind, bool accumulate_partials,
                                 ParamCount update_params_per_rank) {
   if (params_on_gpu <= 0) return;
   ParamCount sent = params_on_gpu;
-  const PerRank after = reduce_scatter(what, layer, params_on_gpu, ready, reduce, sent);
+  const PerRank after = reduce_scatter(part, layer, params_on_gpu, ready, reduce, sent);
   const Bytes bucket_bytes = plan_.flat.optimizer_bucket_mib * kMiB;
   const std::int64_t buckets = std::max<std::int64_t>(1, (gradient_bytes(sent) + bucket_bytes - 1) / bucket_bytes);
   const int kind = expert_kind ? 1 : 0;
@@ -322,14 +319,14 @@ void Lowering::stream_gradients(const std::string& what, int layer, ParamCount p
   for (std::int64_t i = 0; i < buckets; ++i) {
     // Even buckets; the last takes the remainder.
     const auto share = [&](auto total) { return total / buckets + (i + 1 == buckets ? total % buckets : 0); };
-    const ParamCount part = share(sent);
+    const ParamCount part_params = share(sent);
     OOM_ASSERT(static_cast<int>(updates.size()) == grads_sent_[static_cast<std::size_t>(kind)],
                "streamed gradients are updated bucket by bucket");
-    d2h = gradient_d2h(fmt::format("{}.grad_d2h.b{}", what, i), layer, gradient_bytes(part),
+    d2h = gradient_d2h(what(part, StageOp::kGradD2h).at_bucket(static_cast<int>(i)), layer, gradient_bytes(part_params),
                        share(gradient_bytes(params_on_gpu)), after, expert_kind);
     const PerRank ready_for_update =
-        accumulate_partials ? host_accumulate(fmt::format("{}.host_accumulate.b{}", what, i), layer, part, {d2h}) : d2h;
-    updates.push_back(update_and_publish(what, fmt::format(".b{}", i), layer, share(update_params_per_rank),
+        accumulate_partials ? host_accumulate(what(part, StageOp::kHostAccumulate).at_bucket(static_cast<int>(i)), layer, part_params, {d2h}) : d2h;
+    updates.push_back(update_and_publish(part, static_cast<int>(i), layer, share(update_params_per_rank),
                                          {ready_for_update}, accumulate_partials));
   }
   pending_grad_frees_.push_back(d2h);
@@ -337,10 +334,10 @@ void Lowering::stream_gradients(const std::string& what, int layer, ParamCount p
 
 void Lowering::embedding_forward() {
   // The embedding passes the window like a layer; the lookup is a gather on HBM.
-  const WindowUse w = deliver_weights("embedding", Phase::kForward, -1, params_.embedding, 0, 0, false);
+  const WindowUse w = deliver_weights(StagePart::kEmbedding, Phase::kForward, -1, params_.embedding, 0, 0, false);
   OpShape shape;
   shape.tokens = N_;
-  const PerRank gather = compute_all("embedding.gather", OpKind::kElementwise, Phase::kForward, -1, 0,
+  const PerRank gather = compute_all(what(StagePart::kEmbedding, StageOp::kGather), OpKind::kElementwise, Phase::kForward, -1, 0,
                                      boundary_bytes(1, seqs_, S_, m_.hidden), shape, {w.ready});
   release_window(w, gather);
 }
@@ -351,7 +348,7 @@ void Lowering::head_forward_backward() {
     return;
   }
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
-  const WindowUse w = deliver_weights("lm_head", Phase::kForward, -1, head, 0, 0, false);
+  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, head, 0, 0, false);
   const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
   const Bytes logits = logits_workspace_bytes(m_, chunk);
   OpShape shape;
@@ -359,9 +356,9 @@ void Lowering::head_forward_backward() {
   shape.k = m_.hidden;
   shape.n = m_.vocab;
   const Flops f = lm_head_flops(m_, N_);
-  const PerRank fwd = compute_all("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f,
+  const PerRank fwd = compute_all(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f,
                                   loss_forward_hbm_bytes(m_, N_), shape, {w.ready});
-  const PerRank bwd = compute_all("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
+  const PerRank bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
                                   loss_backward_hbm_bytes(m_, N_), shape, {fwd});
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
@@ -375,12 +372,12 @@ void Lowering::head_forward_backward() {
   hidden_grad_alloc_ = bwd;
   release_window(w, bwd);
   if (streamed_optimizer()) {
-    stream_gradients("lm_head", -1, head, bwd, true, false, false, head / P_);
+    stream_gradients(StagePart::kLmHead, -1, head, bwd, true, false, false, head / P_);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host("lm_head", -1, head, bwd, true, false, d2h);
-  cpu_update("lm_head", -1, head / P_, d2h, false, 0);
+  gradients_to_host(StagePart::kLmHead, -1, head, bwd, true, false, d2h);
+  cpu_update(StagePart::kLmHead, -1, head / P_, d2h, false, 0);
 }
 
 void Lowering::ring_head_forward_backward() {
@@ -393,7 +390,7 @@ void Lowering::ring_head_forward_backward() {
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding);
   const ParamCount shard = head / P_ + params_.final_norm;
   const PerRank hidden = last_compute_;  // the last decoder's output: the block each rank starts with
-  const WindowUse w = deliver_weights("lm_head", Phase::kForward, -1, shard, 0, 0, false);
+  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, shard, 0, 0, false);
   const Bytes hidden_block = boundary_bytes(1, seqs_, S_, m_.hidden);
   const Bytes weight_block = working_weight_bytes(head / P_);
   const Bytes hop = std::min(hidden_block, weight_block);
@@ -410,14 +407,14 @@ void Lowering::ring_head_forward_backward() {
   for (int r = 0; r < P_; ++r) gpu_alloc(w.ready[static_cast<std::size_t>(r)], r, 2 * hop, true, MemoryUse::kVocabulary);
   PerRank last = w.ready, arrived = w.ready;
   for (int step = 0; step < P_; ++step) {
-    last = compute_all(fmt::format("lm_head.ring.s{}.loss", step), OpKind::kGemm, Phase::kForward, -1, f, fwd_bytes,
+    last = compute_all(what(StagePart::kLmHead, StageOp::kLoss).at_ring_step(step), OpKind::kGemm, Phase::kForward, -1, f, fwd_bytes,
                        shape, {last, arrived});
     for (int r = 0; r < P_; ++r) {
       gpu_alloc(last[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
       gpu_free(last[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
     }
     if (step + 1 < P_) {
-      arrived = collective_all(fmt::format("lm_head.ring.s{}.pass", step), OpKind::kAllGather, Phase::kForward, -1, hop,
+      arrived = collective_all(what(StagePart::kLmHead, StageOp::kPass).at_ring_step(step), OpKind::kAllGather, Phase::kForward, -1, hop,
                                step == 0 ? (weights_move ? w.ready : hidden) : arrived);
     }
   }
@@ -425,14 +422,14 @@ void Lowering::ring_head_forward_backward() {
   arrived = last;
   const Bytes back_hop = 2 * hop;  // the block and its gradient partial
   for (int step = 0; step < P_; ++step) {
-    bwd = compute_all(fmt::format("lm_head.ring.s{}.backward", step), OpKind::kGemm, Phase::kBackward, -1,
+    bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward).at_ring_step(step), OpKind::kGemm, Phase::kBackward, -1,
                       kMatmulBackwardRatio * f, bwd_bytes, shape, {bwd, arrived});
     for (int r = 0; r < P_; ++r) {
       gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
       gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
     }
     // The partials move on; after the last step they return home (P hops in all).
-    arrived = collective_all(fmt::format("lm_head.ring.s{}.grad_pass", step), OpKind::kAllGather, Phase::kBackward, -1,
+    arrived = collective_all(what(StagePart::kLmHead, StageOp::kGradPass).at_ring_step(step), OpKind::kAllGather, Phase::kBackward, -1,
                              back_hop, bwd);
   }
   for (int r = 0; r < P_; ++r) {
@@ -442,34 +439,34 @@ void Lowering::ring_head_forward_backward() {
               MemoryUse::kActivations);
   }
   hidden_grad_alloc_ = arrived;
-  last_compute_ = compute_all("lm_head.ring.done", OpKind::kSync, Phase::kBackward, -1, 0, 0, OpShape{}, {arrived});
+  last_compute_ = compute_all(what(StagePart::kLmHead, StageOp::kDone), OpKind::kSync, Phase::kBackward, -1, 0, 0, OpShape{}, {arrived});
   release_window(w, last_compute_);
   // Each shard's gradient is complete on its owner: no reduce-scatter.
   if (streamed_optimizer()) {
-    stream_gradients("lm_head", -1, shard, last_compute_, false, false, false, shard);
+    stream_gradients(StagePart::kLmHead, -1, shard, last_compute_, false, false, false, shard);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host("lm_head", -1, shard, last_compute_, false, false, d2h);
-  cpu_update("lm_head", -1, shard, d2h, false, 0);
+  gradients_to_host(StagePart::kLmHead, -1, shard, last_compute_, false, false, d2h);
+  cpu_update(StagePart::kLmHead, -1, shard, d2h, false, 0);
 }
 
 void Lowering::embedding_backward() {
   OpShape shape;
   shape.tokens = N_;
-  const PerRank scatter = compute_all("embedding.scatter", OpKind::kElementwise, Phase::kBackward, -1, 0,
+  const PerRank scatter = compute_all(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
                                       boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding), false, MemoryUse::kOptimizer);
     gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), MemoryUse::kActivations);
   }
   if (streamed_optimizer()) {
-    stream_gradients("embedding", -1, params_.embedding, scatter, true, false, false, params_.embedding / P_);
+    stream_gradients(StagePart::kEmbedding, -1, params_.embedding, scatter, true, false, false, params_.embedding / P_);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host("embedding", -1, params_.embedding, scatter, true, false, d2h);
-  cpu_update("embedding", -1, params_.embedding / P_, d2h, false, 0);
+  gradients_to_host(StagePart::kEmbedding, -1, params_.embedding, scatter, true, false, d2h);
+  cpu_update(StagePart::kEmbedding, -1, params_.embedding / P_, d2h, false, 0);
 }
 
 StepGraph Lowering::run() {

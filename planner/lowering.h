@@ -58,54 +58,54 @@ class Lowering {
 
  private:
   // --- building blocks (lowering.cc) ---
-  Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const;
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const;
   StageId add(Stage s) { return b_.add(std::move(s)); }
   void gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end = false, MemoryUse use = MemoryUse::kOther);
   void gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use = MemoryUse::kOther);  // at the stage's end
   void host_alloc(StageId s, int rank, Bytes bytes, bool at_end = true);
   void host_free(StageId s, int rank, Bytes bytes);
   // A compute stage on every rank; `deps` per rank (may be empty), plus extra common deps.
-  PerRank compute_all(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+  PerRank compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                       const OpShape& shape, const std::vector<PerRank>& deps);
   // A collective on every rank's fabric port: member r depends on inputs[q] of every rank q.
-  PerRank collective_all(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
+  PerRank collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
                          const PerRank& inputs);
   // The same with each member's own bytes (uneven all-to-alls under skewed routing).
-  PerRank collective_each(const std::string& what, OpKind op, Phase phase, int layer,
+  PerRank collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
                           const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs);
   // A compute stage per rank with each rank's own FLOPs and bytes scaled by `load[r]`.
-  PerRank compute_loaded(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+  PerRank compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                          OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps);
   // Copies the weights of one window use (common params + expert params on this GPU).
-  WindowUse deliver_weights(const std::string& what, Phase phase, int layer, ParamCount common,
+  WindowUse deliver_weights(StagePart part, Phase phase, int layer, ParamCount common,
                             ParamCount expert_h2d, ParamCount expert_total, bool allgather);
   // Marks `last` as the last consumer of `use` (frees the slot at its end).
   void release_window(const WindowUse& use, const PerRank& last);
   // When `reduce` (and P > 1): the group's gradient reduce-scattered over the fabric, `sent` = the
   // 1/P each rank keeps; else `ready` as it is and `sent` = the whole group.
-  PerRank reduce_scatter(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready, bool reduce,
+  PerRank reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready, bool reduce,
                          ParamCount& sent);
   // The D2H of one gradient (the `index`-th of its kind): it waits for `after` and for the update
   // that freed its CPU gradient slot, and frees `freed` GPU bytes at its end.
-  PerRank gradient_d2h(const std::string& name, int layer, Bytes bytes, Bytes freed, const PerRank& after, bool expert_kind);
+  PerRank gradient_d2h(const StageWhat& what, int layer, Bytes bytes, Bytes freed, const PerRank& after, bool expert_kind);
   // Each rank adds its BF16 partial into the FP32 host sum once its D2Hs `d2h` are done.
-  PerRank host_accumulate(const std::string& name, int layer, ParamCount params, const std::vector<PerRank>& d2h);
-  // CPU AdamW of `params` per rank (stages named what + ".cpu_adamw" + suffix), waiting for its own
+  PerRank host_accumulate(const StageWhat& what, int layer, ParamCount params, const std::vector<PerRank>& d2h);
+  // CPU AdamW of `params` per rank (part.cpu_adamw, in gradient bucket `bucket` or −1), waiting for its own
   // rank's `ready` stages or, `after_every_rank`, for every rank's; then its BF16 publication.
-  PerRank update_and_publish(const std::string& what, const std::string& suffix, int layer, ParamCount params,
+  PerRank update_and_publish(StagePart part, int bucket, int layer, ParamCount params,
                              const std::vector<PerRank>& ready, bool after_every_rank);
   // Gradients of one parameter group to the host and their CPU update and publication.
   // `reduce` first reduce-scatters over the fabric (each rank then sends 1/P).
-  void gradients_to_host(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+  void gradients_to_host(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
                          bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
-  void cpu_update(const std::string& what, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+  void cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                   bool accumulate_partials, ParamCount partial_params);
-  void gpu_adamw(const std::string& what, int layer, ParamCount params, const PerRank& ready);
+  void gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready);
   // OffloadStreamAdamW: one parameter group's gradients (optionally reduce-scattered first) to the
   // host in buckets of plan.flat.optimizer_bucket_mib, each bucket updated (after the ranks'
   // partials are summed when `accumulate_partials`) and published as soon as it arrived.
   // `update_params_per_rank` is what each rank updates of the whole group.
-  void stream_gradients(const std::string& what, int layer, ParamCount params_on_gpu, const PerRank& ready,
+  void stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
                         bool reduce, bool expert_kind, bool accumulate_partials, ParamCount update_params_per_rank);
   bool streamed_optimizer() const { return plan_.flat.optimizer_bucket_mib > 0; }
 
@@ -176,6 +176,7 @@ class Lowering {
   std::vector<LlepBalance> routing_;
   bool llep_ = false;
 
+  int sub_batch_ = -1;    // the sub-batch being lowered when a decoder runs several (stage keys), else −1
   PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
   std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
   int window_uses_ = 0;

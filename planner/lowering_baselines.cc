@@ -85,15 +85,11 @@ class BaselineLowering {
   ParamCount head_params() const { return (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm; }
   const Ranks& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
 
-  Stage make(const std::string& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
     Stage s;
-    s.name = layer >= 0 ? fmt::format("g{}.{}.mb{}.L{}.{}", rank, phase_name(phase), micro_, layer, what)
-                        : fmt::format("g{}.{}.mb{}.{}", rank, phase_name(phase), micro_, what);
+    s.key = what.key(rank, phase, layer, micro_);
     s.op = op;
-    s.phase = phase;
     s.resource = res;
-    s.gpu = rank;
-    s.layer = layer;
     return s;
   }
   static void dep(Stage& s, const PerRank& from, int r) {
@@ -108,7 +104,7 @@ class BaselineLowering {
     for (int r = 0; r < P_; ++r) mem(s[static_cast<std::size_t>(r)], MemorySpace::kGpu, r, bytes, at_end);
   }
 
-  PerRank compute(const std::string& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes, const OpShape& shape,
+  PerRank compute(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes, const OpShape& shape,
                   const std::vector<PerRank>& deps) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
@@ -123,7 +119,7 @@ class BaselineLowering {
     return out;
   }
 
-  PerRank collective(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
+  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
     PerRank out(static_cast<std::size_t>(P_));
     std::vector<int> peers;
     for (int r = 0; r < P_; ++r) peers.push_back(r);
@@ -137,7 +133,7 @@ class BaselineLowering {
     return out;
   }
 
-  PerRank copy(const std::string& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
+  PerRank copy(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
       Stage s = make(what, op, phase, op == OpKind::kH2d ? rr(r).h2d : rr(r).d2h, r, layer);
@@ -150,12 +146,12 @@ class BaselineLowering {
 
   // One window use: the rank's copy (and the all-gather of the others' shards). Returns what
   // compute waits for and the slot to release.
-  std::pair<PerRank, int> deliver(Phase phase, int layer, ParamCount params) {
+  std::pair<PerRank, int> deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
     const int slot = uses_++ % 2;
     const ParamCount copied = t_.sharded_params ? params / P_ : params;
-    PerRank ready = copy("weights.h2d", OpKind::kH2d, phase, layer, t_.h2d_bytes_per_param * copied, {slot_last_[slot]});
+    PerRank ready = copy(what(part, StageOp::kH2d), OpKind::kH2d, phase, layer, t_.h2d_bytes_per_param * copied, {slot_last_[slot]});
     if (t_.sharded_params && P_ > 1) {
-      ready = collective("weights.allgather", OpKind::kAllGather, phase, layer, working_weight_bytes(params - copied), ready);
+      ready = collective(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, working_weight_bytes(params - copied), ready);
     }
     return {ready, slot};
   }
@@ -173,7 +169,7 @@ class BaselineLowering {
     proj.seqs = seqs_;
     proj.seq_len = S_;
     const MoeTraffic t = moe_hbm_bytes(m_, T);
-    PerRank x = compute(attention ? "attn.proj" : "gdn.proj", OpKind::kGemm, phase, l, f.mixing_projection,
+    PerRank x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l, f.mixing_projection,
                         mixing_hbm_bytes(m_, l, T), proj, deps);
     first = x;
     OpShape core;
@@ -189,18 +185,18 @@ class BaselineLowering {
       core.heads = m_.gdn.value_heads;
       core.head_dim = m_.gdn.value_head_dim;
     }
-    x = compute(attention ? "attn.core" : "gdn.core", attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
+    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
                 f.mixing_core.total(), 0, core, {x});
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
-    x = compute("moe.router_shared", OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
+    x = compute(what(StagePart::kMoe, StageOp::kRouterShared), OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
                 dense, {x});
     OpShape experts;
     experts.tokens = T * m_.moe.top_k;
     experts.k = m_.hidden;
     experts.experts = m_.moe.experts;
-    return compute("moe.experts", OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
+    return compute(what(StagePart::kMoe, StageOp::kExperts), OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
   }
 
   Bytes activations(int l) const {
@@ -212,10 +208,10 @@ class BaselineLowering {
   }
 
   void embedding_forward() {
-    const auto [ready, slot] = deliver(Phase::kForward, -1, params_.embedding);
+    const auto [ready, slot] = deliver(Phase::kForward, -1, params_.embedding, StagePart::kEmbedding);
     OpShape shape;
     shape.tokens = seqs_ * S_;
-    const PerRank gather = compute("embedding.gather", OpKind::kElementwise, Phase::kForward, -1, 0,
+    const PerRank gather = compute(what(StagePart::kEmbedding, StageOp::kGather), OpKind::kElementwise, Phase::kForward, -1, 0,
                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, {ready, last_compute_});
     slot_last_[slot] = gather;
   }
@@ -224,7 +220,7 @@ class BaselineLowering {
     const auto [ready, slot] = deliver(Phase::kForward, l, params_.layers[static_cast<std::size_t>(l)].total());
     // Activation offload: the decoder's input goes to the host for the backward.
     const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
-    const PerRank save = copy("checkpoint_d2h", OpKind::kD2h, Phase::kForward, l, boundary, {last_compute_});
+    const PerRank save = copy(what(StagePart::kBoundary, StageOp::kD2h), OpKind::kD2h, Phase::kForward, l, boundary, {last_compute_});
     for (int r = 0; r < P_; ++r) mem(save[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, boundary, true);
     checkpoints_[l] = save;
     PerRank first;
@@ -238,7 +234,7 @@ class BaselineLowering {
 
   void head() {
     const ParamCount head = head_params();
-    const auto [ready, slot] = deliver(Phase::kForward, -1, head);
+    const auto [ready, slot] = deliver(Phase::kForward, -1, head, StagePart::kLmHead);
     const std::int64_t T = seqs_ * S_;
     const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T));
     OpShape shape;
@@ -246,9 +242,9 @@ class BaselineLowering {
     shape.k = m_.hidden;
     shape.n = m_.vocab;
     const Flops f = lm_head_flops(m_, T);
-    const PerRank fwd = compute("lm_head.loss", OpKind::kGemm, Phase::kForward, -1, f, loss_forward_hbm_bytes(m_, T), shape,
+    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, loss_forward_hbm_bytes(m_, T), shape,
                                 {ready, last_compute_});
-    const PerRank bwd = compute("lm_head.backward", OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
+    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
                                 loss_backward_hbm_bytes(m_, T), shape, {fwd});
     gpu(fwd, logits, false);
     gpu(fwd, -logits, true);
@@ -256,14 +252,14 @@ class BaselineLowering {
     gpu(bwd, -logits, true);
     gpu(bwd, boundary_bytes(1, seqs_, S_, m_.hidden), true);  // running gradient of the hidden states
     slot_last_[slot] = bwd;
-    gradients(-1, "lm_head", head, bwd);
+    gradients(-1, StagePart::kLmHead, head, bwd);
   }
 
   void decoder_backward(int l) {
     const ParamCount p = params_.layers[static_cast<std::size_t>(l)].total();
     const auto [ready, slot] = deliver(Phase::kBackward, l, p);
     const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
-    const PerRank load = copy("checkpoint_h2d", OpKind::kH2d, Phase::kBackward, l, boundary, {checkpoints_.at(l)});
+    const PerRank load = copy(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, l, boundary, {checkpoints_.at(l)});
     gpu(load, boundary, false);
     // Two GPU gradient buffers: wait until the buffer of the decoder two back has drained.
     std::vector<PerRank> gate = {ready, load, last_compute_};
@@ -281,12 +277,12 @@ class BaselineLowering {
     experts.tokens = T * m_.moe.top_k;
     experts.k = m_.hidden;
     experts.experts = m_.moe.experts;
-    PerRank x = compute("moe.experts_bwd", OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
+    PerRank x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd), OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
                         kMemoryBackwardRatio * (t.experts + t.combine), experts, {recomputed});
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
-    x = compute("moe.router_shared_bwd", OpKind::kGemm, Phase::kBackward, l,
+    x = compute(what(StagePart::kMoe, StageOp::kRouterSharedBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), kMemoryBackwardRatio * t.pre, dense, {x});
     OpShape core;
     core.seqs = seqs_;
@@ -302,44 +298,44 @@ class BaselineLowering {
       core.heads = m_.gdn.value_heads;
       core.head_dim = m_.gdn.value_head_dim;
     }
-    x = compute(attention ? "attn.core_bwd" : "gdn.core_bwd", attention ? OpKind::kAttention : OpKind::kGdn, Phase::kBackward,
+    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kCoreBwd), attention ? OpKind::kAttention : OpKind::kGdn, Phase::kBackward,
                 l, (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) * f.mixing_core.total(), 0, core, {x});
     OpShape proj;
     proj.tokens = T;
     proj.k = m_.hidden;
-    x = compute(attention ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
+    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, {x});
     gpu(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
     slot_last_[slot] = x;
-    gradients(l, "layer", p, x);
+    gradients(l, StagePart::kLayer, p, x);
   }
 
   void embedding_backward() {
     OpShape shape;
     shape.tokens = seqs_ * S_;
-    const PerRank scatter = compute("embedding.scatter", OpKind::kElementwise, Phase::kBackward, -1, 0,
+    const PerRank scatter = compute(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
                                     boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
     gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
     gpu(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
-    gradients(-1, "embedding", params_.embedding, scatter);
+    gradients(-1, StagePart::kEmbedding, params_.embedding, scatter);
   }
 
   // The gradients of one parameter group (held on the GPU from `ready` on) to the host; summed
   // there over micro-batches or ranks; updated per layer when the optimizer overlaps the backward.
-  void gradients(int layer, const std::string& what, ParamCount params, const PerRank& ready) {
+  void gradients(int layer, StagePart part, ParamCount params, const PerRank& ready) {
     const Bytes on_gpu = t_.grad_bytes_per_param * params;
     PerRank after = ready;
     ParamCount sent = params;
     if (t_.sharded_params && P_ > 1) {
-      after = collective(what + ".reduce_scatter", OpKind::kReduceScatter, Phase::kBackward, layer,
+      after = collective(what(part, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
                          on_gpu * (P_ - 1) / P_, ready);
       sent = params / P_;
     }
     std::vector<PerRank> deps = {after};
     const int index = grads_sent_++;
     if (!t_.sharded_params && index >= 2) deps.push_back(slot_consumers_[static_cast<std::size_t>(index - 2)]);  // two CPU slots
-    const PerRank d2h = copy(what + ".grad_d2h", OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
+    const PerRank d2h = copy(what(part, StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
     gpu(d2h, -on_gpu, true);
     if (layer >= 0) grad_drains_.push_back(d2h);
     last_d2h_ = d2h;
@@ -350,7 +346,7 @@ class BaselineLowering {
       // or its shard for the micro-batches after the first).
       PerRank acc(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(what + ".host_accumulate", OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
+        Stage s = make(what(part, StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = sent;
         s.bytes = gradient_bytes(sent);
         dep(s, d2h, r);
@@ -363,22 +359,22 @@ class BaselineLowering {
       // Each rank updates 1/P of the group once every rank's partial is summed.
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(what + ".cpu_adamw", t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
+        Stage s = make(what(part, StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = params / P_;
         s.bytes = canonical_state_bytes(params / P_);
         for (int q = 0; q < P_; ++q) dep(s, consumed, q);
         upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
       }
-      publish(what, layer, params / P_, upd);
+      publish(part, layer, params / P_, upd);
     } else if (last_micro()) {
-      pending_updates_.push_back({layer, what, params, consumed});
+      pending_updates_.push_back({layer, part, params, consumed});
     }
   }
 
-  void publish(const std::string& what, int layer, ParamCount params, const PerRank& upd) {
+  void publish(StagePart part, int layer, ParamCount params, const PerRank& upd) {
     if (!t_.publishes_bf16) return;
     for (int r = 0; r < P_; ++r) {
-      Stage s = make(what + ".publish", OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
+      Stage s = make(what(part, StageOp::kPublish), OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
       s.params = params;
       s.bytes = working_weight_bytes(params);
       dep(s, upd, r);
@@ -392,21 +388,21 @@ class BaselineLowering {
     for (const auto& u : pending_updates_) {
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(u.what + ".cpu_adamw", t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
+        Stage s = make(what(u.part, StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
         s.params = u.params / P_;
         s.bytes = canonical_state_bytes(u.params / P_);
         dep(s, u.ready, r);
         if (first) dep(s, last_d2h_, r);  // the step begins when the rank's backward is done
         upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
       }
-      publish(u.what, u.layer, u.params / P_, upd);
+      publish(u.part, u.layer, u.params / P_, upd);
       first = false;
     }
   }
 
   struct PendingUpdate {
     int layer;
-    std::string what;
+    StagePart part;
     ParamCount params;
     PerRank ready;
   };

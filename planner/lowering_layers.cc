@@ -49,7 +49,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
   proj.k = m_.hidden;
   proj.seqs = seqs;
   proj.seq_len = S_;
-  const PerRank p = compute_all(is_attention(kind) ? "attn.proj" : "gdn.proj", OpKind::kGemm, phase, l,
+  const PerRank p = compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l,
                                 f.mixing_projection, mixing_hbm_bytes(m_, l, seqs * S_), proj, {input, w.ready});
   PerRank last = p;
   if (is_attention(kind)) {
@@ -59,23 +59,23 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       // O/LSE come back from the host; the core is not recomputed (reference §4 "Keep").
       PerRank load(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make("attn.olse_h2d", OpKind::kH2d, phase, r_[static_cast<std::size_t>(r)].h2d, r, l);
+        Stage s = make(what(StagePart::kAttention, StageOp::kOlseH2d), OpKind::kH2d, phase, r_[static_cast<std::size_t>(r)].h2d, r, l);
         s.bytes = olse;
         if (olse_saved_.count(l)) s.deps.push_back(olse_saved_.at(l)[static_cast<std::size_t>(r)]);
         load[static_cast<std::size_t>(r)] = add(std::move(s));
       }
-      last = compute_all("attn.out", OpKind::kSync, phase, l, 0, 0, OpShape{}, {p, load});
+      last = compute_all(what(StagePart::kAttention, StageOp::kOut), OpKind::kSync, phase, l, 0, 0, OpShape{}, {p, load});
     } else {
       const int groups = head_groups(a, plan_.split.attention_head_group);
       const OpShape core = attention_core_shape(a, groups, seqs, S_);
       for (int g = 0; g < groups; ++g) {
-        last = compute_all(fmt::format("attn.core.h{}", g), OpKind::kAttention, phase, l,
+        last = compute_all(what(StagePart::kAttention, StageOp::kCore).at_head_group(g), OpKind::kAttention, phase, l,
                            f.mixing_core.total() / groups, 0, core, {last});
       }
       if (first_pass && plan_.keep_attention_results) {
         PerRank save(static_cast<std::size_t>(P_));
         for (int r = 0; r < P_; ++r) {
-          Stage s = make("attn.olse_d2h", OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
+          Stage s = make(what(StagePart::kAttention, StageOp::kOlseD2h), OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
           s.bytes = olse;
           s.deps.push_back(last[static_cast<std::size_t>(r)]);
           save[static_cast<std::size_t>(r)] = add(std::move(s));
@@ -94,7 +94,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
     core.head_dim = m_.gdn.value_head_dim;
     for (int c = 0; c < chunks; ++c) {
       // Each chunk hands its FP32 recurrent state to the next (stream order carries it).
-      last = compute_all(fmt::format("gdn.core.c{}", c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
+      last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
                          core, {last});
     }
   }
@@ -131,11 +131,11 @@ Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t 
   MoeRound round;
   round.tokens = tokens;
   round.chunk = chunk;
-  round.pre = compute_all(fmt::format("moe.c{}.router_shared", chunk), OpKind::kGemm, phase, l,
+  round.pre = compute_all(what(StagePart::kMoe, StageOp::kRouterShared).at_chunk(chunk), OpKind::kGemm, phase, l,
                           f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
   if (!ep_ || P_ == 1) return round;
   const std::vector<double>& load = rank_load(l);
-  round.dispatch = collective_each(fmt::format("moe.c{}.a2a_dispatch", chunk), OpKind::kAllToAll, phase, l,
+  round.dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aDispatch).at_chunk(chunk), OpKind::kAllToAll, phase, l,
                                    a2a_bytes_per_rank(m_, tokens, P_, load), round.pre);
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]),
@@ -153,14 +153,14 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
   experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
   const int chunk = round.chunk;
   if (round.dispatch.empty()) {
-    return compute_all(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
+    return compute_all(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
                        t.experts + t.combine, experts, {round.pre, w.ready});
   }
   // The slowest rank (the largest received share) sets the pace of the return all-to-all.
   const std::vector<double>& load = rank_load(l);
-  const PerRank exp = compute_loaded(fmt::format("moe.c{}.experts", chunk), OpKind::kExpertGemm, phase, l,
+  const PerRank exp = compute_loaded(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l,
                                      f.routed_experts, t.experts, experts, load, {round.dispatch, w.ready, round.fetched});
-  const PerRank ret = collective_each(fmt::format("moe.c{}.a2a_return", chunk), OpKind::kAllToAll, phase, l,
+  const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aReturn).at_chunk(chunk), OpKind::kAllToAll, phase, l,
                                       a2a_bytes_per_rank(m_, round.tokens, P_, load), exp);
   for (int r = 0; r < P_; ++r) {
     gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, round.tokens, load[static_cast<std::size_t>(r)]),
@@ -168,7 +168,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
   }
   OpShape combine;
   combine.tokens = round.tokens;
-  return compute_all(fmt::format("moe.c{}.combine", chunk), OpKind::kElementwise, phase, l, 0, t.combine, combine, {ret});
+  return compute_all(what(StagePart::kMoe, StageOp::kCombine).at_chunk(chunk), OpKind::kElementwise, phase, l, 0, t.combine, combine, {ret});
 }
 
 PerRank Lowering::moe_forward(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
@@ -231,7 +231,7 @@ PerRank Lowering::llep_fetch(int l, Phase phase, const PerRank& after) {
   const std::vector<Bytes> bytes = llep_exchange_bytes(l);
   if (bytes.empty()) return {};
   // Helpers receive the spilled experts' BF16 weights from their owners over the fabric.
-  const PerRank out = collective_each("llep.fetch", OpKind::kAllToAll, phase, l, bytes, after);
+  const PerRank out = collective_each(what(StagePart::kLlep, StageOp::kFetch), OpKind::kAllToAll, phase, l, bytes, after);
   for (int r = 0; r < P_; ++r) gpu_alloc(out[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), false, MemoryUse::kDispatch);
   return out;
 }
@@ -242,7 +242,7 @@ PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
   // The spilled experts' BF16 gradients go back to their owners over the fabric; the expert
   // gradients' D2H waits for it. The owners' add (three passes over one expert's BF16 gradient
   // per helper, ~10 µs) is not priced, and it does not hold up the mixing backward.
-  const PerRank back = collective_each("llep.grad_return", OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
+  const PerRank back = collective_each(what(StagePart::kLlep, StageOp::kGradReturn), OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
   for (int r = 0; r < P_; ++r) gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
   return back;
 }
@@ -265,12 +265,12 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   if (ep_ && P_ > 1) {
     const std::vector<double>& load = rank_load(l);
     const std::vector<Bytes> a2a = a2a_bytes_per_rank(m_, tokens, P_, load);
-    const PerRank dispatch = collective_each(fmt::format("moe.c{}.a2a_grad_dispatch", chunk), OpKind::kAllToAll,
+    const PerRank dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aGradDispatch).at_chunk(chunk), OpKind::kAllToAll,
                                              Phase::kBackward, l, a2a, ready);
-    exp = compute_loaded(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+    exp = compute_loaded(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
                          kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
                          {dispatch, fetched});
-    const PerRank ret = collective_each(fmt::format("moe.c{}.a2a_grad_return", chunk), OpKind::kAllToAll,
+    const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll,
                                         Phase::kBackward, l, a2a, exp);
     for (int r = 0; r < P_; ++r) {
       const Bytes buffers = a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]);
@@ -279,13 +279,13 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     }
     exp = ret;
   } else {
-    exp = compute_all(fmt::format("moe.c{}.experts_bwd", chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+    exp = compute_all(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
                       kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, {ready});
   }
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
-  return compute_all(fmt::format("moe.c{}.router_shared_bwd", chunk), OpKind::kGemm, Phase::kBackward, l,
+  return compute_all(what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(chunk), OpKind::kGemm, Phase::kBackward, l,
                      kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), kMemoryBackwardRatio * (t.pre + t.combine),
                      dense, {exp});
 }
@@ -303,10 +303,10 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
       // Without O/LSE kept, a partitioned backward needs each group's softmax statistics again:
       // its forward is recomputed right before its backward.
       if (groups > 1 && !plan_.keep_attention_results) {
-        last = compute_all(fmt::format("attn.core_refwd.h{}", g), OpKind::kAttention, Phase::kRecompute, l, fwd, 0,
+        last = compute_all(what(StagePart::kAttention, StageOp::kCoreRefwd).at_head_group(g), OpKind::kAttention, Phase::kRecompute, l, fwd, 0,
                            core, {last});
       }
-      last = compute_all(fmt::format("attn.core_bwd.h{}", g), OpKind::kAttention, Phase::kBackward, l,
+      last = compute_all(what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(g), OpKind::kAttention, Phase::kBackward, l,
                          kAttentionBackwardRatio * fwd, 0, core, {last});
     }
   } else {
@@ -318,7 +318,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
     core.heads = m_.gdn.value_heads;
     core.head_dim = m_.gdn.value_head_dim;
     for (int c = chunks - 1; c >= 0; --c) {
-      last = compute_all(fmt::format("gdn.core_bwd.c{}", c), OpKind::kGdn, Phase::kBackward, l,
+      last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
                          kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
     }
   }
@@ -326,13 +326,13 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   proj.tokens = seqs * S_;
   proj.k = m_.hidden;
   const Bytes bytes = kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, seqs * S_);
-  return compute_all(is_attention(kind) ? "attn.proj_bwd" : "gdn.proj_bwd", OpKind::kGemm, Phase::kBackward, l,
+  return compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
                      kMatmulBackwardRatio * f.mixing_projection, bytes, proj, {last});
 }
 
 void Lowering::decoder_forward(int l, Phase phase, bool original) {
   const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
-  const WindowUse w = deliver_weights("weights", phase, l, common_params(l), expert_params_h2d(l),
+  const WindowUse w = deliver_weights(StagePart::kWeights, phase, l, common_params(l), expert_params_h2d(l),
                                       expert_params_on_gpu(l), shard);
   const PerRank input = last_compute_;
   const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
@@ -341,7 +341,7 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
       case BoundaryPolicy::Place::kHost: {
         PerRank save(static_cast<std::size_t>(P_));
         for (int r = 0; r < P_; ++r) {
-          Stage s = make("boundary_d2h", OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
+          Stage s = make(what(StagePart::kBoundary, StageOp::kD2h), OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
           s.bytes = boundary;
           if (input[static_cast<std::size_t>(r)] >= 0) s.deps.push_back(input[static_cast<std::size_t>(r)]);
           save[static_cast<std::size_t>(r)] = add(std::move(s));
@@ -364,6 +364,7 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
   const std::int64_t sb = live_seqs();
   PerRank x = input;
   for (std::int64_t done = 0; done < seqs_; done += sb) {
+    sub_batch_ = sb < seqs_ ? static_cast<int>(done / sb) : -1;
     const std::int64_t seqs = std::min(sb, seqs_ - done);
     const Bytes mix_act = is_attention(kind)
                               ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
@@ -375,6 +376,7 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
     }
     x = moe_forward(l, phase, seqs * S_, w, mix, retained);
   }
+  sub_batch_ = -1;
   release_window(w, x);
 }
 
@@ -384,7 +386,7 @@ PerRank Lowering::boundary_for_backward(int l) {
   if (place == BoundaryPolicy::Place::kHost) {
     PerRank load(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
-      Stage s = make("boundary_h2d", OpKind::kH2d, Phase::kBackward, r_[static_cast<std::size_t>(r)].h2d, r, l);
+      Stage s = make(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, r_[static_cast<std::size_t>(r)].h2d, r, l);
       s.bytes = boundary;
       if (host_boundaries_.count(l)) s.deps.push_back(host_boundaries_.at(l)[static_cast<std::size_t>(r)]);
       // One boundary buffer: the load waits until the previous decoder's backward consumed its input.
@@ -410,7 +412,7 @@ PerRank Lowering::boundary_for_backward(int l) {
     // Decoder 0's input regenerated: gather the embeddings again.
     OpShape shape;
     shape.tokens = N_;
-    start = compute_all("embedding.regather", OpKind::kElementwise, Phase::kRecompute, -1, 0, boundary, shape, {last_compute_});
+    start = compute_all(what(StagePart::kEmbedding, StageOp::kRegather), OpKind::kElementwise, Phase::kRecompute, -1, 0, boundary, shape, {last_compute_});
     for (int r = 0; r < P_; ++r) gpu_alloc(start[static_cast<std::size_t>(r)], r, boundary, false, MemoryUse::kBoundaries);
     gpu_boundaries_[j] = {start, boundary};
   } else {
@@ -442,7 +444,7 @@ void Lowering::decoder_backward(int l) {
   const bool load_after = plan_.boundaries.place(l) == BoundaryPolicy::Place::kHost;
   PerRank input;
   if (!load_after) input = boundary_for_backward(l);
-  const WindowUse w = deliver_weights("weights", Phase::kBackward, l, common_params(l), expert_params_h2d(l),
+  const WindowUse w = deliver_weights(StagePart::kWeights, Phase::kBackward, l, common_params(l), expert_params_h2d(l),
                                       expert_params_on_gpu(l), shard);
   if (load_after) input = boundary_for_backward(l);
   const bool retained = ep_ && plan_.is_moe_retained(l);
@@ -453,6 +455,7 @@ void Lowering::decoder_backward(int l) {
   bool first = true;
   PerRank x = input, last_expert_bwd;
   for (std::int64_t done = 0; done < seqs_; done += sb) {
+    sub_batch_ = sb < seqs_ ? static_cast<int>(done / sb) : -1;
     const std::int64_t seqs = std::min(sb, seqs_ - done);
     const Bytes mix_act = is_attention(kind)
                               ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
@@ -467,7 +470,7 @@ void Lowering::decoder_backward(int l) {
       if (uses >= 2) {
         for (const auto& f : grad_buffer_frees_[uses - 2]) gate.push_back(f);
       }
-      x = compute_all("grad_buffer", OpKind::kSync, Phase::kBackward, l, 0, 0, OpShape{}, gate);
+      x = compute_all(what(StagePart::kGrads, StageOp::kBuffer), OpKind::kSync, Phase::kBackward, l, 0, 0, OpShape{}, gate);
       for (int r = 0; r < P_; ++r) gpu_alloc(x[static_cast<std::size_t>(r)], r, gradient_bytes(common + experts), false, MemoryUse::kOptimizer);
       first = false;
     }
@@ -491,6 +494,7 @@ void Lowering::decoder_backward(int l) {
     x = mixing_backward(l, seqs, x);
     for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
   }
+  sub_batch_ = -1;
   release_window(w, x);
   // The decoder input is consumed; an O/LSE copy on the host is no longer needed.
   boundary_consumed_before_ = boundary_consumed_;
@@ -512,34 +516,34 @@ void Lowering::decoder_backward(int l) {
     const ParamCount group = common + experts;
     if (ep_) {
       if (plan_.is_resident(l)) {
-        gpu_adamw("experts", l, experts, last_expert_bwd);
+        gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
       } else {
-        stream_gradients("experts", l, experts, last_expert_bwd, false, true, false, experts);
+        stream_gradients(StagePart::kExperts, l, experts, last_expert_bwd, false, true, false, experts);
       }
-      stream_gradients("common", l, common, x, true, false, false, common / P_);
+      stream_gradients(StagePart::kCommon, l, common, x, true, false, false, common / P_);
     } else if (plan_.param_transfer == ParamTransfer::kShard) {
-      stream_gradients("layer", l, group, x, true, false, false, group / P_);
+      stream_gradients(StagePart::kLayer, l, group, x, true, false, false, group / P_);
     } else {
-      stream_gradients("layer", l, group, x, false, false, true, group / P_);
+      stream_gradients(StagePart::kLayer, l, group, x, false, false, true, group / P_);
     }
   } else if (ep_) {
     const bool resident = plan_.is_resident(l);
     if (resident) {
       // Resident shard: GPU AdamW and BF16 refresh on the owner; no H2D, D2H or CPU update.
-      gpu_adamw("experts", l, experts, last_expert_bwd);
+      gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
     } else {
-      gradients_to_host("experts", l, experts, last_expert_bwd, false, true, d2h);
+      gradients_to_host(StagePart::kExperts, l, experts, last_expert_bwd, false, true, d2h);
     }
-    gradients_to_host("common", l, common, x, true, false, d2h);
-    cpu_update("layer", l, common / P_ + (resident ? 0 : experts), d2h, false, 0);
+    gradients_to_host(StagePart::kCommon, l, common, x, true, false, d2h);
+    cpu_update(StagePart::kLayer, l, common / P_ + (resident ? 0 : experts), d2h, false, 0);
   } else if (plan_.param_transfer == ParamTransfer::kShard) {
     // Gradients reduced on the GPUs (the mirror of the shard all-gather); each rank updates 1/P.
-    gradients_to_host("layer", l, common + experts, x, true, false, d2h);
-    cpu_update("layer", l, (common + experts) / P_, d2h, false, 0);
+    gradients_to_host(StagePart::kLayer, l, common + experts, x, true, false, d2h);
+    cpu_update(StagePart::kLayer, l, (common + experts) / P_, d2h, false, 0);
   } else {
     // BF16 partials accumulated in FP32 in host memory, then each rank updates 1/P.
-    gradients_to_host("layer", l, common + experts, x, false, false, d2h);
-    cpu_update("layer", l, (common + experts) / P_, d2h, true, common + experts);
+    gradients_to_host(StagePart::kLayer, l, common + experts, x, false, false, d2h);
+    cpu_update(StagePart::kLayer, l, (common + experts) / P_, d2h, true, common + experts);
   }
   grad_buffer_frees_.push_back(pending_grad_frees_);
   pending_grad_frees_.clear();

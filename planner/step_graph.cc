@@ -1,5 +1,7 @@
 #include "planner/step_graph.h"
 
+#include <unordered_set>
+
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
@@ -53,16 +55,6 @@ std::string_view memory_use_name(MemoryUse u) {
   return "?";
 }
 
-std::string_view phase_name(Phase p) {
-  switch (p) {
-    case Phase::kForward: return "fwd";
-    case Phase::kRecompute: return "recompute";
-    case Phase::kBackward: return "bwd";
-    case Phase::kOptimizer: return "opt";
-  }
-  return "?";
-}
-
 StepGraphBuilder::StepGraphBuilder(int gpus, int numa_nodes) {
   g_.gpus = gpus;
   g_.numa_nodes = numa_nodes;
@@ -86,6 +78,14 @@ StageId StepGraphBuilder::add(Stage s) {
   OOM_ASSERT(s.resource >= 0 && static_cast<std::size_t>(s.resource) < g_.resources.size(), "stage on unknown resource");
   for (const StageId d : s.deps) OOM_ASSERT(d >= 0 && d < id, "dependency on a later or unknown stage");
   s.id = id;
+  s.name = format_stage_key(s.key);
+  if (const int seen = repeats_[s.name]++; seen > 0) {
+    s.key.repeat = seen;
+    s.name = format_stage_key(s.key);
+  }
+  s.gpu = s.key.rank;
+  s.layer = s.key.decoder;
+  s.phase = s.key.phase;
   g_.resources[static_cast<std::size_t>(s.resource)].order.push_back(id);
   g_.stages.push_back(std::move(s));
   return id;
@@ -93,6 +93,8 @@ StageId StepGraphBuilder::add(Stage s) {
 
 std::string check_step_graph(const StepGraph& g) {
   std::vector<int> seen(g.stages.size(), 0);
+  std::unordered_set<std::string> names;
+  names.reserve(g.stages.size());
   for (std::size_t i = 0; i < g.stages.size(); ++i) {
     const Stage& s = g.stages[i];
     if (s.id != static_cast<StageId>(i)) return fmt::format("stage {} has id {}", i, s.id);
@@ -102,6 +104,10 @@ std::string check_step_graph(const StepGraph& g) {
     for (const StageId d : s.deps) {
       if (d < 0 || d >= s.id) return fmt::format("stage {} ({}) depends on {}", i, s.name, d);
     }
+    if (s.name != format_stage_key(s.key) || s.gpu != s.key.rank || s.layer != s.key.decoder || s.phase != s.key.phase) {
+      return fmt::format("stage {} ({}) disagrees with its key {}", i, s.name, format_stage_key(s.key));
+    }
+    if (!names.insert(s.name).second) return fmt::format("stage {} repeats the key {}", i, s.name);
     for (const auto& m : s.memory) {
       const int limit = m.space == MemorySpace::kGpu ? g.gpus : g.numa_nodes;
       if (m.device < 0 || m.device >= limit) return fmt::format("stage {} ({}) has memory on device {}", i, s.name, m.device);

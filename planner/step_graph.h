@@ -19,12 +19,14 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "costmodel/memory.h"
 #include "costmodel/units.h"
 #include "costmodel/workload.h"
 #include "planner/plan.h"
+#include "traces/stage_key.h"
 
 namespace oom {
 
@@ -72,10 +74,6 @@ enum class OpKind {
 };
 std::string_view op_kind_name(OpKind k);  // "gemm", "expert_gemm", "attention", "gdn", ...
 
-// Which part of the step a stage belongs to (for breakdowns and names).
-enum class Phase { kForward, kRecompute, kBackward, kOptimizer };
-std::string_view phase_name(Phase p);  // "fwd", "recompute", "bwd", "opt"
-
 // The shape of a compute stage, as calibration needs it. Unused fields stay 0.
 struct OpShape {
   std::int64_t tokens = 0;     // rows of the GEMM / tokens processed
@@ -117,12 +115,15 @@ struct MemoryEvent {
 
 struct Stage {
   StageId id = 0;
-  std::string name;      // unique, e.g. "g0.fwd.L3.moe.c1.expert" (GPU, phase, layer, sublayer, chunk, op)
-  OpKind op = OpKind::kSync;
+  StageKey key;          // unique within the graph (traces/stage_key.h): rank, phase, decoder, part, indices, operator
+  // Copies of the key that StepGraphBuilder::add sets: the Trace name format_stage_key(key), the
+  // rank (key.rank), the decoder (key.decoder) and the phase (key.phase).
+  std::string name;
   Phase phase = Phase::kForward;
-  ResourceId resource = 0;
   int gpu = -1;          // the rank the work belongs to
   int layer = -1;        // decoder index, −1 for embedding/LM head/step-level work
+  OpKind op = OpKind::kSync;
+  ResourceId resource = 0;
   Flops flops = 0;       // compute demand
   Bytes bytes = 0;       // transfer demand (bytes this GPU sends/receives), or HBM bytes touched
   ParamCount params = 0; // optimizer demand (parameters updated / staged / accumulated)
@@ -134,6 +135,30 @@ struct Stage {
   std::vector<MemoryEvent> memory;
   std::vector<StageId> deps;  // data readiness and buffer reuse; all ids smaller than `id`
 };
+
+// A stage's key without its rank, phase, micro-batch and decoder: the part of the work a
+// lowering names once and emits for every rank, e.g. what(StagePart::kMoe, StageOp::kExperts).at_chunk(1).
+struct StageWhat {
+  StagePart part = StagePart::kLayer;
+  StageOp op = StageOp::kProj;
+  int chunk = -1, head_group = -1, ring_step = -1, bucket = -1;
+  StageWhat at_chunk(int c) const { StageWhat w = *this; w.chunk = c; return w; }
+  StageWhat at_head_group(int g) const { StageWhat w = *this; w.head_group = g; return w; }
+  StageWhat at_ring_step(int s) const { StageWhat w = *this; w.ring_step = s; return w; }
+  StageWhat at_bucket(int b) const { StageWhat w = *this; w.bucket = b; return w; }
+  StageWhat with(StageOp o) const { StageWhat w = *this; w.op = o; return w; }
+  StageKey key(int rank, Phase phase, int decoder, int micro_batch = -1) const {
+    StageKey k;
+    k.rank = rank, k.phase = phase, k.micro_batch = micro_batch, k.decoder = decoder, k.part = part;
+    k.chunk = chunk, k.head_group = head_group, k.ring_step = ring_step, k.bucket = bucket, k.op = op;
+    return k;
+  }
+};
+inline StageWhat what(StagePart part, StageOp op) {
+  StageWhat w;
+  w.part = part, w.op = op;
+  return w;
+}
 
 struct StepGraph {
   int gpus = 0;        // ranks of the step
@@ -156,18 +181,21 @@ class StepGraphBuilder {
  public:
   StepGraphBuilder(int gpus, int numa_nodes);
   ResourceId add_resource(ResourceKind kind, std::string name, int gpu, int numa);
-  // Appends the stage (its id and resource order are assigned here) and returns its id.
-  // OOM_ASSERTs that the resource exists and every dependency precedes it.
+  // Appends the stage (its id, resource order, name, gpu, layer and phase are assigned here, the
+  // last four from its key) and returns its id. A key that an earlier stage already has is the same
+  // work done again (a regenerated decoder's forward): it gets the next repeat index
+  // (StageKey::repeat). OOM_ASSERTs that the resource exists and every dependency precedes it.
   StageId add(Stage s);
   StepGraph& graph() { return g_; }
   StepGraph take() { return std::move(g_); }
 
  private:
   StepGraph g_;
+  std::unordered_map<std::string, int> repeats_;  // stage name → times its key was added
 };
 
 // Checks the invariants above (ids, dependency order, each stage in exactly its resource's order
-// and in increasing id). Returns an empty string when the graph is well formed, else the first problem.
+// and in increasing id, unique keys, names and copies that agree with the keys). Returns an empty string when the graph is well formed, else the first problem.
 std::string check_step_graph(const StepGraph& g);
 
 struct LoweringOptions {

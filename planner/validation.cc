@@ -95,7 +95,6 @@ RecordPrediction predict(const StepRecord& rec, const std::string& engine, const
 }  // namespace
 
 StepBreakdown step_breakdown(const Trace& t, int gpu) {
-  const std::string prefix = fmt::format("g{}.", gpu);
   struct Edge {
     Seconds time_s;
     int category;
@@ -103,7 +102,7 @@ StepBreakdown step_breakdown(const Trace& t, int gpu) {
   };
   std::vector<Edge> edges;
   for (const auto& s : t.stages) {
-    if (!s.name.starts_with(prefix) || s.end_s <= s.start_s) continue;
+    if (s.key.rank != gpu || s.end_s <= s.start_s) continue;
     const int c = category_of(s.kind);
     edges.push_back({s.start_s, c, +1});
     edges.push_back({s.end_s, c, -1});

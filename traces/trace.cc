@@ -63,6 +63,9 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
     TraceStage st;
     st.id = s.integer("id", 0, kMaxBytes);
     st.name = s.string("name");
+    const auto key = parse_stage_key(st.name);
+    if (!key) s.fail_value(s.field("name"), st.name, "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>)");
+    st.key = *key;
     st.kind = s.string("kind");
     st.resource = s.string("resource");
     st.start_s = s.number("start_s", 0.0, 1e12);

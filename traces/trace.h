@@ -18,12 +18,14 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/units.h"
+#include "traces/stage_key.h"
 
 namespace oom {
 
 struct TraceStage {
   std::int64_t id = 0;
-  std::string name;      // e.g. "fwd.L3.moe.c0.a2a_dispatch"
+  std::string name;      // format_stage_key(key), e.g. "g0.fwd.L3.moe.c0.a2a_dispatch"
+  StageKey key;          // the stage's identity; read it instead of taking the name apart
   std::string kind;      // operator kind, e.g. "attention", "h2d"
   std::string resource;  // e.g. "gpu0.compute"
   Seconds start_s = 0;
@@ -62,7 +64,8 @@ struct Trace {
 
 // Serializes every field. trace_from_json(trace_to_json(t)) == t.
 nlohmann::json trace_to_json(const Trace& t);
-// Parses the form trace_to_json() writes. Throws InputError naming `file` and the field.
+// Parses the form trace_to_json() writes; each stage's key is read from its name (a name that is
+// not a stage key is an error). Throws InputError naming `file` and the field.
 Trace trace_from_json(const nlohmann::json& j, const std::string& file);
 
 // Chrome trace event JSON (opens in Perfetto and chrome://tracing): one process per device group

@@ -102,9 +102,11 @@ TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {
   int regenerated = 0, kept_core_bwd = 0;
   for (const auto& e : chrome["traceEvents"]) {
     if (e["ph"] != "X") continue;
-    const std::string name = e["name"];
-    regenerated += name.starts_with("g0.recompute.L0.") && name.ends_with("weights.h2d");  // decoder 1's input from 0
-    kept_core_bwd += name == "g0.bwd.L1.attn.core_bwd.h1";
+    const auto k = parse_stage_key(e["name"].get<std::string>());
+    ASSERT_TRUE(k.has_value()) << e["name"];
+    // Decoder 1's input regenerated from decoder 0.
+    regenerated += k->phase == Phase::kRecompute && k->decoder == 0 && k->part == StagePart::kWeights && k->op == StageOp::kH2d;
+    kept_core_bwd += k->phase == Phase::kBackward && k->decoder == 1 && k->op == StageOp::kCoreBwd && k->head_group == 1;
   }
   EXPECT_GE(regenerated, 1);
   EXPECT_EQ(kept_core_bwd, 2);  // two sub-batches
@@ -133,11 +135,16 @@ TEST(OomTrainPlan, BadPlanIsOneErrorBeforeAnythingIsWritten) {
   fs::remove_all(dir);
 }
 
+TraceStage trace_stage(std::int64_t id, const std::string& name, const std::string& kind, const std::string& resource,
+                       double start_s, double end_s) {
+  return {id, name, *parse_stage_key(name), kind, resource, start_s, end_s, 0, 0, 0};
+}
+
 Trace two_stage_trace(double a_s, double b_s) {
   Trace t;
   t.engine = "x";
-  t.stages = {{0, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0, a_s, 0, 0, 0},
-              {1, "g0.bwd.L0.attn.proj_bwd", "gemm", "gpu0.compute", a_s, a_s + b_s, 0, 0, 0}};
+  t.stages = {trace_stage(0, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0, a_s),
+              trace_stage(1, "g0.bwd.L0.attn.proj_bwd", "gemm", "gpu0.compute", a_s, a_s + b_s)};
   finalize_trace(t);
   return t;
 }
@@ -146,7 +153,7 @@ TEST(OomDiff, ComparesStageByStageAcrossTraceFormats) {
   const auto dir = temp_dir("diff");
   write(dir / "pred.json", trace_to_json(two_stage_trace(1.0, 2.0)).dump());
   Trace measured = two_stage_trace(1.5, 2.0);
-  measured.stages.push_back({2, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 3.5, 4.0, 0, 0, 0});
+  measured.stages.push_back(trace_stage(2, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 3.5, 4.0));
   finalize_trace(measured);
   write(dir / "meas.json", trace_to_chrome_json(measured).dump());
   const auto r = oom({"diff", (dir / "pred.json").string(), (dir / "meas.json").string(), "--json"});

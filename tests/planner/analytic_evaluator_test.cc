@@ -33,14 +33,14 @@ Tiny one_layer() {
   const ResourceId cpu = b.add_resource(ResourceKind::kCpuUpdate, "numa0.cpu_update.r0", 0, 0);
   Tiny t;
   Stage s;
-  s.name = "h2d";
+  s.key = *parse_stage_key("g0.fwd.L0.weights.h2d");
   s.op = OpKind::kH2d;
   s.resource = h2d;
   s.bytes = kGB;
   s.memory = {{MemorySpace::kGpu, 0, kGB, false}};
   t.h2d = b.add(s);
   s = {};
-  s.name = "compute";
+  s.key = *parse_stage_key("g0.fwd.L0.attn.proj");
   s.op = OpKind::kGemm;
   s.resource = compute;
   s.flops = 10e12;
@@ -48,7 +48,7 @@ Tiny one_layer() {
   s.memory = {{MemorySpace::kGpu, 0, 2 * kGB, false}, {MemorySpace::kGpu, 0, -kGB, true}};
   t.compute = b.add(s);
   s = {};
-  s.name = "d2h";
+  s.key = *parse_stage_key("g0.bwd.L0.layer.grad_d2h");
   s.op = OpKind::kD2h;
   s.resource = d2h;
   s.bytes = kGB;
@@ -56,7 +56,7 @@ Tiny one_layer() {
   s.memory = {{MemorySpace::kGpu, 0, -2 * kGB, true}, {MemorySpace::kHost, 0, kGB, true}};
   t.d2h = b.add(s);
   s = {};
-  s.name = "update";
+  s.key = *parse_stage_key("g0.opt.L0.layer.cpu_adamw");
   s.op = OpKind::kCpuAdamW;
   s.resource = cpu;
   s.params = 250'000'000;
@@ -115,11 +115,11 @@ TEST(AnalyticEvaluator, TwoCopiesOnOneEngineTakeTwiceAsLongAsOne) {
   s.op = OpKind::kH2d;
   s.bytes = kGB;
   s.resource = e0;
-  s.name = "a";
+  s.key = *parse_stage_key("g0.fwd.L0.weights.h2d");
   b.add(s);
-  s.name = "b";
+  s.key = *parse_stage_key("g0.fwd.L1.weights.h2d");
   b.add(s);
-  s.name = "c";
+  s.key = *parse_stage_key("g1.fwd.L0.weights.h2d");
   s.resource = e1;
   b.add(s);
   const StepGraph g = b.take();
@@ -130,9 +130,9 @@ TEST(AnalyticEvaluator, TwoCopiesOnOneEngineTakeTwiceAsLongAsOne) {
     }
     return -1.0;
   };
-  EXPECT_NEAR(end_of("a"), 0.1, 1e-12);
-  EXPECT_NEAR(end_of("b"), 0.2, 1e-12);  // stream order: after "a" on the same copy engine
-  EXPECT_NEAR(end_of("c"), 0.1, 1e-12);  // another GPU's link: no contention in the analytic engine
+  EXPECT_NEAR(end_of("g0.fwd.L0.weights.h2d"), 0.1, 1e-12);
+  EXPECT_NEAR(end_of("g0.fwd.L1.weights.h2d"), 0.2, 1e-12);  // stream order: after the first on the same copy engine
+  EXPECT_NEAR(end_of("g1.fwd.L0.weights.h2d"), 0.1, 1e-12);  // another GPU's link: no contention in the analytic engine
 }
 
 TEST(AnalyticEvaluator, MatchesLongestPathReferenceOnRandomGraphs) {
@@ -145,7 +145,7 @@ TEST(AnalyticEvaluator, MatchesLongestPathReferenceOnRandomGraphs) {
     std::vector<Seconds> d;
     for (int v = 0; v < n; ++v) {
       Stage s;
-      s.name = "s" + std::to_string(v);
+      s.key.chunk = v;  // distinct keys
       s.resource = static_cast<ResourceId>(rng() % static_cast<unsigned>(resources));
       for (int u = 0; u < v; ++u) {
         if (rng() % 5 == 0) s.deps.push_back(u);

@@ -17,6 +17,7 @@ const std::string kSrc = OOM_SOURCE_DIR;
 TraceStage stage(const std::string& name, const std::string& kind, const std::string& resource, Seconds start, Seconds end) {
   TraceStage s;
   s.name = name;
+  s.key = *parse_stage_key(name);
   s.kind = kind;
   s.resource = resource;
   s.start_s = start;
@@ -35,10 +36,10 @@ TEST(ExplainTrace, ChargesEachInstantOnceComputeFirstThenCopiesThenCpuThenWait) 
   Trace t;
   t.engine = "analytic";
   t.stages = {stage("g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0, 1),
-              stage("g0.fwd.L1.h2d", "h2d", "gpu0.h2d", 0.5, 2),           // 1 s exposed after compute ends
-              stage("g0.opt.L0.adamw", "cpu_adamw", "numa0.cpu_update.r0", 1.5, 3),  // 1 s exposed after H2D
+              stage("g0.fwd.L1.weights.h2d", "h2d", "gpu0.h2d", 0.5, 2),           // 1 s exposed after compute ends
+              stage("g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 1.5, 3),  // 1 s exposed after H2D
               stage("g1.fwd.L0.attn.proj", "gemm", "gpu1.compute", 0, 4),  // another rank: not counted
-              stage("g0.fwd.L2.experts", "expert_gemm", "gpu0.compute", 3.5, 4)};
+              stage("g0.fwd.L2.moe.experts", "expert_gemm", "gpu0.compute", 3.5, 4)};
   t.step_s = 4;
   const StepExplanation e = explain_trace(t, 0);
   EXPECT_DOUBLE_EQ(exposed(e, "compute.gemm"), 1.0);

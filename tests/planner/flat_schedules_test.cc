@@ -5,6 +5,9 @@
 #include <map>
 #include <numeric>
 
+#include <functional>
+#include <optional>
+
 #include <gtest/gtest.h>
 
 #include "costmodel/flops.h"
@@ -67,20 +70,31 @@ void expect_balanced(const StepGraph& g) {
   EXPECT_EQ(gpu_total, 0);
 }
 
-double bytes_of(const StepGraph& g, const std::string& part, int layer, int gpu) {
+using KeyTest = std::function<bool(const StageKey&)>;
+
+// Stages of `part` (and operator `op`, when given) of decoder `layer` (−1: none) on rank `gpu` (−1: all).
+KeyTest part_op(StagePart part, std::optional<StageOp> op = std::nullopt) {
+  return [=](const StageKey& k) { return k.part == part && (!op || k.op == *op); };
+}
+// Routed-expert GEMMs (forward, recompute and backward), of one routing round when `chunk` ≥ 0.
+KeyTest expert_gemms(int chunk = -1) {
+  return [=](const StageKey& k) {
+    return k.part == StagePart::kMoe && (k.op == StageOp::kExperts || k.op == StageOp::kExpertsBwd) && (chunk < 0 || k.chunk == chunk);
+  };
+}
+
+double bytes_of(const StepGraph& g, const KeyTest& test, int layer, int gpu) {
   double s = 0;
   for (const Stage& st : g.stages) {
-    if (st.layer == layer && (gpu < 0 || st.gpu == gpu) && st.name.find(part) != std::string::npos) {
-      s += static_cast<double>(st.bytes);
-    }
+    if (st.layer == layer && (gpu < 0 || st.gpu == gpu) && test(st.key)) s += static_cast<double>(st.bytes);
   }
   return s;
 }
 
-Flops flops_of(const StepGraph& g, const std::string& part, int layer, int gpu) {
+Flops flops_of(const StepGraph& g, const KeyTest& test, int layer, int gpu) {
   Flops f = 0;
   for (const Stage& s : g.stages) {
-    if (s.layer == layer && (gpu < 0 || s.gpu == gpu) && s.name.find(part) != std::string::npos) f += s.flops;
+    if (s.layer == layer && (gpu < 0 || s.gpu == gpu) && test(s.key)) f += s.flops;
   }
   return f;
 }
@@ -142,10 +156,10 @@ TEST(SkewedRouting, HotRanksDoMoreExpertWorkAndHoldMoreTheTotalStaysTheSame) {
   const WorkloadContext even = ctx_with(32, 4096), skewed = ctx_with(32, 4096, kZipf);
   const Plan p = ep_plan(65536);
   const Lowered u = run(p, even), z = run(p, skewed);
-  const Flops total_u = flops_of(u.g, ".experts", 0, -1), total_z = flops_of(z.g, ".experts", 0, -1);
+  const Flops total_u = flops_of(u.g, expert_gemms(), 0, -1), total_z = flops_of(z.g, expert_gemms(), 0, -1);
   EXPECT_NEAR(total_z / total_u, 1.0, 1e-9);
   std::vector<Flops> per_rank;
-  for (int r = 0; r < 4; ++r) per_rank.push_back(flops_of(z.g, ".experts", 0, r));
+  for (int r = 0; r < 4; ++r) per_rank.push_back(flops_of(z.g, expert_gemms(), 0, r));
   EXPECT_GT(*std::max_element(per_rank.begin(), per_rank.end()), 1.2 * total_u / 4);
   EXPECT_GT(z.t.step_s, u.t.step_s);  // the slowest rank sets the pace
   EXPECT_GT(use_peak(z.g, z.t, MemoryUse::kDispatch), use_peak(u.g, u.t, MemoryUse::kDispatch));
@@ -158,19 +172,19 @@ TEST(PipelinedLlep, BalancesTheExpertsFetchesWeightsAndPipelinesRounds) {
   Plan llep = standard;
   llep.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
   const Lowered s = run(standard, skewed), l = run(llep, skewed);
-  const Flops mean = flops_of(l.g, "moe.c0.experts", 0, -1) / 4;
+  const Flops mean = flops_of(l.g, expert_gemms(0), 0, -1) / 4;
   ASSERT_GT(mean, 0);
-  for (int r = 0; r < 4; ++r) EXPECT_LE(flops_of(l.g, "moe.c0.experts", 0, r), 1.05 * mean * (1 + 1e-9));
-  EXPECT_NEAR(flops_of(l.g, ".experts", 0, -1) / flops_of(s.g, ".experts", 0, -1), 1.0, 1e-9);
-  EXPECT_GT(bytes_of(l.g, "llep.fetch", 0, -1), 0.0);
-  EXPECT_GT(bytes_of(l.g, "llep.grad_return", 0, -1), 0.0);
+  for (int r = 0; r < 4; ++r) EXPECT_LE(flops_of(l.g, expert_gemms(0), 0, r), 1.05 * mean * (1 + 1e-9));
+  EXPECT_NEAR(flops_of(l.g, expert_gemms(), 0, -1) / flops_of(s.g, expert_gemms(), 0, -1), 1.0, 1e-9);
+  EXPECT_GT(bytes_of(l.g, part_op(StagePart::kLlep, StageOp::kFetch), 0, -1), 0.0);
+  EXPECT_GT(bytes_of(l.g, part_op(StagePart::kLlep, StageOp::kGradReturn), 0, -1), 0.0);
   EXPECT_LT(l.t.step_s, s.t.step_s);
   // Round 1's dispatch is issued on the fabric before round 0's return.
   StageId d1 = -1, r0 = -1;
   for (const Stage& st : l.g.stages) {
     if (st.gpu == 0 && st.layer == 0 && st.phase == Phase::kForward) {
-      if (st.name.ends_with("moe.c1.a2a_dispatch")) d1 = st.id;
-      if (st.name.ends_with("moe.c0.a2a_return")) r0 = st.id;
+      if (st.key.op == StageOp::kA2aDispatch && st.key.chunk == 1) d1 = st.id;
+      if (st.key.op == StageOp::kA2aReturn && st.key.chunk == 0) r0 = st.id;
     }
   }
   ASSERT_GE(d1, 0);
@@ -196,11 +210,12 @@ TEST(RingDtp, ShardsTheVocabularyKeepsTheWorkAndBoundsTheLogits) {
   ring.flat.vocab_projection = VocabProjection::kRingDtp;
   ring.flat.vocab_chunk_tokens = 1024;
   const Lowered f = run(full, ctx), r = run(ring, ctx);
-  EXPECT_NEAR(flops_of(r.g, "lm_head.ring", -1, 0) / flops_of(f.g, "lm_head", -1, 0), 1.0, 1e-9);
+  EXPECT_NEAR(flops_of(r.g, [](const StageKey& k) { return k.part == StagePart::kLmHead && k.ring_step >= 0; }, -1, 0) /
+                  flops_of(f.g, part_op(StagePart::kLmHead), -1, 0), 1.0, 1e-9);
   const Bytes vf = use_peak(f.g, f.t, MemoryUse::kVocabulary), vr = use_peak(r.g, r.t, MemoryUse::kVocabulary);
   EXPECT_LT(vr, 0.15 * vf);
   // The head's H2D is one shard per GPU.
-  EXPECT_NEAR(bytes_of(r.g, "lm_head.h2d", -1, 0) / bytes_of(f.g, "lm_head.h2d", -1, 0), 0.25, 0.01);
+  EXPECT_NEAR(bytes_of(r.g, part_op(StagePart::kLmHead, StageOp::kH2d), -1, 0) / bytes_of(f.g, part_op(StagePart::kLmHead, StageOp::kH2d), -1, 0), 0.25, 0.01);
   expect_balanced(r.g);
 }
 

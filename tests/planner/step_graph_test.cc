@@ -29,10 +29,16 @@ WorkloadContext ctx_with(std::int64_t global_batch, std::int64_t seq_len, double
   return resolve_workload(w, "test workload");
 }
 
-int count_named(const StepGraph& g, const std::string& part, int gpu = 0) {
+// Rank 0's stages whose key satisfies `pred`.
+template <typename Pred>
+int count_keys(const StepGraph& g, Pred pred) {
   int n = 0;
-  for (const Stage& s : g.stages) n += (s.gpu == gpu && s.name.find(part) != std::string::npos) ? 1 : 0;
+  for (const Stage& s : g.stages) n += (s.key.rank == 0 && pred(s.key)) ? 1 : 0;
   return n;
+}
+bool is_all_to_all(const StageKey& k) {
+  return k.op == StageOp::kA2aDispatch || k.op == StageOp::kA2aReturn || k.op == StageOp::kA2aGradDispatch ||
+         k.op == StageOp::kA2aGradReturn;
 }
 
 bool has_stage(const StepGraph& g, const std::string& name) {
@@ -56,8 +62,10 @@ TEST(StepGraphBuilder, AssignsIdsAndIssueOrder) {
   const ResourceId r = b.add_resource(ResourceKind::kGpuCompute, "gpu0.compute", 0, -1);
   Stage s;
   s.resource = r;
+  s.key.chunk = 0;
   const StageId a = b.add(s);
   s.deps = {a};
+  s.key.chunk = 1;
   const StageId c = b.add(s);
   const StepGraph g = b.take();
   EXPECT_EQ(a, 0);
@@ -72,6 +80,7 @@ TEST(CheckStepGraph, ReportsForwardDependenciesAndDoubleIssue) {
   Stage s;
   s.resource = r;
   b.add(s);
+  s.key.chunk = 1;
   b.add(s);
   StepGraph g = b.take();
   g.stages[0].deps = {1};
@@ -82,6 +91,55 @@ TEST(CheckStepGraph, ReportsForwardDependenciesAndDoubleIssue) {
   g.resources[0].order = {0, 1};
   g.stages[1].memory = {{MemorySpace::kGpu, 3, 1, false}};
   EXPECT_NE(check_step_graph(g).find("device 3"), std::string::npos);
+  g.stages[1].memory.clear();
+  // Keys: unique, and the name and the rank, decoder and phase copies agree with them.
+  g.stages[1].key = g.stages[0].key;
+  g.stages[1].name = g.stages[0].name;
+  EXPECT_NE(check_step_graph(g).find("repeats the key g0.fwd.layer.proj"), std::string::npos) << check_step_graph(g);
+  g.stages[1].key.chunk = 1;
+  EXPECT_NE(check_step_graph(g).find("disagrees with its key"), std::string::npos);
+  g.stages[1].name = format_stage_key(g.stages[1].key);
+  g.stages[1].gpu = 1;
+  EXPECT_NE(check_step_graph(g).find("disagrees with its key"), std::string::npos);
+  g.stages[1].gpu = 0;
+  EXPECT_EQ(check_step_graph(g), "");
+}
+
+// Every stage of every path and schedule has its own key, and its name reads back as that key.
+TEST(LowerKeys, EveryPlanShapeHasUniqueKeysThatRoundTrip) {
+  std::vector<std::pair<Plan, WorkloadContext>> cases;
+  Plan ep = default_plan();
+  ep.routing_chunk_tokens = 8192;
+  ep.moe_retained_layers = {2, 6};
+  cases.push_back({ep, default_ctx()});
+  ep.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
+  ep.flat.vocab_projection = VocabProjection::kRingDtp;
+  ep.flat.optimizer_bucket_mib = 64;
+  cases.push_back({ep, default_ctx()});
+  Plan local;
+  local.path = ExpertPath::kLocal;
+  local.split.attention_head_group = 2;
+  local.split.gdn_chunk_tokens = 8192;
+  local.split.moe_chunk_tokens = 16384;
+  local.keep_attention_results = true;
+  local.boundaries.host_kept_all = false;
+  local.boundaries.host_kept = {0, 4};
+  local.boundaries.gpu_held = {2};
+  cases.push_back({local, ctx_with(4, 32768)});
+  local.keep_attention_results = false;
+  local.param_transfer = ParamTransfer::kShard;
+  local.flat.optimizer_bucket_mib = 32;
+  cases.push_back({local, ctx_with(4, 32768)});
+  for (const auto& [plan, ctx] : cases) {
+    validate_plan(plan, ctx.model, ctx.workload, "test plan");
+    const StepGraph g = lower(plan, ctx);
+    EXPECT_EQ(check_step_graph(g), "");
+    for (const Stage& s : g.stages) {
+      const auto k = parse_stage_key(s.name);
+      ASSERT_TRUE(k.has_value()) << s.name;
+      EXPECT_EQ(*k, s.key) << s.name;
+    }
+  }
 }
 
 TEST(LowerEp, DefaultPlanIsWellFormedWithResourcesPerRank) {
@@ -135,7 +193,8 @@ TEST(LowerEp, RoutingChunksAndAllToAllFollowThePlan) {
   Plan plan = default_plan();
   plan.routing_chunk_tokens = 8192;  // 32768 tokens per GPU → 4 dispatch rounds
   const StepGraph g = lower(plan, default_ctx());
-  EXPECT_EQ(count_named(g, "fwd.L5.moe.c"), 4 * 5);  // router/shared, dispatch, experts, return, combine per chunk
+  EXPECT_EQ(count_keys(g, [](const StageKey& k) { return k.phase == Phase::kForward && k.decoder == 5 && k.part == StagePart::kMoe; }),
+            4 * 5);  // router/shared, dispatch, experts, return, combine per chunk
   EXPECT_TRUE(has_stage(g, "g0.fwd.L5.moe.c3.a2a_dispatch"));
   for (const Stage& s : g.stages) {
     if (s.name == "g1.fwd.L5.moe.c0.a2a_dispatch") {
@@ -170,7 +229,7 @@ TEST(LowerLocal, ShardDeliveryAllGathersAndReducesOnTheGpus) {
   EXPECT_EQ(check_step_graph(g), "");
   EXPECT_TRUE(has_stage(g, "g0.fwd.L4.weights.allgather"));
   EXPECT_TRUE(has_stage(g, "g0.bwd.L4.layer.reduce_scatter"));
-  EXPECT_EQ(count_named(g, "a2a"), 0);
+  EXPECT_EQ(count_keys(g, is_all_to_all), 0);
   // With one CPU gradient slot, a layer's gradient copy waits for the previous layer's update.
   for (const Stage& s : g.stages) {
     if (s.name == "g0.bwd.L4.layer.grad_d2h") {
@@ -206,11 +265,17 @@ TEST(LowerLocal, OperatorPartitionsSplitAttentionGdnAndMoe) {
   plan.split.gdn_chunk_tokens = 8192;   // 32K tokens → 4 chunks
   plan.split.moe_chunk_tokens = 16384;  // 32K tokens → 2 chunks
   const StepGraph g = lower(plan, ctx_with(4, 32768));
-  EXPECT_EQ(count_named(g, "fwd.L3.attn.core.h"), 4);
-  EXPECT_EQ(count_named(g, "fwd.L0.gdn.core.c"), 4);
-  EXPECT_EQ(count_named(g, "fwd.L0.moe.c"), 2 * 2);  // router/shared + experts per chunk
+  auto forward = [&g](int l, StagePart part, StageOp op) {
+    return count_keys(g, [=](const StageKey& k) { return k.phase == Phase::kForward && k.decoder == l && k.part == part && k.op == op; });
+  };
+  EXPECT_EQ(forward(3, StagePart::kAttention, StageOp::kCore), 4);
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L3.attn.h3.core"));
+  EXPECT_EQ(forward(0, StagePart::kGdn, StageOp::kCore), 4);
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L0.gdn.c3.core"));
+  // Router/shared and experts per chunk.
+  EXPECT_EQ(forward(0, StagePart::kMoe, StageOp::kRouterShared) + forward(0, StagePart::kMoe, StageOp::kExperts), 2 * 2);
   // Without O/LSE kept, each head group's forward is recomputed before its backward.
-  EXPECT_EQ(count_named(g, "L3.attn.core_refwd.h"), 4);
+  EXPECT_EQ(count_keys(g, [](const StageKey& k) { return k.decoder == 3 && k.op == StageOp::kCoreRefwd; }), 4);
 }
 
 TEST(LowerLocal, KeptAttentionResultsReplaceAttentionReplay) {
@@ -220,7 +285,10 @@ TEST(LowerLocal, KeptAttentionResultsReplaceAttentionReplay) {
   const StepGraph g = lower(plan, ctx_with(4, 32768));
   EXPECT_TRUE(has_stage(g, "g0.fwd.L3.attn.olse_d2h"));
   EXPECT_TRUE(has_stage(g, "g0.recompute.L3.attn.olse_h2d"));
-  EXPECT_EQ(count_named(g, "recompute.L3.attn.core"), 0);
+  EXPECT_EQ(count_keys(g, [](const StageKey& k) {
+              return k.phase == Phase::kRecompute && k.decoder == 3 && k.part == StagePart::kAttention && k.op == StageOp::kCore;
+            }),
+            0);
   for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
 }
 
@@ -232,13 +300,20 @@ TEST(LowerLocal, RegeneratedBoundariesComeFromTheNearestKeptOne) {
   plan.boundaries.regenerate_cap = 1;
   const StepGraph g = lower(plan, ctx_with(4, 32768));
   EXPECT_EQ(check_step_graph(g), "");
-  EXPECT_FALSE(has_stage(g, "g0.fwd.L5.boundary_d2h"));
-  EXPECT_TRUE(has_stage(g, "g0.fwd.L4.boundary_d2h"));
+  EXPECT_FALSE(has_stage(g, "g0.fwd.L5.boundary.d2h"));
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L4.boundary.d2h"));
   // Decoder 7's input is regenerated from boundary 4 through decoders 4, 5, 6 (cap 1: one run per
   // regenerated boundary), so decoder 4 runs no-grad forwards for 7, 6 and 5.
   int regenerations_of_4 = 0;
-  for (const Stage& s : g.stages) regenerations_of_4 += (s.gpu == 0 && s.name == "g0.recompute.L4.weights.h2d") ? 1 : 0;
+  for (const Stage& s : g.stages) {
+    const StageKey& k = s.key;
+    regenerations_of_4 += (k.rank == 0 && k.phase == Phase::kRecompute && k.decoder == 4 && k.part == StagePart::kWeights &&
+                           k.op == StageOp::kH2d)
+                              ? 1
+                              : 0;
+  }
   EXPECT_EQ(regenerations_of_4, 3);
+  EXPECT_TRUE(has_stage(g, "g0.recompute.L4.weights.r2.h2d"));  // the third repeats the first twice
   for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
 }
 
@@ -250,7 +325,13 @@ TEST(LowerLocal, RegenerationCapHoldsSeveralBoundariesFromOneRun) {
   plan.boundaries.regenerate_cap = 3;
   const StepGraph g = lower(plan, ctx_with(4, 32768));
   int regenerations_of_4 = 0;
-  for (const Stage& s : g.stages) regenerations_of_4 += s.name == "g0.recompute.L4.weights.h2d" ? 1 : 0;
+  for (const Stage& s : g.stages) {
+    const StageKey& k = s.key;
+    regenerations_of_4 += (k.rank == 0 && k.phase == Phase::kRecompute && k.decoder == 4 && k.part == StagePart::kWeights &&
+                           k.op == StageOp::kH2d)
+                              ? 1
+                              : 0;
+  }
   EXPECT_EQ(regenerations_of_4, 1);
 }
 

@@ -59,13 +59,15 @@ std::vector<Rank> add_ranks(StepGraphBuilder& b, int gpus, const std::vector<int
   return ranks;
 }
 
-Stage stage(std::string name, OpKind op, ResourceId res, int gpu, std::vector<StageId> deps = {}) {
+// A stage keyed by `name` (traces/stage_key.h), which names rank `gpu`'s work.
+Stage stage(const std::string& name, OpKind op, ResourceId res, int gpu, std::vector<StageId> deps = {}) {
   Stage s;
-  s.name = std::move(name);
+  const auto key = parse_stage_key(name);
+  EXPECT_TRUE(key.has_value()) << name;
+  if (key) s.key = *key;
+  EXPECT_EQ(s.key.rank, gpu) << name;
   s.op = op;
   s.resource = res;
-  s.gpu = gpu;
-  s.layer = 0;
   s.deps = std::move(deps);
   return s;
 }
@@ -91,19 +93,19 @@ const TraceStage& find(const Trace& t, const std::string& name) {
 StepGraph one_layer_graph() {
   StepGraphBuilder b(2, 1);
   const auto r = add_ranks(b, 2, {0, 0});
-  Stage h2d = stage("g0.fwd.L0.h2d", OpKind::kH2d, r[0].h2d, 0);
+  Stage h2d = stage("g0.fwd.L0.weights.h2d", OpKind::kH2d, r[0].h2d, 0);
   h2d.bytes = 2 * kGB;
   h2d.memory = {{MemorySpace::kGpu, 0, 2 * kGB, false}};
   const StageId s0 = b.add(h2d);
-  Stage gemm = stage("g0.fwd.L0.gemm", OpKind::kGemm, r[0].compute, 0, {s0});
+  Stage gemm = stage("g0.fwd.L0.attn.proj", OpKind::kGemm, r[0].compute, 0, {s0});
   gemm.flops = 50e12;
   gemm.memory = {{MemorySpace::kGpu, 0, 1 * kGB, false}, {MemorySpace::kGpu, 0, -2 * kGB, true}};
   const StageId s1 = b.add(gemm);
-  Stage d2h = stage("g0.bwd.L0.d2h", OpKind::kD2h, r[0].d2h, 0, {s1});
+  Stage d2h = stage("g0.bwd.L0.layer.grad_d2h", OpKind::kD2h, r[0].d2h, 0, {s1});
   d2h.bytes = 1 * kGB;
   d2h.memory = {{MemorySpace::kGpu, 0, -1 * kGB, true}, {MemorySpace::kHost, 0, 1 * kGB, false}};
   const StageId s2 = b.add(d2h);
-  Stage adam = stage("g0.opt.L0.adamw", OpKind::kCpuAdamW, r[0].cpu, 0, {s2});
+  Stage adam = stage("g0.opt.L0.layer.cpu_adamw", OpKind::kCpuAdamW, r[0].cpu, 0, {s2});
   adam.params = 100'000'000;
   adam.memory = {{MemorySpace::kHost, 0, -1 * kGB, true}};
   b.add(adam);
@@ -119,12 +121,12 @@ TEST(SimGridEngineTest, GoldenOneLayerCopyComputeCopyUpdate) {
   const Trace t = SimGridEngine(tiny_hardware(1)).execute(g, RoundNumbers());
   EXPECT_EQ(t.engine, "simgrid");
   EXPECT_EQ(timeline(t),
-            "0.000000 0.200000 gpu0.h2d g0.fwd.L0.h2d\n"
-            "0.200000 0.700000 gpu0.compute g0.fwd.L0.gemm\n"
-            "0.700000 0.800000 gpu0.d2h g0.bwd.L0.d2h\n"
-            "0.800000 1.200000 numa0.cpu_update.r0 g0.opt.L0.adamw\n");
+            "0.000000 0.200000 gpu0.h2d g0.fwd.L0.weights.h2d\n"
+            "0.200000 0.700000 gpu0.compute g0.fwd.L0.attn.proj\n"
+            "0.700000 0.800000 gpu0.d2h g0.bwd.L0.layer.grad_d2h\n"
+            "0.800000 1.200000 numa0.cpu_update.r0 g0.opt.L0.layer.cpu_adamw\n");
   EXPECT_NEAR(t.step_s, 1.2, 1e-9);
-  const TraceStage& adam = find(t, "g0.opt.L0.adamw");
+  const TraceStage& adam = find(t, "g0.opt.L0.layer.cpu_adamw");
   EXPECT_EQ(adam.kind, "cpu_adamw");
   EXPECT_EQ(adam.layer, 0);
   // GPU 0: 10 GB base, +2 GB weights at 0 (one sample: 12 GB from 0), +1 GB activations at 0.2
@@ -149,7 +151,7 @@ StepGraph parallel_copies(int copies, const std::vector<int>& numa_of) {
   StepGraphBuilder b(2, numa_of.back() + 1);
   const auto r = add_ranks(b, 2, numa_of);
   for (int i = 0; i < copies; ++i) {
-    Stage h2d = stage(fmt::format("g{}.fwd.L0.h2d", i), OpKind::kH2d, r[static_cast<std::size_t>(i)].h2d, i);
+    Stage h2d = stage(fmt::format("g{}.fwd.L0.weights.h2d", i), OpKind::kH2d, r[static_cast<std::size_t>(i)].h2d, i);
     h2d.bytes = 1 * kGB;
     b.add(h2d);
   }
@@ -164,8 +166,8 @@ TEST(SimGridEngineTest, TwoCopiesOnOneSocketTakeTwiceAsLongAsOne) {
   const Trace alone = one_socket.execute(parallel_copies(1, {0, 0}), RoundNumbers());
   EXPECT_NEAR(alone.step_s, 0.1, 1e-9);
   const Trace shared = one_socket.execute(parallel_copies(2, {0, 0}), RoundNumbers());
-  EXPECT_NEAR(find(shared, "g0.fwd.L0.h2d").end_s, 0.2, 1e-9);
-  EXPECT_NEAR(find(shared, "g1.fwd.L0.h2d").end_s, 0.2, 1e-9);
+  EXPECT_NEAR(find(shared, "g0.fwd.L0.weights.h2d").end_s, 0.2, 1e-9);
+  EXPECT_NEAR(find(shared, "g1.fwd.L0.weights.h2d").end_s, 0.2, 1e-9);
   const Trace apart = SimGridEngine(tiny_hardware(2)).execute(parallel_copies(2, {0, 1}), RoundNumbers());
   EXPECT_NEAR(apart.step_s, 0.1, 1e-9);
   EXPECT_NEAR(AnalyticEngine().execute(parallel_copies(2, {0, 0}), RoundNumbers()).step_s, 0.1, 1e-12);
@@ -177,15 +179,15 @@ TEST(SimGridEngineTest, CpuUpdateAndHostCopyShareTheSocketsDram) {
   // the update's remaining 1.8 GB then flow at 7 GB/s: 0.2 + 1.8/7 = 0.457143 s.
   StepGraphBuilder b(2, 1);
   const auto r = add_ranks(b, 2, {0, 0});
-  Stage h2d = stage("g1.fwd.L1.h2d", OpKind::kH2d, r[1].h2d, 1);
+  Stage h2d = stage("g1.fwd.L1.weights.h2d", OpKind::kH2d, r[1].h2d, 1);
   h2d.bytes = 1 * kGB;
   b.add(h2d);
-  Stage adam = stage("g0.opt.L0.adamw", OpKind::kCpuAdamW, r[0].cpu, 0);
+  Stage adam = stage("g0.opt.L0.layer.cpu_adamw", OpKind::kCpuAdamW, r[0].cpu, 0);
   adam.params = 100'000'000;
   b.add(adam);
   const Trace t = SimGridEngine(tiny_hardware(1)).execute(b.take(), RoundNumbers());
-  EXPECT_NEAR(find(t, "g1.fwd.L1.h2d").end_s, 0.2, 1e-9);
-  EXPECT_NEAR(find(t, "g0.opt.L0.adamw").end_s, 0.2 + 1.8 / 7, 1e-9);
+  EXPECT_NEAR(find(t, "g1.fwd.L1.weights.h2d").end_s, 0.2, 1e-9);
+  EXPECT_NEAR(find(t, "g0.opt.L0.layer.cpu_adamw").end_s, 0.2 + 1.8 / 7, 1e-9);
 }
 
 TEST(SimGridEngineTest, CpuUpdatesOfTwoRanksShareTheSocketsCores) {
@@ -194,13 +196,13 @@ TEST(SimGridEngineTest, CpuUpdatesOfTwoRanksShareTheSocketsCores) {
   StepGraphBuilder b(2, 1);
   const auto r = add_ranks(b, 2, {0, 0});
   for (int i = 0; i < 2; ++i) {
-    Stage adam = stage(fmt::format("g{}.opt.L0.adamw", i), OpKind::kCpuAdamW, r[static_cast<std::size_t>(i)].cpu, i);
+    Stage adam = stage(fmt::format("g{}.opt.L0.layer.cpu_adamw", i), OpKind::kCpuAdamW, r[static_cast<std::size_t>(i)].cpu, i);
     adam.params = 100'000'000;
     b.add(adam);
   }
   const Trace t = SimGridEngine(tiny_hardware(1)).execute(b.take(), RoundNumbers());
-  EXPECT_NEAR(find(t, "g0.opt.L0.adamw").end_s, 0.8, 1e-9);
-  EXPECT_NEAR(find(t, "g1.opt.L0.adamw").end_s, 0.8, 1e-9);
+  EXPECT_NEAR(find(t, "g0.opt.L0.layer.cpu_adamw").end_s, 0.8, 1e-9);
+  EXPECT_NEAR(find(t, "g1.opt.L0.layer.cpu_adamw").end_s, 0.8, 1e-9);
 }
 
 TEST(SimGridEngineTest, CollectiveMembersExchangeOverTheirPorts) {
@@ -209,21 +211,21 @@ TEST(SimGridEngineTest, CollectiveMembersExchangeOverTheirPorts) {
   // start at 0.05.
   StepGraphBuilder b(2, 1);
   const auto r = add_ranks(b, 2, {0, 0});
-  Stage gemm = stage("g0.fwd.L0.gemm", OpKind::kGemm, r[0].compute, 0);
+  Stage gemm = stage("g0.fwd.L0.attn.proj", OpKind::kGemm, r[0].compute, 0);
   gemm.flops = 5e12;
   const StageId s0 = b.add(gemm);
   std::vector<StageId> members;
   for (int i = 0; i < 2; ++i) {
-    Stage a2a = stage(fmt::format("g{}.fwd.L0.a2a_dispatch", i), OpKind::kAllToAll, r[static_cast<std::size_t>(i)].fabric, i, {s0});
+    Stage a2a = stage(fmt::format("g{}.fwd.L0.moe.a2a_dispatch", i), OpKind::kAllToAll, r[static_cast<std::size_t>(i)].fabric, i, {s0});
     a2a.bytes = 10 * kGB;
     a2a.peers = {0, 1};
     members.push_back(b.add(a2a));
   }
   const Trace t = SimGridEngine(tiny_hardware(1)).execute(b.take(), RoundNumbers());
   EXPECT_EQ(timeline(t),
-            "0.000000 0.050000 gpu0.compute g0.fwd.L0.gemm\n"
-            "0.050000 0.150000 gpu0.fabric g0.fwd.L0.a2a_dispatch\n"
-            "0.050000 0.150000 gpu1.fabric g1.fwd.L0.a2a_dispatch\n");
+            "0.000000 0.050000 gpu0.compute g0.fwd.L0.attn.proj\n"
+            "0.050000 0.150000 gpu0.fabric g0.fwd.L0.moe.a2a_dispatch\n"
+            "0.050000 0.150000 gpu1.fabric g1.fwd.L0.moe.a2a_dispatch\n");
 }
 
 // A two-layer, two-rank step with every kind of resource: weights in, forward, an all-to-all,
@@ -236,12 +238,12 @@ StepGraph uncontended_step() {
     std::vector<StageId> fwd(2);
     for (int i = 0; i < 2; ++i) {
       const auto& rk = r[static_cast<std::size_t>(i)];
-      Stage h2d = stage(fmt::format("g{}.fwd.L{}.h2d", i, layer), OpKind::kH2d, rk.h2d, i);
+      Stage h2d = stage(fmt::format("g{}.fwd.L{}.weights.h2d", i, layer), OpKind::kH2d, rk.h2d, i);
       h2d.layer = layer;
       h2d.bytes = (layer + 1) * kGB;
       h2d.memory = {{MemorySpace::kGpu, i, h2d.bytes, false}};
       const StageId in = b.add(h2d);
-      Stage attn = stage(fmt::format("g{}.fwd.L{}.attention", i, layer), OpKind::kAttention, rk.compute, i, {in});
+      Stage attn = stage(fmt::format("g{}.fwd.L{}.attn.core", i, layer), OpKind::kAttention, rk.compute, i, {in});
       attn.layer = layer;
       attn.flops = 3e12 * (i + 1);
       attn.shape.head_dim = 128;
@@ -249,7 +251,7 @@ StepGraph uncontended_step() {
     }
     std::vector<StageId> a2a(2);
     for (int i = 0; i < 2; ++i) {
-      Stage s = stage(fmt::format("g{}.fwd.L{}.a2a", i, layer), OpKind::kAllToAll, r[static_cast<std::size_t>(i)].fabric, i, fwd);
+      Stage s = stage(fmt::format("g{}.fwd.L{}.moe.a2a_return", i, layer), OpKind::kAllToAll, r[static_cast<std::size_t>(i)].fabric, i, fwd);
       s.layer = layer;
       s.bytes = 4 * kGB;
       s.peers = {0, 1};
@@ -257,25 +259,25 @@ StepGraph uncontended_step() {
     }
     for (int i = 0; i < 2; ++i) {
       const auto& rk = r[static_cast<std::size_t>(i)];
-      Stage bwd = stage(fmt::format("g{}.bwd.L{}.gemm", i, layer), OpKind::kGemm, rk.compute, i, {a2a[static_cast<std::size_t>(i)]});
+      Stage bwd = stage(fmt::format("g{}.bwd.L{}.attn.proj_bwd", i, layer), OpKind::kGemm, rk.compute, i, {a2a[static_cast<std::size_t>(i)]});
       bwd.layer = layer;
       bwd.flops = 20e12;
       bwd.shape.tokens = 4096;
       bwd.memory = {{MemorySpace::kGpu, i, -(layer + 1) * kGB, true}};
       const StageId grad = b.add(bwd);
-      Stage d2h = stage(fmt::format("g{}.bwd.L{}.d2h", i, layer), OpKind::kD2h, rk.d2h, i, {grad});
+      Stage d2h = stage(fmt::format("g{}.bwd.L{}.layer.grad_d2h", i, layer), OpKind::kD2h, rk.d2h, i, {grad});
       d2h.layer = layer;
       d2h.bytes = kGB / 2;
       d2h.memory = {{MemorySpace::kHost, i, kGB / 2, false}};
       const StageId out = b.add(d2h);
-      Stage adam = stage(fmt::format("g{}.opt.L{}.adamw", i, layer), OpKind::kCpuAdamW, rk.cpu, i, {out});
+      Stage adam = stage(fmt::format("g{}.opt.L{}.layer.cpu_adamw", i, layer), OpKind::kCpuAdamW, rk.cpu, i, {out});
       adam.layer = layer;
       adam.params = 50'000'000;
       adam.memory = {{MemorySpace::kHost, i, -kGB / 2, true}};
       b.add(adam);
     }
   }
-  Stage done = stage("step.done", OpKind::kSync, r[0].compute, 0, {});
+  Stage done = stage("g0.bwd.grads.done", OpKind::kSync, r[0].compute, 0, {});
   for (StageId s = 0; s < static_cast<StageId>(b.graph().stages.size()); ++s) done.deps.push_back(s);
   b.add(done);
   return b.take();

@@ -8,12 +8,17 @@
 namespace oom {
 namespace {
 
+TraceStage stage(std::int64_t id, const std::string& name, const std::string& kind, const std::string& resource,
+                 Seconds start_s, Seconds end_s, Bytes bytes, Flops flops) {
+  return {id, name, *parse_stage_key(name), kind, resource, start_s, end_s, 0, bytes, flops};
+}
+
 Trace sample() {
   Trace t;
   t.engine = "analytic";
-  t.stages = {{1, "g0.fwd.L0.weights.h2d", "h2d", "gpu0.h2d", 0.0, 0.1, 0, 1000, 0},
-              {2, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0.1, 0.3, 0, 0, 1e12},
-              {3, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 0.3, 0.5, 0, 12, 0}};
+  t.stages = {stage(1, "g0.fwd.L0.weights.h2d", "h2d", "gpu0.h2d", 0.0, 0.1, 1000, 0),
+              stage(2, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0.1, 0.3, 0, 1e12),
+              stage(3, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 0.3, 0.5, 12, 0)};
   t.memory = {{"gpu0", {{0.0, 10}, {0.1, 1010}, {0.3, 10}}, 1010}, {"numa0", {{0.0, 5}}, 5}};
   t.gpu_peak_bytes = {1010};
   t.numa_peak_bytes = {5};
@@ -39,6 +44,15 @@ TEST(Trace, BadInputNamesTheField) {
   j = trace_to_json(sample());
   j["memory"][0]["samples"][1] = "x";
   EXPECT_THROW(trace_from_json(j, "t.json"), InputError);
+  j = trace_to_json(sample());
+  j["stages"][2]["name"] = "g0.opt.L0.adamw";  // no part: not a stage key
+  try {
+    trace_from_json(j, "t.json");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("stages[2].name"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("g0.opt.L0.adamw"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Trace, ChromeExportHasOneCompleteEventPerStageAndMemoryCounters) {
