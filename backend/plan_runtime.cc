@@ -51,6 +51,9 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
   if (ranks != 1) {
     throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
   }
+  // On its one rank, shard delivery (1/P of the bank, then an all-gather of the rest) is the whole
+  // bank copied: param_transfer "shard" and "full" run alike. transfer_chunk_mib sizes the
+  // window's copies (ParamWindow), cpu_grad_slots the gradient slots the updates wait on.
   const std::int64_t gdn = plan.split.gdn_chunk_tokens;
   if (gdn > 0 && gdn < seq && seq % gdn != 0) {
     throw InputError(file, "split.gdn_chunk_tokens", std::to_string(gdn),
@@ -156,7 +159,7 @@ struct PlanTrainer::Impl {
   std::vector<int> update_jobs;                 // worker job index per host gradient sent
 
   Impl(HostState& s, TrainerConfig c, Plan p, at::Device d)
-      : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d), rec(recorder_callbacks(d)), spec(s.spec()) {}
+      : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)), spec(s.spec()) {}
 
   bool attention(int l) const { return spec.layer_kinds[static_cast<std::size_t>(l)] != LayerKind::kLinearAttention; }
   // A recorded stage of rank 0 keyed as the lowering keys it, in the sub-batch being run.

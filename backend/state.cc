@@ -113,7 +113,8 @@ void HostState::publish(int block) { working_[idx(block)].copy_(master_[idx(bloc
 // ---------------------------------------------------------------------------------------------
 // ParamWindow
 
-ParamWindow::ParamWindow(HostState& state, at::Device device) : state_(state), device_(device) {
+ParamWindow::ParamWindow(HostState& state, at::Device device, std::int64_t transfer_chunk_bytes)
+    : state_(state), device_(device), transfer_chunk_bytes_(transfer_chunk_bytes) {
 #ifdef OOM_BACKEND_CUDA
   if (device_.is_cuda()) {
     std::int64_t max_numel = 0;
@@ -139,7 +140,12 @@ void ParamWindow::prefetch(int block) {
   c10::cuda::CUDAStreamGuard guard(stream);
   free.block(stream);  // the compute stream is done with the slot's previous block
   const auto& src = state_.working(block);
-  s.buffer.narrow(0, 0, src.numel()).copy_(src, /*non_blocking=*/true);
+  const std::int64_t n = src.numel();
+  const std::int64_t step = transfer_chunk_bytes_ > 0 ? std::max<std::int64_t>(1, transfer_chunk_bytes_ / src.element_size()) : n;
+  for (std::int64_t a = 0; a < n; a += step) {
+    const std::int64_t len = std::min(step, n - a);
+    s.buffer.narrow(0, a, len).copy_(src.narrow(0, a, len), /*non_blocking=*/true);
+  }
   ready.record(stream);
   s.block = block;
 #endif

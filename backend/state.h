@@ -81,7 +81,9 @@ class HostState {
 
 class ParamWindow {
  public:
-  ParamWindow(HostState& state, at::Device device);
+  // `transfer_chunk_bytes` > 0: each block is copied in pieces of at most that many bytes (the
+  // plan's transfer_chunk_mib); 0: one copy per block.
+  ParamWindow(HostState& state, at::Device device, std::int64_t transfer_chunk_bytes = 0);
   // Starts bringing block `block`'s working weights into a slot. No-op on a CPU device.
   void prefetch(int block);
   // The flat working weights of `block` on the compute device, ready to use on the current stream.
@@ -93,6 +95,7 @@ class ParamWindow {
  private:
   HostState& state_;
   at::Device device_;
+  std::int64_t transfer_chunk_bytes_ = 0;
   struct Slot {
     int block = -1;
     at::Tensor buffer;

@@ -39,7 +39,7 @@ void ParetoSet::keep_fastest(std::size_t n) {
 
 std::vector<BoundaryLabel> boundary_dp(const LayerTable& t, const BoundaryDpOptions& o) {
   const int L = static_cast<int>(t.replay_s.size());
-  OOM_ASSERT(L <= 128, "the boundary DP supports up to 128 decoders");
+  OOM_ASSERT(L <= kMaxBoundaryDpDecoders, "plan_local refuses deeper models before the DP");
   OOM_ASSERT(static_cast<int>(t.backward_live_bytes.size()) == L, "one live footprint per decoder");
   const int cap = std::max(1, o.regenerate_cap);
   const int max_run = std::max(0, o.max_regenerate_run);
@@ -291,6 +291,12 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   const WorkloadContext& ctx = pricer.context();
   const ModelSpec& m = ctx.model;
   const int L = m.layers;
+  if (L > kMaxBoundaryDpDecoders) {
+    throw InputError(m.name, "num_hidden_layers", std::to_string(L),
+                     fmt::format("the Local planner's boundary search plans up to {} decoders; plan the ep path "
+                                 "(oom plan --path ep) or write the Local plan by hand",
+                                 kMaxBoundaryDpDecoders));
+  }
   const Budgets budgets = workload_budgets(ctx);
   const double eps = pricer.constants().gpu_headroom_fraction;
   LocalSearchResult out;

@@ -32,13 +32,17 @@
 
 namespace oom {
 
+// Decoders the boundary DP plans (its labels hold one bit per decoder); plan_local() refuses a
+// deeper model with an InputError naming the model's num_hidden_layers.
+inline constexpr int kMaxBoundaryDpDecoders = 128;
+
 // One label of the boundary DP.
 struct BoundaryLabel {
   Seconds time_s = 0;   // base step time + regeneration forwards
   Bytes host_bytes = 0;  // per rank: host-kept boundaries (+ O/LSE)
   Bytes gpu_peak_bytes = 0;  // largest live footprint so far, headroom excluded
   Bytes gpu_held_bytes = 0;  // boundaries held on the GPU so far (live through every later backward)
-  std::bitset<128> host_kept, gpu_held;  // per decoder; the rest are regenerated
+  std::bitset<kMaxBoundaryDpDecoders> host_kept, gpu_held;  // per decoder; the rest are regenerated
   // Set by the DP when no completion of this label can exceed the host (GPU) limit: the resource
   // can no longer bind, so it does not count against the label in dominance.
   bool host_slack = false;
@@ -106,6 +110,7 @@ struct LocalSearchResult {
   std::optional<BudgetShortfall> shortfall;  // when nothing fits
 };
 
+// Throws InputError when the model has more than kMaxBoundaryDpDecoders decoders.
 LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions& options = {});
 
 // The DP table of one partition choice (exposed for tests and benchmarks): short executions of

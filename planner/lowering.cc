@@ -179,6 +179,9 @@ WindowUse Lowering::deliver_weights(StagePart part, Phase phase, int layer, Para
     const auto& rr = r_[static_cast<std::size_t>(r)];
     Stage s = make(what(part, StageOp::kH2d), OpKind::kH2d, phase, rr.h2d, r, layer);
     s.bytes = working_weight_bytes(common + expert_h2d);
+    // The copy goes through the pinned staging pool in transfer_chunk_mib pieces.
+    const Bytes chunk = std::max<std::int64_t>(1, plan_.transfer_chunk_mib) * kMiB;
+    s.transfers = std::max<Bytes>(1, (s.bytes + chunk - 1) / chunk);
     append(s.deps, previous, r);  // buffer reuse: the slot's previous consumer has finished
     const StageId copy = add(std::move(s));
     use.ready[static_cast<std::size_t>(r)] = copy;

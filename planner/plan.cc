@@ -175,10 +175,19 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
   if (!p.boundaries.host_kept_all) check_layers(b, "host_kept", p.boundaries.host_kept, m.layers, m.name);
   check_layers(b, "gpu_held", p.boundaries.gpu_held, m.layers, m.name);
 
+  // Every field is honoured by the path it names or refused here: a field the path would ignore is
+  // an error, not a silent no-op.
   if (p.path == ExpertPath::kLocal) {
     if (!p.resident_layers.empty()) r.fail("resident_layers", "the local path has no resident expert shards");
     if (!p.moe_retained_layers.empty()) r.fail("moe_retained_layers", "the local path has no MoE-retained layers");
+    if (p.routing_chunk_tokens != Plan{}.routing_chunk_tokens) {
+      r.fail("routing_chunk_tokens", "the local path routes no tokens between GPUs; it chunks MoE work by split.moe_chunk_tokens");
+    }
   } else {
+    if (p.split.moe_chunk_tokens != 0) {
+      s.fail("moe_chunk_tokens", "the ep path chunks MoE work by its dispatch rounds (routing_chunk_tokens)");
+    }
+    if (p.split.sub_batch_seqs != 0) s.fail("sub_batch_seqs", "sub-batches are a local-path partition");
     if (m.moe.experts % w.gpus != 0) {
       r.fail("path", fmt::format("EP needs the {} experts of {} to split evenly over {} GPUs", m.moe.experts, m.name, w.gpus));
     }

@@ -102,7 +102,9 @@ nlohmann::json plan_to_json(const Plan& p);
 Plan load_plan(const std::string& path);
 
 // Checks the plan against the model and workload: layer indices within 0..layers−1 without
-// duplicates; EP-only fields empty on the Local path; a head group that divides the query heads
+// duplicates; no field the path would ignore (EP-only fields empty and routing_chunk_tokens at its
+// default on the Local path; shard delivery, split.moe_chunk_tokens and split.sub_batch_seqs
+// refused on the EP path); a head group that divides the query heads
 // of each KV group of every attention kind; a GDN chunk that is either part of one sequence or a
 // whole number of sequences; a MoE chunk within the tokens per GPU; a sub-batch that divides the
 // sequences per GPU. Throws InputError naming `file` and the field.

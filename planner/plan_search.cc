@@ -144,7 +144,10 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
                                    ctx.model.moe.experts, ctx.model.name, ctx.workload.gpus);
     }
   }
-  if (options.path != "ep") {
+  // A model deeper than the boundary search plans is refused by --path local (plan_local names the
+  // field) and leaves the choice to EP with --path auto.
+  const bool local_plannable = ctx.model.layers <= kMaxBoundaryDpDecoders;
+  if (options.path == "local" || (options.path != "ep" && local_plannable)) {
     const LocalSearchResult local = plan_local(pricer), local_flat = options.flat ? plan_local(flat_pricer) : LocalSearchResult{};
     r.candidates_priced += local.priced + local_flat.priced;
     keep(better(local.best, local_flat.best), local.shortfall, local_flat.shortfall);

@@ -127,6 +127,7 @@ struct Stage {
   Flops flops = 0;       // compute demand
   Bytes bytes = 0;       // transfer demand (bytes this GPU sends/receives), or HBM bytes touched
   ParamCount params = 0; // optimizer demand (parameters updated / staged / accumulated)
+  std::int64_t transfers = 1;  // H2D/D2H: the separate copies the stage issues (weights in plan.transfer_chunk_mib pieces)
   OpShape shape;
   // Collectives (kAllToAll, kAllGather, kReduceScatter): the GPUs taking part. Each member has its
   // own stage on its own fabric port with its own `bytes`; the members depend on each other's

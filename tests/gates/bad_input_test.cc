@@ -244,8 +244,18 @@ std::vector<Case> cases() {
                memory_with_plan(), P, "boundaries.host_kept", "\"some\"", "all"});
   c.push_back({"plan_head_group_not_dividing", {{"p.json", plan_with([](json& j) { j["split"]["attention_head_group"] = 3; })}},
                memory_with_plan(), P, "split.attention_head_group", "3", "divide"});
-  c.push_back({"plan_sub_batch_not_dividing", {{"p.json", plan_with([](json& j) { j["split"]["sub_batch_seqs"] = 3; })}},
+  const auto local = [](json& j) {
+    j["path"] = "local";
+    j["resident_layers"] = json::array();
+  };
+  c.push_back({"plan_sub_batch_not_dividing", {{"p.json", plan_with([&](json& j) { local(j), j["split"]["sub_batch_seqs"] = 3; })}},
                memory_with_plan(), P, "split.sub_batch_seqs", "3", "divide"});
+  c.push_back({"plan_ep_sub_batches", {{"p.json", plan_with([](json& j) { j["split"]["sub_batch_seqs"] = 2; })}},
+               memory_with_plan(), P, "split.sub_batch_seqs", "2", "local-path partition"});
+  c.push_back({"plan_ep_moe_chunk", {{"p.json", plan_with([](json& j) { j["split"]["moe_chunk_tokens"] = 1024; })}},
+               memory_with_plan(), P, "split.moe_chunk_tokens", "1024", "dispatch rounds"});
+  c.push_back({"plan_local_routing_chunk", {{"p.json", plan_with([&](json& j) { local(j), j["routing_chunk_tokens"] = 4096; })}},
+               memory_with_plan(), P, "routing_chunk_tokens", "4096", "routes no tokens"});
   c.push_back({"plan_unknown_field", {{"p.json", plan_with([](json& j) { j["resident"] = json::array(); })}},
                memory_with_plan(), P, "resident", "[]", "unknown field"});
   c.push_back({"plan_transfer_chunk_huge", {{"p.json", plan_with([](json& j) { j["transfer_chunk_mib"] = std::int64_t{1} << 40; })}},

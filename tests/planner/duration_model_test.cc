@@ -114,6 +114,22 @@ TEST(CalibratedDurationModel, RanksOnOneSocketShareItsCpuUpdateRate) {
   EXPECT_DOUBLE_EQ(c.rate, 2e9);
 }
 
+TEST(CalibratedDurationModel, EachSeparateCopyOfATransferPaysTheLatency) {
+  const Fixture f = fixture();
+  Calibration c = round_calibration(two_socket_node());
+  c.transfer_overhead_s = 1e-5;
+  c.h2d_Bps = 25e9;
+  const CalibratedDurationModel m(two_socket_node(), c, 4);
+  Stage s;
+  s.resource = f.h2d;
+  s.op = OpKind::kH2d;
+  s.bytes = 1'000'000'000;
+  // One copy: 10 µs overhead + 10 µs PCIe latency + 1 GB at 25 GB/s; eight copies: eight times the fixed part.
+  EXPECT_NEAR(m.duration_s(s, f.g), 2e-5 + 0.04, 1e-12);
+  s.transfers = 8;
+  EXPECT_NEAR(m.duration_s(s, f.g), 8 * 2e-5 + 0.04, 1e-12);
+}
+
 TEST(CalibratedDurationModel, SyncStagesCostNothing) {
   const Fixture f = fixture();
   const CalibratedDurationModel m(two_socket_node(), round_calibration(two_socket_node()), 4);

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "costmodel/input_error.h"
+#include "planner/calibration.h"
 #include "planner/memory_report.h"
 
 namespace oom {
@@ -32,6 +34,21 @@ BoundaryLabel label(Seconds t, Bytes host, Bytes peak, Bytes held) {
   l.gpu_peak_bytes = peak;
   l.gpu_held_bytes = held;
   return l;
+}
+
+TEST(PlanLocal, AModelDeeperThanTheBoundarySearchIsAnInputErrorNamingItsDepth) {
+  WorkloadContext ctx = qwen_h100(32, 4096);
+  ctx.model.layers = kMaxBoundaryDpDecoders + 4;
+  ctx.model.layer_kinds.resize(static_cast<std::size_t>(ctx.model.layers), ctx.model.layer_kinds.back());
+  const PlanPricer pricer(ctx, load_calibration_for(ctx.hardware));
+  try {
+    plan_local(pricer);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("num_hidden_layers"), std::string::npos) << what;
+    EXPECT_NE(what.find("132"), std::string::npos) << what;
+  }
 }
 
 TEST(ParetoSet, DropsDominatedLabelsAndKeepsTradeOffs) {

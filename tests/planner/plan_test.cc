@@ -108,9 +108,31 @@ TEST(Plan, ChunksAndSubBatchesMustFitTheWorkload) {
   EXPECT_EQ(validation_error(j, workload(32, 4096)),
             "p.json: field 'split.gdn_chunk_tokens': value 6000: above seq_len 4096 it must be a whole number of sequences");
   j = nlohmann::json::parse(kDesignExample);
+  j["path"] = "local";
+  j["resident_layers"] = nlohmann::json::array();
   j["split"]["sub_batch_seqs"] = 3;
   EXPECT_EQ(validation_error(j, workload(32, 4096)),
             "p.json: field 'split.sub_batch_seqs': value 3: must divide the 8 sequences per GPU");
+}
+
+TEST(Plan, FieldsThePathWouldIgnoreAreRefused) {
+  nlohmann::json j = nlohmann::json::parse(kDesignExample);
+  j["split"]["moe_chunk_tokens"] = 1024;
+  EXPECT_EQ(validation_error(j, workload(32, 4096)),
+            "p.json: field 'split.moe_chunk_tokens': value 1024: the ep path chunks MoE work by its dispatch rounds "
+            "(routing_chunk_tokens)");
+  j = nlohmann::json::parse(kDesignExample);
+  j["split"]["sub_batch_seqs"] = 2;
+  EXPECT_EQ(validation_error(j, workload(32, 4096)),
+            "p.json: field 'split.sub_batch_seqs': value 2: sub-batches are a local-path partition");
+  j = nlohmann::json::parse(kDesignExample);
+  j["path"] = "local";
+  j["resident_layers"] = nlohmann::json::array();
+  EXPECT_EQ(validation_error(j, workload(32, 4096)), "");
+  j["routing_chunk_tokens"] = 4096;
+  EXPECT_EQ(validation_error(j, workload(32, 4096)),
+            "p.json: field 'routing_chunk_tokens': value 4096: the local path routes no tokens between GPUs; it chunks "
+            "MoE work by split.moe_chunk_tokens");
 }
 
 TEST(Plan, TypeAndEnumErrorsAreCaughtWhileParsing) {

@@ -241,6 +241,25 @@ TEST(LowerLocal, ShardDeliveryAllGathersAndReducesOnTheGpus) {
   for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
 }
 
+TEST(LowerLocal, WeightCopiesGoInTransferChunks) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  const WorkloadContext ctx = ctx_with(4, 4096);
+  auto copies = [&](std::int64_t chunk_mib) {
+    plan.transfer_chunk_mib = chunk_mib;
+    std::int64_t n = 0;
+    for (const Stage& s : lower(plan, ctx).stages) {
+      if (s.key.rank != 0 || s.key.decoder != 3 || s.key.phase != Phase::kForward || s.key.op != StageOp::kH2d) continue;
+      EXPECT_EQ(s.transfers, (s.bytes + chunk_mib * kMiB - 1) / (chunk_mib * kMiB));
+      n += s.transfers;
+    }
+    return n;
+  };
+  const std::int64_t big = copies(1024), small = copies(16);
+  EXPECT_GE(big, 1);
+  EXPECT_GT(small, 32 * big);
+}
+
 TEST(LowerLocal, FullDeliveryAccumulatesPartialsOnTheHost) {
   Plan plan;
   plan.path = ExpertPath::kLocal;
