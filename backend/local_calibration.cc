@@ -15,7 +15,7 @@
 #include "backend/torch_executor.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
-#include "planner/validation.h"
+#include "planner/calibration/validation.h"
 
 namespace oom::backend {
 namespace {

@@ -9,7 +9,7 @@
 // and returns step records: `measured_steps` rounds, each running every record once (a warm-up
 // step, then one measured step), and the median over the rounds, so that a slow spell of the
 // machine spreads over all records instead of a few. The fit itself is
-// planner/calibrate.h's fit_calibration(): the same few constants for every record, some records
+// planner/calibration/calibrate.h's fit_calibration(): the same few constants for every record, some records
 // held out to check it. No LibTorch types in this header. Not thread-safe.
 #pragma once
 
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "costmodel/hardware_spec.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 #include "traces/records.h"
 
 namespace oom::backend {

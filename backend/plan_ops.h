@@ -1,4 +1,4 @@
-// The decoder layer taken apart along the partitions of a Plan (planner/plan.h "split"), for the
+// The decoder layer taken apart along the partitions of a Plan (planner/plan/plan.h "split"), for the
 // plan-driven runtime (backend/plan_runtime.h). Built from the functions of backend/model.h, so the
 // arithmetic is the model's; only where the work is cut differs:
 //   - attention: projections, the softmax core per query-head group over complete sequences

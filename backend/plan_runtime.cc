@@ -11,7 +11,7 @@
 #include "backend/plan_ops.h"
 #include "backend/stage_recorder.h"
 #include "costmodel/input_error.h"
-#include "planner/step_graph.h"
+#include "planner/lowering/step_graph.h"
 
 #ifdef OOM_BACKEND_CUDA
 #include <ATen/cuda/CUDAEvent.h>

@@ -1,4 +1,4 @@
-// PlanTrainer: one training step executed as a Plan says (planner/plan.h), on the Local path of
+// PlanTrainer: one training step executed as a Plan says (planner/plan/plan.h), on the Local path of
 // one rank, with a stage-by-stage trace under the StepGraph's stage names.
 //
 // What each Plan field does here (reference §4 "Split–Keep–Replay"):
@@ -38,7 +38,7 @@
 
 #include "backend/runtime.h"
 #include "backend/state.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 #include "traces/trace.h"
 
 namespace oom::backend {

@@ -1,4 +1,4 @@
-// TorchExecutor: the Executor (planner/executor.h) of real short executions with the LibTorch
+// TorchExecutor: the Executor (planner/engine/executor.h) of real short executions with the LibTorch
 // backend, so Configure-then-Compare and `oom calibrate --backend` can hold predictions against
 // measured steps.
 //
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string>
 
-#include "planner/executor.h"
+#include "planner/engine/executor.h"
 
 namespace oom::backend {
 

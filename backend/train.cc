@@ -26,7 +26,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 #include "traces/trace.h"
 
 namespace oom::backend {

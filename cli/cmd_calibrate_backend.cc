@@ -17,7 +17,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
-#include "planner/calibrate.h"
+#include "planner/calibration/calibrate.h"
 #include "traces/records.h"
 
 namespace oom::cli {

@@ -7,8 +7,8 @@
 
 #include "cli/cli.h"
 #include "costmodel/params.h"
-#include "planner/cost_report.h"
-#include "planner/memory_report.h"
+#include "planner/engine/cost_report.h"
+#include "planner/lowering/memory_report.h"
 
 namespace oom::cli {
 namespace {

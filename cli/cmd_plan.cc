@@ -1,7 +1,7 @@
 // `oom plan --workload W.json [--path ep|local|auto] [--preset base] [--gpu-budget-gib X]
 //  [--host-budget-gib Y] [--compare-engine analytic|simgrid] [-o plan.json] [--json]`: the plan
-// search of planner/plan_search.h, or with --preset a named configuration priced as it is
-// (planner/plan_presets.h: "base", the paper's Base plans). Prints the chosen plan with its
+// search of planner/search/plan_search.h, or with --preset a named configuration priced as it is
+// (planner/plan/plan_presets.h: "base", the paper's Base plans). Prints the chosen plan with its
 // prediction and the best plan of the other
 // path; `-o` writes the chosen plan (Plan JSON) atomically. An infeasible workload exits 3 with one
 // line naming the budget that fails, by how much and where.
@@ -14,9 +14,9 @@
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
-#include "planner/plan_presets.h"
-#include "planner/plan_search.h"
-#include "planner/step_engine.h"
+#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_search.h"
+#include "planner/engine/step_engine.h"
 
 namespace oom::cli {
 namespace {

@@ -20,7 +20,7 @@
 #include "experiments/paper_report.h"
 #include "experiments/plan_finder.h"
 #include "experiments/published.h"
-#include "planner/step_engine.h"
+#include "planner/engine/step_engine.h"
 
 namespace oom::cli {
 namespace {

@@ -5,7 +5,7 @@
 // published points on the plots. Prints the table, writes study.csv, study.json and the PNG
 // plots (throughput per sweep, memory) into DIR,
 // and shows a progress bar on stderr (a line per case when stderr is not a terminal). The plan
-// search is planner/plan_search.h's search_plan().
+// search is planner/search/plan_search.h's search_plan().
 #include <unistd.h>
 
 #include <filesystem>
@@ -23,7 +23,7 @@
 #include "experiments/plan_finder.h"
 #include "experiments/published.h"
 #include "experiments/study.h"
-#include "planner/step_engine.h"
+#include "planner/engine/step_engine.h"
 #ifdef OOM_HAVE_PLOT
 #include "python/plot_bridge.h"
 #endif

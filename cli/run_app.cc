@@ -5,7 +5,7 @@
 #include "cli/cli.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
-#include "planner/plan_search.h"
+#include "planner/search/plan_search.h"
 
 namespace oom::cli {
 

@@ -8,9 +8,9 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
-#include "planner/calibration.h"
-#include "planner/step_engine.h"
-#include "planner/validation.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/step_engine.h"
+#include "planner/calibration/validation.h"
 
 namespace oom {
 namespace {

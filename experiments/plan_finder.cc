@@ -5,10 +5,10 @@
 
 #include <fmt/format.h>
 
-#include "planner/calibration.h"
-#include "planner/ep_planner.h"
-#include "planner/plan_presets.h"
-#include "planner/plan_search.h"
+#include "planner/calibration/calibration.h"
+#include "planner/search/ep_planner.h"
+#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_search.h"
 
 namespace oom {
 namespace {

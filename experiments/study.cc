@@ -10,7 +10,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 #include "experiments/published.h"
-#include "planner/calibration.h"
+#include "planner/calibration/calibration.h"
 
 namespace oom {
 namespace {

@@ -15,13 +15,13 @@
 // "OOM Figure 5a") and may ask for other OOM plans than the search's ("systems" of a sweep, each
 // a PlanVariant, default ["search"]): "search", "search:ep", "search:local" (the plan search over
 // both paths or one), "base", "base:ep", "base:local" (the paper's Base plans,
-// planner/plan_presets.h), "ep:R23/K4" (an EP plan with 23 interleaved resident decoders and the
+// planner/plan/plan_presets.h), "ep:R23/K4" (an EP plan with 23 interleaved resident decoders and the
 // last 4 MoE-retained, 64K routing chunk: Table 5's grid), "local:A", "local:B", "local:1+1",
 // "local:3+1" (the Local planner's operator splits with a named boundary policy, reference §4:
 // Table 7), "search/noflat" (the search without FLAT's schedules). A sweep's optional "routing"
 // (costmodel/routing.h) applies to all its workloads. Every workload of a sweep is answered once
 // per system; the baselines once per workload.
-// The plan search comes in through a PlanFinder (cli/cmd_whatif.cc wires planner/plan_search.h;
+// The plan search comes in through a PlanFinder (cli/cmd_whatif.cc wires planner/search/plan_search.h;
 // tests swap in a fake), so this runner depends only on the baselines and the workload types.
 // A case that the plan search cannot fit is a row with its reason; a baseline that does not fit
 // is out-of-memory with where, never a number. Units: seconds, bytes (GiB in text and CSV).
@@ -36,8 +36,8 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/workload.h"
-#include "planner/baselines.h"
-#include "planner/plan.h"
+#include "planner/lowering/baselines.h"
+#include "planner/plan/plan.h"
 #include "traces/records.h"
 
 namespace oom {
@@ -119,7 +119,7 @@ struct StudyPlan {
 std::string plan_summary(const Plan& p);
 
 // Returns the plan of `system` for the workload, or throws std::runtime_error whose what() is one
-// line saying why no plan fits (e.g. planner/plan_search.h's InfeasibleWorkload). InputError
+// line saying why no plan fits (e.g. planner/search/plan_search.h's InfeasibleWorkload). InputError
 // passes through.
 using PlanFinder = std::function<StudyPlan(const WorkloadContext&, const PlanVariant& system)>;
 // Called after each case: cases done, total, the case's label.

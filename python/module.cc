@@ -19,17 +19,17 @@
 #include "experiments/ablation.h"
 #include "experiments/published.h"
 #include "experiments/study.h"
-#include "planner/baselines.h"
-#include "planner/calibration.h"
-#include "planner/plan.h"
-#include "planner/step_engine.h"
-#include "planner/validation.h"
+#include "planner/lowering/baselines.h"
+#include "planner/calibration/calibration.h"
+#include "planner/plan/plan.h"
+#include "planner/engine/step_engine.h"
+#include "planner/calibration/validation.h"
 #include "python/plot_bridge.h"
 #include "traces/records.h"
 #include "traces/trace.h"
 
 #include "experiments/plan_finder.h"
-#include "planner/plan_search.h"
+#include "planner/search/plan_search.h"
 
 #if defined(OOM_HAVE_SIMGRID_ENGINE) && __has_include("sim/simgrid_engine.h")
 #include "sim/simgrid_engine.h"

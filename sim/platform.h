@@ -37,7 +37,7 @@
 
 #include "costmodel/hardware_spec.h"
 #include "costmodel/units.h"
-#include "planner/calibration.h"
+#include "planner/calibration/calibration.h"
 
 namespace oom::sim {
 

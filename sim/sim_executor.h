@@ -1,4 +1,4 @@
-// SimExecutor: the Executor (planner/executor.h) that lowers a plan and simulates the step on
+// SimExecutor: the Executor (planner/engine/executor.h) that lowers a plan and simulates the step on
 // SimGrid — the default executor of Configure-then-Compare's short executions where no real
 // hardware is at hand.
 //
@@ -10,9 +10,9 @@
 
 #include <string>
 
-#include "planner/calibration.h"
-#include "planner/executor.h"
-#include "planner/step_graph.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/executor.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom::sim {
 

@@ -1,5 +1,5 @@
 // SimGridEngine: executes a StepGraph on the SimGrid platform of its hardware (the "simgrid"
-// StepEngine of planner/step_engine.h).
+// StepEngine of planner/engine/step_engine.h).
 //
 // Shape (DESIGN.md "Simulator shape"): one S4U actor per graph resource (each GPU's compute
 // stream, H2D and D2H copy engines, expert-gradient D2H stream and fabric port; each rank's CPU
@@ -22,7 +22,7 @@
 //     the stage ends when both are done. DRAM traffic is the stage's `bytes` when the lowering
 //     sets them, else params · (28 B AdamW, 10 B host accumulation, 6 B BF16 staging).
 // Memory peaks come from the graph's own allocation events at the simulated times (SimGrid does
-// not model capacity): planner/analytic_evaluator.h's memory_peaks().
+// not model capacity): planner/engine/analytic_evaluator.h's memory_peaks().
 //
 // Repeatability: every execute() runs SimGrid in a forked child process (sim/isolated_run.h) and
 // brings back the stage times bit for bit, so one process can simulate any number of times and
@@ -37,11 +37,11 @@
 #include <vector>
 
 #include "costmodel/hardware_spec.h"
-#include "planner/analytic_evaluator.h"
-#include "planner/calibration.h"
-#include "planner/duration_model.h"
-#include "planner/step_engine.h"
-#include "planner/step_graph.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/duration_model.h"
+#include "planner/engine/step_engine.h"
+#include "planner/lowering/step_graph.h"
 #include "sim/platform.h"
 #include "traces/trace.h"
 
@@ -64,7 +64,7 @@ class SimGridEngine : public StepEngine {
   explicit SimGridEngine(HardwareSpec hardware, std::optional<Calibration> calibration = std::nullopt);
 
   std::string name() const override { return "simgrid"; }
-  // Simulates `g` and returns its Trace (planner/step_engine.h's contract). Throws
+  // Simulates `g` and returns its Trace (planner/engine/step_engine.h's contract). Throws
   // std::invalid_argument when no hardware is known (default-constructed engine and a duration
   // model that is not a CalibratedDurationModel), the graph has more ranks than the hardware
   // has GPUs or a resource names a rank or NUMA node it does not have; std::runtime_error when the simulation fails (e.g. a dependency cycle deadlocks).

@@ -6,7 +6,7 @@
 // bytes, flops}; memory is a list of samples per device ("gpu0", "numa1", ...), each sample the
 // bytes held on that device from its time on. Times are seconds from the start of the step; bytes
 // are exact. `kind` is the operator kind of the stage (e.g. "gemm", "h2d", "cpu_adamw": the names of
-// planner/step_graph.h's OpKind), `resource` the name of the stream or executor that ran it
+// planner/lowering/step_graph.h's OpKind), `resource` the name of the stream or executor that ran it
 // (e.g. "gpu0.compute", "gpu1.h2d", "numa0.cpu_update"). Plain value type; not thread-safe to
 // mutate from several threads.
 #pragma once

@@ -28,7 +28,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 
 namespace oom::backend::dist {
 namespace {

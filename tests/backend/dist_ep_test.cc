@@ -36,7 +36,7 @@
 #include "backend/plain_trainer.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 #include "tests/backend/ep_threads.h"
 #include "tests/backend/reference_ops.h"
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "planner/validation.h"
+#include "planner/calibration/validation.h"
 #include "traces/records.h"
 #include "traces/trace.h"
 

@@ -14,7 +14,7 @@
 #include "backend/plan_ops.h"
 #include "backend/torch_executor.h"
 #include "costmodel/input_error.h"
-#include "planner/step_graph.h"
+#include "planner/lowering/step_graph.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {

@@ -1,4 +1,4 @@
-// Google Benchmark of the analytic evaluator (planner/analytic_evaluator.h): one training step of
+// Google Benchmark of the analytic evaluator (planner/engine/analytic_evaluator.h): one training step of
 // the project's default job (Qwen3.6-35B-A3B, 40 decoders, 4 H100s, batch 32, 4K context, the
 // published R23 EP plan). Planners price thousands of candidates: target ≤ 1 ms per step.
 //   BM_AnalyticStepTimes: durations + Eq. 3 with host sharing settled, over a graph lowered once
@@ -11,11 +11,11 @@
 #include <benchmark/benchmark.h>
 
 #include "costmodel/workload.h"
-#include "planner/analytic_evaluator.h"
-#include "planner/calibration.h"
-#include "planner/cost_report.h"
-#include "planner/duration_model.h"
-#include "planner/step_graph.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/step_graph.h"
 #include "tests/bench/default_step.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// Google Benchmark of the baselines (planner/baselines.h) on the default workload (Qwen3.6-35B-A3B,
+// Google Benchmark of the baselines (planner/lowering/baselines.h) on the default workload (Qwen3.6-35B-A3B,
 // 4 H100s, batch 32, 4K): a what-if study runs each system once per case, so one baseline should
 // cost well under a second (target ≤ 100 ms per system with the analytic engine).
 //   BM_ConfigureBaseline: the micro-batch choice from the static memory estimate;
@@ -8,9 +8,9 @@
 #include <benchmark/benchmark.h>
 
 #include "costmodel/workload.h"
-#include "planner/baselines.h"
-#include "planner/calibration.h"
-#include "planner/cost_report.h"
+#include "planner/lowering/baselines.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/cost_report.h"
 
 namespace {
 

@@ -4,10 +4,10 @@
 #pragma once
 
 #include "costmodel/workload.h"
-#include "planner/calibration.h"
-#include "planner/cost_report.h"
-#include "planner/duration_model.h"
-#include "planner/step_graph.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom::bench {
 

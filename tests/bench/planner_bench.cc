@@ -1,5 +1,5 @@
-// Google Benchmark of the planners (planner/ep_planner.h, planner/local_planner.h,
-// planner/plan_search.h) on Qwen3.6-35B-A3B and four H100s. Targets (one core):
+// Google Benchmark of the planners (planner/search/ep_planner.h, planner/search/local_planner.h,
+// planner/search/plan_search.h) on Qwen3.6-35B-A3B and four H100s. Targets (one core):
 //   BM_EpSearch/32: a complete EP search at global batch 32, 4K context — ≤ 0.5 s;
 //   BM_LocalPriceCandidate: the boundary DP of one partition candidate at 512K — ≤ 20 µs;
 //   BM_LocalMenu512K: the whole Local partition menu at 512K — ≤ 30 s (aim: a few seconds);
@@ -7,9 +7,9 @@
 // Counters report the search sizes (enumerated, memory-feasible, priced plans, DP labels).
 #include <benchmark/benchmark.h>
 
-#include "planner/ep_planner.h"
-#include "planner/local_planner.h"
-#include "planner/plan_search.h"
+#include "planner/search/ep_planner.h"
+#include "planner/search/local_planner.h"
+#include "planner/search/plan_search.h"
 
 namespace {
 

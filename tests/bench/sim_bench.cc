@@ -6,10 +6,10 @@
 #include <benchmark/benchmark.h>
 
 #include "costmodel/workload.h"
-#include "planner/calibration.h"
-#include "planner/cost_report.h"
-#include "planner/duration_model.h"
-#include "planner/step_graph.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/step_graph.h"
 #include "tests/bench/default_step.h"
 #include "sim/simgrid_engine.h"
 

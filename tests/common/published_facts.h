@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include "costmodel/workload.h"
-#include "planner/cost_report.h"
-#include "planner/plan.h"
+#include "planner/engine/cost_report.h"
+#include "planner/plan/plan.h"
 
 namespace oom::published_facts {
 

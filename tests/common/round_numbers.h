@@ -3,8 +3,8 @@
 // 0.25 G params/s, free synchronization.
 #pragma once
 
-#include "planner/duration_model.h"
-#include "planner/step_graph.h"
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom::test_support {
 

@@ -5,10 +5,10 @@
 
 #include "costmodel/json_input.h"
 #include "costmodel/workload.h"
-#include "planner/calibration.h"
-#include "planner/duration_model.h"
-#include "planner/plan.h"
-#include "planner/step_graph.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/duration_model.h"
+#include "planner/plan/plan.h"
+#include "planner/lowering/step_graph.h"
 #include "tests/fuzz/fuzz_support.h"
 
 using namespace oom;

@@ -2,7 +2,7 @@
 // line as load_records reads a file, the round trip of each accepted record, and plan_from_json
 // on the plan a step record carries.
 #include "costmodel/json_input.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "traces/records.h"
 

@@ -6,9 +6,9 @@
 
 #include "costmodel/json_input.h"
 #include "costmodel/workload.h"
-#include "planner/cost_report.h"
-#include "planner/memory_report.h"
-#include "planner/plan.h"
+#include "planner/engine/cost_report.h"
+#include "planner/lowering/memory_report.h"
+#include "planner/plan/plan.h"
 #include "tests/fuzz/fuzz_support.h"
 
 using namespace oom;

@@ -342,7 +342,7 @@ std::vector<Case> cases() {
                {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--published", B}, B,
                "breakdowns[1].mechanisms.compute_with_replay_s", "-3.93", "range"});
 
-  // --- routing (costmodel/routing.h) and FLAT's schedules (planner/plan.h "flat")
+  // --- routing (costmodel/routing.h) and FLAT's schedules (planner/plan/plan.h "flat")
   c.push_back({"workload_routing_unknown_kind", {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "pareto"}}; })}},
                memory_with_workload(), W, "routing.kind", "\"pareto\"", "one of"});
   c.push_back({"workload_routing_negative_skew",

@@ -1,7 +1,7 @@
-// Tests of planner/analytic_evaluator.h: golden timelines on a tiny 2-GPU graph whose numbers a
+// Tests of planner/engine/analytic_evaluator.h: golden timelines on a tiny 2-GPU graph whose numbers a
 // reader can check by hand, stream order, memory peaks, and Eq. 3 against a plain reference
 // (longest path by repeated relaxation) on random graphs.
-#include "planner/analytic_evaluator.h"
+#include "planner/engine/analytic_evaluator.h"
 
 #include <algorithm>
 #include <random>
@@ -10,7 +10,7 @@
 
 #include "tests/common/round_numbers.h"
 
-#include "planner/step_graph.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom {
 namespace {

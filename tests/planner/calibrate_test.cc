@@ -1,16 +1,16 @@
-// Tests of planner/calibrate.h: the fit recovers step times generated from known constants, keeps
+// Tests of planner/calibration/calibrate.h: the fit recovers step times generated from known constants, keeps
 // held-out records out of the fit, and refuses hardware that no record names.
-#include "planner/calibrate.h"
+#include "planner/calibration/calibrate.h"
 
 #include <cmath>
 
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
-#include "planner/analytic_evaluator.h"
-#include "planner/cost_report.h"
-#include "planner/step_engine.h"
-#include "planner/validation.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/step_engine.h"
+#include "planner/calibration/validation.h"
 
 namespace oom {
 namespace {
@@ -175,7 +175,7 @@ TEST(FitCalibration, OperatorRecordsPriceTheMatchingStages) {
   options.held_out_ids = {};
   options.starts = 1;
   // The estimate's prediction; a measurement 25% slower asks for an attention efficiency still
-  // within its physical range (planner/calibrate.cc), which one record then pins.
+  // within its physical range (planner/calibration/calibrate.cc), which one record then pins.
   options.max_iterations = 0;
   const double estimate_s = fit_calibration(set, hw, options).rows.at(0).predicted_s;
   set.operators[0].time_s = 1.25 * estimate_s;

@@ -1,6 +1,6 @@
-// Tests of planner/calibration.h: JSON round trip, errors naming the field, defaults from the
+// Tests of planner/calibration/calibration.h: JSON round trip, errors naming the field, defaults from the
 // hardware, and the project's calibration files.
-#include "planner/calibration.h"
+#include "planner/calibration/calibration.h"
 
 #include <gtest/gtest.h>
 

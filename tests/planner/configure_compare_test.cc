@@ -1,12 +1,12 @@
-// Tests of planner/configure_compare.h: short executions of one and two repeating units
+// Tests of planner/search/configure_compare.h: short executions of one and two repeating units
 // extrapolate to full depth (exactly for an executor whose cost is affine in depth; within a few
 // percent of the full analytic step for real plans) and the faster path wins (reference §5).
-#include "planner/configure_compare.h"
+#include "planner/search/configure_compare.h"
 
 #include <gtest/gtest.h>
 
-#include "planner/cost_report.h"
-#include "planner/plan_pricing.h"
+#include "planner/engine/cost_report.h"
+#include "planner/search/plan_pricing.h"
 
 namespace oom {
 namespace {

@@ -1,5 +1,5 @@
 // Static cost of a plan: FLOPs, traffic and per-resource time bounds.
-#include "planner/cost_report.h"
+#include "planner/engine/cost_report.h"
 
 #include <gtest/gtest.h>
 

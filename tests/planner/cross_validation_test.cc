@@ -1,14 +1,14 @@
-// Tests of planner/cross_validation.h: records fall into the groups their keys name, a left-out
+// Tests of planner/calibration/cross_validation.h: records fall into the groups their keys name, a left-out
 // record never takes part in the fit that predicts it (its own measurement cannot move its
 // prediction), and a group whose removal leaves nothing to fit is reported, not predicted.
-#include "planner/cross_validation.h"
+#include "planner/calibration/cross_validation.h"
 
 #include <cmath>
 
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
-#include "planner/cost_report.h"
+#include "planner/engine/cost_report.h"
 
 namespace oom {
 namespace {

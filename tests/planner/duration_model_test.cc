@@ -1,6 +1,6 @@
-// Tests of planner/duration_model.h: each operator kind is priced from the hardware peak and the
+// Tests of planner/engine/duration_model.h: each operator kind is priced from the hardware peak and the
 // calibration constants as documented, sockets are shared fairly between the ranks on them.
-#include "planner/duration_model.h"
+#include "planner/engine/duration_model.h"
 
 #include <gtest/gtest.h>
 

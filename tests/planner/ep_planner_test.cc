@@ -1,10 +1,10 @@
-// Tests of planner/ep_planner.h: resident and retained sets, the memory filter against a plain
+// Tests of planner/search/ep_planner.h: resident and retained sets, the memory filter against a plain
 // static_memory() enumeration, residency at batch 32 and under a tighter GPU budget (reference §3).
-#include "planner/ep_planner.h"
+#include "planner/search/ep_planner.h"
 
 #include <gtest/gtest.h>
 
-#include "planner/memory_report.h"
+#include "planner/lowering/memory_report.h"
 
 namespace oom {
 namespace {

@@ -1,10 +1,10 @@
-// Tests of planner/executor.h: GraphExecutor lowers and runs a plan; short executions of one and
+// Tests of planner/engine/executor.h: GraphExecutor lowers and runs a plan; short executions of one and
 // two repeating units separate fixed from per-layer cost (reference §5).
-#include "planner/executor.h"
+#include "planner/engine/executor.h"
 
 #include <gtest/gtest.h>
 
-#include "planner/cost_report.h"
+#include "planner/engine/cost_report.h"
 
 namespace oom {
 namespace {

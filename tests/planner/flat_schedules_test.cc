@@ -12,12 +12,12 @@
 
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
-#include "planner/analytic_evaluator.h"
-#include "planner/calibration.h"
-#include "planner/cost_report.h"
-#include "planner/peak_composition.h"
-#include "planner/plan_pricing.h"
-#include "planner/step_graph.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/peak_composition.h"
+#include "planner/search/plan_pricing.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom {
 namespace {

@@ -1,7 +1,7 @@
-// Tests of planner/local_planner.h: the Pareto set, the boundary DP against a brute-force
+// Tests of planner/search/local_planner.h: the Pareto set, the boundary DP against a brute-force
 // enumeration of every boundary policy, and the published Local behaviour at 512K context
 // (partitioned operators, O/LSE kept, a plan within a 750 GiB host budget; reference §4).
-#include "planner/local_planner.h"
+#include "planner/search/local_planner.h"
 
 #include <functional>
 #include <optional>
@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
-#include "planner/calibration.h"
-#include "planner/memory_report.h"
+#include "planner/calibration/calibration.h"
+#include "planner/lowering/memory_report.h"
 
 namespace oom {
 namespace {

@@ -1,5 +1,5 @@
 // Static memory of a plan against the published GPU peaks and host footprints (reference §10).
-#include "planner/memory_report.h"
+#include "planner/lowering/memory_report.h"
 
 #include <cmath>
 

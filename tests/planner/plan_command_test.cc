@@ -11,7 +11,7 @@
 
 #include "cli/cli.h"
 #include "tests/common/run_oom.h"
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 
 namespace oom::cli {
 namespace {

@@ -1,17 +1,17 @@
-// Tests of planner/plan_search.h against the published behaviour (reference §3–§5): at 4K on four
+// Tests of planner/search/plan_search.h against the published behaviour (reference §3–§5): at 4K on four
 // H100s the chosen path flips from EP (global batch 16–64) to Local (128–256) and the EP plan
 // shifts memory from resident state to retained activations as the batch grows; on four RTX 4090s
 // at 1K context and global batch 1024 a plan fits 24 GB per GPU; infeasible workloads name the
 // budget, the shortfall and where.
-#include "planner/plan_search.h"
+#include "planner/search/plan_search.h"
 
 #include <map>
 
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
-#include "planner/memory_report.h"
-#include "planner/plan_pricing.h"
+#include "planner/lowering/memory_report.h"
+#include "planner/search/plan_pricing.h"
 
 namespace oom {
 namespace {

@@ -1,5 +1,5 @@
 // Plan: JSON round trip of DESIGN.md's format, validation against model and workload.
-#include "planner/plan.h"
+#include "planner/plan/plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// Tests of planner/step_graph.h: the builder's invariants, check_step_graph(), and lower() for
+// Tests of planner/lowering/step_graph.h: the builder's invariants, check_step_graph(), and lower() for
 // both paths: the runtime rules of reference §3 and §4 show up as stages and edges, every
 // allocation is freed by the end of the step, and the graph's memory matches the static Eq. 2 model.
-#include "planner/step_graph.h"
+#include "planner/lowering/step_graph.h"
 
 #include <map>
 #include <set>
@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
-#include "planner/cost_report.h"
-#include "planner/memory_report.h"
+#include "planner/engine/cost_report.h"
+#include "planner/lowering/memory_report.h"
 
 namespace oom {
 namespace {

@@ -1,8 +1,8 @@
-// Tests of planner/validation.h with the analytic engine and the project's H100 calibration:
+// Tests of planner/calibration/validation.h with the analytic engine and the project's H100 calibration:
 // the published qualitative facts hold (reference §3, §4, §10), the fidelity target on the
 // published records is met, the breakdown accounts for the whole step, and records that cannot
 // run are reported rather than thrown.
-#include "planner/validation.h"
+#include "planner/calibration/validation.h"
 
 #include <cmath>
 
@@ -11,7 +11,7 @@
 #include "tests/common/published_facts.h"
 
 #include "costmodel/input_error.h"
-#include "planner/cost_report.h"
+#include "planner/engine/cost_report.h"
 
 namespace oom {
 namespace {
@@ -56,7 +56,7 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   const ValidationReport r = validate_records(records, "analytic");
   EXPECT_GE(r.count, 15);
   // In sample (the calibration was fitted on these records and the FSDP2 ones): the constants are
-  // held to physical ranges (planner/calibrate.cc), so they do not absorb what the model lacks;
+  // held to physical ranges (planner/calibration/calibrate.cc), so they do not absorb what the model lacks;
   // since host sharing is settled (socket cores, DRAM, PCIe switch uplinks) one CPU AdamW rate
   // serves the plan and baseline records, at the price of the plan records' in-sample median
   // (6.9%). The Gemma 4 EP record (−20%) and the RTX 4090 record on uncalibrated estimates (+16%)
@@ -73,7 +73,7 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
     }
     if (p.host_rel_error) EXPECT_LE(std::abs(*p.host_rel_error), 0.02) << p.id;
   }
-  EXPECT_EQ(baselines, 3);  // the FSDP2 baselines are predicted (planner/baselines.h)
+  EXPECT_EQ(baselines, 3);  // the FSDP2 baselines are predicted (planner/lowering/baselines.h)
   EXPECT_EQ(r.baseline_count, 3);
   EXPECT_GE(gpu_peaks, 6);
   const nlohmann::json j = validation_to_json(r);

@@ -11,11 +11,11 @@
 
 #include <gtest/gtest.h>
 
-#include "planner/calibration.h"
-#include "planner/cost_report.h"
-#include "planner/duration_model.h"
-#include "planner/step_engine.h"
-#include "planner/step_graph.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/duration_model.h"
+#include "planner/engine/step_engine.h"
+#include "planner/lowering/step_graph.h"
 #include "sim/simgrid_engine.h"
 #include "traces/trace.h"
 

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "costmodel/workload.h"
-#include "planner/analytic_evaluator.h"
-#include "planner/cost_report.h"
-#include "planner/step_engine.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/step_engine.h"
 #include "sim/simgrid_engine.h"
 
 namespace oom::sim {

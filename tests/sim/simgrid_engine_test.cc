@@ -12,10 +12,10 @@
 
 #include "tests/common/round_numbers.h"
 
-#include "planner/analytic_evaluator.h"
-#include "planner/duration_model.h"
-#include "planner/step_engine.h"
-#include "planner/step_graph.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/duration_model.h"
+#include "planner/engine/step_engine.h"
+#include "planner/lowering/step_graph.h"
 #include "traces/trace.h"
 
 namespace oom::sim {
@@ -331,7 +331,7 @@ TEST(SimGridEngineTest, ASharedSocketLengthensTheStep) {
   const Trace sim_apart = SimGridEngine().execute(apart, apart_durations);
   const Trace ana_apart = AnalyticEngine().execute(apart, apart_durations);
   EXPECT_GT(sim.step_s, sim_apart.step_s * 1.01);
-  // The analytic engine settles the same sharing (planner/analytic_evaluator.h: HostSharing),
+  // The analytic engine settles the same sharing (planner/engine/analytic_evaluator.h: HostSharing),
   // and lands close to the simulation.
   EXPECT_GT(ana.step_s, ana_apart.step_s * 1.01);
   EXPECT_NEAR(ana.step_s / sim.step_s, 1.0, 0.02) << ana.step_s << " analytic vs " << sim.step_s << " simgrid";

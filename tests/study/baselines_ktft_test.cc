@@ -1,11 +1,11 @@
-// planner/baselines_ktft.h: KT-FT's CPU experts priced at the socket's AMX throughput, its
+// planner/lowering/baselines_ktft.h: KT-FT's CPU experts priced at the socket's AMX throughput, its
 // out-of-memory with where, and hardware without AMX as bad input.
-#include "planner/baselines_ktft.h"
+#include "planner/lowering/baselines_ktft.h"
 
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
-#include "planner/calibration.h"
+#include "planner/calibration/calibration.h"
 
 namespace oom {
 namespace {

@@ -1,11 +1,11 @@
-// planner/baselines_megatron.h: Megatron-LM's configuration (tensor parallelism raised until the
+// planner/lowering/baselines_megatron.h: Megatron-LM's configuration (tensor parallelism raised until the
 // weights fit), out-of-memory with where, and a lowering both engines accept.
-#include "planner/baselines_megatron.h"
+#include "planner/lowering/baselines_megatron.h"
 
 #include <gtest/gtest.h>
 
-#include "planner/analytic_evaluator.h"
-#include "planner/calibration.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/calibration/calibration.h"
 
 namespace oom {
 namespace {

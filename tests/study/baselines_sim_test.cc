@@ -1,10 +1,10 @@
-// planner/baselines.h on the SimGrid engine: the baselines run in both engines on the same graph;
+// planner/lowering/baselines.h on the SimGrid engine: the baselines run in both engines on the same graph;
 // the engines differ only in how shared links, sockets and DRAM are divided, so their step times
 // stay within a small factor of each other.
 #include <gtest/gtest.h>
 
-#include "planner/baselines.h"
-#include "planner/step_engine.h"
+#include "planner/lowering/baselines.h"
+#include "planner/engine/step_engine.h"
 #include "sim/simgrid_engine.h"
 
 namespace oom {

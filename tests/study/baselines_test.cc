@@ -1,5 +1,5 @@
-// planner/baselines.h: the baseline systems lowered to StepGraphs, their memory and out-of-memory.
-#include "planner/baselines.h"
+// planner/lowering/baselines.h: the baseline systems lowered to StepGraphs, their memory and out-of-memory.
+#include "planner/lowering/baselines.h"
 
 #include <gtest/gtest.h>
 
@@ -7,9 +7,9 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
-#include "planner/analytic_evaluator.h"
-#include "planner/calibration.h"
-#include "planner/duration_model.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/duration_model.h"
 
 namespace oom {
 namespace {

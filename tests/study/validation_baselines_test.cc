@@ -1,7 +1,7 @@
-// planner/validation.h with "system" records: baselines are predicted, or predicted out of memory.
+// planner/calibration/validation.h with "system" records: baselines are predicted, or predicted out of memory.
 #include <gtest/gtest.h>
 
-#include "planner/validation.h"
+#include "planner/calibration/validation.h"
 
 namespace oom {
 namespace {

@@ -1,0 +1,511 @@
+#include "planner/calibration/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <tuple>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <Eigen/Dense>
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/lowering/baselines.h"
+#include "planner/engine/duration_model.h"
+#include "planner/engine/step_engine.h"
+#include "planner/lowering/step_graph.h"
+
+namespace oom {
+namespace {
+
+// One fitted constant: its field, whether it is an efficiency (≤ 1), and how far it may move
+// from its estimate (a factor, both ways).
+struct Constant {
+  const char* name;
+  double Calibration::*field;
+  bool efficiency;
+  double down_factor;  // the fit keeps the constant within [estimate / down, estimate · up]
+  double up_factor;
+};
+
+const std::vector<Constant>& constants() {
+  static const std::vector<Constant> c = {
+      // Efficiencies against the BF16 dense peak (estimate / range: down = estimate / low,
+      // up = high / estimate), each kept within what such kernels reach.
+      // GEMMs: at most what a large square BF16 GEMM reaches (790 of 989 TFLOP/s measured on an
+      // 8192³ GEMM, ../reference HARDWARE.md), at least half the datasheet-based estimate.
+      {"gemm_efficiency", &Calibration::gemm_efficiency, true, 0.70 / 0.35, 0.80 / 0.70},
+      {"expert_gemm_efficiency", &Calibration::expert_gemm_efficiency, true, 0.55 / 0.14, 0.80 / 0.55},
+      // Flash attention (head dim ≤ 256) between FlashAttention-2 and FlashAttention-3 on the H100:
+      // 298 and 642 TFLOP/s forward at head dim 256, 16K tokens (FlashAttention-3 paper, Shah et
+      // al. 2024, H100 SXM5 benchmarks); the backward runs below its forward there.
+      {"attention_efficiency", &Calibration::attention_efficiency, true, 0.45 / 0.30, 0.70 / 0.45},
+      {"attention_backward_efficiency", &Calibration::attention_backward_efficiency, true, 0.35 / 0.25, 0.60 / 0.35},
+      // PyTorch's memory-efficient kernel (head dim > 256) and the chunked GDN kernels: wide ranges,
+      // no published H100 figure to narrow them.
+      {"wide_attention_efficiency", &Calibration::wide_attention_efficiency, true, 0.05 / 0.02, 0.50 / 0.05},
+      {"gdn_efficiency", &Calibration::gdn_efficiency, true, 0.10 / 0.01, 0.50 / 0.10},
+      // NVLink all-to-all, all-gather and reduce-scatter: half to all of the per-GPU rate.
+      {"fabric_efficiency", &Calibration::fabric_efficiency, true, 0.80 / 0.50, 1.0 / 0.80},
+      // Achieved PCIe: between half the estimate and the x16 link's line rate.
+      {"h2d_Bps", &Calibration::h2d_Bps, false, 2, 1.2},
+      {"d2h_Bps", &Calibration::d2h_Bps, false, 2, 1.2},
+      {"cpu_adamw_params_per_s", &Calibration::cpu_adamw_params_per_s, false, 10, 10},
+      // torch.optim.AdamW over CPU shards (FSDP2's optimizer.step()): only the baseline-system
+      // records price it; the same range around the socket's estimate.
+      {"torch_adamw_params_per_s", &Calibration::torch_adamw_params_per_s, false, 10, 10},
+      {"host_prep_params_per_s", &Calibration::host_prep_params_per_s, false, 10, 10},
+      // Fixed costs (estimates 20, 20 and 30 µs): kernel launches and eager host dispatch per
+      // stage (5 µs–1 ms: a stage is up to ~20 kernels), per local expert (0.4 µs–1 ms), per
+      // collective (launch, split-size exchange, synchronization: 0.6–300 µs).
+      {"compute_overhead_s", &Calibration::compute_overhead_s, false, 20e-6 / 5e-6, 1e-3 / 20e-6},
+      {"expert_overhead_s", &Calibration::expert_overhead_s, false, 50, 50},
+      {"collective_overhead_s", &Calibration::collective_overhead_s, false, 50, 300e-6 / 30e-6},
+  };
+  return c;
+}
+
+// A record turned into something the fit can price with any calibration.
+struct Target {
+  FitRow row;
+  WorkloadContext ctx;
+  StepGraph graph;
+  std::vector<StageId> op_stages;  // operator records: the stages whose durations add up
+  double engine_factor = 1;        // step records: predicting engine / analytic at the last pass
+  std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
+  std::vector<std::int32_t> rank0_compute;  // step records: the stages on rank 0's compute stream
+  std::optional<AnalyticSchedule> schedule;  // step records: Eq. 3 over `graph`, built once
+  std::optional<HostSharing> sharing;        // step records: the host sharing of `graph`, built once
+  // Step records, inside the fit: each stage's work stretch from host sharing, settled at the
+  // constants of the fit's last accepted step and held while the Jacobian is taken (settling at
+  // every evaluation costs ~15 Eq. 3 passes); empty: settle exactly.
+  std::vector<std::pair<std::int32_t, double>> stretch;  // (stage, stretch) of the stretched stages
+  bool stretched = false;
+  // Stages that price alike (DurationModel's contract: a cost depends on a stage's kind, phase,
+  // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
+  std::vector<Stage> priced;             // one representative per distinct pricing
+  std::vector<std::int32_t> priced_of;  // stage id → index into `priced`
+};
+
+// The part of a stage its price depends on (planner/engine/duration_model.h).
+auto pricing_key(const Stage& s) {
+  return std::make_tuple(static_cast<int>(s.op), static_cast<int>(s.phase), s.resource, s.gpu, s.flops, s.bytes, s.params,
+                         s.shape.tokens, s.shape.seqs, s.shape.seq_len, s.shape.k, s.shape.n, s.shape.heads, s.shape.head_dim,
+                         s.shape.window, s.shape.experts, s.peers);
+}
+
+void index_pricing(Target& t) {
+  std::map<decltype(pricing_key(Stage{})), std::int32_t> seen;
+  t.priced_of.resize(t.graph.stages.size());
+  for (const Stage& s : t.graph.stages) {
+    auto [it, added] = seen.emplace(pricing_key(s), static_cast<std::int32_t>(t.priced.size()));
+    if (added) {
+      Stage p = s;
+      p.name.clear();
+      p.deps.clear();
+      p.memory.clear();
+      t.priced.push_back(std::move(p));
+    }
+    t.priced_of[static_cast<std::size_t>(s.id)] = it->second;
+  }
+}
+
+struct Prediction {
+  double time_s = 0;          // step or operator time
+  double compute_busy_s = 0;  // step records: rank 0's compute-stream busy time
+};
+
+// `compute_busy`: also sum rank 0's compute-stream busy time (step records).
+// `stretch`: also return the work stretch host sharing gave each stage (exact settling only).
+Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy,
+                          std::vector<std::pair<std::int32_t, double>>* stretch = nullptr) {
+  const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  Prediction out;
+  if (t.row.kind == "operator") {
+    for (const StageId id : t.op_stages) out.time_s += model.duration_s(t.graph.stage(id), t.graph);
+    return out;
+  }
+  std::vector<StageCost> priced(t.priced.size());
+  std::vector<Seconds> priced_s(t.priced.size()), d(t.graph.stages.size()), finish;
+  for (std::size_t i = 0; i < t.priced.size(); ++i) {
+    priced[i] = model.cost(t.priced[i], t.graph);
+    priced_s[i] = priced[i].duration_s();
+  }
+  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(t.priced_of[v])];
+  if (compute_busy) {
+    for (const std::int32_t v : t.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
+  }
+  auto fixed_s = [&](std::size_t v) { return priced[static_cast<std::size_t>(t.priced_of[v])].fixed_s; };
+  Seconds step = 0;
+  if (t.stretched) {
+    for (const auto& [v, k] : t.stretch) {
+      const auto u = static_cast<std::size_t>(v);
+      d[u] = fixed_s(u) + k * (d[u] - fixed_s(u));
+    }
+    step = t.schedule->step_s(d, finish);
+  } else if (t.sharing && !t.sharing->empty()) {
+    std::vector<StageCost> costs(d.size());
+    for (std::size_t v = 0; v < d.size(); ++v) costs[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
+    const std::vector<Seconds> fair = d;
+    step = t.sharing->settle(*t.schedule, costs, d, finish);
+    if (stretch) {
+      // Out: the work stretch (settled over fair-share work) of every stage sharing changed.
+      stretch->clear();
+      for (std::size_t v = 0; v < d.size(); ++v) {
+        const Seconds work = fair[v] - costs[v].fixed_s;
+        if (work > 0 && d[v] != fair[v]) stretch->emplace_back(static_cast<std::int32_t>(v), (d[v] - costs[v].fixed_s) / work);
+      }
+    }
+  } else {
+    step = t.schedule->step_s(d, finish);
+  }
+  out.time_s = t.engine_factor * step;
+  return out;
+}
+
+double predict(const Target& t, const Calibration& c) { return predict_detail(t, c, false).time_s; }
+
+// The step time of a step record's graph as `engine` executes it with calibration `c`.
+double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
+  const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  return engine.execute(t.graph, model).step_s;
+}
+
+int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
+  if (layer_type == "moe") return 0;
+  for (int l = 0; l < m.layers; ++l) {
+    if (layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]) == layer_type) return l;
+  }
+  return -1;
+}
+
+bool op_stage_matches(const std::string& op, const StageKey& k) {
+  const bool proj = k.op == StageOp::kProj, core = k.op == StageOp::kCore;
+  if (op == "attention_forward") return k.part == StagePart::kAttention && (proj || core);
+  if (op == "attention_replay_reuse_o") return k.part == StagePart::kAttention && proj;
+  if (op == "gdn_mixing_forward") return k.part == StagePart::kGdn && (proj || core);
+  if (op == "moe_forward") return k.part == StagePart::kMoe && (k.op == StageOp::kRouterShared || k.op == StageOp::kExperts);
+  return false;
+}
+
+Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
+  Target t;
+  t.row = {o.id, "operator", false, o.time_s, 0};
+  t.ctx.model = load_model_spec(o.model);
+  t.ctx.hardware = hw;
+  t.ctx.workload.model = o.model;
+  t.ctx.workload.hardware = hw.name;
+  t.ctx.workload.gpus = 1;
+  t.ctx.workload.global_batch = o.batch;
+  t.ctx.workload.seq_len = o.seq_len;
+  const int layer = first_layer_of(t.ctx.model, o.layer_type);
+  if (layer < 0) throw InputError(o.origin, "layer_type", o.layer_type, "the model has no layer of this kind");
+  if (o.op != "attention_forward" && o.op != "attention_replay_reuse_o" && o.op != "gdn_mixing_forward" && o.op != "moe_forward") {
+    throw InputError(o.origin, "op", o.op, "no StepGraph stages correspond to this operator");
+  }
+  Plan plan;  // one GPU, one pass over whole sequences, nothing partitioned
+  plan.path = ExpertPath::kLocal;
+  LoweringOptions options;
+  options.decoder_layers = layer + 1;
+  t.graph = lower(plan, t.ctx, options);
+  for (const Stage& s : t.graph.stages) {
+    const StageKey& k = s.key;
+    if (k.rank == 0 && k.phase == Phase::kForward && k.decoder == layer && op_stage_matches(o.op, k)) t.op_stages.push_back(s.id);
+  }
+  if (t.op_stages.empty()) throw InputError(o.origin, "op", o.op, "no matching stages in the lowered layer");
+  return t;
+}
+
+Target step_target(const StepRecord& r) {
+  Target t;
+  t.row = {r.id, "step", false, *r.measured.step_s, 0};
+  t.ctx = resolve_workload(r.workload, r.origin);
+  if (!r.system.empty()) {
+    // A baseline system's record: its step as configure_baseline() sets it up.
+    const auto system = baseline_system_from_name(r.system);
+    if (!system) throw InputError(r.origin, "system", "\"" + r.system + "\"", "unknown baseline system");
+    BaselineGraph b = baseline_step_graph(*system, t.ctx);
+    if (!b.setup) throw InputError(r.origin, "system", "\"" + r.system + "\"", "does not fit: " + b.oom->message());
+    t.graph = std::move(b.graph);
+  } else {
+    const Plan plan = plan_from_json(r.plan, r.origin);
+    validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
+    t.graph = lower(plan, t.ctx);
+  }
+  t.schedule.emplace(t.graph);
+  t.sharing.emplace(t.graph, CalibratedDurationModel(t.ctx.hardware, default_calibration(t.ctx.hardware), t.graph.gpus));
+  index_pricing(t);
+  for (const Stage& s : t.graph.stages) {
+    if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> FitOptions::default_held_out_ids() {
+  return {"t4-b64", "long-128k", "t6-512k-replay", "g-qwen3-b32", "g-qwen3-b32-fsdp2", "op-g4-global-128k", "op-g4-moe-128k"};
+}
+
+CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
+  CalibrationFit fit;
+  const std::unique_ptr<StepEngine> engine =
+      options.engine == "analytic" ? nullptr : make_step_engine(options.engine);
+  if (options.engine != "analytic" && !engine) {
+    throw InputError("", "--engine", "\"" + options.engine + "\"", "unknown engine");
+  }
+  std::vector<Target> targets;
+  auto held_out = [&](const std::string& id) {
+    return std::find(options.held_out_ids.begin(), options.held_out_ids.end(), id) != options.held_out_ids.end();
+  };
+  for (const auto& r : records.steps) {
+    if (!r.measured.step_s) continue;
+    const bool same = r.workload.hardware == hw.name;
+    if (!same) continue;
+    try {
+      targets.push_back(step_target(r));
+      targets.back().row.held_out = held_out(r.id);
+      if (const auto a = options.compute_anchors_s.find(r.id); a != options.compute_anchors_s.end() && a->second > 0) {
+        targets.back().compute_anchor_s = a->second;
+      }
+    } catch (const std::exception& e) {
+      fit.skipped.push_back(fmt::format("{}: {}", r.id, e.what()));
+    }
+  }
+  for (const auto& o : records.operators) {
+    if (o.hardware != hw.name) continue;
+    try {
+      targets.push_back(operator_target(o, hw));
+      targets.back().row.held_out = held_out(o.id);
+    } catch (const std::exception& e) {
+      fit.skipped.push_back(fmt::format("{}: {}", o.id, e.what()));
+    }
+  }
+  const Calibration estimate = [&] {
+    Calibration c = default_calibration(hw);
+    c.hardware = hw.name;
+    if (options.attention_half_keys >= 0) c.attention_half_keys = options.attention_half_keys;
+    return c;
+  }();
+  fit.calibration = estimate;
+  const bool any_fitted = std::any_of(targets.begin(), targets.end(), [](const Target& t) { return !t.row.held_out; });
+  if (!any_fitted) {
+    throw InputError("", "--hardware", hw.name, "no usable record names this hardware (nothing to fit)");
+  }
+
+  const auto& k = constants();
+  const int p = static_cast<int>(k.size());
+  Eigen::VectorXd theta0(p);  // log of each constant's estimate
+  for (int i = 0; i < p; ++i) theta0[i] = std::log(estimate.*(k[static_cast<std::size_t>(i)].field));
+  auto to_calibration = [&](const Eigen::VectorXd& theta) {
+    Calibration c = estimate;
+    for (int i = 0; i < p; ++i) c.*(k[static_cast<std::size_t>(i)].field) = std::exp(theta[i]);
+    // FP32 accumulation of BF16 partials follows the fitted CPU rate (no record isolates it).
+    c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+    return c;
+  };
+  auto clamp = [&](Eigen::VectorXd& theta) {
+    for (int i = 0; i < p; ++i) {
+      const Constant& ci = k[static_cast<std::size_t>(i)];
+      theta[i] = std::clamp(theta[i], theta0[i] - std::log(ci.down_factor), theta0[i] + std::log(ci.up_factor));
+      if (k[static_cast<std::size_t>(i)].efficiency) theta[i] = std::min(theta[i], 0.0);
+    }
+  };
+  std::vector<const Target*> fitted;
+  for (const auto& t : targets) {
+    if (!t.row.held_out) fitted.push_back(&t);
+  }
+  const int n = static_cast<int>(fitted.size());
+  std::vector<int> anchor_row(fitted.size(), -1);  // residual row of each fitted target's anchor
+  int rows = n;
+  for (std::size_t i = 0; i < fitted.size(); ++i) {
+    if (fitted[i]->compute_anchor_s) anchor_row[i] = rows++;
+  }
+  auto residuals = [&](const Eigen::VectorXd& theta) {
+    const Calibration c = to_calibration(theta);
+    Eigen::VectorXd r(rows + p);
+    for (int i = 0; i < n; ++i) {
+      const Target& t = *fitted[static_cast<std::size_t>(i)];
+      const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
+      const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value());
+      r[i] = w * std::log(pr.time_s / t.row.measured_s);
+      if (const int a = anchor_row[static_cast<std::size_t>(i)]; a >= 0) {
+        r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
+      }
+    }
+    for (int i = 0; i < p; ++i) r[rows + i] = options.prior_weight * (theta[i] - theta0[i]);
+    return r;
+  };
+
+  // Host sharing settled at `theta` and held (Target::stretch) until the next accepted step.
+  auto settle_sharing = [&](const Eigen::VectorXd& theta) {
+    const Calibration c = to_calibration(theta);
+    for (const Target* t : fitted) {
+      if (t->row.kind != "step" || !t->sharing || t->sharing->empty()) continue;
+      auto& target = const_cast<Target&>(*t);
+      target.stretched = false;
+      predict_detail(target, c, false, &target.stretch);
+      target.stretched = true;
+    }
+  };
+
+  // Levenberg–Marquardt with a forward-difference Jacobian in log space, from several
+  // deterministic starting points (the max-plus model has kinks and local minima); the best wins.
+  auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations) {
+    clamp(theta);
+    settle_sharing(theta);
+    Eigen::VectorXd r = residuals(theta);
+    double cost = r.squaredNorm();
+    double lambda = 1e-2;
+    const double h = 1e-2;  // wide enough to step over the kinks of the max-plus model
+    int it = 0;
+    for (; it < options.max_iterations; ++it) {
+      // Columns are independent (residuals() is pure): computed on a few threads.
+      Eigen::MatrixXd J(rows + p, p);
+      auto columns = [&](int first, int stride) {
+        for (int j = first; j < p; j += stride) {
+          Eigen::VectorXd t = theta;
+          t[j] += h;
+          J.col(j) = (residuals(t) - r) / h;
+        }
+      };
+      const int threads = options.threads > 0 ? options.threads
+                                              : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+      std::vector<std::thread> workers;
+      for (int w = 1; w < threads; ++w) workers.emplace_back(columns, w, threads);
+      columns(0, threads);
+      for (auto& w : workers) w.join();
+      const Eigen::MatrixXd A = J.transpose() * J;
+      const Eigen::VectorXd g = J.transpose() * r;
+      bool improved = false;
+      bool converged = false;
+      for (int attempt = 0; attempt < 12 && !improved; ++attempt) {
+        Eigen::MatrixXd M = A;
+        for (int j = 0; j < p; ++j) M(j, j) += lambda * std::max(A(j, j), 1e-9);
+        Eigen::VectorXd next = theta - M.ldlt().solve(g);
+        clamp(next);
+        const Eigen::VectorXd rn = residuals(next);
+        const double cn = rn.squaredNorm();
+        if (cn < cost) {
+          improved = true;
+          // Converged when the cost stops falling or the constants stop moving (settling host
+          // sharing afresh at each accepted step moves the cost a little by itself).
+          converged = cost - cn < 1e-10 || (next - theta).lpNorm<Eigen::Infinity>() < 1e-4;
+          theta = next;
+          settle_sharing(theta);
+          r = residuals(theta);
+          cost = r.squaredNorm();
+          lambda = std::max(lambda / 3, 1e-7);
+        } else {
+          lambda *= 4;
+        }
+      }
+      if (!improved || converged) break;
+    }
+    iterations += it;
+    return std::make_pair(cost, theta);
+  };
+  auto settle_exactly = [&] {
+    for (auto& t : targets) t.stretched = false;
+  };
+  int it = 0;
+  std::uint64_t seed = 0x9e3779b97f4a7c15ULL;
+  auto uniform = [&seed] {  // deterministic LCG in [−1, 1)
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>(seed >> 11) / static_cast<double>(1ULL << 53) * 2.0 - 1.0;
+  };
+  auto [best_cost, theta] = levenberg_marquardt(theta0, it);
+  for (int start = 1; start < options.starts; ++start) {
+    Eigen::VectorXd t0 = theta0;
+    for (int i = 0; i < p; ++i) t0[i] += std::log(3.0) * uniform();
+    auto [c, t] = levenberg_marquardt(t0, it);
+    if (c < best_cost) {
+      best_cost = c;
+      theta = t;
+    }
+  }
+  // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
+  // the fitted constants and refit from there (the ratio varies slowly with the constants, the
+  // analytic model carries the gradient).
+  auto refresh_engine_factors = [&](const Calibration& c) {
+    settle_exactly();
+    for (auto& t : targets) {
+      if (t.row.kind != "step") continue;
+      t.engine_factor = 1;
+      const double analytic_s = predict(t, c);
+      t.engine_factor = analytic_s > 0 ? engine_step_s(t, c, *engine) / analytic_s : 1.0;
+    }
+  };
+  if (engine) {
+    for (int pass = 0; pass < options.engine_passes; ++pass) {
+      refresh_engine_factors(to_calibration(theta));
+      theta = levenberg_marquardt(theta, it).second;
+    }
+    refresh_engine_factors(to_calibration(theta));
+  }
+  settle_exactly();
+  fit.iterations = it;
+  fit.calibration = to_calibration(theta);
+  for (int i = 0; i < p; ++i) {
+    if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
+  }
+  std::string fitted_ids, held_ids, anchored;
+  for (auto& t : targets) {
+    if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
+    const Prediction pr = predict_detail(t, fit.calibration, true);
+    t.row.predicted_s = pr.time_s;
+    t.row.predicted_compute_s = pr.compute_busy_s;
+    t.row.compute_anchor_s = t.compute_anchor_s;
+    fit.rows.push_back(t.row);
+    (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
+  }
+  fit.calibration.fitted_from = fmt::format("least squares ({} engine) over {}; held out: {}{}", options.engine, fitted_ids,
+                                            held_ids.empty() ? "none" : held_ids,
+                                            anchored.empty() ? "" : "; published compute times of " + anchored);
+  return fit;
+}
+
+nlohmann::json calibration_fit_to_json(const CalibrationFit& fit) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : fit.rows) {
+    nlohmann::json row = {{"id", r.id}, {"kind", r.kind}, {"held_out", r.held_out}, {"measured_s", r.measured_s},
+                          {"predicted_s", r.predicted_s}, {"rel_error", r.rel_error()}};
+    if (r.compute_anchor_s) {
+      row["compute_anchor_s"] = *r.compute_anchor_s;
+      row["predicted_compute_s"] = r.predicted_compute_s;
+    }
+    rows.push_back(std::move(row));
+  }
+  return {{"calibration", calibration_to_json(fit.calibration)}, {"fitted", fit.fitted}, {"iterations", fit.iterations},
+          {"records", rows}, {"skipped", fit.skipped}};
+}
+
+std::string calibration_fit_text(const CalibrationFit& fit) {
+  std::string out = fmt::format("Calibration of {} ({} iterations); fitted: {}\n", fit.calibration.hardware, fit.iterations,
+                                fmt::join(fit.fitted, ", "));
+  const nlohmann::json c = calibration_to_json(fit.calibration);
+  for (const auto& [key, value] : c.items()) {
+    if (value.is_number()) out += fmt::format("  {:<30} {:.6g}\n", key, value.get<double>());
+  }
+  out += fmt::format("{:<22} {:<9} {:>9} {:>12} {:>12} {:>8}\n", "record", "kind", "role", "measured_s", "predicted_s", "error");
+  for (const auto& r : fit.rows) {
+    out += fmt::format("{:<22} {:<9} {:>9} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", r.id, r.kind, r.held_out ? "held out" : "fit",
+                       r.measured_s, r.predicted_s, 100 * r.rel_error());
+  }
+  for (const auto& r : fit.rows) {
+    if (!r.compute_anchor_s) continue;
+    out += fmt::format("{:<22} compute busy (published {:.3f} s) predicted {:.3f} s {:>+7.1f}%{}\n", r.id, *r.compute_anchor_s,
+                       r.predicted_compute_s, 100 * (r.predicted_compute_s / *r.compute_anchor_s - 1),
+                       r.held_out ? " (held out)" : "");
+  }
+  for (const auto& s : fit.skipped) out += "skipped " + s + "\n";
+  return out;
+}
+
+}  // namespace oom

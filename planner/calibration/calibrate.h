@@ -1,0 +1,84 @@
+// Calibration fit: the physical constants of one hardware from recorded measurements (`oom calibrate`).
+//
+// Fits the Calibration constants (planner/calibration/calibration.h) of one HardwareSpec by nonlinear least
+// squares (Levenberg–Marquardt with Eigen) on log(predicted / measured) over
+//   - step records with a plan on that hardware: predicted by lowering the plan and running the
+//     analytic evaluator (the graph is lowered once; only durations change during the fit);
+//   - operator records on that hardware: predicted as the summed durations of the matching
+//     stages of a one-GPU, one-sequence lowering (attention_forward: attention projections +
+//     core; gdn_mixing_forward: GDN projections + core; moe_forward: router/shared + experts;
+//     attention_replay_reuse_o: the attention projections).
+// Constants are shared by every record of the hardware: nothing is fitted per record. A weak
+// prior (log distance to the uncalibrated estimate) keeps constants that no record exercises at
+// their estimate. Records named in `held_out_ids` are predicted but not fitted, to check the fit.
+// Deterministic (the Jacobian's columns run on up to four threads, each column computed the same way).
+// Not thread-safe to call concurrently (engine registry; an engine other than "analytic" may fork).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/hardware_spec.h"
+#include "planner/calibration/calibration.h"
+#include "traces/records.h"
+
+namespace oom {
+
+struct FitOptions {
+  // Records predicted but not fitted. Default: the held-out set documented in traces/paper/README.md.
+  std::vector<std::string> held_out_ids = default_held_out_ids();
+  int max_iterations = 60;        // per start
+  int starts = 8;                 // deterministic starting points (the first is the estimate)
+  double prior_weight = 0.02;     // weight of log(constant / estimate) residuals
+  double operator_weight = 0.5;   // weight of an operator record against a step record (1)
+  // The engine whose step times the fit matches ("analytic" or a registered engine such as
+  // "simgrid"). Another engine than "analytic" is fitted by defect correction: the analytic
+  // prediction of each step record times that record's engine/analytic ratio at the current
+  // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict.
+  std::string engine = "analytic";
+  int engine_passes = 3;
+  int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
+  // Published compute time of a step record (record id → seconds rank 0's compute stream is busy,
+  // replay included: "compute_with_replay_s" of traces/paper/published-breakdowns.json). Each is
+  // one more residual, log(predicted busy / published), weighted `anchor_weight`, fitted with its
+  // record (a held-out or left-out record's anchor is left out too). It separates what the step
+  // time alone cannot: compute from the non-compute time the step exposes beside it.
+  std::map<std::string, double> compute_anchors_s;
+  double anchor_weight = 1.0;
+  // The attention key-span ramp to keep (Calibration::attention_half_keys); < 0: the estimate's.
+  // Devices whose attention kernels have no GPU tile-fill ramp (the CPU backend) set 0.
+  double attention_half_keys = -1;
+  static std::vector<std::string> default_held_out_ids();
+};
+
+struct FitRow {
+  std::string id;
+  std::string kind;  // "step" or "operator"
+  bool held_out = false;
+  double measured_s = 0;
+  double predicted_s = 0;  // with the fitted constants
+  std::optional<double> compute_anchor_s;  // step records: the published compute time the fit matched
+  double predicted_compute_s = 0;          // step records: rank 0's compute-stream busy time
+  double rel_error() const { return (predicted_s - measured_s) / measured_s; }
+};
+
+struct CalibrationFit {
+  Calibration calibration;
+  std::vector<std::string> fitted;   // names of the constants the records exercised and the fit moved
+  std::vector<FitRow> rows;          // every record of the hardware that could be predicted
+  std::vector<std::string> skipped;  // "id: reason" for records that could not be used
+  int iterations = 0;
+};
+
+// Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
+// InputError when no usable record names the hardware or options.engine is not registered.
+CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options = {});
+
+nlohmann::json calibration_fit_to_json(const CalibrationFit& fit);
+std::string calibration_fit_text(const CalibrationFit& fit);
+
+}  // namespace oom

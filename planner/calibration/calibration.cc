@@ -1,0 +1,118 @@
+#include "planner/calibration/calibration.h"
+
+#include <filesystem>
+
+#include "costmodel/config_paths.h"
+#include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+
+namespace oom {
+
+Calibration default_calibration(const HardwareSpec& h) {
+  Calibration c;
+  c.hardware = h.name;
+  c.fitted_from = "uncalibrated: HardwareSpec rates and default efficiencies";
+  c.h2d_Bps = h.pcie.h2d_Bps;
+  c.d2h_Bps = h.pcie.d2h_Bps;
+  c.cpu_adamw_params_per_s = h.numa.empty() ? 0 : h.numa.front().adamw_params_per_s;
+  c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
+  c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+  c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
+  return c;
+}
+
+nlohmann::json calibration_to_json(const Calibration& c) {
+  return {{"hardware", c.hardware},
+          {"fitted_from", c.fitted_from},
+          {"gemm_efficiency", c.gemm_efficiency},
+          {"gemm_half_rows", c.gemm_half_rows},
+          {"expert_gemm_efficiency", c.expert_gemm_efficiency},
+          {"expert_half_rows", c.expert_half_rows},
+          {"attention_efficiency", c.attention_efficiency},
+          {"attention_backward_efficiency", c.attention_backward_efficiency},
+          {"wide_attention_efficiency", c.wide_attention_efficiency},
+          {"attention_half_keys", c.attention_half_keys},
+          {"gdn_efficiency", c.gdn_efficiency},
+          {"hbm_efficiency", c.hbm_efficiency},
+          {"h2d_Bps", c.h2d_Bps},
+          {"d2h_Bps", c.d2h_Bps},
+          {"fabric_efficiency", c.fabric_efficiency},
+          {"cpu_adamw_params_per_s", c.cpu_adamw_params_per_s},
+          {"host_prep_params_per_s", c.host_prep_params_per_s},
+          {"host_accumulate_params_per_s", c.host_accumulate_params_per_s},
+          {"torch_adamw_params_per_s", c.torch_adamw_params_per_s},
+          {"compute_overhead_s", c.compute_overhead_s},
+          {"expert_overhead_s", c.expert_overhead_s},
+          {"transfer_overhead_s", c.transfer_overhead_s},
+          {"collective_overhead_s", c.collective_overhead_s},
+          {"cpu_task_overhead_s", c.cpu_task_overhead_s}};
+}
+
+Calibration calibration_from_json(const nlohmann::json& j, const std::string& file) {
+  const JsonReader r(j, file);
+  r.reject_unknown_keys({"hardware", "fitted_from", "gemm_efficiency", "gemm_half_rows", "expert_gemm_efficiency",
+                         "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "attention_half_keys", "gdn_efficiency",
+                         "hbm_efficiency", "h2d_Bps", "d2h_Bps", "fabric_efficiency", "cpu_adamw_params_per_s",
+                         "host_prep_params_per_s", "host_accumulate_params_per_s", "torch_adamw_params_per_s", "compute_overhead_s", "expert_overhead_s",
+                         "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "fit"});
+  Calibration c;
+  c.hardware = r.string("hardware");
+  c.fitted_from = r.string_or("fitted_from", "");
+  auto eff = [&](const char* key, double fallback) { return r.number_or(key, fallback, 1e-6, 1.0); };
+  c.gemm_efficiency = eff("gemm_efficiency", c.gemm_efficiency);
+  c.gemm_half_rows = r.number_or("gemm_half_rows", c.gemm_half_rows, 0.0, 1e9);
+  c.expert_gemm_efficiency = eff("expert_gemm_efficiency", c.expert_gemm_efficiency);
+  c.expert_half_rows = r.number_or("expert_half_rows", c.expert_half_rows, 0.0, 1e9);
+  c.attention_efficiency = eff("attention_efficiency", c.attention_efficiency);
+  c.attention_backward_efficiency = eff("attention_backward_efficiency", c.attention_backward_efficiency);
+  c.wide_attention_efficiency = eff("wide_attention_efficiency", c.wide_attention_efficiency);
+  c.attention_half_keys = r.number_or("attention_half_keys", c.attention_half_keys, 0.0, 1e9);
+  c.gdn_efficiency = eff("gdn_efficiency", c.gdn_efficiency);
+  c.hbm_efficiency = eff("hbm_efficiency", c.hbm_efficiency);
+  c.h2d_Bps = r.number_or("h2d_Bps", 0.0, 0.0, 1e15);
+  c.d2h_Bps = r.number_or("d2h_Bps", 0.0, 0.0, 1e15);
+  c.fabric_efficiency = eff("fabric_efficiency", c.fabric_efficiency);
+  c.cpu_adamw_params_per_s = r.number_or("cpu_adamw_params_per_s", 0.0, 0.0, 1e15);
+  c.host_prep_params_per_s = r.number_or("host_prep_params_per_s", 0.0, 0.0, 1e15);
+  c.host_accumulate_params_per_s = r.number_or("host_accumulate_params_per_s", 0.0, 0.0, 1e15);
+  c.torch_adamw_params_per_s = r.number_or("torch_adamw_params_per_s", 0.0, 0.0, 1e15);
+  c.compute_overhead_s = r.number_or("compute_overhead_s", c.compute_overhead_s, 0.0, 10.0);
+  c.expert_overhead_s = r.number_or("expert_overhead_s", c.expert_overhead_s, 0.0, 10.0);
+  c.transfer_overhead_s = r.number_or("transfer_overhead_s", c.transfer_overhead_s, 0.0, 10.0);
+  c.collective_overhead_s = r.number_or("collective_overhead_s", c.collective_overhead_s, 0.0, 10.0);
+  c.cpu_task_overhead_s = r.number_or("cpu_task_overhead_s", c.cpu_task_overhead_s, 0.0, 10.0);
+  return c;
+}
+
+std::string calibration_path(const std::string& hardware_name, const std::string& engine) {
+  const std::string suffix = engine.empty() || engine == "analytic" ? "" : "." + engine;
+  return config_folder("calibration") + "/" + hardware_name + suffix + ".json";
+}
+
+Calibration load_calibration_file(const std::string& path, const HardwareSpec& h) {
+  Calibration c = calibration_from_json(read_json_file(path), path);
+  if (!c.hardware.empty() && c.hardware != h.name) {
+    throw InputError(path, "hardware", "\"" + c.hardware + "\"",
+                     "the calibration was fitted for other hardware than the workload's \"" + h.name + "\"");
+  }
+  // Rates left at 0 in the file fall back to the hardware's.
+  const Calibration d = default_calibration(h);
+  if (c.h2d_Bps <= 0) c.h2d_Bps = d.h2d_Bps;
+  if (c.d2h_Bps <= 0) c.d2h_Bps = d.d2h_Bps;
+  if (c.cpu_adamw_params_per_s <= 0) c.cpu_adamw_params_per_s = d.cpu_adamw_params_per_s;
+  if (c.host_prep_params_per_s <= 0) c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
+  if (c.host_accumulate_params_per_s <= 0) c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+  if (c.torch_adamw_params_per_s <= 0) c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
+  return c;
+}
+
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
+  std::error_code ec;
+  const std::string own = calibration_path(h.name, engine);
+  if (std::filesystem::is_regular_file(own, ec)) return load_calibration_file(own, h);
+  const std::string path = calibration_path(h.name);
+  if (!std::filesystem::is_regular_file(path, ec)) return default_calibration(h);
+  return load_calibration_file(path, h);
+}
+
+}  // namespace oom

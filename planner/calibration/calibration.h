@@ -1,0 +1,84 @@
+// Calibration: the few physical constants of one hardware that turn StepGraph demand into time.
+//
+// No equation gives how close a kernel or a link gets to its datasheet peak; these constants do,
+// one set per hardware (configs/calibration/NAME.json), fitted by least squares over recorded
+// measurements (planner/calibration/calibrate.h). Every constant is physical: an efficiency against the
+// HardwareSpec's peak, an achieved bandwidth, a throughput or a per-stage overhead. None belongs
+// to a single record. Efficiencies are fractions of peak (0..1]; a GEMM of m rows reaches
+// `gemm_efficiency · m / (m + gemm_half_rows)` of the BF16 peak (small GEMMs underfill the GPU).
+// Plain value type; the defaults are the uncalibrated estimates derived from a HardwareSpec.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/hardware_spec.h"
+#include "costmodel/units.h"
+
+namespace oom {
+
+struct Calibration {
+  std::string hardware;  // the HardwareSpec name it was fitted for
+  std::string fitted_from;  // a note on the records the fit used (free text)
+
+  // GPU compute: efficiency against the BF16 dense peak.
+  double gemm_efficiency = 0.70;          // large dense GEMMs
+  double gemm_half_rows = 256;            // rows at which a GEMM reaches half of gemm_efficiency
+  double expert_gemm_efficiency = 0.55;   // grouped routed-expert GEMMs at large token counts
+  double expert_half_rows = 512;          // tokens per expert at half of expert_gemm_efficiency
+  double attention_efficiency = 0.45;     // flash attention core forward (head dim ≤ 256)
+  double attention_backward_efficiency = 0.35;  // flash attention core backward (head dim ≤ 256)
+  double wide_attention_efficiency = 0.05;  // attention with head dim > 256 (memory-efficient kernel)
+  // Attention kernels fill the GPU as the keys each query attends to grow: a core over κ keys per
+  // query (half the sequence when causal, about the window when windowed) reaches
+  // κ / (κ + attention_half_keys) of its efficiency. Not fitted: FlashAttention-2's causal forward
+  // throughput at head dim 128 rises from about half of its 16K-token value at 512 tokens to ~92%
+  // at 4K (Dao 2023, Fig. 4), which κ_half ≈ 290 keys (575 tokens causal) reproduces.
+  double attention_half_keys = 290;
+  double gdn_efficiency = 0.10;           // chunked Gated DeltaNet recurrence
+  double hbm_efficiency = 0.80;           // bandwidth-bound kernels (norms, GPU AdamW) against HBM peak
+
+  // Links: achieved rates.
+  BytesPerS h2d_Bps = 0;          // per GPU PCIe link, pinned (0 = take the HardwareSpec's)
+  BytesPerS d2h_Bps = 0;
+  double fabric_efficiency = 0.80;  // A2A / AllGather / ReduceScatter against the fabric's per-GPU rate
+
+  // CPU: throughput per socket (0 = take the HardwareSpec's adamw_params_per_s).
+  double cpu_adamw_params_per_s = 0;
+  double host_prep_params_per_s = 0;        // BF16 staging; 0 = 4 × the AdamW rate
+  double host_accumulate_params_per_s = 0;  // FP32 accumulation of BF16 partials; 0 = 2 × AdamW
+  // torch.optim.AdamW stepping CPU tensors after the backward (FSDP2 with CPU offload, and the
+  // FSDP2 part of KT-FT): another implementation than the update above; 0 = the AdamW rate.
+  double torch_adamw_params_per_s = 0;
+
+  // Fixed cost per stage (kernel launches, synchronization, DMA set-up).
+  Seconds compute_overhead_s = 20e-6;
+  Seconds expert_overhead_s = 20e-6;  // per local expert of an expert-GEMM stage (per-expert launches)
+  Seconds transfer_overhead_s = 10e-6;
+  Seconds collective_overhead_s = 30e-6;
+  Seconds cpu_task_overhead_s = 50e-6;
+
+  bool operator==(const Calibration&) const = default;
+};
+
+// The uncalibrated constants for `h` (the defaults above, with its link and CPU rates).
+Calibration default_calibration(const HardwareSpec& h);
+
+nlohmann::json calibration_to_json(const Calibration& c);
+// Parses the object calibration_to_json() writes; missing constants keep their defaults.
+// Throws InputError naming `file`, the field and the value (efficiencies must lie in (0, 1]).
+Calibration calibration_from_json(const nlohmann::json& j, const std::string& file);
+// configs/calibration/NAME.json (under config_root()), or a path; for an engine other than
+// "analytic", configs/calibration/NAME.ENGINE.json (the constants fitted with that engine,
+// `oom calibrate --engine ENGINE`).
+std::string calibration_path(const std::string& hardware_name, const std::string& engine = "analytic");
+// Loads the calibration of `h` for `engine`: configs/calibration/<h.name>.<engine>.json when the
+// engine is not "analytic" and that file exists, else configs/calibration/<h.name>.json when it
+// exists, else default_calibration(h). A file that exists but is malformed throws InputError.
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine = "analytic");
+// Loads the calibration file at `path` for hardware `h`; rates left at 0 take h's. Throws
+// InputError when the file is malformed or names other hardware ("hardware" field).
+Calibration load_calibration_file(const std::string& path, const HardwareSpec& h);
+
+}  // namespace oom

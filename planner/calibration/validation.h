@@ -1,0 +1,88 @@
+// Simulation reports and validation against recorded measurements (`oom simulate`, `oom validate`).
+//
+// simulate_plan() lowers a plan, executes it with a named StepEngine and a hardware's
+// calibration, and summarizes the step: time, per-GPU peak, per-NUMA host bytes and a breakdown
+// of rank 0's timeline into compute, exposed all-to-all/collectives, exposed PCIe transfer,
+// exposed CPU update and idle time (each instant of the step counted once, in that priority).
+// validate_records() predicts every step record (a plan, or a baseline system of
+// planner/lowering/baselines.h) and compares with what was measured.
+// Relative error = (predicted − measured) / measured. Not thread-safe (engine registry).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/workload.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/peak_composition.h"
+#include "planner/plan/plan.h"
+#include "traces/records.h"
+#include "traces/trace.h"
+
+namespace oom {
+
+// The median of `values` (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> values);
+
+struct StepBreakdown {
+  Seconds compute_s = 0;               // the compute stream is busy
+  Seconds exposed_collective_s = 0;    // only the fabric (A2A, all-gather, reduce-scatter) is busy
+  Seconds exposed_transfer_s = 0;      // only PCIe copies are busy
+  Seconds exposed_cpu_update_s = 0;    // only the host (CPU AdamW, accumulation, publication) is busy
+  Seconds idle_s = 0;
+};
+// Breakdown of rank `gpu`'s stages in `t` (stage names start with "g<gpu>.").
+StepBreakdown step_breakdown(const Trace& t, int gpu = 0);
+
+struct SimulationResult {
+  Trace trace;
+  StepBreakdown breakdown;
+  std::size_t stages = 0;
+  PeakComposition peak;                       // the GPU with the largest peak, by memory use
+  BindingPeak binding;                        // which of FLAT's four peaks binds, and what bounds it
+  std::array<Bytes, kMemoryUses> use_peaks{};  // each use's own peak over the step
+};
+
+// Throws InputError when `engine` is not registered.
+SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const std::string& engine,
+                               const Calibration& calibration);
+nlohmann::json simulation_to_json(const SimulationResult& r);
+std::string simulation_text(const SimulationResult& r);
+
+struct RecordPrediction {
+  std::string id;
+  std::string status;  // "ok", "oom" (a baseline system predicted out of memory: `reason`), "failed" (cannot run: `reason`)
+  std::string reason;
+  std::string system;  // the baseline system of a "system" record, empty for a plan record
+  std::optional<double> measured_step_s, predicted_step_s, rel_error;
+  std::optional<double> measured_gpu_peak_gib, predicted_gpu_peak_gib, gpu_peak_rel_error;
+  std::optional<double> measured_host_gib, predicted_host_gib, host_rel_error;
+};
+
+// The summary errors are over plan records (the fidelity target of OOM's own plans); baseline
+// systems, coarser models of other software, have their own summary.
+struct ValidationReport {
+  std::vector<RecordPrediction> records;
+  int count = 0;     // plan records predicted with a measured step time
+  int failures = 0;  // records that could not run
+  int out_of_memory = 0;  // baseline-system records predicted not to fit
+  double median_abs_rel_error = 0;
+  double max_abs_rel_error = 0;
+  int baseline_count = 0;  // baseline-system records predicted with a measured step time
+  double baseline_median_abs_rel_error = 0;
+  double baseline_max_abs_rel_error = 0;
+};
+
+// Predicts every step record. A hardware's calibration is the one in `calibrations` fitted for it,
+// else load_calibration_for(hardware, engine) (the engine's own fit when there is one). Never
+// throws for a bad record: it is reported as failed.
+ValidationReport validate_records(const RecordSet& records, const std::string& engine);
+ValidationReport validate_records(const RecordSet& records, const std::string& engine,
+                                  const std::vector<Calibration>& calibrations);
+nlohmann::json validation_to_json(const ValidationReport& r);
+std::string validation_text(const ValidationReport& r);
+
+}  // namespace oom

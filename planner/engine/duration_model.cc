@@ -1,0 +1,169 @@
+#include "planner/engine/duration_model.h"
+
+#include <algorithm>
+
+#include "costmodel/input_error.h"
+
+namespace oom {
+
+CalibratedDurationModel::CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks)
+    : hardware_(std::move(hardware)), calibration_(std::move(calibration)), ranks_(std::max(1, ranks)) {
+  ranks_per_numa_ = hardware_.ranks_per_numa(ranks_);
+  const Calibration d = default_calibration(hardware_);
+  if (calibration_.h2d_Bps <= 0) calibration_.h2d_Bps = d.h2d_Bps;
+  if (calibration_.d2h_Bps <= 0) calibration_.d2h_Bps = d.d2h_Bps;
+  if (calibration_.cpu_adamw_params_per_s <= 0) calibration_.cpu_adamw_params_per_s = d.cpu_adamw_params_per_s;
+  if (calibration_.host_prep_params_per_s <= 0) calibration_.host_prep_params_per_s = 4 * calibration_.cpu_adamw_params_per_s;
+  if (calibration_.host_accumulate_params_per_s <= 0) {
+    calibration_.host_accumulate_params_per_s = 2 * calibration_.cpu_adamw_params_per_s;
+  }
+  if (calibration_.torch_adamw_params_per_s <= 0) calibration_.torch_adamw_params_per_s = calibration_.cpu_adamw_params_per_s;
+}
+
+Bytes cpu_stage_dram_bytes(const Stage& s) {
+  if (s.bytes > 0) return s.bytes;
+  switch (s.op) {
+    case OpKind::kCpuAdamW:
+      return s.params * kAdamWDramBytesPerParam;
+    case OpKind::kTorchCpuAdamW:
+      return s.params * kTorchAdamWDramBytesPerParam;
+    case OpKind::kHostAccumulate:
+      return s.params * kHostAccumulateDramBytesPerParam;
+    case OpKind::kHostPrep:
+      return s.params * kHostPrepDramBytesPerParam;
+    default:
+      return 0;
+  }
+}
+
+Bytes host_dram_bytes(const Stage& s) {
+  switch (s.op) {
+    case OpKind::kH2d:
+    case OpKind::kD2h:
+      return s.bytes;
+    case OpKind::kCpuAdamW:
+    case OpKind::kTorchCpuAdamW:
+    case OpKind::kHostAccumulate:
+    case OpKind::kHostPrep:
+      return cpu_stage_dram_bytes(s);
+    default:
+      return 0;
+  }
+}
+
+double CalibratedDurationModel::host_dram_Bps(int numa) const {
+  if (numa < 0 || hardware_.numa.empty()) return 0;
+  return hardware_.numa[static_cast<std::size_t>(numa) % hardware_.numa.size()].dram_Bps;
+}
+
+StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) const {
+  const Calibration& c = calibration_;
+  const double peak = hardware_.gpu.bf16_flops_per_s;
+  StageCost out;
+  const double hbm = hardware_.gpu.hbm_Bps * c.hbm_efficiency;
+  // Arithmetic at the kernel kind's efficiency plus the stage's memory-bound kernels (norms,
+  // activations, permutations: Stage::bytes) at the HBM rate, one after the other on the stream;
+  // expressed as one effective rate over the FLOPs so both engines run it as one piece of work.
+  auto compute = [&](double efficiency) {
+    out.fixed_s = c.compute_overhead_s;
+    const double flops = static_cast<double>(s.flops), bytes = static_cast<double>(s.bytes);
+    if (flops <= 0) {
+      out.work = bytes;
+      out.rate = out.exclusive_rate = hbm;
+      return;
+    }
+    const double seconds = flops / (peak * efficiency) + bytes / hbm;
+    out.work = flops;
+    out.rate = out.exclusive_rate = flops / seconds;
+  };
+  auto fill_rows = [](double rows, double half_rows) { return rows <= 0 ? 1.0 : rows / (rows + half_rows); };
+  auto cpu = [&](double socket_rate) {
+    const Resource& r = g.resource(s.resource);
+    const int numa = std::max(0, r.numa);
+    const int sharing = numa < static_cast<int>(ranks_per_numa_.size())
+                            ? std::max(1, ranks_per_numa_[static_cast<std::size_t>(numa)])
+                            : 1;
+    out.fixed_s = c.cpu_task_overhead_s;
+    out.work = static_cast<double>(s.params);
+    out.exclusive_rate = socket_rate;
+    out.rate = socket_rate / sharing;
+  };
+  switch (s.op) {
+    case OpKind::kGemm:
+      compute(c.gemm_efficiency * fill_rows(static_cast<double>(s.shape.tokens), c.gemm_half_rows));
+      break;
+    case OpKind::kExpertGemm: {
+      const double rows_per_expert =
+          s.shape.experts > 0 ? static_cast<double>(s.shape.tokens) / static_cast<double>(s.shape.experts)
+                              : static_cast<double>(s.shape.tokens);
+      compute(c.expert_gemm_efficiency * fill_rows(rows_per_expert, c.expert_half_rows));
+      out.fixed_s += c.expert_overhead_s * static_cast<double>(std::max<std::int64_t>(1, s.shape.experts));
+      break;
+    }
+    case OpKind::kAttention: {
+      // Keys per query, averaged over the sequence: half of it when causal; W·(1 − W/2L) with a
+      // window W shorter than the sequence L.
+      const double L = static_cast<double>(s.shape.seq_len), W = static_cast<double>(s.shape.window);
+      const double keys = W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;
+      // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike.
+      compute((s.shape.head_dim > 256       ? c.wide_attention_efficiency
+               : s.phase == Phase::kBackward ? c.attention_backward_efficiency
+                                             : c.attention_efficiency) *
+              fill_rows(keys, c.attention_half_keys));
+      break;
+    }
+    case OpKind::kGdn:
+      compute(c.gdn_efficiency);
+      break;
+    case OpKind::kElementwise:
+    case OpKind::kGpuAdamW:
+      out.fixed_s = c.compute_overhead_s;
+      out.work = static_cast<double>(s.bytes);
+      out.rate = out.exclusive_rate = hbm;
+      break;
+    case OpKind::kH2d:
+      // Each separate copy (a weight group goes in transfer_chunk_mib pieces) pays the latency.
+      out.fixed_s = static_cast<double>(std::max<std::int64_t>(1, s.transfers)) * (c.transfer_overhead_s + hardware_.pcie.latency_s);
+      out.work = static_cast<double>(s.bytes);
+      out.rate = out.exclusive_rate = c.h2d_Bps;
+      break;
+    case OpKind::kD2h:
+      out.fixed_s = static_cast<double>(std::max<std::int64_t>(1, s.transfers)) * (c.transfer_overhead_s + hardware_.pcie.latency_s);
+      out.work = static_cast<double>(s.bytes);
+      out.rate = out.exclusive_rate = c.d2h_Bps;
+      break;
+    case OpKind::kAllToAll:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter: {
+      // Alpha–beta: a fixed cost per collective (launch, split exchange, synchronization) plus one
+      // fabric latency per peer a member exchanges with, then the bytes at the fabric's rate.
+      const std::size_t members = std::max<std::size_t>(2, s.peers.size());
+      out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * hardware_.fabric.latency_s;
+      out.work = static_cast<double>(s.bytes);
+      out.rate = out.exclusive_rate = hardware_.fabric.per_gpu_Bps * c.fabric_efficiency;
+      break;
+    }
+    case OpKind::kCpuAdamW:
+      cpu(c.cpu_adamw_params_per_s);
+      break;
+    case OpKind::kTorchCpuAdamW:
+      cpu(c.torch_adamw_params_per_s);
+      break;
+    case OpKind::kHostAccumulate:
+      cpu(c.host_accumulate_params_per_s);
+      break;
+    case OpKind::kHostPrep:
+      cpu(c.host_prep_params_per_s);
+      break;
+    case OpKind::kSync:
+      break;
+  }
+  if (out.work <= 0) {
+    out.work = 0;
+    if (s.op == OpKind::kSync) out.fixed_s = 0;
+  }
+  OOM_ASSERT(out.work == 0 || out.rate > 0, "a stage with work needs a positive rate");
+  return out;
+}
+
+}  // namespace oom

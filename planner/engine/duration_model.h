@@ -1,0 +1,95 @@
+// DurationModel: the engine-neutral price of one StepGraph stage.
+//
+// Both the analytic evaluator and the SimGrid simulator ask the same model what a stage costs, so
+// they disagree only where contention changes the answer. A stage's cost is a fixed part
+// (launch, DMA set-up, collective synchronization) plus `work / rate`: FLOPs at the achieved
+// FLOP/s for compute, bytes at the achieved bandwidth for transfers, parameters at the achieved
+// parameters/s for CPU and GPU updates. `rate` is the stage's fair share when the ranks that
+// share its hardware element run alike (e.g. two ranks' CPU updates on one socket each get half of
+// it) — what an engine without contention uses; `exclusive_rate` is the whole element's rate for
+// engines that model sharing themselves (SimGrid: a socket's CPU, a NUMA node's DRAM).
+// Thread-safety: cost() is const and may be called from several threads.
+#pragma once
+
+#include <memory>
+
+#include "costmodel/hardware_spec.h"
+#include "costmodel/units.h"
+#include "planner/calibration/calibration.h"
+#include "planner/lowering/step_graph.h"
+
+namespace oom {
+
+struct StageCost {
+  Seconds fixed_s = 0;        // overhead paid once per stage
+  double work = 0;            // FLOPs, bytes or parameters
+  double rate = 0;            // work per second, fair share (0 when work is 0)
+  double exclusive_rate = 0;  // work per second with the shared element to itself
+  Seconds duration_s() const { return fixed_s + (rate > 0 ? work / rate : 0.0); }
+  // The work part alone on its hardware: work / exclusive_rate.
+  Seconds alone_s() const { return work > 0 && exclusive_rate > 0 ? work / exclusive_rate : 0.0; }
+};
+
+// DRAM bytes a CPU task moves per parameter when the lowering leaves a stage's bytes at 0.
+inline constexpr Bytes kAdamWDramBytesPerParam = 28;          // r/w FP32 master, m, v (24) + BF16 grad in (2) + BF16 weight out (2)
+inline constexpr Bytes kTorchAdamWDramBytesPerParam = 28;     // r FP32 grad, master, m, v (16) + w master, m, v (12), fused
+inline constexpr Bytes kHostAccumulateDramBytesPerParam = 10;  // BF16 partial in (2) + FP32 sum read and written (8)
+inline constexpr Bytes kHostPrepDramBytesPerParam = 6;         // FP32 master in (4) + BF16 copy out (2)
+
+// DRAM bytes of CPU stage `s`: its bytes when the lowering set them, else its parameters at the
+// per-kind rates above; 0 for stages that are not CPU tasks.
+Bytes cpu_stage_dram_bytes(const Stage& s);
+// Host DRAM bytes stage `s` moves: a CPU task's (above), a host–device copy's bytes; 0 for GPU work.
+// A property of the stage, not of a calibration: both engines' host sharing read it.
+Bytes host_dram_bytes(const Stage& s);
+
+class DurationModel {
+ public:
+  virtual ~DurationModel() = default;
+  // Achievable DRAM bandwidth of NUMA node `numa` that CPU tasks and DMA copies share; 0 when the
+  // model does not know it (then only the socket's cores are shared).
+  virtual double host_dram_Bps(int numa) const {
+    (void)numa;
+    return 0;
+  }
+  // The PCIe channel (a GPU's link, or a switch uplink several GPUs share) that rank `rank` of
+  // `ranks` copies over; ranks with equal values share it. Default: a link per rank.
+  virtual int pcie_link_of_rank(int rank, int ranks) const {
+    (void)ranks;
+    return rank;
+  }
+  // The cost of stage `s` of graph `g`. Never negative; a kSync stage costs nothing. Depends only
+  // on the stage's op, phase, resource (and that resource's fields), rank, demand (flops, bytes,
+  // params), shape and peers — never on its name, layer, dependencies or memory events — so stages
+  // alike in those are priced once (planner/calibration/calibrate.cc).
+  virtual StageCost cost(const Stage& s, const StepGraph& g) const = 0;
+  Seconds duration_s(const Stage& s, const StepGraph& g) const { return cost(s, g).duration_s(); }
+};
+
+// Prices stages from the HardwareSpec's peaks and a Calibration's constants:
+//   GEMM: flops / (peak · gemm_efficiency · m/(m + half_rows)); expert GEMM likewise with the
+//   tokens per expert, plus expert_overhead_s per local expert; attention and GDN:
+//   flops / (peak · efficiency), attention backward with its own efficiency; every compute stage
+//   adds its memory-bound kernels' HBM bytes (costmodel/traffic.h) / (HBM · hbm_efficiency);
+//   element-wise and GPU AdamW: bytes / (HBM · hbm_efficiency); H2D/D2H: a transfer's fixed cost
+//   plus bytes / achieved link rate; collectives: collective_overhead_s + (members − 1) · fabric
+//   latency + bytes / (fabric rate · fabric_efficiency); CPU work: params / (socket rate / ranks
+//   on the socket).
+class CalibratedDurationModel : public DurationModel {
+ public:
+  // `ranks` is the number of training ranks (to share sockets fairly).
+  CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
+  StageCost cost(const Stage& s, const StepGraph& g) const override;
+  double host_dram_Bps(int numa) const override;
+  int pcie_link_of_rank(int rank, int ranks) const override { return hardware_.pcie_switch_of_rank(rank, ranks); }
+  const Calibration& calibration() const { return calibration_; }
+  const HardwareSpec& hardware() const { return hardware_; }
+
+ private:
+  HardwareSpec hardware_;
+  Calibration calibration_;
+  int ranks_ = 1;
+  std::vector<int> ranks_per_numa_;
+};
+
+}  // namespace oom

@@ -1,0 +1,302 @@
+#include "planner/lowering/baselines.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/params.h"
+#include "planner/lowering/baselines_ktft.h"
+#include "planner/lowering/baselines_megatron.h"
+#include "planner/engine/duration_model.h"
+#include "planner/engine/step_engine.h"
+
+namespace oom {
+namespace {
+
+Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
+  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
+  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, 0);
+  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
+}
+
+std::string gib(Bytes b) { return fmt::format("{:.1f} GiB", to_gib(b)); }
+
+}  // namespace
+
+std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx) {
+  const HardwareSpec& hw = ctx.hardware;
+  Bytes capacity = 0;
+  for (const auto& n : hw.numa) capacity += n.dram_bytes;
+  const double per_node = static_cast<double>(ctx.host_budget_bytes()) / std::max(1, hw.nodes);
+  std::vector<Bytes> out;
+  for (const auto& n : hw.numa) {
+    out.push_back(capacity > 0 ? static_cast<Bytes>(per_node * static_cast<double>(n.dram_bytes) / static_cast<double>(capacity)) : 0);
+  }
+  return out;
+}
+
+std::string_view baseline_system_name(BaselineSystem s) {
+  switch (s) {
+    case BaselineSystem::kFsdp2Offload: return "fsdp2-offload";
+    case BaselineSystem::kZeroOffload: return "zero-offload";
+    case BaselineSystem::kMegaTrain: return "megatrain";
+    case BaselineSystem::kMegatronLm: return "megatron-lm";
+    case BaselineSystem::kKtFt: return "kt-ft";
+  }
+  return "?";
+}
+
+std::optional<BaselineSystem> baseline_system_from_name(std::string_view name) {
+  for (const BaselineSystem s : known_baseline_systems()) {
+    if (baseline_system_name(s) == name) return s;
+  }
+  return std::nullopt;
+}
+
+std::vector<BaselineSystem> all_baseline_systems() {
+  return {BaselineSystem::kFsdp2Offload, BaselineSystem::kZeroOffload, BaselineSystem::kMegaTrain};
+}
+
+std::vector<BaselineSystem> known_baseline_systems() {
+  std::vector<BaselineSystem> all = all_baseline_systems();
+  all.push_back(BaselineSystem::kMegatronLm);
+  all.push_back(BaselineSystem::kKtFt);
+  return all;
+}
+
+BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
+  BaselineTraits t;
+  switch (s) {
+    case BaselineSystem::kFsdp2Offload:
+      // FP32 shards on the host are copied as they are and cast on the GPU; FP32 gradients.
+      t.sharded_params = true;
+      t.h2d_bytes_per_param = kFp32Bytes;
+      t.grad_bytes_per_param = kFp32Bytes;
+      t.optimizer_overlaps_backward = false;
+      t.publishes_bf16 = false;
+      t.accumulates_gradients = true;
+      t.host_bytes_per_param = 4 * kFp32Bytes;  // FP32 parameter (the master), gradient and two moments
+      // optimizer.step() of torch.optim.AdamW over the CPU DTensor shards once the backward is done
+      // (FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer state on the host).
+      t.optimizer = OpKind::kTorchCpuAdamW;
+      break;
+    case BaselineSystem::kZeroOffload:
+      // BF16 parameter copy on the host, BF16 communication, FP32 gradient + master + moments.
+      t.sharded_params = true;
+      t.h2d_bytes_per_param = kBf16Bytes;
+      t.grad_bytes_per_param = kBf16Bytes;
+      t.optimizer_overlaps_backward = false;
+      t.publishes_bf16 = false;
+      t.accumulates_gradients = true;
+      t.host_bytes_per_param = kBf16Bytes + kFp32Bytes + kCanonicalBytesPerParam;  // 18
+      break;
+    case BaselineSystem::kMegaTrain:
+      // Whole BF16 layers per GPU; canonical state + a BF16 copy on the host; no accumulation on
+      // several GPUs.
+      t.sharded_params = false;
+      t.h2d_bytes_per_param = kBf16Bytes;
+      t.grad_bytes_per_param = kBf16Bytes;
+      t.optimizer_overlaps_backward = true;
+      t.publishes_bf16 = true;
+      t.accumulates_gradients = gpus == 1;
+      t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes;  // 14
+      break;
+    case BaselineSystem::kMegatronLm:
+    case BaselineSystem::kKtFt:
+      break;  // modelled apart: planner/lowering/baselines_megatron.h, planner/lowering/baselines_ktft.h
+  }
+  return t;
+}
+
+std::string OutOfMemory::message() const {
+  const std::string what = space == "gpu" ? fmt::format("GPU {}", device) : fmt::format("host NUMA node {}", device);
+  return fmt::format("{} out of memory: {} needed > {} available at {}", what, gib(needed_bytes), gib(available_bytes), where);
+}
+
+BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
+  const ModelSpec& m = ctx.model;
+  const HardwareSpec& hw = ctx.hardware;
+  const int P = ctx.workload.gpus;
+  const std::int64_t S = ctx.workload.seq_len, b = setup.micro_batch_seqs, T = b * S;
+  const BaselineTraits t = baseline_traits(setup.system, P);
+  const ModelParams params = model_params(m);
+  const ParamCount head = (params.lm_head > 0 ? params.lm_head : params.embedding) + params.final_norm;
+  ParamCount largest = std::max(params.embedding, head);
+  for (const auto& l : params.layers) largest = std::max(largest, l.total());
+  const ParamCount shard = t.sharded_params ? (largest + P - 1) / P : largest;
+
+  BaselineMemory out;
+  // GPU: M_0, the two-slot window of unsharded BF16 layers, the staging of the copied shards, then
+  // the largest workset (one decoder's backward or the loss).
+  const Bytes fixed = k.gpu_fixed_bytes;
+  const Bytes window = 2 * working_weight_bytes(largest);
+  const Bytes staging = t.sharded_params && P > 1 ? 2 * t.h2d_bytes_per_param * shard : 0;
+  Bytes work = 0;
+  for (int l = 0; l < m.layers; ++l) {
+    // Two gradient buffers: decoder l's and, still draining, those of decoder l+1 (the one before
+    // it in backward order); the next checkpoint may already be loaded beside this one.
+    const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total() : 0;
+    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // input, next input, running hidden gradient
+                    + mixing_activations(m, l, b, S) + moe_activation_bytes(m, T)
+                    + t.grad_bytes_per_param * (params.layers[static_cast<std::size_t>(l)].total() + draining);
+    if (w > work) {
+      work = w;
+      out.gpu_peak_at = fmt::format("decoder {} ({}) backward, micro-batch of {} sequences", l,
+                                    layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]), b);
+    }
+  }
+  const Bytes loss = 2 * boundary_bytes(1, b, S, m.hidden) + logits_workspace_bytes(m, std::min(k.loss_chunk_tokens, T)) +
+                     t.grad_bytes_per_param * head;
+  if (loss > work) {
+    work = loss;
+    out.gpu_peak_at = fmt::format("loss (vocabulary projection), micro-batch of {} sequences", b);
+  }
+  out.gpu_peak_bytes = eq2_gpu_peak(fixed, 0, 0, window + staging + work, k.gpu_headroom_fraction).total();
+
+  // Host, per NUMA node: the state split over the nodes in use by ranks, then per-rank items.
+  const std::vector<int> ranks_on = hw.ranks_per_numa(P);
+  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+    const Bytes r = ranks_on[n];
+    Bytes bytes = 0;
+    if (r > 0) {
+      bytes += t.host_bytes_per_param * params.total() * r / P;
+      bytes += r * boundary_bytes(m.layers, b, S, m.hidden);  // offloaded decoder checkpoints
+      bytes += r * 2 * t.h2d_bytes_per_param * shard;         // pinned copy buffers
+      if (!t.sharded_params) {
+        bytes += r * 2 * gradient_bytes(largest);  // two BF16 gradient slots per rank
+        bytes += 2 * kFp32Bytes * largest;         // FP32 sums of the ranks' partials
+      }
+      bytes += r * k.host_process_bytes;
+    }
+    out.host_bytes_per_numa.push_back(bytes);
+  }
+  out.host_budget_per_numa = baseline_host_budgets(ctx);
+  return out;
+}
+
+BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
+  if (s == BaselineSystem::kMegatronLm) {
+    const MegatronFit m = configure_megatron(ctx, k);
+    BaselineFit fit;
+    if (m.setup) fit.setup = BaselineSetup{s, m.setup->micro_batch_seqs, m.setup->accumulation_steps};
+    fit.oom = m.oom;
+    return fit;
+  }
+  if (s == BaselineSystem::kKtFt) return configure_ktft(ctx, k);
+  const std::int64_t seqs = ctx.workload.seqs_per_gpu();
+  const BaselineTraits t = baseline_traits(s, ctx.workload.gpus);
+  std::vector<std::int64_t> candidates;
+  for (std::int64_t mb = seqs; mb >= 1; --mb) {
+    if (seqs % mb == 0 && (t.accumulates_gradients || mb == seqs)) candidates.push_back(mb);
+  }
+  const Bytes gpu_budget = ctx.gpu_budget_bytes();
+  BaselineFit fit;
+  std::optional<OutOfMemory> gpu_oom, host_oom;
+  for (const std::int64_t mb : candidates) {
+    BaselineSetup setup{s, mb, static_cast<int>(seqs / mb)};
+    const BaselineMemory mem = baseline_static_memory(setup, ctx, k);
+    if (mem.gpu_peak_bytes > gpu_budget) {
+      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+      continue;
+    }
+    bool host_fits = true;
+    for (std::size_t n = 0; n < mem.host_bytes_per_numa.size() && host_fits; ++n) {
+      if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
+        host_oom = OutOfMemory{"host", static_cast<int>(n),
+                               fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
+                                           t.host_bytes_per_param, mb),
+                               mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+        host_fits = false;
+      }
+    }
+    if (!host_fits) continue;  // a smaller micro-batch offloads fewer checkpoints
+    fit.setup = setup;
+    return fit;
+  }
+  // The GPU fitted at some micro-batch but the host never did: host out of memory; else the GPU
+  // at the smallest micro-batch allowed.
+  fit.oom = host_oom ? host_oom : gpu_oom;
+  return fit;
+}
+
+BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
+  if (s == BaselineSystem::kMegatronLm || s == BaselineSystem::kKtFt) {
+    throw InputError("", "system", std::string(baseline_system_name(s)), "lowered apart from the offload baselines (no single step graph here)");
+  }
+  BaselineGraph out;
+  const BaselineFit fit = configure_baseline(s, ctx, k);
+  out.setup = fit.setup;
+  out.oom = fit.oom;
+  if (!fit.setup) return out;
+  LoweringOptions options;
+  options.memory = k;
+  out.graph = lower_baseline(*fit.setup, ctx, options);
+  return out;
+}
+
+BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
+                            const Calibration& calibration, const MemoryConstants& k) {
+  if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engine, calibration, k);
+  if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engine, calibration, k);
+  const auto e = make_step_engine(engine);
+  if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
+  BaselineResult r;
+  r.system = s;
+  const BaselineGraph lowered = baseline_step_graph(s, ctx, k);
+  if (!lowered.setup) {
+    r.oom = lowered.oom;
+    return r;
+  }
+  r.setup = lowered.setup;
+  const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
+  r.trace = e->execute(lowered.graph, durations);
+  r.step_s = r.trace.step_s;
+  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
+  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
+  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
+  // The executed timeline may hold more than the static estimate: check it against the budgets too.
+  const BaselineMemory mem = baseline_static_memory(*r.setup, ctx, k);
+  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
+    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
+      r.oom = OutOfMemory{"gpu", static_cast<int>(i), mem.gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
+                          ctx.gpu_budget_bytes()};
+      return r;
+    }
+  }
+  for (std::size_t n = 0; n < r.host_bytes_per_numa.size() && n < mem.host_budget_per_numa.size(); ++n) {
+    if (r.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
+      r.oom = OutOfMemory{"host", static_cast<int>(n), "host state, checkpoints and buffers (executed step)",
+                          r.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+      return r;
+    }
+  }
+  return r;
+}
+
+nlohmann::json baseline_result_to_json(const BaselineResult& r) {
+  nlohmann::json j;
+  j["system"] = std::string(baseline_system_name(r.system));
+  j["fits"] = r.fits();
+  j["step_s"] = r.fits() ? nlohmann::json(r.step_s) : nlohmann::json(nullptr);
+  j["tokens_per_s"] = r.fits() ? nlohmann::json(r.tokens_per_s) : nlohmann::json(nullptr);
+  j["gpu_peak_gib"] = r.setup && r.gpu_peak_bytes > 0 ? nlohmann::json(to_gib(r.gpu_peak_bytes)) : nlohmann::json(nullptr);
+  Bytes host = 0;
+  for (const Bytes b : r.host_bytes_per_numa) host += b;
+  j["host_gib"] = host > 0 ? nlohmann::json(to_gib(host)) : nlohmann::json(nullptr);
+  j["micro_batch_seqs"] = r.setup ? nlohmann::json(r.setup->micro_batch_seqs) : nlohmann::json(nullptr);
+  j["accumulation_steps"] = r.setup ? nlohmann::json(r.setup->accumulation_steps) : nlohmann::json(nullptr);
+  if (r.oom) {
+    j["oom"] = {{"space", r.oom->space},
+                {"device", r.oom->device},
+                {"where", r.oom->where},
+                {"needed_gib", to_gib(r.oom->needed_bytes)},
+                {"available_gib", to_gib(r.oom->available_bytes)},
+                {"message", r.oom->message()}};
+  } else {
+    j["oom"] = nullptr;
+  }
+  return j;
+}
+
+}  // namespace oom

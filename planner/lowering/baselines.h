@@ -1,0 +1,151 @@
+// Baselines: the systems a user would pick instead of an OOM plan (reference §7b), lowered to the
+// same StepGraph so that the analytic and SimGrid engines run them like any plan.
+//
+// Three systems, each described by its published design as data (BaselineTraits):
+//   - "fsdp2-offload": FSDP2 with CPU offload. Parameters, FP32 gradients and optimizer state are
+//     sharded over the GPUs and live on the host (16 B/param: FP32 master, FP32 gradient, two
+//     moments); each decoder's FP32 shard is copied host-to-device, cast and all-gathered in BF16;
+//     gradients are reduce-scattered in FP32 and copied to the host; one CPU Adam step runs after
+//     the whole backward. Decoder checkpointing with the checkpoints offloaded to the host.
+//     Gradient accumulation (GAS) reaches the global batch when a micro-batch does not fit.
+//   - "zero-offload": DeepSpeed ZeRO-3 with CPU parameter and optimizer offload: BF16 parameter
+//     shards on the host, BF16 all-gather and reduce-scatter, FP32 gradient, master and moments on
+//     the host (18 B/param), CPU Adam after the backward; checkpointing with activation offload;
+//     gradient accumulation.
+//   - "megatrain": single-GPU-style layer streaming: every GPU copies each decoder's whole BF16
+//     weights, gradients go to the host as BF16 and are summed there in FP32, each layer's CPU
+//     update overlaps the backward of the layers below; its multi-GPU path does not accumulate
+//     gradients, so the per-GPU batch must fit at once.
+// Every system computes the whole expert bank of a layer on each GPU over its own tokens (no
+// expert parallelism) and checkpoints every decoder with its input on the host.
+//
+// A baseline that does not fit answers out-of-memory with where (GPU or host NUMA node, the phase
+// or the item) and the numbers, never a step time. Units: bytes, seconds. Pure functions of their
+// arguments; thread-safe.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/memory.h"
+#include "costmodel/workload.h"
+#include "planner/calibration/calibration.h"
+#include "planner/lowering/step_graph.h"
+#include "traces/trace.h"
+
+namespace oom {
+
+// kMegatronLm and kKtFt are modelled apart (planner/lowering/baselines_megatron.h: TP/SP, EP, DP, CPU
+// optimizer offload, full recomputation; planner/lowering/baselines_ktft.h: routed experts on the CPU with
+// AMX, the rest through FSDP2); run_baseline() and configure_baseline() hand them over there.
+enum class BaselineSystem { kFsdp2Offload, kZeroOffload, kMegaTrain, kMegatronLm, kKtFt };
+
+// "fsdp2-offload", "zero-offload", "megatrain", "megatron-lm", "kt-ft" (the names of recorded
+// measurements' "system").
+std::string_view baseline_system_name(BaselineSystem s);
+// The system of a name, or nullopt for an unknown name.
+std::optional<BaselineSystem> baseline_system_from_name(std::string_view name);
+// The offload systems a study sets against by default, in the order tables list them.
+std::vector<BaselineSystem> all_baseline_systems();
+// Every system a study may name: all_baseline_systems(), Megatron-LM and KT-FT.
+std::vector<BaselineSystem> known_baseline_systems();
+// Host budget of each NUMA node of the first node: the workload's host budget split by capacity.
+std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx);
+
+// How a system runs a step, as the lowering and the memory estimate read it.
+struct BaselineTraits {
+  bool sharded_params = true;       // each rank copies 1/P of a decoder and all-gathers the rest
+  Bytes h2d_bytes_per_param = 2;    // bytes per parameter copied host-to-device
+  Bytes grad_bytes_per_param = 2;   // gradient element on the GPU, in communication and D2H
+  bool optimizer_overlaps_backward = false;  // per-layer CPU updates during backward (else after it)
+  bool publishes_bf16 = false;      // a BF16 copy of the updated masters is staged for the next step
+  bool accumulates_gradients = true;  // may split the per-GPU batch into micro-batches (GAS)
+  Bytes host_bytes_per_param = 16;  // host state per model parameter, over all ranks together
+  // The CPU optimizer's implementation: torch.optim.AdamW over the CPU shards (FSDP2) or a fused
+  // CPU Adam kernel (DeepSpeed's CPUAdam, MegaTrain's update), priced apart (planner/calibration/calibration.h).
+  OpKind optimizer = OpKind::kCpuAdamW;
+};
+BaselineTraits baseline_traits(BaselineSystem s, int gpus);
+
+// Micro-batching of a baseline's step: `accumulation_steps` micro-batches of `micro_batch_seqs`
+// sequences per GPU.
+struct BaselineSetup {
+  BaselineSystem system = BaselineSystem::kFsdp2Offload;
+  std::int64_t micro_batch_seqs = 1;
+  int accumulation_steps = 1;
+};
+
+// Static memory of a setup: the Eq. 2 GPU peak with where it peaks, and host bytes per NUMA node.
+struct BaselineMemory {
+  Bytes gpu_peak_bytes = 0;
+  std::string gpu_peak_at;             // e.g. "decoder 3 (full_attention) backward"
+  std::vector<Bytes> host_bytes_per_numa;
+  std::vector<Bytes> host_budget_per_numa;
+};
+BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx,
+                                      const MemoryConstants& constants = {});
+
+// Out-of-memory: where and by how much.
+struct OutOfMemory {
+  std::string space;  // "gpu" or "host"
+  int device = 0;     // GPU rank or NUMA node
+  std::string where;  // the phase (GPU) or the NUMA node's largest item (host)
+  Bytes needed_bytes = 0;
+  Bytes available_bytes = 0;
+  // One line: "GPU out of memory: 91.2 GiB needed > 80.0 GiB at decoder 3 (full_attention) backward".
+  std::string message() const;
+};
+
+// Chooses the largest micro-batch (a divisor of the sequences per GPU; only the whole per-GPU
+// batch when the system does not accumulate) whose static GPU peak fits the workload's GPU budget
+// and whose host bytes fit every NUMA node's share of the host budget. Returns the setup, or the
+// out-of-memory that stops it: the host (first NUMA node over budget) when some micro-batch fitted
+// the GPU, else the GPU at the smallest micro-batch allowed.
+struct BaselineFit {
+  std::optional<BaselineSetup> setup;
+  std::optional<OutOfMemory> oom;
+};
+BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& constants = {});
+
+// Lowers one step of the setup for every rank (planner/lowering/lowering_baselines.cc). The graph uses the
+// same resources, operator kinds and memory events as lower(), so every StepEngine runs it; it
+// satisfies check_step_graph().
+StepGraph lower_baseline(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options = {});
+
+// The StepGraph of one step of system `s` as configure_baseline() sets it up, or the
+// out-of-memory that stops it. Megatron-LM and KT-FT are lowered apart (run_baseline()): InputError.
+struct BaselineGraph {
+  std::optional<BaselineSetup> setup;
+  std::optional<OutOfMemory> oom;
+  StepGraph graph;
+};
+BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& constants = {});
+
+// A baseline predicted on a workload: a step time, or out-of-memory.
+struct BaselineResult {
+  BaselineSystem system = BaselineSystem::kFsdp2Offload;
+  std::optional<BaselineSetup> setup;
+  std::optional<OutOfMemory> oom;      // set exactly when the system does not fit
+  Seconds step_s = 0;
+  double tokens_per_s = 0;
+  Bytes gpu_peak_bytes = 0;            // the largest GPU peak of the executed step
+  std::vector<Bytes> host_bytes_per_numa;
+  Trace trace;                         // the executed step (empty when out of memory)
+  bool fits() const { return !oom.has_value(); }
+};
+
+// Configures, lowers and executes the system with the StepEngine named `engine`, pricing stages
+// with `calibration`. A step whose executed GPU or host peak exceeds its budget is reported as
+// out-of-memory too. Throws InputError when `engine` is not registered.
+BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
+                            const Calibration& calibration, const MemoryConstants& constants = {});
+
+// {"system", "fits", "step_s" | null, "tokens_per_s", "gpu_peak_gib", "host_gib", "micro_batch_seqs",
+//  "accumulation_steps", "oom": {"space", "device", "where", "needed_gib", "available_gib", "message"} | null}
+nlohmann::json baseline_result_to_json(const BaselineResult& r);
+
+}  // namespace oom

@@ -1,0 +1,420 @@
+// KT-FT: configuration, static memory, lowering, CPU expert pricing and run
+// (planner/lowering/baselines_ktft.h).
+#include "planner/lowering/baselines_ktft.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/flops.h"
+#include "costmodel/input_error.h"
+#include "costmodel/params.h"
+#include "costmodel/traffic.h"
+#include "planner/lowering/lowering.h"
+#include "planner/engine/step_engine.h"
+
+namespace oom {
+namespace {
+
+constexpr Bytes kDenseHostBytesPerParam = 4 * kFp32Bytes;                             // FSDP2: FP32 param, grad, moments
+constexpr Bytes kExpertHostBytesPerParam = kBf16Bytes + kFp32Bytes + kCanonicalBytesPerParam;  // 18
+
+ParamCount dense_params(const LayerParams& l) { return l.common(); }
+
+Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
+  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
+  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, 0);
+  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
+}
+
+}  // namespace
+
+BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
+  const ModelSpec& m = ctx.model;
+  const HardwareSpec& hw = ctx.hardware;
+  const int P = ctx.workload.gpus;
+  const std::int64_t S = ctx.workload.seq_len, b = setup.micro_batch_seqs;
+  const ModelParams params = model_params(m);
+  ParamCount largest = std::max(params.embedding, params.lm_head + params.final_norm);
+  for (const auto& l : params.layers) largest = std::max(largest, dense_params(l));
+  BaselineMemory out;
+  const Bytes window = 2 * working_weight_bytes(largest) + (P > 1 ? 2 * kFp32Bytes * ((largest + P - 1) / P) : 0);
+  const Bytes keep = boundary_bytes(m.layers, b, S, m.hidden);
+  Bytes work = 0;
+  for (int l = 0; l < m.layers; ++l) {
+    // Input, output and running gradient, the mixing activations, the hidden states sent to the
+    // CPU experts and their outputs, the decoder's dense FP32 gradient.
+    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) +
+                    kFp32Bytes * dense_params(params.layers[static_cast<std::size_t>(l)]);
+    if (w > work) {
+      work = w;
+      out.gpu_peak_at = fmt::format("decoder {} ({}) backward, micro-batch of {} sequences", l,
+                                    layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]), b);
+    }
+  }
+  const Bytes loss = 2 * boundary_bytes(1, b, S, m.hidden) + logits_workspace_bytes(m, std::min(k.loss_chunk_tokens, b * S));
+  if (loss > work) {
+    work = loss;
+    out.gpu_peak_at = fmt::format("loss (vocabulary projection), micro-batch of {} sequences", b);
+  }
+  out.gpu_peak_bytes = eq2_gpu_peak(k.gpu_fixed_bytes, 0, keep, window + work, k.gpu_headroom_fraction).total();
+  const ParamCount experts = params.layer_sum().routed_experts;
+  const ParamCount dense = params.total() - experts;
+  const std::vector<int> ranks_on = hw.ranks_per_numa(P);
+  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+    const Bytes r = ranks_on[n];
+    Bytes bytes = 0;
+    if (r > 0) {
+      bytes = (kDenseHostBytesPerParam * dense + kExpertHostBytesPerParam * experts) * r / P;
+      bytes += r * (2 * kFp32Bytes * ((largest + P - 1) / P) + 2 * boundary_bytes(1, b, S, m.hidden) + k.host_process_bytes);
+    }
+    out.host_bytes_per_numa.push_back(bytes);
+  }
+  out.host_budget_per_numa = baseline_host_budgets(ctx);
+  return out;
+}
+
+BaselineFit configure_ktft(const WorkloadContext& ctx, const MemoryConstants& k) {
+  const std::int64_t seqs = ctx.workload.seqs_per_gpu();
+  const Bytes gpu_budget = ctx.gpu_budget_bytes();
+  BaselineFit fit;
+  std::optional<OutOfMemory> gpu_oom;
+  for (std::int64_t mb = seqs; mb >= 1; --mb) {
+    if (seqs % mb != 0) continue;
+    const BaselineSetup setup{BaselineSystem::kKtFt, mb, static_cast<int>(seqs / mb)};
+    const BaselineMemory mem = ktft_static_memory(setup, ctx, k);
+    if (mem.gpu_peak_bytes > gpu_budget) {
+      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+      continue;
+    }
+    for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
+      if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
+        // The state dominates and does not shrink with the micro-batch.
+        fit.oom = OutOfMemory{"host", static_cast<int>(n),
+                              fmt::format("dense FSDP2 state ({} B/param) and CPU expert banks ({} B/param)",
+                                          kDenseHostBytesPerParam, kExpertHostBytesPerParam),
+                              mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+        return fit;
+      }
+    }
+    fit.setup = setup;
+    return fit;
+  }
+  fit.oom = gpu_oom;
+  return fit;
+}
+
+namespace {
+
+using PerRank = std::vector<StageId>;
+
+class KtFtLowering {
+ public:
+  KtFtLowering(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options)
+      : s_(setup),
+        ctx_(ctx),
+        m_(ctx.model),
+        k_(options.memory),
+        params_(model_params(ctx.model)),
+        b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())),
+        P_(ctx.workload.gpus),
+        S_(ctx.workload.seq_len),
+        seqs_(setup.micro_batch_seqs),
+        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
+    for (int r = 0; r < P_; ++r) r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, false));
+    last_.assign(static_cast<std::size_t>(P_), -1);
+  }
+
+  StepGraph run() {
+    const BaselineMemory mem = ktft_static_memory(s_, ctx_, k_);
+    StepGraph& g = b_.graph();
+    ParamCount largest = 0;
+    for (const auto& l : params_.layers) largest = std::max(largest, dense_params(l));
+    largest = std::max({largest, params_.embedding, params_.lm_head + params_.final_norm});
+    for (auto& x : g.gpu_base_bytes) {
+      x = k_.gpu_fixed_bytes + 2 * working_weight_bytes(largest) + (P_ > 1 ? 2 * kFp32Bytes * ((largest + P_ - 1) / P_) : 0);
+    }
+    for (std::size_t n = 0; n < g.numa_base_bytes.size() && n < mem.host_bytes_per_numa.size(); ++n) {
+      g.numa_base_bytes[n] = mem.host_bytes_per_numa[n];
+    }
+    g.gpu_headroom_fraction = k_.gpu_headroom_fraction;
+    for (micro_ = 0; micro_ < s_.accumulation_steps; ++micro_) {
+      for (int l = 0; l < layers_; ++l) decoder(l, Phase::kForward);
+      head();
+      for (int l = layers_ - 1; l >= 0; --l) {
+        decoder(l, Phase::kRecompute);
+        decoder(l, Phase::kBackward);
+      }
+    }
+    optimizer();
+    return b_.take();
+  }
+
+ private:
+  const lowering::RankResources& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
+  std::int64_t tokens() const { return seqs_ * S_; }
+  Bytes boundary() const { return boundary_bytes(1, seqs_, S_, m_.hidden); }
+
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+    return lowering::keyed_stage(what, op, phase, res, rank, layer, micro_);
+  }
+  static void dep(Stage& s, const PerRank& from, int r) { lowering::add_dep_once(s, from, r); }
+  void gpu_mem(const PerRank& at, Bytes bytes, bool at_end) {
+    if (bytes == 0) return;
+    for (int r = 0; r < P_; ++r) {
+      b_.graph().stages[static_cast<std::size_t>(at[static_cast<std::size_t>(r)])].memory.push_back({MemorySpace::kGpu, r, bytes, at_end});
+    }
+  }
+
+  // One stage per rank on `res(r)`, after `after` (the data it needs) and the rank's previous
+  // stage of the chain when `chain`.
+  template <typename Res>
+  PerRank each(const StageWhat& what, OpKind op, Phase phase, int layer, Res res, Flops flops, Bytes bytes, ParamCount params,
+               const OpShape& shape, const PerRank& after) {
+    PerRank out(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage st = make(what, op, phase, res(r), r, layer);
+      st.flops = flops;
+      st.bytes = bytes;
+      st.params = params;
+      st.shape = shape;
+      dep(st, after, r);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
+    }
+    return out;
+  }
+  PerRank gpu(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape, Bytes bytes = 0) {
+    last_ = each(what, op, phase, layer, [&](int r) { return rr(r).compute; }, flops, bytes, 0, shape, last_);
+    return last_;
+  }
+  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
+    PerRank out(static_cast<std::size_t>(P_));
+    std::vector<int> peers(static_cast<std::size_t>(P_));
+    for (int q = 0; q < P_; ++q) peers[static_cast<std::size_t>(q)] = q;
+    for (int r = 0; r < P_; ++r) {
+      Stage st = make(what, op, phase, rr(r).fabric, r, layer);
+      st.bytes = bytes;
+      st.peers = peers;
+      for (int q = 0; q < P_; ++q) dep(st, inputs, q);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
+    }
+    return out;
+  }
+
+  // The FSDP2 delivery of a dense parameter group: the rank's FP32 shard, then the BF16 all-gather.
+  PerRank deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
+    PerRank ready = each(what(part, StageOp::kH2d), OpKind::kH2d, phase, layer, [&](int r) { return rr(r).h2d; }, 0,
+                         kFp32Bytes * (params / P_), 0, {}, slot_free_[uses_ % 2]);
+    if (P_ > 1) ready = collective(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, working_weight_bytes(params - params / P_), ready);
+    return ready;
+  }
+
+  void decoder(int l, Phase phase) {
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const bool attention = kind != LayerKind::kLinearAttention;
+    const bool backward = phase == Phase::kBackward;
+    const ParamCount dense = dense_params(params_.layers[static_cast<std::size_t>(l)]);
+    const LayerFlops f = layer_flops(m_, l, seqs_, S_);
+    const int slot = uses_ % 2;
+    const PerRank ready = deliver(phase, l, dense);
+    ++uses_;
+    // Compute waits for its weights and for the rank's previous compute.
+    PerRank joined = each(what(StagePart::kWeights, StageOp::kReady), OpKind::kSync, phase, l, [&](int r) { return rr(r).compute; }, 0, 0, 0, {}, ready);
+    for (int r = 0; r < P_; ++r) {
+      Stage& st = b_.graph().stages[static_cast<std::size_t>(joined[static_cast<std::size_t>(r)])];
+      dep(st, last_, r);
+    }
+    last_ = joined;
+    OpShape proj;
+    proj.tokens = tokens();
+    proj.k = m_.hidden;
+    OpShape core;
+    core.seqs = seqs_;
+    core.seq_len = S_;
+    core.tokens = tokens();
+    if (attention) {
+      const AttentionSpec& a = m_.attention(kind);
+      core.heads = a.heads;
+      core.head_dim = a.head_dim;
+      core.window = a.window_tokens;
+    } else {
+      core.heads = m_.gdn.value_heads;
+      core.head_dim = m_.gdn.value_head_dim;
+    }
+    OpShape experts;
+    experts.tokens = tokens() * m_.moe.top_k;
+    experts.k = m_.hidden;
+    experts.experts = m_.moe.experts;
+    const double ratio = backward ? kMatmulBackwardRatio : 1.0;
+    const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
+    const Bytes act = mixing_activations(m_, l, seqs_, S_) + 2 * boundary();
+    const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward; };
+    auto mixing = [&] {
+      const PerRank p = gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kProjBwd : StageOp::kProj), OpKind::kGemm, phase, l,
+                            ratio * f.mixing_projection, proj, traffic(mixing_hbm_bytes(m_, l, tokens())));
+      gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn,
+          phase, l, core_ratio * f.mixing_core.total(), core);
+      return p;
+    };
+    auto moe = [&] {
+      gpu(what(StagePart::kMoe, backward ? StageOp::kRouterSharedBwd : StageOp::kRouterShared), OpKind::kGemm, phase, l,
+          ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj, traffic(moe_hbm_bytes(m_, tokens()).pre));
+      // The hidden states (or their gradient) to the host, the experts on the socket's cores, back.
+      const PerRank out = each(what(StagePart::kExperts, backward ? StageOp::kGradD2h : StageOp::kInputD2h), OpKind::kD2h, phase, l,
+                               [&](int r) { return rr(r).d2h; }, 0, boundary(), 0, {}, last_);
+      const PerRank cpu = each(what(StagePart::kExperts, backward ? StageOp::kCpuBwd : StageOp::kCpu), OpKind::kExpertGemm, phase, l,
+                               [&](int r) { return rr(r).cpu; }, ratio * f.moe.routed_experts, 0, 0, experts, out);
+      last_ = each(what(StagePart::kExperts, backward ? StageOp::kGradH2d : StageOp::kOutputH2d), OpKind::kH2d, phase, l, [&](int r) { return rr(r).h2d; },
+                   0, boundary(), 0, {}, cpu);
+      if (backward) expert_grads_.push_back(cpu);
+    };
+    PerRank first;
+    if (backward) {
+      moe();
+      first = last_;
+      mixing();
+    } else {
+      first = mixing();
+      moe();
+    }
+    if (phase == Phase::kForward) {
+      gpu_mem(first, boundary() + act, false);  // the kept input and the decoder's activations
+      gpu_mem(last_, -act, true);
+    } else if (phase == Phase::kRecompute) {
+      gpu_mem(first, act, false);
+    } else {
+      gpu_mem(first, kFp32Bytes * dense, false);
+      gpu_mem(last_, -(act + boundary()), true);
+      PerRank grads = last_;
+      if (P_ > 1) grads = collective(what(StagePart::kGrads, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l, kFp32Bytes * dense * (P_ - 1) / P_, grads);
+      const PerRank d2h = each(what(StagePart::kGrads, StageOp::kD2h), OpKind::kD2h, phase, l, [&](int r) { return rr(r).d2h; }, 0, kFp32Bytes * (dense / P_), 0,
+                               {}, grads);
+      gpu_mem(d2h, -kFp32Bytes * dense, true);
+      dense_grads_.push_back(d2h);
+    }
+    slot_free_[slot] = last_;
+  }
+
+  void head() {
+    const std::int64_t T = tokens();
+    const ParamCount head = params_.lm_head + params_.final_norm;
+    deliver(Phase::kForward, -1, head, StagePart::kLmHead);
+    ++uses_;
+    const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T));
+    OpShape shape;
+    shape.tokens = T;
+    shape.k = m_.hidden;
+    shape.n = m_.vocab;
+    const Flops f = lm_head_flops(m_, T);
+    const PerRank fwd = gpu(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T));
+    gpu_mem(fwd, logits, false);
+    gpu_mem(fwd, -logits, true);
+    const PerRank bwd = gpu(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
+                            loss_backward_hbm_bytes(m_, T));
+    gpu_mem(bwd, logits, false);
+    gpu_mem(bwd, -logits, true);
+  }
+
+  // After the last backward: the expert gradients summed on the host, then each rank's CPU Adam
+  // over its 1/P of the dense shards and of the expert banks.
+  void optimizer() {
+    micro_ = s_.accumulation_steps;
+    const ParamCount experts = params_.layer_sum().routed_experts;
+    const ParamCount dense = params_.total() - experts;
+    PerRank all = each(what(StagePart::kGrads, StageOp::kDone), OpKind::kSync, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, 0, 0, {}, last_);
+    for (int r = 0; r < P_; ++r) {
+      Stage& st = b_.graph().stages[static_cast<std::size_t>(all[static_cast<std::size_t>(r)])];
+      for (const auto& g : dense_grads_) dep(st, g, r);
+      for (const auto& g : expert_grads_) dep(st, g, r);
+    }
+    const PerRank acc = each(what(StagePart::kExperts, StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, -1,
+                             [&](int r) { return rr(r).cpu; }, 0, gradient_bytes(experts / P_), experts / P_, {}, all);
+    const ParamCount shard = (dense + experts) / P_;
+    // FSDP2's optimizer.step(): torch.optim.AdamW over the host shards.
+    each(what(StagePart::kModel, StageOp::kCpuAdamW), OpKind::kTorchCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, canonical_state_bytes(shard), shard,
+         {}, acc);
+  }
+
+  const BaselineSetup s_;
+  const WorkloadContext& ctx_;
+  const ModelSpec& m_;
+  const MemoryConstants k_;
+  const ModelParams params_;
+  StepGraphBuilder b_;
+  const int P_;
+  const std::int64_t S_, seqs_;
+  const int layers_;
+  std::vector<lowering::RankResources> r_;
+  PerRank last_;
+  PerRank slot_free_[2];
+  int uses_ = 0;
+  int micro_ = 0;
+  std::vector<PerRank> dense_grads_, expert_grads_;
+};
+
+}  // namespace
+
+StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options) {
+  OOM_ASSERT(setup.micro_batch_seqs >= 1 && setup.accumulation_steps >= 1, "a micro-batch of at least one sequence");
+  KtFtLowering l(setup, ctx, options);
+  StepGraph g = l.run();
+  OOM_ASSERT(check_step_graph(g).empty(), "KT-FT lowering produced a malformed StepGraph");
+  return g;
+}
+
+KtFtDurationModel::KtFtDurationModel(HardwareSpec hardware, Calibration calibration, int ranks)
+    : CalibratedDurationModel(hardware, std::move(calibration), ranks), ranks_per_numa_(hardware.ranks_per_numa(ranks)) {}
+
+StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
+  const Resource& r = g.resource(s.resource);
+  if (s.op != OpKind::kExpertGemm || r.kind != ResourceKind::kCpuUpdate) return CalibratedDurationModel::cost(s, g);
+  const HardwareSpec& hw = hardware();
+  const int numa = std::clamp(r.numa, 0, static_cast<int>(hw.numa.size()) - 1);
+  const double socket = hw.numa[static_cast<std::size_t>(numa)].amx_bf16_flops_per_s * kKtFtAmxEfficiency;
+  const int sharing = std::max(1, ranks_per_numa_[static_cast<std::size_t>(numa)]);
+  StageCost c;
+  c.work = s.flops;
+  c.exclusive_rate = socket;
+  c.rate = socket / sharing;
+  return c;
+}
+
+BaselineResult run_ktft(const WorkloadContext& ctx, const std::string& engine, const Calibration& calibration,
+                        const MemoryConstants& k) {
+  const auto e = make_step_engine(engine);
+  if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
+  const std::vector<int> ranks_on = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
+  for (std::size_t n = 0; n < ctx.hardware.numa.size(); ++n) {
+    if (ranks_on[n] > 0 && !(ctx.hardware.numa[n].amx_bf16_flops_per_s > 0)) {
+      throw InputError(ctx.hardware.name, fmt::format("numa[{}].amx_bf16_flops_per_s", n), "0",
+                       "KT-FT computes the routed experts with AMX BF16 on the CPU; this hardware names no AMX throughput");
+    }
+  }
+  BaselineResult r;
+  r.system = BaselineSystem::kKtFt;
+  const BaselineFit fit = configure_ktft(ctx, k);
+  if (!fit.setup) {
+    r.oom = fit.oom;
+    return r;
+  }
+  r.setup = fit.setup;
+  LoweringOptions options;
+  options.memory = k;
+  const KtFtDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
+  r.trace = e->execute(lower_ktft(*fit.setup, ctx, options), durations);
+  r.step_s = r.trace.step_s;
+  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
+  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
+  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
+  const BaselineMemory mem = ktft_static_memory(*fit.setup, ctx, k);
+  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
+    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
+      r.oom = OutOfMemory{"gpu", static_cast<int>(i), mem.gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
+                          ctx.gpu_budget_bytes()};
+      return r;
+    }
+  }
+  return r;
+}
+
+}  // namespace oom

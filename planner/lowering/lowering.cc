@@ -1,0 +1,508 @@
+#include "planner/lowering/lowering.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/traffic.h"
+#include "planner/lowering/memory_report.h"
+
+namespace oom {
+namespace lowering {
+namespace {
+
+// Bytes a GPU AdamW step touches per parameter: FP32 master and two moments read and written,
+// the BF16 gradient read and the BF16 weight written.
+constexpr Bytes kGpuAdamBytesPerParam = 2 * kCanonicalBytesPerParam + kBf16Bytes + kBf16Bytes;
+
+void append(std::vector<StageId>& to, const PerRank& from, int rank) {
+  if (from.empty()) return;
+  const StageId s = from[static_cast<std::size_t>(rank)];
+  if (s >= 0 && std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
+}
+
+}  // namespace
+
+RankResources add_rank_resources(StepGraphBuilder& b, const HardwareSpec& h, int rank, int ranks,
+                                 bool expert_grad_stream) {
+  const int r = rank;
+  RankResources rr;
+  rr.numa = h.numa_of_rank(r, ranks);
+  rr.compute = b.add_resource(ResourceKind::kGpuCompute, fmt::format("gpu{}.compute", r), r, -1);
+  rr.h2d = b.add_resource(ResourceKind::kH2d, fmt::format("gpu{}.h2d", r), r, rr.numa);
+  rr.d2h = b.add_resource(ResourceKind::kD2h, fmt::format("gpu{}.d2h", r), r, rr.numa);
+  if (expert_grad_stream) {
+    rr.expert_d2h = b.add_resource(ResourceKind::kExpertGradD2h, fmt::format("gpu{}.expert_grad_d2h", r), r, rr.numa);
+  }
+  rr.fabric = b.add_resource(ResourceKind::kFabric, fmt::format("gpu{}.fabric", r), r, -1);
+  rr.cpu = b.add_resource(ResourceKind::kCpuUpdate, fmt::format("numa{}.cpu_update.r{}", rr.numa, r), r, rr.numa);
+  rr.prep = b.add_resource(ResourceKind::kHostPrep, fmt::format("numa{}.host_prep.r{}", rr.numa, r), r, rr.numa);
+  return rr;
+}
+
+Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options)
+    : plan_(plan),
+      ctx_(ctx),
+      m_(ctx.model),
+      options_(options),
+      params_(model_params(ctx.model)),
+      b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())) {
+  P_ = ctx.workload.gpus;
+  ep_ = plan.path == ExpertPath::kEp;
+  layers_ = options.decoder_layers > 0 ? std::min(options.decoder_layers, m_.layers) : m_.layers;
+  seqs_ = ctx.workload.seqs_per_gpu();
+  S_ = ctx.workload.seq_len;
+  N_ = ctx.workload.tokens_per_gpu();
+  for (int r = 0; r < P_; ++r) r_.push_back(add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/true));
+  last_compute_.assign(static_cast<std::size_t>(P_), -1);
+  slot_last_use_[0].assign(static_cast<std::size_t>(P_), -1);
+  slot_last_use_[1].assign(static_cast<std::size_t>(P_), -1);
+  last_update_.assign(static_cast<std::size_t>(P_), -1);
+  // Routing: each rank's share of a dispatch (skewed routing makes some ranks receive more);
+  // PipelinedLLEP spills the excess to the least-loaded ranks.
+  llep_ = ep_ && P_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? P_ : 1, llep_);
+}
+
+ParamCount Lowering::expert_params_on_gpu(int layer) const {
+  const ParamCount bank = params_.layers[static_cast<std::size_t>(layer)].routed_experts;
+  return ep_ ? bank / P_ : bank;
+}
+
+ParamCount Lowering::expert_params_h2d(int layer) const {
+  const ParamCount bank = params_.layers[static_cast<std::size_t>(layer)].routed_experts;
+  if (ep_) return plan_.is_resident(layer) ? 0 : bank / P_;
+  return plan_.param_transfer == ParamTransfer::kShard ? bank / P_ : bank;
+}
+
+std::int64_t Lowering::live_seqs() const {
+  return (!ep_ && plan_.split.sub_batch_seqs > 0) ? std::min(plan_.split.sub_batch_seqs, seqs_) : seqs_;
+}
+
+std::vector<std::int64_t> Lowering::moe_chunks(std::int64_t tokens) const {
+  const std::int64_t c = ep_ ? plan_.routing_chunk_tokens : plan_.split.moe_chunk_tokens;
+  std::vector<std::int64_t> out;
+  if (c <= 0 || c >= tokens) return {tokens};
+  for (std::int64_t done = 0; done < tokens; done += c) out.push_back(std::min(c, tokens - done));
+  return out;
+}
+
+Stage Lowering::make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+  Stage s = keyed_stage(what, op, phase, res, rank, layer);
+  s.key.sub_batch = sub_batch_;
+  return s;
+}
+
+void Lowering::gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end, MemoryUse use) {
+  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, bytes, at_end, use});
+}
+void Lowering::gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use) {
+  if (bytes > 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kGpu, rank, -bytes, true, use});
+}
+void Lowering::host_alloc(StageId s, int rank, Bytes bytes, bool at_end) {
+  if (bytes > 0) {
+    b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kHost, r_[static_cast<std::size_t>(rank)].numa, bytes, at_end});
+  }
+}
+void Lowering::host_free(StageId s, int rank, Bytes bytes) {
+  if (bytes > 0) {
+    b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({MemorySpace::kHost, r_[static_cast<std::size_t>(rank)].numa, -bytes, true});
+  }
+}
+
+PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                              const OpShape& shape, const std::vector<PerRank>& deps) {
+  PerRank out(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].compute, r, layer);
+    s.flops = flops;
+    s.bytes = bytes;
+    s.shape = shape;
+    for (const auto& d : deps) append(s.deps, d, r);
+    out[static_cast<std::size_t>(r)] = add(std::move(s));
+  }
+  last_compute_ = out;
+  return out;
+}
+
+PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
+                                 const PerRank& inputs) {
+  PerRank out(static_cast<std::size_t>(P_));
+  std::vector<int> peers;
+  for (int r = 0; r < P_; ++r) peers.push_back(r);
+  for (int r = 0; r < P_; ++r) {
+    Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
+    s.bytes = bytes_per_rank;
+    s.peers = peers;
+    for (int q = 0; q < P_; ++q) append(s.deps, inputs, q);
+    out[static_cast<std::size_t>(r)] = add(std::move(s));
+  }
+  return out;
+}
+
+PerRank Lowering::collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
+                                  const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs) {
+  PerRank out = collective_all(what, op, phase, layer, 0, inputs);
+  for (int r = 0; r < P_; ++r) {
+    b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])].bytes = bytes_of_rank[static_cast<std::size_t>(r)];
+  }
+  return out;
+}
+
+PerRank Lowering::compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                                 OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps) {
+  PerRank out = compute_all(what, op, phase, layer, flops, bytes, shape, deps);
+  for (int r = 0; r < P_; ++r) {
+    const double f = load[static_cast<std::size_t>(r)];
+    Stage& s = b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])];
+    s.flops = flops * f;
+    s.bytes = static_cast<Bytes>(static_cast<double>(bytes) * f);
+    s.shape.tokens = static_cast<std::int64_t>(std::llround(static_cast<double>(shape.tokens) * f));
+  }
+  return out;
+}
+
+WindowUse Lowering::deliver_weights(StagePart part, Phase phase, int layer, ParamCount common,
+                                    ParamCount expert_h2d, ParamCount expert_total, bool allgather) {
+  WindowUse use;
+  use.slot = window_uses_++ % 2;
+  use.bytes = working_weight_bytes(common + expert_total);
+  window_slot_bytes_ = std::max(window_slot_bytes_, use.bytes);
+  use.ready.assign(static_cast<std::size_t>(P_), -1);
+  const PerRank& previous = slot_last_use_[static_cast<std::size_t>(use.slot)];
+  PerRank shard_copies(static_cast<std::size_t>(P_), -1);
+  for (int r = 0; r < P_; ++r) {
+    const auto& rr = r_[static_cast<std::size_t>(r)];
+    Stage s = make(what(part, StageOp::kH2d), OpKind::kH2d, phase, rr.h2d, r, layer);
+    s.bytes = working_weight_bytes(common + expert_h2d);
+    // The copy goes through the pinned staging pool in transfer_chunk_mib pieces.
+    const Bytes chunk = std::max<std::int64_t>(1, plan_.transfer_chunk_mib) * kMiB;
+    s.transfers = std::max<Bytes>(1, (s.bytes + chunk - 1) / chunk);
+    append(s.deps, previous, r);  // buffer reuse: the slot's previous consumer has finished
+    const StageId copy = add(std::move(s));
+    use.ready[static_cast<std::size_t>(r)] = copy;
+    shard_copies[static_cast<std::size_t>(r)] = copy;
+  }
+  if (allgather && P_ > 1) {
+    // Each rank receives the other ranks' shards: (P−1)/P of the bank.
+    const Bytes received = working_weight_bytes(expert_total - expert_h2d);
+    use.ready = collective_all(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, received, shard_copies);
+    // The local shard is staged beside the slot until the all-gather has rebuilt the bank.
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(shard_copies[static_cast<std::size_t>(r)], r, working_weight_bytes(expert_h2d));
+      gpu_free(use.ready[static_cast<std::size_t>(r)], r, working_weight_bytes(expert_h2d));
+    }
+  }
+  return use;
+}
+
+void Lowering::release_window(const WindowUse& use, const PerRank& last) {
+  slot_last_use_[static_cast<std::size_t>(use.slot)] = last;
+}
+
+PerRank Lowering::reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                 bool reduce, ParamCount& sent) {
+  sent = params_on_gpu;
+  if (!reduce || P_ == 1) return ready;
+  // Each rank sends (P−1)/P of its gradient and keeps the reduced 1/P.
+  sent = params_on_gpu / P_;
+  return collective_all(what(part, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
+                        gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
+}
+
+PerRank Lowering::gradient_d2h(const StageWhat& what, int layer, Bytes bytes, Bytes freed, const PerRank& after,
+                               bool expert_kind) {
+  const int kind = expert_kind ? 1 : 0;
+  const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
+  const auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  const int slots = std::max(1, plan_.cpu_grad_slots);
+  PerRank out(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    const auto& rr = r_[static_cast<std::size_t>(r)];
+    Stage s = make(what, OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
+    s.bytes = bytes;
+    append(s.deps, after, r);
+    // CPU gradient slot reuse: wait for the update that consumed gradient index − slots.
+    if (index >= slots) {
+      OOM_ASSERT(index - slots < static_cast<int>(updates.size()), "gradient slot reused before its update was lowered");
+      append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);
+    }
+    out[static_cast<std::size_t>(r)] = add(std::move(s));
+    gpu_free(out[static_cast<std::size_t>(r)], r, freed, MemoryUse::kOptimizer);
+  }
+  return out;
+}
+
+void Lowering::gradients_to_host(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                 bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
+  if (params_on_gpu <= 0) return;
+  ParamCount sent = params_on_gpu;
+  const PerRank after = reduce_scatter(part, layer, params_on_gpu, ready, reduce, sent);
+  const PerRank out = gradient_d2h(what(part, StageOp::kGradD2h), layer, gradient_bytes(sent), gradient_bytes(params_on_gpu), after, expert_kind);
+  d2h_out.push_back(out);
+  pending_grad_frees_.push_back(out);
+}
+
+PerRank Lowering::host_accumulate(const StageWhat& what, int layer, ParamCount params, const std::vector<PerRank>& d2h) {
+  // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum.
+  PerRank acc(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    Stage s = make(what, OpKind::kHostAccumulate, Phase::kOptimizer, r_[static_cast<std::size_t>(r)].cpu, r, layer);
+    s.params = params;
+    s.bytes = gradient_bytes(params);
+    for (const auto& d : d2h) append(s.deps, d, r);
+    acc[static_cast<std::size_t>(r)] = add(std::move(s));
+  }
+  return acc;
+}
+
+PerRank Lowering::update_and_publish(StagePart part, int bucket, int layer, ParamCount params,
+                                     const std::vector<PerRank>& ready, bool after_every_rank) {
+  PerRank upd(static_cast<std::size_t>(P_));
+  for (int r = 0; r < P_; ++r) {
+    const auto& rr = r_[static_cast<std::size_t>(r)];
+    Stage s = make(what(part, StageOp::kCpuAdamW).at_bucket(bucket), OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
+    s.params = params;
+    s.bytes = canonical_state_bytes(params);
+    for (const auto& d : ready) {
+      if (after_every_rank) {
+        for (int q = 0; q < P_; ++q) append(s.deps, d, q);
+      } else {
+        append(s.deps, d, r);
+      }
+    }
+    upd[static_cast<std::size_t>(r)] = add(std::move(s));
+    // Weight publication: BF16 staging of the updated masters for the next step's copies.
+    Stage p = make(what(part, StageOp::kPublish).at_bucket(bucket), OpKind::kHostPrep, Phase::kOptimizer, rr.prep, r, layer);
+    p.params = params;
+    p.bytes = working_weight_bytes(params);
+    p.deps.push_back(upd[static_cast<std::size_t>(r)]);
+    add(std::move(p));
+  }
+  last_update_ = upd;
+  return upd;
+}
+
+void Lowering::cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+                          bool accumulate_partials, ParamCount partial_params) {
+  if (d2h.empty() && params_per_rank <= 0) return;
+  // With host accumulation, the update of any part waits for every rank's partial.
+  const std::vector<PerRank> ready =
+      accumulate_partials ? std::vector<PerRank>{host_accumulate(what(part, StageOp::kHostAccumulate), layer, partial_params, d2h)} : d2h;
+  const PerRank upd = update_and_publish(part, -1, layer, params_per_rank, ready, accumulate_partials);
+  // The updates free the CPU gradient slots of every gradient they consumed.
+  for (int kind = 0; kind < 2; ++kind) {
+    auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+    while (static_cast<int>(updates.size()) < grads_sent_[static_cast<std::size_t>(kind)]) updates.push_back(upd);
+  }
+}
+
+void Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready) {
+  PerRank out = compute_all(what(part, StageOp::kGpuAdamW), OpKind::kGpuAdamW, Phase::kOptimizer, layer, 0,
+                            params * kGpuAdamBytesPerParam, OpShape{}, {ready});
+  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params), MemoryUse::kOptimizer);
+  pending_grad_frees_.push_back(out);
+}
+
+void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                                bool reduce, bool expert_kind, bool accumulate_partials,
+                                ParamCount update_params_per_rank) {
+  if (params_on_gpu <= 0) return;
+  ParamCount sent = params_on_gpu;
+  const PerRank after = reduce_scatter(part, layer, params_on_gpu, ready, reduce, sent);
+  const Bytes bucket_bytes = plan_.flat.optimizer_bucket_mib * kMiB;
+  const std::int64_t buckets = std::max<std::int64_t>(1, (gradient_bytes(sent) + bucket_bytes - 1) / bucket_bytes);
+  const int kind = expert_kind ? 1 : 0;
+  auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  PerRank d2h;
+  for (std::int64_t i = 0; i < buckets; ++i) {
+    // Even buckets; the last takes the remainder.
+    const auto share = [&](auto total) { return total / buckets + (i + 1 == buckets ? total % buckets : 0); };
+    const ParamCount part_params = share(sent);
+    OOM_ASSERT(static_cast<int>(updates.size()) == grads_sent_[static_cast<std::size_t>(kind)],
+               "streamed gradients are updated bucket by bucket");
+    d2h = gradient_d2h(what(part, StageOp::kGradD2h).at_bucket(static_cast<int>(i)), layer, gradient_bytes(part_params),
+                       share(gradient_bytes(params_on_gpu)), after, expert_kind);
+    const PerRank ready_for_update =
+        accumulate_partials ? host_accumulate(what(part, StageOp::kHostAccumulate).at_bucket(static_cast<int>(i)), layer, part_params, {d2h}) : d2h;
+    updates.push_back(update_and_publish(part, static_cast<int>(i), layer, share(update_params_per_rank),
+                                         {ready_for_update}, accumulate_partials));
+  }
+  pending_grad_frees_.push_back(d2h);
+}
+
+void Lowering::embedding_forward() {
+  // The embedding passes the window like a layer; the lookup is a gather on HBM.
+  const WindowUse w = deliver_weights(StagePart::kEmbedding, Phase::kForward, -1, params_.embedding, 0, 0, false);
+  OpShape shape;
+  shape.tokens = N_;
+  const PerRank gather = compute_all(what(StagePart::kEmbedding, StageOp::kGather), OpKind::kElementwise, Phase::kForward, -1, 0,
+                                     boundary_bytes(1, seqs_, S_, m_.hidden), shape, {w.ready});
+  release_window(w, gather);
+}
+
+void Lowering::head_forward_backward() {
+  if (plan_.flat.vocab_projection == VocabProjection::kRingDtp && P_ > 1) {
+    ring_head_forward_backward();
+    return;
+  }
+  const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
+  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, head, 0, 0, false);
+  const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
+  const Bytes logits = logits_workspace_bytes(m_, chunk);
+  OpShape shape;
+  shape.tokens = N_;
+  shape.k = m_.hidden;
+  shape.n = m_.vocab;
+  const Flops f = lm_head_flops(m_, N_);
+  const PerRank fwd = compute_all(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f,
+                                  loss_forward_hbm_bytes(m_, N_), shape, {w.ready});
+  const PerRank bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
+                                  loss_backward_hbm_bytes(m_, N_), shape, {fwd});
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+    gpu_free(fwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, gradient_bytes(head), false, MemoryUse::kOptimizer);
+    gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    // The running gradient of the hidden states lives until the embedding's backward.
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false, MemoryUse::kActivations);
+  }
+  hidden_grad_alloc_ = bwd;
+  release_window(w, bwd);
+  if (streamed_optimizer()) {
+    stream_gradients(StagePart::kLmHead, -1, head, bwd, true, false, false, head / P_);
+    return;
+  }
+  std::vector<PerRank> d2h;
+  gradients_to_host(StagePart::kLmHead, -1, head, bwd, true, false, d2h);
+  cpu_update(StagePart::kLmHead, -1, head / P_, d2h, false, 0);
+}
+
+void Lowering::ring_head_forward_backward() {
+  // Ring-DTP: rank r holds vocabulary shard r (V/P rows of the head). Each rank's hidden states
+  // visit every shard: P steps, each computing one block of logits against the local shard and
+  // folding it into the block's online log-sum-exp, while the next block arrives from the ring
+  // neighbour. What circulates is the smaller of a rank's hidden block (N·h) and a head shard
+  // ((V/P)·h); in the backward it travels with its gradient (hidden-state or head-shard partials),
+  // so every rank ends with its shard's whole gradient and its tokens' hidden-state gradient.
+  const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding);
+  const ParamCount shard = head / P_ + params_.final_norm;
+  const PerRank hidden = last_compute_;  // the last decoder's output: the block each rank starts with
+  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, shard, 0, 0, false);
+  const Bytes hidden_block = boundary_bytes(1, seqs_, S_, m_.hidden);
+  const Bytes weight_block = working_weight_bytes(head / P_);
+  const Bytes hop = std::min(hidden_block, weight_block);
+  const bool weights_move = weight_block < hidden_block;
+  const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
+  const Bytes logits = sharded_logits_workspace_bytes(m_, chunk, P_);
+  OpShape shape;
+  shape.tokens = N_;
+  shape.k = m_.hidden;
+  shape.n = m_.vocab / P_;
+  const Flops f = lm_head_flops(m_, N_) / P_;  // one block against one shard
+  const Bytes fwd_bytes = loss_forward_hbm_bytes(m_, N_) / P_, bwd_bytes = loss_backward_hbm_bytes(m_, N_) / P_;
+  // Two circulating buffers (the block being computed and the one arriving), the logits block.
+  for (int r = 0; r < P_; ++r) gpu_alloc(w.ready[static_cast<std::size_t>(r)], r, 2 * hop, true, MemoryUse::kVocabulary);
+  PerRank last = w.ready, arrived = w.ready;
+  for (int step = 0; step < P_; ++step) {
+    last = compute_all(what(StagePart::kLmHead, StageOp::kLoss).at_ring_step(step), OpKind::kGemm, Phase::kForward, -1, f, fwd_bytes,
+                       shape, {last, arrived});
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(last[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+      gpu_free(last[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    }
+    if (step + 1 < P_) {
+      arrived = collective_all(what(StagePart::kLmHead, StageOp::kPass).at_ring_step(step), OpKind::kAllGather, Phase::kForward, -1, hop,
+                               step == 0 ? (weights_move ? w.ready : hidden) : arrived);
+    }
+  }
+  PerRank bwd = last;
+  arrived = last;
+  const Bytes back_hop = 2 * hop;  // the block and its gradient partial
+  for (int step = 0; step < P_; ++step) {
+    bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward).at_ring_step(step), OpKind::kGemm, Phase::kBackward, -1,
+                      kMatmulBackwardRatio * f, bwd_bytes, shape, {bwd, arrived});
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
+      gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
+    }
+    // The partials move on; after the last step they return home (P hops in all).
+    arrived = collective_all(what(StagePart::kLmHead, StageOp::kGradPass).at_ring_step(step), OpKind::kAllGather, Phase::kBackward, -1,
+                             back_hop, bwd);
+  }
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(bwd[static_cast<std::size_t>(r)], r, gradient_bytes(shard), false, MemoryUse::kOptimizer);
+    gpu_free(arrived[static_cast<std::size_t>(r)], r, 2 * hop, MemoryUse::kVocabulary);
+    gpu_alloc(arrived[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false,
+              MemoryUse::kActivations);
+  }
+  hidden_grad_alloc_ = arrived;
+  last_compute_ = compute_all(what(StagePart::kLmHead, StageOp::kDone), OpKind::kSync, Phase::kBackward, -1, 0, 0, OpShape{}, {arrived});
+  release_window(w, last_compute_);
+  // Each shard's gradient is complete on its owner: no reduce-scatter.
+  if (streamed_optimizer()) {
+    stream_gradients(StagePart::kLmHead, -1, shard, last_compute_, false, false, false, shard);
+    return;
+  }
+  std::vector<PerRank> d2h;
+  gradients_to_host(StagePart::kLmHead, -1, shard, last_compute_, false, false, d2h);
+  cpu_update(StagePart::kLmHead, -1, shard, d2h, false, 0);
+}
+
+void Lowering::embedding_backward() {
+  OpShape shape;
+  shape.tokens = N_;
+  const PerRank scatter = compute_all(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
+                                      boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding), false, MemoryUse::kOptimizer);
+    gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), MemoryUse::kActivations);
+  }
+  if (streamed_optimizer()) {
+    stream_gradients(StagePart::kEmbedding, -1, params_.embedding, scatter, true, false, false, params_.embedding / P_);
+    return;
+  }
+  std::vector<PerRank> d2h;
+  gradients_to_host(StagePart::kEmbedding, -1, params_.embedding, scatter, true, false, d2h);
+  cpu_update(StagePart::kEmbedding, -1, params_.embedding / P_, d2h, false, 0);
+}
+
+StepGraph Lowering::run() {
+  // Base occupancy: M_0 + M_state on each GPU; on each NUMA node the static host footprint less
+  // the boundaries and O/LSE, which the stages allocate and free themselves.
+  const MemoryReport report = static_memory(ctx_, plan_, options_.memory);
+  StepGraph& g = b_.graph();
+  for (int r = 0; r < P_; ++r) g.gpu_base_bytes[static_cast<std::size_t>(r)] = report.gpu.eq2.fixed + report.gpu.eq2.state;
+  for (const auto& h : report.host) {
+    Bytes base = 0;
+    for (const auto& item : h.items) {
+      const bool dynamic = item.name.starts_with("boundaries kept on host") || item.name.starts_with("attention O/LSE");
+      if (!dynamic) base += item.bytes;
+    }
+    if (static_cast<std::size_t>(h.numa) < g.numa_base_bytes.size()) g.numa_base_bytes[static_cast<std::size_t>(h.numa)] = base;
+  }
+  g.gpu_headroom_fraction = options_.memory.gpu_headroom_fraction;
+
+  embedding_forward();
+  for (int l = 0; l < layers_; ++l) decoder_forward(l, Phase::kForward, true);
+  head_forward_backward();
+  for (int l = layers_ - 1; l >= 0; --l) decoder_backward(l);
+  embedding_backward();
+  // The two window slots are allocated once, each sized for the largest parameter group.
+  for (auto& b : b_.graph().gpu_base_bytes) b += 2 * window_slot_bytes_;
+  return b_.take();
+}
+
+}  // namespace lowering
+
+StepGraph lower(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options) {
+  OOM_ASSERT(ctx.workload.gpus >= 1, "at least one GPU");
+  lowering::Lowering l(plan, ctx, options);
+  StepGraph g = l.run();
+  OOM_ASSERT(check_step_graph(g).empty(), "lowering produced a malformed StepGraph");
+  return g;
+}
+
+}  // namespace oom

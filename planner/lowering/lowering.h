@@ -1,0 +1,219 @@
+// Lowering internals shared by the EP and Local lowerings (planner/lowering/step_graph.h's lower()).
+//
+// Not a public interface: lower() is. The Lowering class emits the stages of one step for every
+// rank in lock step, so that a collective (all-to-all, all-gather, reduce-scatter) can depend on
+// its members' inputs on every rank. Work is per GPU: P ranks run the same schedule on their own
+// resources. The runtime rules of reference §3 become edges:
+//   - two-slot parameter window: the H2D of a window use waits for the last consumer of the use
+//     two before it (buffer reuse); both slots are allocated for the whole step, each sized for
+//     the largest parameter group (part of the graph's base GPU bytes);
+//   - CPU gradient slots (per kind: managed parameters, expert shards): the D2H of the i-th
+//     gradient waits for the CPU update of gradient i − slots;
+//   - compute waits for its weight version: compute stages depend on their window copy;
+//   - an update waits for all its gradients: the CPU update depends on every D2H of its layer;
+//   - one update executor per rank shared by managed parameters and expert shards;
+//   - two GPU gradient buffers: a decoder's backward starts producing gradients only when the
+//     buffer of the decoder two before it has been drained (D2H or GPU AdamW done);
+//   - expert-gradient D2H on its own stream.
+// Not thread-safe; one Lowering per call.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "costmodel/flops.h"
+#include "costmodel/memory.h"
+#include "costmodel/params.h"
+#include "planner/lowering/step_graph.h"
+
+namespace oom::lowering {
+
+using PerRank = std::vector<StageId>;  // one stage per rank (−1: none)
+
+
+struct RankResources {
+  ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
+  int numa = 0;
+};
+
+// Adds rank `rank`'s resources (of `ranks`) to `b`: its compute stream, H2D and D2H engines, the
+// expert-gradient D2H stream when `expert_grad_stream` (else expert_d2h stays 0), its fabric port,
+// and its CPU update executor and host preparation worker on the NUMA node the rank runs on.
+RankResources add_rank_resources(StepGraphBuilder& b, const HardwareSpec& h, int rank, int ranks,
+                                 bool expert_grad_stream);
+
+// A stage of rank `rank` keyed by `what` in phase `phase`, decoder `layer` (−1: none) and
+// micro-batch `micro_batch` (−1: none), on resource `res`: what every lowering starts a stage from.
+inline Stage keyed_stage(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer,
+                         int micro_batch = -1) {
+  Stage s;
+  s.key = what.key(rank, phase, layer, micro_batch);
+  s.op = op;
+  s.resource = res;
+  return s;
+}
+
+// Adds `from[r]` to the dependencies of `s` once (nothing when `from` is empty or has no stage for r).
+inline void add_dep_once(Stage& s, const PerRank& from, int r) {
+  if (from.empty()) return;
+  const StageId d = from[static_cast<std::size_t>(r)];
+  if (d >= 0 && std::find(s.deps.begin(), s.deps.end(), d) == s.deps.end()) s.deps.push_back(d);
+}
+
+// What a window use made available: the copies compute must wait for.
+struct WindowUse {
+  PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied
+  int slot = 0;
+  Bytes bytes = 0;     // per rank
+};
+
+class Lowering {
+ public:
+  Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options);
+  StepGraph run();
+
+ private:
+  // --- building blocks (lowering.cc) ---
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const;
+  StageId add(Stage s) { return b_.add(std::move(s)); }
+  void gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end = false, MemoryUse use = MemoryUse::kOther);
+  void gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use = MemoryUse::kOther);  // at the stage's end
+  void host_alloc(StageId s, int rank, Bytes bytes, bool at_end = true);
+  void host_free(StageId s, int rank, Bytes bytes);
+  // A compute stage on every rank; `deps` per rank (may be empty), plus extra common deps.
+  PerRank compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                      const OpShape& shape, const std::vector<PerRank>& deps);
+  // A collective on every rank's fabric port: member r depends on inputs[q] of every rank q.
+  PerRank collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
+                         const PerRank& inputs);
+  // The same with each member's own bytes (uneven all-to-alls under skewed routing).
+  PerRank collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
+                          const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs);
+  // A compute stage per rank with each rank's own FLOPs and bytes scaled by `load[r]`.
+  PerRank compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
+                         OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps);
+  // Copies the weights of one window use (common params + expert params on this GPU).
+  WindowUse deliver_weights(StagePart part, Phase phase, int layer, ParamCount common,
+                            ParamCount expert_h2d, ParamCount expert_total, bool allgather);
+  // Marks `last` as the last consumer of `use` (frees the slot at its end).
+  void release_window(const WindowUse& use, const PerRank& last);
+  // When `reduce` (and P > 1): the group's gradient reduce-scattered over the fabric, `sent` = the
+  // 1/P each rank keeps; else `ready` as it is and `sent` = the whole group.
+  PerRank reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready, bool reduce,
+                         ParamCount& sent);
+  // The D2H of one gradient (the `index`-th of its kind): it waits for `after` and for the update
+  // that freed its CPU gradient slot, and frees `freed` GPU bytes at its end.
+  PerRank gradient_d2h(const StageWhat& what, int layer, Bytes bytes, Bytes freed, const PerRank& after, bool expert_kind);
+  // Each rank adds its BF16 partial into the FP32 host sum once its D2Hs `d2h` are done.
+  PerRank host_accumulate(const StageWhat& what, int layer, ParamCount params, const std::vector<PerRank>& d2h);
+  // CPU AdamW of `params` per rank (part.cpu_adamw, in gradient bucket `bucket` or −1), waiting for its own
+  // rank's `ready` stages or, `after_every_rank`, for every rank's; then its BF16 publication.
+  PerRank update_and_publish(StagePart part, int bucket, int layer, ParamCount params,
+                             const std::vector<PerRank>& ready, bool after_every_rank);
+  // Gradients of one parameter group to the host and their CPU update and publication.
+  // `reduce` first reduce-scatters over the fabric (each rank then sends 1/P).
+  void gradients_to_host(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                         bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
+  void cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
+                  bool accumulate_partials, ParamCount partial_params);
+  void gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready);
+  // OffloadStreamAdamW: one parameter group's gradients (optionally reduce-scattered first) to the
+  // host in buckets of plan.flat.optimizer_bucket_mib, each bucket updated (after the ranks'
+  // partials are summed when `accumulate_partials`) and published as soon as it arrived.
+  // `update_params_per_rank` is what each rank updates of the whole group.
+  void stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
+                        bool reduce, bool expert_kind, bool accumulate_partials, ParamCount update_params_per_rank);
+  bool streamed_optimizer() const { return plan_.flat.optimizer_bucket_mib > 0; }
+
+  // --- the step (lowering.cc: embedding, LM head; lowering_layers.cc: decoders) ---
+  void embedding_forward();
+  void head_forward_backward();
+  void ring_head_forward_backward();  // Ring-DTP
+  void embedding_backward();
+  void decoder_forward(int layer, Phase phase, bool save_boundary);
+  void decoder_backward(int layer);
+  PerRank boundary_for_backward(int layer);
+  PerRank mixing_forward(int layer, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
+                         bool first_pass, bool replay_reuses_o);
+  PerRank mixing_backward(int layer, std::int64_t seqs, const PerRank& ready);
+  // One forward chunk (both halves back to back); `fetched`: LLEP's weight fetch the expert GEMMs
+  // wait for (empty: none).
+  PerRank moe_forward_chunk(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                            int chunk, const PerRank& fetched);
+  // The two halves of a forward chunk: router and dispatch; experts, return and combine. A plain
+  // chunk runs them back to back; PipelinedLLEP issues round c+1's dispatch before round c's experts.
+  struct MoeRound {
+    PerRank pre, dispatch;  // dispatch empty without a fabric all-to-all
+    PerRank fetched;        // LLEP's weight fetch the experts wait for (empty: none)
+    std::int64_t tokens = 0;
+    int chunk = 0;
+  };
+  MoeRound moe_dispatch_half(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                             int chunk);
+  PerRank moe_expert_half(int layer, Phase phase, const MoeRound& round, const WindowUse& w);
+  // The MoE sublayer's forward over `tokens` tokens in rounds; allocates the saved activations
+  // (freed here unless `retained`). Returns the last stage per rank.
+  PerRank moe_forward(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                      bool retained);
+  // LLEP: spilled experts' weights to their helpers (forward, recompute) and their gradients
+  // back to the owners (backward). Empty when nothing spills.
+  PerRank llep_fetch(int layer, Phase phase, const PerRank& after);
+  PerRank llep_gradient_return(int layer, const PerRank& after);
+  // Per-rank received load of decoder `layer`'s dispatch relative to the mean (1 = balanced).
+  const std::vector<double>& rank_load(int layer) const { return routing_[static_cast<std::size_t>(layer)].loads; }
+  Bytes moe_activation_on_rank(std::int64_t tokens, int layer, int rank) const;
+  Bytes llep_expert_bytes(int layer) const;           // BF16 weights of one routed expert
+  Bytes llep_weight_bytes(int layer, int rank) const;  // the experts `rank` fetches under LLEP
+  // Per rank, the bytes of one LLEP exchange (weights out, or gradients back); empty when nothing spills.
+  std::vector<Bytes> llep_exchange_bytes(int layer) const;
+  PerRank moe_backward_chunk(int layer, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched);
+
+  // Parameters of decoder `layer` this GPU holds in the window: (common, experts).
+  ParamCount common_params(int layer) const { return params_.layers[static_cast<std::size_t>(layer)].common(); }
+  ParamCount expert_params_on_gpu(int layer) const;
+  ParamCount expert_params_h2d(int layer) const;  // 0 for resident EP shards
+  std::int64_t live_seqs() const;                 // sequences processed at once (Local sub-batches)
+  std::vector<std::int64_t> moe_chunks(std::int64_t tokens) const;
+
+  const Plan& plan_;
+  const WorkloadContext& ctx_;
+  const ModelSpec& m_;
+  LoweringOptions options_;
+  ModelParams params_;
+  StepGraphBuilder b_;
+  std::vector<RankResources> r_;
+  int P_ = 1;
+  bool ep_ = true;
+  int layers_ = 0;  // decoders lowered
+  std::int64_t seqs_ = 1, S_ = 1, N_ = 1;
+
+  // Routing: per decoder, each rank's received dispatch load relative to the mean, after LLEP's
+  // rebalancing when the plan runs it, and the experts each rank fetches / lends under LLEP.
+  std::vector<LlepBalance> routing_;
+  bool llep_ = false;
+
+  int sub_batch_ = -1;    // the sub-batch being lowered when a decoder runs several (stage keys), else −1
+  PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
+  std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
+  int window_uses_ = 0;
+  Bytes window_slot_bytes_ = 0;  // the largest window use: each of the two slots has this size
+  // CPU gradient slots: per kind (0 managed, 1 expert), the CPU updates that consumed the slots.
+  std::array<std::vector<PerRank>, 2> slot_updates_;
+  std::array<int, 2> grads_sent_{0, 0};
+  PerRank last_update_;  // last CPU update per rank
+  // GPU gradient buffers (two slots): per decoder backward, the stages that free its buffer.
+  std::vector<std::vector<PerRank>> grad_buffer_frees_;
+  std::vector<PerRank> pending_grad_frees_;
+  // Boundaries available on the GPU for backward: layer → (stage per rank, bytes per rank).
+  std::map<int, std::pair<PerRank, Bytes>> gpu_boundaries_;
+  std::map<int, PerRank> host_boundaries_;  // layer → D2H stage that saved it
+  std::map<int, PerRank> olse_saved_;       // layer → D2H stage that saved O/LSE
+  PerRank boundary_consumed_;               // the backward stage that last released a loaded boundary
+  PerRank boundary_consumed_before_;        // SCO: the one before it (two boundary buffers)
+  PerRank hidden_grad_alloc_;               // stage that allocated the running hidden-state gradient
+};
+
+}  // namespace oom::lowering

@@ -1,0 +1,435 @@
+// Lowering of the baseline systems (planner/lowering/baselines.h) to a StepGraph.
+//
+// One step = `accumulation_steps` micro-batches, each a forward over every decoder (checkpoint
+// saved to the host), the loss, and a backward that reloads each checkpoint, recomputes the
+// decoder and runs its backward. Per decoder the weights pass a two-slot window: the H2D copy of
+// a use waits for the last consumer of the use two before it; sharded systems copy 1/P and
+// all-gather the rest over the fabric. Gradients: sharded systems reduce-scatter and copy their
+// 1/P to the host (summed there from the second micro-batch on); MegaTrain copies the whole BF16
+// gradient through two CPU gradient slots and sums the ranks' partials in FP32 on the host. Two
+// GPU gradient buffers: a decoder's backward waits until the buffer of the decoder two before it
+// has drained. The optimizer runs per layer during the backward (MegaTrain) or, after the
+// backward of the last micro-batch, as one CPU Adam pass over the rank's shard (FSDP2, ZeRO).
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "costmodel/flops.h"
+#include "costmodel/input_error.h"
+#include "costmodel/params.h"
+#include "costmodel/traffic.h"
+#include "planner/lowering/baselines.h"
+#include "planner/lowering/lowering.h"
+
+namespace oom {
+namespace {
+
+using PerRank = std::vector<StageId>;
+
+// A rank's resources; baselines have no dedicated expert-gradient stream (expert_d2h unused).
+using Ranks = lowering::RankResources;
+
+class BaselineLowering {
+ public:
+  BaselineLowering(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options)
+      : setup_(setup),
+        ctx_(ctx),
+        m_(ctx.model),
+        k_(options.memory),
+        t_(baseline_traits(setup.system, ctx.workload.gpus)),
+        params_(model_params(ctx.model)),
+        b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())),
+        P_(ctx.workload.gpus),
+        S_(ctx.workload.seq_len),
+        seqs_(setup.micro_batch_seqs),
+        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
+    for (int r = 0; r < P_; ++r) {
+      r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/false));
+    }
+    none_.assign(static_cast<std::size_t>(P_), -1);
+    slot_last_[0] = slot_last_[1] = none_;
+    last_compute_ = none_;
+    last_d2h_ = none_;
+  }
+
+  StepGraph run() {
+    const BaselineMemory mem = baseline_static_memory(setup_, ctx_, k_);
+    StepGraph& g = b_.graph();
+    ParamCount largest = std::max(params_.embedding, head_params());
+    for (const auto& l : params_.layers) largest = std::max(largest, l.total());
+    const ParamCount shard = t_.sharded_params ? (largest + P_ - 1) / P_ : largest;
+    const Bytes staging = t_.sharded_params && P_ > 1 ? 2 * t_.h2d_bytes_per_param * shard : 0;
+    for (auto& b : g.gpu_base_bytes) b = k_.gpu_fixed_bytes + 2 * working_weight_bytes(largest) + staging;
+    // Host: the static footprint less the checkpoints, which the stages allocate and free.
+    const std::vector<int> ranks_on = ctx_.hardware.ranks_per_numa(P_);
+    for (std::size_t n = 0; n < g.numa_base_bytes.size() && n < mem.host_bytes_per_numa.size(); ++n) {
+      g.numa_base_bytes[n] = mem.host_bytes_per_numa[n] - ranks_on[n] * boundary_bytes(m_.layers, seqs_, S_, m_.hidden);
+    }
+    g.gpu_headroom_fraction = k_.gpu_headroom_fraction;
+
+    for (micro_ = 0; micro_ < setup_.accumulation_steps; ++micro_) {
+      embedding_forward();
+      for (int l = 0; l < layers_; ++l) decoder_forward(l);
+      head();
+      for (int l = layers_ - 1; l >= 0; --l) decoder_backward(l);
+      embedding_backward();
+    }
+    if (!t_.optimizer_overlaps_backward) optimizer_after_backward();
+    return b_.take();
+  }
+
+ private:
+  bool last_micro() const { return micro_ == setup_.accumulation_steps - 1; }
+  ParamCount head_params() const { return (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm; }
+  const Ranks& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
+
+  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
+    return lowering::keyed_stage(what, op, phase, res, rank, layer, micro_);
+  }
+  static void dep(Stage& s, const PerRank& from, int r) { lowering::add_dep_once(s, from, r); }
+  void mem(StageId s, MemorySpace space, int device, Bytes bytes, bool at_end) {
+    if (bytes != 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({space, device, bytes, at_end});
+  }
+  void gpu(const PerRank& s, Bytes bytes, bool at_end) {
+    for (int r = 0; r < P_; ++r) mem(s[static_cast<std::size_t>(r)], MemorySpace::kGpu, r, bytes, at_end);
+  }
+
+  PerRank compute(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes, const OpShape& shape,
+                  const std::vector<PerRank>& deps) {
+    PerRank out(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make(what, op, phase, rr(r).compute, r, layer);
+      s.flops = flops;
+      s.bytes = bytes;
+      s.shape = shape;
+      for (const auto& d : deps) dep(s, d, r);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
+    }
+    last_compute_ = out;
+    return out;
+  }
+
+  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
+    PerRank out(static_cast<std::size_t>(P_));
+    std::vector<int> peers;
+    for (int r = 0; r < P_; ++r) peers.push_back(r);
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make(what, op, phase, rr(r).fabric, r, layer);
+      s.bytes = bytes;
+      s.peers = peers;
+      for (int q = 0; q < P_; ++q) dep(s, inputs, q);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
+    }
+    return out;
+  }
+
+  PerRank copy(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
+    PerRank out(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make(what, op, phase, op == OpKind::kH2d ? rr(r).h2d : rr(r).d2h, r, layer);
+      s.bytes = bytes;
+      for (const auto& d : deps) dep(s, d, r);
+      out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
+    }
+    return out;
+  }
+
+  // One window use: the rank's copy (and the all-gather of the others' shards). Returns what
+  // compute waits for and the slot to release.
+  std::pair<PerRank, int> deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
+    const int slot = uses_++ % 2;
+    const ParamCount copied = t_.sharded_params ? params / P_ : params;
+    PerRank ready = copy(what(part, StageOp::kH2d), OpKind::kH2d, phase, layer, t_.h2d_bytes_per_param * copied, {slot_last_[slot]});
+    if (t_.sharded_params && P_ > 1) {
+      ready = collective(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, working_weight_bytes(params - copied), ready);
+    }
+    return {ready, slot};
+  }
+
+  // Forward (or recompute) of decoder l: mixing then MoE with the whole expert bank. Returns the last stage.
+  // `first` receives the first stage per rank (where the decoder's activations are allocated).
+  PerRank decoder_compute(int l, Phase phase, const std::vector<PerRank>& deps, PerRank& first) {
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const LayerFlops f = layer_flops(m_, l, seqs_, S_);
+    const std::int64_t T = seqs_ * S_;
+    const bool attention = kind != LayerKind::kLinearAttention;
+    OpShape proj;
+    proj.tokens = T;
+    proj.k = m_.hidden;
+    proj.seqs = seqs_;
+    proj.seq_len = S_;
+    const MoeTraffic t = moe_hbm_bytes(m_, T);
+    PerRank x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l, f.mixing_projection,
+                        mixing_hbm_bytes(m_, l, T), proj, deps);
+    first = x;
+    OpShape core;
+    core.seqs = seqs_;
+    core.seq_len = S_;
+    core.tokens = T;
+    if (attention) {
+      const AttentionSpec& a = m_.attention(kind);
+      core.heads = a.heads;
+      core.head_dim = a.head_dim;
+      core.window = a.window_tokens;
+    } else {
+      core.heads = m_.gdn.value_heads;
+      core.head_dim = m_.gdn.value_head_dim;
+    }
+    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
+                f.mixing_core.total(), 0, core, {x});
+    OpShape dense;
+    dense.tokens = T;
+    dense.k = m_.hidden;
+    x = compute(what(StagePart::kMoe, StageOp::kRouterShared), OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
+                dense, {x});
+    OpShape experts;
+    experts.tokens = T * m_.moe.top_k;
+    experts.k = m_.hidden;
+    experts.experts = m_.moe.experts;
+    return compute(what(StagePart::kMoe, StageOp::kExperts), OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
+  }
+
+  Bytes activations(int l) const {
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const Bytes mix = kind == LayerKind::kLinearAttention
+                          ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
+                          : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
+    return mix + moe_activation_bytes(m_, seqs_ * S_);
+  }
+
+  void embedding_forward() {
+    const auto [ready, slot] = deliver(Phase::kForward, -1, params_.embedding, StagePart::kEmbedding);
+    OpShape shape;
+    shape.tokens = seqs_ * S_;
+    const PerRank gather = compute(what(StagePart::kEmbedding, StageOp::kGather), OpKind::kElementwise, Phase::kForward, -1, 0,
+                                   boundary_bytes(1, seqs_, S_, m_.hidden), shape, {ready, last_compute_});
+    slot_last_[slot] = gather;
+  }
+
+  void decoder_forward(int l) {
+    const auto [ready, slot] = deliver(Phase::kForward, l, params_.layers[static_cast<std::size_t>(l)].total());
+    // Activation offload: the decoder's input goes to the host for the backward.
+    const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
+    const PerRank save = copy(what(StagePart::kBoundary, StageOp::kD2h), OpKind::kD2h, Phase::kForward, l, boundary, {last_compute_});
+    for (int r = 0; r < P_; ++r) mem(save[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, boundary, true);
+    checkpoints_[l] = save;
+    PerRank first;
+    const PerRank out = decoder_compute(l, Phase::kForward, {last_compute_, ready}, first);
+    // The forward's activations live from its first stage to its last (checkpointing frees them).
+    const Bytes act = activations(l);
+    gpu(first, act, false);
+    gpu(out, -act, true);
+    slot_last_[slot] = out;
+  }
+
+  void head() {
+    const ParamCount head = head_params();
+    const auto [ready, slot] = deliver(Phase::kForward, -1, head, StagePart::kLmHead);
+    const std::int64_t T = seqs_ * S_;
+    const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T));
+    OpShape shape;
+    shape.tokens = T;
+    shape.k = m_.hidden;
+    shape.n = m_.vocab;
+    const Flops f = lm_head_flops(m_, T);
+    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, loss_forward_hbm_bytes(m_, T), shape,
+                                {ready, last_compute_});
+    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
+                                loss_backward_hbm_bytes(m_, T), shape, {fwd});
+    gpu(fwd, logits, false);
+    gpu(fwd, -logits, true);
+    gpu(bwd, logits + t_.grad_bytes_per_param * head, false);
+    gpu(bwd, -logits, true);
+    gpu(bwd, boundary_bytes(1, seqs_, S_, m_.hidden), true);  // running gradient of the hidden states
+    slot_last_[slot] = bwd;
+    gradients(-1, StagePart::kLmHead, head, bwd);
+  }
+
+  void decoder_backward(int l) {
+    const ParamCount p = params_.layers[static_cast<std::size_t>(l)].total();
+    const auto [ready, slot] = deliver(Phase::kBackward, l, p);
+    const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
+    const PerRank load = copy(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, l, boundary, {checkpoints_.at(l)});
+    gpu(load, boundary, false);
+    // Two GPU gradient buffers: wait until the buffer of the decoder two back has drained.
+    std::vector<PerRank> gate = {ready, load, last_compute_};
+    if (grad_drains_.size() >= 2) gate.push_back(grad_drains_[grad_drains_.size() - 2]);
+    PerRank first;
+    const PerRank recomputed = decoder_compute(l, Phase::kRecompute, gate, first);
+    const Bytes act = activations(l);
+    gpu(first, act + t_.grad_bytes_per_param * p, false);  // recompute activations and the gradient buffer
+
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const LayerFlops f = layer_flops(m_, l, seqs_, S_);
+    const std::int64_t T = seqs_ * S_;
+    const MoeTraffic t = moe_hbm_bytes(m_, T);
+    OpShape experts;
+    experts.tokens = T * m_.moe.top_k;
+    experts.k = m_.hidden;
+    experts.experts = m_.moe.experts;
+    PerRank x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd), OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
+                        kMemoryBackwardRatio * (t.experts + t.combine), experts, {recomputed});
+    OpShape dense;
+    dense.tokens = T;
+    dense.k = m_.hidden;
+    x = compute(what(StagePart::kMoe, StageOp::kRouterSharedBwd), OpKind::kGemm, Phase::kBackward, l,
+                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), kMemoryBackwardRatio * t.pre, dense, {x});
+    OpShape core;
+    core.seqs = seqs_;
+    core.seq_len = S_;
+    core.tokens = T;
+    const bool attention = kind != LayerKind::kLinearAttention;
+    if (attention) {
+      const AttentionSpec& a = m_.attention(kind);
+      core.heads = a.heads;
+      core.head_dim = a.head_dim;
+      core.window = a.window_tokens;
+    } else {
+      core.heads = m_.gdn.value_heads;
+      core.head_dim = m_.gdn.value_head_dim;
+    }
+    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kCoreBwd), attention ? OpKind::kAttention : OpKind::kGdn, Phase::kBackward,
+                l, (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) * f.mixing_core.total(), 0, core, {x});
+    OpShape proj;
+    proj.tokens = T;
+    proj.k = m_.hidden;
+    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
+                kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, {x});
+    gpu(x, -(act + boundary), true);
+    for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
+    slot_last_[slot] = x;
+    gradients(l, StagePart::kLayer, p, x);
+  }
+
+  void embedding_backward() {
+    OpShape shape;
+    shape.tokens = seqs_ * S_;
+    const PerRank scatter = compute(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
+                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
+    gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
+    gpu(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
+    gradients(-1, StagePart::kEmbedding, params_.embedding, scatter);
+  }
+
+  // The gradients of one parameter group (held on the GPU from `ready` on) to the host; summed
+  // there over micro-batches or ranks; updated per layer when the optimizer overlaps the backward.
+  void gradients(int layer, StagePart part, ParamCount params, const PerRank& ready) {
+    const Bytes on_gpu = t_.grad_bytes_per_param * params;
+    PerRank after = ready;
+    ParamCount sent = params;
+    if (t_.sharded_params && P_ > 1) {
+      after = collective(what(part, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
+                         on_gpu * (P_ - 1) / P_, ready);
+      sent = params / P_;
+    }
+    std::vector<PerRank> deps = {after};
+    const int index = grads_sent_++;
+    if (!t_.sharded_params && index >= 2) deps.push_back(slot_consumers_[static_cast<std::size_t>(index - 2)]);  // two CPU slots
+    const PerRank d2h = copy(what(part, StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
+    gpu(d2h, -on_gpu, true);
+    if (layer >= 0) grad_drains_.push_back(d2h);
+    last_d2h_ = d2h;
+    PerRank consumed = d2h;
+    const bool host_sum = !t_.sharded_params ? P_ > 1 || micro_ > 0 : micro_ > 0;
+    if (host_sum) {
+      // FP32 sum on the host: each rank adds what it received (its partial of the whole group,
+      // or its shard for the micro-batches after the first).
+      PerRank acc(static_cast<std::size_t>(P_));
+      for (int r = 0; r < P_; ++r) {
+        Stage s = make(what(part, StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
+        s.params = sent;
+        s.bytes = gradient_bytes(sent);
+        dep(s, d2h, r);
+        acc[static_cast<std::size_t>(r)] = b_.add(std::move(s));
+      }
+      consumed = acc;
+    }
+    slot_consumers_.push_back(consumed);
+    if (t_.optimizer_overlaps_backward && last_micro()) {
+      // Each rank updates 1/P of the group once every rank's partial is summed.
+      PerRank upd(static_cast<std::size_t>(P_));
+      for (int r = 0; r < P_; ++r) {
+        Stage s = make(what(part, StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
+        s.params = params / P_;
+        s.bytes = canonical_state_bytes(params / P_);
+        for (int q = 0; q < P_; ++q) dep(s, consumed, q);
+        upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
+      }
+      publish(part, layer, params / P_, upd);
+    } else if (last_micro()) {
+      pending_updates_.push_back({layer, part, params, consumed});
+    }
+  }
+
+  void publish(StagePart part, int layer, ParamCount params, const PerRank& upd) {
+    if (!t_.publishes_bf16) return;
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make(what(part, StageOp::kPublish), OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
+      s.params = params;
+      s.bytes = working_weight_bytes(params);
+      dep(s, upd, r);
+      b_.add(std::move(s));
+    }
+  }
+
+  // One CPU Adam pass over the rank's shard after the backward has finished (optimizer.step()).
+  void optimizer_after_backward() {
+    bool first = true;
+    for (const auto& u : pending_updates_) {
+      PerRank upd(static_cast<std::size_t>(P_));
+      for (int r = 0; r < P_; ++r) {
+        Stage s = make(what(u.part, StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
+        s.params = u.params / P_;
+        s.bytes = canonical_state_bytes(u.params / P_);
+        dep(s, u.ready, r);
+        if (first) dep(s, last_d2h_, r);  // the step begins when the rank's backward is done
+        upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
+      }
+      publish(u.part, u.layer, u.params / P_, upd);
+      first = false;
+    }
+  }
+
+  struct PendingUpdate {
+    int layer;
+    StagePart part;
+    ParamCount params;
+    PerRank ready;
+  };
+
+  const BaselineSetup setup_;
+  const WorkloadContext& ctx_;
+  const ModelSpec& m_;
+  const MemoryConstants k_;
+  const BaselineTraits t_;
+  const ModelParams params_;
+  StepGraphBuilder b_;
+  const int P_;
+  const std::int64_t S_, seqs_;
+  const int layers_;
+  std::vector<Ranks> r_;
+  PerRank none_, last_compute_, last_d2h_;
+  PerRank slot_last_[2];
+  int uses_ = 0;
+  int micro_ = 0;
+  int grads_sent_ = 0;
+  std::vector<PerRank> slot_consumers_;  // per gradient sent: the stage that freed its CPU slot
+  std::vector<PerRank> grad_drains_;     // per decoder backward: the D2H that drained its buffer
+  std::map<int, PerRank> checkpoints_;   // decoder → the D2H that saved its input
+  std::vector<PendingUpdate> pending_updates_;
+};
+
+}  // namespace
+
+StepGraph lower_baseline(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options) {
+  OOM_ASSERT(ctx.workload.gpus >= 1, "at least one GPU");
+  OOM_ASSERT(setup.micro_batch_seqs >= 1 && setup.accumulation_steps >= 1, "a micro-batch of at least one sequence");
+  BaselineLowering l(setup, ctx, options);
+  StepGraph g = l.run();
+  OOM_ASSERT(check_step_graph(g).empty(), "baseline lowering produced a malformed StepGraph");
+  return g;
+}
+
+}  // namespace oom

@@ -1,0 +1,552 @@
+// Decoder layers of the lowering: forward, replay, backward, boundaries and gradients
+// (reference §3 for EP, §4 for Local). See planner/lowering/lowering.h for the runtime rules.
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/traffic.h"
+#include "planner/lowering/lowering.h"
+
+namespace oom::lowering {
+namespace {
+
+bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
+
+// Query-head groups the attention core runs in (1 = unpartitioned).
+int head_groups(const AttentionSpec& a, int head_group) {
+  if (head_group <= 0) return 1;
+  const int per_kv = a.heads / std::max(1, a.kv_heads);
+  return std::max(1, per_kv / std::max(1, std::min(head_group, per_kv)));
+}
+
+// The shape of one head group's attention core over `seqs` complete sequences of `seq_len` tokens.
+OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t seq_len) {
+  OpShape core;
+  core.seqs = seqs;
+  core.seq_len = seq_len;
+  core.heads = a.heads / groups;
+  core.head_dim = a.head_dim;
+  core.window = a.window_tokens;
+  core.tokens = seqs * seq_len;
+  return core;
+}
+
+int gdn_chunks(std::int64_t seq_len, std::int64_t chunk) {
+  if (chunk <= 0 || chunk >= seq_len) return 1;
+  return static_cast<int>((seq_len + chunk - 1) / chunk);
+}
+
+}  // namespace
+
+PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
+                                 bool first_pass, bool reuse_o) {
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const LayerFlops f = layer_flops(m_, l, seqs, S_);
+  OpShape proj;
+  proj.tokens = seqs * S_;
+  proj.k = m_.hidden;
+  proj.seqs = seqs;
+  proj.seq_len = S_;
+  const PerRank p = compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l,
+                                f.mixing_projection, mixing_hbm_bytes(m_, l, seqs * S_), proj, {input, w.ready});
+  PerRank last = p;
+  if (is_attention(kind)) {
+    const AttentionSpec& a = m_.attention(kind);
+    const Bytes olse = attention_result_bytes(a, seqs, S_);
+    if (reuse_o) {
+      // O/LSE come back from the host; the core is not recomputed (reference §4 "Keep").
+      PerRank load(static_cast<std::size_t>(P_));
+      for (int r = 0; r < P_; ++r) {
+        Stage s = make(what(StagePart::kAttention, StageOp::kOlseH2d), OpKind::kH2d, phase, r_[static_cast<std::size_t>(r)].h2d, r, l);
+        s.bytes = olse;
+        if (olse_saved_.count(l)) s.deps.push_back(olse_saved_.at(l)[static_cast<std::size_t>(r)]);
+        load[static_cast<std::size_t>(r)] = add(std::move(s));
+      }
+      last = compute_all(what(StagePart::kAttention, StageOp::kOut), OpKind::kSync, phase, l, 0, 0, OpShape{}, {p, load});
+    } else {
+      const int groups = head_groups(a, plan_.split.attention_head_group);
+      const OpShape core = attention_core_shape(a, groups, seqs, S_);
+      for (int g = 0; g < groups; ++g) {
+        last = compute_all(what(StagePart::kAttention, StageOp::kCore).at_head_group(g), OpKind::kAttention, phase, l,
+                           f.mixing_core.total() / groups, 0, core, {last});
+      }
+      if (first_pass && plan_.keep_attention_results) {
+        PerRank save(static_cast<std::size_t>(P_));
+        for (int r = 0; r < P_; ++r) {
+          Stage s = make(what(StagePart::kAttention, StageOp::kOlseD2h), OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
+          s.bytes = olse;
+          s.deps.push_back(last[static_cast<std::size_t>(r)]);
+          save[static_cast<std::size_t>(r)] = add(std::move(s));
+          host_alloc(save[static_cast<std::size_t>(r)], r, olse);
+        }
+        olse_saved_[l] = save;
+      }
+    }
+  } else {
+    const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
+    OpShape core;
+    core.seqs = seqs;
+    core.seq_len = S_ / chunks;
+    core.tokens = seqs * S_ / chunks;
+    core.heads = m_.gdn.value_heads;
+    core.head_dim = m_.gdn.value_head_dim;
+    for (int c = 0; c < chunks; ++c) {
+      // Each chunk hands its FP32 recurrent state to the next (stream order carries it).
+      last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
+                         core, {last});
+    }
+  }
+  return last;
+}
+
+Bytes Lowering::moe_activation_on_rank(std::int64_t tokens, int l, int r) const {
+  // The routed part lives where the assignments are processed: the receiving rank's share.
+  if (!ep_ || P_ == 1) return moe_activation_bytes(m_, tokens);
+  return moe_activation_bytes_at_load(m_, tokens, rank_load(l)[static_cast<std::size_t>(r)]);
+}
+
+namespace {
+
+// Per-rank bytes of one all-to-all of `tokens` tokens per rank: each rank sends its k·tokens
+// assignments ((P−1)/P of them leave the GPU) and receives its load's share; the larger of the
+// two directions sets its time.
+std::vector<Bytes> a2a_bytes_per_rank(const ModelSpec& m, std::int64_t tokens, int P, const std::vector<double>& load) {
+  const Bytes send = ep_a2a_bytes(m.moe.top_k, tokens, m.hidden, kBf16Bytes, P) / 2;
+  std::vector<Bytes> out;
+  for (const double f : load) out.push_back(std::max(send, static_cast<Bytes>(static_cast<double>(send) * f)));
+  return out;
+}
+
+}  // namespace
+
+Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t tokens, const WindowUse& w,
+                                               const PerRank& input, int chunk) {
+  const MoeFlops f = moe_flops(m_, tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, tokens);
+  OpShape dense;
+  dense.tokens = tokens;
+  dense.k = m_.hidden;
+  MoeRound round;
+  round.tokens = tokens;
+  round.chunk = chunk;
+  round.pre = compute_all(what(StagePart::kMoe, StageOp::kRouterShared).at_chunk(chunk), OpKind::kGemm, phase, l,
+                          f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
+  if (!ep_ || P_ == 1) return round;
+  const std::vector<double>& load = rank_load(l);
+  round.dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aDispatch).at_chunk(chunk), OpKind::kAllToAll, phase, l,
+                                   a2a_bytes_per_rank(m_, tokens, P_, load), round.pre);
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]),
+              false, MemoryUse::kDispatch);
+  }
+  return round;
+}
+
+PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, const WindowUse& w) {
+  const MoeFlops f = moe_flops(m_, round.tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, round.tokens);
+  OpShape experts;
+  experts.tokens = round.tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
+  experts.k = m_.hidden;
+  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  const int chunk = round.chunk;
+  if (round.dispatch.empty()) {
+    return compute_all(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
+                       t.experts + t.combine, experts, {round.pre, w.ready});
+  }
+  // The slowest rank (the largest received share) sets the pace of the return all-to-all.
+  const std::vector<double>& load = rank_load(l);
+  const PerRank exp = compute_loaded(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l,
+                                     f.routed_experts, t.experts, experts, load, {round.dispatch, w.ready, round.fetched});
+  const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aReturn).at_chunk(chunk), OpKind::kAllToAll, phase, l,
+                                      a2a_bytes_per_rank(m_, round.tokens, P_, load), exp);
+  for (int r = 0; r < P_; ++r) {
+    gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, round.tokens, load[static_cast<std::size_t>(r)]),
+             MemoryUse::kDispatch);
+  }
+  OpShape combine;
+  combine.tokens = round.tokens;
+  return compute_all(what(StagePart::kMoe, StageOp::kCombine).at_chunk(chunk), OpKind::kElementwise, phase, l, 0, t.combine, combine, {ret});
+}
+
+PerRank Lowering::moe_forward(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                              bool retained) {
+  const PerRank fetched = llep_fetch(l, phase, w.ready);
+  PerRank x = input;
+  const auto finish = [&](const MoeRound& round) {
+    const PerRank out = moe_expert_half(l, phase, round, w);
+    for (int r = 0; r < P_; ++r) {
+      const Bytes act = moe_activation_on_rank(round.tokens, l, r);
+      gpu_alloc(out[static_cast<std::size_t>(r)], r, act, false, MemoryUse::kDispatch);
+      if (!retained) gpu_free(out[static_cast<std::size_t>(r)], r, act, MemoryUse::kDispatch);  // retained: the backward frees
+    }
+    return out;
+  };
+  int c = 0;
+  if (llep_) {
+    // PipelinedLLEP: round c+1's router and dispatch are issued before round c's experts, so the
+    // dispatch of one round overlaps the expert GEMMs of the previous one (two rounds in flight).
+    std::optional<MoeRound> previous;
+    for (const std::int64_t t : moe_chunks(tokens)) {
+      MoeRound round = moe_dispatch_half(l, phase, t, w, input, c++);
+      round.fetched = fetched;
+      if (previous) x = finish(*previous);
+      previous = std::move(round);
+    }
+    x = finish(*previous);
+  } else {
+    for (const std::int64_t t : moe_chunks(tokens)) {
+      MoeRound round = moe_dispatch_half(l, phase, t, w, x, c++);
+      x = finish(round);
+    }
+  }
+  if (!fetched.empty()) {
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
+  }
+  return x;
+}
+
+Bytes Lowering::llep_expert_bytes(int l) const {
+  return working_weight_bytes(params_.layers[static_cast<std::size_t>(l)].routed_experts / std::max(1, m_.moe.experts));
+}
+
+Bytes Lowering::llep_weight_bytes(int l, int r) const {
+  return llep_expert_bytes(l) * routing_[static_cast<std::size_t>(l)].fetched[static_cast<std::size_t>(r)];
+}
+
+std::vector<Bytes> Lowering::llep_exchange_bytes(int l) const {
+  const LlepBalance& b = routing_[static_cast<std::size_t>(l)];
+  if (!llep_ || b.spilled_experts == 0) return {};
+  // Each rank sends the experts it lends and receives those it fetches (or their gradients back).
+  std::vector<Bytes> bytes;
+  for (int r = 0; r < P_; ++r) {
+    bytes.push_back(llep_expert_bytes(l) * std::max(b.fetched[static_cast<std::size_t>(r)], b.lent[static_cast<std::size_t>(r)]));
+  }
+  return bytes;
+}
+
+PerRank Lowering::llep_fetch(int l, Phase phase, const PerRank& after) {
+  const std::vector<Bytes> bytes = llep_exchange_bytes(l);
+  if (bytes.empty()) return {};
+  // Helpers receive the spilled experts' BF16 weights from their owners over the fabric.
+  const PerRank out = collective_each(what(StagePart::kLlep, StageOp::kFetch), OpKind::kAllToAll, phase, l, bytes, after);
+  for (int r = 0; r < P_; ++r) gpu_alloc(out[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), false, MemoryUse::kDispatch);
+  return out;
+}
+
+PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
+  const std::vector<Bytes> bytes = llep_exchange_bytes(l);
+  if (bytes.empty()) return after;
+  // The spilled experts' BF16 gradients go back to their owners over the fabric; the expert
+  // gradients' D2H waits for it. The owners' add (three passes over one expert's BF16 gradient
+  // per helper, ~10 µs) is not priced, and it does not hold up the mixing backward.
+  const PerRank back = collective_each(what(StagePart::kLlep, StageOp::kGradReturn), OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
+  for (int r = 0; r < P_; ++r) gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
+  return back;
+}
+
+PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
+                                    int chunk, const PerRank& fetched) {
+  MoeRound round = moe_dispatch_half(l, phase, tokens, w, input, chunk);
+  round.fetched = fetched;
+  return moe_expert_half(l, phase, round, w);
+}
+
+PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched) {
+  const MoeFlops f = moe_flops(m_, tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, tokens);
+  OpShape experts;
+  experts.tokens = tokens * m_.moe.top_k;
+  experts.k = m_.hidden;
+  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  PerRank exp;
+  if (ep_ && P_ > 1) {
+    const std::vector<double>& load = rank_load(l);
+    const std::vector<Bytes> a2a = a2a_bytes_per_rank(m_, tokens, P_, load);
+    const PerRank dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aGradDispatch).at_chunk(chunk), OpKind::kAllToAll,
+                                             Phase::kBackward, l, a2a, ready);
+    exp = compute_loaded(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+                         kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
+                         {dispatch, fetched});
+    const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll,
+                                        Phase::kBackward, l, a2a, exp);
+    for (int r = 0; r < P_; ++r) {
+      const Bytes buffers = a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]);
+      gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers, false, MemoryUse::kDispatch);
+      gpu_free(ret[static_cast<std::size_t>(r)], r, buffers, MemoryUse::kDispatch);
+    }
+    exp = ret;
+  } else {
+    exp = compute_all(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
+                      kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, {ready});
+  }
+  OpShape dense;
+  dense.tokens = tokens;
+  dense.k = m_.hidden;
+  return compute_all(what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(chunk), OpKind::kGemm, Phase::kBackward, l,
+                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), kMemoryBackwardRatio * (t.pre + t.combine),
+                     dense, {exp});
+}
+
+PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready) {
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const LayerFlops f = layer_flops(m_, l, seqs, S_);
+  PerRank last = ready;
+  if (is_attention(kind)) {
+    const AttentionSpec& a = m_.attention(kind);
+    const int groups = head_groups(a, plan_.split.attention_head_group);
+    const OpShape core = attention_core_shape(a, groups, seqs, S_);
+    const Flops fwd = f.mixing_core.total() / groups;
+    for (int g = groups - 1; g >= 0; --g) {
+      // Without O/LSE kept, a partitioned backward needs each group's softmax statistics again:
+      // its forward is recomputed right before its backward.
+      if (groups > 1 && !plan_.keep_attention_results) {
+        last = compute_all(what(StagePart::kAttention, StageOp::kCoreRefwd).at_head_group(g), OpKind::kAttention, Phase::kRecompute, l, fwd, 0,
+                           core, {last});
+      }
+      last = compute_all(what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(g), OpKind::kAttention, Phase::kBackward, l,
+                         kAttentionBackwardRatio * fwd, 0, core, {last});
+    }
+  } else {
+    const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
+    OpShape core;
+    core.seqs = seqs;
+    core.seq_len = S_ / chunks;
+    core.tokens = seqs * S_ / chunks;
+    core.heads = m_.gdn.value_heads;
+    core.head_dim = m_.gdn.value_head_dim;
+    for (int c = chunks - 1; c >= 0; --c) {
+      last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
+                         kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
+    }
+  }
+  OpShape proj;
+  proj.tokens = seqs * S_;
+  proj.k = m_.hidden;
+  const Bytes bytes = kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, seqs * S_);
+  return compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
+                     kMatmulBackwardRatio * f.mixing_projection, bytes, proj, {last});
+}
+
+void Lowering::decoder_forward(int l, Phase phase, bool original) {
+  const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
+  const WindowUse w = deliver_weights(StagePart::kWeights, phase, l, common_params(l), expert_params_h2d(l),
+                                      expert_params_on_gpu(l), shard);
+  const PerRank input = last_compute_;
+  const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
+  if (original) {
+    switch (plan_.boundaries.place(l)) {
+      case BoundaryPolicy::Place::kHost: {
+        PerRank save(static_cast<std::size_t>(P_));
+        for (int r = 0; r < P_; ++r) {
+          Stage s = make(what(StagePart::kBoundary, StageOp::kD2h), OpKind::kD2h, phase, r_[static_cast<std::size_t>(r)].d2h, r, l);
+          s.bytes = boundary;
+          if (input[static_cast<std::size_t>(r)] >= 0) s.deps.push_back(input[static_cast<std::size_t>(r)]);
+          save[static_cast<std::size_t>(r)] = add(std::move(s));
+          host_alloc(save[static_cast<std::size_t>(r)], r, boundary);
+        }
+        host_boundaries_[l] = save;
+        break;
+      }
+      case BoundaryPolicy::Place::kGpu:
+        for (int r = 0; r < P_; ++r) gpu_alloc(input[static_cast<std::size_t>(r)], r, boundary, true, MemoryUse::kBoundaries);
+        gpu_boundaries_[l] = {input, boundary};
+        break;
+      case BoundaryPolicy::Place::kRegenerated:
+        break;
+    }
+  }
+  const bool retained = ep_ && plan_.is_moe_retained(l);
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const bool reuse_o = !original && plan_.keep_attention_results && is_attention(kind);
+  const std::int64_t sb = live_seqs();
+  PerRank x = input;
+  for (std::int64_t done = 0; done < seqs_; done += sb) {
+    sub_batch_ = sb < seqs_ ? static_cast<int>(done / sb) : -1;
+    const std::int64_t seqs = std::min(sb, seqs_ - done);
+    const Bytes mix_act = is_attention(kind)
+                              ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
+                              : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    const PerRank mix = mixing_forward(l, phase, seqs, w, x, original, reuse_o);
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
+      gpu_free(mix[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
+    }
+    x = moe_forward(l, phase, seqs * S_, w, mix, retained);
+  }
+  sub_batch_ = -1;
+  release_window(w, x);
+}
+
+PerRank Lowering::boundary_for_backward(int l) {
+  const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
+  const auto place = plan_.boundaries.place(l);
+  if (place == BoundaryPolicy::Place::kHost) {
+    PerRank load(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Stage s = make(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, r_[static_cast<std::size_t>(r)].h2d, r, l);
+      s.bytes = boundary;
+      if (host_boundaries_.count(l)) s.deps.push_back(host_boundaries_.at(l)[static_cast<std::size_t>(r)]);
+      // One boundary buffer: the load waits until the previous decoder's backward consumed its input.
+      // SCO has two: the load is prefetched while the previous decoder's backward runs, and waits
+      // only for the consumer of the buffer before (the decoder two back).
+      const PerRank& freed = plan_.flat.selective_checkpoint_offload ? boundary_consumed_before_ : boundary_consumed_;
+      if (!freed.empty() && freed[static_cast<std::size_t>(r)] >= 0) s.deps.push_back(freed[static_cast<std::size_t>(r)]);
+      load[static_cast<std::size_t>(r)] = add(std::move(s));
+      gpu_alloc(load[static_cast<std::size_t>(r)], r, boundary, false, MemoryUse::kBoundaries);
+    }
+    gpu_boundaries_[l] = {load, boundary};
+    return load;
+  }
+  if (gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
+  // Regenerate: no-grad forwards from the nearest kept boundary j < l through decoders j..l−1,
+  // holding the last `regenerate_cap` regenerated boundaries on the GPU (reference §4 "Replay").
+  int j = l - 1;
+  while (j > 0 && plan_.boundaries.place(j) == BoundaryPolicy::Place::kRegenerated && !gpu_boundaries_.count(j)) --j;
+  if (j < 0) j = 0;
+  const bool j_was_held = gpu_boundaries_.count(j) > 0;
+  PerRank start;
+  if (plan_.boundaries.place(j) == BoundaryPolicy::Place::kRegenerated && !j_was_held) {
+    // Decoder 0's input regenerated: gather the embeddings again.
+    OpShape shape;
+    shape.tokens = N_;
+    start = compute_all(what(StagePart::kEmbedding, StageOp::kRegather), OpKind::kElementwise, Phase::kRecompute, -1, 0, boundary, shape, {last_compute_});
+    for (int r = 0; r < P_; ++r) gpu_alloc(start[static_cast<std::size_t>(r)], r, boundary, false, MemoryUse::kBoundaries);
+    gpu_boundaries_[j] = {start, boundary};
+  } else {
+    start = boundary_for_backward(j);
+  }
+  const int cap = std::max(1, plan_.boundaries.regenerate_cap);
+  last_compute_ = start;
+  for (int d = j; d < l; ++d) {
+    decoder_forward(d, Phase::kRecompute, false);
+    const int produced = d + 1;  // the input of decoder d+1
+    if (produced > l - cap) {
+      for (int r = 0; r < P_; ++r) gpu_alloc(last_compute_[static_cast<std::size_t>(r)], r, boundary, true, MemoryUse::kBoundaries);
+      gpu_boundaries_[produced] = {last_compute_, boundary};
+    }
+  }
+  // The starting boundary stays where it was for its own backward; a copy loaded only to start
+  // the run is released.
+  if (!j_was_held && plan_.boundaries.place(j) == BoundaryPolicy::Place::kHost) {
+    for (int r = 0; r < P_; ++r) gpu_free(last_compute_[static_cast<std::size_t>(r)], r, boundary, MemoryUse::kBoundaries);
+    gpu_boundaries_.erase(j);
+  }
+  return gpu_boundaries_.at(l).first;
+}
+
+void Lowering::decoder_backward(int l) {
+  // A boundary on the host is loaded after the layer's weights (the weights prefetch into their
+  // slot; the boundary waits for its buffer); a regenerated one is produced before them.
+  const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
+  const bool load_after = plan_.boundaries.place(l) == BoundaryPolicy::Place::kHost;
+  PerRank input;
+  if (!load_after) input = boundary_for_backward(l);
+  const WindowUse w = deliver_weights(StagePart::kWeights, Phase::kBackward, l, common_params(l), expert_params_h2d(l),
+                                      expert_params_on_gpu(l), shard);
+  if (load_after) input = boundary_for_backward(l);
+  const bool retained = ep_ && plan_.is_moe_retained(l);
+  const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+  const bool reuse_o = plan_.keep_attention_results && is_attention(kind);
+  const ParamCount common = common_params(l), experts = expert_params_on_gpu(l);
+  const std::int64_t sb = live_seqs();
+  bool first = true;
+  PerRank x = input, last_expert_bwd;
+  for (std::int64_t done = 0; done < seqs_; done += sb) {
+    sub_batch_ = sb < seqs_ ? static_cast<int>(done / sb) : -1;
+    const std::int64_t seqs = std::min(sb, seqs_ - done);
+    const Bytes mix_act = is_attention(kind)
+                              ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
+                              : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
+    for (int r = 0; r < P_; ++r) gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
+    x = mix;
+    if (first) {
+      // Gradient buffer: wait until the buffer of the decoder two back has drained.
+      std::vector<PerRank> gate = {x};
+      const std::size_t uses = grad_buffer_frees_.size();
+      if (uses >= 2) {
+        for (const auto& f : grad_buffer_frees_[uses - 2]) gate.push_back(f);
+      }
+      x = compute_all(what(StagePart::kGrads, StageOp::kBuffer), OpKind::kSync, Phase::kBackward, l, 0, 0, OpShape{}, gate);
+      for (int r = 0; r < P_; ++r) gpu_alloc(x[static_cast<std::size_t>(r)], r, gradient_bytes(common + experts), false, MemoryUse::kOptimizer);
+      first = false;
+    }
+    // LLEP: the spilled experts' weights again for the replay and backward (rounds in order here).
+    const PerRank fetched = llep_fetch(l, Phase::kBackward, w.ready);
+    const auto chunks = moe_chunks(seqs * S_);
+    for (int c = static_cast<int>(chunks.size()) - 1; c >= 0; --c) {
+      const std::int64_t tokens = chunks[static_cast<std::size_t>(c)];
+      PerRank ready = x;
+      if (!retained) {
+        ready = moe_forward_chunk(l, Phase::kRecompute, tokens, w, x, c, fetched);
+        for (int r = 0; r < P_; ++r) {
+          gpu_alloc(ready[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), false, MemoryUse::kDispatch);
+        }
+      }
+      x = moe_backward_chunk(l, tokens, ready, c, fetched);
+      last_expert_bwd = x;
+      for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), MemoryUse::kDispatch);
+    }
+    if (!fetched.empty()) last_expert_bwd = llep_gradient_return(l, x);
+    x = mixing_backward(l, seqs, x);
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
+  }
+  sub_batch_ = -1;
+  release_window(w, x);
+  // The decoder input is consumed; an O/LSE copy on the host is no longer needed.
+  boundary_consumed_before_ = boundary_consumed_;
+  boundary_consumed_ = x;
+  if (gpu_boundaries_.count(l)) {
+    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
+    gpu_boundaries_.erase(l);
+  }
+  if (host_boundaries_.count(l)) {
+    for (int r = 0; r < P_; ++r) host_free(input[static_cast<std::size_t>(r)], r, boundary_bytes(1, seqs_, S_, m_.hidden));
+  }
+  if (olse_saved_.count(l)) {
+    for (int r = 0; r < P_; ++r) host_free(x[static_cast<std::size_t>(r)], r, attention_result_bytes(m_.attention(kind), seqs_, S_));
+  }
+
+  std::vector<PerRank> d2h;
+  pending_grad_frees_.clear();
+  if (streamed_optimizer()) {
+    const ParamCount group = common + experts;
+    if (ep_) {
+      if (plan_.is_resident(l)) {
+        gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
+      } else {
+        stream_gradients(StagePart::kExperts, l, experts, last_expert_bwd, false, true, false, experts);
+      }
+      stream_gradients(StagePart::kCommon, l, common, x, true, false, false, common / P_);
+    } else if (plan_.param_transfer == ParamTransfer::kShard) {
+      stream_gradients(StagePart::kLayer, l, group, x, true, false, false, group / P_);
+    } else {
+      stream_gradients(StagePart::kLayer, l, group, x, false, false, true, group / P_);
+    }
+  } else if (ep_) {
+    const bool resident = plan_.is_resident(l);
+    if (resident) {
+      // Resident shard: GPU AdamW and BF16 refresh on the owner; no H2D, D2H or CPU update.
+      gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
+    } else {
+      gradients_to_host(StagePart::kExperts, l, experts, last_expert_bwd, false, true, d2h);
+    }
+    gradients_to_host(StagePart::kCommon, l, common, x, true, false, d2h);
+    cpu_update(StagePart::kLayer, l, common / P_ + (resident ? 0 : experts), d2h, false, 0);
+  } else if (plan_.param_transfer == ParamTransfer::kShard) {
+    // Gradients reduced on the GPUs (the mirror of the shard all-gather); each rank updates 1/P.
+    gradients_to_host(StagePart::kLayer, l, common + experts, x, true, false, d2h);
+    cpu_update(StagePart::kLayer, l, (common + experts) / P_, d2h, false, 0);
+  } else {
+    // BF16 partials accumulated in FP32 in host memory, then each rank updates 1/P.
+    gradients_to_host(StagePart::kLayer, l, common + experts, x, false, false, d2h);
+    cpu_update(StagePart::kLayer, l, (common + experts) / P_, d2h, true, common + experts);
+  }
+  grad_buffer_frees_.push_back(pending_grad_frees_);
+  pending_grad_frees_.clear();
+}
+
+}  // namespace oom::lowering

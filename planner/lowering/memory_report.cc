@@ -1,0 +1,246 @@
+#include "planner/lowering/memory_report.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/params.h"
+#include "costmodel/routing.h"
+
+namespace oom {
+namespace {
+
+Bytes sum(const std::vector<MemoryItem>& items) {
+  Bytes total = 0;
+  for (const auto& i : items) total += i.bytes;
+  return total;
+}
+
+void add(std::vector<MemoryItem>& items, std::string name, Bytes bytes) {
+  if (bytes > 0) items.push_back({std::move(name), bytes});
+}
+
+// Activations one decoder's backward holds for its mixing sublayer under the plan's partitions.
+Bytes mixing_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t seqs, std::int64_t S, const SplitSpec& split) {
+  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, split.gdn_chunk_tokens);
+  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, split.attention_head_group);
+}
+
+struct WorkPhase {
+  std::string where;
+  std::vector<MemoryItem> items;
+};
+
+}  // namespace
+
+Bytes HostNumaReport::total() const { return sum(items); }
+
+Bytes MemoryReport::host_total() const {
+  Bytes total = 0;
+  for (const auto& h : host) total += h.total();
+  return total;
+}
+
+MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const MemoryConstants& k) {
+  const ModelSpec& m = ctx.model;
+  const Workload& w = ctx.workload;
+  const HardwareSpec& hw = ctx.hardware;
+  const ModelParams params = model_params(m);
+  const int P = w.gpus;
+  const bool ep = plan.path == ExpertPath::kEp;
+  const std::int64_t seqs = w.seqs_per_gpu(), S = w.seq_len, N = w.tokens_per_gpu();
+  // Sequences and tokens live at once on one GPU (Local sub-batches hold complete sequences).
+  const std::int64_t live_seqs = (!ep && plan.split.sub_batch_seqs > 0) ? plan.split.sub_batch_seqs : seqs;
+  const std::int64_t live_tokens = live_seqs * S;
+
+  // Expert parameters this GPU streams per layer: its shard (EP) or the whole bank (Local).
+  auto experts_on_gpu = [&](int l) { return ep ? params.layers[l].routed_experts / P : params.layers[l].routed_experts; };
+  ParamCount largest_layer = params.embedding;  // the LM head / embedding also passes the window
+  for (int l = 0; l < m.layers; ++l) largest_layer = std::max(largest_layer, params.layers[l].common() + experts_on_gpu(l));
+  const Bytes window = 2 * working_weight_bytes(largest_layer);  // two-slot parameter window
+  // Skewed routing: the rank receiving the largest share holds that share of the routed
+  // activations and the receive buffers (after PipelinedLLEP's rebalancing when the plan runs it).
+  const bool llep = ep && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  double load = 1.0;
+  Bytes llep_weights = 0;
+  if (ep) {
+    const std::vector<LlepBalance> routing = ep_layer_balance(w.routing, m.moe.experts, m.layers, P, llep);
+    for (int l = 0; l < m.layers; ++l) {
+      const LlepBalance& b = routing[static_cast<std::size_t>(l)];
+      load = std::max(load, max_load(b.loads));
+      const int most = *std::max_element(b.fetched.begin(), b.fetched.end());
+      if (most > 0) llep_weights = std::max(llep_weights, most * working_weight_bytes(params.layers[l].routed_experts / m.moe.experts));
+    }
+  }
+  const auto moe_on_worst_rank = [&](std::int64_t tokens) {
+    return ep && P > 1 ? moe_activation_bytes_at_load(m, tokens, load) : moe_activation_bytes(m, tokens);
+  };
+
+  MemoryReport report;
+  GpuMemoryReport& gpu = report.gpu;
+
+  // M_state: resident expert shards keep FP32 master + moments on their GPU; their BF16 weights
+  // are refreshed into the parameter window.
+  ParamCount resident = 0;
+  for (int l : plan.resident_layers) resident += experts_on_gpu(l);
+  add(gpu.state, fmt::format("resident expert shards, {} layers (FP32 master + 2 moments)", plan.resident_layers.size()),
+      canonical_state_bytes(resident));
+
+  // M_keep: MoE backward tensors of retained layers, boundaries held on the GPU.
+  const std::int64_t moe_tokens_live =
+      ep ? std::min(plan.routing_chunk_tokens, N) : (plan.split.moe_chunk_tokens > 0 ? std::min(plan.split.moe_chunk_tokens, live_tokens) : live_tokens);
+  add(gpu.keep, fmt::format("MoE-retained activations, {} layers", plan.moe_retained_layers.size()),
+      static_cast<Bytes>(plan.moe_retained_layers.size()) * moe_on_worst_rank(N));
+  add(gpu.keep, fmt::format("boundaries held on GPU, {} layers", plan.boundaries.gpu_held.size()),
+      boundary_bytes(static_cast<std::int64_t>(plan.boundaries.gpu_held.size()), seqs, S, m.hidden));
+
+  // M_work: the largest workset over the decoders' backward phases and the loss phase.
+  bool any_regenerated = false;
+  for (int l = 0; l < m.layers; ++l) any_regenerated = any_regenerated || plan.boundaries.place(l) == BoundaryPolicy::Place::kRegenerated;
+  std::vector<WorkPhase> phases;
+  for (int l = 0; l < m.layers; ++l) {
+    const LayerKind kind = m.layer_kinds[l];
+    WorkPhase ph{fmt::format("decoder {} ({}) backward", l, layer_kind_name(kind)), {}};
+    add(ph.items, "parameter window (2 slots, BF16)", window);
+    if (!ep && plan.param_transfer == ParamTransfer::kShard) {
+      add(ph.items, "expert shard staging for AllGather (BF16)", working_weight_bytes(params.layers[l].routed_experts / P));
+    }
+    add(ph.items, "layer gradients (BF16)", gradient_bytes(params.layers[l].common() + experts_on_gpu(l)));
+    add(ph.items, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
+    if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
+    add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
+    if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(moe_tokens_live));
+    if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, moe_tokens_live, load));
+    add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
+    if (any_regenerated) {
+      add(ph.items, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
+          boundary_bytes(plan.boundaries.regenerate_cap, live_seqs, S, m.hidden));
+    }
+    phases.push_back(std::move(ph));
+  }
+  {
+    WorkPhase ph{"loss (vocabulary projection)", {}};
+    add(ph.items, "parameter window (2 slots, BF16)", window);
+    const ParamCount head = params.lm_head > 0 ? params.lm_head : params.embedding;
+    const std::int64_t chunk = plan.flat.logits_block_tokens(N);
+    add(ph.items, "final hidden states + gradient (BF16)", 2 * boundary_bytes(1, seqs, S, m.hidden));
+    if (plan.flat.vocab_projection == VocabProjection::kRingDtp && P > 1) {
+      add(ph.items, "LM head shard gradient (BF16)", gradient_bytes(head / P));
+      add(ph.items, "Ring-DTP circulating blocks (2, BF16)",
+          2 * std::min(boundary_bytes(1, seqs, S, m.hidden), working_weight_bytes(head / P)));
+      add(ph.items, fmt::format("logits block ({} tokens × 1/{} of the vocabulary)", chunk, P),
+          sharded_logits_workspace_bytes(m, chunk, P));
+    } else {
+      add(ph.items, "LM head gradient (BF16)", gradient_bytes(head));
+      add(ph.items, fmt::format("logits chunk ({} tokens)", chunk), logits_workspace_bytes(m, chunk));
+    }
+    phases.push_back(std::move(ph));
+  }
+  const auto peak = std::max_element(phases.begin(), phases.end(),
+                                     [](const WorkPhase& a, const WorkPhase& b) { return sum(a.items) < sum(b.items); });
+  gpu.work = peak->items;
+  gpu.work_peak_at = peak->where;
+  gpu.eq2 = eq2_gpu_peak(k.gpu_fixed_bytes, sum(gpu.state), sum(gpu.keep), sum(gpu.work), k.gpu_headroom_fraction);
+
+  // Host, per NUMA node of the first node: each rank's CPU work runs on its GPU's socket.
+  const std::vector<int> ranks_on = hw.ranks_per_numa(P);
+  const int used_nodes = static_cast<int>(std::count_if(ranks_on.begin(), ranks_on.end(), [](int n) { return n > 0; }));
+  ParamCount shared_streamed = params.embedding + params.lm_head + params.final_norm;  // split over used nodes
+  ParamCount per_rank_streamed = 0;                                                  // each rank's expert shards
+  ParamCount largest_common = params.embedding;
+  for (int l = 0; l < m.layers; ++l) {
+    shared_streamed += params.layers[l].common();
+    largest_common = std::max(largest_common, params.layers[l].common());
+    if (ep) {
+      per_rank_streamed += plan.is_resident(l) ? 0 : params.layers[l].routed_experts / P;
+    } else {
+      shared_streamed += params.layers[l].routed_experts;
+    }
+  }
+  std::int64_t host_boundaries = 0;
+  for (int l = 0; l < m.layers; ++l) host_boundaries += plan.boundaries.place(l) == BoundaryPolicy::Place::kHost ? 1 : 0;
+  Bytes olse_per_rank = 0;
+  if (plan.keep_attention_results) {
+    for (int l = 0; l < m.layers; ++l) {
+      if (m.layer_kinds[l] != LayerKind::kLinearAttention) olse_per_rank += attention_result_bytes(m.attention(m.layer_kinds[l]), seqs, S);
+    }
+  }
+  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+    HostNumaReport h;
+    h.numa = static_cast<int>(n);
+    h.ranks = ranks_on[n];
+    h.capacity = hw.numa[n].dram_bytes;
+    if (h.ranks > 0) {
+      const Bytes r = h.ranks;
+      add(h.items, "canonical state, shared layers (FP32 master + 2 moments)", canonical_state_bytes(shared_streamed) / used_nodes);
+      add(h.items, "canonical state, streamed expert shards", r * canonical_state_bytes(per_rank_streamed));
+      add(h.items, "pinned weight staging (2 transfer chunks per rank)", r * 2 * plan.transfer_chunk_mib * kMiB);
+      if (ep) {
+        // A slot holds one gradient: a whole parameter group, or one bucket under OffloadStreamAdamW.
+        const Bytes slot = plan.flat.optimizer_bucket_mib > 0 ? std::min(gradient_bytes(largest_layer), plan.flat.optimizer_bucket_mib * kMiB)
+                                                              : gradient_bytes(largest_layer);
+        add(h.items, fmt::format("CPU gradient slots ({} per rank, BF16)", plan.cpu_grad_slots), r * plan.cpu_grad_slots * slot);
+      } else {
+        // Local: BF16 partials of all ranks accumulate in FP32 in shared host memory.
+        const ParamCount slot = plan.flat.optimizer_bucket_mib > 0
+                                    ? std::min(largest_layer, plan.flat.optimizer_bucket_mib * kMiB / kBf16Bytes)
+                                    : largest_layer;
+        add(h.items, fmt::format("FP32 gradient accumulation slots ({})", plan.cpu_grad_slots),
+            plan.cpu_grad_slots * kFp32Bytes * slot);
+      }
+      add(h.items, fmt::format("boundaries kept on host, {} layers", host_boundaries), r * boundary_bytes(host_boundaries, seqs, S, m.hidden));
+      add(h.items, "attention O/LSE kept on host", r * olse_per_rank);
+      add(h.items, "process memory", r * k.host_process_bytes);
+    }
+    report.host.push_back(std::move(h));
+  }
+  return report;
+}
+
+nlohmann::json memory_report_to_json(const MemoryReport& r) {
+  auto items = [](const std::vector<MemoryItem>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& i : v) a.push_back({{"name", i.name}, {"bytes", i.bytes}, {"gib", to_gib(i.bytes)}});
+    return a;
+  };
+  const GpuPeakTerms& e = r.gpu.eq2;
+  nlohmann::json j;
+  j["gpu"] = {{"peak_bytes", e.total()},
+              {"peak_gib", to_gib(e.total())},
+              {"eq2", {{"fixed_bytes", e.fixed}, {"state_bytes", e.state}, {"keep_bytes", e.keep}, {"work_bytes", e.work}, {"headroom_bytes", e.headroom}}},
+              {"state", items(r.gpu.state)},
+              {"keep", items(r.gpu.keep)},
+              {"work", items(r.gpu.work)},
+              {"work_peak_at", r.gpu.work_peak_at}};
+  nlohmann::json host = nlohmann::json::array();
+  for (const auto& h : r.host) {
+    host.push_back({{"numa", h.numa}, {"ranks", h.ranks}, {"bytes", h.total()}, {"gib", to_gib(h.total())},
+                    {"capacity_gib", to_gib(h.capacity)}, {"items", items(h.items)}});
+  }
+  j["host"] = host;
+  j["host_total_bytes"] = r.host_total();
+  j["host_total_gib"] = to_gib(r.host_total());
+  return j;
+}
+
+std::string memory_report_text(const MemoryReport& r) {
+  std::string out;
+  const GpuPeakTerms& e = r.gpu.eq2;
+  out += fmt::format("GPU memory per GPU (Eq. 2): {:.1f} GiB\n", to_gib(e.total()));
+  out += fmt::format("  M_0     fixed occupancy            {:9.2f} GiB\n", to_gib(e.fixed));
+  out += fmt::format("  M_state resident state             {:9.2f} GiB\n", to_gib(e.state));
+  for (const auto& i : r.gpu.state) out += fmt::format("            {:<44} {:9.2f} GiB\n", i.name, to_gib(i.bytes));
+  out += fmt::format("  M_keep  retained activations       {:9.2f} GiB\n", to_gib(e.keep));
+  for (const auto& i : r.gpu.keep) out += fmt::format("            {:<44} {:9.2f} GiB\n", i.name, to_gib(i.bytes));
+  out += fmt::format("  M_work  largest workset            {:9.2f} GiB  at {}\n", to_gib(e.work), r.gpu.work_peak_at);
+  for (const auto& i : r.gpu.work) out += fmt::format("            {:<44} {:9.2f} GiB\n", i.name, to_gib(i.bytes));
+  out += fmt::format("  ε       headroom                   {:9.2f} GiB\n", to_gib(e.headroom));
+  out += fmt::format("Host memory: {:.1f} GiB\n", to_gib(r.host_total()));
+  for (const auto& h : r.host) {
+    out += fmt::format("  NUMA node {} ({} ranks): {:.1f} of {:.0f} GiB\n", h.numa, h.ranks, to_gib(h.total()), to_gib(h.capacity));
+    for (const auto& i : h.items) out += fmt::format("    {:<56} {:9.2f} GiB\n", i.name, to_gib(i.bytes));
+  }
+  return out;
+}
+
+}  // namespace oom

@@ -1,0 +1,91 @@
+#include "planner/plan/plan_presets.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "planner/search/plan_pricing.h"
+
+namespace oom {
+namespace {
+
+// Runtime settings of the Base plans (OOM §B and Appendix C; the published records' plans).
+constexpr std::int64_t kBaseRoutingChunkTokens = 65536;
+constexpr std::int64_t kBaseEpTransferChunkMib = 64;
+constexpr int kBaseEpCpuGradSlots = 2;
+constexpr std::int64_t kBaseLocalTransferChunkMib = 256;
+constexpr int kBaseLocalCpuGradSlots = 1;
+
+}  // namespace
+
+std::vector<std::string> plan_preset_names() { return {"base"}; }
+
+std::optional<Plan> preset_plan(const std::string& preset, ExpertPath path, const WorkloadContext& ctx) {
+  if (preset != "base") {
+    throw InputError("", "--preset", "\"" + preset + "\"", fmt::format("unknown preset (known: {})", fmt::join(plan_preset_names(), ", ")));
+  }
+  Plan p;
+  p.path = path;
+  if (path == ExpertPath::kEp) {
+    if (ctx.workload.gpus <= 0 || ctx.model.moe.experts % ctx.workload.gpus != 0) return std::nullopt;
+    p.param_transfer = ParamTransfer::kFull;
+    p.routing_chunk_tokens = kBaseRoutingChunkTokens;
+    p.transfer_chunk_mib = kBaseEpTransferChunkMib;
+    p.cpu_grad_slots = kBaseEpCpuGradSlots;
+    p.notes = "Base EP: R0/K0, 64K routing chunk, full delivery";
+  } else {
+    p.param_transfer = ParamTransfer::kShard;
+    p.transfer_chunk_mib = kBaseLocalTransferChunkMib;
+    p.cpu_grad_slots = kBaseLocalCpuGradSlots;
+    p.notes = "Base Local: no operator splits, every boundary on the host, O/LSE recomputed, shard delivery";
+  }
+  return p;
+}
+
+PlanChoice price_fixed_plan(const Plan& plan, const WorkloadContext& ctx, const Calibration& calibration) {
+  validate_plan(plan, ctx.model, ctx.workload, "plan");
+  const PlanPricer pricer(ctx, calibration);
+  const PricedPlan priced = pricer.price(plan);
+  const auto shortfall = check_budgets(workload_budgets(ctx), priced.gpu_peak_max(), priced.numa_peak_bytes,
+                                       fmt::format("the {} plan's step", path_name(plan.path)), "the plan's host state and pools");
+  if (shortfall) throw InfeasibleWorkload(shortfall->message());
+  return plan_choice_of(priced, pricer);  // with the peak's composition and the peak that binds
+}
+
+PlanSearchResult preset_plan_search(const std::string& preset, const WorkloadContext& ctx, const Calibration& calibration,
+                                    const std::string& path) {
+  if (path != "ep" && path != "local" && path != "auto") {
+    throw InputError("", "--path", "\"" + path + "\"", "expected ep, local or auto");
+  }
+  std::vector<ExpertPath> paths;
+  if (path != "local") paths.push_back(ExpertPath::kEp);
+  if (path != "ep") paths.push_back(ExpertPath::kLocal);
+  std::vector<PlanChoice> fitting;
+  std::vector<std::string> reasons;
+  int priced = 0;
+  for (const ExpertPath p : paths) {
+    const std::optional<Plan> plan = preset_plan(preset, p, ctx);
+    if (!plan) {
+      reasons.push_back(fmt::format("the EP path needs the {} experts of {} to split evenly over {} GPUs", ctx.model.moe.experts,
+                                    ctx.model.name, ctx.workload.gpus));
+      continue;
+    }
+    try {
+      ++priced;
+      fitting.push_back(price_fixed_plan(*plan, ctx, calibration));
+    } catch (const InfeasibleWorkload& e) {
+      reasons.push_back(fmt::format("{} {}: {}", preset, path_name(p), e.what()));
+    }
+  }
+  if (fitting.empty()) throw InfeasibleWorkload(fmt::format("{}", fmt::join(reasons, "; ")));
+  std::sort(fitting.begin(), fitting.end(),
+            [](const PlanChoice& a, const PlanChoice& b) { return a.predicted_step_s < b.predicted_step_s; });
+  PlanSearchResult r;
+  r.chosen = fitting.front();
+  r.alternatives.assign(fitting.begin() + 1, fitting.end());
+  r.candidates_priced = priced;
+  return r;
+}
+
+}  // namespace oom

@@ -1,0 +1,57 @@
+// EP planner: state–activation budgeting of the expert-parallel path (reference §3, OOM §4).
+//
+// Enumerates resident expert sets R (contiguous: the first r decoders; interleaved: decoders 0
+// and 1, which finish backward last and are needed first by the next forward, then the rest
+// spaced evenly), MoE-retained sets K (the last k decoders, whose backward comes first), routing
+// chunks c and CPU gradient slots, for every count r, k = 0..layers. Eq. 2 (the static GPU peak
+// of planner/lowering/memory_report.h) and each NUMA node's host footprint filter the space: GPU memory
+// grows with r and k and host memory shrinks with r, so for each (shape, k, c, slots) a binary
+// search finds the largest feasible r — the frontier where state and activations share the
+// budget. Frontier plans are ranked by the analytic evaluator as whole plans (residency changes
+// what host service is exposed, so gains do not add); the best few are refined over c, slots and
+// r − 1, r − 2. Among priced plans within `tie_fraction` of the fastest, the one with the most
+// GPU headroom wins. Every priced plan is also checked against the budgets with its simulated
+// memory timeline. Units: seconds, bytes. Stateless; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "planner/search/plan_pricing.h"
+
+namespace oom {
+
+enum class ResidentShape { kContiguous, kInterleaved };
+
+// The first `count` decoders of `layers`.
+std::vector<int> contiguous_resident_set(int layers, int count);
+// Decoders 0 and 1, then count − 2 more spaced evenly over 2..layers−1 (the i-th at
+// 2 + ⌊(i + ½)·(layers − 2)/(count − 2)⌋): for 12 of 40, 0,1,3,7,11,15,19,22,26,30,34,38.
+std::vector<int> interleaved_resident_set(int layers, int count);
+// The last `count` decoders.
+std::vector<int> retained_set(int layers, int count);
+
+struct EpPlannerOptions {
+  std::vector<std::int64_t> routing_chunks_tokens = {16384, 32768, 65536, 131072, 262144};
+  std::vector<int> cpu_grad_slots = {1, 2};
+  std::int64_t first_chunk_tokens = 65536;  // chunk of the first ranking pass (the runtime default)
+  int first_slots = 2;                      // CPU gradient slots of the first ranking pass (§B)
+  int refine_top = 3;                       // frontier plans refined over chunks, slots and r
+  double tie_fraction = 0.005;              // "within 0.5% of the best"
+};
+
+struct EpSearchResult {
+  std::optional<PricedPlan> best;
+  std::int64_t enumerated = 0;       // (shape, r, k, c, slots) combinations considered
+  std::int64_t memory_feasible = 0;  // of those, within Eq. 2 and the host budgets
+  int priced = 0;                    // analytic evaluations
+  // When nothing fits: the budget the least demanding plan (r = k = 0, smallest chunk) exceeds.
+  std::optional<BudgetShortfall> shortfall;
+};
+
+// Configures the EP path for the pricer's workload. Returns no plan (and a shortfall, or none
+// when EP is not applicable: experts that do not split evenly over the GPUs) when nothing fits.
+EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options = {});
+
+}  // namespace oom

@@ -1,0 +1,108 @@
+#include "planner/search/plan_pricing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/lowering/step_graph.h"
+
+namespace oom {
+
+Budgets workload_budgets(const WorkloadContext& ctx) {
+  Budgets b;
+  b.gpu_bytes = ctx.gpu_budget_bytes();
+  const auto& numa = ctx.hardware.numa;
+  Bytes capacity = 0;
+  for (const NumaSpec& n : numa) capacity += n.dram_bytes;
+  for (const NumaSpec& n : numa) {
+    if (!ctx.workload.host_budget_gib) {
+      b.numa_bytes.push_back(n.dram_bytes);
+    } else {
+      // The node's budget split over its NUMA nodes in proportion to their DRAM.
+      const double share = capacity > 0 ? static_cast<double>(n.dram_bytes) / static_cast<double>(capacity) : 0.0;
+      const double node_budget = static_cast<double>(ctx.host_budget_bytes()) / std::max(1, ctx.hardware.nodes);
+      b.numa_bytes.push_back(static_cast<Bytes>(node_budget * share));
+    }
+  }
+  return b;
+}
+
+Bytes PricedPlan::gpu_peak_max() const {
+  return gpu_peak_bytes.empty() ? 0 : *std::max_element(gpu_peak_bytes.begin(), gpu_peak_bytes.end());
+}
+
+Bytes PricedPlan::host_total() const {
+  Bytes total = 0;
+  for (Bytes b : numa_peak_bytes) total += b;
+  return total;
+}
+
+std::string BudgetShortfall::message() const {
+  // No single figure (a search that found nothing within both budgets): say what has no room.
+  if (needed_bytes <= 0) return fmt::format("{}, within {:.1f} GiB of {} room and the GPU budget", where, to_gib(budget_bytes), budget);
+  // One decimal, or as many more (up to four) as it takes to tell the two numbers apart and to show
+  // a budget below 0.1 GiB as more than zero.
+  const double have = to_gib(budget_bytes), need = to_gib(needed_bytes);
+  int digits = 1;
+  while (digits < 4 && (fmt::format("{:.{}f}", have, digits) == fmt::format("{:.{}f}", need, digits) ||
+                        (have > 0 && have < std::pow(10.0, -digits)))) {
+    ++digits;
+  }
+  return fmt::format("{} budget {:.{}f} GiB < {:.{}f} GiB needed{}{}", budget, have, digits, need, digits,
+                     where.empty() ? "" : " by ", where);
+}
+
+std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_bytes,
+                                             const std::vector<Bytes>& numa_peak_bytes, const std::string& gpu_where,
+                                             const std::string& host_where) {
+  if (gpu_peak_bytes > b.gpu_bytes) return BudgetShortfall{"GPU", b.gpu_bytes, gpu_peak_bytes, gpu_where};
+  for (std::size_t n = 0; n < numa_peak_bytes.size() && n < b.numa_bytes.size(); ++n) {
+    if (numa_peak_bytes[n] > b.numa_bytes[n]) {
+      return BudgetShortfall{fmt::format("host NUMA node {}", n), b.numa_bytes[n], numa_peak_bytes[n], host_where};
+    }
+  }
+  return std::nullopt;
+}
+
+PlanPricer::PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants,
+                       FlatSchedules flat)
+    : ctx_(ctx), durations_(ctx.hardware, calibration, ctx.workload.gpus), constants_(constants), flat_(flat) {}
+
+Plan PlanPricer::with_flat(Plan plan) const {
+  plan.flat = applicable_flat(flat_, plan, ctx_.model, ctx_.workload);
+  return plan;
+}
+
+StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const {
+  LoweringOptions options;
+  options.memory = constants_;
+  options.decoder_layers = decoder_layers;
+  return lower(plan, ctx_, options);
+}
+
+PricedPlan PlanPricer::price(const Plan& plan, int decoder_layers) const {
+  const StepGraph g = lower_plan(plan, decoder_layers);
+  const StageTimes t = analytic_step_times(g, durations_);
+  MemoryPeaks m = memory_peaks(g, t, /*keep_samples=*/false);
+  PricedPlan p;
+  p.plan = plan;
+  p.step_s = t.step_s;
+  p.gpu_peak_bytes = std::move(m.gpu_peak_bytes);
+  p.numa_peak_bytes = std::move(m.numa_peak_bytes);
+  return p;
+}
+
+int repeating_unit_layers(const ModelSpec& m) {
+  const int L = m.layers;
+  for (int p = 1; p < L; ++p) {
+    bool repeats = true;
+    for (int i = p; i < L && repeats; ++i) repeats = m.layer_kinds[static_cast<std::size_t>(i)] == m.layer_kinds[static_cast<std::size_t>(i % p)];
+    if (repeats) return p;
+  }
+  return std::max(1, L);
+}
+
+}  // namespace oom

@@ -1,0 +1,91 @@
+// Plan pricing for the planners: a plan's predicted step time and memory peaks, and its fit
+// against the workload's budgets (reference §5, Eq. 5 constraints).
+//
+// A PlanPricer lowers a plan (planner/lowering/step_graph.h) and runs the analytic evaluator (Eq. 3 and
+// the memory timelines, planner/engine/analytic_evaluator.h) without building a Trace: this is what the
+// planners call for every candidate they rank. Budgets: each GPU's HBM (or the workload's
+// gpu_budget_gib) against the Eq. 2 peak, which already contains the fixed occupancy M_0 and the
+// headroom ε; each NUMA node's share of the host budget (the node's DRAM, or the workload's
+// host_budget_gib split over the NUMA nodes by capacity) against the host footprint of the ranks
+// on that node (canonical state, pinned pools, kept boundaries, O/LSE, process memory).
+// Units: seconds, bytes. PlanPricer::price is const and thread-safe.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "costmodel/memory.h"
+#include "costmodel/workload.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/duration_model.h"
+#include "planner/plan/plan.h"
+#include "planner/lowering/step_graph.h"
+
+namespace oom {
+
+// What a plan may use: bytes per GPU and per NUMA node of the (first) node.
+struct Budgets {
+  Bytes gpu_bytes = 0;
+  std::vector<Bytes> numa_bytes;
+};
+Budgets workload_budgets(const WorkloadContext& ctx);
+
+// A plan with its prediction.
+struct PricedPlan {
+  Plan plan;
+  Seconds step_s = 0;
+  std::vector<Bytes> gpu_peak_bytes;   // per GPU, headroom included
+  std::vector<Bytes> numa_peak_bytes;  // per NUMA node
+  Bytes gpu_peak_max() const;
+  Bytes host_total() const;
+};
+
+// One budget a plan exceeds, with the numbers: "GPU budget 24.0 GiB < 31.2 GiB needed by decoder
+// 17 backward".
+struct BudgetShortfall {
+  std::string budget;    // "GPU" or "host NUMA node 1"
+  Bytes budget_bytes = 0;
+  Bytes needed_bytes = 0;
+  std::string where;     // what needs the memory
+  std::string message() const;  // one line
+};
+
+// The first budget `needed` exceeds (GPU peak first, then each NUMA node), or nothing when the
+// plan fits. `gpu_where` names the GPU peak's place for the message.
+std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_bytes,
+                                             const std::vector<Bytes>& numa_peak_bytes, const std::string& gpu_where,
+                                             const std::string& host_where);
+
+class PlanPricer {
+ public:
+  // `flat`: FLAT schedules the planners put into every plan they build, where they apply
+  // (applicable_flat); default: none.
+  PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants = {},
+             FlatSchedules flat = {});
+  // Lowers `plan` (the first `decoder_layers` decoders; 0 = all) and evaluates it analytically.
+  // Precondition: validate_plan() accepts the plan for the workload.
+  PricedPlan price(const Plan& plan, int decoder_layers = 0) const;
+  // The lowered graph and the stage prices price() uses, for planners that read stage detail.
+  StepGraph lower_plan(const Plan& plan, int decoder_layers = 0) const;
+  const DurationModel& durations() const { return durations_; }
+  const WorkloadContext& context() const { return ctx_; }
+  const MemoryConstants& constants() const { return constants_; }
+  const Calibration& calibration() const { return durations_.calibration(); }
+  const FlatSchedules& flat() const { return flat_; }
+  // `plan` with the pricer's FLAT schedules that apply to it.
+  Plan with_flat(Plan plan) const;
+
+ private:
+  const WorkloadContext& ctx_;
+  CalibratedDurationModel durations_;
+  MemoryConstants constants_;
+  FlatSchedules flat_;
+};
+
+// The largest repeating unit of decoder kinds: the smallest p with kinds[i] == kinds[i mod p]
+// for every layer (4 for a 3 GDN + 1 attention model, 6 for 5 sliding + 1 global, 1 for a
+// uniform stack). Returns the layer count when the stack does not repeat.
+int repeating_unit_layers(const ModelSpec& m);
+
+}  // namespace oom
