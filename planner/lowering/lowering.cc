@@ -478,8 +478,7 @@ StepGraph Lowering::run() {
   for (const auto& h : report.host) {
     Bytes base = 0;
     for (const auto& item : h.items) {
-      const bool dynamic = item.name.starts_with("boundaries kept on host") || item.name.starts_with("attention O/LSE");
-      if (!dynamic) base += item.bytes;
+      if (!item.per_step) base += item.bytes;
     }
     if (static_cast<std::size_t>(h.numa) < g.numa_base_bytes.size()) g.numa_base_bytes[static_cast<std::size_t>(h.numa)] = base;
   }

@@ -16,8 +16,8 @@ Bytes sum(const std::vector<MemoryItem>& items) {
   return total;
 }
 
-void add(std::vector<MemoryItem>& items, std::string name, Bytes bytes) {
-  if (bytes > 0) items.push_back({std::move(name), bytes});
+void add(std::vector<MemoryItem>& items, std::string name, Bytes bytes, bool per_step = false) {
+  if (bytes > 0) items.push_back({std::move(name), bytes, per_step});
 }
 
 // Activations one decoder's backward holds for its mixing sublayer under the plan's partitions.
@@ -188,8 +188,9 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
         add(h.items, fmt::format("FP32 gradient accumulation slots ({})", plan.cpu_grad_slots),
             plan.cpu_grad_slots * kFp32Bytes * slot);
       }
-      add(h.items, fmt::format("boundaries kept on host, {} layers", host_boundaries), r * boundary_bytes(host_boundaries, seqs, S, m.hidden));
-      add(h.items, "attention O/LSE kept on host", r * olse_per_rank);
+      add(h.items, fmt::format("boundaries kept on host, {} layers", host_boundaries), r * boundary_bytes(host_boundaries, seqs, S, m.hidden),
+          /*per_step=*/true);
+      add(h.items, "attention O/LSE kept on host", r * olse_per_rank, /*per_step=*/true);
       add(h.items, "process memory", r * k.host_process_bytes);
     }
     report.host.push_back(std::move(h));

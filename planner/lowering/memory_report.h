@@ -22,6 +22,9 @@ namespace oom {
 struct MemoryItem {
   std::string name;
   Bytes bytes = 0;
+  // Held only part of the step: the lowering's stages allocate and free it themselves (host-kept
+  // boundaries, kept O/LSE), so it is not part of a StepGraph's base bytes.
+  bool per_step = false;
 };
 
 struct GpuMemoryReport {
