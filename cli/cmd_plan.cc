@@ -14,9 +14,9 @@
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "planner/engine/step_engine.h"
 #include "planner/plan/plan_presets.h"
 #include "planner/search/plan_search.h"
-#include "planner/engine/step_engine.h"
 
 namespace oom::cli {
 namespace {

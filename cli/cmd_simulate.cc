@@ -14,9 +14,9 @@
 #include "costmodel/input_error.h"
 #include "planner/calibration/calibrate.h"
 #include "planner/calibration/cross_validation.h"
+#include "planner/calibration/validation.h"
 #include "planner/engine/explain.h"
 #include "planner/engine/step_engine.h"
-#include "planner/calibration/validation.h"
 #include "traces/records.h"
 
 #if defined(OOM_HAVE_SIMGRID_ENGINE) && __has_include("sim/simgrid_engine.h")

@@ -9,8 +9,8 @@
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 #include "planner/calibration/calibration.h"
-#include "planner/engine/step_engine.h"
 #include "planner/calibration/validation.h"
+#include "planner/engine/step_engine.h"
 
 namespace oom {
 namespace {

@@ -28,8 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/workload.h"
-#include "planner/plan/plan.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/plan/plan.h"
 
 namespace oom {
 

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "planner/calibration/calibration.h"
-#include "planner/search/ep_planner.h"
 #include "planner/plan/plan_presets.h"
+#include "planner/search/ep_planner.h"
 #include "planner/search/plan_search.h"
 
 namespace oom {

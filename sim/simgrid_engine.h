@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "costmodel/hardware_spec.h"
-#include "planner/engine/analytic_evaluator.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"

@@ -16,9 +16,9 @@
 
 #include "costmodel/input_error.h"
 #include "planner/engine/analytic_evaluator.h"
-#include "planner/lowering/baselines.h"
 #include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/baselines.h"
 #include "planner/lowering/step_graph.h"
 
 namespace oom {

@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
-#include "planner/lowering/baselines.h"
-#include "planner/engine/step_engine.h"
 #include "planner/calibration/validation.h"
+#include "planner/engine/step_engine.h"
+#include "planner/lowering/baselines.h"
 
 namespace oom {
 

@@ -6,9 +6,9 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "planner/engine/step_engine.h"
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/memory_report.h"
-#include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 
 namespace oom {

@@ -13,9 +13,9 @@
 #include "costmodel/units.h"
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
-#include "planner/plan/plan.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/plan/plan.h"
 #include "traces/trace.h"
 
 namespace oom {

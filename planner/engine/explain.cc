@@ -7,8 +7,8 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
-#include "planner/lowering/baselines.h"
 #include "planner/calibration/validation.h"
+#include "planner/lowering/baselines.h"
 
 namespace oom {
 namespace {

@@ -6,10 +6,10 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
-#include "planner/lowering/baselines_ktft.h"
-#include "planner/lowering/baselines_megatron.h"
 #include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/baselines_ktft.h"
+#include "planner/lowering/baselines_megatron.h"
 
 namespace oom {
 namespace {

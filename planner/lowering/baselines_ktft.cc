@@ -10,8 +10,8 @@
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
 #include "costmodel/traffic.h"
-#include "planner/lowering/lowering.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/lowering.h"
 
 namespace oom {
 namespace {

@@ -23,8 +23,8 @@
 #include <optional>
 #include <string>
 
-#include "planner/lowering/baselines.h"
 #include "planner/engine/duration_model.h"
+#include "planner/lowering/baselines.h"
 
 namespace oom {
 

@@ -12,8 +12,8 @@
 #include "costmodel/params.h"
 #include "costmodel/traffic.h"
 #include "planner/engine/duration_model.h"
-#include "planner/lowering/lowering.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/lowering.h"
 
 namespace oom {
 namespace {

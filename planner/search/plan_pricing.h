@@ -19,8 +19,8 @@
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/duration_model.h"
-#include "planner/plan/plan.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/plan/plan.h"
 
 namespace oom {
 

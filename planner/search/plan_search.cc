@@ -6,13 +6,13 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/step_engine.h"
+#include "planner/lowering/memory_report.h"
 #include "planner/search/configure_compare.h"
 #include "planner/search/ep_planner.h"
 #include "planner/search/local_planner.h"
-#include "planner/lowering/memory_report.h"
-#include "planner/engine/analytic_evaluator.h"
 #include "planner/search/plan_pricing.h"
-#include "planner/engine/step_engine.h"
 
 namespace oom {
 PlanChoice plan_choice_of(const PricedPlan& p, const WorkloadContext& ctx) {

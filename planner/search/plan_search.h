@@ -19,8 +19,8 @@
 #include "costmodel/units.h"
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
-#include "planner/plan/plan.h"
 #include "planner/engine/peak_composition.h"
+#include "planner/plan/plan.h"
 #include "planner/search/plan_pricing.h"
 
 namespace oom {

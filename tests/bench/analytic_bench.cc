@@ -11,8 +11,8 @@
 #include <benchmark/benchmark.h>
 
 #include "costmodel/workload.h"
-#include "planner/engine/analytic_evaluator.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/step_graph.h"

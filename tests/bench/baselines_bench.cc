@@ -8,9 +8,9 @@
 #include <benchmark/benchmark.h>
 
 #include "costmodel/workload.h"
-#include "planner/lowering/baselines.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/cost_report.h"
+#include "planner/lowering/baselines.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/step_graph.h"
-#include "tests/bench/default_step.h"
 #include "sim/simgrid_engine.h"
+#include "tests/bench/default_step.h"
 
 namespace {
 

@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
+#include "planner/calibration/validation.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
 #include "planner/engine/step_engine.h"
-#include "planner/calibration/validation.h"
 
 namespace oom {
 namespace {

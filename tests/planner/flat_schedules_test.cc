@@ -12,12 +12,12 @@
 
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
-#include "planner/engine/analytic_evaluator.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
 #include "planner/engine/peak_composition.h"
-#include "planner/search/plan_pricing.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/search/plan_pricing.h"
 
 namespace oom {
 namespace {
@@ -45,11 +45,6 @@ Lowered run(const Plan& p, const WorkloadContext& ctx) {
   for (const Stage& s : r.g.stages) d[static_cast<std::size_t>(s.id)] = pricer.durations().duration_s(s, r.g);
   r.t = analytic_times(r.g, d);
   return r;
-}
-
-Bytes gpu_peak(const Lowered& r) {
-  const MemoryPeaks m = memory_peaks(r.g, r.t, false);
-  return *std::max_element(m.gpu_peak_bytes.begin(), m.gpu_peak_bytes.end());
 }
 
 Bytes use_peak(const StepGraph& g, const StageTimes& t, MemoryUse use) {

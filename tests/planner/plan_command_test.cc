@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
-#include "tests/common/run_oom.h"
 #include "planner/plan/plan.h"
+#include "tests/common/run_oom.h"
 
 namespace oom::cli {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "planner/engine/analytic_evaluator.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/analytic_evaluator.h"
 
 namespace oom {
 namespace {

@@ -3,8 +3,8 @@
 // stay within a small factor of each other.
 #include <gtest/gtest.h>
 
-#include "planner/lowering/baselines.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/baselines.h"
 #include "sim/simgrid_engine.h"
 
 namespace oom {

@@ -7,8 +7,8 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
-#include "planner/engine/analytic_evaluator.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/duration_model.h"
 
 namespace oom {
