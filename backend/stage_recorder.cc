@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <fstream>
 
-#include <fmt/format.h>
 #include <unistd.h>
 
 namespace oom::backend {

@@ -64,7 +64,7 @@ StepTimes load_step(const std::string& path) {
                          "expected a duration ≥ 0 in microseconds");
       }
       const auto key = parse_stage_key(e["name"].get<std::string>());
-      if (!key) throw InputError(path, field + ".name", json_value_text(e["name"]), "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>)");
+      if (!key) throw InputError(path, field + ".name", json_value_text(e["name"]), kNotAStageKey);
       const double ts = e.contains("ts") && e["ts"].is_number() ? e["ts"].get<double>() : 0.0;
       add_stage(t, *key, e.value("cat", ""), ts * 1e-6, e["dur"].get<double>() * 1e-6);
       t.step_s = std::max(t.step_s, (ts + e["dur"].get<double>()) * 1e-6);

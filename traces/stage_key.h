@@ -122,5 +122,7 @@ std::string format_stage_key(const StageKey& k);
 // Reads the form format_stage_key() writes, and only that (format_stage_key(*parse) == text);
 // nullopt for anything else.
 std::optional<StageKey> parse_stage_key(std::string_view text);
+// What readers of traces say of a stage name parse_stage_key() refuses.
+inline constexpr const char* kNotAStageKey = "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>)";
 
 }  // namespace oom

@@ -64,7 +64,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
     st.id = s.integer("id", 0, kMaxBytes);
     st.name = s.string("name");
     const auto key = parse_stage_key(st.name);
-    if (!key) s.fail_value(s.field("name"), st.name, "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>)");
+    if (!key) s.fail_value(s.field("name"), st.name, kNotAStageKey);
     st.key = *key;
     st.kind = s.string("kind");
     st.resource = s.string("resource");

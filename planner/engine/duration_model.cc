@@ -122,15 +122,11 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       out.rate = out.exclusive_rate = hbm;
       break;
     case OpKind::kH2d:
+    case OpKind::kD2h:
       // Each separate copy (a weight group goes in transfer_chunk_mib pieces) pays the latency.
       out.fixed_s = static_cast<double>(std::max<std::int64_t>(1, s.transfers)) * (c.transfer_overhead_s + hardware_.pcie.latency_s);
       out.work = static_cast<double>(s.bytes);
-      out.rate = out.exclusive_rate = c.h2d_Bps;
-      break;
-    case OpKind::kD2h:
-      out.fixed_s = static_cast<double>(std::max<std::int64_t>(1, s.transfers)) * (c.transfer_overhead_s + hardware_.pcie.latency_s);
-      out.work = static_cast<double>(s.bytes);
-      out.rate = out.exclusive_rate = c.d2h_Bps;
+      out.rate = out.exclusive_rate = s.op == OpKind::kH2d ? c.h2d_Bps : c.d2h_Bps;
       break;
     case OpKind::kAllToAll:
     case OpKind::kAllGather:

@@ -235,6 +235,23 @@ BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, 
   return out;
 }
 
+bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const StepGraph& g, const DurationModel& durations,
+                           const WorkloadContext& ctx, const std::string& gpu_peak_at) {
+  r.trace = engine.execute(g, durations);
+  r.step_s = r.trace.step_s;
+  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
+  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
+  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
+  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
+    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
+      r.oom = OutOfMemory{"gpu", static_cast<int>(i), gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
+                          ctx.gpu_budget_bytes()};
+      return false;
+    }
+  }
+  return true;
+}
+
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& k) {
   if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engine, calibration, k);
@@ -250,20 +267,9 @@ BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const 
   }
   r.setup = lowered.setup;
   const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
-  r.trace = e->execute(lowered.graph, durations);
-  r.step_s = r.trace.step_s;
-  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
-  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
-  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
   // The executed timeline may hold more than the static estimate: check it against the budgets too.
   const BaselineMemory mem = baseline_static_memory(*r.setup, ctx, k);
-  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
-    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
-      r.oom = OutOfMemory{"gpu", static_cast<int>(i), mem.gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
-                          ctx.gpu_budget_bytes()};
-      return r;
-    }
-  }
+  if (!execute_baseline_step(r, *e, lowered.graph, durations, ctx, mem.gpu_peak_at)) return r;
   for (std::size_t n = 0; n < r.host_bytes_per_numa.size() && n < mem.host_budget_per_numa.size(); ++n) {
     if (r.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
       r.oom = OutOfMemory{"host", static_cast<int>(n), "host state, checkpoints and buffers (executed step)",

@@ -144,6 +144,16 @@ struct BaselineResult {
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& constants = {});
 
+class DurationModel;
+class StepEngine;
+
+// Executes a configured baseline's step `g` into `r` (trace, step time, throughput, GPU peak, host
+// bytes per NUMA node) and sets r.oom when the executed timeline holds more than the GPU budget
+// (`gpu_peak_at`: where the static estimate puts the peak). Returns whether the step fits the GPUs.
+// run_baseline, run_megatron and run_ktft share it.
+bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const StepGraph& g, const DurationModel& durations,
+                           const WorkloadContext& ctx, const std::string& gpu_peak_at);
+
 // {"system", "fits", "step_s" | null, "tokens_per_s", "gpu_peak_gib", "host_gib", "micro_batch_seqs",
 //  "accumulation_steps", "oom": {"space", "device", "where", "needed_gib", "available_gib", "message"} | null}
 nlohmann::json baseline_result_to_json(const BaselineResult& r);

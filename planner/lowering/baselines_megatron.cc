@@ -461,19 +461,7 @@ BaselineResult run_megatron(const WorkloadContext& ctx, const std::string& engin
   LoweringOptions options;
   options.memory = k;
   const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
-  r.trace = e->execute(lower_megatron(*fit.setup, ctx, options), durations);
-  r.step_s = r.trace.step_s;
-  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
-  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
-  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
-  const BaselineMemory mem = megatron_static_memory(*fit.setup, ctx, k);
-  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
-    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
-      r.oom = OutOfMemory{"gpu", static_cast<int>(i), mem.gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
-                          ctx.gpu_budget_bytes()};
-      return r;
-    }
-  }
+  execute_baseline_step(r, *e, lower_megatron(*fit.setup, ctx, options), durations, ctx, megatron_static_memory(*fit.setup, ctx, k).gpu_peak_at);
   return r;
 }
 
