@@ -1,7 +1,9 @@
 // PlanTrainer: one training step executed as a Plan says (planner/plan/plan.h), on the Local path of
-// one rank, with a stage-by-stage trace under the StepGraph's stage names.
+// one rank: the plan is lowered to its StepGraph (planner/lowering/step_graph.h, once per batch
+// shape) and the graph runner (backend/graph_runner.h) executes that graph's stages, so the run
+// follows the schedule the simulator predicts, stage for stage, and its trace has the same keys.
 //
-// What each Plan field does here (reference §4 "Split–Keep–Replay"):
+// What each Plan field does here (reference §4 "Split–Keep–Replay"), as the lowering schedules it:
 //   split.sub_batch_seqs      every decoder runs its forward and its backward on sub-batches of
 //                             complete sequences; weight gradients accumulate over sub-batches.
 //   split.attention_head_group the attention core runs per group of query heads (of every GQA
@@ -20,6 +22,7 @@
 //                             regenerated before its backward by no-grad forwards from the nearest
 //                             kept boundary, holding at most regenerate_cap regenerated ones.
 //   cpu_grad_slots            at most this many layer gradients wait for their CPU update at once.
+//   transfer_chunk_mib        the size of the parameter window's H2D copies (CUDA).
 // EP-only fields (resident/retained layers, routing chunks, shard delivery over ranks) belong to
 // the multi-rank path; check_plan_for_run() rejects a plan this runtime cannot execute.
 //

@@ -129,11 +129,26 @@ ParamWindow::ParamWindow(HostState& state, at::Device device, std::int64_t trans
 #endif
 }
 
+ParamWindow::Slot& ParamWindow::slot_for(int block) {
+  for (auto& s : slots_) {
+    if (s.block == block) return s;
+  }
+  for (auto& s : slots_) {
+    if (!s.in_use && s.block < 0) return s;
+  }
+  for (auto& s : slots_) {
+    if (!s.in_use) return s;  // a prefetched block not yet used gives way
+  }
+  OOM_ASSERT(false, "the parameter window's two slots are both in use");
+  return slots_[0];
+}
+
 void ParamWindow::prefetch(int block) {
+  Slot& s = slot_for(block);
+  if (s.block == block) return;
+  s.block = block;
   if (!device_.is_cuda()) return;
 #ifdef OOM_BACKEND_CUDA
-  Slot& s = slots_[block % 2];
-  if (s.block == block) return;
   auto& stream = *std::static_pointer_cast<c10::cuda::CUDAStream>(copy_stream_);
   auto& ready = *std::static_pointer_cast<at::cuda::CUDAEvent>(s.ready);
   auto& free = *std::static_pointer_cast<at::cuda::CUDAEvent>(s.free);
@@ -147,15 +162,15 @@ void ParamWindow::prefetch(int block) {
     s.buffer.narrow(0, a, len).copy_(src.narrow(0, a, len), /*non_blocking=*/true);
   }
   ready.record(stream);
-  s.block = block;
 #endif
 }
 
 at::Tensor ParamWindow::acquire(int block) {
+  prefetch(block);
+  Slot& s = slot_for(block);
+  s.in_use = true;
   if (!device_.is_cuda()) return state_.working(block);
 #ifdef OOM_BACKEND_CUDA
-  prefetch(block);
-  Slot& s = slots_[block % 2];
   std::static_pointer_cast<at::cuda::CUDAEvent>(s.ready)->block(c10::cuda::getCurrentCUDAStream(device_.index()));
   return s.buffer.narrow(0, 0, state_.working(block).numel());
 #else
@@ -164,11 +179,13 @@ at::Tensor ParamWindow::acquire(int block) {
 }
 
 void ParamWindow::release(int block) {
+  Slot& s = slot_for(block);
+  OOM_ASSERT(s.block == block && s.in_use, "releasing a block the window does not hold");
+  s.in_use = false;
+  s.block = -1;  // the next use copies again: the host copy is republished after each update
   if (!device_.is_cuda()) return;
 #ifdef OOM_BACKEND_CUDA
-  Slot& s = slots_[block % 2];
   std::static_pointer_cast<at::cuda::CUDAEvent>(s.free)->record(c10::cuda::getCurrentCUDAStream(device_.index()));
-  s.block = -1;  // the next use copies again: the host copy is republished after each update
 #endif
 }
 

@@ -84,9 +84,11 @@ class ParamWindow {
   // `transfer_chunk_bytes` > 0: each block is copied in pieces of at most that many bytes (the
   // plan's transfer_chunk_mib); 0: one copy per block.
   ParamWindow(HostState& state, at::Device device, std::int64_t transfer_chunk_bytes = 0);
-  // Starts bringing block `block`'s working weights into a slot. No-op on a CPU device.
+  // Starts bringing block `block`'s working weights into a free slot (the copy itself only on a
+  // CUDA device). OOM_ASSERTs that a slot is free: both holding blocks in use is a schedule error.
   void prefetch(int block);
-  // The flat working weights of `block` on the compute device, ready to use on the current stream.
+  // The flat working weights of `block` on the compute device, ready to use on the current stream;
+  // its slot is in use until release().
   at::Tensor acquire(int block);
   // Marks the slot of `block` free once the work queued so far on the compute stream is done.
   void release(int block);
@@ -98,10 +100,12 @@ class ParamWindow {
   std::int64_t transfer_chunk_bytes_ = 0;
   struct Slot {
     int block = -1;
+    bool in_use = false;
     at::Tensor buffer;
     std::shared_ptr<void> ready, free;  // CUDA events (opaque here)
   };
   Slot slots_[2];
+  Slot& slot_for(int block);  // the slot holding `block`, else a free one
   std::shared_ptr<void> copy_stream_;
 };
 

@@ -141,6 +141,10 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     // Accumulation with a plan: one plan step over the K·B sequences, in sub-batches of at most B
     // (the plan's own split.sub_batch_seqs, or B when it runs whole batches). Sub-batches sum their
     // weight gradients and the loss is the mean over all sequences: K micro-batches exactly.
+    if (options.accumulate > 1 && plan->path == ExpertPath::kEp) {
+      throw InputError("", "--accumulate", std::to_string(options.accumulate),
+                       "an EP plan runs its whole batch per step (use --batch for the K·B sequences)");
+    }
     if (options.accumulate > 1 && plan->split.sub_batch_seqs == 0) plan->split.sub_batch_seqs = options.batch;
     check_plan_for_run(*plan, spec, static_cast<std::int64_t>(options.batch) * options.accumulate, options.seq, 1,
                        options.plan);

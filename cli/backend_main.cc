@@ -1,7 +1,9 @@
 // The entry point of the LibTorch backend plugin, liboom_torch.so (cli/cli.h): `oom train`,
-// `oom eval`, `oom rank-worker` and `oom calibrate --backend`, parsed and run with the `oom` program's exit codes.
+// `oom eval`, `oom rank-worker`, `oom calibrate --backend` and `oom plan --compare-engine torch`,
+// parsed and run with the `oom` program's exit codes.
 #include <CLI/CLI.hpp>
 
+#include "backend/torch_executor.h"
 #include "cli/cli.h"
 
 extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std::vector<std::string>* args,
@@ -13,6 +15,10 @@ extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std
   add_train_commands(app, io);
   add_rank_worker_command(app, io);
   add_eval_command(app, io);
+  add_plan_commands(app, io, [](const std::string& name) -> std::unique_ptr<oom::Executor> {
+    if (name != "torch") return nullptr;
+    return std::make_unique<oom::backend::TorchExecutor>();
+  });
   auto* calibrate = app.add_subcommand("calibrate", "Measure this machine with the LibTorch backend and fit its constants");
   const auto backend = add_backend_calibration_options(*calibrate, io);
   calibrate->callback([backend] { backend(); });

@@ -47,9 +47,17 @@ std::string backend_library_path() {
   return c.empty() ? kLibraryName : c.front();
 }
 
+bool is_torch_compare(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "plan") return false;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--compare-engine=torch" || (args[i] == "--compare-engine" && i + 1 < args.size() && args[i + 1] == "torch")) return true;
+  }
+  return false;
+}
+
 bool is_backend_command(const std::vector<std::string>& args) {
   if (args.empty()) return false;
-  if (args[0] == "train" || args[0] == "eval" || args[0] == "rank-worker") return true;
+  if (args[0] == "train" || args[0] == "eval" || args[0] == "rank-worker" || is_torch_compare(args)) return true;
   return args[0] == "calibrate" && std::find(args.begin(), args.end(), "--backend") != args.end();
 }
 

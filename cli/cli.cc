@@ -4,9 +4,6 @@
 
 namespace oom::cli {
 
-// `oom plan` (cmd_plan.cc).
-void add_plan_commands(CLI::App& app, Io io);
-
 int run(const std::vector<std::string>& args, Io io) {
   // Training and measuring commands belong to the LibTorch backend, loaded only for them.
   if (is_backend_command(args)) return run_backend(args, io);

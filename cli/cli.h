@@ -15,6 +15,10 @@ namespace CLI {
 class App;
 }
 
+namespace oom {
+class Executor;
+}
+
 namespace oom::backend {
 struct TrainOptions;
 }
@@ -61,6 +65,14 @@ void add_backend_command_stubs(CLI::App& app);
 // `--backend` and its sibling options on `oom calibrate`, listed for help; the call itself is
 // routed to the plugin before parsing (is_backend_command).
 std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
+
+// `oom plan` (cli/cmd_plan.cc). `compare_executor` makes the executor of a --compare-engine name
+// that is not a StepEngine (nullptr when it knows none): the plugin's "torch", real short
+// executions with the LibTorch backend.
+using CompareExecutorFactory = std::function<std::unique_ptr<Executor>(const std::string& name)>;
+void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_executor = {});
+// `oom plan --compare-engine torch`: run by the plugin.
+bool is_torch_compare(const std::vector<std::string>& args);
 
 // Inside the plugin (cli/backend_main.cc and the cmd_* files it links).
 void add_train_commands(CLI::App& app, Io io);

@@ -1,6 +1,8 @@
 // `oom plan --workload W.json [--path ep|local|auto] [--preset base] [--gpu-budget-gib X]
-//  [--host-budget-gib Y] [--compare-engine analytic|simgrid] [-o plan.json] [--json]`: the plan
-// search of planner/search/plan_search.h, or with --preset a named configuration priced as it is
+//  [--host-budget-gib Y] [--compare-engine analytic|simgrid|torch] [-o plan.json] [--json]`: the plan
+// search of planner/search/plan_search.h (Configure-then-Compare by short executions of the named
+// StepEngine, or with "torch" by real one- and two-unit runs of the LibTorch backend on this
+// machine: the backend plugin runs that form of the command, cli/backend_main.cc), or with --preset a named configuration priced as it is
 // (planner/plan/plan_presets.h: "base", the paper's Base plans). Prints the chosen plan with its
 // prediction and the best plan of the other
 // path; `-o` writes the chosen plan (Plan JSON) atomically. An infeasible workload exits 3 with one
@@ -11,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
@@ -33,7 +36,7 @@ void check_budget(const std::optional<double>& gib, const std::string& flag) {
 
 }  // namespace
 
-void add_plan_commands(CLI::App& app, Io io) {
+void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_executor) {
   auto a = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand("plan", "Search the fastest plan that fits the GPU and host budgets (EP, Local, or both compared)");
   c->add_option("--workload", a->workload_path, "Workload JSON")->required();
@@ -44,12 +47,13 @@ void add_plan_commands(CLI::App& app, Io io) {
   c->add_option("--gpu-budget-gib", a->gpu_budget_gib, "GPU memory budget per GPU in GiB (default: the workload's, else HBM)");
   c->add_option("--host-budget-gib", a->host_budget_gib, "Host memory budget of the node in GiB (default: the workload's, else DRAM)");
   c->add_option("--compare-engine", a->compare_engine,
-                fmt::format("Engine of the short executions: {}", fmt::join(step_engine_names(), " | ")));
+                fmt::format("Engine of the short executions: {} | torch (real runs with the LibTorch backend, one rank)",
+                            fmt::join(step_engine_names(), " | ")));
   c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
   c->add_flag("--json", a->json, "Print one JSON object");
   c->add_flag("--no-flat", a->no_flat,
               "Plan without FLAT's schedules (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW): the plans the LibTorch backend executes today");
-  c->callback([=] {
+  c->callback([=, compare_executor = std::move(compare_executor)] {
     if (a->path != "ep" && a->path != "local" && a->path != "auto") {
       throw InputError("", "--path", "\"" + a->path + "\"", "expected ep, local or auto");
     }
@@ -59,7 +63,8 @@ void add_plan_commands(CLI::App& app, Io io) {
         throw InputError("", "--preset", "\"" + a->preset + "\"", fmt::format("unknown preset (known: {})", fmt::join(names, ", ")));
       }
     }
-    if (!make_step_engine(a->compare_engine)) {
+    std::unique_ptr<Executor> executor = compare_executor ? compare_executor(a->compare_engine) : nullptr;
+    if (!executor && !make_step_engine(a->compare_engine)) {
       throw InputError("", "--compare-engine", "\"" + a->compare_engine + "\"", "unknown engine");
     }
     check_budget(a->gpu_budget_gib, "--gpu-budget-gib");
@@ -71,6 +76,7 @@ void add_plan_commands(CLI::App& app, Io io) {
     PlanSearchOptions options;
     options.path = a->path;
     options.compare_engine = a->compare_engine;
+    options.compare_executor = executor.get();
     options.flat = !a->no_flat;
     const PlanSearchResult r = a->preset.empty() ? search_plan(ctx, load_calibration_for(ctx.hardware), options)
                                                  : preset_plan_search(a->preset, ctx, load_calibration_for(ctx.hardware), a->path);

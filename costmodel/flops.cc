@@ -73,10 +73,13 @@ LayerFlops layer_flops(const ModelSpec& m, int layer, std::int64_t batch, std::i
   LayerFlops f;
   if (kind == LayerKind::kLinearAttention) {
     f.mixing_projection = gdn_projection_flops(m.gdn, m.hidden, tokens);
+    f.mixing_output = 2.0 * static_cast<double>(tokens) * static_cast<double>(m.gdn.value_dim()) * static_cast<double>(m.hidden);
     f.mixing_core.linear = gdn_core_flops(m.gdn, tokens);
     f.core_is_recurrent = true;
   } else {
-    f.mixing_projection = attention_projection_flops(m.attention(kind), m.hidden, tokens);
+    const AttentionSpec& a = m.attention(kind);
+    f.mixing_projection = attention_projection_flops(a, m.hidden, tokens);
+    f.mixing_output = 2.0 * static_cast<double>(tokens) * a.heads * a.head_dim * static_cast<double>(m.hidden);
     f.mixing_core = attention_core_flops(m.attention(kind), batch, s);
   }
   f.moe = moe_flops(m, tokens);

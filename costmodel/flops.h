@@ -59,7 +59,8 @@ MoeFlops moe_flops(const ModelSpec& m, std::int64_t tokens);
 
 // Forward FLOPs of decoder `layer` by sublayer.
 struct LayerFlops {
-  Flops mixing_projection = 0;  // attention or GDN projections
+  Flops mixing_projection = 0;  // attention or GDN projections, the output projection included
+  Flops mixing_output = 0;      // of which the output projection (o_proj / out_proj), after the core
   Eq1Flops mixing_core;         // attention scores/values, or the GDN recurrence (linear)
   MoeFlops moe;
   bool core_is_recurrent = false;  // GDN layer

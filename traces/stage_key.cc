@@ -14,7 +14,7 @@ constexpr std::array<std::string_view, kStageParts> kPartNames = {
     "embedding", "lm_head", "attn", "gdn", "mixing", "moe", "llep", "experts", "common", "layer", "weights", "grads", "boundary", "model"};
 constexpr std::array<std::string_view, kStageOps> kOpNames = {
     "proj",         "proj_bwd",     "core",          "core_refwd",     "core_bwd",  "out",
-    "olse_h2d",     "olse_d2h",     "router_shared", "router_shared_bwd", "a2a_dispatch", "a2a_return",
+    "out_bwd",    "olse_h2d",     "olse_d2h",     "router_shared", "router_shared_bwd", "a2a_dispatch", "a2a_return",
     "a2a_grad_dispatch", "a2a_grad_return", "experts", "experts_bwd", "combine",  "dispatch",
     "return",       "fetch",        "grad_return",   "gather",         "scatter",   "regather",
     "loss",         "backward",     "pass",          "grad_pass",      "done",      "ready",
@@ -53,6 +53,7 @@ StageOp backward_op(StageOp o) {
     case StageOp::kCore: return StageOp::kCoreBwd;
     case StageOp::kRouterShared: return StageOp::kRouterSharedBwd;
     case StageOp::kExperts: return StageOp::kExpertsBwd;
+    case StageOp::kOut: return StageOp::kOutBwd;
     default: return o;
   }
 }

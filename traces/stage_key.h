@@ -49,12 +49,13 @@ std::string_view stage_part_name(StagePart p);
 
 // The operator a stage runs.
 enum class StageOp {
-  kProj,               // "proj": input/output projections of the mixing
+  kProj,               // "proj": input projections (and norms, RoPE, conv) of the mixing
   kProjBwd,            // "proj_bwd"
   kCore,               // "core": attention or GDN core, forward
   kCoreRefwd,          // "core_refwd": a partitioned attention's per-group re-forward in backward
   kCoreBwd,            // "core_bwd"
-  kOut,                // "out": kept attention output reloaded (no core recomputed)
+  kOut,                // "out": the mixing's output projection, after its core (or from kept O)
+  kOutBwd,             // "out_bwd"
   kOlseH2d,            // "olse_h2d": kept O/LSE back to the GPU
   kOlseD2h,            // "olse_d2h": O/LSE kept on the host
   kRouterShared,       // "router_shared": router and shared expert
@@ -95,7 +96,7 @@ enum class StageOp {
   kPublish,            // "publish": BF16 weights staged for the next step
   kGpuAdamW,           // "gpu_adamw"
 };
-inline constexpr int kStageOps = 45;
+inline constexpr int kStageOps = 46;
 std::string_view stage_op_name(StageOp o);
 // The backward of a forward compute operator (proj → proj_bwd, core → core_bwd, router_shared →
 // router_shared_bwd, experts → experts_bwd); any other operator is returned as it is.

@@ -49,8 +49,15 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
   proj.k = m_.hidden;
   proj.seqs = seqs;
   proj.seq_len = S_;
-  const PerRank p = compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l,
-                                f.mixing_projection, mixing_hbm_bytes(m_, l, seqs * S_), proj, {input, w.ready});
+  const StagePart part = is_attention(kind) ? StagePart::kAttention : StagePart::kGdn;
+  const PerRank p = compute_all(what(part, StageOp::kProj), OpKind::kGemm, phase, l, f.mixing_projection - f.mixing_output,
+                                mixing_hbm_bytes(m_, l, seqs * S_), proj, {input, w.ready});
+  // The output projection runs after the core, on its output (or on the kept O).
+  OpShape out_proj = proj;
+  out_proj.k = is_attention(kind) ? std::int64_t{m_.attention(kind).heads} * m_.attention(kind).head_dim : m_.gdn.value_dim();
+  const auto output_projection = [&](std::vector<PerRank> after) {
+    return compute_all(what(part, StageOp::kOut), OpKind::kGemm, phase, l, f.mixing_output, 0, out_proj, std::move(after));
+  };
   PerRank last = p;
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
@@ -64,7 +71,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
         if (olse_saved_.count(l)) s.deps.push_back(olse_saved_.at(l)[static_cast<std::size_t>(r)]);
         load[static_cast<std::size_t>(r)] = add(std::move(s));
       }
-      last = compute_all(what(StagePart::kAttention, StageOp::kOut), OpKind::kSync, phase, l, 0, 0, OpShape{}, {p, load});
+      last = output_projection({p, load});
     } else {
       const int groups = head_groups(a, plan_.split.attention_head_group);
       const OpShape core = attention_core_shape(a, groups, seqs, S_);
@@ -83,6 +90,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
         }
         olse_saved_[l] = save;
       }
+      last = output_projection({last});
     }
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
@@ -97,6 +105,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
                          core, {last});
     }
+    last = output_projection({last});
   }
   return last;
 }
@@ -293,7 +302,11 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
 PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready) {
   const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
   const LayerFlops f = layer_flops(m_, l, seqs, S_);
-  PerRank last = ready;
+  OpShape out_proj;
+  out_proj.tokens = seqs * S_;
+  out_proj.k = is_attention(kind) ? std::int64_t{m_.attention(kind).heads} * m_.attention(kind).head_dim : m_.gdn.value_dim();
+  PerRank last = compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kOutBwd), OpKind::kGemm,
+                             Phase::kBackward, l, kMatmulBackwardRatio * f.mixing_output, 0, out_proj, {ready});
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const int groups = head_groups(a, plan_.split.attention_head_group);
@@ -327,7 +340,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   proj.k = m_.hidden;
   const Bytes bytes = kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, seqs * S_);
   return compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
-                     kMatmulBackwardRatio * f.mixing_projection, bytes, proj, {last});
+                     kMatmulBackwardRatio * (f.mixing_projection - f.mixing_output), bytes, proj, {last});
 }
 
 void Lowering::decoder_forward(int l, Phase phase, bool original) {

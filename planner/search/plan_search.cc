@@ -113,7 +113,7 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
   if (options.path != "ep" && options.path != "local" && options.path != "auto") {
     throw InputError("", "--path", "\"" + options.path + "\"", "expected ep, local or auto");
   }
-  if (options.path == "auto" && !make_step_engine(options.compare_engine)) {
+  if (options.path == "auto" && options.compare_executor == nullptr && !make_step_engine(options.compare_engine)) {
     throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
                      fmt::format("unknown engine (known: {})", fmt::join(step_engine_names(), ", ")));
   }
@@ -161,18 +161,23 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
   std::size_t winner = 0;
   std::vector<Seconds> compared(configured.size(), 0.0);
   if (configured.size() > 1) {
-    std::unique_ptr<StepEngine> engine = make_step_engine(options.compare_engine);
-    if (!engine) {
-      throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
-                       fmt::format("unknown engine (known: {})", fmt::join(step_engine_names(), ", ")));
+    std::unique_ptr<Executor> graph_executor;
+    Executor* executor = options.compare_executor;
+    if (executor == nullptr) {
+      std::unique_ptr<StepEngine> engine = make_step_engine(options.compare_engine);
+      if (!engine) {
+        throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
+                         fmt::format("unknown engine (known: {})", fmt::join(step_engine_names(), ", ")));
+      }
+      graph_executor = std::make_unique<GraphExecutor>(std::move(engine), calibration);
+      executor = graph_executor.get();
     }
-    GraphExecutor executor(std::move(engine), calibration);
     std::vector<Plan> plans;
     for (const PricedPlan& p : configured) plans.push_back(p.plan);
-    const CompareResult cmp = configure_then_compare(executor, plans, ctx);
+    const CompareResult cmp = configure_then_compare(*executor, plans, ctx);
     winner = cmp.winner;
     for (std::size_t i = 0; i < cmp.estimates.size(); ++i) compared[i] = cmp.estimates[i].step_s;
-    r.compare_engine = options.compare_engine;
+    r.compare_engine = options.compare_executor != nullptr ? executor->name() : options.compare_engine;
   }
   for (std::size_t i = 0; i < configured.size(); ++i) {
     PlanChoice c = plan_choice_of(configured[i], pricer);

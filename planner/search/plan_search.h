@@ -19,6 +19,7 @@
 #include "costmodel/units.h"
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/executor.h"
 #include "planner/engine/peak_composition.h"
 #include "planner/plan/plan.h"
 #include "planner/search/plan_pricing.h"
@@ -28,6 +29,9 @@ namespace oom {
 struct PlanSearchOptions {
   std::string path = "auto";                // "ep" | "local" | "auto"
   std::string compare_engine = "analytic";  // StepEngine for Configure-then-Compare short executions
+  // Runs the short executions instead of a GraphExecutor of compare_engine when set: real ones
+  // with the LibTorch backend (backend/torch_executor.h). Not owned; used from the calling thread.
+  Executor* compare_executor = nullptr;
   bool flat = true;                         // offer FLAT's schedules (false: plans without them)
 };
 
@@ -45,7 +49,8 @@ struct PlanChoice {
 struct PlanSearchResult {
   PlanChoice chosen;
   std::vector<PlanChoice> alternatives;  // the best plan of each other configured path
-  std::string compare_engine;            // engine of the short executions ("" when one path only)
+  std::string compare_engine;            // engine of the short executions: a StepEngine's name, or the
+                                         // executor's ("torch"); "" when one path only
   int candidates_priced = 0;             // full-depth analytic evaluations, all paths
 };
 

@@ -63,8 +63,15 @@ void expect_plan_matches_plain(const char* model, const Plan& plan, int steps = 
     const auto got = runtime.step(tokens0, targets0);
     EXPECT_NEAR(got.loss, ref.loss, kTol * std::abs(ref.loss)) << model;
     for (int b = 0; b < state.blocks(); ++b) {
-      EXPECT_LE(rel_diff(state.grad_slot(b), ref.blocks[static_cast<std::size_t>(b)]), kTol)
-          << model << " gradient of block " << b;
+      at::Tensor got_b = state.grad_slot(b), ref_b = ref.blocks[static_cast<std::size_t>(b)];
+      if (b > 0 && plan.path == ExpertPath::kEp && plan.is_resident(b - 1)) {
+        // A resident expert bank is updated where its gradient is; only the rest reaches the host.
+        const auto& layout = state.layout().blocks[static_cast<std::size_t>(b)];
+        const auto e0 = layout.at("experts.gate").offset, e1 = layout.at("experts.down").offset + layout.at("experts.down").numel();
+        got_b = at::cat({got_b.narrow(0, 0, e0), got_b.narrow(0, e1, got_b.numel() - e1)});
+        ref_b = at::cat({ref_b.narrow(0, 0, e0), ref_b.narrow(0, e1, ref_b.numel() - e1)});
+      }
+      EXPECT_LE(rel_diff(got_b, ref_b), kTol) << model << " gradient of block " << b;
     }
   }
   HostState state(spec);
@@ -146,6 +153,32 @@ TEST(PlanTrainer, ReplayReusesKeptAttentionResultsAndEverySplitTogether) {
   expect_plan_matches_plain("tiny-moe", p, 2, /*clip=*/0.05);
 }
 
+// The EP path on one rank, run by the graph runner from its StepGraph: dispatch rounds, resident
+// expert banks updated on the device, MoE activations retained from the forward (no recompute in
+// backward), experts' and common gradients sent apart, boundaries and clipping.
+Plan ep_plan() {
+  Plan p;
+  p.path = ExpertPath::kEp;
+  p.routing_chunk_tokens = 40;  // 96 tokens: rounds of 40, 40, 16
+  return p;
+}
+
+TEST(PlanTrainer, EpOnOneRankMatchesPlain) {
+  expect_plan_matches_plain("tiny-moe", ep_plan());
+  Plan p = ep_plan();
+  p.resident_layers = {1, 2};
+  p.moe_retained_layers = {2, 3};
+  expect_plan_matches_plain("tiny-moe", p);
+  expect_plan_matches_plain("tiny-moe", p, 2, /*clip=*/0.05);
+  p.boundaries.host_kept_all = false;
+  p.boundaries.host_kept = {2};
+  p.keep_attention_results = true;
+  // Gemma 4 in one round: in token chunks its gradients differ from the reference by 1.2e-5 (the
+  // embeddings) on the Local path too, just above this test's rounding tolerance.
+  p.routing_chunk_tokens = 96;
+  expect_plan_matches_plain("tiny-moe-gemma", p);
+}
+
 TEST(PlanOps, AttentionBackwardFromKeptOutputMatchesAutograd) {
   torch::manual_seed(3);
   const auto q = torch::randn({2, 4, 20, 8}, torch::requires_grad());
@@ -202,8 +235,9 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   p = local_plan();
   p.split = {0, 0, 500, 2};
   expect_rejected(p, "moe_chunk_tokens");
-  expect_rejected(Plan{}, "path");                   // EP on one rank
+  expect_rejected(Plan{}, "path", 4, 24, 2);         // EP on two ranks: rank processes
   expect_rejected(local_plan(), "path", 4, 24, 2);   // two ranks on the local runtime
+  EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));  // EP on one rank
   EXPECT_NO_THROW(check_plan_for_run(local_plan(), load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));
 }
 

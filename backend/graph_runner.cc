@@ -1,0 +1,895 @@
+#include "backend/graph_runner.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "backend/job_queue.h"
+#include "backend/plan_ops.h"
+#include "backend/stage_recorder.h"
+#include "costmodel/hardware_spec.h"
+#include "costmodel/input_error.h"
+#include "costmodel/workload.h"
+
+#ifdef OOM_BACKEND_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace oom::backend {
+
+StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks) {
+  WorkloadContext ctx;
+  ctx.workload.model = model.name;
+  ctx.workload.hardware = "h100-sxm-node";
+  ctx.workload.gpus = ranks;
+  ctx.workload.global_batch = batch;
+  ctx.workload.seq_len = seq;
+  ctx.model = model;
+  ctx.hardware = load_hardware_spec(ctx.workload.hardware);
+  return lower(plan, ctx);
+}
+
+namespace {
+
+// The kernels a stage can map to.
+enum class Kernel {
+  kNone,  // sync: no work
+  kOuterH2d, kGather, kRegather, kScatter, kLoss, kHeadBackward, kOuterGradD2h,
+  kBoundaryD2h, kBoundaryH2d, kWeightsH2d,
+  kMixProj, kAttnCore, kAttnCoreRefwd, kOlseD2h, kOlseH2d, kMixOut, kMixOutBwd, kMixCoreBwd, kMixProjBwd, kGdnCore,
+  kRouterShared, kExperts, kExpertsBwd, kRouterSharedBwd,
+  kLayerGradD2h, kPartGradD2h, kGpuAdamW, kHostAccumulate, kCpuAdamW, kPublish,
+};
+
+// The table from (part, operator) to kernel; kNone for sync stages, nullopt for work this
+// runner has no kernel for.
+std::optional<Kernel> kernel_of(const Stage& s) {
+  if (s.op == OpKind::kSync) return Kernel::kNone;
+  using P = StagePart;
+  using O = StageOp;
+  const P p = s.key.part;
+  const bool mixing = p == P::kAttention || p == P::kGdn;
+  switch (s.key.op) {
+    case O::kH2d:
+      if (p == P::kEmbedding || p == P::kLmHead) return Kernel::kOuterH2d;
+      if (p == P::kBoundary) return Kernel::kBoundaryH2d;
+      if (p == P::kWeights) return Kernel::kWeightsH2d;
+      break;
+    case O::kD2h:
+      if (p == P::kBoundary) return Kernel::kBoundaryD2h;
+      break;
+    case O::kGather: if (p == P::kEmbedding) return Kernel::kGather; break;
+    case O::kRegather: if (p == P::kEmbedding) return Kernel::kRegather; break;
+    case O::kScatter: if (p == P::kEmbedding) return Kernel::kScatter; break;
+    case O::kLoss: if (p == P::kLmHead) return Kernel::kLoss; break;
+    case O::kBackward: if (p == P::kLmHead) return Kernel::kHeadBackward; break;
+    case O::kGradD2h:
+      if (p == P::kEmbedding || p == P::kLmHead) return Kernel::kOuterGradD2h;
+      if (p == P::kLayer) return Kernel::kLayerGradD2h;
+      if ((p == P::kExperts || p == P::kCommon) && s.key.bucket < 0) return Kernel::kPartGradD2h;
+      break;
+    case O::kGpuAdamW: if (p == P::kExperts) return Kernel::kGpuAdamW; break;
+    case O::kProj: if (mixing) return Kernel::kMixProj; break;
+    case O::kCore:
+      if (p == P::kAttention) return Kernel::kAttnCore;
+      if (p == P::kGdn) return Kernel::kGdnCore;
+      break;
+    case O::kCoreRefwd: if (p == P::kAttention) return Kernel::kAttnCoreRefwd; break;
+    case O::kCoreBwd: if (mixing) return Kernel::kMixCoreBwd; break;
+    case O::kOlseD2h: if (p == P::kAttention) return Kernel::kOlseD2h; break;
+    case O::kOlseH2d: if (p == P::kAttention) return Kernel::kOlseH2d; break;
+    case O::kOut: if (mixing) return Kernel::kMixOut; break;
+    case O::kOutBwd: if (mixing) return Kernel::kMixOutBwd; break;
+    case O::kProjBwd: if (mixing) return Kernel::kMixProjBwd; break;
+    case O::kRouterShared: if (p == P::kMoe) return Kernel::kRouterShared; break;
+    case O::kExperts: if (p == P::kMoe) return Kernel::kExperts; break;
+    case O::kExpertsBwd: if (p == P::kMoe) return Kernel::kExpertsBwd; break;
+    case O::kRouterSharedBwd: if (p == P::kMoe) return Kernel::kRouterSharedBwd; break;
+    case O::kHostAccumulate: if (p == P::kLayer) return Kernel::kHostAccumulate; break;
+    case O::kCpuAdamW:
+      if ((p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) && s.key.bucket < 0) return Kernel::kCpuAdamW;
+      break;
+    case O::kPublish:
+      if ((p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) && s.key.bucket < 0) return Kernel::kPublish;
+      break;
+    default: break;
+  }
+  return std::nullopt;
+}
+
+bool on_worker(Kernel k) { return k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW || k == Kernel::kPublish; }
+bool in_pass(const Stage& s) {
+  return s.layer >= 0 && (s.key.part == StagePart::kAttention || s.key.part == StagePart::kGdn || s.key.part == StagePart::kMoe);
+}
+
+// A device tensor into a host-resident range of a gradient slot; returns a function that waits
+// for the copy.
+std::function<void()> range_to_host(at::Tensor& slot, std::int64_t a, std::int64_t n, const at::Tensor& grad) {
+  slot.narrow(0, a, n).copy_(grad.narrow(0, a, n), /*non_blocking=*/!grad.device().is_cpu());
+  if (grad.device().is_cpu()) return [] {};
+#ifdef OOM_BACKEND_CUDA
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(c10::cuda::getCurrentCUDAStream(grad.device().index()));
+  return [done] { done->synchronize(); };
+#else
+  OOM_ASSERT(false, "CUDA gradient in a build without CUDA");
+#endif
+}
+
+// A whole block's device gradient into its host slot (adopted as is on a CPU device).
+std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
+  if (grad.device().is_cpu()) {
+    slot = grad;
+    return [] {};
+  }
+  return range_to_host(slot, 0, grad.numel(), grad);
+}
+
+at::Tensor to_host(const at::Tensor& x, bool pinned) {
+  if (x.device().is_cpu()) return x;  // fresh tensors, never modified in place
+  auto h = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(pinned));
+  h.copy_(x, /*non_blocking=*/true);
+  return h;
+}
+
+// autograd backward over the (output, gradient) pairs whose gradient is defined.
+void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> o, g;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && grads[i].defined() && outputs[i].requires_grad()) {
+      o.push_back(outputs[i]);
+      g.push_back(grads[i]);
+    }
+  }
+  if (!o.empty()) torch::autograd::backward(o, g);
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.defined() ? t.detach().requires_grad_(true) : t; }
+at::Tensor grad_of(const at::Tensor& t) { return t.defined() ? t.grad() : t; }
+
+StageRecorder::Callbacks recorder_callbacks(const at::Device& device) {
+  StageRecorder::Callbacks cb;
+#ifdef OOM_BACKEND_CUDA
+  if (device.is_cuda()) {
+    cb.sync = [] { c10::cuda::device_synchronize(); };
+    const int index = device.index();
+    cb.device_bytes = [index] {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+      return static_cast<Bytes>(stats.allocated_bytes[0].current);
+    };
+  }
+#else
+  (void)device;
+#endif
+  return cb;
+}
+
+// Piece `index` of `total` cut in pieces of `size` (the last takes the remainder; size ≤ 0 or
+// ≥ total: one piece). Returns {start, length}.
+std::pair<std::int64_t, std::int64_t> piece(std::int64_t total, std::int64_t size, int index) {
+  if (size <= 0 || size >= total) return {0, total};
+  const std::int64_t a = std::int64_t{index} * size;
+  OOM_ASSERT(a < total, "piece index beyond the extent");
+  return {a, std::min(size, total - a)};
+}
+
+struct OLse {
+  at::Tensor out, lse;  // [b, H, S, d], [b, H, S] FP32 on the host
+};
+
+enum class PassKind { kForward, kRegenerate, kBackward };
+
+// One token chunk of a sub-batch's MoE.
+struct Chunk {
+  at::Tensor hc, xn_l, routed, comb;
+  FfnInputs in;
+  Routing r;
+  plan_ops::DenseTerms d;
+};
+
+// One sub-batch of a decoder pass.
+struct Sub {
+  std::int64_t b0 = 0, n = 0;
+  at::Tensor x, x_l;  // input rows; their leaf in a backward pass
+  plan_ops::AttentionInputs in;
+  at::Tensor q_l, k_l, v_l, gate_l;
+  plan_ops::GdnInputs gin, glin;
+  at::Tensor state, dstate;
+  std::vector<at::Tensor> starts, outs, lses;  // GDN chunk start states / per group or chunk outputs
+  at::Tensor out_graph, group_graph, out, lse, out_l, mixed, h, dh, dout, dq, dk, dv;
+  std::map<int, Chunk> chunks;
+};
+
+struct Pass {
+  int l = -1;
+  PassKind kind = PassKind::kForward;
+  bool started = false;
+  at::Tensor wflat, x, y, dy;  // weights; input; output (forward) or input gradient (backward); output gradient
+  BlockWeights w;
+  std::map<int, Sub> subs;
+};
+
+}  // namespace
+
+struct GraphRunner::Impl {
+  HostState& st;
+  TrainerConfig cfg;
+  Plan plan;
+  at::Device dev;
+  ParamWindow window;
+  StageRecorder rec;
+  JobQueue worker;
+  Trace trace;
+  bool tracing = false;
+  const ModelSpec& spec;
+
+  // Per step.
+  const StepGraph* graph = nullptr;
+  std::int64_t B = 0, S = 0, sb = 0;
+  at::Tensor tok, tgt, outer_flat, x0, hL, loss;
+  BlockWeights outer;
+  std::map<int, at::Tensor> act;               // decoder → its input on the device (L: the head's)
+  // Where a decoder's input on the device came from, which says how long it stays (as the lowering
+  // keeps it: a regathered embedding output and the regenerated inputs within regenerate_cap of
+  // the next backward stay; a host boundary loaded only to start a regeneration goes).
+  enum class Origin { kForward, kLoaded, kRegather, kRegenerated };
+  std::map<int, Origin> origin;
+  std::map<int, at::Tensor> host;              // host-kept boundaries
+  std::map<int, std::vector<OLse>> olse;       // kept O/LSE per sub-batch
+  std::map<int, at::Tensor> dgrad;             // decoder → dL/d(its input) (L: the head's input)
+  std::map<StageId, Pass> passes;              // by the weights stage that opened them
+  std::map<int, StageId> open_pass;            // decoder → its latest pass
+  std::map<int, StageId> backward_pass;        // decoder → its backward pass (until its gradient leaves)
+  std::vector<StageId> last_use;               // weights stage → the pass's last stage
+  std::vector<StageId> last_grad_use;          // backward weights stage → the last stage reading its gradient
+  // EP: MoE chunks whose forward graph is retained for the backward (decoder, chunk), and the
+  // forward weights those graphs differentiate into.
+  std::map<std::pair<int, int>, Chunk> retained_moe;
+  std::map<int, at::Tensor> retained_weights;
+  std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
+  std::map<std::pair<StagePart, int>, std::function<void()>> ready;  // gradient copies to wait for
+  std::map<StageId, int> jobs;                 // worker stages → job index
+  std::vector<std::function<void()>> deferred; // clipping: worker stages held for the norm
+  std::vector<double> sq_norm;
+  double coef = 1.0;
+  int next_backward = 0;                       // the decoder whose backward comes next
+
+  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d)
+      : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)), spec(s.spec()) {}
+
+  bool ep() const { return plan.path == ExpertPath::kEp; }
+  bool retained(int l) const { return ep() && plan.is_moe_retained(l); }
+  bool attention(int l) const { return spec.layer_kinds[static_cast<std::size_t>(l)] != LayerKind::kLinearAttention; }
+  const AttentionSpec& attn(int l) const { return spec.attention(spec.layer_kinds[static_cast<std::size_t>(l)]); }
+  int groups(int l) const { return plan_ops::attention_groups(attn(l), plan.split.attention_head_group); }
+  double scale(int l) const { return attention_scale(spec, attn(l)); }
+
+  // Outer-block parameter ranges: the LM head group (final norm, untied head) and the embeddings.
+  std::pair<std::int64_t, std::int64_t> outer_range(bool head) const {
+    const auto& e = st.layout().blocks[0].at("embed");
+    const auto total = st.layout().blocks[0].numel;
+    if (head) return e.offset == 0 ? std::pair{e.numel(), total - e.numel()} : std::pair{std::int64_t{0}, e.offset};
+    return {e.offset, e.numel()};
+  }
+  // The flat ranges {start, length} of a parameter group: a decoder's routed-expert bank
+  // ("experts"), the rest of it ("common"), the whole decoder ("layer"; on the EP path a resident
+  // decoder's experts are updated on the device, so its CPU update is the common part), the LM
+  // head group or the embeddings.
+  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  Ranges group_ranges(StagePart part, int layer) const {
+    if (part == StagePart::kEmbedding || part == StagePart::kLmHead) return {outer_range(part == StagePart::kLmHead)};
+    const BlockLayout& b = st.layout().blocks[static_cast<std::size_t>(1 + layer)];
+    const std::int64_t e0 = b.at("experts.gate").offset, e1 = b.at("experts.down").offset + b.at("experts.down").numel();
+    if (part == StagePart::kExperts) return {{e0, e1 - e0}};
+    if (part == StagePart::kCommon || (ep() && plan.is_resident(layer))) return {{0, e0}, {e1, b.numel - e1}};
+    return {{0, b.numel}};
+  }
+  static int block_of(StagePart part, int layer) { return part == StagePart::kEmbedding || part == StagePart::kLmHead ? 0 : 1 + layer; }
+
+  // ---- passes ----
+  Pass& pass_of(const Stage& s) {
+    const auto it = open_pass.find(s.layer);
+    OOM_ASSERT(it != open_pass.end(), "a decoder stage before its weights");
+    Pass& p = passes.at(it->second);
+    if (!p.started) start_pass(p);
+    return p;
+  }
+  void start_pass(Pass& p) {
+    const auto w = window.acquire(1 + p.l);
+    // A retained MoE's forward graph differentiates into the forward's weights; on CUDA those sit
+    // in a window slot the next decoders reuse, so the graph keeps its own copy.
+    const bool keep = p.kind == PassKind::kForward && retained(p.l);
+    p.wflat = p.kind == PassKind::kBackward ? leaf(w) : keep ? leaf(dev.is_cuda() ? w.clone() : w) : w;
+    p.w = block_views(st.layout().blocks[static_cast<std::size_t>(1 + p.l)], p.wflat);
+    p.x = act.at(p.l);
+    if (p.kind == PassKind::kBackward) p.dy = dgrad.at(p.l + 1);
+    p.y = at::empty_like(p.x);
+    p.started = true;
+  }
+  void end_pass(StageId id) {
+    Pass& p = passes.at(id);
+    window.release(1 + p.l);
+    const int l = p.l;
+    const int cap = std::max(1, plan.boundaries.regenerate_cap);
+    const bool held = plan.boundaries.place(l) == BoundaryPolicy::Place::kGpu;
+    switch (p.kind) {
+      case PassKind::kForward:
+        act[l + 1] = p.y;
+        if (!held) act.erase(l);
+        if (retained(l)) retained_weights[l] = p.wflat;
+        break;
+      case PassKind::kRegenerate: {
+        act[l + 1] = p.y;
+        origin[l + 1] = Origin::kRegenerated;
+        const Origin from = origin.count(l) ? origin.at(l) : Origin::kForward;
+        if (!held && (from == Origin::kLoaded || (from == Origin::kRegenerated && l <= next_backward - cap))) act.erase(l);
+        break;
+      }
+      case PassKind::kBackward:
+        dgrad[l] = p.y;
+        dgrad.erase(l + 1);
+        act.erase(l);
+        host.erase(l);
+        olse.erase(l);
+        next_backward = l - 1;
+        backward_pass[l] = id;
+        return;  // the pass lives on until its weight gradient leaves
+    }
+    passes.erase(id);
+  }
+  Sub& sub_of(Pass& p, const StageKey& k) {
+    const int i = std::max(k.sub_batch, 0);
+    auto [it, fresh] = p.subs.try_emplace(i);
+    Sub& s = it->second;
+    if (fresh) {
+      s.b0 = std::int64_t{i} * sb;
+      s.n = std::min(sb, B - s.b0);
+      s.x = p.x.narrow(0, s.b0, s.n);
+      if (p.kind == PassKind::kBackward) s.x_l = leaf(s.x);
+    }
+    return s;
+  }
+  // A chunk's context; in the backward of a retained MoE, the one its forward kept.
+  Chunk& chunk_of(const Pass& p, Sub& s, const StageKey& k) {
+    if (!s.chunks.count(k.chunk) && p.kind == PassKind::kBackward) {
+      const auto kept = retained_moe.find({p.l, k.chunk});
+      if (kept != retained_moe.end()) {
+        s.chunks[k.chunk] = std::move(kept->second);
+        retained_moe.erase(kept);
+      }
+    }
+    return s.chunks[k.chunk];
+  }
+  // The tokens {first, count} of a sub-batch a MoE chunk covers: the Local path's
+  // split.moe_chunk_tokens, the EP path's dispatch rounds of routing_chunk_tokens.
+  std::pair<std::int64_t, std::int64_t> chunk_tokens(const Sub& s, const StageKey& k) const {
+    return piece(s.n * S, ep() ? plan.routing_chunk_tokens : plan.split.moe_chunk_tokens, k.chunk);
+  }
+  static at::Tensor rows(const at::Tensor& t, const Sub& s, std::pair<std::int64_t, std::int64_t> tokens) {
+    const auto r = t.narrow(0, s.b0, s.n);
+    return r.reshape({-1, r.size(-1)}).narrow(0, tokens.first, tokens.second);
+  }
+
+  // ---- mixing ----
+  void mix_proj(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const int l = p.l;
+    const bool bwd = p.kind == PassKind::kBackward;
+    const auto& x = bwd ? s.x_l : s.x;
+    const auto xn = model_norm(x, p.w["input_norm"], spec);
+    if (attention(l)) {
+      s.in = plan_ops::attention_inputs(xn, p.w, spec, spec.layer_kinds[static_cast<std::size_t>(l)]);
+      if (bwd) {
+        // K/V leaves in FP32: their gradients accumulate over the query-head groups in FP32.
+        s.q_l = leaf(s.in.q), s.k_l = leaf(s.in.k.to(at::kFloat)), s.v_l = leaf(s.in.v.to(at::kFloat)), s.gate_l = leaf(s.in.gate);
+      }
+      s.outs.assign(static_cast<std::size_t>(groups(l)), at::Tensor());
+      s.lses = s.outs;
+    } else {
+      s.gin = plan_ops::gdn_inputs(xn, p.w, spec);
+      if (bwd) s.glin = {leaf(s.gin.qkv), leaf(s.gin.z), leaf(s.gin.beta), leaf(s.gin.g)};
+      const GdnSpec& g = spec.gdn;
+      s.state = at::zeros({s.n, g.value_heads, g.key_head_dim, g.value_head_dim}, x.options().dtype(at::kFloat).requires_grad(false));
+    }
+  }
+  void attn_core(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const int l = p.l, G = groups(l), g = st_.key.head_group;
+    const AttentionSpec& a = attn(l);
+    if (p.kind != PassKind::kBackward) {
+      auto r = attention_core(plan_ops::query_group(s.in.q, a.kv_heads, G, g), s.in.k, s.in.v, a.window_tokens,
+                              cfg.model.attention_query_block, scale(l));
+      s.outs[static_cast<std::size_t>(g)] = r.out;
+      s.lses[static_cast<std::size_t>(g)] = r.lse.unsqueeze(-1);
+    } else if (G == 1) {
+      s.out_graph = attention_core(s.q_l, s.k_l, s.v_l, a.window_tokens, cfg.model.attention_query_block, scale(l)).out;
+      s.outs[0] = s.out_graph.detach();
+    } else {
+      at::NoGradGuard no_grad;  // the groups' statistics are recomputed per group in backward
+      s.outs[static_cast<std::size_t>(g)] =
+          attention_core(plan_ops::query_group(s.q_l, a.kv_heads, G, g), s.k_l, s.v_l, a.window_tokens, cfg.model.attention_query_block, scale(l)).out;
+    }
+  }
+  void olse_d2h(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const int kv = attn(p.l).kv_heads;
+    s.out = plan_ops::merge_groups(s.outs, kv);
+    auto& kept = olse[p.l];
+    kept.resize(static_cast<std::size_t>(std::max(st_.key.sub_batch, 0) + 1));
+    kept[static_cast<std::size_t>(std::max(st_.key.sub_batch, 0))] = {
+        to_host(s.out, st.pinned()), to_host(plan_ops::merge_groups(s.lses, kv).squeeze(-1), st.pinned())};
+  }
+  void olse_h2d(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const OLse& kept = olse.at(p.l).at(static_cast<std::size_t>(std::max(st_.key.sub_batch, 0)));
+    s.out = kept.out.to(dev);
+    if (p.kind == PassKind::kBackward) s.lse = kept.lse.to(dev);
+  }
+  void gdn_core(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
+    if (p.kind != PassKind::kBackward) {
+      s.outs.push_back(plan_ops::gdn_core(s.gin, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, s.state));
+      return;
+    }
+    at::NoGradGuard no_grad;
+    s.starts.push_back(s.state);  // gdn_core replaces the state tensor, so this one stays the chunk's start
+    s.outs.push_back(plan_ops::gdn_core(s.glin, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, s.state));
+  }
+  void mix_out(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const int l = p.l;
+    const auto dtype = s.x.scalar_type();
+    const bool bwd = p.kind == PassKind::kBackward;
+    if (attention(l)) {
+      if (!s.out.defined()) s.out = plan_ops::merge_groups(s.outs, attn(l).kv_heads);
+      if (bwd) {
+        s.out_l = leaf(s.out);
+        s.mixed = post_mixing(plan_ops::attention_output(s.out_l, s.gate_l, p.w, dtype), p.w, spec);
+      } else {
+        s.mixed = post_mixing(plan_ops::attention_output(s.out, s.in.gate, p.w, dtype), p.w, spec);
+      }
+    } else {
+      const auto o = s.outs.size() == 1 ? s.outs[0] : at::cat(s.outs, 2);
+      if (bwd) {
+        s.out_l = leaf(o);
+        s.mixed = plan_ops::gdn_output(s.out_l, s.glin.z, p.w, spec, dtype);
+      } else {
+        s.mixed = plan_ops::gdn_output(o, s.gin.z, p.w, spec, dtype);
+      }
+    }
+    s.h = s.x + (bwd ? s.mixed.detach() : s.mixed);
+    if (bwd) s.dh = at::empty_like(s.x);
+  }
+  void mix_out_bwd(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    s.mixed.backward(s.dh);
+    s.dout = s.out_l.grad();
+  }
+  void mix_core_bwd(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const int l = p.l;
+    if (!attention(l)) {
+      const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
+      auto start = leaf(s.starts.at(static_cast<std::size_t>(st_.key.chunk)));
+      auto state = start;
+      const auto out = plan_ops::gdn_core(s.glin, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
+      backward_defined({out, state}, {s.dout.narrow(2, s0, C), s.dstate});
+      s.dstate = start.grad();
+      return;
+    }
+    const AttentionSpec& a = attn(l);
+    const int G = groups(l), g = st_.key.head_group;
+    if (plan.keep_attention_results) {
+      // Flash-style backward from the kept O/LSE, without recomputing the core.
+      if (!s.dq.defined()) {
+        s.dq = at::zeros(s.q_l.sizes(), s.q_l.options().dtype(at::kFloat));
+        s.dk = at::zeros(s.k_l.sizes(), s.k_l.options().dtype(at::kFloat));
+        s.dv = at::zeros(s.v_l.sizes(), s.v_l.options().dtype(at::kFloat));
+      }
+      const auto Bq = s.q_l.size(0), H = s.q_l.size(1), Sq = s.q_l.size(2), d = s.q_l.size(3);
+      const auto per = H / a.kv_heads, gh = per / G;
+      auto grads = plan_ops::attention_core_backward(
+          plan_ops::query_group(s.in.q.detach(), a.kv_heads, G, g), s.in.k.detach(), s.in.v.detach(),
+          plan_ops::query_group(s.out, a.kv_heads, G, g), plan_ops::query_group(s.lse.unsqueeze(-1), a.kv_heads, G, g).squeeze(-1),
+          plan_ops::query_group(s.dout, a.kv_heads, G, g), a.window_tokens, cfg.model.attention_query_block, scale(l));
+      s.dq.view({Bq, a.kv_heads, per, Sq, d}).narrow(2, g * gh, gh).copy_(grads.dq.reshape({Bq, a.kv_heads, gh, Sq, d}));
+      s.dk.add_(grads.dk.to(at::kFloat));
+      s.dv.add_(grads.dv.to(at::kFloat));
+    } else if (G == 1) {
+      s.out_graph.backward(s.dout);
+    } else {
+      s.group_graph.backward(plan_ops::query_group(s.dout, a.kv_heads, G, g));  // K/V gradients accumulate over groups
+    }
+  }
+  void attn_core_refwd(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    const AttentionSpec& a = attn(p.l);
+    s.group_graph = attention_core(plan_ops::query_group(s.q_l, a.kv_heads, groups(p.l), st_.key.head_group), s.k_l, s.v_l,
+                                   a.window_tokens, cfg.model.attention_query_block, scale(p.l)).out;
+  }
+  void mix_proj_bwd(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    if (attention(p.l)) {
+      at::Tensor dq = s.dq, dk = s.dk, dv = s.dv;
+      if (!plan.keep_attention_results) dq = s.q_l.grad(), dk = s.k_l.grad(), dv = s.v_l.grad();
+      backward_defined({s.in.q, s.in.k, s.in.v, s.in.gate},
+                       {dq.to(s.in.q.scalar_type()), dk.to(s.in.k.scalar_type()), dv.to(s.in.v.scalar_type()), grad_of(s.gate_l)});
+    } else {
+      backward_defined({s.gin.qkv, s.gin.z, s.gin.beta, s.gin.g},
+                       {grad_of(s.glin.qkv), grad_of(s.glin.z), grad_of(s.glin.beta), grad_of(s.glin.g)});
+    }
+    p.y.narrow(0, s.b0, s.n).copy_(s.dh + s.x_l.grad());
+    p.subs.erase(std::max(st_.key.sub_batch, 0));
+  }
+
+  // ---- MoE, per token chunk ----
+  // Whether a MoE stage of the pass builds autograd graphs: in backward, and in the forward of a
+  // retained MoE (EP), whose graph the backward uses instead of a recompute.
+  bool moe_graph(const Pass& p) const { return p.kind == PassKind::kBackward || (p.kind == PassKind::kForward && retained(p.l)); }
+
+  void router_shared(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto tokens = chunk_tokens(s, st_.key);
+    const auto h2 = s.h.reshape({-1, s.h.size(-1)}).narrow(0, tokens.first, tokens.second);
+    if (!moe_graph(p)) {
+      c.hc = h2;
+      c.in = ffn_inputs(c.hc, p.w, spec);
+      c.r = route_layer(c.in.router, p.w, spec);
+      c.d = plan_ops::dense_terms(c.in.dense, p.w, spec);
+      return;
+    }
+    // Router, experts and dense MLP read one normalized input, except Gemma 4's (its router reads
+    // the residual and each branch has its own norm): the experts' input is a leaf either way.
+    const bool one_input = !spec.gemma4();
+    c.hc = leaf(h2);
+    c.in = ffn_inputs(c.hc, p.w, spec);
+    c.xn_l = leaf(c.in.experts);
+    c.r = route_layer(one_input ? c.xn_l : c.in.router, p.w, spec);
+    c.d = plan_ops::dense_terms(one_input ? c.xn_l : c.in.dense, p.w, spec);
+  }
+  void experts(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    if (moe_graph(p)) {
+      c.routed = routed_experts(c.xn_l, c.r, p.w, spec);
+      if (p.kind == PassKind::kBackward) return;
+      // Retained: the output from the graph's values; the graph waits for the backward.
+      {
+        at::NoGradGuard no_grad;
+        const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
+        const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
+        rows(p.y, s, chunk_tokens(s, st_.key)).copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
+      }
+      retained_moe[{p.l, st_.key.chunk}] = std::move(c);
+      s.chunks.erase(st_.key.chunk);
+      return;
+    }
+    const auto routed = routed_experts(c.in.experts, c.r, p.w, spec);
+    rows(p.y, s, chunk_tokens(s, st_.key)).copy_(ffn_output(c.hc, routed, c.d.shared, c.d.dense, p.w, spec));
+    s.chunks.erase(st_.key.chunk);
+  }
+  void experts_bwd(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
+    if (!spec.gemma4()) {
+      c.routed.backward(dyc);
+      return;
+    }
+    // Gemma 4 combines the branches through norms: the routed branch's output gradient first (the
+    // combination's graph is kept for the router/shared stage), then its backward.
+    auto routed_l = leaf(c.routed);
+    c.comb = ffn_output(c.hc, routed_l, c.d.shared, c.d.dense, p.w, spec);
+    const auto g = torch::autograd::grad({c.comb}, {routed_l}, {dyc}, /*retain_graph=*/true);
+    c.routed.backward(g[0]);
+    c.in.experts.backward(c.xn_l.grad());
+  }
+  void router_shared_bwd(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto tokens = chunk_tokens(s, st_.key);
+    const auto dyc = rows(p.dy, s, tokens);
+    auto dh = s.dh.reshape({-1, s.dh.size(-1)}).narrow(0, tokens.first, tokens.second);
+    if (!spec.gemma4()) {
+      backward_defined({c.d.shared, c.d.dense}, {dyc, dyc});
+      c.in.experts.backward(c.xn_l.grad());
+      dh.copy_(dyc + c.hc.grad());
+    } else {
+      c.comb.backward(dyc);
+      dh.copy_(c.hc.grad());
+    }
+    s.chunks.erase(st_.key.chunk);
+  }
+
+  // ---- gradients and updates ----
+  double sq_norm_of(const at::Tensor& grad, const Ranges& ranges) const {
+    double sum = 0;
+    for (const auto& [a, n] : ranges) sum += grad.narrow(0, a, n).to(at::kFloat).pow(2).sum().item<double>();
+    return sum;
+  }
+  // A parameter group's gradient into its host slot (a whole decoder's adopted as is on a CPU device).
+  void send_gradient(StagePart part, int layer, const at::Tensor& grad) {
+    const int b = block_of(part, layer);
+    const Ranges ranges = group_ranges(part, layer);
+    if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+    if (part == StagePart::kLayer) {
+      ready[{part, layer}] = gradient_to_host(st.grad_slot(b), grad);
+      return;
+    }
+    std::vector<std::function<void()>> waits;
+    for (const auto& [a, n] : ranges) waits.push_back(range_to_host(st.grad_slot(b), a, n, grad));
+    ready[{part, layer}] = [waits] {
+      for (const auto& w : waits) w();
+    };
+  }
+  // Decoder l's weight gradient so far (a retained MoE's forward part added): the parts a stage
+  // sends are complete when the graph sends them.
+  at::Tensor layer_grad(int l) {
+    const Pass& p = passes.at(backward_pass.at(l));
+    at::Tensor g = p.wflat.grad();
+    const auto kept = retained_weights.find(l);
+    if (kept != retained_weights.end() && kept->second.grad().defined()) g = g + kept->second.grad().to(g.device());
+    return g;
+  }
+  void update_ranges(int b, const Ranges& ranges, const at::Tensor& grad) {
+    for (const auto& [a, n] : ranges) {
+      auto p = st.master(b).narrow(0, a, n);
+      auto m = st.exp_avg(b).narrow(0, a, n);
+      auto v = st.exp_avg_sq(b).narrow(0, a, n);
+      cpu_adamw_step(p, grad.narrow(0, a, n), m, v, cfg.adam, st.step + 1, coef, cfg.adam_threads);
+    }
+  }
+  void publish_ranges(int b, const Ranges& ranges) {
+    for (const auto& [a, n] : ranges) st.working(b).narrow(0, a, n).copy_(st.master(b).narrow(0, a, n));
+  }
+  // The wait for a gradient's copy, taken by the first stage that consumes it (the host
+  // accumulation, else the update); empty when already taken.
+  std::function<void()> take_ready(StagePart part, int layer) {
+    const auto it = ready.find({part, layer});
+    if (it == ready.end()) return {};
+    auto fn = std::move(it->second);
+    ready.erase(it);
+    return fn;
+  }
+  // The worker's part of a stage: timed under its key on its resource.
+  std::function<void()> worker_job(const Stage& s, Kernel k) {
+    const StageKey key = s.key;
+    const std::string kind(op_kind_name(s.op)), resource = graph->resource(s.resource).name;
+    std::vector<std::function<void()>> waits;
+    if (k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW) {
+      // A decoder's update reads the gradients of its parts (the EP path sends experts and common apart).
+      for (const StagePart part : {key.part, StagePart::kExperts, StagePart::kCommon}) {
+        if (part == key.part || key.part == StagePart::kLayer) {
+          if (auto w = take_ready(part, key.decoder)) waits.push_back(std::move(w));
+        }
+      }
+    }
+    const int b = block_of(key.part, key.decoder);
+    const Ranges ranges = group_ranges(key.part, key.decoder);
+    return [this, key, kind, resource, k, b, ranges, waits = std::move(waits)] {
+      for (const auto& w : waits) w();
+      auto scope = rec.stage(key, kind, resource);
+      switch (k) {
+        case Kernel::kHostAccumulate:
+          // One rank: its partial is the sum; the D2H into the host slot is the accumulation.
+          break;
+        case Kernel::kCpuAdamW: update_ranges(b, ranges, st.grad_slot(b)); break;
+        case Kernel::kPublish: publish_ranges(b, ranges); break;
+        default: OOM_ASSERT(false, "not a worker kernel");
+      }
+    };
+  }
+
+  void run_stage(StageId id, Kernel k) {
+    const Stage& s = graph->stage(id);
+    if (k == Kernel::kNone) return;
+    if (on_worker(k)) {
+      auto job = worker_job(s, k);
+      if (cfg.max_grad_norm > 0) {
+        deferred.push_back(std::move(job));
+      } else {
+        jobs[id] = worker.submit(std::move(job));
+      }
+      return;
+    }
+    for (const StageId d : s.deps) {
+      const auto j = jobs.find(d);
+      if (j != jobs.end()) worker.wait_done(j->second);
+    }
+    if (k == Kernel::kWeightsH2d) {
+      // A new pass of the decoder: the copy is issued now, the pass starts at its first kernel.
+      auto scope = rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
+      Pass p;
+      p.l = s.layer;
+      p.kind = s.phase == Phase::kForward ? PassKind::kForward : s.phase == Phase::kRecompute ? PassKind::kRegenerate : PassKind::kBackward;
+      passes[id] = std::move(p);
+      open_pass[s.layer] = id;
+      window.prefetch(1 + s.layer);
+      return;
+    }
+    auto scope = rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
+    bool grad_mode = k == Kernel::kLoss || k == Kernel::kGather || k == Kernel::kHeadBackward || k == Kernel::kScatter;
+    if (in_pass(s)) {
+      const Pass& p = pass_of(s);
+      grad_mode = p.kind == PassKind::kBackward || (s.key.part == StagePart::kMoe && moe_graph(p));
+    }
+    at::AutoGradMode mode(grad_mode);
+    switch (k) {
+      case Kernel::kOuterH2d: {
+        const auto [a, n] = outer_range(s.key.part == StagePart::kLmHead);
+        if (!outer_flat.defined()) {
+          at::AutoGradMode views_with_grad(true);  // the embedding and head differentiate through them
+          outer_flat = at::empty({st.layout().blocks[0].numel}, st.working(0).options().device(dev)).requires_grad_(true);
+          outer = block_views(st.layout().blocks[0], outer_flat);
+        }
+        at::NoGradGuard no_grad;
+        outer_flat.narrow(0, a, n).copy_(st.working(0).narrow(0, a, n), /*non_blocking=*/true);
+        break;
+      }
+      case Kernel::kGather:
+        x0 = embed(tok, outer, spec);
+        act[0] = x0.detach();
+        break;
+      case Kernel::kRegather:
+        act[0] = embed(tok, outer, spec);
+        origin[0] = Origin::kRegather;
+        break;
+      case Kernel::kBoundaryD2h: host[s.layer] = to_host(act.at(s.layer), st.pinned()); break;
+      case Kernel::kBoundaryH2d:
+        act[s.layer] = host.at(s.layer).to(dev);
+        origin[s.layer] = Origin::kLoaded;
+        break;
+      case Kernel::kLoss:
+        hL = leaf(act.at(spec.layers));
+        act.erase(spec.layers);
+        loss = head_loss(hL, tgt, outer, spec);
+        break;
+      case Kernel::kHeadBackward:
+        loss.backward();
+        dgrad[spec.layers] = hL.grad();
+        hL = at::Tensor();
+        break;
+      case Kernel::kScatter: x0.backward(dgrad.at(0)); break;
+      case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, outer_flat.grad()); break;
+      case Kernel::kLayerGradD2h:
+      case Kernel::kPartGradD2h: send_gradient(s.key.part, s.layer, layer_grad(s.layer)); break;
+      case Kernel::kGpuAdamW: {
+        // A resident expert bank's update where its gradient is (the compute device), with its
+        // working copy refreshed.
+        const int b = 1 + s.layer;
+        const Ranges ranges = group_ranges(StagePart::kExperts, s.layer);
+        const at::Tensor grad = layer_grad(s.layer).to(at::kCPU);
+        auto update = [this, b, ranges, grad] {
+          update_ranges(b, ranges, grad);
+          publish_ranges(b, ranges);
+        };
+        if (cfg.max_grad_norm > 0) {
+          sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+          deferred_device.push_back(std::move(update));
+        } else {
+          update();
+        }
+        break;
+      }
+      case Kernel::kMixProj: mix_proj(s, pass_of(s)); break;
+      case Kernel::kAttnCore: attn_core(s, pass_of(s)); break;
+      case Kernel::kAttnCoreRefwd: attn_core_refwd(s, pass_of(s)); break;
+      case Kernel::kGdnCore: gdn_core(s, pass_of(s)); break;
+      case Kernel::kOlseD2h: olse_d2h(s, pass_of(s)); break;
+      case Kernel::kOlseH2d: olse_h2d(s, pass_of(s)); break;
+      case Kernel::kMixOut: mix_out(s, pass_of(s)); break;
+      case Kernel::kMixOutBwd: mix_out_bwd(s, pass_of(s)); break;
+      case Kernel::kMixCoreBwd: mix_core_bwd(s, pass_of(s)); break;
+      case Kernel::kMixProjBwd: mix_proj_bwd(s, pass_of(s)); break;
+      case Kernel::kRouterShared: router_shared(s, pass_of(s)); break;
+      case Kernel::kExperts: experts(s, pass_of(s)); break;
+      case Kernel::kExpertsBwd: experts_bwd(s, pass_of(s)); break;
+      case Kernel::kRouterSharedBwd: router_shared_bwd(s, pass_of(s)); break;
+      default: OOM_ASSERT(false, "kernel dispatched to the wrong thread");
+    }
+    if (in_pass(s) && last_use[static_cast<std::size_t>(open_pass.at(s.layer))] == id) end_pass(open_pass.at(s.layer));
+    if (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW) {
+      const StageId pid = backward_pass.at(s.layer);
+      if (last_grad_use[static_cast<std::size_t>(pid)] == id) {
+        passes.erase(pid);
+        backward_pass.erase(s.layer);
+        retained_weights.erase(s.layer);
+      }
+    }
+  }
+
+  StepStats run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets);
+};
+
+void GraphRunner::check_runnable(const StepGraph& graph, int rank) {
+  for (const Stage& s : graph.stages) {
+    if (s.gpu == rank && !kernel_of(s)) {
+      throw std::logic_error(fmt::format("the graph runner has no kernel for stage {} ({})", s.name, op_kind_name(s.op)));
+    }
+  }
+}
+
+StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets) {
+  if (cfg.accumulate != 1) {
+    throw InputError("", "--accumulate", std::to_string(cfg.accumulate),
+                     "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
+  }
+  OOM_ASSERT(g.gpus == 1, "the graph runner runs one rank's graph");
+  check_runnable(g, 0);
+  graph = &g;
+  B = tokens.size(0), S = tokens.size(1);
+  sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
+  // Each pass ends at the last stage that belongs to it.
+  std::vector<Kernel> kernels(g.stages.size());
+  last_use.assign(g.stages.size(), -1);
+  last_grad_use.assign(g.stages.size(), -1);
+  {
+    std::map<int, StageId> latest;
+    for (const Stage& s : g.stages) {
+      const Kernel k = *kernel_of(s);
+      kernels[static_cast<std::size_t>(s.id)] = k;
+      if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
+      if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      if (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW) {
+        last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      }
+    }
+  }
+  rec.start_step(tracing);
+  tok = tokens.to(dev);
+  tgt = targets.to(dev);
+  sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
+  coef = 1.0;
+  next_backward = spec.layers - 1;
+  for (const Stage& s : g.stages) run_stage(s.id, kernels[static_cast<std::size_t>(s.id)]);
+  StepStats stats;
+  stats.loss = loss.item<double>();
+  if (cfg.max_grad_norm > 0) {
+    double total = 0;
+    for (double v : sq_norm) total += v;
+    stats.grad_norm = std::sqrt(total);
+    coef = clip_coefficient(stats.grad_norm, cfg.max_grad_norm);
+    for (auto& update : deferred_device) update();
+    for (auto& job : deferred) worker.submit(std::move(job));
+  }
+  worker.wait_all();
+  OOM_ASSERT(passes.empty() && ready.empty(), "every pass ended and every gradient was updated");
+  ++st.step;
+  deferred.clear();
+  deferred_device.clear();
+  retained_moe.clear();
+  retained_weights.clear();
+  jobs.clear();
+  act.clear();
+  origin.clear();
+  host.clear();
+  olse.clear();
+  dgrad.clear();
+  open_pass.clear();
+  tok = tgt = outer_flat = x0 = loss = at::Tensor();
+  outer = BlockWeights();
+  graph = nullptr;
+  if (tracing) trace = rec.finish();
+  return stats;
+}
+
+GraphRunner::GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device)
+    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device)) {}
+GraphRunner::~GraphRunner() = default;
+StepStats GraphRunner::run(const StepGraph& graph, const at::Tensor& tokens, const at::Tensor& targets) {
+  return impl_->run(graph, tokens, targets);
+}
+void GraphRunner::set_lr(double lr) { impl_->cfg.adam.lr = lr; }
+void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
+const Trace& GraphRunner::last_trace() const { return impl_->trace; }
+
+}  // namespace oom::backend

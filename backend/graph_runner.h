@@ -1,0 +1,73 @@
+// GraphRunner: executes one rank's share of a lowered StepGraph (planner/lowering/step_graph.h)
+// with the LibTorch kernels of backend/plan_ops.h and backend/model.h. The StepGraph is the
+// schedule: the runner adds no stage, drops none, and takes no scheduling decision of its own.
+//
+//   dispatch    each stage runs the kernel its (part, operator) maps to (attention projections,
+//               cores per query-head group, output projection; GDN chunks with their state
+//               hand-off; router + shared expert and routed experts per token chunk; boundary and
+//               O/LSE copies; gradient D2H, host accumulation, CPU AdamW and publication). A stage
+//               of a decoder belongs to the pass its latest `weights.h2d` opened: a forward, a
+//               regeneration (a recompute before another decoder's backward) or a backward pass,
+//               which says whether its kernels build autograd graphs. Sync stages have no work.
+//   data        tensors are keyed by what produced them: a decoder's input on the device (from the
+//               previous decoder, a host-kept boundary loaded back, a held one, a regeneration or
+//               the embedding's regather), its sub-batch and token-chunk intermediates, the kept
+//               O/LSE per sub-batch, the gradient flowing into each decoder's output.
+//   resources   compute-stream and copy stages run on the driving thread in graph order (weights
+//               on the ParamWindow's copy stream on CUDA, other copies on the compute stream);
+//               the CPU-update and host-prep stages run on one worker thread in graph order; a
+//               stage that depends on a worker stage waits for it (the StepGraph's CPU gradient
+//               slots and window reuse are such dependencies).
+//   clipping    with max_grad_norm > 0 the worker stages wait for the whole backward (the global
+//               norm scales every update); the StepGraph does not model clipping.
+//   trace       with tracing on, every executed stage under its own key, operator kind and
+//               resource name: the measured trace has the prediction's keys by construction.
+//
+// Exactness: losses and gradients equal the plain reference (tests/backend/plan_runtime_test.cc).
+// Not thread-safe: one thread drives run().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/ATen.h>
+
+#include "backend/runtime.h"
+#include "backend/state.h"
+#include "planner/lowering/step_graph.h"
+#include "planner/plan/plan.h"
+#include "traces/trace.h"
+
+namespace oom::backend {
+
+// The StepGraph the backend runs for `plan` on `model` with batch × seq tokens per step on `ranks`
+// ranks (its first `decoder_layers` decoders when > 0): lower() on the model as given (a truncated
+// or test model needs no config file) and a node spec whose structure is the lowering's (its
+// timings are not used). Preconditions: check_plan_for_run() accepted the plan.
+StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks = 1);
+
+class GraphRunner {
+ public:
+  // `state` must outlive the runner; `plan` is the plan the graphs were lowered from.
+  GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU);
+  ~GraphRunner();
+  GraphRunner(const GraphRunner&) = delete;
+  GraphRunner& operator=(const GraphRunner&) = delete;
+
+  // Throws std::logic_error naming the first stage of rank `rank` that has no kernel here.
+  static void check_runnable(const StepGraph& graph, int rank = 0);
+
+  // One training step: the stages of rank 0 of `graph` on tokens/targets int64 [B, S] (host),
+  // the graph lowered for exactly this shape. Increments state.step.
+  StepStats run(const StepGraph& graph, const at::Tensor& tokens, const at::Tensor& targets);
+  void set_lr(double lr);
+  void set_tracing(bool on);
+  // The timeline of the latest traced step (engine "torch").
+  const Trace& last_trace() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace oom::backend
