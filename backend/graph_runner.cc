@@ -691,7 +691,6 @@ struct GraphRunner::Impl {
 
   void run_stage(StageId id, Kernel k) {
     const Stage& s = graph->stage(id);
-    if (k == Kernel::kNone) return;
     if (on_worker(k)) {
       auto job = worker_job(s, k);
       if (cfg.max_grad_norm > 0) {
@@ -704,6 +703,11 @@ struct GraphRunner::Impl {
     for (const StageId d : s.deps) {
       const auto j = jobs.find(d);
       if (j != jobs.end()) worker.wait_done(j->second);
+    }
+    if (k == Kernel::kNone) {
+      // A join: recorded as the instant its dependencies are done.
+      rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
+      return;
     }
     if (k == Kernel::kWeightsH2d) {
       // A new pass of the decoder: the copy is issued now, the pass starts at its first kernel.

@@ -191,6 +191,17 @@ std::vector<LocalRun> default_local_runs() {
     p.boundaries.regenerate_cap = 2;
     variants.push_back({"held", p});
   }
+  {
+    // The EP path on one rank: dispatch rounds, a resident expert bank, a retained MoE.
+    Plan p;
+    p.path = ExpertPath::kEp;
+    p.routing_chunk_tokens = 128;
+    p.resident_layers = {0};
+    p.moe_retained_layers = {1};
+    p.boundaries.host_kept_all = false;
+    p.boundaries.host_kept = {0, 2};
+    variants.push_back({"ep", p});
+  }
   struct Shape {
     const char* tag;
     std::int64_t batch, seq;

@@ -41,7 +41,7 @@ struct LocalRun {
 };
 // The recorded set: tiny models (GDN + attention hybrids, GQA, K = V, Mixtral-style) at a small
 // and a larger shape, several plans each (plain, sub-batches + head groups, GDN/MoE chunks,
-// kept O/LSE + regenerated boundaries, boundaries held on the device).
+// kept O/LSE + regenerated boundaries, boundaries held on the device, the EP path on one rank).
 std::vector<LocalRun> default_local_runs();
 
 // Runs each plan (in `measured_steps` interleaved rounds) and returns one step record per run on `hardware` (which must be loadable by

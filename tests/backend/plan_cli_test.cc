@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "planner/calibration/validation.h"
 #include "traces/records.h"
+#include "traces/stage_key.h"
 #include "traces/trace.h"
 
 namespace oom {
@@ -113,12 +114,60 @@ TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {
   fs::remove_all(dir);
 }
 
+// An EP plan on one rank runs through the graph runner: its trace has the keys of the plan's
+// StepGraph (no measured stage the prediction lacks; every compute stage measured), so `oom diff`
+// holds it against `oom simulate`'s prediction.
+TEST(OomTrainPlan, EpPlanOnOneRankTracesTheStepGraphAndDiffs) {
+  const auto dir = temp_dir("ep");
+  write(dir / "plan.json", plan_json(R"({"path": "ep", "routing_chunk_tokens": 12, "resident_layers": [1],
+    "moe_retained_layers": [3], "boundaries": {"host_kept": [0, 2]}})"));
+  write(dir / "workload.json", R"({"model": "tiny-moe", "hardware": "local-cpu", "gpus": 1, "global_batch": 2, "seq_len": 16})");
+  const auto r = oom({"train", "--steps", "2", "--seq", "16", "--batch", "2", "--plan", (dir / "plan.json").string(),
+                      "--trace", (dir / "measured.json").string(), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["trainer"], "plan");
+  const auto sim = oom({"simulate", "--workload", (dir / "workload.json").string(), "--plan", (dir / "plan.json").string(),
+                        "--trace", (dir / "predicted.json").string()});
+  ASSERT_EQ(sim.code, 0) << sim.err;
+  const auto d = oom({"diff", (dir / "predicted.json").string(), (dir / "measured.json").string(), "--json"});
+  ASSERT_EQ(d.code, 0) << d.err;
+  const auto j = nlohmann::json::parse(d.out);
+  EXPECT_EQ(j["only_measured"], 0);
+  int gpu_adamw = 0, retained_recompute = 0;
+  for (const auto& s : j["stages"]) {
+    const auto k = parse_stage_key(s["name"].get<std::string>());
+    ASSERT_TRUE(k.has_value());
+    if (s.contains("only")) EXPECT_NE(s["only"], "predicted") << s["name"] << " was not measured";
+    gpu_adamw += k->op == StageOp::kGpuAdamW && k->decoder == 1;
+    retained_recompute += k->phase == Phase::kRecompute && k->decoder == 3 && k->part == StagePart::kMoe;
+  }
+  EXPECT_EQ(gpu_adamw, 1);           // the resident bank updated where its gradient is
+  EXPECT_EQ(retained_recompute, 0);  // the retained MoE is not recomputed
+  fs::remove_all(dir);
+}
+
+// `oom plan --compare-engine torch`: Configure-then-Compare by real short executions of both
+// configured paths with the LibTorch backend on this machine (the backend plugin runs it).
+TEST(OomPlanTorch, ComparesBothPathsByRealShortExecutions) {
+  const auto dir = temp_dir("compare");
+  write(dir / "workload.json", R"({"model": "tiny-moe", "hardware": "local-cpu", "gpus": 1, "global_batch": 2, "seq_len": 16})");
+  const auto r = oom({"plan", "--workload", (dir / "workload.json").string(), "--compare-engine", "torch", "--no-flat", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["compare_engine"], "torch");
+  EXPECT_GT(j["compared_step_s"].get<double>(), 0.0);
+  ASSERT_EQ(j["alternatives"].size(), 1u);
+  EXPECT_GT(j["alternatives"][0]["compared_step_s"].get<double>(), 0.0);
+  EXPECT_NE(j["path"], j["alternatives"][0]["path"]);
+  fs::remove_all(dir);
+}
+
 TEST(OomTrainPlan, BadPlanIsOneErrorBeforeAnythingIsWritten) {
   const auto dir = temp_dir("bad");
   const std::vector<std::pair<std::string, std::string>> bad = {
       {plan_json(R"({"boundaries": {"host_kept": [9]}})"), "host_kept[0]"},
       {plan_json(R"({"split": {"gdn_chunk_tokens": 5}})"), "gdn_chunk_tokens"},
-      {plan_json(R"({"path": "ep"})"), "path"},
+      {plan_json(R"({"path": "ep", "resident_layers": [9]})"), "resident_layers[0]"},
       {plan_json(R"({"split": {"sub_batch_seqs": 3}})"), "sub_batch_seqs"},
       {plan_json(R"({"split": {"attention_head_grup": 1}})"), "attention_head_grup"}};
   for (const auto& [plan, field] : bad) {
