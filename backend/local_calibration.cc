@@ -199,7 +199,7 @@ std::vector<LocalRun> default_local_runs() {
     p.resident_layers = {0};
     p.moe_retained_layers = {1};
     p.boundaries.host_kept_all = false;
-    p.boundaries.host_kept = {0, 2};
+    p.boundaries.host_kept = {0};
     variants.push_back({"ep", p});
   }
   struct Shape {

@@ -1,7 +1,8 @@
 // `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--calibration C.json] [--trace out.json] [--json]`,
 // `oom validate FILE.jsonl [--engine ...] [--json] [--explain ID [--published FILE]]` and
 // `oom calibrate --records FILE --hardware NAME [--engine E] -o configs/calibration/NAME.json` and
-// `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E] [--json]`.
+// `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E]
+// [--measured-device] [--json]`.
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -45,6 +46,7 @@ struct ValidateArgs {
 
 struct CalibrateArgs {
   std::string records_path, hardware, output, cross_validate, published, engine = "analytic";
+  bool measured_device = false;
   bool json = false;
 };
 
@@ -130,6 +132,9 @@ void add_simulate_commands(CLI::App& app, Io io) {
                 "Published breakdowns whose compute times the fit also matches (default: published-breakdowns.json beside the records file, when present)");
   c->add_option("--cross-validate", cal->cross_validate,
                 "Refit leaving each group out and predict it: model | hardware | gpus | path | record (-o then writes the report)");
+  c->add_flag("--measured-device", cal->measured_device,
+              "The hardware was measured by its own probes (oom calibrate --backend, e.g. local-cpu): constants within ×100 of "
+              "their estimates instead of the published GPU kernel ranges, no attention tile-fill ramp (as that command fits)");
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;
@@ -157,6 +162,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
       options.engine = cal->engine;
       options.fit.engine = cal->engine;
       options.fit.compute_anchors_s = anchors;
+      if (cal->measured_device) options.fit.measured_device_range = 100, options.fit.attention_half_keys = 0;
       const CrossValidation cv = cross_validate(records, hw, options);
       emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
@@ -164,6 +170,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     FitOptions options;
     options.engine = cal->engine;
     options.compute_anchors_s = anchors;
+    if (cal->measured_device) options.measured_device_range = 100, options.attention_half_keys = 0;
     const CalibrationFit fit = fit_calibration(records, hw, options);
     emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
     io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));

@@ -313,7 +313,9 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   auto clamp = [&](Eigen::VectorXd& theta) {
     for (int i = 0; i < p; ++i) {
       const Constant& ci = k[static_cast<std::size_t>(i)];
-      theta[i] = std::clamp(theta[i], theta0[i] - std::log(ci.down_factor), theta0[i] + std::log(ci.up_factor));
+      const double down = options.measured_device_range > 0 ? options.measured_device_range : ci.down_factor;
+      const double up = options.measured_device_range > 0 ? options.measured_device_range : ci.up_factor;
+      theta[i] = std::clamp(theta[i], theta0[i] - std::log(down), theta0[i] + std::log(up));
       if (k[static_cast<std::size_t>(i)].efficiency) theta[i] = std::min(theta[i], 0.0);
     }
   };

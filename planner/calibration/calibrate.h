@@ -52,6 +52,11 @@ struct FitOptions {
   // The attention key-span ramp to keep (Calibration::attention_half_keys); < 0: the estimate's.
   // Devices whose attention kernels have no GPU tile-fill ramp (the CPU backend) set 0.
   double attention_half_keys = -1;
+  // The constants' ranges: around their datasheet estimates, each within what published GPU
+  // kernels reach (default); or, for a device measured by its own probes (`oom calibrate
+  // --backend`: a CPU, whose efficiencies against its measured GEMM peak have no GPU figure to
+  // bound them), within a factor `measured_device_range` of the estimate both ways, efficiencies ≤ 1.
+  double measured_device_range = 0;  // 0: the published ranges
   static std::vector<std::string> default_held_out_ids();
 };
 

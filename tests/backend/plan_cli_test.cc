@@ -225,21 +225,20 @@ TEST(OomDiff, ComparesStageByStageAcrossTraceFormats) {
   fs::remove_all(dir);
 }
 
-// The calibration was fitted on two thirds of these records; every third is held out. Recorded on
-// the quiet 2-core machine, one LibTorch and one BLAS thread, median process CPU time over 9
-// interleaved rounds: median 8.8% (held out 6.5%), maximum 41% (the MoE-chunked plans, which the
-// model prices too slow on this CPU; operator splits it prices too fast by up to ~22%). A second
-// recording minutes later differs record by record by a median of 10% (max 27%), and each
-// recording's calibration predicts the other at a median of 9–13% (max 40–51%). The bounds pin
-// this recording's level as a regression test.
+// Recorded with the graph runner on the quiet 2-core machine (48 plan-driven steps: 4 tiny models ×
+// 2 shapes × 6 plans, the EP path on one rank among them; one LibTorch and one BLAS thread; median
+// process CPU time over 9 interleaved rounds). The calibration was fitted on two thirds of them
+// (every third held out along a diagonal of the grid, so each plan kind is fitted and held out)
+// with the measured-device ranges: in-sample median 8.1%, max 22.5%; held out 6.1% / 14.2%;
+// leave-one-record-out 9.7% / 25.2%. The bounds pin this recording's level as a regression test.
 TEST(RecordedLocalRuns, ValidatePredictsTheRecordedStepsWithinTheirBound) {
   const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/recorded/local-cpu.jsonl");
-  ASSERT_EQ(records.steps.size(), 40u);
+  ASSERT_EQ(records.steps.size(), 48u);
   const ValidationReport v = validate_records(records, "analytic");
   EXPECT_EQ(v.failures, 0);
-  EXPECT_EQ(v.count, 40);
+  EXPECT_EQ(v.count, 48);
   EXPECT_LE(v.median_abs_rel_error, 0.10);
-  EXPECT_LE(v.max_abs_rel_error, 0.45);
+  EXPECT_LE(v.max_abs_rel_error, 0.25);
 }
 
 }  // namespace
