@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "backend/host_copies.h"
 #include "backend/job_queue.h"
 #include "backend/plan_ops.h"
 #include "backend/stage_recorder.h"
@@ -16,10 +17,8 @@
 #include "costmodel/workload.h"
 
 #ifdef OOM_BACKEND_CUDA
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace oom::backend {
@@ -107,36 +106,6 @@ std::optional<Kernel> kernel_of(const Stage& s) {
 bool on_worker(Kernel k) { return k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW || k == Kernel::kPublish; }
 bool in_pass(const Stage& s) {
   return s.layer >= 0 && (s.key.part == StagePart::kAttention || s.key.part == StagePart::kGdn || s.key.part == StagePart::kMoe);
-}
-
-// A device tensor into a host-resident range of a gradient slot; returns a function that waits
-// for the copy.
-std::function<void()> range_to_host(at::Tensor& slot, std::int64_t a, std::int64_t n, const at::Tensor& grad) {
-  slot.narrow(0, a, n).copy_(grad.narrow(0, a, n), /*non_blocking=*/!grad.device().is_cpu());
-  if (grad.device().is_cpu()) return [] {};
-#ifdef OOM_BACKEND_CUDA
-  auto done = std::make_shared<at::cuda::CUDAEvent>();
-  done->record(c10::cuda::getCurrentCUDAStream(grad.device().index()));
-  return [done] { done->synchronize(); };
-#else
-  OOM_ASSERT(false, "CUDA gradient in a build without CUDA");
-#endif
-}
-
-// A whole block's device gradient into its host slot (adopted as is on a CPU device).
-std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
-  if (grad.device().is_cpu()) {
-    slot = grad;
-    return [] {};
-  }
-  return range_to_host(slot, 0, grad.numel(), grad);
-}
-
-at::Tensor to_host(const at::Tensor& x, bool pinned) {
-  if (x.device().is_cpu()) return x;  // fresh tensors, never modified in place
-  auto h = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(pinned));
-  h.copy_(x, /*non_blocking=*/true);
-  return h;
 }
 
 // autograd backward over the (output, gradient) pairs whose gradient is defined.
@@ -812,6 +781,8 @@ struct GraphRunner::Impl {
   }
 
   StepStats run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets);
+  // Drops the step's tensors and bookkeeping (also what a step that threw left behind).
+  void clear_step();
 };
 
 void GraphRunner::check_runnable(const StepGraph& graph, int rank) {
@@ -829,6 +800,8 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   }
   OOM_ASSERT(g.gpus == 1, "the graph runner runs one rank's graph");
   check_runnable(g, 0);
+  worker.wait_all();  // a step that threw may have left updates queued
+  clear_step();
   graph = &g;
   B = tokens.size(0), S = tokens.size(1);
   sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
@@ -868,22 +841,29 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   worker.wait_all();
   OOM_ASSERT(passes.empty() && ready.empty(), "every pass ended and every gradient was updated");
   ++st.step;
+  clear_step();
+  if (tracing) trace = rec.finish();
+  return stats;
+}
+
+void GraphRunner::Impl::clear_step() {
   deferred.clear();
   deferred_device.clear();
   retained_moe.clear();
   retained_weights.clear();
   jobs.clear();
+  ready.clear();
   act.clear();
   origin.clear();
   host.clear();
   olse.clear();
   dgrad.clear();
+  passes.clear();
   open_pass.clear();
-  tok = tgt = outer_flat = x0 = loss = at::Tensor();
+  backward_pass.clear();
+  tok = tgt = outer_flat = x0 = hL = loss = at::Tensor();
   outer = BlockWeights();
   graph = nullptr;
-  if (tracing) trace = rec.finish();
-  return stats;
 }
 
 GraphRunner::GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device)

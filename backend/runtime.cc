@@ -4,13 +4,9 @@
 #include <cmath>
 #include <functional>
 
+#include "backend/host_copies.h"
 #include "backend/job_queue.h"
 #include "costmodel/input_error.h"
-
-#ifdef OOM_BACKEND_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace oom::backend {
 
@@ -29,33 +25,6 @@ void StreamedTrainer::update_block(int block, double grad_scale) {
                  config_.adam, state_.step + 1, grad_scale, config_.adam_threads);
   state_.publish(block);
 }
-
-namespace {
-
-// Brings a device gradient into the host slot; returns a function that waits for the copy.
-std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
-  if (grad.device().is_cpu()) {
-    slot = grad;  // the gradient already is in host memory: adopt it
-    return [] {};
-  }
-#ifdef OOM_BACKEND_CUDA
-  slot.copy_(grad, /*non_blocking=*/true);
-  auto done = std::make_shared<at::cuda::CUDAEvent>();
-  done->record(c10::cuda::getCurrentCUDAStream(grad.device().index()));
-  return [done] { done->synchronize(); };
-#else
-  OOM_ASSERT(false, "CUDA gradient in a build without CUDA");
-#endif
-}
-
-at::Tensor to_host(const at::Tensor& x, bool pinned) {
-  if (x.device().is_cpu()) return x;  // layer outputs are fresh tensors, never modified in place
-  auto h = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(pinned));
-  h.copy_(x, /*non_blocking=*/true);
-  return h;
-}
-
-}  // namespace
 
 StepStats StreamedTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) {
   const int K = config_.accumulate;

@@ -38,6 +38,8 @@ void check_budget(const std::optional<double>& gib, const std::string& flag) {
 
 void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_executor) {
   auto a = std::make_shared<PlanArgs>();
+  // The short executions run on the engine that models contention where it is built in.
+  if (make_step_engine("simgrid")) a->compare_engine = "simgrid";
   auto* c = app.add_subcommand("plan", "Search the fastest plan that fits the GPU and host budgets (EP, Local, or both compared)");
   c->add_option("--workload", a->workload_path, "Workload JSON")->required();
   c->add_option("--path", a->path, "Expert path: ep | local | auto (configure both, compare by short executions)");
@@ -47,7 +49,8 @@ void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_exec
   c->add_option("--gpu-budget-gib", a->gpu_budget_gib, "GPU memory budget per GPU in GiB (default: the workload's, else HBM)");
   c->add_option("--host-budget-gib", a->host_budget_gib, "Host memory budget of the node in GiB (default: the workload's, else DRAM)");
   c->add_option("--compare-engine", a->compare_engine,
-                fmt::format("Engine of the short executions: {} | torch (real runs with the LibTorch backend, one rank)",
+                fmt::format("Engine of the short executions: {} | torch (real runs with the LibTorch backend, one rank); "
+                            "default simgrid where built in, else analytic",
                             fmt::join(step_engine_names(), " | ")));
   c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
   c->add_flag("--json", a->json, "Print one JSON object");
