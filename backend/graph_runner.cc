@@ -103,7 +103,18 @@ std::optional<Kernel> kernel_of(const Stage& s) {
   return std::nullopt;
 }
 
+// The kernel of a stage this runner must run; std::logic_error naming the stage when it has none.
+Kernel runnable_kernel(const Stage& s) {
+  const auto k = kernel_of(s);
+  if (!k) throw std::logic_error(fmt::format("the graph runner has no kernel for stage {} ({})", s.name, op_kind_name(s.op)));
+  return *k;
+}
+
 bool on_worker(Kernel k) { return k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW || k == Kernel::kPublish; }
+// The stages that read a decoder's weight gradient: its backward pass lives until the last of them.
+bool reads_layer_gradient(Kernel k) { return k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW; }
+// A stage key's sub-batch (0 when the batch runs whole).
+std::size_t sub_index(const StageKey& k) { return static_cast<std::size_t>(std::max(k.sub_batch, 0)); }
 bool in_pass(const Stage& s) {
   return s.layer >= 0 && (s.key.part == StagePart::kAttention || s.key.part == StagePart::kGdn || s.key.part == StagePart::kMoe);
 }
@@ -314,7 +325,7 @@ struct GraphRunner::Impl {
     passes.erase(id);
   }
   Sub& sub_of(Pass& p, const StageKey& k) {
-    const int i = std::max(k.sub_batch, 0);
+    const int i = static_cast<int>(sub_index(k));
     auto [it, fresh] = p.subs.try_emplace(i);
     Sub& s = it->second;
     if (fresh) {
@@ -391,13 +402,13 @@ struct GraphRunner::Impl {
     const int kv = attn(p.l).kv_heads;
     s.out = plan_ops::merge_groups(s.outs, kv);
     auto& kept = olse[p.l];
-    kept.resize(static_cast<std::size_t>(std::max(st_.key.sub_batch, 0) + 1));
-    kept[static_cast<std::size_t>(std::max(st_.key.sub_batch, 0))] = {
+    kept.resize(sub_index(st_.key) + 1);
+    kept[sub_index(st_.key)] = {
         to_host(s.out, st.pinned()), to_host(plan_ops::merge_groups(s.lses, kv).squeeze(-1), st.pinned())};
   }
   void olse_h2d(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
-    const OLse& kept = olse.at(p.l).at(static_cast<std::size_t>(std::max(st_.key.sub_batch, 0)));
+    const OLse& kept = olse.at(p.l).at(sub_index(st_.key));
     s.out = kept.out.to(dev);
     if (p.kind == PassKind::kBackward) s.lse = kept.lse.to(dev);
   }
@@ -496,7 +507,7 @@ struct GraphRunner::Impl {
                        {grad_of(s.glin.qkv), grad_of(s.glin.z), grad_of(s.glin.beta), grad_of(s.glin.g)});
     }
     p.y.narrow(0, s.b0, s.n).copy_(s.dh + s.x_l.grad());
-    p.subs.erase(std::max(st_.key.sub_batch, 0));
+    p.subs.erase(static_cast<int>(sub_index(st_.key)));
   }
 
   // ---- MoE, per token chunk ----
@@ -770,7 +781,7 @@ struct GraphRunner::Impl {
       default: OOM_ASSERT(false, "kernel dispatched to the wrong thread");
     }
     if (in_pass(s) && last_use[static_cast<std::size_t>(open_pass.at(s.layer))] == id) end_pass(open_pass.at(s.layer));
-    if (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW) {
+    if (reads_layer_gradient(k)) {
       const StageId pid = backward_pass.at(s.layer);
       if (last_grad_use[static_cast<std::size_t>(pid)] == id) {
         passes.erase(pid);
@@ -785,21 +796,12 @@ struct GraphRunner::Impl {
   void clear_step();
 };
 
-void GraphRunner::check_runnable(const StepGraph& graph, int rank) {
-  for (const Stage& s : graph.stages) {
-    if (s.gpu == rank && !kernel_of(s)) {
-      throw std::logic_error(fmt::format("the graph runner has no kernel for stage {} ({})", s.name, op_kind_name(s.op)));
-    }
-  }
-}
-
 StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets) {
   if (cfg.accumulate != 1) {
     throw InputError("", "--accumulate", std::to_string(cfg.accumulate),
                      "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
   }
   OOM_ASSERT(g.gpus == 1, "the graph runner runs one rank's graph");
-  check_runnable(g, 0);
   worker.wait_all();  // a step that threw may have left updates queued
   clear_step();
   graph = &g;
@@ -812,13 +814,11 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   {
     std::map<int, StageId> latest;
     for (const Stage& s : g.stages) {
-      const Kernel k = *kernel_of(s);
+      const Kernel k = runnable_kernel(s);  // before any work: a graph the runner cannot run changes nothing
       kernels[static_cast<std::size_t>(s.id)] = k;
       if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
       if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
-      if (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW) {
-        last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
-      }
+      if (reads_layer_gradient(k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
     }
   }
   rec.start_step(tracing);

@@ -54,11 +54,9 @@ class GraphRunner {
   GraphRunner(const GraphRunner&) = delete;
   GraphRunner& operator=(const GraphRunner&) = delete;
 
-  // Throws std::logic_error naming the first stage of rank `rank` that has no kernel here.
-  static void check_runnable(const StepGraph& graph, int rank = 0);
-
   // One training step: the stages of rank 0 of `graph` on tokens/targets int64 [B, S] (host),
-  // the graph lowered for exactly this shape. Increments state.step.
+  // the graph lowered for exactly this shape. Increments state.step. A stage with no kernel here
+  // is a std::logic_error naming it, thrown before any work.
   StepStats run(const StepGraph& graph, const at::Tensor& tokens, const at::Tensor& targets);
   void set_lr(double lr);
   void set_tracing(bool on);

@@ -38,6 +38,9 @@ struct LocalRun {
   std::string model;   // model name
   std::int64_t batch = 1, seq = 1;
   Plan plan;
+  // Predicted but not fitted by `oom calibrate --backend`: every third run along a diagonal of the
+  // (model, shape) × plan grid, so that each plan kind is both fitted and held out.
+  bool held_out = false;
 };
 // The recorded set: tiny models (GDN + attention hybrids, GQA, K = V, Mixtral-style) at a small
 // and a larger shape, several plans each (plain, sub-batches + head groups, GDN/MoE chunks,

@@ -74,12 +74,9 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
   HardwareSpec by_path = hw;
   by_path.name = hw_path;  // the records name the file just written, so the fit resolves it
   FitOptions fo;
-  // Every third record held out, along a diagonal of the (model, shape) × plan grid, so that each
-  // plan kind is both fitted and held out.
   fo.held_out_ids.clear();
-  const std::size_t kinds = std::max<std::size_t>(1, backend::default_local_runs().size() / 8);
-  for (std::size_t i = 0; i < named.steps.size(); ++i) {
-    if ((i % kinds + i / kinds) % 3 == 2) fo.held_out_ids.push_back(named.steps[i].id);
+  for (const auto& run : backend::default_local_runs()) {
+    if (run.held_out) fo.held_out_ids.push_back(run.id);
   }
   fo.attention_half_keys = 0;  // LibTorch's CPU attention kernels: no GPU tile-fill ramp
   fo.measured_device_range = 100;  // the probes measured this device; the GPU ranges do not apply (--measured-device)

@@ -38,6 +38,26 @@ int gdn_chunks(std::int64_t seq_len, std::int64_t chunk) {
   return static_cast<int>((seq_len + chunk - 1) / chunk);
 }
 
+// The shape of one of `chunks` GDN sequence chunks over `seqs` sequences of `seq_len` tokens.
+OpShape gdn_core_shape(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_len, int chunks) {
+  OpShape core;
+  core.seqs = seqs;
+  core.seq_len = seq_len / chunks;
+  core.tokens = seqs * seq_len / chunks;
+  core.heads = g.value_heads;
+  core.head_dim = g.value_head_dim;
+  return core;
+}
+
+// The mixing's output projection (o_proj, or GDN's out_proj) over `tokens` tokens: its GEMM reads
+// the core's output, heads × head_dim (or the GDN value width) wide.
+OpShape output_projection_shape(const ModelSpec& m, LayerKind kind, std::int64_t tokens) {
+  OpShape s;
+  s.tokens = tokens;
+  s.k = is_attention(kind) ? std::int64_t{m.attention(kind).heads} * m.attention(kind).head_dim : m.gdn.value_dim();
+  return s;
+}
+
 }  // namespace
 
 PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
@@ -53,10 +73,9 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
   const PerRank p = compute_all(what(part, StageOp::kProj), OpKind::kGemm, phase, l, f.mixing_projection - f.mixing_output,
                                 mixing_hbm_bytes(m_, l, seqs * S_), proj, {input, w.ready});
   // The output projection runs after the core, on its output (or on the kept O).
-  OpShape out_proj = proj;
-  out_proj.k = is_attention(kind) ? std::int64_t{m_.attention(kind).heads} * m_.attention(kind).head_dim : m_.gdn.value_dim();
   const auto output_projection = [&](std::vector<PerRank> after) {
-    return compute_all(what(part, StageOp::kOut), OpKind::kGemm, phase, l, f.mixing_output, 0, out_proj, std::move(after));
+    return compute_all(what(part, StageOp::kOut), OpKind::kGemm, phase, l, f.mixing_output, 0,
+                       output_projection_shape(m_, kind, seqs * S_), std::move(after));
   };
   PerRank last = p;
   if (is_attention(kind)) {
@@ -94,12 +113,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
     }
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
-    OpShape core;
-    core.seqs = seqs;
-    core.seq_len = S_ / chunks;
-    core.tokens = seqs * S_ / chunks;
-    core.heads = m_.gdn.value_heads;
-    core.head_dim = m_.gdn.value_head_dim;
+    const OpShape core = gdn_core_shape(m_.gdn, seqs, S_, chunks);
     for (int c = 0; c < chunks; ++c) {
       // Each chunk hands its FP32 recurrent state to the next (stream order carries it).
       last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
@@ -302,11 +316,9 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
 PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready) {
   const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
   const LayerFlops f = layer_flops(m_, l, seqs, S_);
-  OpShape out_proj;
-  out_proj.tokens = seqs * S_;
-  out_proj.k = is_attention(kind) ? std::int64_t{m_.attention(kind).heads} * m_.attention(kind).head_dim : m_.gdn.value_dim();
-  PerRank last = compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kOutBwd), OpKind::kGemm,
-                             Phase::kBackward, l, kMatmulBackwardRatio * f.mixing_output, 0, out_proj, {ready});
+  const StagePart part = is_attention(kind) ? StagePart::kAttention : StagePart::kGdn;
+  PerRank last = compute_all(what(part, StageOp::kOutBwd), OpKind::kGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.mixing_output, 0,
+                             output_projection_shape(m_, kind, seqs * S_), {ready});
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const int groups = head_groups(a, plan_.split.attention_head_group);
@@ -324,12 +336,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
     }
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
-    OpShape core;
-    core.seqs = seqs;
-    core.seq_len = S_ / chunks;
-    core.tokens = seqs * S_ / chunks;
-    core.heads = m_.gdn.value_heads;
-    core.head_dim = m_.gdn.value_head_dim;
+    const OpShape core = gdn_core_shape(m_.gdn, seqs, S_, chunks);
     for (int c = chunks - 1; c >= 0; --c) {
       last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
                          kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
@@ -339,7 +346,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   proj.tokens = seqs * S_;
   proj.k = m_.hidden;
   const Bytes bytes = kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, seqs * S_);
-  return compute_all(what(is_attention(kind) ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
+  return compute_all(what(part, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
                      kMatmulBackwardRatio * (f.mixing_projection - f.mixing_output), bytes, proj, {last});
 }
 
