@@ -44,6 +44,7 @@ enum class Kernel {
   kBoundaryD2h, kBoundaryH2d, kWeightsH2d,
   kMixProj, kAttnCore, kAttnCoreRefwd, kOlseD2h, kOlseH2d, kMixOut, kMixOutBwd, kMixCoreBwd, kMixProjBwd, kGdnCore,
   kRouterShared, kExperts, kExpertsBwd, kRouterSharedBwd,
+  kA2aDispatch, kA2aReturn, kCombine, kA2aGradDispatch, kA2aGradReturn, kReduceScatter,
   kLayerGradD2h, kPartGradD2h, kGpuAdamW, kHostAccumulate, kCpuAdamW, kPublish,
 };
 
@@ -91,6 +92,14 @@ std::optional<Kernel> kernel_of(const Stage& s) {
     case O::kExperts: if (p == P::kMoe) return Kernel::kExperts; break;
     case O::kExpertsBwd: if (p == P::kMoe) return Kernel::kExpertsBwd; break;
     case O::kRouterSharedBwd: if (p == P::kMoe) return Kernel::kRouterSharedBwd; break;
+    case O::kA2aDispatch: if (p == P::kMoe) return Kernel::kA2aDispatch; break;
+    case O::kA2aReturn: if (p == P::kMoe) return Kernel::kA2aReturn; break;
+    case O::kCombine: if (p == P::kMoe) return Kernel::kCombine; break;
+    case O::kA2aGradDispatch: if (p == P::kMoe) return Kernel::kA2aGradDispatch; break;
+    case O::kA2aGradReturn: if (p == P::kMoe) return Kernel::kA2aGradReturn; break;
+    case O::kReduceScatter:
+      if (p == P::kEmbedding || p == P::kLmHead || p == P::kCommon) return Kernel::kReduceScatter;
+      break;
     case O::kHostAccumulate: if (p == P::kLayer) return Kernel::kHostAccumulate; break;
     case O::kCpuAdamW:
       if ((p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) && s.key.bucket < 0) return Kernel::kCpuAdamW;
@@ -112,7 +121,10 @@ Kernel runnable_kernel(const Stage& s) {
 
 bool on_worker(Kernel k) { return k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW || k == Kernel::kPublish; }
 // The stages that read a decoder's weight gradient: its backward pass lives until the last of them.
-bool reads_layer_gradient(Kernel k) { return k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW; }
+bool reads_layer_gradient(const Stage& s, Kernel k) {
+  return s.layer >= 0 &&
+         (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW || k == Kernel::kReduceScatter);
+}
 // A stage key's sub-batch (0 when the batch runs whole).
 std::size_t sub_index(const StageKey& k) { return static_cast<std::size_t>(std::max(k.sub_batch, 0)); }
 bool in_pass(const Stage& s) {
@@ -172,6 +184,13 @@ struct Chunk {
   FfnInputs in;
   Routing r;
   plan_ops::DenseTerms d;
+  // Over ranks (EP): the chunk's (token, slot) pairs sorted by expert, the rows sent to and
+  // received from each rank, the received rows (a leaf on the owner in a graph), the owned
+  // experts' outputs, the returned rows (a leaf at the source in a graph), and in backward the
+  // gradients coming back to the owner and to the source.
+  at::Tensor tokens_sorted, weights_sorted, recv_x, y_recv, back, dy_recv, dxn;
+  std::vector<std::int64_t> send, recv;
+  std::vector<at::Tensor> expert_rows;  // per owned expert: its rows of recv_x (undefined: none)
 };
 
 // One sub-batch of a decoder pass.
@@ -209,6 +228,9 @@ struct GraphRunner::Impl {
   Trace trace;
   bool tracing = false;
   const ModelSpec& spec;
+  RankGroup* group = nullptr;  // null: one rank
+  int R = 0, P = 1;            // this rank, the ranks
+  int experts_local = 0, expert0 = 0;  // EP over ranks: owned experts [expert0, expert0 + experts_local)
 
   // Per step.
   const StepGraph* graph = nullptr;
@@ -233,6 +255,8 @@ struct GraphRunner::Impl {
   // forward weights those graphs differentiate into.
   std::map<std::pair<int, int>, Chunk> retained_moe;
   std::map<int, at::Tensor> retained_weights;
+  std::map<std::pair<StagePart, int>, at::Tensor> reduced;  // gradients summed over ranks (reduce_scatter)
+  std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
   std::map<std::pair<StagePart, int>, std::function<void()>> ready;  // gradient copies to wait for
   std::map<StageId, int> jobs;                 // worker stages → job index
@@ -241,10 +265,15 @@ struct GraphRunner::Impl {
   double coef = 1.0;
   int next_backward = 0;                       // the decoder whose backward comes next
 
-  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d)
-      : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)), spec(s.spec()) {}
+  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
+      : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)),
+        spec(s.spec()), group(g), R(g ? g->rank() : 0), P(g ? g->size() : 1) {
+    experts_local = spec.moe.experts / P;
+    expert0 = R * experts_local;
+  }
 
   bool ep() const { return plan.path == ExpertPath::kEp; }
+  bool dist() const { return P > 1; }
   bool retained(int l) const { return ep() && plan.is_moe_retained(l); }
   bool attention(int l) const { return spec.layer_kinds[static_cast<std::size_t>(l)] != LayerKind::kLinearAttention; }
   const AttentionSpec& attn(int l) const { return spec.attention(spec.layer_kinds[static_cast<std::size_t>(l)]); }
@@ -263,13 +292,53 @@ struct GraphRunner::Impl {
   // decoder's experts are updated on the device, so its CPU update is the common part), the LM
   // head group or the embeddings.
   using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
-  Ranges group_ranges(StagePart part, int layer) const {
+  // Whole groups, as every rank holds them (what a reduce_scatter sums).
+  Ranges whole_ranges(StagePart part, int layer) const {
     if (part == StagePart::kEmbedding || part == StagePart::kLmHead) return {outer_range(part == StagePart::kLmHead)};
     const BlockLayout& b = st.layout().blocks[static_cast<std::size_t>(1 + layer)];
     const std::int64_t e0 = b.at("experts.gate").offset, e1 = b.at("experts.down").offset + b.at("experts.down").numel();
     if (part == StagePart::kExperts) return {{e0, e1 - e0}};
     if (part == StagePart::kCommon || (ep() && plan.is_resident(layer))) return {{0, e0}, {e1, b.numel - e1}};
     return {{0, b.numel}};
+  }
+  // Rank R's 1/P of a summed group: the concatenated ranges cut into P pieces of ⌈n/P⌉.
+  Ranges slice(const Ranges& ranges) const {
+    std::int64_t n = 0;
+    for (const auto& r : ranges) n += r.second;
+    const std::int64_t cap = (n + P - 1) / P, lo = std::min(n, R * cap), hi = std::min(n, lo + cap);
+    Ranges out;
+    std::int64_t at_ = 0;
+    for (const auto& [a, len] : ranges) {
+      const std::int64_t from = std::max(lo, at_), to = std::min(hi, at_ + len);
+      if (from < to) out.push_back({a + from - at_, to - from});
+      at_ += len;
+    }
+    return out;
+  }
+  // The owned experts' rows of a decoder's expert tensors.
+  Ranges owned_experts(int layer) const {
+    const BlockLayout& b = st.layout().blocks[static_cast<std::size_t>(1 + layer)];
+    Ranges out;
+    for (const char* name : {"experts.gate", "experts.up", "experts.down"}) {
+      const auto& e = b.at(name);
+      const std::int64_t per = e.numel() / spec.moe.experts;
+      out.push_back({e.offset + expert0 * per, experts_local * per});
+    }
+    return out;
+  }
+  // The ranges rank R sends and updates of a group: on one rank the whole group; over ranks its
+  // slice of a summed group (embedding, LM head, a decoder's common part) and its own experts.
+  Ranges group_ranges(StagePart part, int layer) const {
+    if (!dist()) return whole_ranges(part, layer);
+    if (part == StagePart::kExperts) return owned_experts(layer);
+    if (part != StagePart::kLayer) return slice(whole_ranges(part, layer));
+    OOM_ASSERT(ep(), "the local path runs on one rank");
+    Ranges out = slice(whole_ranges(StagePart::kCommon, layer));
+    if (!plan.is_resident(layer)) {
+      const Ranges own = owned_experts(layer);
+      out.insert(out.end(), own.begin(), own.end());
+    }
+    return out;
   }
   static int block_of(StagePart part, int layer) { return part == StagePart::kEmbedding || part == StagePart::kLmHead ? 0 : 1 + layer; }
 
@@ -539,6 +608,10 @@ struct GraphRunner::Impl {
   void experts(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
+    if (dist()) {
+      owned_experts_forward(c, p);
+      return;
+    }
     if (moe_graph(p)) {
       c.routed = routed_experts(c.xn_l, c.r, p.w, spec);
       if (p.kind == PassKind::kBackward) return;
@@ -560,6 +633,11 @@ struct GraphRunner::Impl {
   void experts_bwd(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
+    if (dist()) {
+      // The owner: its experts' backward on the rows it received.
+      if (c.y_recv.requires_grad()) c.y_recv.backward(c.dy_recv);
+      return;
+    }
     const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
     if (!spec.gemma4()) {
       c.routed.backward(dyc);
@@ -579,6 +657,17 @@ struct GraphRunner::Impl {
     const auto tokens = chunk_tokens(s, st_.key);
     const auto dyc = rows(p.dy, s, tokens);
     auto dh = s.dh.reshape({-1, s.dh.size(-1)}).narrow(0, tokens.first, tokens.second);
+    if (dist()) {
+      // The combination (residual, shared expert, dense MLP), then the experts' input: the
+      // gradient its rows got back from their owners plus what the router and the dense branch
+      // gave the normalized input.
+      c.comb.backward(dyc);
+      const auto g = c.xn_l.grad();
+      c.in.experts.backward(g.defined() ? g + c.dxn : c.dxn);
+      dh.copy_(c.hc.grad());
+      s.chunks.erase(st_.key.chunk);
+      return;
+    }
     if (!spec.gemma4()) {
       backward_defined({c.d.shared, c.d.dense}, {dyc, dyc});
       c.in.experts.backward(c.xn_l.grad());
@@ -588,6 +677,106 @@ struct GraphRunner::Impl {
       dh.copy_(c.hc.grad());
     }
     s.chunks.erase(st_.key.chunk);
+  }
+
+  // ---- MoE over ranks (EP): dispatch, owned experts, return, combine ----
+  // The experts' input of a chunk: the normalized rows (a leaf in a graph).
+  static const at::Tensor& expert_input(const Chunk& c) { return c.xn_l.defined() ? c.xn_l : c.in.experts; }
+  void a2a_dispatch(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const MoeSpec& m = spec.moe;
+    const auto flat_ids = c.r.expert_ids.reshape({-1});
+    const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
+    const auto counts_t = at::bincount(flat_ids, {}, m.experts).to(at::kCPU).contiguous();
+    const std::vector<std::int64_t> counts(counts_t.data_ptr<std::int64_t>(), counts_t.data_ptr<std::int64_t>() + m.experts);
+    const auto all = group->all_gather_counts(counts);  // [P, E]
+    const auto* ac = all.data_ptr<std::int64_t>();
+    c.send.assign(static_cast<std::size_t>(P), 0);
+    c.recv.assign(static_cast<std::size_t>(P), 0);
+    for (int e = 0; e < m.experts; ++e) c.send[static_cast<std::size_t>(e / experts_local)] += counts[static_cast<std::size_t>(e)];
+    // Received rows come by source rank, then by owned expert: each owned expert's row indices.
+    std::vector<std::vector<std::int64_t>> rows_of(static_cast<std::size_t>(experts_local));
+    std::int64_t row = 0;
+    for (int q = 0; q < P; ++q) {
+      for (int j = 0; j < experts_local; ++j) {
+        const std::int64_t n = ac[q * m.experts + expert0 + j];
+        c.recv[static_cast<std::size_t>(q)] += n;
+        for (std::int64_t i = 0; i < n; ++i) rows_of[static_cast<std::size_t>(j)].push_back(row + i);
+        row += n;
+      }
+    }
+    c.expert_rows.clear();
+    for (const auto& r : rows_of) {
+      c.expert_rows.push_back(r.empty() ? at::Tensor() : at::tensor(r, at::TensorOptions().dtype(at::kLong)).to(dev));
+    }
+    if (st_.phase == Phase::kForward) dispatch_log.push_back(c.send);
+    c.tokens_sorted = at::div(order, m.top_k, "floor");
+    c.weights_sorted = c.r.weights.reshape({-1}).index_select(0, order);
+    const auto sent = expert_input(c).detach().index_select(0, c.tokens_sorted);
+    const auto received = group->all_to_all(sent, c.send, c.recv);
+    c.recv_x = moe_graph(p) ? leaf(received) : received;
+  }
+  void owned_experts_forward(Chunk& c, const Pass& p) {
+    const auto& eg = p.w["experts.gate"];
+    const auto& eu = p.w["experts.up"];
+    const auto& ed = p.w["experts.down"];
+    auto y = at::zeros_like(c.recv_x);
+    for (int j = 0; j < experts_local; ++j) {
+      const auto& idx = c.expert_rows[static_cast<std::size_t>(j)];
+      if (!idx.defined()) continue;
+      const int e = expert0 + j;
+      y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), eg[e], eu[e], ed[e], spec.activation));
+    }
+    c.y_recv = y;
+  }
+  void a2a_return(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto back = group->all_to_all(c.y_recv.detach().contiguous(), c.recv, c.send);
+    c.back = moe_graph(p) ? leaf(back) : back;
+  }
+  void combine(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto x = expert_input(c);
+    c.routed = at::zeros_like(x).index_add(0, c.tokens_sorted, c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
+    if (p.kind == PassKind::kBackward) return;  // a replay: the backward differentiates it
+    const auto tokens = chunk_tokens(s, st_.key);
+    if (!moe_graph(p)) {
+      rows(p.y, s, tokens).copy_(ffn_output(c.hc, c.routed, c.d.shared, c.d.dense, p.w, spec));
+      s.chunks.erase(st_.key.chunk);
+      return;
+    }
+    // Retained: the output from the graph's values; the graph waits for the backward.
+    {
+      at::NoGradGuard no_grad;
+      const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
+      const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
+      rows(p.y, s, tokens).copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
+    }
+    retained_moe[{p.l, st_.key.chunk}] = std::move(c);
+    s.chunks.erase(st_.key.chunk);
+  }
+  void a2a_grad_dispatch(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
+    // The routed branch's output gradient through the combination (kept for router_shared_bwd),
+    // then through the weighted sum: the returned rows' gradients (and the routing weights').
+    auto routed_l = leaf(c.routed);
+    c.comb = ffn_output(c.hc, routed_l, c.d.shared, c.d.dense, p.w, spec);
+    const auto d_routed = torch::autograd::grad({c.comb}, {routed_l}, {dyc}, /*retain_graph=*/true);
+    c.routed.backward(d_routed[0]);
+    const auto d_back = c.back.grad().defined() ? c.back.grad() : at::zeros_like(c.back);
+    c.dy_recv = group->all_to_all(d_back.contiguous(), c.send, c.recv);
+  }
+  void a2a_grad_return(const Stage& st_, Pass& p) {
+    Sub& s = sub_of(p, st_.key);
+    Chunk& c = chunk_of(p, s, st_.key);
+    const auto d_recv = c.recv_x.grad().defined() ? c.recv_x.grad() : at::zeros_like(c.recv_x);
+    const auto d_sorted = group->all_to_all(d_recv.contiguous(), c.recv, c.send);
+    c.dxn = at::zeros_like(expert_input(c)).index_add(0, c.tokens_sorted, d_sorted);
   }
 
   // ---- gradients and updates ----
@@ -738,14 +927,36 @@ struct GraphRunner::Impl {
         loss = head_loss(hL, tgt, outer, spec);
         break;
       case Kernel::kHeadBackward:
-        loss.backward();
+        // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
+        (dist() ? loss / P : loss).backward();
         dgrad[spec.layers] = hL.grad();
         hL = at::Tensor();
         break;
       case Kernel::kScatter: x0.backward(dgrad.at(0)); break;
       case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, outer_flat.grad()); break;
       case Kernel::kLayerGradD2h:
-      case Kernel::kPartGradD2h: send_gradient(s.key.part, s.layer, layer_grad(s.layer)); break;
+      case Kernel::kPartGradD2h: {
+        const auto summed = reduced.find({s.key.part, s.layer});
+        send_gradient(s.key.part, s.layer, summed != reduced.end() ? summed->second : layer_grad(s.layer));
+        break;
+      }
+      case Kernel::kReduceScatter: {
+        // Every rank's gradient of the group summed (an all-reduce: each rank then sends and
+        // updates its 1/P, as a reduce-scatter would leave it).
+        const bool outer_part = s.layer < 0;
+        at::Tensor g = outer_part ? outer_flat.grad() : layer_grad(s.layer);
+        for (const auto& [a, n] : whole_ranges(s.key.part, s.layer)) {
+          auto v = g.narrow(0, a, n);
+          group->all_reduce_sum(v);
+        }
+        if (!outer_part) reduced[{s.key.part, s.layer}] = g;
+        break;
+      }
+      case Kernel::kA2aDispatch: a2a_dispatch(s, pass_of(s)); break;
+      case Kernel::kA2aReturn: a2a_return(s, pass_of(s)); break;
+      case Kernel::kCombine: combine(s, pass_of(s)); break;
+      case Kernel::kA2aGradDispatch: a2a_grad_dispatch(s, pass_of(s)); break;
+      case Kernel::kA2aGradReturn: a2a_grad_return(s, pass_of(s)); break;
       case Kernel::kGpuAdamW: {
         // A resident expert bank's update where its gradient is (the compute device), with its
         // working copy refreshed.
@@ -781,16 +992,28 @@ struct GraphRunner::Impl {
       default: OOM_ASSERT(false, "kernel dispatched to the wrong thread");
     }
     if (in_pass(s) && last_use[static_cast<std::size_t>(open_pass.at(s.layer))] == id) end_pass(open_pass.at(s.layer));
-    if (reads_layer_gradient(k)) {
+    if (reads_layer_gradient(s, k)) {
       const StageId pid = backward_pass.at(s.layer);
       if (last_grad_use[static_cast<std::size_t>(pid)] == id) {
         passes.erase(pid);
         backward_pass.erase(s.layer);
         retained_weights.erase(s.layer);
+        reduced.erase({StagePart::kCommon, s.layer});
       }
     }
   }
 
+  // The NUMA node whose memory this rank's host work uses: the node of its CPU-update resource.
+  std::string host_timeline_name(const StepGraph& g) const {
+    for (const Stage& s : g.stages) {
+      if (s.key.rank != R || s.op != OpKind::kCpuAdamW) continue;
+      const std::string& name = g.resource(s.resource).name;
+      return name.substr(0, name.find('.'));
+    }
+    return "numa0";
+  }
+  // The device the group's collectives take (the compute device: Gloo on CPU, NCCL on CUDA).
+  at::Device group_device() const { return dev; }
   StepStats run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets);
   // Drops the step's tensors and bookkeeping (also what a step that threw left behind).
   void clear_step();
@@ -801,11 +1024,14 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
     throw InputError("", "--accumulate", std::to_string(cfg.accumulate),
                      "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
   }
-  OOM_ASSERT(g.gpus == 1, "the graph runner runs one rank's graph");
+  OOM_ASSERT(g.gpus == P, "the graph was lowered for another rank count");
+  OOM_ASSERT(tokens.size(0) % P == 0, "the batch splits over the ranks");
   worker.wait_all();  // a step that threw may have left updates queued
   clear_step();
   graph = &g;
-  B = tokens.size(0), S = tokens.size(1);
+  dispatch_log.clear();
+  // Rank R trains its share of the global batch's sequences.
+  B = tokens.size(0) / P, S = tokens.size(1);
   sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
   // Each pass ends at the last stage that belongs to it.
   std::vector<Kernel> kernels(g.stages.size());
@@ -814,32 +1040,45 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   {
     std::map<int, StageId> latest;
     for (const Stage& s : g.stages) {
+      if (s.key.rank != R) continue;
       const Kernel k = runnable_kernel(s);  // before any work: a graph the runner cannot run changes nothing
       kernels[static_cast<std::size_t>(s.id)] = k;
       if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
       if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
-      if (reads_layer_gradient(k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      if (reads_layer_gradient(s, k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
     }
   }
+  if (tracing && dist()) rec.set_names(fmt::format("gpu{}", R), host_timeline_name(g));
   rec.start_step(tracing);
-  tok = tokens.to(dev);
-  tgt = targets.to(dev);
+  tok = tokens.narrow(0, R * B, B).to(dev);
+  tgt = targets.narrow(0, R * B, B).to(dev);
   sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
   coef = 1.0;
   next_backward = spec.layers - 1;
-  for (const Stage& s : g.stages) run_stage(s.id, kernels[static_cast<std::size_t>(s.id)]);
+  for (const Stage& s : g.stages) {
+    if (s.key.rank == R) run_stage(s.id, kernels[static_cast<std::size_t>(s.id)]);
+  }
   StepStats stats;
-  stats.loss = loss.item<double>();
+  // Over ranks: the global mean loss, and the norm of every rank's sent slices and own experts.
+  const auto over_ranks = [&](double v) {
+    if (!dist()) return v;
+    auto t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(group_device()));
+    group->all_reduce_sum(t);
+    return t.item<double>();
+  };
+  stats.loss = over_ranks(loss.item<double>() / P);
   if (cfg.max_grad_norm > 0) {
     double total = 0;
     for (double v : sq_norm) total += v;
-    stats.grad_norm = std::sqrt(total);
+    stats.grad_norm = std::sqrt(over_ranks(total));
     coef = clip_coefficient(stats.grad_norm, cfg.max_grad_norm);
     for (auto& update : deferred_device) update();
     for (auto& job : deferred) worker.submit(std::move(job));
   }
   worker.wait_all();
   OOM_ASSERT(passes.empty() && ready.empty(), "every pass ended and every gradient was updated");
+  // Every rank's updates of the shared host state are done before any rank's next step reads it.
+  if (dist()) group->barrier();
   ++st.step;
   clear_step();
   if (tracing) trace = rec.finish();
@@ -851,6 +1090,7 @@ void GraphRunner::Impl::clear_step() {
   deferred_device.clear();
   retained_moe.clear();
   retained_weights.clear();
+  reduced.clear();
   jobs.clear();
   ready.clear();
   act.clear();
@@ -866,8 +1106,8 @@ void GraphRunner::Impl::clear_step() {
   graph = nullptr;
 }
 
-GraphRunner::GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device)
-    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device)) {}
+GraphRunner::GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device, RankGroup* group)
+    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device, group)) {}
 GraphRunner::~GraphRunner() = default;
 StepStats GraphRunner::run(const StepGraph& graph, const at::Tensor& tokens, const at::Tensor& targets) {
   return impl_->run(graph, tokens, targets);
@@ -875,5 +1115,6 @@ StepStats GraphRunner::run(const StepGraph& graph, const at::Tensor& tokens, con
 void GraphRunner::set_lr(double lr) { impl_->cfg.adam.lr = lr; }
 void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& GraphRunner::last_trace() const { return impl_->trace; }
+const std::vector<std::vector<std::int64_t>>& GraphRunner::last_dispatch() const { return impl_->dispatch_log; }
 
 }  // namespace oom::backend

@@ -23,15 +23,31 @@
 //   trace       with tracing on, every executed stage under its own key, operator kind and
 //               resource name: the measured trace has the prediction's keys by construction.
 //
-// Exactness: losses and gradients equal the plain reference (tests/backend/plan_runtime_test.cc).
+//   over ranks  an EP plan on P ranks (a RankGroup): rank r runs the stages keyed g<r> on rows
+//               [r·B/P, (r+1)·B/P) of the global batch and owns experts [r·E/P, (r+1)·E/P). A
+//               dispatch all-to-all sends each (token, slot) pair's normalized row to its expert's
+//               owner (counts exchanged first), the owner runs its experts on the rows it received,
+//               the return sends their outputs back and the combine weighs them in; backward sends
+//               the returned rows' gradients to the owners and the input gradients back, in the
+//               graph's a2a_grad stages. A reduce_scatter sums a group's gradient over the ranks
+//               (an all-reduce; each rank keeps using its 1/P, cut as ⌈n/P⌉ pieces of the group's
+//               ranges), whose D2H, CPU AdamW and publication cover that slice; expert gradients
+//               are complete on their owner. The host masters, moments and working copies are
+//               the node's one host state (share_host_state across rank processes), so every rank
+//               reads what the others updated; the step ends with a barrier. Each rank's loss is its
+//               token mean divided by P, so the ranks' gradients sum to the global mean's.
+// Exactness: losses and gradients equal the plain reference (tests/backend/plan_runtime_test.cc,
+// tests/backend/dist_ep_test.cc over ranks).
 // Not thread-safe: one thread drives run().
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <ATen/ATen.h>
 
+#include "backend/rank_group.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
 #include "planner/lowering/step_graph.h"
@@ -48,20 +64,27 @@ StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
 
 class GraphRunner {
  public:
-  // `state` must outlive the runner; `plan` is the plan the graphs were lowered from.
-  GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU);
+  // `state` must outlive the runner; `plan` is the plan the graphs were lowered from. With a
+  // `group` of P > 1 ranks (which must outlive the runner) this process is rank group->rank() of
+  // an EP plan: see "over ranks" above.
+  GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU, RankGroup* group = nullptr);
   ~GraphRunner();
   GraphRunner(const GraphRunner&) = delete;
   GraphRunner& operator=(const GraphRunner&) = delete;
 
-  // One training step: the stages of rank 0 of `graph` on tokens/targets int64 [B, S] (host),
-  // the graph lowered for exactly this shape. Increments state.step. A stage with no kernel here
-  // is a std::logic_error naming it, thrown before any work.
+  // One training step: this rank's stages of `graph` on the global batch tokens/targets int64
+  // [B, S] (host), the graph lowered for exactly this shape and rank count. Increments
+  // state.step. A stage with no kernel here is a std::logic_error naming it, thrown before any
+  // work. Over ranks every rank calls it with the same batch; the loss (and norm) returned are
+  // the global ones.
   StepStats run(const StepGraph& graph, const at::Tensor& tokens, const at::Tensor& targets);
   void set_lr(double lr);
   void set_tracing(bool on);
   // The timeline of the latest traced step (engine "torch").
   const Trace& last_trace() const;
+  // Over ranks: the rows this rank sent to each rank in every forward dispatch of the last step
+  // (layer, then chunk order).
+  const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
 
  private:
   struct Impl;

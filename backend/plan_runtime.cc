@@ -30,10 +30,8 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
                      "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
   }
   refuse_flat_not_executed(plan, file);
-  if (ranks != 1) {
-    throw InputError(file, "path", fmt::format("\"{}\"", path_name(plan.path)),
-                     plan.path == ExpertPath::kEp ? fmt::format("the EP path on {} ranks runs over rank processes (oom train --ranks P)", ranks)
-                                                  : fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
+  if (ranks != 1 && plan.path != ExpertPath::kEp) {
+    throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
   }
   // On its one rank, shard delivery (1/P of the bank, then an all-gather of the rest) is the whole
   // bank copied: param_transfer "shard" and "full" run alike. transfer_chunk_mib sizes the
@@ -53,11 +51,13 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
 struct PlanTrainer::Impl {
   const ModelSpec& spec;
   Plan plan;
+  int ranks = 1;
   GraphRunner runner;
   std::pair<std::int64_t, std::int64_t> shape{-1, -1};
   StepGraph graph;  // lowered for `shape`
 
-  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d) : spec(s.spec()), plan(p), runner(s, c, std::move(p), d) {}
+  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
+      : spec(s.spec()), plan(p), ranks(g ? g->size() : 1), runner(s, c, std::move(p), d, g) {}
 
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets) {
     if (tokens.dim() != 2 || !targets.sizes().equals(tokens.sizes())) {
@@ -65,20 +65,21 @@ struct PlanTrainer::Impl {
     }
     const std::pair<std::int64_t, std::int64_t> now{tokens.size(0), tokens.size(1)};
     if (now != shape) {
-      check_plan_for_run(plan, spec, now.first, now.second, 1, "plan");
-      graph = lower_for_run(plan, spec, now.first, now.second, 1);
+      check_plan_for_run(plan, spec, now.first, now.second, ranks, "plan");
+      graph = lower_for_run(plan, spec, now.first, now.second, ranks);
       shape = now;
     }
     return runner.run(graph, tokens, targets);
   }
 };
 
-PlanTrainer::PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device)
-    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device)) {}
+PlanTrainer::PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device, RankGroup* group)
+    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device, group)) {}
 PlanTrainer::~PlanTrainer() = default;
 StepStats PlanTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) { return impl_->step(tokens, targets); }
 void PlanTrainer::set_lr(double lr) { impl_->runner.set_lr(lr); }
 void PlanTrainer::set_tracing(bool on) { impl_->runner.set_tracing(on); }
 const Trace& PlanTrainer::last_trace() const { return impl_->runner.last_trace(); }
+const std::vector<std::vector<std::int64_t>>& PlanTrainer::last_dispatch() const { return impl_->runner.last_dispatch(); }
 
 }  // namespace oom::backend

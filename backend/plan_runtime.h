@@ -23,8 +23,9 @@
 //                             kept boundary, holding at most regenerate_cap regenerated ones.
 //   cpu_grad_slots            at most this many layer gradients wait for their CPU update at once.
 //   transfer_chunk_mib        the size of the parameter window's H2D copies (CUDA).
-// EP-only fields (resident/retained layers, routing chunks, shard delivery over ranks) belong to
-// the multi-rank path; check_plan_for_run() rejects a plan this runtime cannot execute.
+// The EP path runs on one rank or, with a RankGroup, as one rank process of P (resident and
+// retained decoders, routing rounds, dispatch all-to-alls); check_plan_for_run() rejects a plan
+// this runtime cannot execute.
 //
 // Exactness: losses and parameters equal the plain trainer's (backend/plain_trainer.h) within FP32
 // rounding for every mechanism (tests/backend/plan_runtime_test.cc).
@@ -34,11 +35,14 @@
 // Not thread-safe: one thread drives step(); the CPU updates run on an internal worker thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 
+#include "backend/rank_group.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
 #include "planner/plan/plan.h"
@@ -54,7 +58,7 @@ void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t bat
 
 // Checks, before any work, that `plan` can run on `model` with batch × seq tokens per step on
 // `ranks` ranks: validate_plan() (layer indices, partitions that divide, path-specific fields),
-// then this runtime's own rules: the Local path on one rank (the EP path runs over rank processes),
+// then this runtime's own rules: the Local path on one rank,
 // a GDN chunk that divides the sequence, a MoE chunk within the tokens of a sub-batch. Throws one
 // InputError naming `file` and the field.
 void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
@@ -63,8 +67,10 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
 class PlanTrainer {
  public:
   // `state` must outlive the trainer. Preconditions: check_plan_for_run() accepted the plan for the
-  // batches step() will see (step() re-checks their shape and throws InputError otherwise).
-  PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU);
+  // batches step() will see (step() re-checks their shape and throws InputError otherwise). With a
+  // `group` of P ranks this process runs rank group->rank()'s share of an EP plan's graph for P
+  // GPUs; `state` is then the host state the ranks share (share_host_state, backend/shared_state.h).
+  PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU, RankGroup* group = nullptr);
   ~PlanTrainer();
   PlanTrainer(const PlanTrainer&) = delete;
   PlanTrainer& operator=(const PlanTrainer&) = delete;
@@ -78,6 +84,8 @@ class PlanTrainer {
   void set_tracing(bool on);
   // The timeline of the latest traced step (engine "torch").
   const Trace& last_trace() const;
+  // Over ranks: the rows this rank sent in every forward dispatch of the last step.
+  const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
 
  private:
   struct Impl;

@@ -80,10 +80,10 @@ Trace StageRecorder::finish() {
     return m;
   };
   if (cb_.device_bytes) {
-    t.memory.push_back(timeline("gpu0", device_samples_));
+    t.memory.push_back(timeline(cb_.device_name, device_samples_));
     t.gpu_peak_bytes.push_back(t.memory.back().peak_bytes);
   }
-  t.memory.push_back(timeline("numa0", host_samples_));
+  t.memory.push_back(timeline(cb_.host_name, host_samples_));
   t.numa_peak_bytes.push_back(t.memory.back().peak_bytes);
   finalize_trace(t);
   return t;

@@ -8,7 +8,7 @@
 // (`oom diff`). Sub-batches run one by one carry their index in the key; several stages may carry
 // the same key (a projection that runs before and after the core); comparisons sum them. Memory samples: the host's resident set
 // ("numa0", from /proc/self/statm) and the compute device's allocator bytes ("gpu0", from a
-// callback the runtime supplies) at the end of every stage.
+// callback the runtime supplies; a rank names its own) at the end of every stage.
 //
 // Times are seconds from start_step() on a steady clock. A `sync` callback (CUDA: synchronize the
 // device) runs before every time stamp so that asynchronous device work is attributed to its
@@ -37,6 +37,8 @@ class StageRecorder {
   struct Callbacks {
     std::function<void()> sync;           // wait for queued device work (may be empty)
     std::function<Bytes()> device_bytes;  // allocator bytes in use on the compute device (may be empty)
+    std::string device_name = "gpu0";     // the memory timelines' devices (a rank's GPU and NUMA node)
+    std::string host_name = "numa0";
   };
 
   StageRecorder() = default;
@@ -45,6 +47,11 @@ class StageRecorder {
   bool enabled() const { return enabled_; }
   // Starts a new step's timeline (clears the previous one) when `enabled`; otherwise records nothing.
   void start_step(bool enabled);
+  // The memory timelines' device names (before start_step).
+  void set_names(std::string device, std::string host) {
+    cb_.device_name = std::move(device);
+    cb_.host_name = std::move(host);
+  }
 
   // A running stage; ends (and is recorded) when destroyed or at end().
   class Scope {

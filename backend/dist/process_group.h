@@ -1,4 +1,5 @@
-// Communicator: the collectives the multi-rank trainer needs, over a c10d process group.
+// Communicator: the collectives the multi-rank trainers need (backend/rank_group.h), over a c10d
+// process group.
 //
 // One Communicator per rank process. Ranks rendezvous through a c10d store: a FileStore (a file
 // every rank can open; `oom train --ranks` puts it in the job folder) or a TCPStore served by rank 0
@@ -22,6 +23,8 @@
 
 #include <ATen/ATen.h>
 
+#include "backend/rank_group.h"
+
 namespace oom::backend::dist {
 
 struct CommOptions {
@@ -39,33 +42,33 @@ struct CommOptions {
   int cuda_device = 0;          // with cuda: this rank's GPU (torchrun's LOCAL_RANK)
 };
 
-class Communicator {
+class Communicator : public RankGroup {
  public:
   // Rendezvous with the other ranks. Throws InputError for a bad rank/world size, and
   // std::runtime_error when the peers do not show up within timeout_s.
   explicit Communicator(const CommOptions& options);
-  ~Communicator();
+  ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   // "gloo" or "nccl".
   const std::string& backend() const { return backend_; }
   // The device whose tensors the collectives take: CPU for Gloo, cuda:cuda_device for NCCL.
   at::Device device() const { return device_; }
 
   // In place: t ← Σ over ranks of t (contiguous).
-  void all_reduce_sum(at::Tensor& t);
+  void all_reduce_sum(at::Tensor& t) override;
   // [size × t.numel()] with rank r's t in row r; every rank passes the same numel.
   at::Tensor all_gather(const at::Tensor& t);
   // Every rank's int64 count vector (equal lengths) as a [size, n] int64 CPU tensor.
-  at::Tensor all_gather_counts(const std::vector<std::int64_t>& counts);
+  at::Tensor all_gather_counts(const std::vector<std::int64_t>& counts) override;
   // Uneven all-to-all over rows: input rows [Σ send_rows, ...] with the first send_rows[0] rows going
   // to rank 0, and so on; returns [Σ recv_rows, ...] ordered by source rank.
   at::Tensor all_to_all(const at::Tensor& input, const std::vector<std::int64_t>& send_rows,
-                        const std::vector<std::int64_t>& recv_rows);
-  void barrier();
+                        const std::vector<std::int64_t>& recv_rows) override;
+  void barrier() override;
 
  private:
   struct Impl;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 
@@ -22,6 +23,7 @@
 #include "backend/dist/launcher.h"
 #include "backend/io/hf_checkpoint.h"
 #include "backend/plan_runtime.h"
+#include "backend/shared_state.h"
 #include "backend/state.h"
 #include "backend/threads.h"
 #include "backend/train.h"
@@ -29,6 +31,8 @@
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
 #include "planner/plan/plan.h"
+#include "traces/merge.h"
+#include "traces/trace.h"
 
 namespace oom::backend::dist {
 namespace {
@@ -67,9 +71,7 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.moe_chunk_tokens < 0) throw InputError("", "--moe-chunk", std::to_string(r.moe_chunk_tokens), "must be ≥ 0");
   if (!(r.timeout_s > 0)) throw InputError("", "--rank-timeout", std::to_string(r.timeout_s), "must be > 0");
   if (spec.vocab < 256) throw InputError("", "vocab_size", std::to_string(spec.vocab), "byte-level training needs ≥ 256");
-  if (!o.trace.empty()) {
-    throw InputError("", "--trace", o.trace, "stage traces are recorded by the single-process plan runtime");
-  }
+  if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
 }
 
 nlohmann::json optional_layers(const std::optional<std::vector<int>>& layers) {
@@ -86,6 +88,16 @@ std::optional<std::vector<int>> optional_layers(const nlohmann::json& j, const c
   }
 }
 
+// The file the rank processes of a plan run share their host state through: in /dev/shm where
+// there is one (memory, not disk), else in the job folder. Removed once every rank mapped it.
+std::string shared_state_path(const std::string& dir) {
+  const fs::path shm("/dev/shm");
+  std::error_code ec;
+  const std::string name = fmt::format("oom-state-{}-{}", getpid(), fs::path(dir).filename().string());
+  if (fs::is_directory(shm, ec)) return (shm / name).string();
+  return (fs::path(dir) / "state").string();
+}
+
 nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std::string& dir) {
   return {{"model", o.model}, {"data", o.data}, {"weights", o.weights}, {"steps", o.steps}, {"seq", o.seq},
           {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
@@ -97,6 +109,10 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
           {"cpu_grad_slots", r.cpu_grad_slots},
           {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights}, {"save_bf16", o.save_bf16},
           {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"resume_dir", o.resume_dir},
+          {"plan", o.plan.empty() ? nlohmann::json(nullptr) : plan_to_json(load_plan(o.plan))},
+          {"plan_file", o.plan},
+          {"trace", o.trace.empty() ? "" : (fs::path(dir) / "trace").string()},
+          {"shared_state", o.plan.empty() ? "" : shared_state_path(dir)},
           {"resident_layers", optional_layers(r.resident_layers)},
           {"moe_retained_layers", optional_layers(r.moe_retained_layers)},
           {"store", (fs::path(dir) / "store").string()}, {"progress", (fs::path(dir) / "progress.jsonl").string()},
@@ -159,9 +175,25 @@ void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
                      fmt::format("the local path's splits and boundaries run on one rank (oom train --plan without --ranks), not {}", r.ranks));
   }
   if (r.ranks < 2) throw InputError(file, "path", "\"ep\"", "the EP path needs --ranks P ≥ 2");
-  check_plan_shape(plan, spec, o.batch, o.seq, r.ranks, file);
+  check_plan_for_run(plan, spec, o.batch, o.seq, r.ranks, file);
+  r.expert_parallel = true;
+  r.delivery = plan.param_transfer == ParamTransfer::kShard ? "shard" : "full";
+  r.moe_chunk_tokens = plan.routing_chunk_tokens;
+  r.resident_layers = plan.resident_layers;
+  r.moe_retained_layers = plan.moe_retained_layers;
+  r.cpu_grad_slots = plan.cpu_grad_slots;
+}
+
+namespace {
+
+// Under torchrun the ranks may span hosts, so they share no host state and run EpTrainer
+// (backend/dist/ep_trainer.h) with the plan's EP settings; what it does not execute is refused.
+void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
+  const Plan plan = load_plan(o.plan);
+  const std::string& file = o.plan;
   const auto unsupported = [&](const char* field, const std::string& value) {
-    throw InputError(file, field, value, "the multi-rank EP trainer runs unsplit operators and keeps every boundary on the host");
+    throw InputError(file, field, value,
+                     "under torchrun the ranks run unsplit operators and keep every boundary on the host (oom train --ranks P runs the whole plan)");
   };
   refuse_flat_not_executed(plan, file);
   if (plan.split.attention_head_group != 0) unsupported("split.attention_head_group", std::to_string(plan.split.attention_head_group));
@@ -171,13 +203,9 @@ void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
   if (plan.keep_attention_results) unsupported("keep_attention_results", "true");
   if (!plan.boundaries.host_kept_all) unsupported("boundaries.host_kept", "a list");
   if (!plan.boundaries.gpu_held.empty()) unsupported("boundaries.gpu_held", std::to_string(plan.boundaries.gpu_held.front()));
-  r.expert_parallel = true;
-  r.delivery = plan.param_transfer == ParamTransfer::kShard ? "shard" : "full";
-  r.moe_chunk_tokens = plan.routing_chunk_tokens;
-  r.resident_layers = plan.resident_layers;
-  r.moe_retained_layers = plan.moe_retained_layers;
-  r.cpu_grad_slots = plan.cpu_grad_slots;
 }
+
+}  // namespace
 
 RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
                         const std::function<void(const StepReport&)>& on_step) {
@@ -216,6 +244,11 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   const std::string progress = jj["progress"];
   lo.poll = [&] { forward_progress(progress, offset, on_step); };
   const auto launched = run_ranks(argv, lo);
+  {
+    // Rank 0 unlinks the shared state once every rank mapped it; not when a rank failed before.
+    std::error_code ec;
+    if (!jj["shared_state"].get<std::string>().empty()) fs::remove(jj["shared_state"].get<std::string>(), ec);
+  }
   if (!launched.ok) throw std::runtime_error(launched.message + " (logs in " + dir + ")");
 
   const std::string result_path = jj["result"];
@@ -230,6 +263,17 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   out.train.trainer = field<std::string>(res, "trainer", result_path);
   out.last_dispatch_rows = field<std::vector<std::vector<std::int64_t>>>(res, "last_dispatch_rows", result_path);
   out.backend = field<std::string>(res, "backend", result_path);
+  if (!o.trace.empty() && o.steps > 0) {
+    std::vector<Trace> ranks_traces;
+    for (int k = 0; k < r.ranks; ++k) {
+      const std::string path = fmt::format("{}.rank{}.json", jj["trace"].get<std::string>(), k);
+      std::ifstream tin(path);
+      const auto tj = nlohmann::json::parse(tin, nullptr, false);
+      if (tj.is_discarded()) throw std::runtime_error("rank " + std::to_string(k) + " finished without a readable " + path);
+      ranks_traces.push_back(trace_from_json(tj, path));
+    }
+    write_file_atomically(o.trace, trace_to_chrome_json(merge_rank_traces(ranks_traces)).dump() + "\n");
+  }
   if (r.job_dir.empty()) {
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -248,11 +292,20 @@ struct RankRun {
   std::string backend;
 };
 
+// How a rank trains: with `plan`, its share of the plan's StepGraph (the graph runner) on the host
+// state the ranks share through the file `shared_state`, its last step's trace (trace_to_json) in
+// `trace` when that is not empty; without, EpTrainer with the options' EP settings.
+struct RankPlan {
+  std::optional<Plan> plan;
+  std::string shared_state;
+  std::string trace;
+};
+
 // The body every rank runs, however it was started: data, state (seeded, weights, or resumed),
-// the communicator, EpTrainer, checkpoints and weights (rank 0 writes them). `on_step` is called
+// the communicator, the trainer, checkpoints and weights (rank 0 writes them). `on_step` is called
 // on rank 0 after every step.
 RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOptions co,
-                 const std::function<void(const StepReport&)>& on_step) {
+                 const std::function<void(const StepReport&)>& on_step, const RankPlan& rp = {}) {
   const ModelSpec spec = run_model_spec(o.model, o.weights);
   check(o, r, spec);
   if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
@@ -273,6 +326,18 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   co.world_size = r.ranks;
   co.timeout_s = r.timeout_s;
   Communicator comm(co);
+  if (rp.plan) {
+    // One host state for the node: rank 0's (every rank initialized the same one) in a file
+    // every rank maps; unlinked once all have it.
+    if (rank == 0) {
+      ::unlink(rp.shared_state.c_str());
+      share_host_state(state, rp.shared_state, /*create=*/true);
+    }
+    comm.barrier();
+    if (rank != 0) share_host_state(state, rp.shared_state, /*create=*/false);
+    comm.barrier();
+    if (rank == 0) ::unlink(rp.shared_state.c_str());
+  }
 
   EpConfig cfg;
   cfg.trainer.adam.lr = o.lr;
@@ -287,7 +352,38 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   cfg.resident_layers = r.resident_layers;
   cfg.moe_retained_layers = r.moe_retained_layers;
   cfg.cpu_grad_slots = r.cpu_grad_slots;
-  EpTrainer trainer(state, cfg, comm, comm.device());
+  // The trainer's interface here: EpTrainer, or the graph runner over the shared state.
+  std::unique_ptr<EpTrainer> ep;
+  std::unique_ptr<PlanTrainer> planned;
+  if (rp.plan) {
+    planned = std::make_unique<PlanTrainer>(state, cfg.trainer, *rp.plan, comm.device(), &comm);
+  } else {
+    ep = std::make_unique<EpTrainer>(state, cfg, comm, comm.device());
+  }
+  struct {
+    EpTrainer* ep;
+    PlanTrainer* planned;
+    HostState& state;
+    std::int64_t steps() const { return ep ? ep->steps() : state.step; }
+    void set_lr(double lr) { ep ? ep->set_lr(lr) : planned->set_lr(lr); }
+    StepStats step(const at::Tensor& t, const at::Tensor& y) { return ep ? ep->step(t, y) : planned->step(t, y); }
+    // The shared state already is the whole state.
+    void export_state(HostState& out) {
+      if (ep) ep->export_state(out);
+    }
+    std::vector<at::Tensor> gather_flat_params() {
+      if (ep) return ep->gather_flat_params();
+      std::vector<at::Tensor> out;
+      for (int b = 0; b < state.blocks(); ++b) out.push_back(state.master(b).clone());
+      return out;
+    }
+    std::vector<std::vector<std::int64_t>> last_dispatch() const {
+      if (planned) return planned->last_dispatch();
+      std::vector<std::vector<std::int64_t>> out;
+      for (const auto& d : ep->last_dispatch()) out.push_back(d.send_rows);
+      return out;
+    }
+  } trainer{ep.get(), planned.get(), state};
 
   const auto checkpoint_run_with = [&](const TrainingData& d) {
     nlohmann::json run = checkpoint_run(o, d);
@@ -309,6 +405,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     const Batch b = data->next(o.batch);
     const double lr = lr_at(schedule, trainer.steps() + 1);
     trainer.set_lr(lr);
+    if (planned && !rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
     const StepStats st = trainer.step(b.tokens, b.targets);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     tokens += b.tokens.numel();
@@ -333,7 +430,10 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   }
   run.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
   run.last_step = trainer.steps();
-  for (const auto& d : trainer.last_dispatch()) run.dispatch_rows.push_back(d.send_rows);
+  run.dispatch_rows = trainer.last_dispatch();
+  if (planned && !rp.trace.empty() && o.steps > 0) {
+    write_file_atomically(fmt::format("{}.rank{}.json", rp.trace, rank), trace_to_json(planned->last_trace()).dump());
+  }
   run.backend = comm.backend();
   comm.barrier();
   return run;
@@ -393,6 +493,15 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.save_bf16 = field<bool>(j, "save_bf16", job_path);
   r.resident_layers = optional_layers(j, "resident_layers", job_path);
   r.moe_retained_layers = optional_layers(j, "moe_retained_layers", job_path);
+  RankPlan rp;
+  if (!j.contains("plan")) throw InputError(job_path, "plan", "missing", "the job file lacks it");
+  if (!j.at("plan").is_null()) {
+    rp.plan = plan_from_json(j.at("plan"), job_path, "plan");
+    o.plan = field<std::string>(j, "plan_file", job_path);
+    rp.shared_state = field<std::string>(j, "shared_state", job_path);
+    rp.trace = field<std::string>(j, "trace", job_path);
+    o.trace = rp.trace;
+  }
 
   CommOptions co;
   co.store_path = field<std::string>(j, "store", job_path);
@@ -407,7 +516,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
                                  {"tokens", s.tokens}, {"grad_norm", s.grad_norm}};
     progress_out << line.dump() << "\n";
     progress_out.flush();
-  });
+  }, rp);
   if (rank == 0) {
     const nlohmann::json res = {{"losses", run.losses},
                                 {"tokens_per_s", run.tokens_per_s},
@@ -453,7 +562,13 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   }
   RanksOptions r = r_in;
   r.ranks = env.world_size;
-  if (!o_in.plan.empty()) apply_ep_plan(o_in, r);
+  if (!o_in.plan.empty()) {
+    apply_ep_plan(o_in, r);
+    refuse_what_ep_trainer_does_not_run(o_in);
+  }
+  if (!o_in.trace.empty()) {
+    throw InputError("", "--trace", o_in.trace, "under torchrun the ranks record no trace (oom train --ranks P does)");
+  }
   TrainOptions o = o_in;
   if (o.data.empty()) o.data = default_corpus_path();
   CommOptions co;

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -39,6 +40,7 @@
 #include "planner/plan/plan.h"
 #include "tests/backend/ep_threads.h"
 #include "tests/backend/reference_ops.h"
+#include "traces/stage_key.h"
 
 namespace oom::backend::dist {
 namespace {
@@ -189,9 +191,11 @@ std::string write_plan(const fs::path& dir, const std::string& name, const nlohm
   return path;
 }
 
-// An EP plan drives the ranks: decoders 0 and 2 resident (1 and 3 streamed through host state and
-// CPU AdamW), decoders 1 and 2 MoE-retained (0 and 3 replayed whole, all-to-alls included), a
-// 12-token routing chunk (full delivery: shard delivery is a local-path field); the same losses and weights as the plain trainer.
+// An EP plan drives the ranks through the graph runner (each rank runs its share of the plan's
+// StepGraph on the host state the rank processes share): decoders 0 and 2 resident (1 and 3
+// streamed through host state and CPU AdamW), decoders 1 and 2 MoE-retained (0 and 3 replayed
+// whole, all-to-alls included), a 12-token routing chunk; the same losses and weights as the
+// plain trainer.
 TEST(EpTrainer, TwoRanksDrivenByAnEpPlanMatchPlainTrainer) {
   const auto dir = scratch("ep-plan");
   auto o = small_run("tiny-moe", 4);
@@ -256,14 +260,58 @@ TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
   };
   EXPECT_EQ(field_of({{"path", "local"}}), "path");
   EXPECT_EQ(field_of({{"resident_layers", {4}}}), "resident_layers[0]");  // tiny-moe has decoders 0..3
-  EXPECT_EQ(field_of({{"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 0}, {"moe_chunk_tokens", 0},
+  EXPECT_EQ(field_of({{"split", {{"attention_head_group", 0}, {"gdn_chunk_tokens", 5}, {"moe_chunk_tokens", 0},
                                  {"sub_batch_seqs", 0}}}}),
-            "split.attention_head_group");
-  EXPECT_EQ(field_of({{"keep_attention_results", true}}), "keep_attention_results");
-  EXPECT_EQ(field_of({{"boundaries", {{"host_kept", {0, 1}}, {"gpu_held", nlohmann::json::array()}, {"regenerate_cap", 1}}}}),
-            "boundaries.host_kept");
+            "split.gdn_chunk_tokens");
   r.ranks = 1;
   EXPECT_EQ(field_of({}), "path");
+  r.ranks = 3;  // 8 experts do not divide over 3 ranks (nor 4 sequences)
+  EXPECT_NE(field_of({}), "no error");
+  fs::remove_all(dir);
+}
+
+// The whole plan over ranks: operator splits (query-head groups, GDN chunks), kept
+// O/LSE, a boundary held on the device and others regenerated, as the lowering schedules them on
+// each rank, match the plain trainer; the trace covers both ranks' StepGraph stages, so `oom diff`
+// holds it against the two-GPU prediction.
+TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBothRanks) {
+  const auto dir = scratch("ep-plan-splits");
+  auto o = small_run("tiny-moe", 4);
+  o.plan = write_plan(dir, "ep.json",
+                      {{"resident_layers", {0}}, {"moe_retained_layers", {1, 3}}, {"routing_chunk_tokens", 12},
+                       {"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 8}, {"moe_chunk_tokens", 0}, {"sub_batch_seqs", 0}}},
+                       {"keep_attention_results", true},
+                       {"boundaries", {{"host_kept", {0, 2}}, {"gpu_held", {1}}, {"regenerate_cap", 1}}}});
+  o.trace = (dir / "measured.json").string();
+  RanksOptions r;
+  r.ranks = 2;
+  apply_ep_plan(o, r);
+  expect_ranks_match_plain(o, r, "ep2-splits");
+  std::ifstream in(o.trace);
+  const auto chrome = nlohmann::json::parse(in);
+  std::set<int> ranks;
+  int group_cores = 0;
+  for (const auto& e : chrome["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const auto k = parse_stage_key(e["name"].get<std::string>());
+    ASSERT_TRUE(k.has_value()) << e["name"];
+    ranks.insert(k->rank);
+    group_cores += k->phase == Phase::kForward && k->op == StageOp::kCore && k->head_group == 1;
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  EXPECT_EQ(group_cores, 2 * 2);  // attention decoders 1 and 3 on two ranks
+  const auto workload = (dir / "workload.json").string();
+  std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 2, "global_batch": 4, "seq_len": 16})";
+  std::ostringstream sout, serr;
+  ASSERT_EQ(cli::run({"simulate", "--workload", workload, "--plan", o.plan, "--trace", (dir / "predicted.json").string()},
+                     {sout, serr}), 0) << serr.str();
+  std::ostringstream dout, derr;
+  ASSERT_EQ(cli::run({"diff", (dir / "predicted.json").string(), o.trace, "--json"}, {dout, derr}), 0) << derr.str();
+  const auto d = nlohmann::json::parse(dout.str());
+  EXPECT_EQ(d["only_measured"], 0);
+  for (const auto& st : d["stages"]) {
+    if (st.contains("only")) EXPECT_NE(st["only"], "predicted") << st["name"] << " was not measured";
+  }
   fs::remove_all(dir);
 }
 
@@ -465,9 +513,9 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--delivery", "shard"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--delivery"), std::string::npos) << err.str();
   err.str("");
-  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--trace", (dir / "t.json").string()}, {out, err}),
-            cli::kExitBadInput);
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--trace", (dir / "t.json").string()}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--trace"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("needs --plan"), std::string::npos) << err.str();
   EXPECT_FALSE(fs::exists(dir / "t.json"));
   EXPECT_TRUE(out.str().empty());
   fs::remove_all(dir);

@@ -1,5 +1,11 @@
-// Tests of traces/trace.h: JSON round trip, errors naming the field, Chrome trace export, finalize.
+// Tests of traces/trace.h: JSON round trip, errors naming the field, Chrome trace export, finalize;
+// and traces/merge.h: one step's rank traces merged.
 #include "traces/trace.h"
+
+#include "traces/merge.h"
+
+#include <set>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -86,6 +92,32 @@ TEST(Trace, FinalizeSortsStagesAndSetsStepAndPeaks) {
   EXPECT_EQ(t.stages[2].id, 3);
   EXPECT_DOUBLE_EQ(t.step_s, 0.5);
   EXPECT_EQ(t.memory[0].peak_bytes, 1010);
+}
+
+// Two ranks' traces of one step: every stage (ids renumbered), the GPUs' timelines by index and the
+// NUMA node both ranks report with both sample series and the larger peak.
+TEST(MergeRankTraces, KeepsEveryStageAndEachDevicesTimeline) {
+  Trace r0 = sample();
+  Trace r1;
+  r1.engine = "analytic";
+  r1.stages = {stage(1, "g1.fwd.L0.weights.h2d", "h2d", "gpu1.h2d", 0.0, 0.2, 1000, 0),
+               stage(2, "g1.fwd.L0.attn.proj", "gemm", "gpu1.compute", 0.2, 0.6, 0, 1e12)};
+  r1.memory = {{"gpu1", {{0.0, 20}, {0.2, 2020}}, 2020}, {"numa0", {{0.1, 7}}, 7}};
+  finalize_trace(r1);
+  const Trace m = merge_rank_traces({r0, r1});
+  EXPECT_EQ(m.engine, "analytic");
+  ASSERT_EQ(m.stages.size(), 5u);
+  std::set<std::int64_t> ids;
+  for (const auto& s : m.stages) ids.insert(s.id);
+  EXPECT_EQ(ids.size(), 5u);
+  EXPECT_DOUBLE_EQ(m.step_s, 0.6);
+  EXPECT_EQ(m.gpu_peak_bytes, (std::vector<Bytes>{1010, 2020}));
+  EXPECT_EQ(m.numa_peak_bytes, (std::vector<Bytes>{7}));
+  ASSERT_EQ(m.memory.size(), 3u);
+  EXPECT_EQ(m.memory[0].device, "gpu0");
+  EXPECT_EQ(m.memory[1].device, "gpu1");
+  EXPECT_EQ(m.memory[2].device, "numa0");
+  EXPECT_EQ(m.memory[2].samples.size(), 2u);
 }
 
 }  // namespace
