@@ -1,5 +1,6 @@
 #include "backend/graph_runner.h"
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -259,6 +260,14 @@ struct GraphRunner::Impl {
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
   std::map<std::pair<StagePart, int>, std::function<void()>> ready;  // gradient copies to wait for
+  // Host gradient buffers: cpu_grad_slots per kind (routed experts; everything else), used in the
+  // order the lowering numbers the gradient D2H stages. The D2H of gradient k depends on the update
+  // that consumed gradient k − cpu_grad_slots of its kind, so the buffer is free when it is reused.
+  // With clipping every update waits for the norm, so each gradient gets its own buffer.
+  std::array<std::vector<at::Tensor>, 2> grad_pool;
+  std::array<int, 2> grads_sent{0, 0};
+  std::map<std::pair<StagePart, int>, at::Tensor> host_grad;  // a group's gradient on the host until its update
+  std::vector<at::Tensor>* captured = nullptr;                // capture_gradients()
   std::map<StageId, int> jobs;                 // worker stages → job index
   std::vector<std::function<void()>> deferred; // clipping: worker stages held for the norm
   std::vector<double> sq_norm;
@@ -785,17 +794,44 @@ struct GraphRunner::Impl {
     for (const auto& [a, n] : ranges) sum += grad.narrow(0, a, n).to(at::kFloat).pow(2).sum().item<double>();
     return sum;
   }
-  // A parameter group's gradient into its host slot (a whole decoder's adopted as is on a CPU device).
+  // The host buffer of the next gradient of a kind, in block coordinates (at least `numel` long).
+  at::Tensor next_grad_buffer(int kind, std::int64_t numel, const at::TensorOptions& options) {
+    const int index = grads_sent[static_cast<std::size_t>(kind)]++;
+    const auto fresh = [&] { return at::empty({numel}, options.device(at::kCPU).pinned_memory(st.pinned())); };
+    if (cfg.max_grad_norm > 0) return fresh();
+    auto& pool = grad_pool[static_cast<std::size_t>(kind)];
+    pool.resize(static_cast<std::size_t>(std::max(1, plan.cpu_grad_slots)));
+    at::Tensor& buf = pool[static_cast<std::size_t>(index) % pool.size()];
+    if (!buf.defined() || buf.numel() < numel || buf.scalar_type() != options.dtype().toScalarType()) buf = fresh();
+    return buf;
+  }
+  // A parameter group's gradient into a host buffer (a whole decoder's adopted as is on a CPU device).
   void send_gradient(StagePart part, int layer, const at::Tensor& grad) {
     const int b = block_of(part, layer);
     const Ranges ranges = group_ranges(part, layer);
     if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+    if (captured != nullptr) {
+      captured->resize(static_cast<std::size_t>(st.blocks()));
+      at::Tensor& c = (*captured)[static_cast<std::size_t>(b)];
+      if (!c.defined()) c = at::zeros({st.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
+      for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.narrow(0, a, n));
+    }
+    const int kind = part == StagePart::kExperts ? 1 : 0;
+    if (part == StagePart::kLayer && grad.device().is_cpu()) {
+      ++grads_sent[static_cast<std::size_t>(kind)];
+      host_grad[{part, layer}] = grad;
+      ready[{part, layer}] = [] {};
+      return;
+    }
+    at::Tensor buf = next_grad_buffer(kind, grad.numel(), grad.options());
+    host_grad[{part, layer}] = buf;
     if (part == StagePart::kLayer) {
-      ready[{part, layer}] = gradient_to_host(st.grad_slot(b), grad);
+      at::Tensor whole = buf.narrow(0, 0, grad.numel());
+      ready[{part, layer}] = gradient_to_host(whole, grad);
       return;
     }
     std::vector<std::function<void()>> waits;
-    for (const auto& [a, n] : ranges) waits.push_back(range_to_host(st.grad_slot(b), a, n, grad));
+    for (const auto& [a, n] : ranges) waits.push_back(range_to_host(buf, a, n, grad));
     ready[{part, layer}] = [waits] {
       for (const auto& w : waits) w();
     };
@@ -808,6 +844,25 @@ struct GraphRunner::Impl {
     const auto kept = retained_weights.find(l);
     if (kept != retained_weights.end() && kept->second.grad().defined()) g = g + kept->second.grad().to(g.device());
     return g;
+  }
+  // The host gradients a CPU update reads, with the ranges each covers; taken from host_grad (the
+  // update owns them until it is done). A decoder's EP update reads its common part and, when
+  // streamed, its own experts, which were sent apart.
+  std::vector<std::pair<Ranges, at::Tensor>> take_host_gradients(StagePart part, int layer) {
+    std::vector<std::pair<Ranges, at::Tensor>> out;
+    const auto take = [&](StagePart from) {
+      const auto it = host_grad.find({from, layer});
+      OOM_ASSERT(it != host_grad.end(), "a CPU update before its gradient's D2H");
+      out.push_back({group_ranges(from, layer), it->second});
+      host_grad.erase(it);
+    };
+    if (part == StagePart::kLayer && ep()) {
+      take(StagePart::kCommon);
+      if (!plan.is_resident(layer)) take(StagePart::kExperts);
+    } else {
+      take(part);
+    }
+    return out;
   }
   void update_ranges(int b, const Ranges& ranges, const at::Tensor& grad) {
     for (const auto& [a, n] : ranges) {
@@ -844,14 +899,18 @@ struct GraphRunner::Impl {
     }
     const int b = block_of(key.part, key.decoder);
     const Ranges ranges = group_ranges(key.part, key.decoder);
-    return [this, key, kind, resource, k, b, ranges, waits = std::move(waits)] {
+    std::vector<std::pair<Ranges, at::Tensor>> grads;
+    if (k == Kernel::kCpuAdamW) grads = take_host_gradients(key.part, key.decoder);
+    return [this, key, kind, resource, k, b, ranges, grads = std::move(grads), waits = std::move(waits)] {
       for (const auto& w : waits) w();
       auto scope = rec.stage(key, kind, resource);
       switch (k) {
         case Kernel::kHostAccumulate:
-          // One rank: its partial is the sum; the D2H into the host slot is the accumulation.
+          // One rank: its partial is the sum; the D2H into the host buffer is the accumulation.
           break;
-        case Kernel::kCpuAdamW: update_ranges(b, ranges, st.grad_slot(b)); break;
+        case Kernel::kCpuAdamW:
+          for (const auto& [r, g] : grads) update_ranges(b, r, g);
+          break;
         case Kernel::kPublish: publish_ranges(b, ranges); break;
         default: OOM_ASSERT(false, "not a worker kernel");
       }
@@ -1076,7 +1135,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
     for (auto& job : deferred) worker.submit(std::move(job));
   }
   worker.wait_all();
-  OOM_ASSERT(passes.empty() && ready.empty(), "every pass ended and every gradient was updated");
+  OOM_ASSERT(passes.empty() && ready.empty() && host_grad.empty(), "every pass ended and every gradient was updated");
   // Every rank's updates of the shared host state are done before any rank's next step reads it.
   if (dist()) group->barrier();
   ++st.step;
@@ -1091,6 +1150,8 @@ void GraphRunner::Impl::clear_step() {
   retained_moe.clear();
   retained_weights.clear();
   reduced.clear();
+  host_grad.clear();
+  grads_sent = {0, 0};
   jobs.clear();
   ready.clear();
   act.clear();
@@ -1116,5 +1177,17 @@ void GraphRunner::set_lr(double lr) { impl_->cfg.adam.lr = lr; }
 void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& GraphRunner::last_trace() const { return impl_->trace; }
 const std::vector<std::vector<std::int64_t>>& GraphRunner::last_dispatch() const { return impl_->dispatch_log; }
+void GraphRunner::capture_gradients(std::vector<at::Tensor>* blocks) { impl_->captured = blocks; }
+std::pair<int, std::int64_t> GraphRunner::host_gradient_buffers() const {
+  std::pair<int, std::int64_t> out{0, 0};
+  for (const auto& pool : impl_->grad_pool) {
+    for (const auto& b : pool) {
+      if (!b.defined()) continue;
+      ++out.first;
+      out.second += static_cast<std::int64_t>(b.nbytes());
+    }
+  }
+  return out;
+}
 
 }  // namespace oom::backend

@@ -43,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -85,6 +86,14 @@ class GraphRunner {
   // Over ranks: the rows this rank sent to each rank in every forward dispatch of the last step
   // (layer, then chunk order).
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
+  // The host gradient buffers this runner holds between steps (without clipping at most
+  // cpu_grad_slots per kind: routed experts, everything else; a whole decoder's gradient on a CPU
+  // device is adopted, not copied) and their bytes.
+  std::pair<int, std::int64_t> host_gradient_buffers() const;
+  // From the next step on, every gradient this rank sends to the host is also copied into
+  // (*blocks)[b] (FP32, one flat tensor per block, zero where nothing was sent); null stops it.
+  // For checks: the host gradient buffers themselves are reused.
+  void capture_gradients(std::vector<at::Tensor>* blocks);
 
  private:
   struct Impl;

@@ -21,7 +21,8 @@
 //   boundaries                a decoder's input is kept on the host, held on the compute device, or
 //                             regenerated before its backward by no-grad forwards from the nearest
 //                             kept boundary, holding at most regenerate_cap regenerated ones.
-//   cpu_grad_slots            at most this many layer gradients wait for their CPU update at once.
+//   cpu_grad_slots            at most this many gradients of a kind (routed experts; the rest) wait
+//                             for their CPU update at once, in as many host buffers, reused in turn.
 //   transfer_chunk_mib        the size of the parameter window's H2D copies (CUDA).
 // The EP path runs on one rank or, with a RankGroup, as one rank process of P (resident and
 // retained decoders, routing rounds, dispatch all-to-alls); check_plan_for_run() rejects a plan
@@ -38,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -86,6 +88,10 @@ class PlanTrainer {
   const Trace& last_trace() const;
   // Over ranks: the rows this rank sent in every forward dispatch of the last step.
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
+  // The host gradient buffers held between steps and their bytes (GraphRunner::host_gradient_buffers).
+  std::pair<int, std::int64_t> host_gradient_buffers() const;
+  // GraphRunner::capture_gradients.
+  void capture_gradients(std::vector<at::Tensor>* blocks);
 
  private:
   struct Impl;

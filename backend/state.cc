@@ -26,8 +26,14 @@ HostState::HostState(const ModelSpec& spec, StateOptions options)
     m_.push_back(alloc(b, "exp_avg", at::kFloat).zero_());
     v_.push_back(alloc(b, "exp_avg_sq", at::kFloat).zero_());
     working_.push_back(alloc(b, "working", working_dtype(options_.precision)));
-    grad_.push_back(alloc(b, "grad", working_dtype(options_.precision)).zero_());
+    grad_.emplace_back();
   }
+}
+
+at::Tensor& HostState::grad_slot(int block) {
+  at::Tensor& g = grad_[idx(block)];
+  if (!g.defined()) g = alloc(block, "grad", working_dtype(options_.precision)).zero_();
+  return g;
 }
 
 std::size_t HostState::idx(int block) const {

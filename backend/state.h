@@ -4,7 +4,7 @@
 // FP32 master weights and the two FP32 Adam moments as flat host buffers (pinned when CUDA is
 // present, so transfers are asynchronous), the working copy the compute device reads (FP32 or BF16,
 // republished from the master after each update) and a gradient slot the device's gradients land
-// in. A NUMA hook is called once per buffer after allocation so a caller can bind its pages
+// in (allocated at first use). A NUMA hook is called once per buffer after allocation so a caller can bind its pages
 // (e.g. mbind to the socket whose CPU threads run AdamW on that layer).
 //
 // ParamWindow streams working weights to the compute device through two slots: prefetch(ℓ+1)
@@ -58,7 +58,9 @@ class HostState {
   at::Tensor& exp_avg(int block) { return m_[idx(block)]; }
   at::Tensor& exp_avg_sq(int block) { return v_[idx(block)]; }
   at::Tensor& working(int block) { return working_[idx(block)]; }
-  at::Tensor& grad_slot(int block) { return grad_[idx(block)]; }
+  // The block's host gradient buffer (zeroed), allocated at its first use: a trainer that keeps
+  // its own bounded set of gradient buffers (the graph runner's cpu_grad_slots) never makes one.
+  at::Tensor& grad_slot(int block);
   const at::Tensor& master(int block) const { return master_[idx(block)]; }
   const at::Tensor& exp_avg(int block) const { return m_[idx(block)]; }
   const at::Tensor& exp_avg_sq(int block) const { return v_[idx(block)]; }

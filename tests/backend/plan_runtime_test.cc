@@ -60,10 +60,15 @@ void expect_plan_matches_plain(const char* model, const Plan& plan, int steps = 
     TrainerConfig no_clip = cfg;
     no_clip.max_grad_norm = 0.0;
     PlanTrainer runtime(state, no_clip, plan);
+    std::vector<at::Tensor> sent;
+    runtime.capture_gradients(&sent);
     const auto got = runtime.step(tokens0, targets0);
     EXPECT_NEAR(got.loss, ref.loss, kTol * std::abs(ref.loss)) << model;
+    // Without clipping no more host gradient buffers than the plan's slots per kind.
+    EXPECT_LE(runtime.host_gradient_buffers().first, 2 * std::max(1, plan.cpu_grad_slots)) << model;
+    ASSERT_EQ(sent.size(), static_cast<std::size_t>(state.blocks()));
     for (int b = 0; b < state.blocks(); ++b) {
-      at::Tensor got_b = state.grad_slot(b), ref_b = ref.blocks[static_cast<std::size_t>(b)];
+      at::Tensor got_b = sent[static_cast<std::size_t>(b)], ref_b = ref.blocks[static_cast<std::size_t>(b)];
       if (b > 0 && plan.path == ExpertPath::kEp && plan.is_resident(b - 1)) {
         // A resident expert bank is updated where its gradient is; only the rest reaches the host.
         const auto& layout = state.layout().blocks[static_cast<std::size_t>(b)];
@@ -168,6 +173,7 @@ TEST(PlanTrainer, EpOnOneRankMatchesPlain) {
   Plan p = ep_plan();
   p.resident_layers = {1, 2};
   p.moe_retained_layers = {2, 3};
+  p.cpu_grad_slots = 1;  // every gradient into the one host buffer of its kind, after the previous update
   expect_plan_matches_plain("tiny-moe", p);
   expect_plan_matches_plain("tiny-moe", p, 2, /*clip=*/0.05);
   p.boundaries.host_kept_all = false;
@@ -235,9 +241,10 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   p = local_plan();
   p.split = {0, 0, 500, 2};
   expect_rejected(p, "moe_chunk_tokens");
-  expect_rejected(Plan{}, "path", 4, 24, 2);         // EP on two ranks: rank processes
   expect_rejected(local_plan(), "path", 4, 24, 2);   // two ranks on the local runtime
+  expect_rejected(Plan{}, "path", 3, 24, 3);         // 8 experts over 3 ranks
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));  // EP on one rank
+  EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));  // and on two
   EXPECT_NO_THROW(check_plan_for_run(local_plan(), load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));
 }
 
