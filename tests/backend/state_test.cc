@@ -9,6 +9,7 @@
 namespace oom::backend {
 namespace {
 
+// Master, two moments and working copy at construction; the gradient slot at its first use.
 TEST(HostState, AllocatesFiveBuffersPerBlockAndCallsTheNumaHookForEach) {
   const ModelSpec spec = load_model_spec("tiny-moe");
   std::set<std::string> seen;
@@ -20,6 +21,12 @@ TEST(HostState, AllocatesFiveBuffersPerBlockAndCallsTheNumaHookForEach) {
     bytes += n;
   };
   HostState st(spec, so);
+  EXPECT_EQ(seen.size(), 4u * static_cast<std::size_t>(st.blocks()));
+  EXPECT_EQ(bytes, 4u * 4u * static_cast<std::size_t>(st.layout().total_numel()));
+  for (int b = 0; b < st.blocks(); ++b) {
+    EXPECT_EQ(st.grad_slot(b).sum().item<double>(), 0.0);  // zeroed
+    EXPECT_EQ(st.grad_slot(b).data_ptr(), st.grad_slot(b).data_ptr());  // made once
+  }
   EXPECT_EQ(seen.size(), 5u * static_cast<std::size_t>(st.blocks()));
   EXPECT_EQ(bytes, 5u * 4u * static_cast<std::size_t>(st.layout().total_numel()));
   EXPECT_EQ(st.pinned(), at::hasCUDA());
