@@ -374,6 +374,35 @@ TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
   fs::remove_all(dir);
 }
 
+// An EP plan over ranks checkpoints the host state the rank processes share and resumes into it:
+// 2 steps, a checkpoint, 2 more repeat the uninterrupted run's losses bit for bit.
+TEST(TrainRanks, EpPlanRunResumesFromItsSharedStateCheckpoint) {
+  const auto dir = scratch("ep-plan-ckpt");
+  RanksOptions r;
+  r.ranks = 2;
+  r.worker_program = OOM_BINARY;
+  r.timeout_s = 60;
+  r.deadline_s = 120;
+  auto o = small_run("tiny-moe", 4);
+  o.steps = 4;
+  o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0, 3}}, {"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const auto whole = train_ranks(o, r).train.losses;
+  ASSERT_EQ(whole.size(), 4u);
+  auto first = o;
+  first.steps = 2;
+  first.checkpoint_dir = (dir / "ckpt").string();
+  train_ranks(first, r);
+  auto second = o;
+  second.steps = 2;
+  second.resume_dir = first.checkpoint_dir;
+  const auto resumed = train_ranks(second, r).train;
+  EXPECT_EQ(resumed.first_step, 3);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], whole[2]);
+  EXPECT_EQ(resumed.losses[1], whole[3]);
+  fs::remove_all(dir);
+}
+
 TEST(TrainRanks, BadOptionsAreRejectedBeforeAnyProcessStarts) {
   RanksOptions r;
   r.ranks = 3;
