@@ -621,23 +621,33 @@ struct GraphRunner::Impl {
       owned_experts_forward(c, p);
       return;
     }
+    c.routed = routed_experts(moe_graph(p) ? c.xn_l : c.in.experts, c.r, p.w, spec);
+    chunk_output(p, s, st_.key, c);
+  }
+  // A forward chunk's output rows from its routed branch: a retained MoE keeps the chunk (its graph
+  // waits for the backward), any other is done with it. In a backward pass the chunk is a replay,
+  // kept for the backward stages.
+  void chunk_output(Pass& p, Sub& s, const StageKey& k, Chunk& c) {
+    if (p.kind == PassKind::kBackward) return;
+    auto out = rows(p.y, s, chunk_tokens(s, k));
     if (moe_graph(p)) {
-      c.routed = routed_experts(c.xn_l, c.r, p.w, spec);
-      if (p.kind == PassKind::kBackward) return;
-      // Retained: the output from the graph's values; the graph waits for the backward.
-      {
-        at::NoGradGuard no_grad;
-        const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
-        const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
-        rows(p.y, s, chunk_tokens(s, st_.key)).copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
-      }
-      retained_moe[{p.l, st_.key.chunk}] = std::move(c);
-      s.chunks.erase(st_.key.chunk);
-      return;
+      // Retained: the output from the graph's values.
+      at::NoGradGuard no_grad;
+      const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
+      const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
+      out.copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
+      retained_moe[{p.l, k.chunk}] = std::move(c);
+    } else {
+      out.copy_(ffn_output(c.hc, c.routed, c.d.shared, c.d.dense, p.w, spec));
     }
-    const auto routed = routed_experts(c.in.experts, c.r, p.w, spec);
-    rows(p.y, s, chunk_tokens(s, st_.key)).copy_(ffn_output(c.hc, routed, c.d.shared, c.d.dense, p.w, spec));
-    s.chunks.erase(st_.key.chunk);
+    s.chunks.erase(k.chunk);
+  }
+  // The gradient of a chunk's output rows dyc with respect to its routed branch, through the
+  // combination (whose graph c.comb keeps for the router/shared stage).
+  at::Tensor routed_gradient(Chunk& c, const Pass& p, const at::Tensor& dyc) {
+    auto routed_l = leaf(c.routed);
+    c.comb = ffn_output(c.hc, routed_l, c.d.shared, c.d.dense, p.w, spec);
+    return torch::autograd::grad({c.comb}, {routed_l}, {dyc}, /*retain_graph=*/true)[0];
   }
   void experts_bwd(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
@@ -652,12 +662,9 @@ struct GraphRunner::Impl {
       c.routed.backward(dyc);
       return;
     }
-    // Gemma 4 combines the branches through norms: the routed branch's output gradient first (the
-    // combination's graph is kept for the router/shared stage), then its backward.
-    auto routed_l = leaf(c.routed);
-    c.comb = ffn_output(c.hc, routed_l, c.d.shared, c.d.dense, p.w, spec);
-    const auto g = torch::autograd::grad({c.comb}, {routed_l}, {dyc}, /*retain_graph=*/true);
-    c.routed.backward(g[0]);
+    // Gemma 4 combines the branches through norms: the routed branch's output gradient first, then
+    // its backward.
+    c.routed.backward(routed_gradient(c, p, dyc));
     c.in.experts.backward(c.xn_l.grad());
   }
   void router_shared_bwd(const Stage& st_, Pass& p) {
@@ -694,34 +701,17 @@ struct GraphRunner::Impl {
   void a2a_dispatch(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
-    const MoeSpec& m = spec.moe;
-    const auto flat_ids = c.r.expert_ids.reshape({-1});
-    const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
-    const auto counts_t = at::bincount(flat_ids, {}, m.experts).to(at::kCPU).contiguous();
-    const std::vector<std::int64_t> counts(counts_t.data_ptr<std::int64_t>(), counts_t.data_ptr<std::int64_t>() + m.experts);
-    const auto all = group->all_gather_counts(counts);  // [P, E]
-    const auto* ac = all.data_ptr<std::int64_t>();
-    c.send.assign(static_cast<std::size_t>(P), 0);
-    c.recv.assign(static_cast<std::size_t>(P), 0);
-    for (int e = 0; e < m.experts; ++e) c.send[static_cast<std::size_t>(e / experts_local)] += counts[static_cast<std::size_t>(e)];
-    // Received rows come by source rank, then by owned expert: each owned expert's row indices.
-    std::vector<std::vector<std::int64_t>> rows_of(static_cast<std::size_t>(experts_local));
-    std::int64_t row = 0;
-    for (int q = 0; q < P; ++q) {
-      for (int j = 0; j < experts_local; ++j) {
-        const std::int64_t n = ac[q * m.experts + expert0 + j];
-        c.recv[static_cast<std::size_t>(q)] += n;
-        for (std::int64_t i = 0; i < n; ++i) rows_of[static_cast<std::size_t>(j)].push_back(row + i);
-        row += n;
-      }
-    }
+    const plan_ops::SortedSlots slots = plan_ops::sort_slots_by_expert(c.r, spec.moe);
+    plan_ops::DispatchSplits d = plan_ops::dispatch_splits(group->all_gather_counts(slots.counts), R, experts_local);
+    c.send = std::move(d.send);
+    c.recv = std::move(d.recv);
     c.expert_rows.clear();
-    for (const auto& r : rows_of) {
+    for (const auto& r : d.owned_rows) {
       c.expert_rows.push_back(r.empty() ? at::Tensor() : at::tensor(r, at::TensorOptions().dtype(at::kLong)).to(dev));
     }
     if (st_.phase == Phase::kForward) dispatch_log.push_back(c.send);
-    c.tokens_sorted = at::div(order, m.top_k, "floor");
-    c.weights_sorted = c.r.weights.reshape({-1}).index_select(0, order);
+    c.tokens_sorted = slots.tokens;
+    c.weights_sorted = slots.weights;
     const auto sent = expert_input(c).detach().index_select(0, c.tokens_sorted);
     const auto received = group->all_to_all(sent, c.send, c.recv);
     c.recv_x = moe_graph(p) ? leaf(received) : received;
@@ -748,35 +738,17 @@ struct GraphRunner::Impl {
   void combine(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
-    const auto x = expert_input(c);
-    c.routed = at::zeros_like(x).index_add(0, c.tokens_sorted, c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
-    if (p.kind == PassKind::kBackward) return;  // a replay: the backward differentiates it
-    const auto tokens = chunk_tokens(s, st_.key);
-    if (!moe_graph(p)) {
-      rows(p.y, s, tokens).copy_(ffn_output(c.hc, c.routed, c.d.shared, c.d.dense, p.w, spec));
-      s.chunks.erase(st_.key.chunk);
-      return;
-    }
-    // Retained: the output from the graph's values; the graph waits for the backward.
-    {
-      at::NoGradGuard no_grad;
-      const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
-      const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
-      rows(p.y, s, tokens).copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
-    }
-    retained_moe[{p.l, st_.key.chunk}] = std::move(c);
-    s.chunks.erase(st_.key.chunk);
+    c.routed = at::zeros_like(expert_input(c))
+                   .index_add(0, c.tokens_sorted, c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
+    chunk_output(p, s, st_.key, c);
   }
   void a2a_grad_dispatch(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
     const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
-    // The routed branch's output gradient through the combination (kept for router_shared_bwd),
-    // then through the weighted sum: the returned rows' gradients (and the routing weights').
-    auto routed_l = leaf(c.routed);
-    c.comb = ffn_output(c.hc, routed_l, c.d.shared, c.d.dense, p.w, spec);
-    const auto d_routed = torch::autograd::grad({c.comb}, {routed_l}, {dyc}, /*retain_graph=*/true);
-    c.routed.backward(d_routed[0]);
+    // The routed branch's output gradient through the combination, then through the weighted sum:
+    // the returned rows' gradients (and the routing weights').
+    c.routed.backward(routed_gradient(c, p, dyc));
     const auto d_back = c.back.grad().defined() ? c.back.grad() : at::zeros_like(c.back);
     c.dy_recv = group->all_to_all(d_back.contiguous(), c.send, c.recv);
   }
@@ -794,9 +766,8 @@ struct GraphRunner::Impl {
     for (const auto& [a, n] : ranges) sum += grad.narrow(0, a, n).to(at::kFloat).pow(2).sum().item<double>();
     return sum;
   }
-  // The host buffer of the next gradient of a kind, in block coordinates (at least `numel` long).
-  at::Tensor next_grad_buffer(int kind, std::int64_t numel, const at::TensorOptions& options) {
-    const int index = grads_sent[static_cast<std::size_t>(kind)]++;
+  // The host buffer of gradient `index` of a kind, in block coordinates (at least `numel` long).
+  at::Tensor grad_buffer(int kind, int index, std::int64_t numel, const at::TensorOptions& options) {
     const auto fresh = [&] { return at::empty({numel}, options.device(at::kCPU).pinned_memory(st.pinned())); };
     if (cfg.max_grad_norm > 0) return fresh();
     auto& pool = grad_pool[static_cast<std::size_t>(kind)];
@@ -817,13 +788,13 @@ struct GraphRunner::Impl {
       for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.narrow(0, a, n));
     }
     const int kind = part == StagePart::kExperts ? 1 : 0;
+    const int index = grads_sent[static_cast<std::size_t>(kind)]++;
     if (part == StagePart::kLayer && grad.device().is_cpu()) {
-      ++grads_sent[static_cast<std::size_t>(kind)];
       host_grad[{part, layer}] = grad;
       ready[{part, layer}] = [] {};
       return;
     }
-    at::Tensor buf = next_grad_buffer(kind, grad.numel(), grad.options());
+    at::Tensor buf = grad_buffer(kind, index, grad.numel(), grad.options());
     host_grad[{part, layer}] = buf;
     if (part == StagePart::kLayer) {
       at::Tensor whole = buf.narrow(0, 0, grad.numel());
@@ -1071,8 +1042,6 @@ struct GraphRunner::Impl {
     }
     return "numa0";
   }
-  // The device the group's collectives take (the compute device: Gloo on CPU, NCCL on CUDA).
-  at::Device group_device() const { return dev; }
   StepStats run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets);
   // Drops the step's tensors and bookkeeping (also what a step that threw left behind).
   void clear_step();
@@ -1121,7 +1090,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   // Over ranks: the global mean loss, and the norm of every rank's sent slices and own experts.
   const auto over_ranks = [&](double v) {
     if (!dist()) return v;
-    auto t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(group_device()));
+    auto t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(dev));  // the group's device
     group->all_reduce_sum(t);
     return t.item<double>();
   };

@@ -177,4 +177,36 @@ DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelS
   return d;
 }
 
+SortedSlots sort_slots_by_expert(const Routing& r, const MoeSpec& moe) {
+  const auto flat_ids = r.expert_ids.reshape({-1});
+  const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
+  const auto counts = at::bincount(flat_ids, {}, moe.experts).to(at::kCPU).contiguous();
+  SortedSlots out;
+  out.tokens = at::div(order, moe.top_k, "floor");
+  out.weights = r.weights.reshape({-1}).index_select(0, order);
+  out.counts.assign(counts.data_ptr<std::int64_t>(), counts.data_ptr<std::int64_t>() + moe.experts);
+  return out;
+}
+
+DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local) {
+  const auto counts = all_counts.to(at::kCPU).contiguous();
+  const std::int64_t P = counts.size(0), E = counts.size(1);
+  const auto* ac = counts.data_ptr<std::int64_t>();
+  DispatchSplits d;
+  d.send.assign(static_cast<std::size_t>(P), 0);
+  d.recv.assign(static_cast<std::size_t>(P), 0);
+  d.owned_rows.resize(static_cast<std::size_t>(experts_local));
+  for (std::int64_t e = 0; e < E; ++e) d.send[static_cast<std::size_t>(e / experts_local)] += ac[rank * E + e];
+  std::int64_t row = 0;
+  for (std::int64_t q = 0; q < P; ++q) {
+    for (int j = 0; j < experts_local; ++j) {
+      const std::int64_t n = ac[q * E + std::int64_t{rank} * experts_local + j];
+      d.recv[static_cast<std::size_t>(q)] += n;
+      for (std::int64_t i = 0; i < n; ++i) d.owned_rows[static_cast<std::size_t>(j)].push_back(row + i);
+      row += n;
+    }
+  }
+  return d;
+}
+
 }  // namespace oom::backend::plan_ops

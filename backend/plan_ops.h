@@ -73,4 +73,21 @@ struct DenseTerms {
 };
 DenseTerms dense_terms(const at::Tensor& x2d, const BlockWeights& w, const ModelSpec& spec);
 
+// --- expert parallelism: one dispatch round ---
+// A chunk's (token, slot) pairs sorted by expert (stable): each pair's token and routing weight,
+// and the pairs per expert (on the host).
+struct SortedSlots {
+  at::Tensor tokens, weights;
+  std::vector<std::int64_t> counts;
+};
+SortedSlots sort_slots_by_expert(const Routing& r, const MoeSpec& moe);
+// From every rank's pairs per expert (all_counts [P, E], row q: rank q's), with experts owned in
+// blocks of experts_local: the rows this rank sends to and receives from each rank, and for each
+// owned expert its rows among the received ones (they arrive by source rank, then by expert).
+struct DispatchSplits {
+  std::vector<std::int64_t> send, recv;
+  std::vector<std::vector<std::int64_t>> owned_rows;
+};
+DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local);
+
 }  // namespace oom::backend::plan_ops

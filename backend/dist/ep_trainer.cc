@@ -8,6 +8,7 @@
 #include "backend/adamw.h"
 #include "backend/job_queue.h"
 #include "backend/model.h"
+#include "backend/plan_ops.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::dist {
@@ -260,43 +261,22 @@ struct EpTrainer::Impl {
       const auto C = std::min(chunk, T - c0);
       const auto xc = x2.narrow(0, c0, C);
       const auto r = route_layer(in.router.narrow(0, c0, C), w, spec);
-      const auto flat_ids = r.expert_ids.reshape({-1});
-      const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
-      const auto counts_t = at::bincount(flat_ids, {}, m.experts).to(at::kCPU).contiguous();
-      const std::vector<std::int64_t> counts(counts_t.data_ptr<std::int64_t>(),
-                                             counts_t.data_ptr<std::int64_t>() + m.experts);
-      const auto all_counts = comm.all_gather_counts(counts);  // [P, E]
-      const auto* ac = all_counts.data_ptr<std::int64_t>();
-      std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0);
-      for (int e = 0; e < m.experts; ++e) send[static_cast<std::size_t>(e / experts_local)] += counts[static_cast<std::size_t>(e)];
-      for (int s = 0; s < P; ++s) {
-        for (int j = 0; j < experts_local; ++j) recv[static_cast<std::size_t>(s)] += ac[s * m.experts + expert0 + j];
-      }
-      if (record) log.push_back({layer, chunk_index, send});
-      const auto tokens_sorted = at::div(order, m.top_k, "floor");
-      const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
-      const auto recv_x = all_to_all_autograd(comm, xc.index_select(0, tokens_sorted), send, recv);
+      const plan_ops::SortedSlots slots = plan_ops::sort_slots_by_expert(r, m);
       // Received rows: by source rank, then by owned expert. One gather per owned expert.
-      std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(experts_local));
-      std::int64_t at_row = 0;
-      for (int s = 0; s < P; ++s) {
-        for (int j = 0; j < experts_local; ++j) {
-          const auto n = ac[s * m.experts + expert0 + j];
-          for (std::int64_t i = 0; i < n; ++i) rows[static_cast<std::size_t>(j)].push_back(at_row + i);
-          at_row += n;
-        }
-      }
+      const plan_ops::DispatchSplits d = plan_ops::dispatch_splits(comm.all_gather_counts(slots.counts), rank, experts_local);
+      if (record) log.push_back({layer, chunk_index, d.send});
+      const auto recv_x = all_to_all_autograd(comm, xc.index_select(0, slots.tokens), d.send, d.recv);
       auto y_recv = at::zeros_like(recv_x);
       for (int j = 0; j < experts_local; ++j) {
-        const auto& rj = rows[static_cast<std::size_t>(j)];
+        const auto& rj = d.owned_rows[static_cast<std::size_t>(j)];
         if (rj.empty()) continue;
         const auto idx = at::tensor(rj, at::TensorOptions().dtype(at::kLong)).to(a.device());
         const auto ye = gated_mlp(recv_x.index_select(0, idx), eg[j], eu[j], ed[j], spec.activation);
         y_recv = y_recv.index_add(0, idx, ye);
       }
-      const auto back = all_to_all_autograd(comm, y_recv, recv, send);
+      const auto back = all_to_all_autograd(comm, y_recv, d.recv, d.send);
       outs.push_back(at::zeros_like(xc).index_add(
-          0, tokens_sorted, back * weights_sorted.unsqueeze(1).to(back.scalar_type())));
+          0, slots.tokens, back * slots.weights.unsqueeze(1).to(back.scalar_type())));
     }
     const auto routed = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
     at::Tensor shared, dense;

@@ -315,6 +315,33 @@ TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBo
   fs::remove_all(dir);
 }
 
+// The 4 steps of `o` on the ranks, then its first 2 with a checkpoint in dir/ckpt and the last 2
+// resumed from it: the resumed losses repeat the uninterrupted run's bit for bit. Returns the
+// uninterrupted losses and the resumed run's options.
+std::pair<std::vector<double>, TrainOptions> expect_resume_repeats_the_run(const TrainOptions& o, const RanksOptions& r,
+                                                                           const fs::path& dir) {
+  EXPECT_EQ(o.steps, 4);
+  const auto whole = train_ranks(o, r).train.losses;
+  EXPECT_EQ(whole.size(), 4u);
+  auto first = o;
+  first.steps = 2;
+  first.checkpoint_dir = (dir / "ckpt").string();
+  train_ranks(first, r);
+  EXPECT_TRUE(fs::exists(checkpoint_file(first.checkpoint_dir)));
+  auto second = o;
+  second.steps = 2;
+  second.resume_dir = first.checkpoint_dir;
+  const auto resumed = train_ranks(second, r).train;
+  EXPECT_EQ(resumed.first_step, 3);
+  if (whole.size() == 4u && resumed.losses.size() == 2u) {
+    EXPECT_EQ(resumed.losses[0], whole[2]);
+    EXPECT_EQ(resumed.losses[1], whole[3]);
+  } else {
+    ADD_FAILURE() << "expected 4 and 2 losses, got " << whole.size() << " and " << resumed.losses.size();
+  }
+  return {whole, second};
+}
+
 // A multi-rank run checkpointed after 2 steps and resumed for 2 more repeats the uninterrupted
 // run's losses bit for bit (masters, both moments, step and data position survive the gather).
 // The checkpoint is the single-process format: the streamed trainer resumes it too.
@@ -340,24 +367,11 @@ TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
     o.data = (dir / "tokens.bin").string();
     io::write_token_file(o.data, ids, 1);
   }
-  const auto whole = train_ranks(o, r).train.losses;
+  auto [whole, second] = expect_resume_repeats_the_run(o, r, dir);
   ASSERT_EQ(whole.size(), 4u);
-  auto first = o;
-  first.steps = 2;
-  first.checkpoint_dir = (dir / "ckpt").string();
-  train_ranks(first, r);
-  ASSERT_TRUE(fs::exists(checkpoint_file(first.checkpoint_dir)));
   // One process with the same data and schedule: the same losses within float rounding.
   const auto single_whole = train(o).losses;
   for (std::size_t i = 0; i < 4; ++i) EXPECT_NEAR(single_whole[i], whole[i], kTol * whole[i]) << "step " << i;
-  auto second = o;
-  second.steps = 2;
-  second.resume_dir = first.checkpoint_dir;
-  const auto resumed = train_ranks(second, r).train;
-  EXPECT_EQ(resumed.first_step, 3);
-  ASSERT_EQ(resumed.losses.size(), 2u);
-  EXPECT_EQ(resumed.losses[0], whole[2]);
-  EXPECT_EQ(resumed.losses[1], whole[3]);
   // The same checkpoint in one process (the streamed trainer): the same losses within float rounding.
   const auto single = train(second).losses;
   ASSERT_EQ(single.size(), 2u);
@@ -386,20 +400,7 @@ TEST(TrainRanks, EpPlanRunResumesFromItsSharedStateCheckpoint) {
   auto o = small_run("tiny-moe", 4);
   o.steps = 4;
   o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0, 3}}, {"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
-  const auto whole = train_ranks(o, r).train.losses;
-  ASSERT_EQ(whole.size(), 4u);
-  auto first = o;
-  first.steps = 2;
-  first.checkpoint_dir = (dir / "ckpt").string();
-  train_ranks(first, r);
-  auto second = o;
-  second.steps = 2;
-  second.resume_dir = first.checkpoint_dir;
-  const auto resumed = train_ranks(second, r).train;
-  EXPECT_EQ(resumed.first_step, 3);
-  ASSERT_EQ(resumed.losses.size(), 2u);
-  EXPECT_EQ(resumed.losses[0], whole[2]);
-  EXPECT_EQ(resumed.losses[1], whole[3]);
+  expect_resume_repeats_the_run(o, r, dir);
   fs::remove_all(dir);
 }
 
