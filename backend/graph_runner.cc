@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "backend/device_memory.h"
 #include "backend/host_copies.h"
 #include "backend/job_queue.h"
 #include "backend/plan_ops.h"
@@ -145,6 +146,30 @@ void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<
 }
 
 at::Tensor leaf(const at::Tensor& t) { return t.defined() ? t.detach().requires_grad_(true) : t; }
+
+// The tensors of a flat block as leaves. With their gradients attached to the slices of one flat
+// gradient (attach_gradient), autograd adds each weight's gradient into its slice in place, where
+// differentiating views of one flat leaf would materialize a block-size gradient per view.
+constexpr const char* kExpertBanks[] = {"experts.gate", "experts.up", "experts.down"};
+BlockWeights leaf_views(const BlockLayout& layout, const at::Tensor& flat) {
+  BlockWeights w = block_views(layout, flat);
+  for (auto& t : w.tensors) t = leaf(t);
+  for (const char* bank : kExpertBanks) {
+    if (!layout.has(bank)) continue;
+    const at::Tensor& all = w[bank];
+    auto& each = w.experts[bank];
+    for (std::int64_t e = 0; e < all.size(0); ++e) each.push_back(leaf(all.select(0, e)));
+  }
+  return w;
+}
+void attach_gradient(BlockWeights& leaves, const at::Tensor& grad) {
+  const BlockWeights g = block_views(*leaves.layout, grad);
+  for (std::size_t i = 0; i < leaves.tensors.size(); ++i) leaves.tensors[i].mutable_grad() = g.tensors[i];
+  for (auto& [bank, each] : leaves.experts) {
+    const at::Tensor& all = g[bank];
+    for (std::size_t e = 0; e < each.size(); ++e) each[e].mutable_grad() = all.select(0, static_cast<std::int64_t>(e));
+  }
+}
 at::Tensor grad_of(const at::Tensor& t) { return t.defined() ? t.grad() : t; }
 
 StageRecorder::Callbacks recorder_callbacks(const at::Device& device) {
@@ -157,10 +182,19 @@ StageRecorder::Callbacks recorder_callbacks(const at::Device& device) {
       const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
       return static_cast<Bytes>(stats.allocated_bytes[0].current);
     };
+    cb.device_peak = [index] {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+      return static_cast<Bytes>(stats.allocated_bytes[0].peak);
+    };
+    cb.device_mark = [index] { c10::cuda::CUDACachingAllocator::resetPeakStats(index); };
   }
-#else
-  (void)device;
 #endif
+  if (!device.is_cuda() && device_memory::emulated()) {
+    // A CPU standing in for a GPU: the bytes its device-side allocations hold (backend/device_memory.h).
+    cb.device_bytes = [] { return device_memory::current_bytes(); };
+    cb.device_peak = [] { return device_memory::peak_bytes(); };
+    cb.device_mark = [] { device_memory::reset_peak(); };
+  }
   return cb;
 }
 
@@ -212,6 +246,7 @@ struct Pass {
   PassKind kind = PassKind::kForward;
   bool started = false;
   at::Tensor wflat, x, y, dy;  // weights; input; output (forward) or input gradient (backward); output gradient
+  at::Tensor gflat;            // a backward pass: the weights' flat gradient
   BlockWeights w;
   std::map<int, Sub> subs;
 };
@@ -236,7 +271,7 @@ struct GraphRunner::Impl {
   // Per step.
   const StepGraph* graph = nullptr;
   std::int64_t B = 0, S = 0, sb = 0;
-  at::Tensor tok, tgt, outer_flat, x0, hL, loss;
+  at::Tensor tok, tgt, outer_flat, outer_grad, x0, hL, loss;
   BlockWeights outer;
   std::map<int, at::Tensor> act;               // decoder → its input on the device (L: the head's)
   // Where a decoder's input on the device came from, which says how long it stays (as the lowering
@@ -255,7 +290,7 @@ struct GraphRunner::Impl {
   // EP: MoE chunks whose forward graph is retained for the backward (decoder, chunk), and the
   // forward weights those graphs differentiate into.
   std::map<std::pair<int, int>, Chunk> retained_moe;
-  std::map<int, at::Tensor> retained_weights;
+  std::map<int, BlockWeights> retained_weights;  // decoder → the leaves its retained MoE graphs differentiate into
   std::map<std::pair<StagePart, int>, at::Tensor> reduced;  // gradients summed over ranks (reduce_scatter)
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
@@ -361,15 +396,41 @@ struct GraphRunner::Impl {
   }
   void start_pass(Pass& p) {
     const auto w = window.acquire(1 + p.l);
-    // A retained MoE's forward graph differentiates into the forward's weights; on CUDA those sit
-    // in a window slot the next decoders reuse, so the graph keeps its own copy.
+    // A retained MoE's forward graph differentiates into the forward's weights; on a GPU those sit
+    // in a window slot the next decoders reuse, so the graph keeps its own copy of the weights it
+    // reads: the feed-forward half's, with this rank's experts.
     const bool keep = p.kind == PassKind::kForward && retained(p.l);
-    p.wflat = p.kind == PassKind::kBackward ? leaf(w) : keep ? leaf(dev.is_cuda() ? w.clone() : w) : w;
-    p.w = block_views(st.layout().blocks[static_cast<std::size_t>(1 + p.l)], p.wflat);
+    const BlockLayout& layout = st.layout().blocks[static_cast<std::size_t>(1 + p.l)];
+    p.wflat = w;
+    p.w = p.kind == PassKind::kBackward || keep ? leaf_views(layout, p.wflat) : block_views(layout, p.wflat);
+    if (keep && (dev.is_cuda() || device_memory::emulated())) keep_feed_forward_weights(p.w);
+    if (p.kind == PassKind::kBackward) {
+      // The decoder's gradient; a retained MoE's forward weights differentiate into it too.
+      p.gflat = at::zeros_like(p.wflat);
+      attach_gradient(p.w, p.gflat);
+      const auto kept = retained_weights.find(p.l);
+      if (kept != retained_weights.end()) attach_gradient(kept->second, p.gflat);
+    }
     p.x = act.at(p.l);
     if (p.kind == PassKind::kBackward) p.dy = dgrad.at(p.l + 1);
     p.y = at::empty_like(p.x);
     p.started = true;
+  }
+  // The retained graph's own copies of the feed-forward weights (leaves, gradients attached later).
+  void keep_feed_forward_weights(BlockWeights& w) const {
+    const auto& entries = w.layout->entries;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const std::string& name = entries[i].name;
+      const bool mixing = name.rfind("attn.", 0) == 0 || name.rfind("gdn.", 0) == 0 || name == "input_norm";
+      const bool bank = w.experts.count(name) > 0;
+      if (!mixing && !bank) w.tensors[i] = leaf(w.tensors[i].detach().clone());
+    }
+    for (auto& [bank, each] : w.experts) {
+      for (int e = expert0; e < expert0 + experts_local; ++e) {
+        auto& t = each[static_cast<std::size_t>(e)];
+        t = leaf(t.detach().clone());
+      }
+    }
   }
   void end_pass(StageId id) {
     Pass& p = passes.at(id);
@@ -381,7 +442,7 @@ struct GraphRunner::Impl {
       case PassKind::kForward:
         act[l + 1] = p.y;
         if (!held) act.erase(l);
-        if (retained(l)) retained_weights[l] = p.wflat;
+        if (retained(l)) retained_weights[l] = p.w;
         break;
       case PassKind::kRegenerate: {
         act[l + 1] = p.y;
@@ -487,8 +548,8 @@ struct GraphRunner::Impl {
   void olse_h2d(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     const OLse& kept = olse.at(p.l).at(sub_index(st_.key));
-    s.out = kept.out.to(dev);
-    if (p.kind == PassKind::kBackward) s.lse = kept.lse.to(dev);
+    s.out = device_memory::to_device(kept.out, dev);
+    if (p.kind == PassKind::kBackward) s.lse = device_memory::to_device(kept.lse, dev);
   }
   void gdn_core(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
@@ -717,15 +778,13 @@ struct GraphRunner::Impl {
     c.recv_x = moe_graph(p) ? leaf(received) : received;
   }
   void owned_experts_forward(Chunk& c, const Pass& p) {
-    const auto& eg = p.w["experts.gate"];
-    const auto& eu = p.w["experts.up"];
-    const auto& ed = p.w["experts.down"];
     auto y = at::zeros_like(c.recv_x);
     for (int j = 0; j < experts_local; ++j) {
       const auto& idx = c.expert_rows[static_cast<std::size_t>(j)];
       if (!idx.defined()) continue;
       const int e = expert0 + j;
-      y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), eg[e], eu[e], ed[e], spec.activation));
+      y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), p.w.expert("experts.gate", e),
+                                        p.w.expert("experts.up", e), p.w.expert("experts.down", e), spec.activation));
     }
     c.y_recv = y;
   }
@@ -768,7 +827,10 @@ struct GraphRunner::Impl {
   }
   // The host buffer of gradient `index` of a kind, in block coordinates (at least `numel` long).
   at::Tensor grad_buffer(int kind, int index, std::int64_t numel, const at::TensorOptions& options) {
-    const auto fresh = [&] { return at::empty({numel}, options.device(at::kCPU).pinned_memory(st.pinned())); };
+    const auto fresh = [&] {
+      device_memory::OnHost on_host;
+      return at::empty({numel}, options.device(at::kCPU).pinned_memory(st.pinned()));
+    };
     if (cfg.max_grad_norm > 0) return fresh();
     auto& pool = grad_pool[static_cast<std::size_t>(kind)];
     pool.resize(static_cast<std::size_t>(std::max(1, plan.cpu_grad_slots)));
@@ -784,12 +846,13 @@ struct GraphRunner::Impl {
     if (captured != nullptr) {
       captured->resize(static_cast<std::size_t>(st.blocks()));
       at::Tensor& c = (*captured)[static_cast<std::size_t>(b)];
+      device_memory::OnHost on_host;
       if (!c.defined()) c = at::zeros({st.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
       for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.narrow(0, a, n));
     }
     const int kind = part == StagePart::kExperts ? 1 : 0;
     const int index = grads_sent[static_cast<std::size_t>(kind)]++;
-    if (part == StagePart::kLayer && grad.device().is_cpu()) {
+    if (part == StagePart::kLayer && grad.device().is_cpu() && !device_memory::emulated()) {
       host_grad[{part, layer}] = grad;
       ready[{part, layer}] = [] {};
       return;
@@ -807,15 +870,15 @@ struct GraphRunner::Impl {
       for (const auto& w : waits) w();
     };
   }
-  // Decoder l's weight gradient so far (a retained MoE's forward part added): the parts a stage
-  // sends are complete when the graph sends them.
-  at::Tensor layer_grad(int l) {
-    const Pass& p = passes.at(backward_pass.at(l));
-    at::Tensor g = p.wflat.grad();
-    const auto kept = retained_weights.find(l);
-    if (kept != retained_weights.end() && kept->second.grad().defined()) g = g + kept->second.grad().to(g.device());
-    return g;
+  // The embedding's and head's flat gradient, allocated (zeroed) at the first backward that needs it.
+  void outer_gradient() {
+    if (outer_grad.defined()) return;
+    outer_grad = at::zeros_like(outer_flat);
+    attach_gradient(outer, outer_grad);
   }
+  // Decoder l's weight gradient so far (a retained MoE's forward graphs add into it too): the parts
+  // a stage sends are complete when the graph sends them.
+  at::Tensor layer_grad(int l) { return passes.at(backward_pass.at(l)).gflat; }
   // The host gradients a CPU update reads, with the ranges each covers; taken from host_grad (the
   // update owns them until it is done). A decoder's EP update reads its common part and, when
   // streamed, its own experts, which were sent apart.
@@ -903,6 +966,9 @@ struct GraphRunner::Impl {
       const auto j = jobs.find(d);
       if (j != jobs.end()) worker.wait_done(j->second);
     }
+    // The driving thread runs the GPU resources' stages: what they allocate is the device's
+    // (host buffers they fill say so where they are allocated).
+    device_memory::OnDevice on_device;
     if (k == Kernel::kNone) {
       // A join: recorded as the instant its dependencies are done.
       rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
@@ -930,9 +996,10 @@ struct GraphRunner::Impl {
       case Kernel::kOuterH2d: {
         const auto [a, n] = outer_range(s.key.part == StagePart::kLmHead);
         if (!outer_flat.defined()) {
-          at::AutoGradMode views_with_grad(true);  // the embedding and head differentiate through them
-          outer_flat = at::empty({st.layout().blocks[0].numel}, st.working(0).options().device(dev)).requires_grad_(true);
-          outer = block_views(st.layout().blocks[0], outer_flat);
+          // The embedding and head differentiate into leaves over it; their gradient buffer comes
+          // with the first backward (outer_gradient()).
+          outer_flat = at::empty({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
+          outer = leaf_views(st.layout().blocks[0], outer_flat);
         }
         at::NoGradGuard no_grad;
         outer_flat.narrow(0, a, n).copy_(st.working(0).narrow(0, a, n), /*non_blocking=*/true);
@@ -948,7 +1015,7 @@ struct GraphRunner::Impl {
         break;
       case Kernel::kBoundaryD2h: host[s.layer] = to_host(act.at(s.layer), st.pinned()); break;
       case Kernel::kBoundaryH2d:
-        act[s.layer] = host.at(s.layer).to(dev);
+        act[s.layer] = device_memory::to_device(host.at(s.layer), dev);
         origin[s.layer] = Origin::kLoaded;
         break;
       case Kernel::kLoss:
@@ -957,13 +1024,17 @@ struct GraphRunner::Impl {
         loss = head_loss(hL, tgt, outer, spec);
         break;
       case Kernel::kHeadBackward:
+        outer_gradient();
         // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
         (dist() ? loss / P : loss).backward();
         dgrad[spec.layers] = hL.grad();
         hL = at::Tensor();
         break;
-      case Kernel::kScatter: x0.backward(dgrad.at(0)); break;
-      case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, outer_flat.grad()); break;
+      case Kernel::kScatter:
+        outer_gradient();
+        x0.backward(dgrad.at(0));
+        break;
+      case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, outer_grad); break;
       case Kernel::kLayerGradD2h:
       case Kernel::kPartGradD2h: {
         const auto summed = reduced.find({s.key.part, s.layer});
@@ -974,7 +1045,7 @@ struct GraphRunner::Impl {
         // Every rank's gradient of the group summed (an all-reduce: each rank then sends and
         // updates its 1/P, as a reduce-scatter would leave it).
         const bool outer_part = s.layer < 0;
-        at::Tensor g = outer_part ? outer_flat.grad() : layer_grad(s.layer);
+        at::Tensor g = outer_part ? outer_grad : layer_grad(s.layer);
         for (const auto& [a, n] : whole_ranges(s.key.part, s.layer)) {
           auto v = g.narrow(0, a, n);
           group->all_reduce_sum(v);
@@ -1077,9 +1148,13 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
     }
   }
   if (tracing && dist()) rec.set_names(fmt::format("gpu{}", R), host_timeline_name(g));
+  device_memory::reset_peak();
+#ifdef OOM_BACKEND_CUDA
+  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
+#endif
   rec.start_step(tracing);
-  tok = tokens.narrow(0, R * B, B).to(dev);
-  tgt = targets.narrow(0, R * B, B).to(dev);
+  tok = device_memory::to_device(tokens.narrow(0, R * B, B), dev);
+  tgt = device_memory::to_device(targets.narrow(0, R * B, B), dev);
   sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
   coef = 1.0;
   next_backward = spec.layers - 1;
@@ -1131,7 +1206,7 @@ void GraphRunner::Impl::clear_step() {
   passes.clear();
   open_pass.clear();
   backward_pass.clear();
-  tok = tgt = outer_flat = x0 = hL = loss = at::Tensor();
+  tok = tgt = outer_flat = outer_grad = x0 = hL = loss = at::Tensor();
   outer = BlockWeights();
   graph = nullptr;
 }

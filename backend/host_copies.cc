@@ -1,5 +1,6 @@
 #include "backend/host_copies.h"
 
+#include "backend/device_memory.h"
 #include "costmodel/input_error.h"
 
 #ifdef OOM_BACKEND_CUDA
@@ -26,7 +27,7 @@ std::function<void()> copy_done(const at::Device& device) {
 }  // namespace
 
 std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad) {
-  if (grad.device().is_cpu()) {
+  if (grad.device().is_cpu() && !device_memory::emulated()) {
     slot = grad;  // the gradient already is in host memory: adopt it
     return [] {};
   }
@@ -40,7 +41,8 @@ std::function<void()> range_to_host(at::Tensor& slot, std::int64_t a, std::int64
 }
 
 at::Tensor to_host(const at::Tensor& x, bool pinned) {
-  if (x.device().is_cpu()) return x;  // fresh tensors, never modified in place
+  if (x.device().is_cpu() && !device_memory::emulated()) return x;  // fresh tensors, never modified in place
+  device_memory::OnHost on_host;
   auto h = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(pinned));
   h.copy_(x, /*non_blocking=*/true);
   return h;

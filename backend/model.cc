@@ -17,9 +17,14 @@ const at::Tensor& BlockWeights::operator[](const std::string& name) const {
   OOM_ASSERT(false, ("no weight named " + name + " in " + layout->name).c_str());
 }
 
+at::Tensor BlockWeights::expert(const std::string& name, int e) const {
+  const auto bank = experts.find(name);
+  return bank != experts.end() ? bank->second.at(static_cast<std::size_t>(e)) : (*this)[name][e];
+}
+
 BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat) {
   OOM_ASSERT(flat.dim() == 1 && flat.numel() == layout.numel, "flat buffer does not match its layout");
-  BlockWeights w{&layout, {}};
+  BlockWeights w{&layout, {}, {}};
   w.tensors.reserve(layout.entries.size());
   for (const auto& e : layout.entries) w.tensors.push_back(flat.narrow(0, e.offset, e.numel()).view(e.shape));
   return w;
@@ -307,9 +312,6 @@ at::Tensor router_aux_loss(const RouterStats& stats, int experts) {
 
 at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWeights& w, const ModelSpec& spec) {
   const MoeSpec& m = spec.moe;
-  const auto& eg = w["experts.gate"];
-  const auto& eu = w["experts.up"];
-  const auto& ed = w["experts.down"];
   auto out = at::zeros_like(x2);
   // Dispatch: the (token, slot) pairs of each expert, sorted by expert, one gather per expert.
   const auto flat_ids = r.expert_ids.reshape({-1});
@@ -323,7 +325,8 @@ at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWei
     const auto n = count[e];
     if (n == 0) continue;
     const auto tok = tokens_sorted.narrow(0, start, n);
-    const auto ye = gated_mlp(x2.index_select(0, tok), eg[e], eu[e], ed[e], spec.activation);
+    const auto ye = gated_mlp(x2.index_select(0, tok), w.expert("experts.gate", e), w.expert("experts.up", e),
+                              w.expert("experts.down", e), spec.activation);
     out = out.index_add(0, tok, ye * weights_sorted.narrow(0, start, n).unsqueeze(1).to(ye.scalar_type()));
     start += n;
   }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,13 @@ namespace oom::backend {
 struct BlockWeights {
   const BlockLayout* layout = nullptr;
   std::vector<at::Tensor> tensors;
+  // Optional: an expert bank's experts as tensors of their own (leaves whose gradients accumulate
+  // in place, where selecting expert e of the bank would materialize a bank-size gradient per expert).
+  std::map<std::string, std::vector<at::Tensor>> experts;
 
   const at::Tensor& operator[](const std::string& name) const;
+  // Expert e of bank `name` ("experts.gate"): its own tensor when `experts` has the bank, else (*this)[name][e].
+  at::Tensor expert(const std::string& name, int e) const;
   bool has(const std::string& name) const { return layout->has(name); }
 };
 

@@ -17,7 +17,7 @@ struct PlainTrainer::Impl {
   Impl(const HostState& init, TrainerConfig c) : spec(init.spec()), layout(init.layout()), config(c) {
     for (int b = 0; b < init.blocks(); ++b) {
       const auto& block = layout.blocks[static_cast<std::size_t>(b)];
-      BlockWeights w{&block, {}};
+      BlockWeights w{&block, {}, {}};
       for (const auto& e : block.entries) {
         auto t = init.master(b).narrow(0, e.offset, e.numel()).view(e.shape).clone().set_requires_grad(true);
         w.tensors.push_back(t);

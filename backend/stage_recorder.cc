@@ -45,7 +45,9 @@ void StageRecorder::Scope::end() {
 StageRecorder::Scope StageRecorder::stage(const StageKey& key, const std::string& kind, const std::string& resource,
                                           Flops flops, Bytes bytes) {
   if (!enabled_) return {};
-  if (cb_.sync && resource.rfind("gpu", 0) == 0) cb_.sync();
+  const bool on_gpu = resource.rfind("gpu", 0) == 0;
+  if (cb_.sync && on_gpu) cb_.sync();
+  if (cb_.device_mark && on_gpu) cb_.device_mark();
   TraceStage s;
   s.name = format_stage_key(key);
   s.key = key;
@@ -61,9 +63,12 @@ StageRecorder::Scope StageRecorder::stage(const StageKey& key, const std::string
 void StageRecorder::record(TraceStage s) {
   const Bytes rss = process_rss_bytes();
   const Bytes dev = cb_.device_bytes ? cb_.device_bytes() : 0;
+  const bool marked = cb_.device_mark && cb_.device_peak && s.resource.rfind("gpu", 0) == 0;
+  const Bytes stage_peak = marked ? cb_.device_peak() : 0;
   std::lock_guard<std::mutex> lock(mu_);
   s.id = static_cast<std::int64_t>(stages_.size());
   host_samples_.push_back({s.end_s, rss});
+  if (marked) device_samples_.push_back({s.end_s, std::max(stage_peak, dev)});
   if (cb_.device_bytes) device_samples_.push_back({s.end_s, dev});
   stages_.push_back(std::move(s));
 }
@@ -74,13 +79,16 @@ Trace StageRecorder::finish() {
   t.engine = "torch";
   t.stages = stages_;
   auto timeline = [](const std::string& device, std::vector<MemorySample> samples) {
-    std::sort(samples.begin(), samples.end(), [](const auto& a, const auto& b) { return a.time_s < b.time_s; });
+    std::stable_sort(samples.begin(), samples.end(), [](const auto& a, const auto& b) { return a.time_s < b.time_s; });
     MemoryTimeline m{device, std::move(samples), 0};
     for (const auto& s : m.samples) m.peak_bytes = std::max(m.peak_bytes, s.bytes);
     return m;
   };
   if (cb_.device_bytes) {
-    t.memory.push_back(timeline(cb_.device_name, device_samples_));
+    auto device = timeline(cb_.device_name, device_samples_);
+    // Samples are taken at stage ends; a stage's own transient peak is the allocator's to say.
+    if (cb_.device_peak) device.peak_bytes = std::max(device.peak_bytes, cb_.device_peak());
+    t.memory.push_back(std::move(device));
     t.gpu_peak_bytes.push_back(t.memory.back().peak_bytes);
   }
   t.memory.push_back(timeline(cb_.host_name, host_samples_));

@@ -8,7 +8,9 @@
 // (`oom diff`). Sub-batches run one by one carry their index in the key; several stages may carry
 // the same key (a projection that runs before and after the core); comparisons sum them. Memory samples: the host's resident set
 // ("numa0", from /proc/self/statm) and the compute device's allocator bytes ("gpu0", from a
-// callback the runtime supplies; a rank names its own) at the end of every stage.
+// callback the runtime supplies; a rank names its own) at the end of every stage, the device's also
+// with the most it held during a stage on a GPU resource (two samples at the stage's end: its peak,
+// then what it holds after).
 //
 // Times are seconds from start_step() on a steady clock. A `sync` callback (CUDA: synchronize the
 // device) runs before every time stamp so that asynchronous device work is attributed to its
@@ -37,6 +39,11 @@ class StageRecorder {
   struct Callbacks {
     std::function<void()> sync;           // wait for queued device work (may be empty)
     std::function<Bytes()> device_bytes;  // allocator bytes in use on the compute device (may be empty)
+    // The most the device held since the last device_mark (may be empty); device_mark starts a new
+    // peak from what it holds now. A GPU stage marks at its start and samples its own peak at its
+    // end, so the timeline keeps the transients inside stages.
+    std::function<Bytes()> device_peak;
+    std::function<void()> device_mark;
     std::string device_name = "gpu0";     // the memory timelines' devices (a rank's GPU and NUMA node)
     std::string host_name = "numa0";
   };

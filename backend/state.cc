@@ -4,6 +4,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "backend/device_memory.h"
 #include "backend/safetensors.h"
 #include "costmodel/input_error.h"
 
@@ -42,6 +43,7 @@ std::size_t HostState::idx(int block) const {
 }
 
 at::Tensor HostState::alloc(int block, const std::string& what, at::ScalarType type) {
+  device_memory::OnHost on_host;
   auto t = at::empty({layout_.blocks[static_cast<std::size_t>(block)].numel},
                      at::TensorOptions().dtype(type).pinned_memory(pinned_));
   if (options_.numa_hook) options_.numa_hook(block, what, t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
@@ -133,7 +135,29 @@ ParamWindow::ParamWindow(HostState& state, at::Device device, std::int64_t trans
     copy_stream_ = std::make_shared<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
   }
 #endif
+  if (!device_.is_cuda() && device_memory::emulated()) {
+    // A CPU standing in for a GPU holds the same two slots (backend/device_memory.h).
+    std::int64_t max_numel = 0;
+    for (const auto& b : state.layout().blocks) max_numel = std::max(max_numel, b.numel);
+    device_memory::OnDevice on_device;
+    for (auto& s : slots_) s.buffer = at::empty({max_numel}, at::TensorOptions().dtype(working_dtype(state.precision())));
+  }
 }
+
+namespace {
+
+// `src` into the front of `dst` in copies of at most `piece_bytes` (0: one copy), queued on the
+// current stream.
+void copy_in_pieces(at::Tensor& dst, const at::Tensor& src, std::int64_t piece_bytes) {
+  const std::int64_t n = src.numel();
+  const std::int64_t step = piece_bytes > 0 ? std::max<std::int64_t>(1, piece_bytes / src.element_size()) : n;
+  for (std::int64_t a = 0; a < n; a += step) {
+    const std::int64_t len = std::min(step, n - a);
+    dst.narrow(0, a, len).copy_(src.narrow(0, a, len), /*non_blocking=*/true);
+  }
+}
+
+}  // namespace
 
 ParamWindow::Slot& ParamWindow::slot_for(int block) {
   for (auto& s : slots_) {
@@ -153,20 +177,18 @@ void ParamWindow::prefetch(int block) {
   Slot& s = slot_for(block);
   if (s.block == block) return;
   s.block = block;
-  if (!device_.is_cuda()) return;
+  if (!device_.is_cuda()) {
+    // On a CPU the window copies only when it stands in for a GPU's (its slots exist).
+    if (s.buffer.defined()) copy_in_pieces(s.buffer, state_.working(block), transfer_chunk_bytes_);
+    return;
+  }
 #ifdef OOM_BACKEND_CUDA
   auto& stream = *std::static_pointer_cast<c10::cuda::CUDAStream>(copy_stream_);
   auto& ready = *std::static_pointer_cast<at::cuda::CUDAEvent>(s.ready);
   auto& free = *std::static_pointer_cast<at::cuda::CUDAEvent>(s.free);
   c10::cuda::CUDAStreamGuard guard(stream);
   free.block(stream);  // the compute stream is done with the slot's previous block
-  const auto& src = state_.working(block);
-  const std::int64_t n = src.numel();
-  const std::int64_t step = transfer_chunk_bytes_ > 0 ? std::max<std::int64_t>(1, transfer_chunk_bytes_ / src.element_size()) : n;
-  for (std::int64_t a = 0; a < n; a += step) {
-    const std::int64_t len = std::min(step, n - a);
-    s.buffer.narrow(0, a, len).copy_(src.narrow(0, a, len), /*non_blocking=*/true);
-  }
+  copy_in_pieces(s.buffer, state_.working(block), transfer_chunk_bytes_);
   ready.record(stream);
 #endif
 }
@@ -175,7 +197,7 @@ at::Tensor ParamWindow::acquire(int block) {
   prefetch(block);
   Slot& s = slot_for(block);
   s.in_use = true;
-  if (!device_.is_cuda()) return state_.working(block);
+  if (!device_.is_cuda()) return s.buffer.defined() ? s.buffer.narrow(0, 0, state_.working(block).numel()) : state_.working(block);
 #ifdef OOM_BACKEND_CUDA
   std::static_pointer_cast<at::cuda::CUDAEvent>(s.ready)->block(c10::cuda::getCurrentCUDAStream(device_.index()));
   return s.buffer.narrow(0, 0, state_.working(block).numel());

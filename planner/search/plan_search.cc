@@ -117,11 +117,11 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
     throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
                      fmt::format("unknown engine (known: {})", fmt::join(step_engine_names(), ", ")));
   }
-  const PlanPricer pricer(ctx, calibration);
+  const PlanPricer pricer(ctx, calibration, options.memory);
   // Each path is configured without FLAT's schedules and with all of them (they change which
   // plans fit: a bounded dispatch, vocabulary or boundary peak leaves room for residency and
   // retention); the faster is refined schedule by schedule.
-  const PlanPricer flat_pricer(ctx, calibration, MemoryConstants{}, bounded_flat_schedules());
+  const PlanPricer flat_pricer(ctx, calibration, options.memory, bounded_flat_schedules());
   PlanSearchResult r;
   std::vector<PricedPlan> configured;
   std::vector<BudgetShortfall> shortfalls;

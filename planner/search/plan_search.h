@@ -33,6 +33,9 @@ struct PlanSearchOptions {
   // with the LibTorch backend (backend/torch_executor.h). Not owned; used from the calling thread.
   Executor* compare_executor = nullptr;
   bool flat = true;                         // offer FLAT's schedules (false: plans without them)
+  // M_0, ε and the rest of the memory model's runtime constants: the CUDA defaults; a CPU standing
+  // in for a GPU (backend/device_memory.h) has no CUDA context and no caching allocator.
+  MemoryConstants memory;
 };
 
 struct PlanChoice {

@@ -1,0 +1,65 @@
+// Device memory of a CPU run that stands in for a GPU: what the compute device would hold,
+// measured by the allocator, so that a plan's GPU working set can be checked on any machine.
+//
+// On a CUDA device the CUDA caching allocator says what the device holds. On a CPU device the
+// device and the host share one allocator and the runtime adopts tensors where a GPU would copy
+// them (the weight window, gradients to the host, boundaries and O/LSE loaded back), so nothing
+// separates the two. With emulation on:
+//   - a metering CPU allocator (installed once, ahead of LibTorch's default) counts the bytes
+//     allocated while the allocating thread is inside an OnDevice scope, until they are freed;
+//     allocations outside one are the host's and pass through untouched;
+//   - the runtime copies where a GPU would (to_device, to_host, the ParamWindow's two slots), so
+//     the device's tensors and the host's are distinct allocations.
+// The graph runner enters OnDevice for every stage on a GPU resource and OnHost for the host
+// buffers those stages fill (gradient D2H, kept boundaries and O/LSE). Work LibTorch hands to
+// intra-op worker threads allocates there rarely (outputs are allocated before the parallel loop)
+// and is not counted. Units: bytes of allocation requests (the allocator's alignment padding is
+// not counted, as the CUDA allocator's rounding is not in its "allocated" statistic).
+// Thread-safe: counters are atomic; scopes are per thread.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "costmodel/units.h"
+
+namespace oom::backend::device_memory {
+
+// Turns emulation on or off for the process (installs the metering allocator at the first call
+// with `on`). Tensors allocated before keep their own deleters and are never counted.
+void set_emulated(bool on);
+bool emulated();
+
+// Bytes the device holds now, and the most it held since the last reset_peak().
+Bytes current_bytes();
+Bytes peak_bytes();
+// Starts a new peak from what the device holds now.
+void reset_peak();
+
+// Allocations of this thread count as the device's while an OnDevice is alive, and as the host's
+// while a later OnHost is (scopes nest; the innermost wins).
+class OnDevice {
+ public:
+  OnDevice();
+  ~OnDevice();
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  bool previous_;
+};
+class OnHost {
+ public:
+  OnHost();
+  ~OnHost();
+  OnHost(const OnHost&) = delete;
+  OnHost& operator=(const OnHost&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Where a GPU would copy: `x` on `device` as a device allocation of its own when emulating a
+// device on the CPU; otherwise x.to(device) (x itself when already there).
+at::Tensor to_device(const at::Tensor& x, const at::Device& device);
+
+}  // namespace oom::backend::device_memory
