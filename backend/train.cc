@@ -15,6 +15,7 @@
 
 #include "backend/checkpoint.h"
 #include "backend/data.h"
+#include "backend/device_memory.h"
 #include "backend/io/hf_checkpoint.h"
 #include "backend/plain_trainer.h"
 #include "backend/plan_runtime.h"
@@ -45,6 +46,7 @@ void check_options(const TrainOptions& o) {
   if (o.peak_tflops < 0) throw InputError("", "--peak-tflops", std::to_string(o.peak_tflops), "must be ≥ 0");
   if (o.reference && !o.plan.empty()) throw InputError("", "--plan", o.plan, "the reference trainer runs no plan");
   if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
+  if (o.device_memory && o.plan.empty()) throw InputError("", "--device-memory", "true", "device memory is measured for a plan (--plan)");
   // The schedule's options, before any work (the run's last step is known only after a resume).
   resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, o.decay_steps,
                       std::max<std::int64_t>(o.steps, o.warmup_steps));
@@ -181,10 +183,18 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   cfg.accumulate = plan ? 1 : o.accumulate;  // a plan runs the K·B sequences as its sub-batches
   std::optional<StreamedTrainer> streamed;
   std::optional<PlainTrainer> plain;
+  // Emulation is the process's: it ends with the run (declared before the trainer, so after it).
+  struct EmulationEnds {
+    ~EmulationEnds() { device_memory::set_emulated(false); }
+  };
+  std::optional<EmulationEnds> emulation_ends;
   std::optional<PlanTrainer> planned;
   if (o.reference) {
     plain.emplace(state, cfg);
   } else if (plan) {
+    // Before the runner exists: its weight window allocates the device's slots.
+    device_memory::set_emulated(o.device_memory && device.is_cpu());
+    emulation_ends.emplace();
     planned.emplace(state, cfg, *plan, device);
   } else {
     streamed.emplace(state, cfg, device);
@@ -215,6 +225,12 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
       st = streamed->step(b.tokens, b.targets);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    if (planned && device_memory::emulated()) {
+      // A traced step marks each stage's peak, so the trace holds the step's.
+      const bool traced = !o.trace.empty() && i + 1 == o.steps;
+      const Bytes peak = traced ? planned->last_trace().gpu_peak_bytes.at(0) : device_memory::peak_bytes();
+      result.device_peak_bytes = std::max<std::int64_t>(result.device_peak_bytes, peak);
+    }
     tokens += b.tokens.numel();
     result.last_step_s = dt;
     result.losses.push_back(st.loss);

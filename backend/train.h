@@ -49,6 +49,10 @@ struct TrainOptions {
   std::int64_t gdn_chunk_tokens = 32;
   std::string plan;                // Plan JSON: run the plan-driven runtime (backend/plan_runtime.h)
   std::string trace;               // with a plan: Chrome trace of the last step, written atomically
+  // With a plan on the CPU: the CPU stands in for a GPU with memory of its own (copies where a GPU
+  // copies; backend/device_memory.h), so the device side's bytes are measured: the trace's GPU
+  // timeline and TrainResult::device_peak_bytes. A CUDA device always measures its own.
+  bool device_memory = false;
   // Compute device: "cpu", "cuda" (GPU 0; with ranks each rank's own GPU and NCCL), or "auto"
   // (cuda when LibTorch sees a GPU, else cpu). The host state stays in host memory either way.
   std::string device = "auto";
@@ -95,6 +99,7 @@ struct TrainResult {
   std::int64_t last_step = 0;
   std::string trainer;        // "streamed", "plan" or "reference"
   double last_step_s = 0.0;   // wall time of the last step
+  std::int64_t device_peak_bytes = -1;  // the most the device side held in any step (-1: not measured)
 };
 
 // Runs the training. Throws InputError for bad options, model, data, weights or checkpoints

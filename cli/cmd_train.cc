@@ -10,6 +10,7 @@
 #include "backend/train.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "costmodel/units.h"
 
 namespace oom::cli {
 namespace {
@@ -61,6 +62,7 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--trace", opts->trace, "With --plan: write the last step's Chrome/Perfetto trace (StepGraph stage names)");
   cmd->add_option("--device", opts->device, "Compute device: auto (a GPU when LibTorch sees one), cpu or cuda; with ranks, cuda means NCCL and one GPU per rank")
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_flag("--device-memory", opts->device_memory, "With --plan on the CPU: stand the CPU in for a GPU with memory of its own and measure the device side's bytes (the trace's GPU timeline, the device peak reported); a GPU always measures its own");
   cmd->add_flag("--reference", opts->reference, "Plain in-memory trainer (autograd + torch::optim::AdamW)");
   cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments); the default on a GPU");
   cmd->add_flag("--fp32", opts->fp32, "FP32 working weights even on a GPU (the default on the CPU)");
@@ -90,11 +92,16 @@ void add_train_commands(CLI::App& app, Io io) {
       j["last_step"] = result.last_step;
       j["trainer"] = result.trainer;
       j["last_step_s"] = result.last_step_s;
+      if (result.device_peak_bytes >= 0) j["device_peak_gib"] = to_gib(result.device_peak_bytes);
       io.out << j.dump() << "\n";
     } else {
       io.out << fmt::format("{} trainer: {} steps, {:.0f} tokens/s over all steps (the first, warm-up step included)\n",
                             result.trainer, result.losses.size(),
                             result.tokens_per_s);
+      if (result.device_peak_bytes >= 0) {
+        io.out << fmt::format("device peak: {:.3f} MiB (the most the device side held in a step)\n",
+                              static_cast<double>(result.device_peak_bytes) / static_cast<double>(kMiB));
+      }
     }
   });
 }

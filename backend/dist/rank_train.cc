@@ -44,6 +44,7 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
   if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
+  if (o.device_memory) throw InputError("", "--device-memory", "true", "device memory is measured by the single-process trainer");
   if (o.accumulate != 1) {
     throw InputError("", "--accumulate", std::to_string(o.accumulate), "the multi-rank trainer runs one micro-batch per step");
   }

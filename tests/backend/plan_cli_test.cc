@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "costmodel/model_spec.h"
+#include "costmodel/params.h"
 #include "planner/calibration/validation.h"
 #include "traces/records.h"
 #include "traces/stage_key.h"
@@ -111,6 +113,37 @@ TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {
   }
   EXPECT_GE(regenerated, 1);
   EXPECT_EQ(kept_core_bwd, 2);  // two sub-batches
+  fs::remove_all(dir);
+}
+
+// `oom train --plan P --device cpu --device-memory` measures the device side of a CPU standing in
+// for a GPU: the peak is reported, at least the weight window's two slots of BF16 decoder weights
+// and the decoder's BF16 gradient, and the traced step's GPU timeline reaches that peak no more
+// than the run's (each stage's own peak is sampled). Without a plan the option is an input error.
+TEST(OomTrainPlan, DeviceMemoryOnTheCpuIsMeasuredAndTraced) {
+  const auto dir = temp_dir("device_memory");
+  write(dir / "plan.json", kPlan);
+  const auto r = oom({"train", "--steps", "2", "--seq", "16", "--batch", "2", "--plan", (dir / "plan.json").string(),
+                      "--device", "cpu", "--bf16", "--device-memory", "--trace", (dir / "trace.json").string(), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("device_peak_gib")) << r.out;
+  const double peak_gib = j["device_peak_gib"].get<double>();
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  const double decoder_bf16_gib = 2.0 * static_cast<double>(layer_params(spec, 0).total()) / static_cast<double>(kGiB);
+  EXPECT_GE(peak_gib, 3 * decoder_bf16_gib);  // two window slots and a gradient
+  EXPECT_LT(peak_gib, 1.0 / 1024 * 64);       // a tiny model's step: tens of KiB to a few MiB
+  std::ifstream in(dir / "trace.json");
+  const auto chrome = nlohmann::json::parse(in);
+  double traced_gib = 0;
+  for (const auto& e : chrome["traceEvents"]) {
+    if (e["ph"] == "C" && e["args"].contains("gpu0")) traced_gib = std::max(traced_gib, e["args"]["gpu0"].get<double>());
+  }
+  EXPECT_GE(traced_gib, 3 * decoder_bf16_gib);
+  EXPECT_LE(traced_gib, peak_gib * (1 + 1e-12));
+  const auto bad = oom({"train", "--steps", "1", "--seq", "16", "--batch", "2", "--device-memory"});
+  EXPECT_EQ(bad.code, cli::kExitBadInput);
+  EXPECT_NE(bad.err.find("--device-memory"), std::string::npos) << bad.err;
   fs::remove_all(dir);
 }
 
