@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -75,7 +76,7 @@ std::optional<Kernel> kernel_of(const Stage& s) {
     case O::kGradD2h:
       if (p == P::kEmbedding || p == P::kLmHead) return Kernel::kOuterGradD2h;
       if (p == P::kLayer) return Kernel::kLayerGradD2h;
-      if ((p == P::kExperts || p == P::kCommon) && s.key.bucket < 0) return Kernel::kPartGradD2h;
+      if (p == P::kExperts || p == P::kCommon) return Kernel::kPartGradD2h;
       break;
     case O::kGpuAdamW: if (p == P::kExperts) return Kernel::kGpuAdamW; break;
     case O::kProj: if (mixing) return Kernel::kMixProj; break;
@@ -103,11 +104,14 @@ std::optional<Kernel> kernel_of(const Stage& s) {
       if (p == P::kEmbedding || p == P::kLmHead || p == P::kCommon) return Kernel::kReduceScatter;
       break;
     case O::kHostAccumulate: if (p == P::kLayer) return Kernel::kHostAccumulate; break;
+    // A streamed update (OffloadStreamAdamW) updates and publishes each bucket of a part on its own.
     case O::kCpuAdamW:
-      if ((p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) && s.key.bucket < 0) return Kernel::kCpuAdamW;
+      if (p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) return Kernel::kCpuAdamW;
+      if ((p == P::kExperts || p == P::kCommon) && s.key.bucket >= 0) return Kernel::kCpuAdamW;
       break;
     case O::kPublish:
-      if ((p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) && s.key.bucket < 0) return Kernel::kPublish;
+      if (p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) return Kernel::kPublish;
+      if ((p == P::kExperts || p == P::kCommon) && s.key.bucket >= 0) return Kernel::kPublish;
       break;
     default: break;
   }
@@ -294,14 +298,17 @@ struct GraphRunner::Impl {
   std::map<std::pair<StagePart, int>, at::Tensor> reduced;  // gradients summed over ranks (reduce_scatter)
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
-  std::map<std::pair<StagePart, int>, std::function<void()>> ready;  // gradient copies to wait for
+  // A gradient on its way to an update: (part, decoder, bucket), bucket −1 for a whole group.
+  using GradKey = std::tuple<StagePart, int, int>;
+  std::map<GradKey, std::function<void()>> ready;  // gradient copies to wait for
+  std::map<std::pair<StagePart, int>, int> buckets;  // a streamed part's gradient buckets (OffloadStreamAdamW)
   // Host gradient buffers: cpu_grad_slots per kind (routed experts; everything else), used in the
   // order the lowering numbers the gradient D2H stages. The D2H of gradient k depends on the update
   // that consumed gradient k − cpu_grad_slots of its kind, so the buffer is free when it is reused.
   // With clipping every update waits for the norm, so each gradient gets its own buffer.
   std::array<std::vector<at::Tensor>, 2> grad_pool;
   std::array<int, 2> grads_sent{0, 0};
-  std::map<std::pair<StagePart, int>, at::Tensor> host_grad;  // a group's gradient on the host until its update
+  std::map<GradKey, at::Tensor> host_grad;  // a group's (or bucket's) gradient on the host until its update
   std::vector<at::Tensor>* captured = nullptr;                // capture_gradients()
   std::map<StageId, int> jobs;                 // worker stages → job index
   std::vector<std::function<void()>> deferred; // clipping: worker stages held for the norm
@@ -345,11 +352,8 @@ struct GraphRunner::Impl {
     if (part == StagePart::kCommon || (ep() && plan.is_resident(layer))) return {{0, e0}, {e1, b.numel - e1}};
     return {{0, b.numel}};
   }
-  // Rank R's 1/P of a summed group: the concatenated ranges cut into P pieces of ⌈n/P⌉.
-  Ranges slice(const Ranges& ranges) const {
-    std::int64_t n = 0;
-    for (const auto& r : ranges) n += r.second;
-    const std::int64_t cap = (n + P - 1) / P, lo = std::min(n, R * cap), hi = std::min(n, lo + cap);
+  // Elements [lo, hi) of the concatenated ranges.
+  static Ranges cut(const Ranges& ranges, std::int64_t lo, std::int64_t hi) {
     Ranges out;
     std::int64_t at_ = 0;
     for (const auto& [a, len] : ranges) {
@@ -358,6 +362,25 @@ struct GraphRunner::Impl {
       at_ += len;
     }
     return out;
+  }
+  static std::int64_t count(const Ranges& ranges) {
+    std::int64_t n = 0;
+    for (const auto& r : ranges) n += r.second;
+    return n;
+  }
+  // Rank R's 1/P of a summed group: the concatenated ranges cut into P pieces of ⌈n/P⌉.
+  Ranges slice(const Ranges& ranges) const {
+    const std::int64_t n = count(ranges), cap = (n + P - 1) / P, lo = std::min(n, R * cap), hi = std::min(n, lo + cap);
+    return cut(ranges, lo, hi);
+  }
+  // Bucket `bucket` of a streamed group's ranges: even pieces, the last taking the remainder (as the
+  // lowering cuts them); the whole group for bucket −1.
+  Ranges bucket_ranges(StagePart part, int layer, int bucket) const {
+    const Ranges all = group_ranges(part, layer);
+    if (bucket < 0) return all;
+    const std::int64_t pieces = buckets.at({part, layer}), n = count(all), each = n / pieces;
+    const std::int64_t lo = bucket * each, hi = bucket + 1 == pieces ? n : lo + each;
+    return cut(all, lo, hi);
   }
   // The owned experts' rows of a decoder's expert tensors.
   Ranges owned_experts(int layer) const {
@@ -838,10 +861,12 @@ struct GraphRunner::Impl {
     if (!buf.defined() || buf.numel() < numel || buf.scalar_type() != options.dtype().toScalarType()) buf = fresh();
     return buf;
   }
-  // A parameter group's gradient into a host buffer (a whole decoder's adopted as is on a CPU device).
-  void send_gradient(StagePart part, int layer, const at::Tensor& grad) {
+  // A parameter group's gradient (or one bucket of it) into a host buffer (a whole decoder's adopted
+  // as is on a CPU device).
+  void send_gradient(StagePart part, int layer, int bucket, const at::Tensor& grad) {
     const int b = block_of(part, layer);
-    const Ranges ranges = group_ranges(part, layer);
+    const Ranges ranges = bucket_ranges(part, layer, bucket);
+    const GradKey key{part, layer, bucket};
     if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
     if (captured != nullptr) {
       captured->resize(static_cast<std::size_t>(st.blocks()));
@@ -853,20 +878,20 @@ struct GraphRunner::Impl {
     const int kind = part == StagePart::kExperts ? 1 : 0;
     const int index = grads_sent[static_cast<std::size_t>(kind)]++;
     if (part == StagePart::kLayer && grad.device().is_cpu() && !device_memory::emulated()) {
-      host_grad[{part, layer}] = grad;
-      ready[{part, layer}] = [] {};
+      host_grad[key] = grad;
+      ready[key] = [] {};
       return;
     }
     at::Tensor buf = grad_buffer(kind, index, grad.numel(), grad.options());
-    host_grad[{part, layer}] = buf;
-    if (part == StagePart::kLayer) {
+    host_grad[key] = buf;
+    if (part == StagePart::kLayer && bucket < 0) {
       at::Tensor whole = buf.narrow(0, 0, grad.numel());
-      ready[{part, layer}] = gradient_to_host(whole, grad);
+      ready[key] = gradient_to_host(whole, grad);
       return;
     }
     std::vector<std::function<void()>> waits;
     for (const auto& [a, n] : ranges) waits.push_back(range_to_host(buf, a, n, grad));
-    ready[{part, layer}] = [waits] {
+    ready[key] = [waits] {
       for (const auto& w : waits) w();
     };
   }
@@ -881,16 +906,16 @@ struct GraphRunner::Impl {
   at::Tensor layer_grad(int l) { return passes.at(backward_pass.at(l)).gflat; }
   // The host gradients a CPU update reads, with the ranges each covers; taken from host_grad (the
   // update owns them until it is done). A decoder's EP update reads its common part and, when
-  // streamed, its own experts, which were sent apart.
-  std::vector<std::pair<Ranges, at::Tensor>> take_host_gradients(StagePart part, int layer) {
+  // streamed, its own experts, which were sent apart; a bucket's update reads that bucket.
+  std::vector<std::pair<Ranges, at::Tensor>> take_host_gradients(StagePart part, int layer, int bucket) {
     std::vector<std::pair<Ranges, at::Tensor>> out;
     const auto take = [&](StagePart from) {
-      const auto it = host_grad.find({from, layer});
+      const auto it = host_grad.find({from, layer, bucket});
       OOM_ASSERT(it != host_grad.end(), "a CPU update before its gradient's D2H");
-      out.push_back({group_ranges(from, layer), it->second});
+      out.push_back({bucket_ranges(from, layer, bucket), it->second});
       host_grad.erase(it);
     };
-    if (part == StagePart::kLayer && ep()) {
+    if (part == StagePart::kLayer && ep() && bucket < 0) {
       take(StagePart::kCommon);
       if (!plan.is_resident(layer)) take(StagePart::kExperts);
     } else {
@@ -911,8 +936,8 @@ struct GraphRunner::Impl {
   }
   // The wait for a gradient's copy, taken by the first stage that consumes it (the host
   // accumulation, else the update); empty when already taken.
-  std::function<void()> take_ready(StagePart part, int layer) {
-    const auto it = ready.find({part, layer});
+  std::function<void()> take_ready(StagePart part, int layer, int bucket) {
+    const auto it = ready.find({part, layer, bucket});
     if (it == ready.end()) return {};
     auto fn = std::move(it->second);
     ready.erase(it);
@@ -927,14 +952,14 @@ struct GraphRunner::Impl {
       // A decoder's update reads the gradients of its parts (the EP path sends experts and common apart).
       for (const StagePart part : {key.part, StagePart::kExperts, StagePart::kCommon}) {
         if (part == key.part || key.part == StagePart::kLayer) {
-          if (auto w = take_ready(part, key.decoder)) waits.push_back(std::move(w));
+          if (auto w = take_ready(part, key.decoder, key.bucket)) waits.push_back(std::move(w));
         }
       }
     }
     const int b = block_of(key.part, key.decoder);
-    const Ranges ranges = group_ranges(key.part, key.decoder);
+    const Ranges ranges = bucket_ranges(key.part, key.decoder, key.bucket);
     std::vector<std::pair<Ranges, at::Tensor>> grads;
-    if (k == Kernel::kCpuAdamW) grads = take_host_gradients(key.part, key.decoder);
+    if (k == Kernel::kCpuAdamW) grads = take_host_gradients(key.part, key.decoder, key.bucket);
     return [this, key, kind, resource, k, b, ranges, grads = std::move(grads), waits = std::move(waits)] {
       for (const auto& w : waits) w();
       auto scope = rec.stage(key, kind, resource);
@@ -1021,7 +1046,8 @@ struct GraphRunner::Impl {
       case Kernel::kLoss:
         hL = leaf(act.at(spec.layers));
         act.erase(spec.layers);
-        loss = head_loss(hL, tgt, outer, spec);
+        // The plan's logits blocks (FLAT's vocab_chunk_tokens; 0: all of this rank's tokens at once).
+        loss = head_loss(hL, tgt, outer, spec, plan.flat.logits_block_tokens(hL.size(0) * hL.size(1)));
         break;
       case Kernel::kHeadBackward:
         outer_gradient();
@@ -1034,11 +1060,11 @@ struct GraphRunner::Impl {
         outer_gradient();
         x0.backward(dgrad.at(0));
         break;
-      case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, outer_grad); break;
+      case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, s.key.bucket, outer_grad); break;
       case Kernel::kLayerGradD2h:
       case Kernel::kPartGradD2h: {
         const auto summed = reduced.find({s.key.part, s.layer});
-        send_gradient(s.key.part, s.layer, summed != reduced.end() ? summed->second : layer_grad(s.layer));
+        send_gradient(s.key.part, s.layer, s.key.bucket, summed != reduced.end() ? summed->second : layer_grad(s.layer));
         break;
       }
       case Kernel::kReduceScatter: {
@@ -1142,6 +1168,10 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
       if (s.key.rank != R) continue;
       const Kernel k = runnable_kernel(s);  // before any work: a graph the runner cannot run changes nothing
       kernels[static_cast<std::size_t>(s.id)] = k;
+      if (s.key.op == StageOp::kGradD2h && s.key.bucket >= 0) {
+        int& n = buckets[{s.key.part, s.key.decoder}];
+        n = std::max(n, s.key.bucket + 1);
+      }
       if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
       if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
       if (reads_layer_gradient(s, k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
@@ -1195,6 +1225,7 @@ void GraphRunner::Impl::clear_step() {
   retained_weights.clear();
   reduced.clear();
   host_grad.clear();
+  buckets.clear();
   grads_sent = {0, 0};
   jobs.clear();
   ready.clear();

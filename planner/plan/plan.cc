@@ -147,10 +147,8 @@ std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const
   if (f.expert_dispatch != ExpertDispatch::kStandard) return std::pair{"flat.expert_dispatch", "\"pipelined_llep\""};
   if (f.vocab_projection != VocabProjection::kChunked) return std::pair{"flat.vocab_projection", "\"ring_dtp\""};
   if (f.selective_checkpoint_offload) return std::pair{"flat.checkpoint_offload", "\"sco\""};
-  if (f.optimizer_bucket_mib != 0) return std::pair{"flat.optimizer_bucket_mib", std::to_string(f.optimizer_bucket_mib)};
-  if (f.vocab_chunk_tokens != FlatSchedules{}.vocab_chunk_tokens) {
-    return std::pair{"flat.vocab_chunk_tokens", std::to_string(f.vocab_chunk_tokens)};
-  }
+  // The graph runner executes the logits blocks (vocab_chunk_tokens) and OffloadStreamAdamW's
+  // buckets (optimizer_bucket_mib).
   return std::nullopt;
 }
 

@@ -274,6 +274,32 @@ TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
 // O/LSE, a boundary held on the device and others regenerated, as the lowering schedules them on
 // each rank, match the plain trainer; the trace covers both ranks' StepGraph stages, so `oom diff`
 // holds it against the two-GPU prediction.
+// FLAT's logits blocks and OffloadStreamAdamW over ranks: each rank streams its slice of the common
+// parts and its own experts in buckets (bucket keys in both ranks' traces), and the run matches
+// the plain reference.
+TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsAndLogitsBlocksMatchesPlain) {
+  const auto dir = scratch("ep-plan-buckets");
+  auto o = small_run("tiny-moe", 4);
+  o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0}}, {"moe_retained_layers", {1}},
+                                       {"flat", {{"optimizer_bucket_mib", 1}, {"vocab_chunk_tokens", 5}}}});
+  o.trace = (dir / "measured.json").string();
+  RanksOptions r;
+  r.ranks = 2;
+  apply_ep_plan(o, r);
+  expect_ranks_match_plain(o, r, "ep2-buckets");
+  std::ifstream in(o.trace);
+  const auto chrome = nlohmann::json::parse(in);
+  std::set<int> bucketed_ranks;
+  for (const auto& e : chrome["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const auto k = parse_stage_key(e["name"].get<std::string>());
+    ASSERT_TRUE(k.has_value()) << e["name"];
+    if (k->op == StageOp::kCpuAdamW && k->bucket == 0 && k->part == StagePart::kExperts) bucketed_ranks.insert(k->rank);
+  }
+  EXPECT_EQ(bucketed_ranks, (std::set<int>{0, 1}));
+  fs::remove_all(dir);
+}
+
 TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBothRanks) {
   const auto dir = scratch("ep-plan-splits");
   auto o = small_run("tiny-moe", 4);
