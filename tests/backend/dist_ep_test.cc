@@ -274,14 +274,14 @@ TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
 // O/LSE, a boundary held on the device and others regenerated, as the lowering schedules them on
 // each rank, match the plain trainer; the trace covers both ranks' StepGraph stages, so `oom diff`
 // holds it against the two-GPU prediction.
-// FLAT's logits blocks and OffloadStreamAdamW over ranks: each rank streams its slice of the common
+// FLAT's logits blocks, SCO and OffloadStreamAdamW over ranks: each rank streams its slice of the common
 // parts and its own experts in buckets (bucket keys in both ranks' traces), and the run matches
 // the plain reference.
-TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsAndLogitsBlocksMatchesPlain) {
+TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) {
   const auto dir = scratch("ep-plan-buckets");
   auto o = small_run("tiny-moe", 4);
   o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0}}, {"moe_retained_layers", {1}},
-                                       {"flat", {{"optimizer_bucket_mib", 1}, {"vocab_chunk_tokens", 5}}}});
+                                       {"flat", {{"optimizer_bucket_mib", 1}, {"vocab_chunk_tokens", 5}, {"checkpoint_offload", "sco"}}}});
   o.trace = (dir / "measured.json").string();
   RanksOptions r;
   r.ranks = 2;

@@ -148,6 +148,18 @@ TEST(PlanTrainer, StreamedUpdateInBucketsMatchesPlainAndTheWholeUpdate) {
   }
 }
 
+// SCO (every boundary on the host, each loaded once for its backward) matches the plain reference
+// on both paths, and its trace has the StepGraph's keys.
+TEST(PlanTrainer, SelectiveCheckpointOffloadMatchesPlain) {
+  Plan local = local_plan();
+  Plan ep;
+  ep.moe_retained_layers = {3};
+  for (Plan p : {local, ep}) {
+    p.flat.selective_checkpoint_offload = true;
+    expect_plan_matches_plain("tiny-moe", p, 2);
+  }
+}
+
 // The plan's logits blocks (FLAT's vocab_chunk_tokens: 7 tokens at a time, or all at once) match
 // the plain reference.
 TEST(PlanTrainer, LogitsBlocksOfThePlanMatchPlain) {

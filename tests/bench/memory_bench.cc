@@ -2,7 +2,8 @@
 // prediction: tiny models on a CPU standing in for the GPU (backend/device_memory.h), BF16 working
 // weights as the memory model assumes, no CUDA context and no caching allocator (M_0 = 0, ε = 0),
 // so the budget bounds the bytes the device's tensors hold. Each benchmark chooses the plan for a
-// budget of `percent` % of the unconstrained plan's predicted peak, runs two steps and reports
+// budget of `percent` % of the unconstrained plan's predicted peak (FLAT's schedules offered: on one
+// GPU those are SCO and OffloadStreamAdamW, which the backend runs), runs two steps and reports
 // the predicted and measured peaks (MiB) and their ratio, with the plan's path and its retained
 // decoders. The figures show how far this executor's kernels hold more than the memory model's
 // fused kernels; nothing is asserted here.
@@ -26,7 +27,6 @@ PlanSearchOptions cpu_device_options() {
   PlanSearchOptions o;
   o.memory.gpu_fixed_bytes = 0;
   o.memory.gpu_headroom_fraction = 0;
-  o.flat = false;  // PipelinedLLEP, Ring-DTP and SCO do not run on the backend yet
   return o;
 }
 
