@@ -277,24 +277,42 @@ TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
 // FLAT's logits blocks, SCO and OffloadStreamAdamW over ranks: each rank streams its slice of the common
 // parts and its own experts in buckets (bucket keys in both ranks' traces), and the run matches
 // the plain reference.
-TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) {
-  const auto dir = scratch("ep-plan-buckets");
+// Runs the EP plan with `fields` on two rank processes of tiny-moe against the plain reference
+// (expect_ranks_match_plain) with a merged trace; returns the plan's and the trace's paths and the
+// trace's stage keys.
+struct TwoRankRun {
+  std::string plan, trace;
+  std::vector<StageKey> keys;
+};
+TwoRankRun run_plan_on_two_ranks(const fs::path& dir, const nlohmann::json& fields, const char* label) {
   auto o = small_run("tiny-moe", 4);
-  o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0}}, {"moe_retained_layers", {1}},
-                                       {"flat", {{"optimizer_bucket_mib", 1}, {"vocab_chunk_tokens", 5}, {"checkpoint_offload", "sco"}}}});
+  o.plan = write_plan(dir, "ep.json", fields);
   o.trace = (dir / "measured.json").string();
   RanksOptions r;
   r.ranks = 2;
   apply_ep_plan(o, r);
-  expect_ranks_match_plain(o, r, "ep2-buckets");
+  expect_ranks_match_plain(o, r, label);
+  TwoRankRun run{o.plan, o.trace, {}};
   std::ifstream in(o.trace);
   const auto chrome = nlohmann::json::parse(in);
-  std::set<int> bucketed_ranks;
   for (const auto& e : chrome["traceEvents"]) {
     if (e["ph"] != "X") continue;
     const auto k = parse_stage_key(e["name"].get<std::string>());
-    ASSERT_TRUE(k.has_value()) << e["name"];
-    if (k->op == StageOp::kCpuAdamW && k->bucket == 0 && k->part == StagePart::kExperts) bucketed_ranks.insert(k->rank);
+    EXPECT_TRUE(k.has_value()) << e["name"];
+    if (k) run.keys.push_back(*k);
+  }
+  return run;
+}
+
+TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) {
+  const auto dir = scratch("ep-plan-buckets");
+  const TwoRankRun run = run_plan_on_two_ranks(
+      dir, {{"resident_layers", {0}}, {"moe_retained_layers", {1}},
+            {"flat", {{"optimizer_bucket_mib", 1}, {"vocab_chunk_tokens", 5}, {"checkpoint_offload", "sco"}}}},
+      "ep2-buckets");
+  std::set<int> bucketed_ranks;
+  for (const StageKey& k : run.keys) {
+    if (k.op == StageOp::kCpuAdamW && k.bucket == 0 && k.part == StagePart::kExperts) bucketed_ranks.insert(k.rank);
   }
   EXPECT_EQ(bucketed_ranks, (std::set<int>{0, 1}));
   fs::remove_all(dir);
@@ -302,37 +320,27 @@ TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) 
 
 TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBothRanks) {
   const auto dir = scratch("ep-plan-splits");
-  auto o = small_run("tiny-moe", 4);
-  o.plan = write_plan(dir, "ep.json",
-                      {{"resident_layers", {0}}, {"moe_retained_layers", {1, 3}}, {"routing_chunk_tokens", 12},
-                       {"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 8}, {"moe_chunk_tokens", 0}, {"sub_batch_seqs", 0}}},
-                       {"keep_attention_results", true},
-                       {"boundaries", {{"host_kept", {0, 2}}, {"gpu_held", {1}}, {"regenerate_cap", 1}}}});
-  o.trace = (dir / "measured.json").string();
-  RanksOptions r;
-  r.ranks = 2;
-  apply_ep_plan(o, r);
-  expect_ranks_match_plain(o, r, "ep2-splits");
-  std::ifstream in(o.trace);
-  const auto chrome = nlohmann::json::parse(in);
+  const TwoRankRun run = run_plan_on_two_ranks(
+      dir, {{"resident_layers", {0}}, {"moe_retained_layers", {1, 3}}, {"routing_chunk_tokens", 12},
+            {"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 8}, {"moe_chunk_tokens", 0}, {"sub_batch_seqs", 0}}},
+            {"keep_attention_results", true},
+            {"boundaries", {{"host_kept", {0, 2}}, {"gpu_held", {1}}, {"regenerate_cap", 1}}}},
+      "ep2-splits");
   std::set<int> ranks;
   int group_cores = 0;
-  for (const auto& e : chrome["traceEvents"]) {
-    if (e["ph"] != "X") continue;
-    const auto k = parse_stage_key(e["name"].get<std::string>());
-    ASSERT_TRUE(k.has_value()) << e["name"];
-    ranks.insert(k->rank);
-    group_cores += k->phase == Phase::kForward && k->op == StageOp::kCore && k->head_group == 1;
+  for (const StageKey& k : run.keys) {
+    ranks.insert(k.rank);
+    group_cores += k.phase == Phase::kForward && k.op == StageOp::kCore && k.head_group == 1;
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1}));
   EXPECT_EQ(group_cores, 2 * 2);  // attention decoders 1 and 3 on two ranks
   const auto workload = (dir / "workload.json").string();
   std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 2, "global_batch": 4, "seq_len": 16})";
   std::ostringstream sout, serr;
-  ASSERT_EQ(cli::run({"simulate", "--workload", workload, "--plan", o.plan, "--trace", (dir / "predicted.json").string()},
+  ASSERT_EQ(cli::run({"simulate", "--workload", workload, "--plan", run.plan, "--trace", (dir / "predicted.json").string()},
                      {sout, serr}), 0) << serr.str();
   std::ostringstream dout, derr;
-  ASSERT_EQ(cli::run({"diff", (dir / "predicted.json").string(), o.trace, "--json"}, {dout, derr}), 0) << derr.str();
+  ASSERT_EQ(cli::run({"diff", (dir / "predicted.json").string(), run.trace, "--json"}, {dout, derr}), 0) << derr.str();
   const auto d = nlohmann::json::parse(dout.str());
   EXPECT_EQ(d["only_measured"], 0);
   for (const auto& st : d["stages"]) {
