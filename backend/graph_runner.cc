@@ -49,6 +49,7 @@ enum class Kernel {
   kRouterShared, kExperts, kExpertsBwd, kRouterSharedBwd,
   kA2aDispatch, kA2aReturn, kCombine, kA2aGradDispatch, kA2aGradReturn, kReduceScatter,
   kLayerGradD2h, kPartGradD2h, kGpuAdamW, kHostAccumulate, kCpuAdamW, kPublish,
+  kRingLoss, kRingPass, kRingBackward, kRingGradPass,  // Ring-DTP
 };
 
 // The table from (part, operator) to kernel; kNone for sync stages, nullopt for work this
@@ -71,8 +72,14 @@ std::optional<Kernel> kernel_of(const Stage& s) {
     case O::kGather: if (p == P::kEmbedding) return Kernel::kGather; break;
     case O::kRegather: if (p == P::kEmbedding) return Kernel::kRegather; break;
     case O::kScatter: if (p == P::kEmbedding) return Kernel::kScatter; break;
-    case O::kLoss: if (p == P::kLmHead) return Kernel::kLoss; break;
-    case O::kBackward: if (p == P::kLmHead) return Kernel::kHeadBackward; break;
+    case O::kLoss:
+      if (p == P::kLmHead) return s.key.ring_step >= 0 ? Kernel::kRingLoss : Kernel::kLoss;
+      break;
+    case O::kBackward:
+      if (p == P::kLmHead) return s.key.ring_step >= 0 ? Kernel::kRingBackward : Kernel::kHeadBackward;
+      break;
+    case O::kPass: if (p == P::kLmHead) return Kernel::kRingPass; break;
+    case O::kGradPass: if (p == P::kLmHead) return Kernel::kRingGradPass; break;
     case O::kGradD2h:
       if (p == P::kEmbedding || p == P::kLmHead) return Kernel::kOuterGradD2h;
       if (p == P::kLayer) return Kernel::kLayerGradD2h;
@@ -296,6 +303,13 @@ struct GraphRunner::Impl {
   std::map<std::pair<int, int>, Chunk> retained_moe;
   std::map<int, BlockWeights> retained_weights;  // decoder → the leaves its retained MoE graphs differentiate into
   std::map<std::pair<StagePart, int>, at::Tensor> reduced;  // gradients summed over ranks (reduce_scatter)
+  // Ring-DTP: this rank's normalized hidden states (with their graph to the head's input), the
+  // block it holds (hidden states, targets, cross-entropy state, log-sum-exp, gradient so far) and
+  // its head shard's gradient.
+  struct Ring {
+    at::Tensor xn, x, t, lse, dx, dshard;
+    plan_ops::RingLse state;
+  } ring;
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
   // A gradient on its way to an update: (part, decoder, bucket), bucket −1 for a whole group.
@@ -324,6 +338,17 @@ struct GraphRunner::Impl {
   }
 
   bool ep() const { return plan.path == ExpertPath::kEp; }
+  bool ring_dtp() const { return P > 1 && plan.flat.vocab_projection == VocabProjection::kRingDtp; }
+  // Ring-DTP: the head rows of this rank's vocabulary shard, and (rank 0 only, so the shared host
+  // state is updated once) the final norm, whose gradient is summed over the ranks.
+  std::int64_t shard_rows() const { return spec.vocab / P; }
+  // One ring hop: every rank sends `t` (rows) to the next rank and returns what the previous sent.
+  at::Tensor ring_hop(const at::Tensor& t, int to_offset = 1) {
+    std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0);
+    send[static_cast<std::size_t>((R + to_offset) % P)] = t.size(0);
+    recv[static_cast<std::size_t>((R - to_offset % P + P) % P)] = t.size(0);  // blocks are equal: B/P sequences each
+    return group->all_to_all(t.contiguous(), send, recv);
+  }
   bool dist() const { return P > 1; }
   bool retained(int l) const { return ep() && plan.is_moe_retained(l); }
   bool attention(int l) const { return spec.layer_kinds[static_cast<std::size_t>(l)] != LayerKind::kLinearAttention; }
@@ -395,7 +420,17 @@ struct GraphRunner::Impl {
   }
   // The ranges rank R sends and updates of a group: on one rank the whole group; over ranks its
   // slice of a summed group (embedding, LM head, a decoder's common part) and its own experts.
+  Ranges ring_head_ranges() const {
+    const BlockLayout& b = st.layout().blocks[0];
+    const auto& head = b.at("lm_head");
+    const std::int64_t per = shard_rows() * spec.hidden;
+    Ranges out;
+    if (R == 0) out.push_back({b.at("final_norm").offset, b.at("final_norm").numel()});
+    out.push_back({head.offset + R * per, per});
+    return out;
+  }
   Ranges group_ranges(StagePart part, int layer) const {
+    if (part == StagePart::kLmHead && ring_dtp()) return ring_head_ranges();
     if (!dist()) return whole_ranges(part, layer);
     if (part == StagePart::kExperts) return owned_experts(layer);
     if (part != StagePart::kLayer) return slice(whole_ranges(part, layer));
@@ -842,6 +877,80 @@ struct GraphRunner::Impl {
     c.dxn = at::zeros_like(expert_input(c)).index_add(0, c.tokens_sorted, d_sorted);
   }
 
+  // ---- Ring-DTP: rank r holds head rows [r·V/P, (r+1)·V/P); the ranks' hidden-state blocks go round ----
+  at::Tensor head_shard() const { return outer["lm_head"].narrow(0, R * shard_rows(), shard_rows()); }
+  std::int64_t logits_block() const { return plan.flat.logits_block_tokens(ring.x.size(0)); }
+  // Step s: the block held (rank r − s's at step s) meets this rank's shard; after the last step its
+  // log-sum-exp is complete and its mean cross-entropy is this rank's loss.
+  void ring_loss(const Stage& st_) {
+    if (st_.key.ring_step == 0) {
+      hL = leaf(act.at(spec.layers));
+      act.erase(spec.layers);
+      ring.xn = model_norm(hL, outer["final_norm"], spec);
+      ring.x = ring.xn.detach().reshape({-1, spec.hidden});
+      ring.t = tgt.reshape({-1});
+      ring.state = plan_ops::ring_lse_start(ring.x.size(0), ring.x.options());
+    }
+    at::NoGradGuard no_grad;
+    plan_ops::ring_fold(ring.state, ring.x, head_shard().detach(), R * shard_rows(), ring.t, spec.final_logit_softcap,
+                        logits_block());
+    if (st_.key.ring_step == P - 1) {
+      ring.lse = plan_ops::ring_lse(ring.state);
+      loss = (ring.lse - ring.state.target).mean();
+    }
+  }
+  void ring_pass() {
+    at::NoGradGuard no_grad;
+    ring.x = ring_hop(ring.x);
+    ring.t = ring_hop(ring.t);
+    ring.state = {ring_hop(ring.state.max), ring_hop(ring.state.sum), ring_hop(ring.state.target)};
+  }
+  // Step s: the held block's gradient against this rank's shard; the block's hidden-state gradient
+  // travels with it, the shard's stays here. The loss is the mean over all P·n tokens.
+  void ring_backward(const Stage& st_) {
+    at::NoGradGuard no_grad;
+    if (st_.key.ring_step == 0) {
+      ring.dx = at::zeros(ring.x.sizes(), ring.x.options().dtype(at::kFloat));
+      ring.dshard = at::zeros({shard_rows(), spec.hidden}, ring.x.options().dtype(at::kFloat));
+    }
+    const double scale = 1.0 / static_cast<double>(ring.x.size(0) * P);
+    plan_ops::ring_backward(ring.x, head_shard().detach(), R * shard_rows(), ring.t, ring.lse, scale, spec.final_logit_softcap,
+                            logits_block(), ring.dx, ring.dshard);
+  }
+  // After each step but the last the block moves on; after the last its gradient goes home (the
+  // block held then is rank r + 2 − P's), and flows back through the final norm into the last
+  // decoder's output; the shard's gradient and the norm's (summed over the ranks) are complete.
+  void ring_grad_pass(const Stage& st_) {
+    if (st_.key.ring_step + 1 < P) {
+      at::NoGradGuard no_grad;
+      ring.x = ring_hop(ring.x);
+      ring.t = ring_hop(ring.t);
+      ring.lse = ring_hop(ring.lse);
+      ring.dx = ring_hop(ring.dx);
+      return;
+    }
+    at::Tensor home;
+    {
+      at::NoGradGuard no_grad;
+      home = ring_hop(ring.dx, 2);  // to rank r + 2 − P ≡ r + 2, the block's owner
+    }
+    outer_gradient();
+    {
+      at::NoGradGuard no_grad;
+      auto rows = outer_grad.narrow(0, st.layout().blocks[0].at("lm_head").offset, spec.vocab * spec.hidden)
+                      .view({spec.vocab, spec.hidden})
+                      .narrow(0, R * shard_rows(), shard_rows());
+      rows.add_(ring.dshard.to(rows.scalar_type()));
+    }
+    ring.xn.backward(home.view(ring.xn.sizes()).to(ring.xn.scalar_type()));
+    dgrad[spec.layers] = hL.grad();
+    const auto& norm = st.layout().blocks[0].at("final_norm");
+    auto norm_grad = outer_grad.narrow(0, norm.offset, norm.numel());
+    group->all_reduce_sum(norm_grad);
+    hL = at::Tensor();
+    ring = Ring{};
+  }
+
   // ---- gradients and updates ----
   double sq_norm_of(const at::Tensor& grad, const Ranges& ranges) const {
     double sum = 0;
@@ -1011,7 +1120,8 @@ struct GraphRunner::Impl {
       return;
     }
     auto scope = rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
-    bool grad_mode = k == Kernel::kLoss || k == Kernel::kGather || k == Kernel::kHeadBackward || k == Kernel::kScatter;
+    bool grad_mode = k == Kernel::kLoss || k == Kernel::kRingLoss || k == Kernel::kGather || k == Kernel::kHeadBackward ||
+                     k == Kernel::kScatter;
     if (in_pass(s)) {
       const Pass& p = pass_of(s);
       grad_mode = p.kind == PassKind::kBackward || (s.key.part == StagePart::kMoe && moe_graph(p));
@@ -1049,6 +1159,10 @@ struct GraphRunner::Impl {
         // The plan's logits blocks (FLAT's vocab_chunk_tokens; 0: all of this rank's tokens at once).
         loss = head_loss(hL, tgt, outer, spec, plan.flat.logits_block_tokens(hL.size(0) * hL.size(1)));
         break;
+      case Kernel::kRingLoss: ring_loss(s); break;
+      case Kernel::kRingPass: ring_pass(); break;
+      case Kernel::kRingBackward: ring_backward(s); break;
+      case Kernel::kRingGradPass: ring_grad_pass(s); break;
       case Kernel::kHeadBackward:
         outer_gradient();
         // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
@@ -1222,6 +1336,7 @@ void GraphRunner::Impl::clear_step() {
   deferred.clear();
   deferred_device.clear();
   retained_moe.clear();
+  ring = Ring{};
   retained_weights.clear();
   reduced.clear();
   host_grad.clear();

@@ -209,4 +209,71 @@ DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int exper
   return d;
 }
 
+// --- Ring-DTP ---
+namespace {
+
+// The logits of tokens [t0, t0 + n) of xn against a shard [V/P, h], FP32, softcapped; with the
+// softcap also t = tanh(logits / cap) for the cap's derivative.
+at::Tensor shard_logits(const at::Tensor& xn, const at::Tensor& shard, std::int64_t t0, std::int64_t n, double softcap,
+                        at::Tensor* t = nullptr) {
+  auto l = at::linear(xn.narrow(0, t0, n), shard).to(at::kFloat);
+  if (softcap > 0) {
+    l.div_(softcap).tanh_();
+    if (t != nullptr) *t = l.clone();
+    l.mul_(softcap);
+  }
+  return l;
+}
+
+// Rows of targets [t0, t0 + n) that fall in the shard [v0, v0 + V/P), and their column there.
+std::pair<at::Tensor, at::Tensor> targets_in_shard(const at::Tensor& targets, std::int64_t t0, std::int64_t n,
+                                                   std::int64_t v0, std::int64_t rows) {
+  const auto local = targets.narrow(0, t0, n) - v0;
+  const auto mine = ((local >= 0) & (local < rows)).nonzero().squeeze(1);
+  return {mine, local.index_select(0, mine)};
+}
+
+}  // namespace
+
+RingLse ring_lse_start(std::int64_t n, const at::TensorOptions& options) {
+  const auto o = options.dtype(at::kFloat);
+  return {at::full({n}, -std::numeric_limits<float>::infinity(), o), at::zeros({n}, o), at::zeros({n}, o)};
+}
+
+void ring_fold(RingLse& s, const at::Tensor& xn, const at::Tensor& shard, std::int64_t v0, const at::Tensor& targets,
+               double softcap, std::int64_t chunk) {
+  const std::int64_t N = xn.size(0), rows = shard.size(0), step = std::max<std::int64_t>(1, chunk);
+  for (std::int64_t t0 = 0; t0 < N; t0 += step) {
+    const std::int64_t n = std::min(step, N - t0);
+    const auto l = shard_logits(xn, shard, t0, n, softcap);
+    auto m = s.max.narrow(0, t0, n), sum = s.sum.narrow(0, t0, n);
+    const auto m_new = at::maximum(m, std::get<0>(l.max(1)));
+    sum.mul_(at::exp(m - m_new)).add_(at::exp(l - m_new.unsqueeze(1)).sum(1));
+    m.copy_(m_new);
+    const auto [mine, col] = targets_in_shard(targets, t0, n, v0, rows);
+    if (mine.numel() > 0) s.target.narrow(0, t0, n).index_copy_(0, mine, l.index_select(0, mine).gather(1, col.unsqueeze(1)).squeeze(1));
+  }
+}
+
+at::Tensor ring_lse(const RingLse& s) { return s.max + at::log(s.sum); }
+
+void ring_backward(const at::Tensor& xn, const at::Tensor& shard, std::int64_t v0, const at::Tensor& targets,
+                   const at::Tensor& lse, double scale, double softcap, std::int64_t chunk, at::Tensor& dxn,
+                   at::Tensor& dshard) {
+  const std::int64_t N = xn.size(0), rows = shard.size(0), step = std::max<std::int64_t>(1, chunk);
+  for (std::int64_t t0 = 0; t0 < N; t0 += step) {
+    const std::int64_t n = std::min(step, N - t0);
+    at::Tensor t;
+    // softmax − one-hot over the shard's columns, × dL/dlogit, through the cap.
+    auto d = shard_logits(xn, shard, t0, n, softcap, &t);
+    d.sub_(lse.narrow(0, t0, n).unsqueeze(1)).exp_();
+    const auto [mine, col] = targets_in_shard(targets, t0, n, v0, rows);
+    if (mine.numel() > 0) d.index_put_({mine, col}, d.index({mine, col}) - 1.0);
+    d.mul_(scale);
+    if (softcap > 0) d.mul_(t.mul_(t).neg_().add_(1));
+    dxn.narrow(0, t0, n).add_(at::matmul(d.to(shard.scalar_type()), shard).to(at::kFloat));
+    dshard.addmm_(d.t(), xn.narrow(0, t0, n).to(at::kFloat));
+  }
+}
+
 }  // namespace oom::backend::plan_ops

@@ -90,4 +90,23 @@ struct DispatchSplits {
 };
 DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local);
 
+// --- Ring-DTP (FLAT): the vocabulary projection against one shard of the head at a time ---
+// A block of normalized hidden states xn [n, h] meets the head's rows [v0, v0 + V/P) (shard
+// [V/P, h]) on each rank of the ring; its cross-entropy state travels with it.
+struct RingLse {
+  at::Tensor max, sum, target;  // [n] FP32: running max of the logits, Σ exp(logit − max), the target's logit
+};
+RingLse ring_lse_start(std::int64_t n, const at::TensorOptions& options);
+// Folds the block's logits against `shard` into its state, `chunk` tokens at a time (softcapped
+// where the model caps them); targets [n] int64 in the whole vocabulary.
+void ring_fold(RingLse& s, const at::Tensor& xn, const at::Tensor& shard, std::int64_t v0, const at::Tensor& targets,
+               double softcap, std::int64_t chunk);
+// log Σ exp over the whole vocabulary, once every shard was folded in.
+at::Tensor ring_lse(const RingLse& s);
+// The block's gradient against `shard` for the loss scale·Σ(lse − target logit): adds d·shard into
+// dxn [n, h] FP32 and dᵀ·xn into dshard [V/P, h] FP32, `chunk` tokens at a time.
+void ring_backward(const at::Tensor& xn, const at::Tensor& shard, std::int64_t v0, const at::Tensor& targets,
+                   const at::Tensor& lse, double scale, double softcap, std::int64_t chunk, at::Tensor& dxn,
+                   at::Tensor& dshard);
+
 }  // namespace oom::backend::plan_ops

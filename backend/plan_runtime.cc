@@ -30,6 +30,10 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
                      "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
   }
   refuse_flat_not_executed(plan, file);
+  if (plan.flat.vocab_projection == VocabProjection::kRingDtp && ranks > 1 && model.tied_embeddings) {
+    throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
+                     "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
+  }
   if (ranks != 1 && plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
   }

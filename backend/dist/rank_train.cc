@@ -205,6 +205,7 @@ void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
   if (!plan.boundaries.host_kept_all) unsupported("boundaries.host_kept", "a list");
   if (!plan.boundaries.gpu_held.empty()) unsupported("boundaries.gpu_held", std::to_string(plan.boundaries.gpu_held.front()));
   if (plan.flat.selective_checkpoint_offload) unsupported("flat.checkpoint_offload", "\"sco\"");
+  if (plan.flat.vocab_projection != VocabProjection::kChunked) unsupported("flat.vocab_projection", "\"ring_dtp\"");
   if (plan.flat.optimizer_bucket_mib != 0) unsupported("flat.optimizer_bucket_mib", std::to_string(plan.flat.optimizer_bucket_mib));
   if (plan.flat.vocab_chunk_tokens != FlatSchedules{}.vocab_chunk_tokens) {
     unsupported("flat.vocab_chunk_tokens", std::to_string(plan.flat.vocab_chunk_tokens));

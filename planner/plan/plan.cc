@@ -145,8 +145,7 @@ FlatSchedules applicable_flat(const FlatSchedules& f, const Plan& p, const Model
 std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p) {
   const FlatSchedules& f = p.flat;
   if (f.expert_dispatch != ExpertDispatch::kStandard) return std::pair{"flat.expert_dispatch", "\"pipelined_llep\""};
-  if (f.vocab_projection != VocabProjection::kChunked) return std::pair{"flat.vocab_projection", "\"ring_dtp\""};
-  // The graph runner executes the logits blocks (vocab_chunk_tokens), OffloadStreamAdamW's buckets
+  // The graph runner executes Ring-DTP, the logits blocks (vocab_chunk_tokens), OffloadStreamAdamW's buckets
   // (optimizer_bucket_mib) and SCO (every boundary on the host, loaded for its backward in the
   // graph's order; the runner issues boundary copies on the compute stream, so SCO's prefetch
   // overlap is the engines' prediction, not the runner's).

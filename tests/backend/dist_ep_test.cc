@@ -277,22 +277,22 @@ TEST(TrainRanks, PlansTheRanksCannotRunAreOneErrorBeforeAnyProcessStarts) {
 // FLAT's logits blocks, SCO and OffloadStreamAdamW over ranks: each rank streams its slice of the common
 // parts and its own experts in buckets (bucket keys in both ranks' traces), and the run matches
 // the plain reference.
-// Runs the EP plan with `fields` on two rank processes of tiny-moe against the plain reference
+// Runs the EP plan with `fields` on `ranks` rank processes of tiny-moe against the plain reference
 // (expect_ranks_match_plain) with a merged trace; returns the plan's and the trace's paths and the
 // trace's stage keys.
-struct TwoRankRun {
+struct RanksRun {
   std::string plan, trace;
   std::vector<StageKey> keys;
 };
-TwoRankRun run_plan_on_two_ranks(const fs::path& dir, const nlohmann::json& fields, const char* label) {
+RanksRun run_plan_on_ranks(const fs::path& dir, const nlohmann::json& fields, const char* label, int ranks = 2) {
   auto o = small_run("tiny-moe", 4);
   o.plan = write_plan(dir, "ep.json", fields);
   o.trace = (dir / "measured.json").string();
   RanksOptions r;
-  r.ranks = 2;
+  r.ranks = ranks;
   apply_ep_plan(o, r);
   expect_ranks_match_plain(o, r, label);
-  TwoRankRun run{o.plan, o.trace, {}};
+  RanksRun run{o.plan, o.trace, {}};
   std::ifstream in(o.trace);
   const auto chrome = nlohmann::json::parse(in);
   for (const auto& e : chrome["traceEvents"]) {
@@ -306,7 +306,7 @@ TwoRankRun run_plan_on_two_ranks(const fs::path& dir, const nlohmann::json& fiel
 
 TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) {
   const auto dir = scratch("ep-plan-buckets");
-  const TwoRankRun run = run_plan_on_two_ranks(
+  const RanksRun run = run_plan_on_ranks(
       dir, {{"resident_layers", {0}}, {"moe_retained_layers", {1}},
             {"flat", {{"optimizer_bucket_mib", 1}, {"vocab_chunk_tokens", 5}, {"checkpoint_offload", "sco"}}}},
       "ep2-buckets");
@@ -318,9 +318,33 @@ TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) 
   fs::remove_all(dir);
 }
 
+// Ring-DTP over two and four ranks: each rank holds 1/P of the LM head's rows, the ranks'
+// hidden-state blocks go round in logits blocks of 7 tokens (every ring step of every rank in the
+// trace; over four ranks the gradients' way home is a hop of its own), and the run matches the
+// plain reference.
+TEST(TrainRanks, EpPlanWithRingDtpMatchesPlain) {
+  for (const int ranks : {2, 4}) {
+    const auto dir = scratch("ep-plan-ring-" + std::to_string(ranks));
+    const RanksRun run = run_plan_on_ranks(
+        dir, {{"moe_retained_layers", {3}}, {"flat", {{"vocab_projection", "ring_dtp"}, {"vocab_chunk_tokens", 7}}}},
+        ranks == 2 ? "ep2-ring" : "ep4-ring", ranks);
+    std::set<std::pair<int, int>> loss_steps, grad_passes, every_step;
+    for (const StageKey& k : run.keys) {
+      if (k.op == StageOp::kLoss) loss_steps.insert({k.rank, k.ring_step});
+      if (k.op == StageOp::kGradPass) grad_passes.insert({k.rank, k.ring_step});
+    }
+    for (int r = 0; r < ranks; ++r) {
+      for (int step = 0; step < ranks; ++step) every_step.insert({r, step});
+    }
+    EXPECT_EQ(loss_steps, every_step) << ranks;
+    EXPECT_EQ(grad_passes, every_step) << ranks;
+    fs::remove_all(dir);
+  }
+}
+
 TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBothRanks) {
   const auto dir = scratch("ep-plan-splits");
-  const TwoRankRun run = run_plan_on_two_ranks(
+  const RanksRun run = run_plan_on_ranks(
       dir, {{"resident_layers", {0}}, {"moe_retained_layers", {1, 3}}, {"routing_chunk_tokens", 12},
             {"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 8}, {"moe_chunk_tokens", 0}, {"sub_batch_seqs", 0}}},
             {"keep_attention_results", true},

@@ -283,6 +283,32 @@ TEST(PlanOps, QueryGroupsRoundTripHeadOrder) {
   EXPECT_TRUE(at::equal(parts[1].select(1, 0), q.select(1, 1)));
 }
 
+// Ring-DTP's pieces: folding a block's logits into its log-sum-exp shard by shard gives the whole
+// vocabulary's loss, and the shards' backward pieces sum to the chunked loss's gradients (autograd),
+// with and without a softcap, within 1e-5.
+TEST(PlanOps, RingShardsGiveTheWholeVocabularysLossAndGradients) {
+  for (const double cap : {0.0, 3.0}) {
+    torch::manual_seed(3);
+    const std::int64_t n = 10, h = 8, V = 12, P = 3, rows = V / P;
+    const auto xn = torch::randn({n, h}), head = torch::randn({V, h});
+    const auto targets = torch::randint(0, V, {n}, torch::kLong);
+    const auto xl = xn.clone().requires_grad_(true), hl = head.clone().requires_grad_(true);
+    const auto ref = chunked_cross_entropy(xl, hl, targets, cap, 4);
+    ref.backward();
+    auto state = plan_ops::ring_lse_start(n, xn.options());
+    for (std::int64_t r = 0; r < P; ++r) plan_ops::ring_fold(state, xn, head.narrow(0, r * rows, rows), r * rows, targets, cap, 4);
+    const auto lse = plan_ops::ring_lse(state);
+    EXPECT_NEAR((lse - state.target).mean().item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>())) << cap;
+    auto dx = torch::zeros({n, h});
+    for (std::int64_t r = 0; r < P; ++r) {
+      auto dshard = torch::zeros({rows, h});
+      plan_ops::ring_backward(xn, head.narrow(0, r * rows, rows), r * rows, targets, lse, 1.0 / n, cap, 3, dx, dshard);
+      EXPECT_LE(rel_diff(dshard, hl.grad().narrow(0, r * rows, rows)), 1e-5) << "shard " << r << " cap " << cap;
+    }
+    EXPECT_LE(rel_diff(dx, xl.grad()), 1e-5) << cap;
+  }
+}
+
 // --- bad plans: one InputError before any work ---
 
 void expect_rejected(const Plan& p, const std::string& field, std::int64_t batch = 4, std::int64_t seq = 24,
@@ -318,6 +344,16 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));  // EP on one rank
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));  // and on two
   EXPECT_NO_THROW(check_plan_for_run(local_plan(), load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));
+  // Ring-DTP shards an LM head of its own: not one tied to the embedding.
+  Plan ring;
+  ring.flat.vocab_projection = VocabProjection::kRingDtp;
+  EXPECT_NO_THROW(check_plan_for_run(ring, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));
+  try {
+    check_plan_for_run(ring, load_model_spec("tiny-moe-gemma"), 4, 24, 2, "p.json");
+    ADD_FAILURE() << "Ring-DTP accepted on tied embeddings";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("flat.vocab_projection"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PlanTrainer, RejectsBatchesThePlanDoesNotFitBeforeTraining) {
