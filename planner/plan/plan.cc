@@ -155,8 +155,8 @@ std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const
 void refuse_flat_not_executed(const Plan& p, const std::string& file) {
   if (const auto f = flat_field_not_executed(p)) {
     throw InputError(file, f->first, f->second,
-                     "the backend does not execute FLAT's schedules yet; this plan runs in simulation (oom simulate), "
-                     "and oom plan --no-flat plans without them");
+                     "the backend does not execute PipelinedLLEP yet; this plan runs in simulation (oom simulate), "
+                     "and oom plan --no-flat plans without FLAT's schedules");
   }
 }
 
