@@ -601,6 +601,9 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--delivery", "shard"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--delivery"), std::string::npos) << err.str();
   err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--device-memory"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--device-memory"), std::string::npos) << err.str();
+  err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--trace", (dir / "t.json").string()}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--trace"), std::string::npos) << err.str();
   EXPECT_NE(err.str().find("needs --plan"), std::string::npos) << err.str();
