@@ -949,6 +949,7 @@ struct GraphRunner::Impl {
     group->all_reduce_sum(norm_grad);
     hL = at::Tensor();
     ring = Ring{};
+    drop_outer();
   }
 
   // ---- gradients and updates ----
@@ -1006,9 +1007,50 @@ struct GraphRunner::Impl {
   }
   // The embedding's and head's flat gradient, allocated (zeroed) at the first backward that needs it.
   void outer_gradient() {
-    if (outer_grad.defined()) return;
-    outer_grad = at::zeros_like(outer_flat);
-    attach_gradient(outer, outer_grad);
+    if (!outer_grad.defined()) {
+      device_memory::OnDevice on_device;
+      outer_grad = at::zeros({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
+    }
+    if (outer_flat.defined()) attach_gradient(outer, outer_grad);
+  }
+  // The embedding and LM head's weights are on the device only while a stage uses them, as the
+  // lowering delivers them: the embedding for its gather (and a regather), the head from its H2D
+  // to the end of its backward. `head` copies the head's range, `table` the embedding's.
+  void bring_outer(bool head, bool table) {
+    if (!outer_flat.defined()) {
+      outer_flat = at::empty({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
+      outer = leaf_views(st.layout().blocks[0], outer_flat);
+      if (outer_grad.defined()) attach_gradient(outer, outer_grad);
+    }
+    at::NoGradGuard no_grad;
+    for (const bool part : {false, true}) {
+      if (part ? !head : !table) continue;
+      const auto [a, n] = outer_range(part);
+      outer_flat.narrow(0, a, n).copy_(st.working(0).narrow(0, a, n), /*non_blocking=*/true);
+    }
+  }
+  void drop_outer() {
+    outer_flat = at::Tensor();
+    outer = BlockWeights();
+  }
+  // The embeddings of this rank's tokens, without a graph: the embedding's backward needs only the
+  // tokens (scatter_embedding_gradient), so the table leaves the device after the gather.
+  void gather_embeddings() {
+    if (!outer_flat.defined()) bring_outer(false, true);  // a regather outside the embedding's delivery
+    at::NoGradGuard no_grad;
+    act[0] = embed(tok, outer, spec);
+    drop_outer();
+  }
+  // The embedding table's gradient from dL/d(embeddings), as autograd computes it (through
+  // Gemma 4's √h scale, then embedding_backward), added into the outer gradient's table range.
+  void scatter_embedding_gradient() {
+    outer_gradient();
+    at::NoGradGuard no_grad;
+    const auto& e = st.layout().blocks[0].at("embed");
+    at::Tensor g = dgrad.at(0);
+    if (spec.gemma4()) g = g * at::scalar_tensor(std::sqrt(static_cast<double>(spec.hidden)), g.options().dtype(outer_grad.scalar_type()));
+    const auto table_grad = at::embedding_backward(g, tok, spec.vocab, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/false);
+    outer_grad.narrow(0, e.offset, e.numel()).view(e.shape).add_(table_grad);
   }
   // Decoder l's weight gradient so far (a retained MoE's forward graphs add into it too): the parts
   // a stage sends are complete when the graph sends them.
@@ -1128,24 +1170,15 @@ struct GraphRunner::Impl {
     }
     at::AutoGradMode mode(grad_mode);
     switch (k) {
-      case Kernel::kOuterH2d: {
-        const auto [a, n] = outer_range(s.key.part == StagePart::kLmHead);
-        if (!outer_flat.defined()) {
-          // The embedding and head differentiate into leaves over it; their gradient buffer comes
-          // with the first backward (outer_gradient()).
-          outer_flat = at::empty({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
-          outer = leaf_views(st.layout().blocks[0], outer_flat);
-        }
-        at::NoGradGuard no_grad;
-        outer_flat.narrow(0, a, n).copy_(st.working(0).narrow(0, a, n), /*non_blocking=*/true);
+      case Kernel::kOuterH2d:
+        // The head's part; a tied head is the embedding table itself.
+        bring_outer(s.key.part == StagePart::kLmHead, s.key.part == StagePart::kEmbedding || spec.tied_embeddings);
         break;
-      }
       case Kernel::kGather:
-        x0 = embed(tok, outer, spec);
-        act[0] = x0.detach();
+        gather_embeddings();
         break;
       case Kernel::kRegather:
-        act[0] = embed(tok, outer, spec);
+        gather_embeddings();
         origin[0] = Origin::kRegather;
         break;
       case Kernel::kBoundaryD2h: host[s.layer] = to_host(act.at(s.layer), st.pinned()); break;
@@ -1169,11 +1202,9 @@ struct GraphRunner::Impl {
         (dist() ? loss / P : loss).backward();
         dgrad[spec.layers] = hL.grad();
         hL = at::Tensor();
+        drop_outer();
         break;
-      case Kernel::kScatter:
-        outer_gradient();
-        x0.backward(dgrad.at(0));
-        break;
+      case Kernel::kScatter: scatter_embedding_gradient(); break;
       case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, s.key.bucket, outer_grad); break;
       case Kernel::kLayerGradD2h:
       case Kernel::kPartGradD2h: {
