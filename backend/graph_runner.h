@@ -36,6 +36,17 @@
 //               the node's one host state (share_host_state across rank processes), so every rank
 //               reads what the others updated; the step ends with a barrier. Each rank's loss is its
 //               token mean divided by P, so the ranks' gradients sum to the global mean's.
+//   FLAT        logits in the plan's blocks of vocab_chunk_tokens; OffloadStreamAdamW's buckets
+//               (each part's gradient sent, updated and published piece by piece); SCO (every
+//               boundary on the host); over ranks Ring-DTP: rank r holds head rows [r·V/P,
+//               (r+1)·V/P), the ranks' normalized hidden-state blocks go round at the pass stages
+//               with their online log-sum-exp, then with their gradient, which the last grad_pass
+//               takes home. PipelinedLLEP has no kernel here (check_plan_for_run refuses it).
+//   memory      weights are leaves per tensor (and per expert) whose gradients accumulate in
+//               place into one flat gradient per block; the embedding and head are on the device
+//               only while a stage uses them; on a CPU standing in for a GPU every device-side
+//               allocation is counted (backend/device_memory.h) and the trace keeps each GPU
+//               stage's own peak.
 // Exactness: losses and gradients equal the plain reference (tests/backend/plan_runtime_test.cc,
 // tests/backend/dist_ep_test.cc over ranks).
 // Not thread-safe: one thread drives run().
