@@ -282,7 +282,7 @@ struct GraphRunner::Impl {
   // Per step.
   const StepGraph* graph = nullptr;
   std::int64_t B = 0, S = 0, sb = 0;
-  at::Tensor tok, tgt, outer_flat, outer_grad, x0, hL, loss;
+  at::Tensor tok, tgt, outer_flat, outer_grad, hL, loss;
   BlockWeights outer;
   std::map<int, at::Tensor> act;               // decoder → its input on the device (L: the head's)
   // Where a decoder's input on the device came from, which says how long it stays (as the lowering
@@ -339,9 +339,7 @@ struct GraphRunner::Impl {
 
   bool ep() const { return plan.path == ExpertPath::kEp; }
   bool ring_dtp() const { return P > 1 && plan.flat.vocab_projection == VocabProjection::kRingDtp; }
-  // Ring-DTP: the head rows of this rank's vocabulary shard, and (rank 0 only, so the shared host
-  // state is updated once) the final norm, whose gradient is summed over the ranks.
-  std::int64_t shard_rows() const { return spec.vocab / P; }
+  std::int64_t shard_rows() const { return spec.vocab / P; }  // Ring-DTP: head rows per rank
   // One ring hop: every rank sends `t` (rows) to the next rank and returns what the previous sent.
   at::Tensor ring_hop(const at::Tensor& t, int to_offset = 1) {
     std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0);
@@ -420,6 +418,8 @@ struct GraphRunner::Impl {
   }
   // The ranges rank R sends and updates of a group: on one rank the whole group; over ranks its
   // slice of a summed group (embedding, LM head, a decoder's common part) and its own experts.
+  // Ring-DTP: the head rows of this rank's vocabulary shard, and (rank 0 only, so the shared host
+  // state is updated once) the final norm, whose gradient is summed over the ranks.
   Ranges ring_head_ranges() const {
     const BlockLayout& b = st.layout().blocks[0];
     const auto& head = b.at("lm_head");
@@ -1383,7 +1383,7 @@ void GraphRunner::Impl::clear_step() {
   passes.clear();
   open_pass.clear();
   backward_pass.clear();
-  tok = tgt = outer_flat = outer_grad = x0 = hL = loss = at::Tensor();
+  tok = tgt = outer_flat = outer_grad = hL = loss = at::Tensor();
   outer = BlockWeights();
   graph = nullptr;
 }
