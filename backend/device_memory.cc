@@ -93,10 +93,8 @@ Bytes current_bytes() { return g_current.load(); }
 Bytes peak_bytes() { return g_peak.load(); }
 void reset_peak() { g_peak.store(g_current.load()); }
 
-OnDevice::OnDevice() : previous_(t_on_device) { t_on_device = true; }
-OnDevice::~OnDevice() { t_on_device = previous_; }
-OnHost::OnHost() : previous_(t_on_device) { t_on_device = false; }
-OnHost::~OnHost() { t_on_device = previous_; }
+Side::Side(bool device) : previous_(t_on_device) { t_on_device = device; }
+Side::~Side() { t_on_device = previous_; }
 
 at::Tensor to_device(const at::Tensor& x, const at::Device& device) {
   if (!x.defined()) return x;

@@ -37,25 +37,21 @@ void reset_peak();
 
 // Allocations of this thread count as the device's while an OnDevice is alive, and as the host's
 // while a later OnHost is (scopes nest; the innermost wins).
-class OnDevice {
+class Side {
  public:
-  OnDevice();
-  ~OnDevice();
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
+  explicit Side(bool device);
+  ~Side();
+  Side(const Side&) = delete;
+  Side& operator=(const Side&) = delete;
 
  private:
   bool previous_;
 };
-class OnHost {
- public:
-  OnHost();
-  ~OnHost();
-  OnHost(const OnHost&) = delete;
-  OnHost& operator=(const OnHost&) = delete;
-
- private:
-  bool previous_;
+struct OnDevice : Side {
+  OnDevice() : Side(true) {}
+};
+struct OnHost : Side {
+  OnHost() : Side(false) {}
 };
 
 // Where a GPU would copy: `x` on `device` as a device allocation of its own when emulating a

@@ -1007,10 +1007,7 @@ struct GraphRunner::Impl {
   }
   // The embedding's and head's flat gradient, allocated (zeroed) at the first backward that needs it.
   void outer_gradient() {
-    if (!outer_grad.defined()) {
-      device_memory::OnDevice on_device;
-      outer_grad = at::zeros({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
-    }
+    if (!outer_grad.defined()) outer_grad = at::zeros({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
     if (outer_flat.defined()) attach_gradient(outer, outer_grad);
   }
   // The embedding and LM head's weights are on the device only while a stage uses them, as the

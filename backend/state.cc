@@ -123,25 +123,25 @@ void HostState::publish(int block) { working_[idx(block)].copy_(master_[idx(bloc
 
 ParamWindow::ParamWindow(HostState& state, at::Device device, std::int64_t transfer_chunk_bytes)
     : state_(state), device_(device), transfer_chunk_bytes_(transfer_chunk_bytes) {
-#ifdef OOM_BACKEND_CUDA
-  if (device_.is_cuda()) {
+  // Two slots of the largest block on a GPU, and on a CPU standing in for one (backend/device_memory.h:
+  // counted as the device's); a plain CPU window hands out the host's working copies instead.
+  if (device_.is_cuda() || device_memory::emulated()) {
     std::int64_t max_numel = 0;
     for (const auto& b : state.layout().blocks) max_numel = std::max(max_numel, b.numel);
+    device_memory::OnDevice on_device;
     for (auto& s : slots_) {
       s.buffer = at::empty({max_numel}, at::TensorOptions().dtype(working_dtype(state.precision())).device(device_));
+    }
+  }
+#ifdef OOM_BACKEND_CUDA
+  if (device_.is_cuda()) {
+    for (auto& s : slots_) {
       s.ready = std::make_shared<at::cuda::CUDAEvent>();
       s.free = std::make_shared<at::cuda::CUDAEvent>();
     }
     copy_stream_ = std::make_shared<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
   }
 #endif
-  if (!device_.is_cuda() && device_memory::emulated()) {
-    // A CPU standing in for a GPU holds the same two slots (backend/device_memory.h).
-    std::int64_t max_numel = 0;
-    for (const auto& b : state.layout().blocks) max_numel = std::max(max_numel, b.numel);
-    device_memory::OnDevice on_device;
-    for (auto& s : slots_) s.buffer = at::empty({max_numel}, at::TensorOptions().dtype(working_dtype(state.precision())));
-  }
 }
 
 namespace {

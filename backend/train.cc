@@ -211,7 +211,8 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     const auto ts = std::chrono::steady_clock::now();
     const double lr = lr_at(schedule, state.step + 1);
     const Batch b = data->next(static_cast<std::int64_t>(o.batch) * o.accumulate);
-    if (planned && !o.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
+    const bool traced = planned && !o.trace.empty() && i + 1 == o.steps;
+    if (traced) planned->set_tracing(true);
     StepStats st;
     if (o.reference) {
       plain->set_lr(lr);
@@ -227,7 +228,6 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (planned && device_memory::emulated()) {
       // A traced step marks each stage's peak, so the trace holds the step's.
-      const bool traced = !o.trace.empty() && i + 1 == o.steps;
       const Bytes peak = traced ? planned->last_trace().gpu_peak_bytes.at(0) : device_memory::peak_bytes();
       result.device_peak_bytes = std::max<std::int64_t>(result.device_peak_bytes, peak);
     }
