@@ -5,6 +5,7 @@
 
 #include "backend/torch_executor.h"
 #include "cli/cli.h"
+#include "planner/engine/step_engine.h"
 
 extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std::vector<std::string>* args,
                                                                       std::ostream* out, std::ostream* err) {
@@ -15,7 +16,8 @@ extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std
   add_train_commands(app, io);
   add_rank_worker_command(app, io);
   add_eval_command(app, io);
-  add_plan_commands(app, io, [](const std::string& name) -> std::unique_ptr<oom::Executor> {
+  // The plugin does not link the simulator: its `oom plan` offers the analytic engine and "torch".
+  add_plan_commands(app, io, oom::StepEngines(), [](const std::string& name) -> std::unique_ptr<oom::Executor> {
     if (name != "torch") return nullptr;
     return std::make_unique<oom::backend::TorchExecutor>();
   });

@@ -17,6 +17,7 @@ class App;
 
 namespace oom {
 class Executor;
+class StepEngines;
 }
 
 namespace oom::backend {
@@ -36,20 +37,24 @@ struct Io {
   std::ostream& err;
 };
 
+// Builds the engines the commands offer once (planner/engine/step_engine.h: "analytic", and
+// "simgrid" when the command is built with the oom_sim library, OOM_CLI_SIMGRID_ENGINE) and runs
+// the command `args` names.
 int run(const std::vector<std::string>& args, Io io);
 
 // Parses `args` into `app` and runs the chosen command, mapping errors to the exit codes above.
 int run_app(CLI::App& app, const std::vector<std::string>& args, Io io);
 
-// Each command file adds its subcommands; the callback runs after parsing succeeds.
+// Each command file adds its subcommands; the callback runs after parsing succeeds. Commands that
+// pick a step engine by name keep a copy of `engines` and offer those.
 void add_model_commands(CLI::App& app, Io io);
 void add_memory_commands(CLI::App& app, Io io);
-void add_simulate_commands(CLI::App& app, Io io);
-void add_whatif_commands(CLI::App& app, Io io);  // oom whatif (experiments/study.h)
-void add_ablation_commands(CLI::App& app, Io io);  // oom ablation (experiments/ablation.h)
+void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines);
+void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines);  // oom whatif (experiments/study.h)
+void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines);  // oom ablation (experiments/ablation.h)
 void add_plot_commands(CLI::App& app, Io io);    // oom plot (python/plot_bridge.h when built with Python)
 void add_diff_commands(CLI::App& app, Io io);
-void add_report_paper_commands(CLI::App& app, Io io);  // oom report-paper (experiments/paper_report.h)
+void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines);  // oom report-paper (experiments/paper_report.h)
 
 // The LibTorch backend is a plugin (cli/backend_plugin.cc): `oom train`, `oom rank-worker` and
 // `oom calibrate --backend` load the shared library liboom_torch.so and run there; every other
@@ -66,11 +71,11 @@ void add_backend_command_stubs(CLI::App& app);
 // routed to the plugin before parsing (is_backend_command).
 std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
 
-// `oom plan` (cli/cmd_plan.cc). `compare_executor` makes the executor of a --compare-engine name
-// that is not a StepEngine (nullptr when it knows none): the plugin's "torch", real short
-// executions with the LibTorch backend.
+// `oom plan` (cli/cmd_plan.cc): --compare-engine names one of `engines` ("simgrid" by default
+// where offered) or, through `compare_executor`, an executor that is not a StepEngine
+// (nullptr when it knows none): the plugin's "torch", real short executions with the LibTorch backend.
 using CompareExecutorFactory = std::function<std::unique_ptr<Executor>(const std::string& name)>;
-void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_executor = {});
+void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, CompareExecutorFactory compare_executor = {});
 // `oom plan --compare-engine torch`: run by the plugin.
 bool is_torch_compare(const std::vector<std::string>& args);
 

@@ -28,7 +28,7 @@ struct AblationArgs {
 
 }  // namespace
 
-void add_ablation_commands(CLI::App& app, Io io) {
+void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto a = std::make_shared<AblationArgs>();
   auto* c = app.add_subcommand("ablation", "Matched component study: one plan with and without a schedule (experiments/flat-*.json)");
   c->add_option("study", a->study_path, "Ablation study file (experiments/flat-*.json)")->required();
@@ -40,7 +40,7 @@ void add_ablation_commands(CLI::App& app, Io io) {
     AblationSpec spec = load_ablation(a->study_path);
     if (!a->engine.empty()) spec.engine = a->engine;
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
-    const AblationResult r = run_ablation(spec, a->study_path, study_progress(io.err));
+    const AblationResult r = run_ablation(spec, engines, a->study_path, study_progress(io.err));
     std::filesystem::create_directories(dir);
     const std::string csv = ablation_csv(r);
     write_file_atomically(dir + "/ablation.csv", csv);

@@ -36,10 +36,10 @@ void check_budget(const std::optional<double>& gib, const std::string& flag) {
 
 }  // namespace
 
-void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_executor) {
+void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, CompareExecutorFactory compare_executor) {
   auto a = std::make_shared<PlanArgs>();
-  // The short executions run on the engine that models contention where it is built in.
-  if (make_step_engine("simgrid")) a->compare_engine = "simgrid";
+  // The short executions run on the engine that models contention where it is offered.
+  if (engines.has("simgrid")) a->compare_engine = "simgrid";
   auto* c = app.add_subcommand("plan", "Search the fastest plan that fits the GPU and host budgets (EP, Local, or both compared)");
   c->add_option("--workload", a->workload_path, "Workload JSON")->required();
   c->add_option("--path", a->path, "Expert path: ep | local | auto (configure both, compare by short executions)");
@@ -51,7 +51,7 @@ void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_exec
   c->add_option("--compare-engine", a->compare_engine,
                 fmt::format("Engine of the short executions: {} | torch (real runs with the LibTorch backend, one rank); "
                             "default simgrid where built in, else analytic",
-                            fmt::join(step_engine_names(), " | ")));
+                            fmt::join(engines.names(), " | ")));
   c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
   c->add_flag("--json", a->json, "Print one JSON object");
   c->add_flag("--no-flat", a->no_flat,
@@ -67,7 +67,7 @@ void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_exec
       }
     }
     std::unique_ptr<Executor> executor = compare_executor ? compare_executor(a->compare_engine) : nullptr;
-    if (!executor && !make_step_engine(a->compare_engine)) {
+    if (!executor && !engines.has(a->compare_engine)) {
       throw InputError("", "--compare-engine", "\"" + a->compare_engine + "\"", "unknown engine");
     }
     check_budget(a->gpu_budget_gib, "--gpu-budget-gib");
@@ -79,6 +79,7 @@ void add_plan_commands(CLI::App& app, Io io, CompareExecutorFactory compare_exec
     PlanSearchOptions options;
     options.path = a->path;
     options.compare_engine = a->compare_engine;
+    options.engines = engines;
     options.compare_executor = executor.get();
     options.flat = !a->no_flat;
     const PlanSearchResult r = a->preset.empty() ? search_plan(ctx, load_calibration_for(ctx.hardware), options)

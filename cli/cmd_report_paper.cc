@@ -37,7 +37,7 @@ std::string default_studies_dir() {
 
 }  // namespace
 
-void add_report_paper_commands(CLI::App& app, Io io) {
+void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto a = std::make_shared<ReportPaperArgs>();
   auto* c = app.add_subcommand("report-paper", "Run every paper study and write one Markdown report (plots, tables, published errors)");
   c->add_option("-o,--output", a->output, "Folder for report.md and each study's CSV, JSON and plots")->required();
@@ -52,7 +52,7 @@ void add_report_paper_commands(CLI::App& app, Io io) {
     for (const auto& file : paper_study_files(dir)) {
       StudySpec spec = load_study(file);
       if (!a->engine.empty()) spec.engine = a->engine;
-      if (!make_step_engine(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
+      if (!engines.has(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
       for (const auto& sc : expand_study(spec)) resolve_workload(sc.workload, fmt::format("{} (sweep {})", file, sc.sweep));
       specs.push_back(std::move(spec));
     }
@@ -66,7 +66,7 @@ void add_report_paper_commands(CLI::App& app, Io io) {
     for (const auto& spec : specs) {
       io.err << fmt::format("{}: {}\n", spec.figure.empty() ? spec.name : spec.figure, spec.name);
       PaperSection s;
-      s.result = run_study(spec, &find_plan_by_search, study_progress(io.err));
+      s.result = run_study(spec, engines, &find_plan_by_search, study_progress(io.err));
       if (records) attach_published(s.result, *records, a->published);
       const std::string sub = file_safe(spec.name);
       std::filesystem::create_directories(a->output + "/" + sub);

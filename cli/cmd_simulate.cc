@@ -20,19 +20,8 @@
 #include "planner/engine/step_engine.h"
 #include "traces/records.h"
 
-#if defined(OOM_HAVE_SIMGRID_ENGINE) && __has_include("sim/simgrid_engine.h")
-#include "sim/simgrid_engine.h"
-#define OOM_REGISTER_SIMGRID 1
-#endif
-
 namespace oom::cli {
 namespace {
-
-void register_engines() {
-#ifdef OOM_REGISTER_SIMGRID
-  register_step_engine("simgrid", [] { return make_simgrid_engine(); });
-#endif
-}
 
 struct SimulateArgs {
   std::string workload_path, plan_path, engine = "analytic", trace_path, output, calibration_path;
@@ -64,15 +53,14 @@ std::vector<PublishedBreakdown> published_breakdowns(const std::string& records_
 
 }  // namespace
 
-void add_simulate_commands(CLI::App& app, Io io) {
-  register_engines();
-  const std::string engines = fmt::format("Step engine: {}", fmt::join(step_engine_names(), " | "));
+void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
+  const std::string engine_help = fmt::format("Step engine: {}", fmt::join(engines.names(), " | "));
 
   auto sim = std::make_shared<SimulateArgs>();
   auto* s = app.add_subcommand("simulate", "Lower a plan to a StepGraph and execute it: step time, memory peaks, breakdown, trace");
   s->add_option("--workload", sim->workload_path, "Workload JSON")->required();
   s->add_option("--plan", sim->plan_path, "Plan JSON")->required();
-  s->add_option("--engine", sim->engine, engines);
+  s->add_option("--engine", sim->engine, engine_help);
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
   s->add_option("--calibration", sim->calibration_path,
                 "Calibration JSON (default: configs/calibration/<hardware>.<engine>.json, else <hardware>.json, when present; else uncalibrated)");
@@ -85,7 +73,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
     const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware, sim->engine)
                                                                   : load_calibration_file(sim->calibration_path, ctx.hardware);
-    const SimulationResult r = simulate_plan(plan, ctx, sim->engine, calibration);
+    const SimulationResult r = simulate_plan(plan, ctx, engines, sim->engine, calibration);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
     if (sim->json) {
       nlohmann::json j = simulation_to_json(r);
@@ -99,7 +87,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
   auto val = std::make_shared<ValidateArgs>();
   auto* v = app.add_subcommand("validate", "Predict every step record of a JSON Lines file and compare with the measurement");
   v->add_option("records", val->records_path, "Recorded measurements (JSON Lines)")->required();
-  v->add_option("--engine", val->engine, engines);
+  v->add_option("--engine", val->engine, engine_help);
   v->add_flag("--json", val->json, "Print one JSON object (count, median/max |relative error|, records)");
   v->add_option("-o,--output", val->output, "Write the output to this file (atomically) instead of stdout");
   v->add_option("--explain", val->explain,
@@ -107,17 +95,17 @@ void add_simulate_commands(CLI::App& app, Io io) {
   v->add_option("--published", val->published,
                 "Published breakdowns (default: published-breakdowns.json beside the records file, when present)");
   v->callback([=] {
-    if (!make_step_engine(val->engine)) {
+    if (!engines.has(val->engine)) {
       throw InputError("", "--engine", "\"" + val->engine + "\"", "unknown engine");
     }
     const RecordSet records = load_records(val->records_path);
     if (!val->explain.empty()) {
       const std::vector<PublishedBreakdown> breakdowns = published_breakdowns(val->records_path, val->published);
-      const StepExplanation e = explain_record(records, val->records_path, val->explain, val->engine, breakdowns);
+      const StepExplanation e = explain_record(records, val->records_path, val->explain, engines, val->engine, breakdowns);
       emit(val->output, val->json ? explanation_to_json(e).dump(2) + "\n" : explanation_text(e), io);
       return;
     }
-    const ValidationReport r = validate_records(records, val->engine);
+    const ValidationReport r = validate_records(records, engines, val->engine);
     emit(val->output, val->json ? validation_to_json(r).dump(2) + "\n" : validation_text(r), io);
   });
 
@@ -127,7 +115,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
   c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)");
   c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");
   c->add_flag("--json", cal->json, "Print the fit summary (or the cross-validation) as JSON");
-  c->add_option("--engine", cal->engine, "Engine the fit matches and that predicts: " + fmt::format("{}", fmt::join(step_engine_names(), " | ")));
+  c->add_option("--engine", cal->engine, "Engine the fit matches and that predicts: " + fmt::format("{}", fmt::join(engines.names(), " | ")));
   c->add_option("--published", cal->published,
                 "Published breakdowns whose compute times the fit also matches (default: published-breakdowns.json beside the records file, when present)");
   c->add_option("--cross-validate", cal->cross_validate,
@@ -147,7 +135,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     if (cross && !grouping) {
       throw InputError("", "--cross-validate", "\"" + cal->cross_validate + "\"", "unknown grouping (model, hardware, gpus, path, record)");
     }
-    if (!make_step_engine(cal->engine)) {
+    if (!engines.has(cal->engine)) {
       throw InputError("", "--engine", "\"" + cal->engine + "\"", "unknown engine");
     }
     const HardwareSpec hw = load_hardware_spec(cal->hardware);
@@ -160,6 +148,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
       CvOptions options;
       options.grouping = *grouping;
       options.engine = cal->engine;
+      options.engines = engines;
       options.fit.engine = cal->engine;
       options.fit.compute_anchors_s = anchors;
       if (cal->measured_device) options.fit.measured_device_range = 100, options.fit.attention_half_keys = 0;
@@ -169,6 +158,7 @@ void add_simulate_commands(CLI::App& app, Io io) {
     }
     FitOptions options;
     options.engine = cal->engine;
+    options.engines = engines;
     options.compute_anchors_s = anchors;
     if (cal->measured_device) options.measured_device_range = 100, options.attention_half_keys = 0;
     const CalibrationFit fit = fit_calibration(records, hw, options);

@@ -82,7 +82,7 @@ std::vector<std::string> write_study_plots(const StudyResult& r, const std::stri
   return written;
 }
 
-void add_whatif_commands(CLI::App& app, Io io) {
+void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto a = std::make_shared<WhatifArgs>();
   auto* w = app.add_subcommand("whatif", "What-if study: plan search vs baselines over models x hardware x batch x context x budgets");
   w->add_option("study", a->study_path, "Study file (experiments/*.json); none = the default study");
@@ -95,7 +95,7 @@ void add_whatif_commands(CLI::App& app, Io io) {
   w->callback([=] {
     StudySpec spec = a->study_path.empty() ? default_study() : load_study(a->study_path);
     if (!a->engine.empty()) spec.engine = a->engine;
-    if (!make_step_engine(spec.engine)) throw InputError(a->study_path, "engine", "\"" + spec.engine + "\"", "unknown engine");
+    if (!engines.has(spec.engine)) throw InputError(a->study_path, "engine", "\"" + spec.engine + "\"", "unknown engine");
     // Resolve every case before the long run, so bad input fails at once and writes nothing.
     for (const auto& c : expand_study(spec)) resolve_workload(c.workload, fmt::format("{} (sweep {})", a->study_path.empty() ? "default study" : a->study_path, c.sweep));
     // The records are read before the long run too: a bad line fails at once.
@@ -107,7 +107,7 @@ void add_whatif_commands(CLI::App& app, Io io) {
       attach_published(probe, *records, a->published);
     }
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
-    StudyResult r = run_study(spec, &find_plan_by_search, study_progress(io.err));
+    StudyResult r = run_study(spec, engines, &find_plan_by_search, study_progress(io.err));
     if (records) attach_published(r, *records, a->published);
     std::filesystem::create_directories(dir);
     const std::string csv = study_csv(r);

@@ -105,8 +105,9 @@ Plan ablation_plan(const AblationSpec& spec, const AblationVariant& v, const Wor
   return p;
 }
 
-AblationResult run_ablation(const AblationSpec& spec, const std::string& file, const AblationProgress& progress) {
-  if (!make_step_engine(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
+AblationResult run_ablation(const AblationSpec& spec, const StepEngines& engines, const std::string& file,
+                            const AblationProgress& progress) {
+  if (!engines.has(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
   // Every case resolved and validated before the first one runs.
   std::vector<WorkloadContext> contexts;
   std::vector<std::vector<Plan>> plans;
@@ -124,7 +125,7 @@ AblationResult run_ablation(const AblationSpec& spec, const std::string& file, c
     const Calibration calibration = load_calibration_for(ctx.hardware, spec.engine);
     const std::size_t first = out.rows.size();
     for (std::size_t vi = 0; vi < spec.variants.size(); ++vi) {
-      const SimulationResult sim = simulate_plan(plans[wi][vi], ctx, spec.engine, calibration);
+      const SimulationResult sim = simulate_plan(plans[wi][vi], ctx, engines, spec.engine, calibration);
       AblationRow row;
       row.workload = spec.workloads[wi].name;
       row.variant = spec.variants[vi].name;

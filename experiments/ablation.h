@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/workload.h"
+#include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 
@@ -96,7 +97,10 @@ using AblationProgress = std::function<void(int done, int total, const std::stri
 // validated against the workload. Throws InputError naming the file and the variant.
 Plan ablation_plan(const AblationSpec& spec, const AblationVariant& v, const WorkloadContext& ctx, const std::string& file);
 
-AblationResult run_ablation(const AblationSpec& spec, const std::string& file, const AblationProgress& progress = {});
+// Runs every case with the engine of `engines` named spec.engine. Throws InputError naming `file`
+// when `engines` does not offer it, and as ablation_plan() for a case that does not validate.
+AblationResult run_ablation(const AblationSpec& spec, const StepEngines& engines, const std::string& file,
+                            const AblationProgress& progress = {});
 
 std::string ablation_csv(const AblationResult& r);
 nlohmann::json ablation_result_to_json(const AblationResult& r);

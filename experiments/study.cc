@@ -324,7 +324,8 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
   return out;
 }
 
-StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const StudyProgress& progress) {
+StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const PlanFinder& find_plan,
+                      const StudyProgress& progress) {
   const auto started = std::chrono::steady_clock::now();
   StudyResult result;
   result.spec = spec;
@@ -349,7 +350,7 @@ StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const 
     } else {
       const Calibration calibration = load_calibration_for(ctx.hardware);
       for (const auto system : spec.baselines) {
-        BaselineResult b = run_baseline(system, ctx, spec.engine, calibration);
+        BaselineResult b = run_baseline(system, ctx, engines, spec.engine, calibration);
         b.trace = Trace{};  // rows keep the numbers only
         row.baselines.push_back(std::move(b));
       }

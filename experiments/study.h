@@ -151,10 +151,12 @@ struct StudyResult {
   std::string published_file;  // the records attached (attach_published); "" = none
 };
 
-// Runs every case: the plan search through `find_plan`, each baseline with `spec.engine` and the
-// hardware's calibration. A workload that does not resolve (unknown model, too many GPUs) throws
-// InputError naming the study's sweep and field.
-StudyResult run_study(const StudySpec& spec, const PlanFinder& find_plan, const StudyProgress& progress = {});
+// Runs every case: the plan search through `find_plan`, each baseline with the engine of `engines`
+// named `spec.engine` and the hardware's calibration. A workload that does not resolve (unknown
+// model, too many GPUs) throws InputError naming the study's sweep and field; an engine that
+// `engines` does not offer, InputError naming it (run_baseline()).
+StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const PlanFinder& find_plan,
+                      const StudyProgress& progress = {});
 
 // The table `oom whatif` prints: workload, chosen plan, step time, tokens/s, GPU peak, host
 // memory, each baseline's step time or OOM, speedup over the best baseline.

@@ -4,7 +4,9 @@
 // Every function takes and returns plain Python values: dicts and lists shaped like the project's
 // JSON (workloads, plans, reports), and numpy arrays for stage times. Errors: bad input raises
 // ValueError with the project's one-line message (file, field, value); a workload that no plan
-// fits raises RuntimeError with the reason. Functions hold the GIL; call from one thread.
+// fits raises RuntimeError with the reason. Functions hold the GIL; call from one thread. The step
+// engines are built once when the module loads: "analytic", and "simgrid" when the module is built
+// with the oom_sim library.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -95,22 +97,31 @@ py::dict model(const std::string& name) {
   return d;
 }
 
-py::dict simulate(const py::dict& workload, const py::dict& plan_json, const std::string& engine) {
+// The engines of the module: the simulator's where it is built in.
+StepEngines module_engines() {
+#ifdef OOM_PY_SIMGRID
+  return simulator_engines();
+#else
+  return StepEngines();
+#endif
+}
+
+py::dict simulate(const StepEngines& engines, const py::dict& workload, const py::dict& plan_json, const std::string& engine) {
   const WorkloadContext ctx = context_of(workload);
   const Plan plan = plan_from_json(from_py(plan_json), "<python>", "plan");
   validate_plan(plan, ctx.model, ctx.workload, "<python>", "plan");
-  const SimulationResult r = simulate_plan(plan, ctx, engine, load_calibration_for(ctx.hardware));
+  const SimulationResult r = simulate_plan(plan, ctx, engines, engine, load_calibration_for(ctx.hardware));
   py::dict d = to_py(simulation_to_json(r));
   d["stages_table"] = stages_of(r.trace);
   d["trace"] = to_py(trace_to_json(r.trace));
   return d;
 }
 
-py::dict baseline(const std::string& system, const py::dict& workload, const std::string& engine) {
+py::dict baseline(const StepEngines& engines, const std::string& system, const py::dict& workload, const std::string& engine) {
   const auto s = baseline_system_from_name(system);
   if (!s) throw InputError("", "system", "\"" + system + "\"", "unknown baseline system (fsdp2-offload, zero-offload, megatrain)");
   const WorkloadContext ctx = context_of(workload);
-  const BaselineResult r = run_baseline(*s, ctx, engine, load_calibration_for(ctx.hardware));
+  const BaselineResult r = run_baseline(*s, ctx, engines, engine, load_calibration_for(ctx.hardware));
   py::dict d = to_py(baseline_result_to_json(r));
   if (r.fits()) d["stages_table"] = stages_of(r.trace);
   return d;
@@ -131,9 +142,7 @@ py::list records(const std::string& path) {
 PYBIND11_MODULE(oom, m) {
   using namespace oom;
   m.doc() = "OOM: offload-optimized full-parameter MoE training: specs, plan search, simulation, baselines, validation, studies";
-#ifdef OOM_PY_SIMGRID
-  register_step_engine("simgrid", [] { return make_simgrid_engine(); });
-#endif
+  const StepEngines engines = module_engines();
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
   py::register_exception<PlotError>(m, "PlotError", PyExc_RuntimeError);
 
@@ -144,26 +153,31 @@ PYBIND11_MODULE(oom, m) {
         py::arg("name"), "A hardware spec as a dict");
   m.def("calibration", [](const std::string& name) { return to_py(calibration_to_json(load_calibration_for(load_hardware_spec(name)))); },
         py::arg("hardware"), "The calibration constants of a hardware");
-  m.def("engines", [] { return step_engine_names(); }, "Registered step engines");
-  m.def("simulate", &simulate, py::arg("workload"), py::arg("plan"), py::arg("engine") = "analytic",
-        "Lower a plan and execute it: step time, peaks, breakdown, 'stages_table' (numpy start_s/end_s), 'trace'");
-  m.def("baseline", &baseline, py::arg("system"), py::arg("workload"), py::arg("engine") = "analytic",
-        "Run a baseline system (fsdp2-offload, zero-offload, megatrain): step or out-of-memory with where");
+  m.def("engines", [engines] { return engines.names(); }, "The step engines this module offers");
+  m.def("simulate", [engines](const py::dict& workload, const py::dict& plan, const std::string& engine) {
+    return simulate(engines, workload, plan, engine);
+  }, py::arg("workload"), py::arg("plan"), py::arg("engine") = "analytic",
+     "Lower a plan and execute it: step time, peaks, breakdown, 'stages_table' (numpy start_s/end_s), 'trace'");
+  m.def("baseline", [engines](const std::string& system, const py::dict& workload, const std::string& engine) {
+    return baseline(engines, system, workload, engine);
+  }, py::arg("system"), py::arg("workload"), py::arg("engine") = "analytic",
+     "Run a baseline system (fsdp2-offload, zero-offload, megatrain): step or out-of-memory with where");
   m.def("baseline_systems", [] {
     std::vector<std::string> out;
     for (const auto s : all_baseline_systems()) out.emplace_back(baseline_system_name(s));
     return out;
   });
   m.def("records", &records, py::arg("path"), "The records of a JSON Lines file as dicts");
-  m.def("validate", [](const std::string& path, const std::string& engine) {
-    return to_py(validation_to_json(validate_records(load_records(path), engine)));
+  m.def("validate", [engines](const std::string& path, const std::string& engine) {
+    return to_py(validation_to_json(validate_records(load_records(path), engines, engine)));
   }, py::arg("path"), py::arg("engine") = "analytic", "Predicted vs measured for every step record");
   m.def("chrome_trace", [](const py::dict& trace) { return to_py(trace_to_chrome_json(trace_from_json(from_py(trace), "<python>"))); },
         py::arg("trace"), "A trace dict (simulate()['trace']) as Chrome/Perfetto trace events");
   m.def("default_study", [] { return to_py(study_to_json(default_study())); }, "The default what-if study as a dict");
-  m.def("search_plan", [](const py::dict& workload, const std::string& path) {
+  m.def("search_plan", [engines](const py::dict& workload, const std::string& path) {
     PlanSearchOptions o;
     o.path = path;
+    o.engines = engines;
     const WorkloadContext ctx = context_of(workload);
     try {
       return to_py(plan_search_to_json(search_plan(ctx, load_calibration_for(ctx.hardware), o)));
@@ -171,9 +185,9 @@ PYBIND11_MODULE(oom, m) {
       throw std::runtime_error(e.what());
     }
   }, py::arg("workload"), py::arg("path") = "auto", "Search the best plan of a workload (raises RuntimeError when nothing fits)");
-  m.def("whatif", [](const py::object& study, const std::string& published) {
+  m.def("whatif", [engines](const py::object& study, const std::string& published) {
     const StudySpec spec = study.is_none() ? default_study() : study_from_json(from_py(study), "<python>");
-    StudyResult r = run_study(spec, &find_plan_by_search);
+    StudyResult r = run_study(spec, engines, &find_plan_by_search);
     if (!published.empty()) attach_published(r, load_records(published), published);
     py::dict d = to_py(study_result_to_json(r));
     d["csv"] = study_csv(r);
@@ -181,11 +195,11 @@ PYBIND11_MODULE(oom, m) {
     return d;
   }, py::arg("study") = py::none(), py::arg("published") = "",
      "Run a study (a dict like experiments/*.json; None = the default study); published: a records file to match");
-  m.def("ablation", [](const py::object& study) {
+  m.def("ablation", [engines](const py::object& study) {
     const bool is_path = py::isinstance<py::str>(study);
     const std::string file = is_path ? study.cast<std::string>() : std::string("<python>");
     const AblationSpec spec = is_path ? load_ablation(file) : ablation_from_json(from_py(study.cast<py::dict>()), file);
-    const AblationResult r = run_ablation(spec, file);
+    const AblationResult r = run_ablation(spec, engines, file);
     py::dict d = to_py(ablation_result_to_json(r));
     d["csv"] = ablation_csv(r);
     d["table"] = ablation_table_text(r);

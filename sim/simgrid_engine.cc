@@ -16,6 +16,8 @@ namespace oom {
 
 std::unique_ptr<StepEngine> make_simgrid_engine() { return std::make_unique<sim::SimGridEngine>(); }
 
+StepEngines simulator_engines() { return StepEngines().add("simgrid", make_simgrid_engine); }
+
 }  // namespace oom
 
 namespace oom::sim {

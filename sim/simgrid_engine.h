@@ -47,9 +47,11 @@
 
 namespace oom {
 
-// The "simgrid" engine for the registry: hardware and calibration come from the
-// CalibratedDurationModel that execute() receives.
+// The "simgrid" engine: hardware and calibration come from the CalibratedDurationModel that
+// execute() receives.
 std::unique_ptr<StepEngine> make_simgrid_engine();
+// The engines of a program built with the simulator: "analytic" and "simgrid".
+StepEngines simulator_engines();
 
 }  // namespace oom
 

@@ -256,7 +256,7 @@ std::vector<std::string> FitOptions::default_held_out_ids() {
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
   CalibrationFit fit;
   const std::unique_ptr<StepEngine> engine =
-      options.engine == "analytic" ? nullptr : make_step_engine(options.engine);
+      options.engine == "analytic" ? nullptr : options.engines.make(options.engine);
   if (options.engine != "analytic" && !engine) {
     throw InputError("", "--engine", "\"" + options.engine + "\"", "unknown engine");
   }

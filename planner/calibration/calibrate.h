@@ -12,7 +12,8 @@
 // prior (log distance to the uncalibrated estimate) keeps constants that no record exercises at
 // their estimate. Records named in `held_out_ids` are predicted but not fitted, to check the fit.
 // Deterministic (the Jacobian's columns run on up to four threads, each column computed the same way).
-// Not thread-safe to call concurrently (engine registry; an engine other than "analytic" may fork).
+// Safe to call from several threads with the analytic engine; another engine may fork (the SimGrid
+// one does: sim/simgrid_engine.h), so with it one call at a time.
 #pragma once
 
 #include <map>
@@ -24,6 +25,7 @@
 
 #include "costmodel/hardware_spec.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/step_engine.h"
 #include "traces/records.h"
 
 namespace oom {
@@ -35,11 +37,12 @@ struct FitOptions {
   int starts = 8;                 // deterministic starting points (the first is the estimate)
   double prior_weight = 0.02;     // weight of log(constant / estimate) residuals
   double operator_weight = 0.5;   // weight of an operator record against a step record (1)
-  // The engine whose step times the fit matches ("analytic" or a registered engine such as
-  // "simgrid"). Another engine than "analytic" is fitted by defect correction: the analytic
+  // The engine whose step times the fit matches ("analytic" or another engine of `engines` such
+  // as "simgrid"). Another engine than "analytic" is fitted by defect correction: the analytic
   // prediction of each step record times that record's engine/analytic ratio at the current
   // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict.
   std::string engine = "analytic";
+  StepEngines engines;  // where `engine` is found (default: "analytic" only)
   int engine_passes = 3;
   int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
   // Published compute time of a step record (record id → seconds rank 0's compute stream is busy,
@@ -80,7 +83,7 @@ struct CalibrationFit {
 };
 
 // Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
-// InputError when no usable record names the hardware or options.engine is not registered.
+// InputError when no usable record names the hardware or options.engines does not offer options.engine.
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options = {});
 
 nlohmann::json calibration_fit_to_json(const CalibrationFit& fit);

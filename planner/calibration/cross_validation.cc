@@ -95,7 +95,7 @@ bool fittable(const StepRecord& r, const std::string& hw) {
 }  // namespace
 
 CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw, const CvOptions& options) {
-  if (!make_step_engine(options.engine)) {
+  if (!options.engines.has(options.engine)) {
     throw InputError("", "--engine", "\"" + options.engine + "\"", "unknown engine");
   }
   CrossValidation cv;
@@ -147,6 +147,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     for (std::size_t j = next++; j < jobs.size(); j = next++) {
       FitOptions fo = options.fit;
       fo.held_out_ids = *jobs[j].first;
+      fo.engines = options.engines;
       if (workers > 1) fo.threads = 1;
       try {
         *jobs[j].second = fit_calibration(scope, hw, fo);
@@ -196,7 +197,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     }
     std::vector<CvPrediction> predicted;
     if (fit && !group_steps.steps.empty()) {
-      const ValidationReport v = validate_records(group_steps, options.engine, {fit->calibration});
+      const ValidationReport v = validate_records(group_steps, options.engines, options.engine, {fit->calibration});
       for (std::size_t i = 0; i < v.records.size(); ++i) {
         const RecordPrediction& p = v.records[i];
         CvPrediction c;

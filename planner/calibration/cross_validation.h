@@ -12,7 +12,7 @@
 // have them. A group whose removal leaves nothing to fit is reported as not predicted, with why.
 // Folds that leave out the same fitted records share one fit. Deterministic.
 // Analytic fits run on one thread per core (fit_calibration is pure for the analytic engine).
-// Not thread-safe to call concurrently (engine registry, forked SimGrid runs).
+// Not thread-safe to call concurrently (forked SimGrid runs).
 #pragma once
 
 #include <optional>
@@ -42,7 +42,8 @@ std::string cv_group_of(const OperatorRecord& r, CvGrouping g);
 struct CvOptions {
   CvGrouping grouping = CvGrouping::kRecord;
   std::string engine = "analytic";  // predicts the left-out step records; FitOptions::engine fits
-  FitOptions fit;                   // held_out_ids is replaced by each fold's group
+  StepEngines engines;              // where both engines are found (default: "analytic" only)
+  FitOptions fit;                   // held_out_ids is replaced by each fold's group, engines by `engines`
 };
 
 // One record predicted by the fit that left its group out.
@@ -86,7 +87,7 @@ struct CrossValidation {
 };
 
 // Runs the cross-validation over the records of `hardware`. Throws InputError when no record
-// names the hardware or the engine is unknown.
+// names the hardware or options.engines does not offer the engine.
 CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hardware, const CvOptions& options);
 
 nlohmann::json cross_validation_to_json(const CrossValidation& cv);

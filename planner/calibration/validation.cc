@@ -54,7 +54,8 @@ void compare(RecordPrediction& p, Seconds step_s, Bytes gpu_peak_bytes, Bytes ho
   if (p.measured_host_gib) p.host_rel_error = (*p.predicted_host_gib - *p.measured_host_gib) / *p.measured_host_gib;
 }
 
-RecordPrediction predict(const StepRecord& rec, const std::string& engine, const std::vector<Calibration>& calibrations) {
+RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, const std::string& engine,
+                         const std::vector<Calibration>& calibrations) {
   RecordPrediction p;
   p.id = rec.id;
   p.measured_step_s = rec.measured.step_s;
@@ -67,7 +68,7 @@ RecordPrediction predict(const StepRecord& rec, const std::string& engine, const
       // A baseline system: lowered by planner/lowering/baselines.h; out-of-memory is a prediction too.
       const auto system = baseline_system_from_name(rec.system);
       if (!system) throw InputError(rec.origin, "system", "\"" + rec.system + "\"", "unknown baseline system");
-      const BaselineResult b = run_baseline(*system, ctx, engine, calibration_of(ctx.hardware, calibrations, engine));
+      const BaselineResult b = run_baseline(*system, ctx, engines, engine, calibration_of(ctx.hardware, calibrations, engine));
       if (!b.fits()) {
         p.status = "oom";
         p.reason = b.oom->message();
@@ -80,7 +81,7 @@ RecordPrediction predict(const StepRecord& rec, const std::string& engine, const
     }
     const Plan plan = plan_from_json(rec.plan, rec.origin);
     validate_plan(plan, ctx.model, ctx.workload, rec.origin);
-    const SimulationResult r = simulate_plan(plan, ctx, engine, calibration_of(ctx.hardware, calibrations, engine));
+    const SimulationResult r = simulate_plan(plan, ctx, engines, engine, calibration_of(ctx.hardware, calibrations, engine));
     Bytes gpu_peak = 0, host = 0;
     for (const Bytes b : r.trace.gpu_peak_bytes) gpu_peak = std::max(gpu_peak, b);
     for (const Bytes b : r.trace.numa_peak_bytes) host += b;
@@ -129,12 +130,12 @@ StepBreakdown step_breakdown(const Trace& t, int gpu) {
   return out;
 }
 
-SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const std::string& engine,
+SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                                const Calibration& calibration) {
-  const auto e = make_step_engine(engine);
+  const auto e = engines.make(engine);
   if (!e) {
     std::string known;
-    for (const auto& n : step_engine_names()) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& n : engines.names()) known += (known.empty() ? "" : ", ") + n;
     throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine (known: " + known + ")");
   }
   const StepGraph g = lower(plan, ctx);
@@ -198,15 +199,15 @@ std::string simulation_text(const SimulationResult& r) {
 }
 
 ValidationReport validate_records(const RecordSet& records, const std::string& engine) {
-  return validate_records(records, engine, {});
+  return validate_records(records, StepEngines(), engine);
 }
 
-ValidationReport validate_records(const RecordSet& records, const std::string& engine,
+ValidationReport validate_records(const RecordSet& records, const StepEngines& engines, const std::string& engine,
                                   const std::vector<Calibration>& calibrations) {
   ValidationReport report;
   std::vector<double> errors, baseline_errors;
   for (const auto& rec : records.steps) {
-    RecordPrediction p = predict(rec, engine, calibrations);
+    RecordPrediction p = predict(rec, engines, engine, calibrations);
     if (p.status == "failed") ++report.failures;
     if (p.status == "oom") ++report.out_of_memory;
     if (p.rel_error) (rec.system.empty() ? errors : baseline_errors).push_back(std::abs(*p.rel_error));

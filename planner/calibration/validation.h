@@ -1,12 +1,14 @@
 // Simulation reports and validation against recorded measurements (`oom simulate`, `oom validate`).
 //
-// simulate_plan() lowers a plan, executes it with a named StepEngine and a hardware's
-// calibration, and summarizes the step: time, per-GPU peak, per-NUMA host bytes and a breakdown
+// simulate_plan() lowers a plan, executes it with a StepEngine picked by name from a StepEngines
+// table and a hardware's calibration, and summarizes the step: time, per-GPU peak, per-NUMA host bytes and a breakdown
 // of rank 0's timeline into compute, exposed all-to-all/collectives, exposed PCIe transfer,
 // exposed CPU update and idle time (each instant of the step counted once, in that priority).
 // validate_records() predicts every step record (a plan, or a baseline system of
 // planner/lowering/baselines.h) and compares with what was measured.
-// Relative error = (predicted − measured) / measured. Not thread-safe (engine registry).
+// Relative error = (predicted − measured) / measured. Safe to call from several threads as far as
+// the engine is: the analytic one is; the SimGrid one forks, so one thread at a time
+// (sim/simgrid_engine.h).
 #pragma once
 
 #include <optional>
@@ -18,6 +20,7 @@
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/peak_composition.h"
+#include "planner/engine/step_engine.h"
 #include "planner/plan/plan.h"
 #include "traces/records.h"
 #include "traces/trace.h"
@@ -46,8 +49,8 @@ struct SimulationResult {
   std::array<Bytes, kMemoryUses> use_peaks{};  // each use's own peak over the step
 };
 
-// Throws InputError when `engine` is not registered.
-SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const std::string& engine,
+// Throws InputError when `engines` offers no `engine` (naming the engines it offers).
+SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                                const Calibration& calibration);
 nlohmann::json simulation_to_json(const SimulationResult& r);
 std::string simulation_text(const SimulationResult& r);
@@ -76,12 +79,14 @@ struct ValidationReport {
   double baseline_max_abs_rel_error = 0;
 };
 
-// Predicts every step record. A hardware's calibration is the one in `calibrations` fitted for it,
-// else load_calibration_for(hardware, engine) (the engine's own fit when there is one). Never
-// throws for a bad record: it is reported as failed.
+// Predicts every step record with the engine of `engines` named `engine`. A hardware's
+// calibration is the one in `calibrations` fitted for it, else load_calibration_for(hardware,
+// engine) (the engine's own fit when there is one). Never throws for a bad record or an engine
+// that `engines` does not offer: the record is reported as failed, with the reason.
+ValidationReport validate_records(const RecordSet& records, const StepEngines& engines, const std::string& engine,
+                                  const std::vector<Calibration>& calibrations = {});
+// The same with the engines of a default StepEngines ("analytic" only).
 ValidationReport validate_records(const RecordSet& records, const std::string& engine);
-ValidationReport validate_records(const RecordSet& records, const std::string& engine,
-                                  const std::vector<Calibration>& calibrations);
 nlohmann::json validation_to_json(const ValidationReport& r);
 std::string validation_text(const ValidationReport& r);
 

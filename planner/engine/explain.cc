@@ -127,7 +127,8 @@ StepExplanation explain_trace(const Trace& t, int gpu) {
 }
 
 StepExplanation explain_record(const RecordSet& records, const std::string& records_file, const std::string& id,
-                               const std::string& engine, const std::vector<PublishedBreakdown>& breakdowns) {
+                               const StepEngines& engines, const std::string& engine,
+                               const std::vector<PublishedBreakdown>& breakdowns) {
   const auto rec = std::find_if(records.steps.begin(), records.steps.end(), [&](const StepRecord& r) { return r.id == id; });
   if (rec == records.steps.end()) throw InputError(records_file, "--explain", "\"" + id + "\"", "no step record has this id");
   const WorkloadContext ctx = resolve_workload(rec->workload, rec->origin);
@@ -136,13 +137,13 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   if (!rec->system.empty()) {
     const auto system = baseline_system_from_name(rec->system);
     if (!system) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "unknown baseline system");
-    const BaselineResult b = run_baseline(*system, ctx, engine, calibration);
+    const BaselineResult b = run_baseline(*system, ctx, engines, engine, calibration);
     if (!b.fits()) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "predicted out of memory: " + b.oom->message());
     trace = b.trace;
   } else {
     const Plan plan = plan_from_json(rec->plan, rec->origin);
     validate_plan(plan, ctx.model, ctx.workload, rec->origin);
-    trace = simulate_plan(plan, ctx, engine, calibration).trace;
+    trace = simulate_plan(plan, ctx, engines, engine, calibration).trace;
   }
   StepExplanation e = explain_trace(trace, 0);
   e.id = id;

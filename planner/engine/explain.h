@@ -1,8 +1,8 @@
 // Explaining one record's prediction (`oom validate FILE --explain ID`): where the predicted step
 // time goes, beside the breakdown the paper published for that step when there is one.
 //
-// For one step record (a plan, or a baseline system) the step is predicted with a named engine
-// and the hardware's calibration, then read from rank 0's point of view:
+// For one step record (a plan, or a baseline system) the step is predicted with an engine picked
+// by name from a StepEngines table and the hardware's calibration, then read from rank 0's point of view:
 //   - busy time per resource (the sum of its stages' durations: a resource runs one stage at a time);
 //   - compute-stream busy time per operator kind (GEMM, expert GEMM, attention, GDN, element-wise,
 //     GPU AdamW);
@@ -12,7 +12,8 @@
 //     exposed times add up to the step time;
 //   - per-layer forward time by layer kind (the forward stages of rank 0's first decoder of each kind).
 // Published breakdowns are data (traces/paper/published-breakdowns.json), each with its source.
-// Units: seconds, GiB. Not thread-safe (engine registry).
+// Units: seconds, GiB. Safe to call from several threads as far as the engine is (the SimGrid one
+// forks: one thread at a time).
 #pragma once
 
 #include <map>
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/calibration/calibration.h"
+#include "planner/engine/step_engine.h"
 #include "traces/records.h"
 #include "traces/trace.h"
 
@@ -65,11 +67,12 @@ struct StepExplanation {
 // Exposed time per mechanism and busy times of rank `gpu` in `t` (see above).
 StepExplanation explain_trace(const Trace& t, int gpu = 0);
 
-// Predicts record `id` of `records` (read from `records_file`, named in errors) and explains it.
-// `breakdowns` may be empty. Throws InputError when no step record has that id, or the record
-// cannot be predicted (with the reason).
+// Predicts record `id` of `records` (read from `records_file`, named in errors) with the engine of
+// `engines` named `engine` and explains it. `breakdowns` may be empty. Throws InputError when no
+// step record has that id, or the record cannot be predicted (with the reason).
 StepExplanation explain_record(const RecordSet& records, const std::string& records_file, const std::string& id,
-                               const std::string& engine, const std::vector<PublishedBreakdown>& breakdowns);
+                               const StepEngines& engines, const std::string& engine,
+                               const std::vector<PublishedBreakdown>& breakdowns);
 
 nlohmann::json explanation_to_json(const StepExplanation& e);
 std::string explanation_text(const StepExplanation& e);

@@ -1,30 +1,28 @@
 #include "planner/engine/step_engine.h"
 
-#include <map>
-
 #include "planner/engine/analytic_evaluator.h"
 
 namespace oom {
-namespace {
 
-std::map<std::string, StepEngineFactory>& registry() {
-  static std::map<std::string, StepEngineFactory> r = {
-      {"analytic", [] { return std::unique_ptr<StepEngine>(std::make_unique<AnalyticEngine>()); }}};
-  return r;
+StepEngines::StepEngines() {
+  add("analytic", [] { return std::unique_ptr<StepEngine>(std::make_unique<AnalyticEngine>()); });
 }
 
-}  // namespace
-
-void register_step_engine(const std::string& name, StepEngineFactory factory) { registry()[name] = std::move(factory); }
-
-std::unique_ptr<StepEngine> make_step_engine(const std::string& name) {
-  const auto it = registry().find(name);
-  return it == registry().end() ? nullptr : it->second();
+StepEngines& StepEngines::add(std::string name, StepEngineFactory factory) {
+  factories_[std::move(name)] = std::move(factory);
+  return *this;
 }
 
-std::vector<std::string> step_engine_names() {
+std::unique_ptr<StepEngine> StepEngines::make(const std::string& name) const {
+  const auto it = factories_.find(name);
+  return it == factories_.end() ? nullptr : it->second();
+}
+
+bool StepEngines::has(const std::string& name) const { return factories_.count(name) > 0; }
+
+std::vector<std::string> StepEngines::names() const {
   std::vector<std::string> names;
-  for (const auto& [name, f] : registry()) names.push_back(name);
+  for (const auto& [name, factory] : factories_) names.push_back(name);
   return names;
 }
 

@@ -252,11 +252,11 @@ bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const St
   return true;
 }
 
-BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
+BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& k) {
-  if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engine, calibration, k);
-  if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engine, calibration, k);
-  const auto e = make_step_engine(engine);
+  if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engines, engine, calibration, k);
+  if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engines, engine, calibration, k);
+  const auto e = engines.make(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;
   r.system = s;

@@ -34,6 +34,7 @@
 #include "costmodel/memory.h"
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "traces/trace.h"
 
@@ -138,14 +139,11 @@ struct BaselineResult {
   bool fits() const { return !oom.has_value(); }
 };
 
-// Configures, lowers and executes the system with the StepEngine named `engine`, pricing stages
-// with `calibration`. A step whose executed GPU or host peak exceeds its budget is reported as
-// out-of-memory too. Throws InputError when `engine` is not registered.
-BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const std::string& engine,
+// Configures, lowers and executes the system with the StepEngine of `engines` named `engine`,
+// pricing stages with `calibration`. A step whose executed GPU or host peak exceeds its budget is
+// reported as out-of-memory too. Throws InputError when `engines` offers no `engine`.
+BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& constants = {});
-
-class DurationModel;
-class StepEngine;
 
 // Executes a configured baseline's step `g` into `r` (trace, step time, throughput, GPU peak, host
 // bytes per NUMA node) and sets r.oom when the executed timeline holds more than the GPU budget

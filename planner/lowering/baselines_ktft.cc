@@ -379,9 +379,9 @@ StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
   return c;
 }
 
-BaselineResult run_ktft(const WorkloadContext& ctx, const std::string& engine, const Calibration& calibration,
-                        const MemoryConstants& k) {
-  const auto e = make_step_engine(engine);
+BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
+                        const Calibration& calibration, const MemoryConstants& k) {
+  const auto e = engines.make(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   const std::vector<int> ranks_on = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
   for (std::size_t n = 0; n < ctx.hardware.numa.size(); ++n) {

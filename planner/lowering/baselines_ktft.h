@@ -49,10 +49,10 @@ class KtFtDurationModel : public CalibratedDurationModel {
   std::vector<int> ranks_per_numa_;
 };
 
-// Configures, lowers and executes KT-FT with the StepEngine `engine` (run_baseline() of
-// BaselineSystem::kKtFt comes here). Throws InputError for an unknown engine or hardware without
-// AMX throughput (naming numa[n].amx_bf16_flops_per_s).
-BaselineResult run_ktft(const WorkloadContext& ctx, const std::string& engine, const Calibration& calibration,
-                        const MemoryConstants& constants = {});
+// Configures, lowers and executes KT-FT with the StepEngine of `engines` named `engine`
+// (run_baseline() of BaselineSystem::kKtFt comes here). Throws InputError for an engine that
+// `engines` does not offer or hardware without AMX throughput (naming numa[n].amx_bf16_flops_per_s).
+BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
+                        const Calibration& calibration, const MemoryConstants& constants = {});
 
 }  // namespace oom

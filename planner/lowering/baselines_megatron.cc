@@ -446,9 +446,9 @@ StepGraph lower_megatron(const MegatronSetup& setup, const WorkloadContext& ctx,
   return g;
 }
 
-BaselineResult run_megatron(const WorkloadContext& ctx, const std::string& engine, const Calibration& calibration,
-                            const MemoryConstants& k) {
-  const auto e = make_step_engine(engine);
+BaselineResult run_megatron(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
+                            const Calibration& calibration, const MemoryConstants& k) {
+  const auto e = engines.make(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;
   r.system = BaselineSystem::kMegatronLm;

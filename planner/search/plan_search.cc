@@ -113,9 +113,9 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
   if (options.path != "ep" && options.path != "local" && options.path != "auto") {
     throw InputError("", "--path", "\"" + options.path + "\"", "expected ep, local or auto");
   }
-  if (options.path == "auto" && options.compare_executor == nullptr && !make_step_engine(options.compare_engine)) {
+  if (options.path == "auto" && options.compare_executor == nullptr && !options.engines.has(options.compare_engine)) {
     throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
-                     fmt::format("unknown engine (known: {})", fmt::join(step_engine_names(), ", ")));
+                     fmt::format("unknown engine (known: {})", fmt::join(options.engines.names(), ", ")));
   }
   const PlanPricer pricer(ctx, calibration, options.memory);
   // Each path is configured without FLAT's schedules and with all of them (they change which
@@ -164,10 +164,10 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
     std::unique_ptr<Executor> graph_executor;
     Executor* executor = options.compare_executor;
     if (executor == nullptr) {
-      std::unique_ptr<StepEngine> engine = make_step_engine(options.compare_engine);
+      std::unique_ptr<StepEngine> engine = options.engines.make(options.compare_engine);
       if (!engine) {
         throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
-                         fmt::format("unknown engine (known: {})", fmt::join(step_engine_names(), ", ")));
+                         fmt::format("unknown engine (known: {})", fmt::join(options.engines.names(), ", ")));
       }
       graph_executor = std::make_unique<GraphExecutor>(std::move(engine), calibration);
       executor = graph_executor.get();

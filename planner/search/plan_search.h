@@ -21,6 +21,7 @@
 #include "planner/calibration/calibration.h"
 #include "planner/engine/executor.h"
 #include "planner/engine/peak_composition.h"
+#include "planner/engine/step_engine.h"
 #include "planner/plan/plan.h"
 #include "planner/search/plan_pricing.h"
 
@@ -29,6 +30,7 @@ namespace oom {
 struct PlanSearchOptions {
   std::string path = "auto";                // "ep" | "local" | "auto"
   std::string compare_engine = "analytic";  // StepEngine for Configure-then-Compare short executions
+  StepEngines engines;                      // where compare_engine is found (default: "analytic" only)
   // Runs the short executions instead of a GraphExecutor of compare_engine when set: real ones
   // with the LibTorch backend (backend/torch_executor.h). Not owned; used from the calling thread.
   Executor* compare_executor = nullptr;
@@ -82,7 +84,7 @@ class InfeasibleWorkload : public std::runtime_error {
 
 // Configures the requested path(s) for `ctx` and returns the chosen plan and the best plan of
 // each other path. Throws InfeasibleWorkload when nothing fits, InputError for an unknown path or
-// engine name. `calibration` prices the stages (load_calibration_for(ctx.hardware) normally).
+// an engine name that options.engines does not offer. `calibration` prices the stages (load_calibration_for(ctx.hardware) normally).
 PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& calibration,
                              const PlanSearchOptions& options = {});
 

@@ -33,7 +33,7 @@ void BM_RunBaseline(benchmark::State& state) {
   const oom::Calibration c = oom::load_calibration_for(ctx.hardware);
   double step_s = 0;
   for (auto _ : state) {
-    const oom::BaselineResult r = oom::run_baseline(system, ctx, "analytic", c);
+    const oom::BaselineResult r = oom::run_baseline(system, ctx, oom::StepEngines(), "analytic", c);
     benchmark::DoNotOptimize(r.trace.stages.data());
     step_s = r.step_s;
   }
@@ -50,7 +50,7 @@ void BM_RunBaselineGas(benchmark::State& state) {
   const oom::Calibration c = oom::load_calibration_for(ctx.hardware);
   int gas = 0;
   for (auto _ : state) {
-    const oom::BaselineResult r = oom::run_baseline(oom::BaselineSystem::kFsdp2Offload, ctx, "analytic", c);
+    const oom::BaselineResult r = oom::run_baseline(oom::BaselineSystem::kFsdp2Offload, ctx, oom::StepEngines(), "analytic", c);
     benchmark::DoNotOptimize(r.trace.stages.data());
     gas = r.setup ? r.setup->accumulation_steps : 0;
   }

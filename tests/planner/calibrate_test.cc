@@ -39,7 +39,7 @@ RecordSet synthetic_records(const Calibration& truth) {
   set.steps = {step("ep-b16-r27", 16, {0, 1, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19, 20, 22, 23, 25, 26, 28, 29, 31, 32, 34, 35, 37, 38}),
                step("ep-b32-r23", 32, default_plan().resident_layers), step("ep-b32-r0", 32, {}),
                step("ep-b32-r12", 32, {0, 1, 3, 7, 11, 15, 19, 22, 26, 30, 34, 38}), step("local-b128", 128, {}, true)};
-  const ValidationReport truth_run = validate_records(set, "analytic", {truth});
+  const ValidationReport truth_run = validate_records(set, StepEngines(), "analytic", {truth});
   for (std::size_t i = 0; i < set.steps.size(); ++i) set.steps[i].measured.step_s = truth_run.records[i].predicted_step_s;
   return set;
 }
@@ -59,7 +59,7 @@ TEST(FitCalibration, RecoversStepTimesGeneratedFromKnownConstants) {
   const CalibrationFit fit = fit_calibration(records, hw, options);
   ASSERT_EQ(fit.rows.size(), 5u);
   // Before the fit the estimate is off by more than the tolerance on some record.
-  const ValidationReport before = validate_records(records, "analytic", {default_calibration(hw)});
+  const ValidationReport before = validate_records(records, StepEngines(), "analytic", {default_calibration(hw)});
   EXPECT_GT(before.max_abs_rel_error, 0.05);
   for (const FitRow& r : fit.rows) {
     EXPECT_LT(std::abs(r.rel_error()), r.held_out ? 0.05 : 0.03) << r.id;
@@ -124,7 +124,7 @@ class StretchedEngine : public StepEngine {
 };
 
 TEST(FitCalibration, FitsTheEngineThatWillPredict) {
-  register_step_engine("stretched", [] { return std::make_unique<StretchedEngine>(); });
+  const StepEngines engines = StepEngines().add("stretched", [] { return std::make_unique<StretchedEngine>(); });
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
   Calibration truth = default_calibration(hw);
   truth.expert_gemm_efficiency = 0.3;
@@ -138,9 +138,10 @@ TEST(FitCalibration, FitsTheEngineThatWillPredict) {
   // then predicts 25% slow. Fitted with the engine that predicts, its predictions land.
   const CalibrationFit analytic = fit_calibration(records, hw, options);
   options.engine = "stretched";
+  options.engines = engines;
   const CalibrationFit matched = fit_calibration(records, hw, options);
-  const ValidationReport with_analytic_fit = validate_records(records, "stretched", {analytic.calibration});
-  const ValidationReport with_matched_fit = validate_records(records, "stretched", {matched.calibration});
+  const ValidationReport with_analytic_fit = validate_records(records, engines, "stretched", {analytic.calibration});
+  const ValidationReport with_matched_fit = validate_records(records, engines, "stretched", {matched.calibration});
   EXPECT_GT(with_analytic_fit.median_abs_rel_error, 0.15);
   EXPECT_LT(with_matched_fit.max_abs_rel_error, 0.03);
   for (const FitRow& r : matched.rows) EXPECT_LT(std::abs(r.rel_error()), 0.03) << r.id;  // rows are the engine's predictions

@@ -56,7 +56,7 @@ TEST(ShortExecutions, ExtrapolateExactlyWhenCostIsAffineInDepth) {
 TEST(ShortExecutions, LandNearTheFullDepthAnalyticStep) {
   const WorkloadContext ctx = resolve_workload(default_workload(), "test");
   const Calibration cal = load_calibration_for(ctx.hardware);
-  GraphExecutor ex(make_step_engine("analytic"), cal);
+  GraphExecutor ex(StepEngines().make("analytic"), cal);
   const PlanPricer pricer(ctx, cal);
   Plan local;
   local.path = ExpertPath::kLocal;

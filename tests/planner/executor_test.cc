@@ -11,7 +11,7 @@ namespace {
 
 TEST(GraphExecutor, ShortExecutionsScaleWithTheUnitsRun) {
   const WorkloadContext ctx = resolve_workload(default_workload(), "test");
-  GraphExecutor executor(make_step_engine("analytic"), load_calibration_for(ctx.hardware));
+  GraphExecutor executor(StepEngines().make("analytic"), load_calibration_for(ctx.hardware));
   EXPECT_EQ(executor.name(), "analytic");
   Plan r0 = default_plan();
   r0.resident_layers.clear();

@@ -70,7 +70,7 @@ TEST(ExplainRecord, PredictsTheRecordAndMeetsItsPublishedBreakdown) {
   const std::string file = kSrc + "/traces/paper/paper-calibration.jsonl";
   const RecordSet records = load_records(file);
   const auto published = load_published_breakdowns(kSrc + "/traces/paper/published-breakdowns.json");
-  const StepExplanation e = explain_record(records, file, "t4-b32", "analytic", published);
+  const StepExplanation e = explain_record(records, file, "t4-b32", StepEngines(), "analytic", published);
   ASSERT_TRUE(e.published.has_value());
   EXPECT_EQ(e.published->record, "t4-b32");
   ASSERT_TRUE(e.measured_step_s.has_value());
@@ -84,7 +84,7 @@ TEST(ExplainRecord, PredictsTheRecordAndMeetsItsPublishedBreakdown) {
   const std::string text = explanation_text(e);
   EXPECT_NE(text.find("compute_with_replay_s"), std::string::npos);
   EXPECT_NE(text.find("Fig. 1b"), std::string::npos);
-  EXPECT_THROW(explain_record(records, file, "t4-b999", "analytic", published), InputError);
+  EXPECT_THROW(explain_record(records, file, "t4-b999", StepEngines(), "analytic", published), InputError);
 }
 
 }  // namespace

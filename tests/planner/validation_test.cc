@@ -18,7 +18,7 @@ namespace {
 
 double step_s(const Plan& plan, const Workload& w) {
   const WorkloadContext ctx = resolve_workload(w, "test");
-  return simulate_plan(plan, ctx, "analytic", load_calibration_for(ctx.hardware)).trace.step_s;
+  return simulate_plan(plan, ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware)).trace.step_s;
 }
 
 TEST(PublishedFacts, ResidentLayersShortenTheBatch32Step) {
@@ -35,7 +35,7 @@ TEST(PublishedFacts, KeepingAttentionResultsHelpsAt512KAndNotAt32K) {
 
 TEST(StepBreakdown, AccountsForEveryInstantOfTheStep) {
   const WorkloadContext ctx = resolve_workload(default_workload(), "test");
-  const SimulationResult r = simulate_plan(default_plan(), ctx, "analytic", load_calibration_for(ctx.hardware));
+  const SimulationResult r = simulate_plan(default_plan(), ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware));
   const StepBreakdown& b = r.breakdown;
   EXPECT_NEAR(b.compute_s + b.exposed_collective_s + b.exposed_transfer_s + b.exposed_cpu_update_s + b.idle_s,
               r.trace.step_s, 1e-9);
@@ -48,7 +48,7 @@ TEST(StepBreakdown, AccountsForEveryInstantOfTheStep) {
 
 TEST(SimulatePlan, UnknownEngineIsBadInput) {
   const WorkloadContext ctx = resolve_workload(default_workload(), "test");
-  EXPECT_THROW(simulate_plan(default_plan(), ctx, "warp-drive", load_calibration_for(ctx.hardware)), InputError);
+  EXPECT_THROW(simulate_plan(default_plan(), ctx, StepEngines(), "warp-drive", load_calibration_for(ctx.hardware)), InputError);
 }
 
 TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {

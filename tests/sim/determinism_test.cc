@@ -87,7 +87,7 @@ std::string run_engine(StepEngine& engine, const Case& c) {
 TEST(Determinism, AnalyticEngineIsBitIdenticalAcrossRunsAndConcurrentThreads) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.label);
-    auto engine = make_step_engine("analytic");
+    auto engine = StepEngines().make("analytic");
     const std::string reference = run_engine(*engine, c);
     ASSERT_GT(reference.size(), 1000u);
     EXPECT_EQ(run_engine(*engine, c), reference);
@@ -96,7 +96,7 @@ TEST(Determinism, AnalyticEngineIsBitIdenticalAcrossRunsAndConcurrentThreads) {
       std::vector<std::thread> pool;
       for (int t = 0; t < threads; ++t) {
         pool.emplace_back([&, t] {
-          auto own = make_step_engine("analytic");
+          auto own = StepEngines().make("analytic");
           results[static_cast<std::size_t>(t)] = run_engine(*own, c);
         });
       }

@@ -35,7 +35,7 @@ TEST(KtFt, TheH100NodeNamesItsAmxThroughputWithASource) {
 
 TEST(KtFt, EightH100sRunWithTheExpertsOnTheCpuAtTheAmxRate) {
   const WorkloadContext ctx = context("h100-sxm-node", 8, 32);
-  const BaselineResult r = run_baseline(BaselineSystem::kKtFt, ctx, "analytic", load_calibration_for(ctx.hardware));
+  const BaselineResult r = run_baseline(BaselineSystem::kKtFt, ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware));
   ASSERT_TRUE(r.fits()) << r.oom->message();
   ASSERT_TRUE(r.setup.has_value());
   const StepGraph g = lower_ktft(*r.setup, ctx);
@@ -57,7 +57,7 @@ TEST(KtFt, EightH100sRunWithTheExpertsOnTheCpuAtTheAmxRate) {
 
 TEST(KtFt, HardwareWithoutAmxIsBadInputNamingTheField) {
   try {
-    run_baseline(BaselineSystem::kKtFt, context("rtx4090-node", 4, 64), "analytic", Calibration{});
+    run_baseline(BaselineSystem::kKtFt, context("rtx4090-node", 4, 64), StepEngines(), "analytic", Calibration{});
     ADD_FAILURE() << "KT-FT ran without AMX";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("amx_bf16_flops_per_s"), std::string::npos) << e.what();

@@ -38,7 +38,7 @@ TEST(Megatron, EightH100sFitQwen36WithExpertsOverEveryGpu) {
 }
 
 TEST(Megatron, OneGpuCannotHoldTheWholeModelAndSaysWhere) {
-  const BaselineResult r = run_baseline(BaselineSystem::kMegatronLm, context("qwen3.6-35b-a3b", 1, 1, 4096), "analytic",
+  const BaselineResult r = run_baseline(BaselineSystem::kMegatronLm, context("qwen3.6-35b-a3b", 1, 1, 4096), StepEngines(), "analytic",
                                         Calibration{});
   ASSERT_FALSE(r.fits());
   EXPECT_EQ(r.oom->space, "gpu");
@@ -48,7 +48,7 @@ TEST(Megatron, OneGpuCannotHoldTheWholeModelAndSaysWhere) {
 
 TEST(Megatron, LoweredStepRunsOnTheAnalyticEngineWithCollectivesAndCpuAdam) {
   const WorkloadContext ctx = context("qwen3.6-35b-a3b", 8, 32, 4096);
-  const BaselineResult r = run_baseline(BaselineSystem::kMegatronLm, ctx, "analytic", load_calibration_for(ctx.hardware));
+  const BaselineResult r = run_baseline(BaselineSystem::kMegatronLm, ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware));
   ASSERT_TRUE(r.fits()) << r.oom->message();
   EXPECT_GT(r.step_s, 0.5);
   EXPECT_GT(r.tokens_per_s, 0);
@@ -92,8 +92,8 @@ TEST(Megatron, SkewedRoutingSlowsTheExpertParallelStepAndRaisesItsPeak) {
   EXPECT_NEAR(fz / fu, 1.0, 1e-9);
   EXPECT_GT(hottest, 1.2 * fz / 8);
   const Calibration cal = load_calibration_for(even.hardware);
-  const BaselineResult ru = run_baseline(BaselineSystem::kMegatronLm, even, "analytic", cal);
-  const BaselineResult rz = run_baseline(BaselineSystem::kMegatronLm, skewed, "analytic", cal);
+  const BaselineResult ru = run_baseline(BaselineSystem::kMegatronLm, even, StepEngines(), "analytic", cal);
+  const BaselineResult rz = run_baseline(BaselineSystem::kMegatronLm, skewed, StepEngines(), "analytic", cal);
   ASSERT_TRUE(ru.fits() && rz.fits());
   EXPECT_GT(rz.step_s, ru.step_s);
   EXPECT_GT(megatron_static_memory(*fit.setup, skewed).gpu_peak_bytes, megatron_static_memory(*fit.setup, even).gpu_peak_bytes);

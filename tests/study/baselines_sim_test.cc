@@ -11,7 +11,7 @@ namespace oom {
 namespace {
 
 TEST(BaselinesOnSimGrid, EverySystemRunsInBothEnginesWithCloseStepTimes) {
-  register_step_engine("simgrid", [] { return make_simgrid_engine(); });
+  const StepEngines engines = simulator_engines();
   Workload w;
   w.model = "tiny-moe";
   w.hardware = "h100-sxm-node";
@@ -21,8 +21,8 @@ TEST(BaselinesOnSimGrid, EverySystemRunsInBothEnginesWithCloseStepTimes) {
   const WorkloadContext ctx = resolve_workload(w, "test");
   const Calibration c = load_calibration_for(ctx.hardware);
   for (const auto s : all_baseline_systems()) {
-    const BaselineResult analytic = run_baseline(s, ctx, "analytic", c);
-    const BaselineResult simgrid = run_baseline(s, ctx, "simgrid", c);
+    const BaselineResult analytic = run_baseline(s, ctx, engines, "analytic", c);
+    const BaselineResult simgrid = run_baseline(s, ctx, engines, "simgrid", c);
     ASSERT_TRUE(analytic.fits() && simgrid.fits()) << baseline_system_name(s);
     EXPECT_EQ(simgrid.trace.engine, "simgrid");
     EXPECT_EQ(simgrid.trace.stages.size(), analytic.trace.stages.size());

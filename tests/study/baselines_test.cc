@@ -138,7 +138,7 @@ TEST(ConfigureBaseline, ATightHostBudgetIsHostOutOfMemoryNamingTheNumaNode) {
 TEST(RunBaseline, MillionTokenContextIsOutOfMemoryForEveryBaseline) {
   const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 4, 1048576);
   for (const auto s : all_baseline_systems()) {
-    const BaselineResult r = run_baseline(s, ctx, "analytic", load_calibration_for(ctx.hardware));
+    const BaselineResult r = run_baseline(s, ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware));
     EXPECT_FALSE(r.fits()) << baseline_system_name(s);
     EXPECT_EQ(r.step_s, 0);
     const nlohmann::json j = baseline_result_to_json(r);
@@ -150,7 +150,7 @@ TEST(RunBaseline, MillionTokenContextIsOutOfMemoryForEveryBaseline) {
 TEST(RunBaseline, FitsAtFourKWithAStepTimeAndThroughput) {
   const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 32, 4096);
   for (const auto s : all_baseline_systems()) {
-    const BaselineResult r = run_baseline(s, ctx, "analytic", load_calibration_for(ctx.hardware));
+    const BaselineResult r = run_baseline(s, ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware));
     ASSERT_TRUE(r.fits()) << r.oom->message();
     EXPECT_GT(r.step_s, 0);
     EXPECT_NEAR(r.tokens_per_s * r.step_s, 32.0 * 4096, 1e-6 * 32 * 4096);
@@ -160,7 +160,7 @@ TEST(RunBaseline, FitsAtFourKWithAStepTimeAndThroughput) {
 
 TEST(RunBaseline, UnknownEngineIsBadInput) {
   const WorkloadContext ctx = context("tiny-moe", 2, 4, 256);
-  EXPECT_THROW(run_baseline(BaselineSystem::kZeroOffload, ctx, "warp-drive", default_calibration(ctx.hardware)), InputError);
+  EXPECT_THROW(run_baseline(BaselineSystem::kZeroOffload, ctx, StepEngines(), "warp-drive", default_calibration(ctx.hardware)), InputError);
 }
 
 }  // namespace

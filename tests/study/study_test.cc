@@ -92,7 +92,7 @@ TEST(DefaultStudy, FourKBatchesAndLongContextsWithOneSequencePerGpu) {
 TEST(RunStudy, RowsCarryThePlanTheBaselinesAndTheSpeedupOverTheBestBaseline) {
   const StudySpec spec = study_from_json(small_study(), "small.json");
   std::vector<int> seen;
-  const StudyResult r = run_study(spec, &fake_search, [&](int done, int total, const std::string&) {
+  const StudyResult r = run_study(spec, StepEngines(), &fake_search, [&](int done, int total, const std::string&) {
     seen.push_back(done);
     EXPECT_EQ(total, 4);
   });
@@ -117,7 +117,7 @@ TEST(RunStudy, RowsCarryThePlanTheBaselinesAndTheSpeedupOverTheBestBaseline) {
 }
 
 TEST(RunStudy, TableAndCsvHaveOneLinePerCaseAndEveryBaselineColumn) {
-  const StudyResult r = run_study(study_from_json(small_study(), "small.json"), &fake_search);
+  const StudyResult r = run_study(study_from_json(small_study(), "small.json"), StepEngines(), &fake_search);
   const std::string csv = study_csv(r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
   EXPECT_TRUE(csv.starts_with("sweep,system,model,hardware,gpus,global_batch,seq_len,"));
@@ -138,7 +138,7 @@ TEST(RunStudy, AWorkloadThatDoesNotResolveIsBadInput) {
   nlohmann::json j = small_study();
   j["sweeps"][0]["gpus"] = {64};
   j["sweeps"][0]["global_batch"] = {64};
-  EXPECT_THROW(run_study(study_from_json(j, "s.json"), &fake_search), InputError);
+  EXPECT_THROW(run_study(study_from_json(j, "s.json"), StepEngines(), &fake_search), InputError);
 }
 
 TEST(PlanSummary, NamesPathResidencyAndPartitions) {
@@ -207,7 +207,7 @@ TEST(RunStudy, EachSystemGetsItsOwnRowAndTheBaselinesRunOncePerWorkload) {
   nlohmann::json j = small_study();
   j["sweeps"][0]["systems"] = {"base", "search"};
   std::vector<std::string> asked;
-  const StudyResult r = run_study(study_from_json(j, "s.json"), [&](const WorkloadContext& ctx, const PlanVariant& v) {
+  const StudyResult r = run_study(study_from_json(j, "s.json"), StepEngines(), [&](const WorkloadContext& ctx, const PlanVariant& v) {
     asked.push_back(plan_variant_name(v));
     return fake_search(ctx, v);
   });
@@ -242,7 +242,7 @@ TEST(Published, RecordsMatchTheirWorkloadAndSystemAndTheRestIsIgnored) {
   nlohmann::json j = small_study();
   j["sweeps"][0]["systems"] = {"search", "base:ep", "ep:R2/K0"};
   j["sweeps"][0]["host_budget_gib"] = {nullptr};
-  StudyResult r = run_study(study_from_json(j, "s.json"), &fake_search);
+  StudyResult r = run_study(study_from_json(j, "s.json"), StepEngines(), &fake_search);
   attach_published(r, synthetic_records(), "syn.jsonl");
   ASSERT_EQ(r.rows.size(), 6u);  // batch 2 and 4, three systems each
   // Batch 2: "search" takes the fastest plan point, "base:ep" the R0 point, "ep:R2/K0" the R2 one.
@@ -273,7 +273,7 @@ TEST(Published, RecordsMatchTheirWorkloadAndSystemAndTheRestIsIgnored) {
 }
 
 TEST(Published, WithoutRecordsTheCsvHasNoPublishedColumns) {
-  const StudyResult r = run_study(study_from_json(small_study(), "small.json"), &fake_search);
+  const StudyResult r = run_study(study_from_json(small_study(), "small.json"), StepEngines(), &fake_search);
   EXPECT_EQ(study_csv(r).find("published"), std::string::npos);
   EXPECT_FALSE(study_result_to_json(r).contains("published_errors"));
 }
@@ -295,7 +295,7 @@ TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
   j["figure"] = "OOM Figure 99";
   j["sweeps"][0]["host_budget_gib"] = {nullptr};
   PaperSection s;
-  s.result = run_study(study_from_json(j, "s.json"), &fake_search);
+  s.result = run_study(study_from_json(j, "s.json"), StepEngines(), &fake_search);
   s.plots = {"small/throughput-batch.png"};
   std::string md = paper_section_markdown(s);
   EXPECT_NE(md.find("## OOM Figure 99: small"), std::string::npos) << md;
@@ -309,7 +309,7 @@ TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
   EXPECT_NE(md.find("| fsdp |"), std::string::npos) << md;
   PaperSection grid;
   j["sweeps"][0]["systems"] = {"ep:R0/K0", "ep:R0/K1", "ep:R2/K0", "ep:R2/K1"};
-  grid.result = run_study(study_from_json(j, "s.json"), &fake_search);
+  grid.result = run_study(study_from_json(j, "s.json"), StepEngines(), &fake_search);
   const std::string g = paper_section_markdown(grid);
   EXPECT_NE(g.find("| | K0 | K1 |"), std::string::npos) << g;
   EXPECT_NE(g.find("| R2 | 0.256 | 0.256 |"), std::string::npos) << g;
