@@ -1,9 +1,11 @@
 #include "backend/graph_runner.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <tuple>
 
@@ -26,13 +28,15 @@
 
 namespace oom::backend {
 
-StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks) {
+StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
+                        const RoutingSpec& routing) {
   WorkloadContext ctx;
   ctx.workload.model = model.name;
   ctx.workload.hardware = "h100-sxm-node";
   ctx.workload.gpus = ranks;
   ctx.workload.global_batch = batch;
   ctx.workload.seq_len = seq;
+  ctx.workload.routing = routing;
   ctx.model = model;
   ctx.hardware = load_hardware_spec(ctx.workload.hardware);
   return lower(plan, ctx);
@@ -50,6 +54,7 @@ enum class Kernel {
   kA2aDispatch, kA2aReturn, kCombine, kA2aGradDispatch, kA2aGradReturn, kReduceScatter,
   kLayerGradD2h, kPartGradD2h, kGpuAdamW, kHostAccumulate, kCpuAdamW, kPublish,
   kRingLoss, kRingPass, kRingBackward, kRingGradPass,  // Ring-DTP
+  kLlepFetch, kLlepGradReturn,                         // PipelinedLLEP
 };
 
 // The table from (part, operator) to kernel; kNone for sync stages, nullopt for work this
@@ -107,6 +112,8 @@ std::optional<Kernel> kernel_of(const Stage& s) {
     case O::kCombine: if (p == P::kMoe) return Kernel::kCombine; break;
     case O::kA2aGradDispatch: if (p == P::kMoe) return Kernel::kA2aGradDispatch; break;
     case O::kA2aGradReturn: if (p == P::kMoe) return Kernel::kA2aGradReturn; break;
+    case O::kFetch: if (p == P::kLlep) return Kernel::kLlepFetch; break;
+    case O::kGradReturn: if (p == P::kLlep) return Kernel::kLlepGradReturn; break;
     case O::kReduceScatter:
       if (p == P::kEmbedding || p == P::kLmHead || p == P::kCommon) return Kernel::kReduceScatter;
       break;
@@ -141,7 +148,8 @@ bool reads_layer_gradient(const Stage& s, Kernel k) {
 // A stage key's sub-batch (0 when the batch runs whole).
 std::size_t sub_index(const StageKey& k) { return static_cast<std::size_t>(std::max(k.sub_batch, 0)); }
 bool in_pass(const Stage& s) {
-  return s.layer >= 0 && (s.key.part == StagePart::kAttention || s.key.part == StagePart::kGdn || s.key.part == StagePart::kMoe);
+  const StagePart p = s.key.part;
+  return s.layer >= 0 && (p == StagePart::kAttention || p == StagePart::kGdn || p == StagePart::kMoe || p == StagePart::kLlep);
 }
 
 // autograd backward over the (output, gradient) pairs whose gradient is defined.
@@ -237,7 +245,11 @@ struct Chunk {
   at::Tensor tokens_sorted, weights_sorted, recv_x, y_recv, back, dy_recv, dxn;
   std::vector<std::int64_t> send, recv;
   std::vector<at::Tensor> expert_rows;  // per owned expert: its rows of recv_x (undefined: none)
+  std::map<int, at::Tensor> fetched_rows;  // PipelinedLLEP: per fetched expert, its rows of recv_x
 };
+
+// PipelinedLLEP: one fetched expert's weights (gate, up, down), leaves where a graph reads them.
+using ExpertWeights = std::array<at::Tensor, 3>;
 
 // One sub-batch of a decoder pass.
 struct Sub {
@@ -259,6 +271,7 @@ struct Pass {
   at::Tensor wflat, x, y, dy;  // weights; input; output (forward) or input gradient (backward); output gradient
   at::Tensor gflat;            // a backward pass: the weights' flat gradient
   BlockWeights w;
+  std::map<int, ExpertWeights> fetched;  // PipelinedLLEP: the other ranks' experts this rank computes
   std::map<int, Sub> subs;
 };
 
@@ -302,6 +315,7 @@ struct GraphRunner::Impl {
   // forward weights those graphs differentiate into.
   std::map<std::pair<int, int>, Chunk> retained_moe;
   std::map<int, BlockWeights> retained_weights;  // decoder → the leaves its retained MoE graphs differentiate into
+  std::map<int, std::map<int, ExpertWeights>> retained_fetched;  // decoder → fetched experts its retained graphs read
   std::map<std::pair<StagePart, int>, at::Tensor> reduced;  // gradients summed over ranks (reduce_scatter)
   // Ring-DTP: this rank's normalized hidden states (with their graph to the head's input), the
   // block it holds (hidden states, targets, cross-entropy state, log-sum-exp, gradient so far) and
@@ -311,6 +325,14 @@ struct GraphRunner::Impl {
     plan_ops::RingLse state;
   } ring;
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
+  // PipelinedLLEP. The placement of fetched experts comes from the routing the graph was lowered
+  // with: the histogram of the previous step's forward dispatches (uniform before the first, so
+  // nothing is fetched). Per decoder: the (expert, helper) pairs by expert then helper, and each
+  // expert's helpers; the step's global (token, expert) pairs per decoder and expert.
+  RoutingSpec llep_routing;
+  std::vector<std::vector<std::pair<int, int>>> llep_spills;
+  std::vector<std::vector<std::vector<int>>> llep_helpers;
+  std::vector<std::vector<double>> routed_pairs;
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
   // A gradient on its way to an update: (part, decoder, bucket), bucket −1 for a whole group.
   using GradKey = std::tuple<StagePart, int, int>;
@@ -338,6 +360,8 @@ struct GraphRunner::Impl {
   }
 
   bool ep() const { return plan.path == ExpertPath::kEp; }
+  bool llep() const { return ep() && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep; }
+  int owner_of(int expert) const { return expert / experts_local; }
   bool ring_dtp() const { return P > 1 && plan.flat.vocab_projection == VocabProjection::kRingDtp; }
   std::int64_t shard_rows() const { return spec.vocab / P; }  // Ring-DTP: head rows per rank
   // One ring hop: every rank sends `t` (rows) to the next rank and returns what the previous sent.
@@ -500,7 +524,10 @@ struct GraphRunner::Impl {
       case PassKind::kForward:
         act[l + 1] = p.y;
         if (!held) act.erase(l);
-        if (retained(l)) retained_weights[l] = p.w;
+        if (retained(l)) {
+          retained_weights[l] = p.w;
+          if (!p.fetched.empty()) retained_fetched[l] = std::move(p.fetched);
+        }
         break;
       case PassKind::kRegenerate: {
         act[l + 1] = p.y;
@@ -821,16 +848,37 @@ struct GraphRunner::Impl {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
     const plan_ops::SortedSlots slots = plan_ops::sort_slots_by_expert(c.r, spec.moe);
-    plan_ops::DispatchSplits d = plan_ops::dispatch_splits(group->all_gather_counts(slots.counts), R, experts_local);
+    const at::Tensor all_counts = group->all_gather_counts(slots.counts);
+    const auto& helpers = llep() ? llep_helpers[static_cast<std::size_t>(p.l)] : std::vector<std::vector<int>>{};
+    plan_ops::DispatchSplits d = llep_spills.empty() || llep_spills[static_cast<std::size_t>(p.l)].empty()
+                                     ? plan_ops::dispatch_splits(all_counts, R, experts_local)
+                                     : plan_ops::balanced_dispatch_splits(all_counts, R, experts_local, helpers);
     c.send = std::move(d.send);
     c.recv = std::move(d.recv);
+    const auto index = [&](const std::vector<std::int64_t>& r) {
+      return r.empty() ? at::Tensor() : at::tensor(r, at::TensorOptions().dtype(at::kLong)).to(dev);
+    };
     c.expert_rows.clear();
-    for (const auto& r : d.owned_rows) {
-      c.expert_rows.push_back(r.empty() ? at::Tensor() : at::tensor(r, at::TensorOptions().dtype(at::kLong)).to(dev));
+    for (const auto& r : d.owned_rows) c.expert_rows.push_back(index(r));
+    c.fetched_rows.clear();
+    for (const auto& [e, r] : d.fetched_rows) c.fetched_rows[e] = index(r);
+    if (st_.phase == Phase::kForward) {
+      dispatch_log.push_back(c.send);
+      if (llep()) {
+        // The step's routing histogram, the same on every rank (every rank's counts).
+        const auto summed = all_counts.sum(0).contiguous();
+        const auto* n = summed.data_ptr<std::int64_t>();
+        auto& pairs = routed_pairs[static_cast<std::size_t>(p.l)];
+        for (int e = 0; e < spec.moe.experts; ++e) pairs[static_cast<std::size_t>(e)] += static_cast<double>(n[e]);
+      }
     }
-    if (st_.phase == Phase::kForward) dispatch_log.push_back(c.send);
     c.tokens_sorted = slots.tokens;
     c.weights_sorted = slots.weights;
+    if (!d.send_order.empty()) {
+      const auto order = index(d.send_order);
+      c.tokens_sorted = c.tokens_sorted.index_select(0, order);
+      c.weights_sorted = c.weights_sorted.index_select(0, order);
+    }
     const auto sent = expert_input(c).detach().index_select(0, c.tokens_sorted);
     const auto received = group->all_to_all(sent, c.send, c.recv);
     c.recv_x = moe_graph(p) ? leaf(received) : received;
@@ -844,7 +892,115 @@ struct GraphRunner::Impl {
       y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), p.w.expert("experts.gate", e),
                                         p.w.expert("experts.up", e), p.w.expert("experts.down", e), spec.activation));
     }
+    // PipelinedLLEP: the rows of other ranks' experts this rank took, with the fetched weights (a
+    // retained MoE's backward finds them in its kept graph).
+    for (const auto& [e, idx] : c.fetched_rows) {
+      const ExpertWeights& f = fetched_expert(p, e);
+      y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), f[0], f[1], f[2], spec.activation));
+    }
     c.y_recv = y;
+  }
+
+  // ---- PipelinedLLEP: the helpers' copies of spilled experts ----
+  const ExpertWeights& fetched_expert(const Pass& p, int e) const {
+    const auto it = p.fetched.find(e);
+    OOM_ASSERT(it != p.fetched.end(), "rows of an expert this rank did not fetch");
+    return it->second;
+  }
+  std::int64_t expert_numel(int l) const {
+    const auto& layout = st.layout().blocks[static_cast<std::size_t>(1 + l)];
+    std::int64_t n = 0;
+    for (const char* bank : kExpertBanks) n += layout.at(bank).numel() / spec.moe.experts;
+    return n;
+  }
+  // Expert e's (gate, up, down) as one row; in reverse, a row as the three shapes of `like`.
+  static at::Tensor pack(const ExpertWeights& w) {
+    return at::cat({w[0].detach().reshape(-1), w[1].detach().reshape(-1), w[2].detach().reshape(-1)});
+  }
+  static ExpertWeights unpack(const at::Tensor& row, const ExpertWeights& like) {
+    ExpertWeights out;
+    std::int64_t at0 = 0;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto n = like[i].numel();
+      out[i] = row.narrow(0, at0, n).view(like[i].sizes());
+      at0 += n;
+    }
+    return out;
+  }
+  ExpertWeights own_expert(const Pass& p, int e) const {
+    return {p.w.expert("experts.gate", e), p.w.expert("experts.up", e), p.w.expert("experts.down", e)};
+  }
+  // One exchange over the decoder's (expert, helper) pairs: with `to_helpers` each owner sends
+  // make(e) to each helper of e, else each helper sends make(e) to e's owner; returns (expert,
+  // row) in the order the rows arrive (by source rank, then pair).
+  std::vector<std::pair<int, at::Tensor>> llep_exchange(int l, bool to_helpers, const std::function<at::Tensor(int)>& make,
+                                                        const at::TensorOptions& options) {
+    const auto& spills = llep_spills[static_cast<std::size_t>(l)];
+    const auto from = [&](int e, int h) { return to_helpers ? owner_of(e) : h; };
+    const auto to = [&](int e, int h) { return to_helpers ? h : owner_of(e); };
+    std::vector<std::int64_t> send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0);
+    std::vector<at::Tensor> rows;
+    for (int d = 0; d < P; ++d) {
+      for (const auto& [e, h] : spills) {
+        if (from(e, h) != R || to(e, h) != d) continue;
+        rows.push_back(make(e));
+        ++send[static_cast<std::size_t>(d)];
+      }
+    }
+    std::vector<int> arriving;
+    for (int q = 0; q < P; ++q) {
+      for (const auto& [e, h] : spills) {
+        if (to(e, h) != R || from(e, h) != q) continue;
+        arriving.push_back(e);
+        ++recv[static_cast<std::size_t>(q)];
+      }
+    }
+    const auto input = rows.empty() ? at::empty({0, expert_numel(l)}, options) : at::stack(rows);
+    const auto received = group->all_to_all(input, send, recv);
+    std::vector<std::pair<int, at::Tensor>> out;
+    for (std::size_t i = 0; i < arriving.size(); ++i) out.emplace_back(arriving[i], received[static_cast<std::int64_t>(i)]);
+    return out;
+  }
+  // The helpers receive the spilled experts' weights from their owners (leaves where the pass
+  // builds graphs: a backward, a retained forward).
+  void llep_fetch(Pass& p) {
+    const auto arrived = llep_exchange(p.l, true, [&](int e) { return pack(own_expert(p, e)); }, p.wflat.options());
+    p.fetched.clear();
+    for (const auto& [e, row] : arrived) {
+      ExpertWeights w = unpack(row, own_expert(p, e));
+      if (moe_graph(p)) {
+        for (auto& t : w) t = leaf(t);
+      }
+      p.fetched[e] = std::move(w);
+    }
+  }
+  // The helpers send the spilled experts' gradients (the replay's and a retained forward's) to
+  // their owners, which add them into the experts' gradients.
+  void llep_grad_return(Pass& p) {
+    const auto kept = retained_fetched.find(p.l);
+    const auto gradient = [&](int e) {
+      at::Tensor sum;
+      const auto add = [&](const ExpertWeights& w) {
+        std::vector<at::Tensor> parts;
+        for (const auto& t : w) parts.push_back(t.grad().defined() ? t.grad().reshape(-1) : at::zeros({t.numel()}, t.options()));
+        const auto g = at::cat(parts);
+        sum = sum.defined() ? sum + g : g;
+      };
+      if (const auto it = p.fetched.find(e); it != p.fetched.end()) add(it->second);
+      if (kept != retained_fetched.end()) {
+        if (const auto it = kept->second.find(e); it != kept->second.end()) add(it->second);
+      }
+      OOM_ASSERT(sum.defined(), "a fetched expert without its weights");
+      return sum;
+    };
+    const auto arrived = llep_exchange(p.l, false, gradient, p.gflat.options());
+    const BlockWeights g = block_views(*p.w.layout, p.gflat);
+    for (const auto& [e, row] : arrived) {
+      const ExpertWeights own{g["experts.gate"].select(0, e), g["experts.up"].select(0, e), g["experts.down"].select(0, e)};
+      const ExpertWeights add = unpack(row, own);
+      for (std::size_t i = 0; i < 3; ++i) own[i].add_(add[i]);
+    }
+    if (kept != retained_fetched.end()) retained_fetched.erase(kept);
   }
   void a2a_return(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
@@ -1163,7 +1319,8 @@ struct GraphRunner::Impl {
                      k == Kernel::kScatter;
     if (in_pass(s)) {
       const Pass& p = pass_of(s);
-      grad_mode = p.kind == PassKind::kBackward || (s.key.part == StagePart::kMoe && moe_graph(p));
+      grad_mode = s.key.part != StagePart::kLlep &&
+                  (p.kind == PassKind::kBackward || (s.key.part == StagePart::kMoe && moe_graph(p)));
     }
     at::AutoGradMode mode(grad_mode);
     switch (k) {
@@ -1226,6 +1383,8 @@ struct GraphRunner::Impl {
       case Kernel::kCombine: combine(s, pass_of(s)); break;
       case Kernel::kA2aGradDispatch: a2a_grad_dispatch(s, pass_of(s)); break;
       case Kernel::kA2aGradReturn: a2a_grad_return(s, pass_of(s)); break;
+      case Kernel::kLlepFetch: llep_fetch(pass_of(s)); break;
+      case Kernel::kLlepGradReturn: llep_grad_return(pass_of(s)); break;
       case Kernel::kGpuAdamW: {
         // A resident expert bank's update where its gradient is (the compute device), with its
         // working copy refreshed.
@@ -1282,6 +1441,29 @@ struct GraphRunner::Impl {
     return "numa0";
   }
   StepStats run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets);
+  // PipelinedLLEP: the (expert, helper) pairs of every decoder from llep_routing, which the graph
+  // was lowered with (its fetch stages are exactly the decoders with pairs), and a fresh histogram.
+  void place_fetched_experts(const StepGraph& g) {
+    const int E = spec.moe.experts, L = spec.layers;
+    const std::vector<LlepBalance> balance = ep_layer_balance(llep_routing, E, L, P, true);
+    llep_spills.assign(static_cast<std::size_t>(L), {});
+    llep_helpers.assign(static_cast<std::size_t>(L), std::vector<std::vector<int>>(static_cast<std::size_t>(E)));
+    for (int l = 0; l < L; ++l) {
+      auto& pairs = llep_spills[static_cast<std::size_t>(l)];
+      pairs = balance[static_cast<std::size_t>(l)].spills;
+      std::sort(pairs.begin(), pairs.end());
+      for (const auto& [e, h] : pairs) llep_helpers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)].push_back(h);
+    }
+    std::set<int> fetching;
+    for (const Stage& s : g.stages) {
+      if (s.key.part == StagePart::kLlep && s.key.op == StageOp::kFetch) fetching.insert(s.layer);
+    }
+    for (int l = 0; l < L; ++l) {
+      OOM_ASSERT(fetching.count(l) == (llep_spills[static_cast<std::size_t>(l)].empty() ? 0u : 1u),
+                 "the graph was lowered with another routing than the runner's (GraphRunner::routing())");
+    }
+    routed_pairs.assign(static_cast<std::size_t>(L), std::vector<double>(static_cast<std::size_t>(E), 0.0));
+  }
   // Drops the step's tensors and bookkeeping (also what a step that threw left behind).
   void clear_step();
 };
@@ -1297,6 +1479,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   clear_step();
   graph = &g;
   dispatch_log.clear();
+  if (llep()) place_fetched_experts(g);
   // Rank R trains its share of the global batch's sequences.
   B = tokens.size(0) / P, S = tokens.size(1);
   sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
@@ -1352,6 +1535,15 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   }
   worker.wait_all();
   OOM_ASSERT(passes.empty() && ready.empty() && host_grad.empty(), "every pass ended and every gradient was updated");
+  if (llep()) {
+    // The next step's placement follows this step's routing.
+    llep_routing = RoutingSpec{};
+    llep_routing.kind = RoutingKind::kHistogram;
+    llep_routing.counts = routed_pairs;
+    for (auto& layer : llep_routing.counts) {
+      if (std::all_of(layer.begin(), layer.end(), [](double n) { return n == 0; })) std::fill(layer.begin(), layer.end(), 1.0);
+    }
+  }
   // Every rank's updates of the shared host state are done before any rank's next step reads it.
   if (dist()) group->barrier();
   ++st.step;
@@ -1366,6 +1558,7 @@ void GraphRunner::Impl::clear_step() {
   retained_moe.clear();
   ring = Ring{};
   retained_weights.clear();
+  retained_fetched.clear();
   reduced.clear();
   host_grad.clear();
   buckets.clear();
@@ -1395,6 +1588,7 @@ void GraphRunner::set_lr(double lr) { impl_->cfg.adam.lr = lr; }
 void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& GraphRunner::last_trace() const { return impl_->trace; }
 const std::vector<std::vector<std::int64_t>>& GraphRunner::last_dispatch() const { return impl_->dispatch_log; }
+const RoutingSpec& GraphRunner::routing() const { return impl_->llep_routing; }
 void GraphRunner::capture_gradients(std::vector<at::Tensor>* blocks) { impl_->captured = blocks; }
 std::pair<int, std::int64_t> GraphRunner::host_gradient_buffers() const {
   std::pair<int, std::int64_t> out{0, 0};

@@ -41,7 +41,12 @@
 //               boundary on the host); over ranks Ring-DTP: rank r holds head rows [r·V/P,
 //               (r+1)·V/P), the ranks' normalized hidden-state blocks go round at the pass stages
 //               with their online log-sum-exp, then with their gradient, which the last grad_pass
-//               takes home. PipelinedLLEP has no kernel here (check_plan_for_run refuses it).
+//               takes home. Over ranks PipelinedLLEP: the graph is lowered with the previous
+//               step's routing histogram (routing()), which places the spilled experts (LLEP's
+//               least-loaded rule); at llep.fetch each helper receives its copies from their
+//               owners (again for the replay), every dispatch round balances its actual rows over
+//               owners and copies (balanced_dispatch_splits), and llep.grad_return adds the
+//               helpers' gradients of the copies into the owners' expert gradients.
 //   memory      weights are leaves per tensor (and per expert) whose gradients accumulate in
 //               place into one flat gradient per block; the embedding and head are on the device
 //               only while a stage uses them; on a CPU standing in for a GPU every device-side
@@ -62,6 +67,7 @@
 #include "backend/rank_group.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
+#include "costmodel/routing.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"
@@ -72,7 +78,10 @@ namespace oom::backend {
 // ranks (its first `decoder_layers` decoders when > 0): lower() on the model as given (a truncated
 // or test model needs no config file) and a node spec whose structure is the lowering's (its
 // timings are not used). Preconditions: check_plan_for_run() accepted the plan.
-StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks = 1);
+// `routing` is the workload's routing model, which places PipelinedLLEP's fetched experts
+// (GraphRunner::routing()).
+StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks = 1,
+                        const RoutingSpec& routing = {});
 
 class GraphRunner {
  public:
@@ -97,6 +106,10 @@ class GraphRunner {
   // Over ranks: the rows this rank sent to each rank in every forward dispatch of the last step
   // (layer, then chunk order).
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
+  // The routing the next step's graph must be lowered with (lower_for_run): under PipelinedLLEP
+  // the histogram of the last step's forward dispatches, over every rank and round, which places
+  // the experts the helpers fetch (uniform before the first step: nothing fetched); else uniform.
+  const RoutingSpec& routing() const;
   // The host gradient buffers this runner holds between steps (without clipping at most
   // cpu_grad_slots per kind: routed experts, everything else; a whole decoder's gradient on a CPU
   // device is adopted, not copied) and their bytes.

@@ -209,6 +209,107 @@ DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int exper
   return d;
 }
 
+DispatchSplits balanced_dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local,
+                                        const std::vector<std::vector<int>>& helpers) {
+  const auto counts = all_counts.to(at::kCPU).contiguous();
+  const std::int64_t P = counts.size(0), E = counts.size(1);
+  OOM_ASSERT(static_cast<std::int64_t>(helpers.size()) == E, "one helper list per expert");
+  const auto* ac = counts.data_ptr<std::int64_t>();
+  const auto count = [&](std::int64_t q, std::int64_t e) { return ac[q * E + e]; };
+  const auto owner = [&](std::int64_t e) { return static_cast<int>(e / experts_local); };
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(E), 0), load(static_cast<std::size_t>(P), 0);
+  std::int64_t total = 0;
+  for (std::int64_t e = 0; e < E; ++e) {
+    for (std::int64_t q = 0; q < P; ++q) rows[static_cast<std::size_t>(e)] += count(q, e);
+    load[static_cast<std::size_t>(owner(e))] += rows[static_cast<std::size_t>(e)];
+    total += rows[static_cast<std::size_t>(e)];
+  }
+  const std::int64_t target = (total + P - 1) / P;
+  // quota[e][k]: rows of expert e that helper helpers[e][k] computes.
+  std::vector<std::vector<std::int64_t>> quota(static_cast<std::size_t>(E));
+  for (std::int64_t e = 0; e < E; ++e) quota[static_cast<std::size_t>(e)].assign(helpers[static_cast<std::size_t>(e)].size(), 0);
+  for (int r = 0; r < P; ++r) {
+    auto& mine = load[static_cast<std::size_t>(r)];
+    if (mine <= target) continue;
+    std::vector<std::int64_t> lent;
+    for (std::int64_t e = 0; e < E; ++e) {
+      if (owner(e) == r && !helpers[static_cast<std::size_t>(e)].empty()) lent.push_back(e);
+    }
+    std::stable_sort(lent.begin(), lent.end(), [&](std::int64_t a, std::int64_t b) {
+      return rows[static_cast<std::size_t>(a)] > rows[static_cast<std::size_t>(b)];
+    });
+    for (const std::int64_t e : lent) {
+      const auto& hs = helpers[static_cast<std::size_t>(e)];
+      auto& q = quota[static_cast<std::size_t>(e)];
+      std::int64_t left = rows[static_cast<std::size_t>(e)];
+      for (const auto n : q) left -= n;
+      while (mine > target && left > 0) {
+        std::size_t best = hs.size();
+        for (std::size_t k = 0; k < hs.size(); ++k) {
+          const auto h = static_cast<std::size_t>(hs[k]);
+          if (load[h] < target && (best == hs.size() || load[h] < load[static_cast<std::size_t>(hs[best])])) best = k;
+        }
+        if (best == hs.size()) break;
+        const auto h = static_cast<std::size_t>(hs[best]);
+        const std::int64_t moved = std::min({mine - target, left, target - load[h]});
+        q[best] += moved;
+        load[h] += moved;
+        mine -= moved;
+        left -= moved;
+      }
+      if (mine <= target) break;
+    }
+  }
+  // Source q's rows of expert e per destination, in the order the destinations take them.
+  const auto pieces = [&](std::int64_t q, std::int64_t e) {
+    std::vector<std::pair<int, std::int64_t>> out;
+    std::int64_t from = 0;
+    for (std::int64_t s = 0; s < q; ++s) from += count(s, e);
+    const std::int64_t to = from + count(q, e);
+    std::int64_t at = 0;
+    const auto take = [&](int dest, std::int64_t n) {
+      const std::int64_t a = std::max(at, from), b = std::min(at + n, to);
+      out.emplace_back(dest, std::max<std::int64_t>(0, b - a));
+      at += n;
+    };
+    const auto& hs = helpers[static_cast<std::size_t>(e)];
+    for (std::size_t k = 0; k < hs.size(); ++k) take(hs[k], quota[static_cast<std::size_t>(e)][k]);
+    take(owner(e), rows[static_cast<std::size_t>(e)] - at);
+    return out;
+  };
+  DispatchSplits d;
+  d.send.assign(static_cast<std::size_t>(P), 0);
+  d.recv.assign(static_cast<std::size_t>(P), 0);
+  d.owned_rows.resize(static_cast<std::size_t>(experts_local));
+  // This rank's rows: expert-sorted positions of each piece, then regrouped by destination.
+  std::vector<std::vector<std::int64_t>> to_dest(static_cast<std::size_t>(P));
+  std::int64_t start = 0;
+  for (std::int64_t e = 0; e < E; ++e) {
+    std::int64_t at = start;
+    for (const auto& [dest, n] : pieces(rank, e)) {
+      for (std::int64_t i = 0; i < n; ++i) to_dest[static_cast<std::size_t>(dest)].push_back(at + i);
+      d.send[static_cast<std::size_t>(dest)] += n;
+      at += n;
+    }
+    start += count(rank, e);
+  }
+  for (const auto& v : to_dest) d.send_order.insert(d.send_order.end(), v.begin(), v.end());
+  // The received rows: by source rank, then expert.
+  std::int64_t row = 0;
+  for (std::int64_t q = 0; q < P; ++q) {
+    for (std::int64_t e = 0; e < E; ++e) {
+      std::int64_t n = 0;
+      for (const auto& [dest, m] : pieces(q, e)) n += dest == rank ? m : 0;
+      if (n == 0) continue;
+      auto& list = owner(e) == rank ? d.owned_rows[static_cast<std::size_t>(e % experts_local)] : d.fetched_rows[static_cast<int>(e)];
+      for (std::int64_t i = 0; i < n; ++i) list.push_back(row + i);
+      d.recv[static_cast<std::size_t>(q)] += n;
+      row += n;
+    }
+  }
+  return d;
+}
+
 // --- Ring-DTP ---
 namespace {
 

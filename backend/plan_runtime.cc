@@ -29,7 +29,6 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
                      "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
   }
-  refuse_flat_not_executed(plan, file);
   if (plan.flat.vocab_projection == VocabProjection::kRingDtp && ranks > 1 && model.tied_embeddings) {
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
@@ -58,7 +57,8 @@ struct PlanTrainer::Impl {
   int ranks = 1;
   GraphRunner runner;
   std::pair<std::int64_t, std::int64_t> shape{-1, -1};
-  StepGraph graph;  // lowered for `shape`
+  RoutingSpec routing;  // PipelinedLLEP's placement of fetched experts (GraphRunner::routing())
+  StepGraph graph;      // lowered for `shape` and `routing`
 
   Impl(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
       : spec(s.spec()), plan(p), ranks(g ? g->size() : 1), runner(s, c, std::move(p), d, g) {}
@@ -68,9 +68,10 @@ struct PlanTrainer::Impl {
       throw InputError("", "tokens", std::to_string(tokens.dim()) + " dimensions", "expected [batch, seq] tokens and targets of one shape");
     }
     const std::pair<std::int64_t, std::int64_t> now{tokens.size(0), tokens.size(1)};
-    if (now != shape) {
-      check_plan_for_run(plan, spec, now.first, now.second, ranks, "plan");
-      graph = lower_for_run(plan, spec, now.first, now.second, ranks);
+    if (now != shape) check_plan_for_run(plan, spec, now.first, now.second, ranks, "plan");
+    if (now != shape || runner.routing() != routing) {
+      routing = runner.routing();
+      graph = lower_for_run(plan, spec, now.first, now.second, ranks, routing);
       shape = now;
     }
     return runner.run(graph, tokens, targets);

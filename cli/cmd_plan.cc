@@ -55,7 +55,7 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
   c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
   c->add_flag("--json", a->json, "Print one JSON object");
   c->add_flag("--no-flat", a->no_flat,
-              "Plan without FLAT's schedules (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW): the plans the LibTorch backend executes today");
+              "Plan without FLAT's schedules (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW)");
   c->callback([=, compare_executor = std::move(compare_executor)] {
     if (a->path != "ep" && a->path != "local" && a->path != "auto") {
       throw InputError("", "--path", "\"" + a->path + "\"", "expected ep, local or auto");

@@ -240,6 +240,7 @@ LlepBalance least_loaded_ep(const std::vector<double>& shares, int ranks, double
         expert_load -= moved;
         ++b.fetched[static_cast<std::size_t>(least)];
         ++b.spilled_experts;
+        b.spills.emplace_back(static_cast<int>(e), static_cast<int>(least));
         ++pairs;
       }
       if (load <= 1.0 + kEps) break;
@@ -251,7 +252,7 @@ LlepBalance least_loaded_ep(const std::vector<double>& shares, int ranks, double
 
 std::vector<LlepBalance> ep_layer_balance(const RoutingSpec& r, int experts, int layers, int ranks, bool llep) {
   const auto n = static_cast<std::size_t>(std::max(1, ranks));
-  LlepBalance even{std::vector<double>(n, 1.0), std::vector<int>(n, 0), std::vector<int>(n, 0), 0};
+  LlepBalance even{std::vector<double>(n, 1.0), std::vector<int>(n, 0), std::vector<int>(n, 0), 0, {}};
   std::vector<LlepBalance> out(static_cast<std::size_t>(std::max(0, layers)), even);
   if (ranks <= 1 || experts <= 0 || (r.uniform() && !llep)) return out;
   for (int l = 0; l < layers; ++l) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -68,6 +69,7 @@ struct LlepBalance {
   std::vector<int> fetched;        // per rank: spilled experts whose weights it fetches
   std::vector<int> lent;           // per rank: own experts other ranks fetch
   int spilled_experts = 0;         // (expert, helper) pairs
+  std::vector<std::pair<int, int>> spills;  // the (expert, helper) pairs, in the order they spilled
 };
 LlepBalance least_loaded_ep(const std::vector<double>& shares, int ranks, double tolerance);
 

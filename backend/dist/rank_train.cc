@@ -196,7 +196,6 @@ void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
     throw InputError(file, field, value,
                      "under torchrun the ranks run unsplit operators and keep every boundary on the host (oom train --ranks P runs the whole plan)");
   };
-  refuse_flat_not_executed(plan, file);
   if (plan.split.attention_head_group != 0) unsupported("split.attention_head_group", std::to_string(plan.split.attention_head_group));
   if (plan.split.gdn_chunk_tokens != 0) unsupported("split.gdn_chunk_tokens", std::to_string(plan.split.gdn_chunk_tokens));
   if (plan.split.moe_chunk_tokens != 0) unsupported("split.moe_chunk_tokens", std::to_string(plan.split.moe_chunk_tokens));
@@ -204,6 +203,7 @@ void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
   if (plan.keep_attention_results) unsupported("keep_attention_results", "true");
   if (!plan.boundaries.host_kept_all) unsupported("boundaries.host_kept", "a list");
   if (!plan.boundaries.gpu_held.empty()) unsupported("boundaries.gpu_held", std::to_string(plan.boundaries.gpu_held.front()));
+  if (plan.flat.expert_dispatch != ExpertDispatch::kStandard) unsupported("flat.expert_dispatch", "\"pipelined_llep\"");
   if (plan.flat.selective_checkpoint_offload) unsupported("flat.checkpoint_offload", "\"sco\"");
   if (plan.flat.vocab_projection != VocabProjection::kChunked) unsupported("flat.vocab_projection", "\"ring_dtp\"");
   if (plan.flat.optimizer_bucket_mib != 0) unsupported("flat.optimizer_bucket_mib", std::to_string(plan.flat.optimizer_bucket_mib));

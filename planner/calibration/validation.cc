@@ -198,10 +198,6 @@ std::string simulation_text(const SimulationResult& r) {
   return out;
 }
 
-ValidationReport validate_records(const RecordSet& records, const std::string& engine) {
-  return validate_records(records, StepEngines(), engine);
-}
-
 ValidationReport validate_records(const RecordSet& records, const StepEngines& engines, const std::string& engine,
                                   const std::vector<Calibration>& calibrations) {
   ValidationReport report;

@@ -85,8 +85,6 @@ struct ValidationReport {
 // that `engines` does not offer: the record is reported as failed, with the reason.
 ValidationReport validate_records(const RecordSet& records, const StepEngines& engines, const std::string& engine,
                                   const std::vector<Calibration>& calibrations = {});
-// The same with the engines of a default StepEngines ("analytic" only).
-ValidationReport validate_records(const RecordSet& records, const std::string& engine);
 nlohmann::json validation_to_json(const ValidationReport& r);
 std::string validation_text(const ValidationReport& r);
 

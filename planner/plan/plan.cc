@@ -142,24 +142,6 @@ FlatSchedules applicable_flat(const FlatSchedules& f, const Plan& p, const Model
   return out;
 }
 
-std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p) {
-  const FlatSchedules& f = p.flat;
-  if (f.expert_dispatch != ExpertDispatch::kStandard) return std::pair{"flat.expert_dispatch", "\"pipelined_llep\""};
-  // The graph runner executes Ring-DTP, the logits blocks (vocab_chunk_tokens), OffloadStreamAdamW's buckets
-  // (optimizer_bucket_mib) and SCO (every boundary on the host, loaded for its backward in the
-  // graph's order; the runner issues boundary copies on the compute stream, so SCO's prefetch
-  // overlap is the engines' prediction, not the runner's).
-  return std::nullopt;
-}
-
-void refuse_flat_not_executed(const Plan& p, const std::string& file) {
-  if (const auto f = flat_field_not_executed(p)) {
-    throw InputError(file, f->first, f->second,
-                     "the backend does not execute PipelinedLLEP yet; this plan runs in simulation (oom simulate), "
-                     "and oom plan --no-flat plans without FLAT's schedules");
-  }
-}
-
 Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
 
 void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,

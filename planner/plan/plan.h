@@ -116,10 +116,4 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
 // evenly, SCO only when every boundary is on the host; the rest as given.
 FlatSchedules applicable_flat(const FlatSchedules& f, const Plan& p, const ModelSpec& m, const Workload& w);
 
-// The first FLAT field of `p` that the LibTorch backend does not execute yet, as (field, value),
-// or nullopt. The backend refuses such a plan with one error naming the field.
-std::optional<std::pair<std::string, std::string>> flat_field_not_executed(const Plan& p);
-// Throws InputError naming `file` and that field (the backend's check before any work).
-void refuse_flat_not_executed(const Plan& p, const std::string& file);
-
 }  // namespace oom

@@ -342,6 +342,38 @@ TEST(TrainRanks, EpPlanWithRingDtpMatchesPlain) {
   }
 }
 
+// PipelinedLLEP over two and four ranks: the second step's graph places fetched experts from the
+// first step's routing; in it every decoder the routing overloads fetches experts for the
+// replay too, the helpers' gradients go back to the owners, dispatch rounds of 12 tokens interleave
+// (round c + 1's dispatch before round c's experts) and a retained decoder keeps its fetched
+// copies for its backward; the run matches the plain reference.
+TEST(TrainRanks, EpPlanWithPipelinedLlepMatchesPlain) {
+  for (const int ranks : {2, 4}) {
+    const auto dir = scratch("ep-plan-llep-" + std::to_string(ranks));
+    const RanksRun run = run_plan_on_ranks(
+        dir, {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}, {"flat", {{"expert_dispatch", "pipelined_llep"}}}},
+        ranks == 2 ? "ep2-llep" : "ep4-llep", ranks);
+    std::set<int> fetching_ranks;
+    std::set<std::pair<int, Phase>> fetches;
+    std::set<int> returns;
+    for (const StageKey& k : run.keys) {
+      if (k.part != StagePart::kLlep) continue;
+      if (k.op == StageOp::kFetch) {
+        fetching_ranks.insert(k.rank);
+        fetches.insert({k.decoder, k.phase});
+      }
+      if (k.op == StageOp::kGradReturn) returns.insert(k.decoder);
+    }
+    EXPECT_EQ(static_cast<int>(fetching_ranks.size()), ranks) << "every rank takes part in the fetches";
+    EXPECT_FALSE(returns.empty()) << "the routing overloaded no decoder: nothing was fetched";
+    for (const int l : returns) {
+      EXPECT_TRUE(fetches.count({l, Phase::kForward})) << "decoder " << l;
+      EXPECT_TRUE(fetches.count({l, Phase::kBackward})) << "decoder " << l;
+    }
+    fs::remove_all(dir);
+  }
+}
+
 TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBothRanks) {
   const auto dir = scratch("ep-plan-splits");
   const RanksRun run = run_plan_on_ranks(

@@ -267,7 +267,7 @@ TEST(OomDiff, ComparesStageByStageAcrossTraceFormats) {
 TEST(RecordedLocalRuns, ValidatePredictsTheRecordedStepsWithinTheirBound) {
   const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/recorded/local-cpu.jsonl");
   ASSERT_EQ(records.steps.size(), 48u);
-  const ValidationReport v = validate_records(records, "analytic");
+  const ValidationReport v = validate_records(records, StepEngines(), "analytic");
   EXPECT_EQ(v.failures, 0);
   EXPECT_EQ(v.count, 48);
   EXPECT_LE(v.median_abs_rel_error, 0.10);

@@ -309,6 +309,43 @@ TEST(PlanOps, RingShardsGiveTheWholeVocabularysLossAndGradients) {
   }
 }
 
+// PipelinedLLEP's dispatch round: rank 0 owns experts 0–1 with 28 of 33 rows, rank 1 holds a
+// copy of both; rank 0 hands 11 rows of its hottest expert (its first 11 in source order: all 10 of
+// rank 0's and one of rank 1's) to rank 1, and both end at the round's mean (17, 16). Every send
+// is a receive, every row is computed once, and without helpers the splits are the plain ones.
+TEST(PlanOps, BalancedDispatchSplitsEvenTheRoundsLoadOverTheHelpers) {
+  const auto counts = torch::tensor({10, 6, 1, 1, 8, 4, 1, 2}, torch::kLong).view({2, 4});
+  const std::vector<std::vector<int>> helpers = {{1}, {1}, {}, {}};
+  const auto d0 = plan_ops::balanced_dispatch_splits(counts, 0, 2, helpers);
+  const auto d1 = plan_ops::balanced_dispatch_splits(counts, 1, 2, helpers);
+  EXPECT_EQ(d0.send, (std::vector<std::int64_t>{6, 12}));
+  EXPECT_EQ(d1.send, (std::vector<std::int64_t>{11, 4}));
+  EXPECT_EQ(d0.recv, (std::vector<std::int64_t>{6, 11}));
+  EXPECT_EQ(d1.recv, (std::vector<std::int64_t>{12, 4}));
+  std::vector<std::int64_t> order0;
+  for (std::int64_t i = 10; i < 16; ++i) order0.push_back(i);  // expert 1 to its owner
+  for (std::int64_t i = 0; i < 10; ++i) order0.push_back(i);   // expert 0 to the helper
+  order0.push_back(16);
+  order0.push_back(17);
+  EXPECT_EQ(d0.send_order, order0);
+  ASSERT_EQ(d1.fetched_rows.count(0), 1u);
+  EXPECT_EQ(d1.fetched_rows.at(0), (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12}));
+  EXPECT_TRUE(d0.fetched_rows.empty());
+  EXPECT_EQ(d0.owned_rows[0].size(), 7u);
+  EXPECT_EQ(d0.owned_rows[1].size(), 10u);
+  EXPECT_EQ(d1.owned_rows[0].size() + d1.owned_rows[1].size() + d1.fetched_rows.at(0).size(), 16u);
+  // Without helpers: the plain splits.
+  const std::vector<std::vector<int>> none(4);
+  for (int r = 0; r < 2; ++r) {
+    const auto plain = plan_ops::dispatch_splits(counts, r, 2);
+    const auto same = plan_ops::balanced_dispatch_splits(counts, r, 2, none);
+    EXPECT_EQ(same.send, plain.send);
+    EXPECT_EQ(same.recv, plain.recv);
+    EXPECT_EQ(same.owned_rows, plain.owned_rows);
+    EXPECT_TRUE(same.fetched_rows.empty());
+  }
+}
+
 // --- bad plans: one InputError before any work ---
 
 void expect_rejected(const Plan& p, const std::string& field, std::int64_t batch = 4, std::int64_t seq = 24,

@@ -53,7 +53,7 @@ TEST(SimulatePlan, UnknownEngineIsBadInput) {
 
 TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
-  const ValidationReport r = validate_records(records, "analytic");
+  const ValidationReport r = validate_records(records, StepEngines(), "analytic");
   EXPECT_GE(r.count, 15);
   // In sample (the calibration was fitted on these records and the FSDP2 ones): the constants are
   // held to physical ranges (planner/calibration/calibrate.cc), so they do not absorb what the model lacks;
@@ -92,7 +92,7 @@ TEST(ValidateRecords, ARecordThatCannotRunIsAFailureWithItsReason) {
   rec.plan = plan_to_json(default_plan());
   rec.measured.step_s = 1.0;
   set.steps.push_back(rec);
-  const ValidationReport r = validate_records(set, "analytic");
+  const ValidationReport r = validate_records(set, StepEngines(), "analytic");
   ASSERT_EQ(r.records.size(), 1u);
   EXPECT_EQ(r.records[0].status, "failed");
   EXPECT_NE(r.records[0].reason.find("gpus"), std::string::npos);

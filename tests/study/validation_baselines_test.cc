@@ -26,7 +26,7 @@ TEST(ValidateBaselineRecords, FittingSystemsArePredictedAndTooLongContextsAreOut
   set.steps.push_back(system_record("zero-4k", "zero-offload", 4096));
   set.steps.push_back(system_record("fsdp2-1m", "fsdp2-offload", 1048576));
   set.steps.push_back(system_record("unknown", "deepspeed-ulysses", 4096));
-  const ValidationReport r = validate_records(set, "analytic");
+  const ValidationReport r = validate_records(set, StepEngines(), "analytic");
   ASSERT_EQ(r.records.size(), 3u);
   EXPECT_EQ(r.records[0].status, "ok");
   EXPECT_EQ(r.records[0].system, "zero-offload");
