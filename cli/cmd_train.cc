@@ -62,7 +62,7 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--trace", opts->trace, "With --plan: write the last step's Chrome/Perfetto trace (StepGraph stage names)");
   cmd->add_option("--device", opts->device, "Compute device: auto (a GPU when LibTorch sees one), cpu or cuda; with ranks, cuda means NCCL and one GPU per rank")
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_flag("--device-memory", opts->device_memory, "With --plan on the CPU: stand the CPU in for a GPU with memory of its own and measure the device side's bytes (the trace's GPU timeline, the device peak reported); a GPU always measures its own");
+  cmd->add_flag("--device-memory", opts->device_memory, "With --plan on the CPU: stand the CPU in for a GPU with memory of its own and measure the device side's bytes (the trace's GPU timeline, the device peak reported; with --ranks P every rank's); a GPU always measures its own");
   cmd->add_flag("--reference", opts->reference, "Plain in-memory trainer (autograd + torch::optim::AdamW)");
   cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments); the default on a GPU");
   cmd->add_flag("--fp32", opts->fp32, "FP32 working weights even on a GPU (the default on the CPU)");

@@ -9,6 +9,7 @@
 #include "backend/dist/rank_train.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "costmodel/units.h"
 
 namespace oom::cli {
 
@@ -54,10 +55,20 @@ void print_ranks_result(const backend::dist::RanksResult& result, int ranks, boo
     j["ranks"] = ranks;
     j["backend"] = result.backend;
     j["last_dispatch_rows"] = result.last_dispatch_rows;
+    if (!result.device_peaks.empty()) {
+      j["device_peak_gib"] = to_gib(result.train.device_peak_bytes);
+      nlohmann::json per_rank = nlohmann::json::array();
+      for (const auto peak : result.device_peaks) per_rank.push_back(to_gib(peak));
+      j["device_peaks_gib"] = per_rank;
+    }
     io.out << j.dump() << "\n";
   } else {
     io.out << fmt::format("{} ranks ({}): {} steps, {:.0f} tokens/s\n", ranks, result.backend,
                           result.train.losses.size(), result.train.tokens_per_s);
+    for (std::size_t k = 0; k < result.device_peaks.size(); ++k) {
+      io.out << fmt::format("rank {} device peak: {:.3f} MiB\n", k,
+                            static_cast<double>(result.device_peaks[k]) / static_cast<double>(kMiB));
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include "backend/checkpoint.h"
 #include "backend/data.h"
+#include "backend/device_memory.h"
 #include "backend/dist/ep_trainer.h"
 #include "backend/dist/launcher.h"
 #include "backend/io/hf_checkpoint.h"
@@ -44,7 +45,7 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
   if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
-  if (o.device_memory) throw InputError("", "--device-memory", "true", "device memory is measured by the single-process trainer");
+  if (o.device_memory && o.plan.empty()) throw InputError("", "--device-memory", "true", "device memory is measured for a plan (--plan)");
   if (o.accumulate != 1) {
     throw InputError("", "--accumulate", std::to_string(o.accumulate), "the multi-rank trainer runs one micro-batch per step");
   }
@@ -104,7 +105,7 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
           {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
           {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"device", o.device},
           {"lr_schedule", o.lr_schedule}, {"warmup_steps", o.warmup_steps}, {"decay_steps", o.decay_steps},
-          {"min_lr", o.min_lr},
+          {"min_lr", o.min_lr}, {"device_memory", o.device_memory},
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
           {"cpu_grad_slots", r.cpu_grad_slots},
@@ -270,6 +271,8 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   out.train.trainer = field<std::string>(res, "trainer", result_path);
   out.last_dispatch_rows = field<std::vector<std::vector<std::int64_t>>>(res, "last_dispatch_rows", result_path);
   out.backend = field<std::string>(res, "backend", result_path);
+  out.device_peaks = field<std::vector<std::int64_t>>(res, "device_peaks", result_path);
+  for (const std::int64_t peak : out.device_peaks) out.train.device_peak_bytes = std::max(out.train.device_peak_bytes, peak);
   if (!o.trace.empty() && o.steps > 0) {
     std::vector<Trace> ranks_traces;
     for (int k = 0; k < r.ranks; ++k) {
@@ -297,6 +300,7 @@ struct RankRun {
   std::int64_t first_step = 1, last_step = 0;
   std::vector<std::vector<std::int64_t>> dispatch_rows;  // this rank's sends, last step
   std::string backend;
+  std::vector<std::int64_t> device_peaks;  // with device_memory: every rank's device peak
 };
 
 // How a rank trains: with `plan`, its share of the plan's StepGraph (the graph runner) on the host
@@ -361,6 +365,13 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   cfg.cpu_grad_slots = r.cpu_grad_slots;
   // The trainer's interface here: EpTrainer, or the graph runner over the shared state.
   std::unique_ptr<EpTrainer> ep;
+  // A CPU rank standing in for a GPU measures its device side (backend/device_memory.h); the
+  // emulation is this process's and ends with the run (declared before the trainer, so after it).
+  struct EmulationEnds {
+    ~EmulationEnds() { device_memory::set_emulated(false); }
+  } emulation_ends;
+  const bool measured = rp.plan && o.device_memory && comm.device().is_cpu();
+  device_memory::set_emulated(measured);  // before the runner: its weight window allocates the device's slots
   std::unique_ptr<PlanTrainer> planned;
   if (rp.plan) {
     planned = std::make_unique<PlanTrainer>(state, cfg.trainer, *rp.plan, comm.device(), &comm);
@@ -404,6 +415,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   };
   RankRun run;
   run.first_step = state.step + 1;
+  std::int64_t device_peak = -1;
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t tokens = 0;
   if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
@@ -415,6 +427,11 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     if (planned && !rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
     const StepStats st = trainer.step(b.tokens, b.targets);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    if (measured) {
+      // A traced step marks each stage's peak, so the trace holds the step's.
+      const bool traced = !rp.trace.empty() && i + 1 == o.steps;
+      device_peak = std::max<std::int64_t>(device_peak, traced ? planned->last_trace().gpu_peak_bytes.at(0) : device_memory::peak_bytes());
+    }
     tokens += b.tokens.numel();
     run.losses.push_back(st.loss);
     if (rank == 0 && on_step) {
@@ -442,6 +459,10 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     write_file_atomically(fmt::format("{}.rank{}.json", rp.trace, rank), trace_to_json(planned->last_trace()).dump());
   }
   run.backend = comm.backend();
+  if (measured) {
+    const at::Tensor peaks = comm.all_gather_counts({device_peak});  // collective: every rank's
+    for (std::int64_t k = 0; k < peaks.size(0); ++k) run.device_peaks.push_back(peaks[k][0].item<std::int64_t>());
+  }
   comm.barrier();
   return run;
 }
@@ -481,6 +502,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.threads = field<int>(j, "threads", job_path);
   o.gdn_chunk_tokens = field<std::int64_t>(j, "gdn_chunk_tokens", job_path);
   o.device = field<std::string>(j, "device", job_path);
+  o.device_memory = field<bool>(j, "device_memory", job_path);
   o.lr_schedule = field<std::string>(j, "lr_schedule", job_path);
   o.warmup_steps = field<std::int64_t>(j, "warmup_steps", job_path);
   o.decay_steps = field<std::int64_t>(j, "decay_steps", job_path);
@@ -531,7 +553,8 @@ void run_rank_worker(const std::string& job_path, int rank) {
                                 {"last_step", run.last_step},
                                 {"trainer", "ranks"},
                                 {"backend", run.backend},
-                                {"last_dispatch_rows", run.dispatch_rows}};
+                                {"last_dispatch_rows", run.dispatch_rows},
+                                {"device_peaks", run.device_peaks}};
     write_file_atomically(field<std::string>(j, "result", job_path), res.dump());
   }
 }
@@ -575,6 +598,9 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   }
   if (!o_in.trace.empty()) {
     throw InputError("", "--trace", o_in.trace, "under torchrun the ranks record no trace (oom train --ranks P does)");
+  }
+  if (o_in.device_memory) {
+    throw InputError("", "--device-memory", "true", "under torchrun the ranks measure no device memory (oom train --ranks P does)");
   }
   TrainOptions o = o_in;
   if (o.data.empty()) o.data = default_corpus_path();

@@ -57,6 +57,8 @@ struct RanksResult {
   // Rows rank 0 sent to each rank in every dispatch all-to-all of the last step (layer, chunk order).
   std::vector<std::vector<std::int64_t>> last_dispatch_rows;
   std::string backend;  // "gloo" (or "nccl")
+  // With --device-memory on CPU ranks: each rank's device peak (train.device_peak_bytes: the most).
+  std::vector<std::int64_t> device_peaks;
 };
 
 // Runs the training on `ranks.ranks` processes. Throws InputError for bad options (before any

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -374,6 +375,43 @@ TEST(TrainRanks, EpPlanWithPipelinedLlepMatchesPlain) {
   }
 }
 
+// --device-memory over ranks: each CPU rank stands in for a GPU and measures its own device side
+// (the PipelinedLLEP copies included); the result gives every rank's peak, the merged trace has
+// both GPUs' timelines, and the run computes what the unmeasured run computes, bit for bit.
+TEST(TrainRanks, DeviceMemoryIsMeasuredOnEveryRank) {
+  const auto dir = scratch("ep-plan-device-memory");
+  auto o = small_run("tiny-moe", 4);
+  o.plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"flat", {{"expert_dispatch", "pipelined_llep"}}}});
+  RanksOptions r;
+  r.ranks = 2;
+  apply_ep_plan(o, r);
+  r.worker_program = OOM_BINARY;
+  r.timeout_s = 60;
+  r.deadline_s = 120;
+  const auto unmeasured = train_ranks(o, r);
+  EXPECT_TRUE(unmeasured.device_peaks.empty());
+  EXPECT_EQ(unmeasured.train.device_peak_bytes, -1);
+  o.device_memory = true;
+  o.trace = (dir / "trace.json").string();
+  const auto measured = train_ranks(o, r);
+  ASSERT_EQ(measured.device_peaks.size(), 2u);
+  for (const std::int64_t peak : measured.device_peaks) EXPECT_GT(peak, 0);
+  EXPECT_EQ(measured.train.device_peak_bytes, std::max(measured.device_peaks[0], measured.device_peaks[1]));
+  EXPECT_EQ(measured.train.losses, unmeasured.train.losses);
+  std::ifstream in(o.trace);
+  const auto chrome = nlohmann::json::parse(in);
+  std::map<std::string, double> most;
+  for (const auto& e : chrome["traceEvents"]) {
+    if (e["ph"] != "C") continue;
+    for (const auto& [name, v] : e["args"].items()) {
+      if (name.rfind("gpu", 0) == 0) most[name] = std::max(most[name], v.get<double>());
+    }
+  }
+  EXPECT_GT(most["gpu0"], 0.0);
+  EXPECT_GT(most["gpu1"], 0.0);
+  fs::remove_all(dir);
+}
+
 TEST(TrainRanks, EpPlanWithSplitsKeptResultsAndBoundariesMatchesPlainAndTracesBothRanks) {
   const auto dir = scratch("ep-plan-splits");
   const RanksRun run = run_plan_on_ranks(
@@ -633,8 +671,9 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--delivery", "shard"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--delivery"), std::string::npos) << err.str();
   err.str("");
-  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--device-memory"}, {out, err}), cli::kExitBadInput);
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--device-memory"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--device-memory"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("--plan"), std::string::npos) << err.str();
   err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--trace", (dir / "t.json").string()}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--trace"), std::string::npos) << err.str();
