@@ -28,6 +28,15 @@ namespace oom::backend::device_memory {
 // with `on`). Tensors allocated before keep their own deleters and are never counted.
 void set_emulated(bool on);
 bool emulated();
+// Emulation set to `on` for the life of the scope (the process's: a run declares it before the
+// runner whose device allocations it meters, so it ends after them); off again at its end.
+class Emulation {
+ public:
+  explicit Emulation(bool on) { set_emulated(on); }
+  ~Emulation() { set_emulated(false); }
+  Emulation(const Emulation&) = delete;
+  Emulation& operator=(const Emulation&) = delete;
+};
 
 // Bytes the device holds now, and the most it held since the last reset_peak().
 Bytes current_bytes();

@@ -327,11 +327,10 @@ struct GraphRunner::Impl {
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
   // PipelinedLLEP. The placement of fetched experts comes from the routing the graph was lowered
   // with: the histogram of the previous step's forward dispatches (uniform before the first, so
-  // nothing is fetched). Per decoder: the (expert, helper) pairs by expert then helper, and each
-  // expert's helpers; the step's global (token, expert) pairs per decoder and expert.
+  // nothing is fetched). Per decoder: the (expert, helper) pairs by expert then helper; the step's
+  // global (token, expert) pairs per decoder and expert.
   RoutingSpec llep_routing;
   std::vector<std::vector<std::pair<int, int>>> llep_spills;
-  std::vector<std::vector<std::vector<int>>> llep_helpers;
   std::vector<std::vector<double>> routed_pairs;
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
   // A gradient on its way to an update: (part, decoder, bucket), bucket −1 for a whole group.
@@ -849,10 +848,8 @@ struct GraphRunner::Impl {
     Chunk& c = chunk_of(p, s, st_.key);
     const plan_ops::SortedSlots slots = plan_ops::sort_slots_by_expert(c.r, spec.moe);
     const at::Tensor all_counts = group->all_gather_counts(slots.counts);
-    const auto& helpers = llep() ? llep_helpers[static_cast<std::size_t>(p.l)] : std::vector<std::vector<int>>{};
-    plan_ops::DispatchSplits d = llep_spills.empty() || llep_spills[static_cast<std::size_t>(p.l)].empty()
-                                     ? plan_ops::dispatch_splits(all_counts, R, experts_local)
-                                     : plan_ops::balanced_dispatch_splits(all_counts, R, experts_local, helpers);
+    plan_ops::DispatchSplits d = llep() ? plan_ops::balanced_dispatch_splits(all_counts, R, experts_local, llep_spills[static_cast<std::size_t>(p.l)])
+                                        : plan_ops::dispatch_splits(all_counts, R, experts_local);
     c.send = std::move(d.send);
     c.recv = std::move(d.recv);
     const auto index = [&](const std::vector<std::int64_t>& r) {
@@ -1447,12 +1444,10 @@ struct GraphRunner::Impl {
     const int E = spec.moe.experts, L = spec.layers;
     const std::vector<LlepBalance> balance = ep_layer_balance(llep_routing, E, L, P, true);
     llep_spills.assign(static_cast<std::size_t>(L), {});
-    llep_helpers.assign(static_cast<std::size_t>(L), std::vector<std::vector<int>>(static_cast<std::size_t>(E)));
     for (int l = 0; l < L; ++l) {
       auto& pairs = llep_spills[static_cast<std::size_t>(l)];
       pairs = balance[static_cast<std::size_t>(l)].spills;
       std::sort(pairs.begin(), pairs.end());
-      for (const auto& [e, h] : pairs) llep_helpers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)].push_back(h);
     }
     std::set<int> fetching;
     for (const Stage& s : g.stages) {
@@ -1589,6 +1584,9 @@ void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& GraphRunner::last_trace() const { return impl_->trace; }
 const std::vector<std::vector<std::int64_t>>& GraphRunner::last_dispatch() const { return impl_->dispatch_log; }
 const RoutingSpec& GraphRunner::routing() const { return impl_->llep_routing; }
+Bytes GraphRunner::last_device_peak() const {
+  return impl_->tracing ? impl_->trace.gpu_peak_bytes.at(0) : device_memory::peak_bytes();
+}
 void GraphRunner::capture_gradients(std::vector<at::Tensor>* blocks) { impl_->captured = blocks; }
 std::pair<int, std::int64_t> GraphRunner::host_gradient_buffers() const {
   std::pair<int, std::int64_t> out{0, 0};

@@ -106,6 +106,10 @@ class GraphRunner {
   // Over ranks: the rows this rank sent to each rank in every forward dispatch of the last step
   // (layer, then chunk order).
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
+  // The most the device side held during the last step, on a CPU standing in for a GPU
+  // (backend/device_memory.h): a traced step's from its trace (each stage marks its own peak, so
+  // the meter holds only the last stage's), else the meter's.
+  Bytes last_device_peak() const;
   // The routing the next step's graph must be lowered with (lower_for_run): under PipelinedLLEP
   // the histogram of the last step's forward dispatches, over every rank and round, which places
   // the experts the helpers fetch (uniform before the first step: nothing fetched); else uniform.

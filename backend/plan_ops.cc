@@ -210,10 +210,15 @@ DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int exper
 }
 
 DispatchSplits balanced_dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local,
-                                        const std::vector<std::vector<int>>& helpers) {
+                                        const std::vector<std::pair<int, int>>& copies) {
+  if (copies.empty()) return dispatch_splits(all_counts, rank, experts_local);
   const auto counts = all_counts.to(at::kCPU).contiguous();
   const std::int64_t P = counts.size(0), E = counts.size(1);
-  OOM_ASSERT(static_cast<std::int64_t>(helpers.size()) == E, "one helper list per expert");
+  std::vector<std::vector<int>> helpers(static_cast<std::size_t>(E));
+  for (const auto& [e, h] : copies) {
+    OOM_ASSERT(e >= 0 && e < E, "a copy of an expert the counts do not have");
+    helpers[static_cast<std::size_t>(e)].push_back(h);
+  }
   const auto* ac = counts.data_ptr<std::int64_t>();
   const auto count = [&](std::int64_t q, std::int64_t e) { return ac[q * E + e]; };
   const auto owner = [&](std::int64_t e) { return static_cast<int>(e / experts_local); };

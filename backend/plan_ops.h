@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -94,16 +95,16 @@ struct DispatchSplits {
   std::vector<std::int64_t> send_order;
 };
 DispatchSplits dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local);
-// PipelinedLLEP's dispatch round: `helpers[e]` are the ranks holding a fetched copy of expert e
-// this layer (the lowering's placement, in order). Every expert's rows go to its owner, except
+// PipelinedLLEP's dispatch round: `copies` are the (expert, helper) pairs of this layer (the
+// lowering's placement; an expert's helpers in the order listed). Every expert's rows go to its owner, except
 // that an owner above the round's mean load (rounded up) hands rows of its fetched experts to
 // their helpers below it, hottest expert first and the least-loaded helper first, until it is at
 // the mean or no helper has room. Of expert e's rows, taken in source-rank order, the helpers take
-// their quotas first (in `helpers[e]` order) and the owner the rest. A source's send buffer runs by
-// destination rank, then expert; send_order maps it to the expert-sorted rows. Every rank computes
-// the same splits from the same counts.
+// their quotas first (in the order listed) and the owner the rest. A source's send buffer runs by
+// destination rank, then expert; send_order maps it to the expert-sorted rows. Without copies it
+// is dispatch_splits(). Every rank computes the same splits from the same counts.
 DispatchSplits balanced_dispatch_splits(const at::Tensor& all_counts, int rank, int experts_local,
-                                        const std::vector<std::vector<int>>& helpers);
+                                        const std::vector<std::pair<int, int>>& copies);
 
 // --- Ring-DTP (FLAT): the vocabulary projection against one shard of the head at a time ---
 // A block of normalized hidden states xn [n, h] meets the head's rows [v0, v0 + V/P) (shard

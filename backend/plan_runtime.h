@@ -88,6 +88,8 @@ class PlanTrainer {
   const Trace& last_trace() const;
   // Over ranks: the rows this rank sent in every forward dispatch of the last step.
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
+  // GraphRunner::last_device_peak.
+  Bytes last_device_peak() const;
   // The host gradient buffers held between steps and their bytes (GraphRunner::host_gradient_buffers).
   std::pair<int, std::int64_t> host_gradient_buffers() const;
   // GraphRunner::capture_gradients.

@@ -183,18 +183,13 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   cfg.accumulate = plan ? 1 : o.accumulate;  // a plan runs the K·B sequences as its sub-batches
   std::optional<StreamedTrainer> streamed;
   std::optional<PlainTrainer> plain;
-  // Emulation is the process's: it ends with the run (declared before the trainer, so after it).
-  struct EmulationEnds {
-    ~EmulationEnds() { device_memory::set_emulated(false); }
-  };
-  std::optional<EmulationEnds> emulation_ends;
+  std::optional<device_memory::Emulation> emulation;  // declared before the trainer, so it ends after it
   std::optional<PlanTrainer> planned;
   if (o.reference) {
     plain.emplace(state, cfg);
   } else if (plan) {
     // Before the runner exists: its weight window allocates the device's slots.
-    device_memory::set_emulated(o.device_memory && device.is_cpu());
-    emulation_ends.emplace();
+    emulation.emplace(o.device_memory && device.is_cpu());
     planned.emplace(state, cfg, *plan, device);
   } else {
     streamed.emplace(state, cfg, device);
@@ -211,8 +206,7 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     const auto ts = std::chrono::steady_clock::now();
     const double lr = lr_at(schedule, state.step + 1);
     const Batch b = data->next(static_cast<std::int64_t>(o.batch) * o.accumulate);
-    const bool traced = planned && !o.trace.empty() && i + 1 == o.steps;
-    if (traced) planned->set_tracing(true);
+    if (planned && !o.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
     StepStats st;
     if (o.reference) {
       plain->set_lr(lr);
@@ -227,9 +221,7 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (planned && device_memory::emulated()) {
-      // A traced step marks each stage's peak, so the trace holds the step's.
-      const Bytes peak = traced ? planned->last_trace().gpu_peak_bytes.at(0) : device_memory::peak_bytes();
-      result.device_peak_bytes = std::max<std::int64_t>(result.device_peak_bytes, peak);
+      result.device_peak_bytes = std::max<std::int64_t>(result.device_peak_bytes, planned->last_device_peak());
     }
     tokens += b.tokens.numel();
     result.last_step_s = dt;

@@ -365,13 +365,10 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   cfg.cpu_grad_slots = r.cpu_grad_slots;
   // The trainer's interface here: EpTrainer, or the graph runner over the shared state.
   std::unique_ptr<EpTrainer> ep;
-  // A CPU rank standing in for a GPU measures its device side (backend/device_memory.h); the
-  // emulation is this process's and ends with the run (declared before the trainer, so after it).
-  struct EmulationEnds {
-    ~EmulationEnds() { device_memory::set_emulated(false); }
-  } emulation_ends;
+  // A CPU rank standing in for a GPU measures its device side (backend/device_memory.h), from
+  // before the runner: its weight window allocates the device's slots.
   const bool measured = rp.plan && o.device_memory && comm.device().is_cpu();
-  device_memory::set_emulated(measured);  // before the runner: its weight window allocates the device's slots
+  const device_memory::Emulation emulation(measured);
   std::unique_ptr<PlanTrainer> planned;
   if (rp.plan) {
     planned = std::make_unique<PlanTrainer>(state, cfg.trainer, *rp.plan, comm.device(), &comm);
@@ -427,11 +424,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     if (planned && !rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
     const StepStats st = trainer.step(b.tokens, b.targets);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (measured) {
-      // A traced step marks each stage's peak, so the trace holds the step's.
-      const bool traced = !rp.trace.empty() && i + 1 == o.steps;
-      device_peak = std::max<std::int64_t>(device_peak, traced ? planned->last_trace().gpu_peak_bytes.at(0) : device_memory::peak_bytes());
-    }
+    if (measured) device_peak = std::max<std::int64_t>(device_peak, planned->last_device_peak());
     tokens += b.tokens.numel();
     run.losses.push_back(st.loss);
     if (rank == 0 && on_step) {

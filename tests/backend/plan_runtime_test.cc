@@ -315,9 +315,9 @@ TEST(PlanOps, RingShardsGiveTheWholeVocabularysLossAndGradients) {
 // is a receive, every row is computed once, and without helpers the splits are the plain ones.
 TEST(PlanOps, BalancedDispatchSplitsEvenTheRoundsLoadOverTheHelpers) {
   const auto counts = torch::tensor({10, 6, 1, 1, 8, 4, 1, 2}, torch::kLong).view({2, 4});
-  const std::vector<std::vector<int>> helpers = {{1}, {1}, {}, {}};
-  const auto d0 = plan_ops::balanced_dispatch_splits(counts, 0, 2, helpers);
-  const auto d1 = plan_ops::balanced_dispatch_splits(counts, 1, 2, helpers);
+  const std::vector<std::pair<int, int>> copies = {{0, 1}, {1, 1}};
+  const auto d0 = plan_ops::balanced_dispatch_splits(counts, 0, 2, copies);
+  const auto d1 = plan_ops::balanced_dispatch_splits(counts, 1, 2, copies);
   EXPECT_EQ(d0.send, (std::vector<std::int64_t>{6, 12}));
   EXPECT_EQ(d1.send, (std::vector<std::int64_t>{11, 4}));
   EXPECT_EQ(d0.recv, (std::vector<std::int64_t>{6, 11}));
@@ -335,10 +335,9 @@ TEST(PlanOps, BalancedDispatchSplitsEvenTheRoundsLoadOverTheHelpers) {
   EXPECT_EQ(d0.owned_rows[1].size(), 10u);
   EXPECT_EQ(d1.owned_rows[0].size() + d1.owned_rows[1].size() + d1.fetched_rows.at(0).size(), 16u);
   // Without helpers: the plain splits.
-  const std::vector<std::vector<int>> none(4);
   for (int r = 0; r < 2; ++r) {
     const auto plain = plan_ops::dispatch_splits(counts, r, 2);
-    const auto same = plan_ops::balanced_dispatch_splits(counts, r, 2, none);
+    const auto same = plan_ops::balanced_dispatch_splits(counts, r, 2, {});
     EXPECT_EQ(same.send, plain.send);
     EXPECT_EQ(same.recv, plain.recv);
     EXPECT_EQ(same.owned_rows, plain.owned_rows);
