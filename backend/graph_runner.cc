@@ -1577,6 +1577,7 @@ GraphRunner::GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::
     : impl_(std::make_unique<Impl>(state, config, std::move(plan), device, group)) {}
 GraphRunner::~GraphRunner() = default;
 StepStats GraphRunner::run(const StepGraph& graph, const at::Tensor& tokens, const at::Tensor& targets) {
+  const LeanKernels lean;  // stages run on this thread; recomputations in the backward need no scope
   return impl_->run(graph, tokens, targets);
 }
 void GraphRunner::set_lr(double lr) { impl_->cfg.adam.lr = lr; }

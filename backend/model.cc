@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "backend/recompute.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {
@@ -30,11 +31,33 @@ BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat) {
   return w;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+namespace {
+thread_local bool lean_kernels = false;
+}  // namespace
+
+LeanKernels::LeanKernels(bool on) : previous_(lean_kernels) { lean_kernels = on; }
+LeanKernels::~LeanKernels() { lean_kernels = previous_; }
+bool LeanKernels::active() { return lean_kernels; }
+
+namespace {
+
+at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto xf = x.to(at::kFloat);
   const auto y = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
   if (!weight.defined()) return y.to(x.scalar_type());
   return (y * weight.to(at::kFloat)).to(x.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (!LeanKernels::active()) return rms_norm_ops(x, weight, eps);
+  if (!weight.defined()) {
+    return recomputed([eps](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{rms_norm_ops(in[0], {}, eps)}; },
+                      {x})[0];
+  }
+  return recomputed([eps](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{rms_norm_ops(in[0], in[1], eps)}; },
+                    {x, weight})[0];
 }
 
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
@@ -149,17 +172,21 @@ AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, c
   for (std::int64_t s0 = 0; s0 < S; s0 += block) {
     const auto s1 = std::min(S, s0 + block);
     const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
-    const auto qb = q.narrow(2, s0, s1 - s0);
-    const auto kb = k.narrow(2, lo, s1 - lo), vb = v.narrow(2, lo, s1 - lo);
-    const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
-    const auto kj = at::arange(lo, s1, idx_opts).unsqueeze(0);
-    auto allowed = kj <= qi;
-    if (window > 0) allowed = allowed & (qi - kj < window);
-    const auto scores = at::matmul(qb, kb.transpose(-1, -2)).mul(scale).masked_fill(allowed.logical_not(),
-                                                                                    -std::numeric_limits<float>::infinity());
-    const auto lse = at::logsumexp(scores, {-1});                       // [B, H, blk]
-    outs.push_back(at::matmul(at::exp(scores - lse.unsqueeze(-1)), vb));  // [B, H, blk, d]
-    lses.push_back(lse);
+    // Queries s0..s1 over keys lo..s1 → {O block, LSE block}.
+    const RecomputeFn attend = [=](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
+      const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
+      const auto kj = at::arange(lo, s1, idx_opts).unsqueeze(0);
+      auto allowed = kj <= qi;
+      if (window > 0) allowed = allowed & (qi - kj < window);
+      const auto scores = at::matmul(x[0], x[1].transpose(-1, -2)).mul(scale).masked_fill(allowed.logical_not(),
+                                                                                        -std::numeric_limits<float>::infinity());
+      const auto lse = at::logsumexp(scores, {-1});                  // [B, H, blk]
+      return {at::matmul(at::exp(scores - lse.unsqueeze(-1)), x[2]), lse};  // [B, H, blk, d]
+    };
+    const std::vector<at::Tensor> in{q.narrow(2, s0, s1 - s0), k.narrow(2, lo, s1 - lo), v.narrow(2, lo, s1 - lo)};
+    const auto r = LeanKernels::active() ? recomputed(attend, in) : attend(in);
+    outs.push_back(r[0]);
+    lses.push_back(r[1]);
   }
   return {at::cat(outs, 2), at::cat(lses, 2)};
 }

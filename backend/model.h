@@ -48,6 +48,24 @@ struct ModelOptions {
 
 constexpr double kNormEps = 1e-6;
 
+// While alive, this thread's model functions build lean autograd graphs: the norms and each block
+// of the attention core keep only their inputs and recompute their intermediates in the backward
+// (backend/recompute.h), as the fused kernels the memory model prices do, instead of holding FP32
+// upcasts and score blocks from the forward to the backward. Values and gradients are the same
+// operators' either way. The graph runner runs its stages in one; the plain reference runs without.
+// Scopes nest (the innermost wins).
+class LeanKernels {
+ public:
+  explicit LeanKernels(bool on = true);
+  ~LeanKernels();
+  LeanKernels(const LeanKernels&) = delete;
+  LeanKernels& operator=(const LeanKernels&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 // x · (mean(x²) + eps)^-1/2 · weight over the last dimension, in FP32, in x's dtype; an undefined
 // weight gives the weightless norm (Gemma 4's V and router norms).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = kNormEps);
@@ -77,7 +95,9 @@ struct AttentionOutput {
 };
 // Causal softmax attention of q [B, H, S, d] over k, v [B, Hkv, S, d] (H a multiple of Hkv);
 // window_tokens > 0 restricts query i to keys j with i − j < window. Computed in query blocks
-// that only visit the keys inside the window. Scores are q·k·scale; scale 0 means 1/√d.
+// that only visit the keys inside the window. Scores are q·k·scale; scale 0 means 1/√d. Under
+// LeanKernels, autograd keeps only each block's q, k, v and recomputes its scores in the backward,
+// as flash attention does; otherwise it keeps every block's FP32 scores and probabilities.
 AttentionOutput attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                std::int64_t window_tokens, std::int64_t query_block, double scale = 0.0);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/recompute.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::plan_ops {
@@ -74,23 +75,29 @@ AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor&
   const auto idx_opts = q.options().dtype(at::kLong);
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   const auto D = (dout * out).sum(-1);  // [B, H, S]
+  // Tiles of `block` queries × `block` keys, as a flash backward's thread blocks: the score-sized
+  // temporaries (P, dP, dS) of one tile at a time, not of a query block over all its keys.
   for (std::int64_t s0 = 0; s0 < S; s0 += block) {
     const auto s1 = std::min(S, s0 + block);
     const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
     const auto qb = q.narrow(2, s0, s1 - s0);
-    const auto kb = k.narrow(2, lo, s1 - lo), vb = v.narrow(2, lo, s1 - lo);
-    const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
-    const auto kj = at::arange(lo, s1, idx_opts).unsqueeze(0);
-    auto allowed = kj <= qi;
-    if (window > 0) allowed = allowed & (qi - kj < window);
-    const auto scores = at::matmul(qb, kb.transpose(-1, -2)).mul(scale);
-    const auto p = at::exp(scores - lse.narrow(2, s0, s1 - s0).unsqueeze(-1)).masked_fill(allowed.logical_not(), 0.0);
     const auto dob = dout.narrow(2, s0, s1 - s0);
-    dv.narrow(2, lo, s1 - lo).add_(at::matmul(p.transpose(-1, -2), dob));
-    const auto dp = at::matmul(dob, vb.transpose(-1, -2));
-    const auto ds = p * (dp - D.narrow(2, s0, s1 - s0).unsqueeze(-1)) * scale;
-    dq.narrow(2, s0, s1 - s0).copy_(at::matmul(ds, kb));
-    dk.narrow(2, lo, s1 - lo).add_(at::matmul(ds.transpose(-1, -2), qb));
+    const auto lse_b = lse.narrow(2, s0, s1 - s0).unsqueeze(-1);
+    const auto D_b = D.narrow(2, s0, s1 - s0).unsqueeze(-1);
+    const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
+    auto dq_b = dq.narrow(2, s0, s1 - s0);
+    for (std::int64_t k0 = lo; k0 < s1; k0 += block) {
+      const auto k1 = std::min(s1, k0 + block);
+      const auto kb = k.narrow(2, k0, k1 - k0), vb = v.narrow(2, k0, k1 - k0);
+      const auto kj = at::arange(k0, k1, idx_opts).unsqueeze(0);
+      auto allowed = kj <= qi;
+      if (window > 0) allowed = allowed & (qi - kj < window);
+      const auto p = at::exp(at::matmul(qb, kb.transpose(-1, -2)).mul_(scale).sub_(lse_b)).masked_fill_(allowed.logical_not(), 0.0);
+      dv.narrow(2, k0, k1 - k0).add_(at::matmul(p.transpose(-1, -2), dob));
+      const auto ds = at::matmul(dob, vb.transpose(-1, -2)).sub_(D_b).mul_(p).mul_(scale);
+      dq_b.add_(at::matmul(ds, kb));
+      dk.narrow(2, k0, k1 - k0).add_(at::matmul(ds.transpose(-1, -2), qb));
+    }
   }
   if (group > 1) {
     dk = dk.view({B, Hkv, group, S, d}).sum(2);
@@ -131,27 +138,38 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
   if (s0 - from < K - 1) parts.push_back(at::zeros({B, conv_dim, K - 1 - (s0 - from)}, in.qkv.options()));
   if (s0 > from) parts.push_back(in.qkv.narrow(2, from, s0 - from));
   parts.push_back(in.qkv.narrow(2, s0, C));
-  const auto with_ctx = at::cat(parts, 2);
+  const auto with_ctx = at::cat(parts, 2);  // [B, conv_dim, K − 1 + C]
   const auto conv_w = w["gdn.conv"].to(at::kFloat).unsqueeze(1);
-  const auto conv = at::silu(at::conv1d(with_ctx, conv_w, at::Tensor(), at::IntArrayRef{1}, at::IntArrayRef{0},
-                                        at::IntArrayRef{1}, conv_dim)).transpose(1, 2);  // [B, C, conv_dim]
-  auto q = conv.narrow(-1, 0, kd).reshape({B, C, Hk, dk});
-  auto k = conv.narrow(-1, kd, kd).reshape({B, C, Hk, dk});
-  const auto v = conv.narrow(-1, 2 * kd, vd).reshape({B, C, Hv, dv}).transpose(1, 2);
-  if (Hv != Hk) {
-    q = q.repeat_interleave(Hv / Hk, 2);
-    k = k.repeat_interleave(Hv / Hk, 2);
-  }
   const double q_scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  q = l2_normalize(q).transpose(1, 2) * q_scale;
-  k = l2_normalize(k).transpose(1, 2);
+  // One kernel chunk: causal conv over [left context | chunk], SiLU, L2 norms, the chunk's recurrence.
+  // Under LeanKernels recomputed in the backward, so each chunk keeps only its inputs and start
+  // state, as a chunked GDN kernel does, not the WY transform's intermediates.
+  const RecomputeFn kernel = [=](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
+    const auto n = x[0].size(2) - (K - 1);
+    const auto conv = at::silu(at::conv1d(x[0], x[1], at::Tensor(), at::IntArrayRef{1}, at::IntArrayRef{0},
+                                          at::IntArrayRef{1}, conv_dim)).transpose(1, 2);  // [B, n, conv_dim]
+    auto q = conv.narrow(-1, 0, kd).reshape({B, n, Hk, dk});
+    auto k = conv.narrow(-1, kd, kd).reshape({B, n, Hk, dk});
+    const auto v = conv.narrow(-1, 2 * kd, vd).reshape({B, n, Hv, dv}).transpose(1, 2);
+    if (Hv != Hk) {
+      q = q.repeat_interleave(Hv / Hk, 2);
+      k = k.repeat_interleave(Hv / Hk, 2);
+    }
+    q = l2_normalize(q).transpose(1, 2) * q_scale;
+    k = l2_normalize(k).transpose(1, 2);
+    auto st = x[4];
+    auto out = gdn_chunk(q, k, v, x[3], x[2], st);
+    return {out, st};
+  };
   const auto beta = in.beta.narrow(2, s0, C), gl = in.g.narrow(2, s0, C);
   const auto chunk = std::max<std::int64_t>(1, kernel_chunk);
   std::vector<at::Tensor> outs;
   for (std::int64_t c0 = 0; c0 < C; c0 += chunk) {
     const auto n = std::min(chunk, C - c0);
-    outs.push_back(gdn_chunk(q.narrow(2, c0, n), k.narrow(2, c0, n), v.narrow(2, c0, n), gl.narrow(2, c0, n),
-                             beta.narrow(2, c0, n), state));
+    const std::vector<at::Tensor> x{with_ctx.narrow(2, c0, n + K - 1), conv_w, beta.narrow(2, c0, n), gl.narrow(2, c0, n), state};
+    const auto r = LeanKernels::active() ? recomputed(kernel, x) : kernel(x);
+    outs.push_back(r[0]);
+    state = r[1];
   }
   return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
 }

@@ -42,11 +42,12 @@ TrainerConfig config(double clip = 0.0) {
 
 // Gradients: one step of the plan against autograd over the whole model (the plain trainer's
 // arithmetic) on the same weights and batch: the loss and every block's gradient within 1e-5
-// relative. Then `steps` steps against the plain trainer: losses within 1e-5, parameters within
-// 1e-3 relative, a third of the learning rate on unit-size weights (AdamW normalizes each gradient
-// element, so rounding-level differences in small, cancelling gradients, summed in another order
-// over sub-batches, groups and chunks, move parameters by up to ~0.1 lr; a missed, doubled or
-// wrong update moves them by ~lr).
+// relative. Then `steps` steps against the plain trainer: losses within 1e-5, and no parameter
+// apart by half a learning rate. AdamW normalizes each gradient element, so rounding-level
+// differences in small, cancelling gradients, summed in another order over sub-batches, groups and
+// chunks, move a few parameters by a fraction of lr (Gemma 4 on the EP path: 6 of 24 672 embedding
+// elements by 0.03–0.2 lr, the rest by ~3e-4 lr; a relative L2 norm over a block of small weights
+// magnifies those few); a missed, doubled or wrong update moves parameters by ~lr or more.
 void expect_plan_matches_plain(const ModelSpec& spec, const Plan& plan, int steps = 2, double clip = 0.0,
                                std::int64_t batch = 4, std::int64_t seq = 24) {
   const char* model = spec.name.c_str();
@@ -94,7 +95,8 @@ void expect_plan_matches_plain(const ModelSpec& spec, const Plan& plan, int step
   }
   const auto ref = plain.flat_params();
   for (int b = 0; b < state.blocks(); ++b) {
-    EXPECT_LE(rel_diff(state.master(b), ref[static_cast<std::size_t>(b)]), 1e-3) << model << " block " << b;
+    const double moved = (state.master(b) - ref[static_cast<std::size_t>(b)]).abs().max().item<double>();
+    EXPECT_LE(moved, 0.5 * cfg.adam.lr) << model << " block " << b;
     EXPECT_TRUE(at::equal(state.working(b), state.master(b))) << "working copy republished, block " << b;
   }
 }

@@ -1,0 +1,27 @@
+// A kernel that saves only its inputs for the backward and recomputes its intermediates there, as
+// the fused kernels the memory model prices do (flash attention keeps q, k, v, O and the
+// log-sum-exp; a chunked Gated DeltaNet kernel keeps its inputs and chunk states; a fused RMSNorm
+// keeps its input). Composed of autograd operators, a piece of the model would otherwise hold every
+// intermediate its operators save (FP32 score blocks, the WY transform's matrices, an upcast input)
+// from its forward until its backward.
+//
+// recomputed(fn, inputs) runs fn(inputs) without recording, and records one autograd node that holds
+// `inputs`; its backward runs fn again with recording on and differentiates that. The arithmetic is
+// fn's both times, so values and gradients are those of fn recorded directly (the same operators in
+// the same order: bit-identical on a deterministic device). fn must be a pure function of its inputs:
+// a tensor it reads that needs a gradient must be one of `inputs` (captured ones get none), and its
+// outputs must be fresh tensors, not inputs or views of them. Every input must be defined.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace oom::backend {
+
+using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+std::vector<at::Tensor> recomputed(RecomputeFn fn, const std::vector<at::Tensor>& inputs);
+
+}  // namespace oom::backend

@@ -1,0 +1,133 @@
+// backend/recompute.h and LeanKernels (backend/model.h): a kernel that keeps only its inputs
+// computes the values and gradients of its operators recorded directly, bit for bit, and holds
+// fewer bytes between its forward and its backward.
+#include "backend/recompute.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "backend/device_memory.h"
+#include "backend/model.h"
+#include "backend/plan_ops.h"
+#include "backend/state.h"
+#include "costmodel/model_spec.h"
+
+namespace oom::backend {
+namespace {
+
+struct Emulated {
+  Emulated() { device_memory::set_emulated(true); }
+  ~Emulated() { device_memory::set_emulated(false); }
+};
+
+std::vector<at::Tensor> grads(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& seeds,
+                              const std::vector<at::Tensor>& inputs) {
+  return torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+}
+
+// Two outputs from three inputs, one of which needs no gradient, with FP32 intermediates.
+std::vector<at::Tensor> kernel(const std::vector<at::Tensor>& x) {
+  const auto h = at::tanh(x[0].matmul(x[1])) * x[2];
+  return {h.exp().sum(-1), h.pow(2)};
+}
+
+TEST(Recompute, ValuesAndGradientsAreTheOperatorsOwn) {
+  torch::manual_seed(4);
+  auto a = torch::randn({6, 5}).requires_grad_(true), b = torch::randn({5, 7}).requires_grad_(true);
+  const auto c = torch::randn({6, 7});
+  const auto plain = kernel({a, b, c});
+  const auto lean = recomputed(kernel, {a, b, c});
+  ASSERT_EQ(lean.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_TRUE(at::equal(plain[i], lean[i])) << "output " << i;
+  const std::vector<at::Tensor> seeds{torch::randn({6}), torch::randn({6, 7})};
+  const auto gp = grads(plain, seeds, {a, b});
+  const auto gl = grads(lean, seeds, {a, b});
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_TRUE(at::equal(gp[i], gl[i])) << "gradient " << i;
+  // Only one output seeded: the other's gradient is absent, not zero-filled into a wrong sum.
+  const auto one = grads({recomputed(kernel, {a, b, c})[1]}, {seeds[1]}, {a, b});
+  const auto ref = grads({kernel({a, b, c})[1]}, {seeds[1]}, {a, b});
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_TRUE(at::equal(one[i], ref[i])) << "gradient " << i;
+}
+
+// Bytes the device holds after `forward` ran in an OnDevice scope, its graph alive, beyond before.
+template <class F>
+Bytes held_by(F forward) {
+  const Bytes before = device_memory::current_bytes();
+  device_memory::OnDevice d;
+  const auto kept = forward();
+  return device_memory::current_bytes() - before;
+}
+
+TEST(Recompute, KeepsOnlyItsInputsBetweenForwardAndBackward) {
+  Emulated on;
+  auto a = torch::randn({64, 64}).requires_grad_(true), b = torch::randn({64, 64}).requires_grad_(true);
+  const auto c = torch::randn({64, 64});
+  const Bytes plain = held_by([&] { return kernel({a, b, c}); });
+  const Bytes lean = held_by([&] { return recomputed(kernel, {a, b, c}); });
+  const Bytes outputs = (64 + 64 * 64) * 4;
+  EXPECT_EQ(lean, outputs);
+  EXPECT_GE(plain, outputs + 3 * 64 * 64 * 4);  // matmul, tanh and product kept for the backward
+}
+
+TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
+  Emulated on;
+  torch::manual_seed(5);
+  auto q = torch::randn({2, 4, 64, 16}).requires_grad_(true);
+  auto k = torch::randn({2, 2, 64, 16}).requires_grad_(true);
+  auto v = torch::randn({2, 2, 64, 16}).requires_grad_(true);
+  auto w = torch::randn({16}).requires_grad_(true);
+  const auto probe = torch::randn({2, 4, 64, 16});
+  const auto run = [&](bool lean, Bytes* held) {
+    const LeanKernels mode(lean);
+    std::vector<at::Tensor> out;
+    *held = held_by([&] {
+      out = {rms_norm(attention_core(rms_norm(q, w), k, v, /*window=*/0, /*query_block=*/32).out, w)};
+      return out;
+    });
+    auto g = grads({(out[0] * probe).sum()}, {}, {q, k, v, w});
+    g.push_back(out[0]);
+    return g;
+  };
+  Bytes plain_held = 0, lean_held = 0;
+  const auto plain = run(false, &plain_held);
+  const auto lean = run(true, &lean_held);
+  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], lean[i])) << "tensor " << i;
+  EXPECT_LT(lean_held * 2, plain_held) << "lean " << lean_held << " B, plain " << plain_held << " B";
+}
+
+TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {
+  Emulated on;
+  torch::manual_seed(6);
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  const GdnSpec& g = spec.gdn;
+  const std::int64_t B = 2, S = 48, conv = 2 * g.key_dim() + g.value_dim();
+  plan_ops::GdnInputs in{torch::randn({B, conv, S}).requires_grad_(true), at::Tensor(),
+                         torch::rand({B, g.value_heads, S}).requires_grad_(true),
+                         (-torch::rand({B, g.value_heads, S})).requires_grad_(true)};
+  HostState st(spec);  // decoder 0 of tiny-moe is a GDN layer
+  st.init_from_seed(7);
+  const auto flat = st.master(1).clone().requires_grad_(true);
+  const BlockLayout layout = st.layout().blocks[1];
+  const BlockWeights w = block_views(layout, flat);
+  const auto probe = torch::randn({B, g.value_heads, S, g.value_head_dim});
+  const auto run = [&](bool lean, Bytes* held) {
+    const LeanKernels mode(lean);
+    at::Tensor out, state;
+    *held = held_by([&] {
+      state = at::zeros({B, g.value_heads, g.key_head_dim, g.value_head_dim});
+      out = plan_ops::gdn_core(in, 0, S, w, spec, /*kernel_chunk=*/16, state);
+      return std::vector<at::Tensor>{out, state};
+    });
+    auto r = grads({(out * probe).sum() + state.sum()}, {}, {in.qkv, in.beta, in.g, flat});
+    r.push_back(out);
+    return r;
+  };
+  Bytes plain_held = 0, lean_held = 0;
+  const auto plain = run(false, &plain_held);
+  const auto lean = run(true, &lean_held);
+  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], lean[i])) << "tensor " << i;
+  EXPECT_LT(lean_held * 2, plain_held) << "lean " << lean_held << " B, plain " << plain_held << " B";
+}
+
+}  // namespace
+}  // namespace oom::backend
