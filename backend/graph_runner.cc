@@ -1585,6 +1585,7 @@ void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& GraphRunner::last_trace() const { return impl_->trace; }
 const std::vector<std::vector<std::int64_t>>& GraphRunner::last_dispatch() const { return impl_->dispatch_log; }
 const RoutingSpec& GraphRunner::routing() const { return impl_->llep_routing; }
+void GraphRunner::set_routing(RoutingSpec routing) { impl_->llep_routing = std::move(routing); }
 Bytes GraphRunner::last_device_peak() const {
   return impl_->tracing ? impl_->trace.gpu_peak_bytes.at(0) : device_memory::peak_bytes();
 }

@@ -114,6 +114,9 @@ class GraphRunner {
   // the histogram of the last step's forward dispatches, over every rank and round, which places
   // the experts the helpers fetch (uniform before the first step: nothing fetched); else uniform.
   const RoutingSpec& routing() const;
+  // Restores the routing the next step is lowered with: a resumed run's, from the checkpoint that
+  // saved routing() (run.llep_routing), so it fetches what the uninterrupted run fetches.
+  void set_routing(RoutingSpec routing);
   // The host gradient buffers this runner holds between steps (without clipping at most
   // cpu_grad_slots per kind: routed experts, everything else; a whole decoder's gradient on a CPU
   // device is adopted, not copied) and their bytes.

@@ -90,6 +90,9 @@ class PlanTrainer {
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
   // GraphRunner::last_device_peak.
   Bytes last_device_peak() const;
+  // GraphRunner::routing and set_routing: what a checkpoint keeps of a PipelinedLLEP run.
+  const RoutingSpec& routing() const;
+  void set_routing(RoutingSpec routing);
   // The host gradient buffers held between steps and their bytes (GraphRunner::host_gradient_buffers).
   std::pair<int, std::int64_t> host_gradient_buffers() const;
   // GraphRunner::capture_gradients.

@@ -31,6 +31,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
+#include "costmodel/routing.h"
 #include "planner/plan/plan.h"
 #include "traces/merge.h"
 #include "traces/trace.h"
@@ -215,6 +216,19 @@ void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// The PipelinedLLEP routing histogram a checkpoint's run object keeps (run.llep_routing), checked
+// against the model; none when the checkpoint has none. Throws InputError naming `file` and the field.
+std::optional<RoutingSpec> saved_llep_routing(const nlohmann::json& run, const ModelSpec& spec, const std::string& file) {
+  if (!run.contains("llep_routing")) return std::nullopt;
+  RoutingSpec routing = routing_from_json(run["llep_routing"], file, "run.llep_routing");
+  check_routing(routing, spec.moe.experts, spec.layers, file, "run.llep_routing");
+  return routing;
+}
+
+}  // namespace
+
 RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
                         const std::function<void(const StepReport&)>& on_step) {
   RanksOptions r = r_in;
@@ -231,6 +245,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
       HostState state(spec);
       const auto run = resume_training(o, state, *probe);
       run_lr_schedule(o, state.step, &run, checkpoint_file(o.resume_dir));
+      saved_llep_routing(run, spec, checkpoint_file(o.resume_dir));
     }
   }
   TrainOptions resolved = o;
@@ -400,9 +415,16 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     }
   } trainer{ep.get(), planned.get(), state};
 
+  // PipelinedLLEP places the next step's fetched experts by the last step's routing histogram: the
+  // checkpoint keeps it, and a resumed run starts from it (a checkpoint without one: uniform).
+  const bool llep = rp.plan && rp.plan->flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  if (llep && saved_run) {
+    if (auto routing = saved_llep_routing(*saved_run, spec, checkpoint_file(o.resume_dir))) planned->set_routing(std::move(*routing));
+  }
   const auto checkpoint_run_with = [&](const TrainingData& d) {
     nlohmann::json run = checkpoint_run(o, d);
     run["lr_schedule"] = lr_schedule_to_json(schedule);
+    if (llep) run["llep_routing"] = routing_to_json(planned->routing());
     return run;
   };
   // Every rank gathers (collective); rank 0 writes the one checkpoint file.

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -529,6 +530,55 @@ TEST(TrainRanks, EpPlanRunResumesFromItsSharedStateCheckpoint) {
   o.steps = 4;
   o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0, 3}}, {"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
   expect_resume_repeats_the_run(o, r, dir);
+  fs::remove_all(dir);
+}
+
+// Under PipelinedLLEP each step places the fetched experts by the previous step's routing
+// histogram: the checkpoint keeps it (run.llep_routing), so the resumed run fetches what the
+// uninterrupted one fetches and repeats its losses bit for bit.
+TEST(TrainRanks, LlepPlanRunResumesWithItsRoutingHistogram) {
+  const auto dir = scratch("llep-plan-ckpt");
+  RanksOptions r;
+  r.ranks = 2;
+  r.worker_program = OOM_BINARY;
+  r.timeout_s = 60;
+  r.deadline_s = 120;
+  auto o = small_run("tiny-moe", 4);
+  o.steps = 4;
+  o.plan = write_plan(dir, "llep.json",
+                      {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}, {"flat", {{"expert_dispatch", "pipelined_llep"}}}});
+  expect_resume_repeats_the_run(o, r, dir);
+  HostState state(load_model_spec("tiny-moe"));
+  const nlohmann::json run = load_checkpoint((dir / "ckpt").string(), state);
+  ASSERT_TRUE(run.contains("llep_routing")) << run.dump();
+  EXPECT_EQ(run["llep_routing"]["kind"], "histogram");
+  // A checkpoint whose histogram does not fit the model is refused before any process starts.
+  {
+    const std::string file = checkpoint_file((dir / "ckpt").string());
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + 8, 8);
+    auto header = nlohmann::json::parse(bytes.substr(16, n));
+    header["run"]["llep_routing"]["counts"] = {{1.0, 2.0, 3.0}};
+    const std::string text = header.dump();
+    std::uint64_t m = text.size();
+    std::string out = bytes.substr(0, 8);
+    out.append(reinterpret_cast<const char*>(&m), 8);
+    out += text + bytes.substr(16 + n);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
+  }
+  auto bad = o;
+  bad.steps = 1;
+  bad.resume_dir = (dir / "ckpt").string();
+  RanksOptions never = r;
+  never.worker_program = "/nonexistent/oom";  // a started process would fail otherwise
+  try {
+    train_ranks(bad, never);
+    ADD_FAILURE() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "run.llep_routing.counts") << e.what();
+  }
   fs::remove_all(dir);
 }
 
