@@ -248,10 +248,27 @@ at::Tensor l2_normalize(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum
 
 }  // namespace
 
+GdnChunkInputs gdn_chunk_inputs(const at::Tensor& with_context, const at::Tensor& conv_w, const GdnSpec& g) {
+  const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hk = g.key_heads, Hv = g.value_heads;
+  const std::int64_t dk = g.key_head_dim, dv = g.value_head_dim, conv_dim = 2 * kd + vd;
+  const auto B = with_context.size(0), C = with_context.size(2) - (g.conv_kernel - 1);
+  const auto conv = at::silu(at::conv1d(with_context, conv_w, at::Tensor(), at::IntArrayRef{1}, at::IntArrayRef{0},
+                                        at::IntArrayRef{1}, conv_dim)).transpose(1, 2);  // [B, C, conv_dim]
+  auto q = conv.narrow(-1, 0, kd).reshape({B, C, Hk, dk});
+  auto k = conv.narrow(-1, kd, kd).reshape({B, C, Hk, dk});
+  const auto v = conv.narrow(-1, 2 * kd, vd).reshape({B, C, Hv, dv}).transpose(1, 2);
+  if (Hv != Hk) {
+    q = q.repeat_interleave(Hv / Hk, 2);
+    k = k.repeat_interleave(Hv / Hk, 2);
+  }
+  const double q_scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  return {l2_normalize(q).transpose(1, 2) * q_scale, l2_normalize(k).transpose(1, 2), v};
+}
+
 at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, const ModelOptions& opt) {
   const GdnSpec& g = spec.gdn;
   const auto B = x.size(0), S = x.size(1);
-  const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hk = g.key_heads, Hv = g.value_heads;
+  const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hv = g.value_heads;
   const std::int64_t dk = g.key_head_dim, dv = g.value_head_dim, K = g.conv_kernel, conv_dim = 2 * kd + vd;
   const auto qkvz = at::linear(x, w["gdn.in_proj_qkvz"]);  // [B, S, 2kd + 2vd]
   const auto ba = at::linear(x, w["gdn.in_proj_ba"]);      // [B, S, 2Hv]
@@ -263,7 +280,6 @@ at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpe
   const auto conv_w = w["gdn.conv"].to(at::kFloat).unsqueeze(1);  // [conv_dim, 1, K]
 
   const auto chunk = std::max<std::int64_t>(1, opt.gdn_chunk_tokens);
-  const double q_scale = 1.0 / std::sqrt(static_cast<double>(dk));
   GdnState st{at::zeros({B, Hv, dk, dv}, x.options().dtype(at::kFloat)),
               at::zeros({B, conv_dim, K - 1}, x.options().dtype(at::kFloat))};
   std::vector<at::Tensor> outs;
@@ -272,17 +288,8 @@ at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpe
     // Causal depthwise conv over [left context | chunk], then SiLU.
     const auto with_ctx = at::cat({st.conv_context, qkv_pre.narrow(2, s0, C)}, 2);  // [B, conv_dim, K-1+C]
     st.conv_context = with_ctx.narrow(2, C, K - 1);
-    const auto conv = at::silu(at::conv1d(with_ctx, conv_w, at::Tensor(), at::IntArrayRef{1}, at::IntArrayRef{0}, at::IntArrayRef{1}, conv_dim)).transpose(1, 2);  // [B, C, conv_dim]
-    auto q = conv.narrow(-1, 0, kd).reshape({B, C, Hk, dk});
-    auto k = conv.narrow(-1, kd, kd).reshape({B, C, Hk, dk});
-    const auto v = conv.narrow(-1, 2 * kd, vd).reshape({B, C, Hv, dv}).transpose(1, 2);
-    if (Hv != Hk) {
-      q = q.repeat_interleave(Hv / Hk, 2);
-      k = k.repeat_interleave(Hv / Hk, 2);
-    }
-    q = l2_normalize(q).transpose(1, 2) * q_scale;  // [B, Hv, C, dk]
-    k = l2_normalize(k).transpose(1, 2);
-    outs.push_back(gdn_chunk(q, k, v, g_all.narrow(2, s0, C), beta_all.narrow(2, s0, C), st.recurrent));
+    const auto in = gdn_chunk_inputs(with_ctx, conv_w, g);
+    outs.push_back(gdn_chunk(in.q, in.k, in.v, g_all.narrow(2, s0, C), beta_all.narrow(2, s0, C), st.recurrent));
   }
   const auto o = at::cat(outs, 2).transpose(1, 2);  // [B, S, Hv, dv] FP32
   const auto gated = rms_norm(o, w["gdn.norm"], spec.norm_eps) * at::silu(z.to(at::kFloat));

@@ -113,6 +113,15 @@ struct GdnState {
 at::Tensor gdn_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                      const at::Tensor& beta, at::Tensor& state);
 
+// The recurrence's inputs of one GDN sequence chunk from its FP32 pre-conv q/k/v channels with
+// their left context, [B, conv_dim, K − 1 + C]: causal depthwise conv (conv_w [conv_dim, 1, K]
+// FP32), SiLU, q and k repeated to the value heads, L2-normalized, q scaled by 1/√dk.
+// q, k [B, Hv, C, dk], v [B, Hv, C, dv].
+struct GdnChunkInputs {
+  at::Tensor q, k, v;
+};
+GdnChunkInputs gdn_chunk_inputs(const at::Tensor& with_context, const at::Tensor& conv_w, const GdnSpec& g);
+
 // Token mixing of one layer on the normalized input x [B, S, h] → [B, S, h] (without Gemma 4's
 // norm of the output: see post_mixing).
 at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind,

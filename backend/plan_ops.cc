@@ -130,8 +130,7 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
                     std::int64_t kernel_chunk, at::Tensor& state) {
   const GdnSpec& g = spec.gdn;
   const auto B = in.qkv.size(0);
-  const std::int64_t kd = g.key_dim(), vd = g.value_dim(), Hk = g.key_heads, Hv = g.value_heads;
-  const std::int64_t dk = g.key_head_dim, dv = g.value_head_dim, K = g.conv_kernel, conv_dim = 2 * kd + vd;
+  const std::int64_t K = g.conv_kernel, conv_dim = 2 * g.key_dim() + g.value_dim();
   // Left context: the K − 1 pre-conv channels before s0 (zeros before the sequence start).
   const auto from = std::max<std::int64_t>(0, s0 - (K - 1));
   std::vector<at::Tensor> parts;
@@ -140,25 +139,13 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
   parts.push_back(in.qkv.narrow(2, s0, C));
   const auto with_ctx = at::cat(parts, 2);  // [B, conv_dim, K − 1 + C]
   const auto conv_w = w["gdn.conv"].to(at::kFloat).unsqueeze(1);
-  const double q_scale = 1.0 / std::sqrt(static_cast<double>(dk));
   // One kernel chunk: causal conv over [left context | chunk], SiLU, L2 norms, the chunk's recurrence.
   // Under LeanKernels recomputed in the backward, so each chunk keeps only its inputs and start
   // state, as a chunked GDN kernel does, not the WY transform's intermediates.
-  const RecomputeFn kernel = [=](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
-    const auto n = x[0].size(2) - (K - 1);
-    const auto conv = at::silu(at::conv1d(x[0], x[1], at::Tensor(), at::IntArrayRef{1}, at::IntArrayRef{0},
-                                          at::IntArrayRef{1}, conv_dim)).transpose(1, 2);  // [B, n, conv_dim]
-    auto q = conv.narrow(-1, 0, kd).reshape({B, n, Hk, dk});
-    auto k = conv.narrow(-1, kd, kd).reshape({B, n, Hk, dk});
-    const auto v = conv.narrow(-1, 2 * kd, vd).reshape({B, n, Hv, dv}).transpose(1, 2);
-    if (Hv != Hk) {
-      q = q.repeat_interleave(Hv / Hk, 2);
-      k = k.repeat_interleave(Hv / Hk, 2);
-    }
-    q = l2_normalize(q).transpose(1, 2) * q_scale;
-    k = l2_normalize(k).transpose(1, 2);
+  const RecomputeFn kernel = [g](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
+    const auto qkv = gdn_chunk_inputs(x[0], x[1], g);
     auto st = x[4];
-    auto out = gdn_chunk(q, k, v, x[3], x[2], st);
+    auto out = gdn_chunk(qkv.q, qkv.k, qkv.v, x[3], x[2], st);
     return {out, st};
   };
   const auto beta = in.beta.narrow(2, s0, C), gl = in.g.narrow(2, s0, C);

@@ -517,15 +517,21 @@ TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
   fs::remove_all(dir);
 }
 
-// An EP plan over ranks checkpoints the host state the rank processes share and resumes into it:
-// 2 steps, a checkpoint, 2 more repeat the uninterrupted run's losses bit for bit.
-TEST(TrainRanks, EpPlanRunResumesFromItsSharedStateCheckpoint) {
-  const auto dir = scratch("ep-plan-ckpt");
+// Two rank processes of this build's oom, with a minute per collective and two for the run.
+RanksOptions two_plan_ranks() {
   RanksOptions r;
   r.ranks = 2;
   r.worker_program = OOM_BINARY;
   r.timeout_s = 60;
   r.deadline_s = 120;
+  return r;
+}
+
+// An EP plan over ranks checkpoints the host state the rank processes share and resumes into it:
+// 2 steps, a checkpoint, 2 more repeat the uninterrupted run's losses bit for bit.
+TEST(TrainRanks, EpPlanRunResumesFromItsSharedStateCheckpoint) {
+  const auto dir = scratch("ep-plan-ckpt");
+  const RanksOptions r = two_plan_ranks();
   auto o = small_run("tiny-moe", 4);
   o.steps = 4;
   o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0, 3}}, {"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
@@ -538,11 +544,7 @@ TEST(TrainRanks, EpPlanRunResumesFromItsSharedStateCheckpoint) {
 // uninterrupted one fetches and repeats its losses bit for bit.
 TEST(TrainRanks, LlepPlanRunResumesWithItsRoutingHistogram) {
   const auto dir = scratch("llep-plan-ckpt");
-  RanksOptions r;
-  r.ranks = 2;
-  r.worker_program = OOM_BINARY;
-  r.timeout_s = 60;
-  r.deadline_s = 120;
+  const RanksOptions r = two_plan_ranks();
   auto o = small_run("tiny-moe", 4);
   o.steps = 4;
   o.plan = write_plan(dir, "llep.json",
