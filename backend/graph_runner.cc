@@ -227,7 +227,7 @@ std::pair<std::int64_t, std::int64_t> piece(std::int64_t total, std::int64_t siz
 }
 
 struct OLse {
-  at::Tensor out, lse;  // [b, H, S, d], [b, H, S] FP32 on the host
+  at::Tensor out, lse;  // [b, H, S, d] in the activations' dtype, [b, H, S] FP32, on the host
 };
 
 enum class PassKind { kForward, kRegenerate, kBackward };
@@ -623,11 +623,16 @@ struct GraphRunner::Impl {
   void olse_d2h(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     const int kv = attn(p.l).kv_heads;
-    s.out = plan_ops::merge_groups(s.outs, kv);
+    // O as the model keeps it, in the activations' dtype (BF16 in a BF16 run; o_proj reads it so,
+    // and the flash-style backward as a flash kernel does); the LSE stays FP32. The groups' FP32
+    // outputs go.
+    s.out = plan_ops::merge_groups(s.outs, kv).to(s.x.scalar_type());
+    const auto lse = plan_ops::merge_groups(s.lses, kv).squeeze(-1);
+    s.outs.clear();
+    s.lses.clear();
     auto& kept = olse[p.l];
     kept.resize(sub_index(st_.key) + 1);
-    kept[sub_index(st_.key)] = {
-        to_host(s.out, st.pinned()), to_host(plan_ops::merge_groups(s.lses, kv).squeeze(-1), st.pinned())};
+    kept[sub_index(st_.key)] = {to_host(s.out, st.pinned()), to_host(lse, st.pinned())};
   }
   void olse_h2d(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);

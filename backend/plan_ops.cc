@@ -69,21 +69,21 @@ AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor&
   const auto q = q_in.to(at::kFloat);
   const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
   const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
-  const auto out = out_in.to(at::kFloat), dout = dout_in.to(at::kFloat), lse = lse_in.to(at::kFloat);
+  const auto lse = lse_in.to(at::kFloat);
   const double scale = scale_in > 0 ? scale_in : 1.0 / std::sqrt(static_cast<double>(d));
   const auto block = std::max<std::int64_t>(1, query_block);
   const auto idx_opts = q.options().dtype(at::kLong);
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  const auto D = (dout * out).sum(-1);  // [B, H, S]
   // Tiles of `block` queries × `block` keys, as a flash backward's thread blocks: the score-sized
   // temporaries (P, dP, dS) of one tile at a time, not of a query block over all its keys.
   for (std::int64_t s0 = 0; s0 < S; s0 += block) {
     const auto s1 = std::min(S, s0 + block);
     const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
     const auto qb = q.narrow(2, s0, s1 - s0);
-    const auto dob = dout.narrow(2, s0, s1 - s0);
+    // O and dO in FP32 a query block at a time (O is kept in the activations' dtype).
+    const auto dob = dout_in.narrow(2, s0, s1 - s0).to(at::kFloat);
     const auto lse_b = lse.narrow(2, s0, s1 - s0).unsqueeze(-1);
-    const auto D_b = D.narrow(2, s0, s1 - s0).unsqueeze(-1);
+    const auto D_b = (dob * out_in.narrow(2, s0, s1 - s0).to(at::kFloat)).sum(-1, /*keepdim=*/true);  // D = Σ dO ⊙ O
     const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
     auto dq_b = dq.narrow(2, s0, s1 - s0);
     for (std::int64_t k0 = lo; k0 < s1; k0 += block) {
