@@ -16,6 +16,7 @@
 #include "backend/host_copies.h"
 #include "backend/job_queue.h"
 #include "backend/plan_ops.h"
+#include "backend/recompute.h"
 #include "backend/stage_recorder.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"

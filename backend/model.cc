@@ -6,7 +6,6 @@
 
 #include <torch/torch.h>
 
-#include "backend/recompute.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {
@@ -32,14 +31,6 @@ BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat) {
 }
 
 namespace {
-thread_local bool lean_kernels = false;
-}  // namespace
-
-LeanKernels::LeanKernels(bool on) : previous_(lean_kernels) { lean_kernels = on; }
-LeanKernels::~LeanKernels() { lean_kernels = previous_; }
-bool LeanKernels::active() { return lean_kernels; }
-
-namespace {
 
 at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto xf = x.to(at::kFloat);
@@ -51,13 +42,10 @@ at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double ep
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (!LeanKernels::active()) return rms_norm_ops(x, weight, eps);
-  if (!weight.defined()) {
-    return recomputed([eps](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{rms_norm_ops(in[0], {}, eps)}; },
-                      {x})[0];
-  }
-  return recomputed([eps](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{rms_norm_ops(in[0], in[1], eps)}; },
-                    {x, weight})[0];
+  const auto norm = [eps](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{rms_norm_ops(in[0], in.size() > 1 ? in[1] : at::Tensor(), eps)};
+  };
+  return lean_kernel(norm, weight.defined() ? std::vector<at::Tensor>{x, weight} : std::vector<at::Tensor>{x})[0];
 }
 
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
@@ -183,8 +171,7 @@ AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, c
       const auto lse = at::logsumexp(scores, {-1});                  // [B, H, blk]
       return {at::matmul(at::exp(scores - lse.unsqueeze(-1)), x[2]), lse};  // [B, H, blk, d]
     };
-    const std::vector<at::Tensor> in{q.narrow(2, s0, s1 - s0), k.narrow(2, lo, s1 - lo), v.narrow(2, lo, s1 - lo)};
-    const auto r = LeanKernels::active() ? recomputed(attend, in) : attend(in);
+    const auto r = lean_kernel(attend, {q.narrow(2, s0, s1 - s0), k.narrow(2, lo, s1 - lo), v.narrow(2, lo, s1 - lo)});
     outs.push_back(r[0]);
     lses.push_back(r[1]);
   }

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 
 #include "backend/layout.h"
+#include "backend/recompute.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {
@@ -48,26 +49,8 @@ struct ModelOptions {
 
 constexpr double kNormEps = 1e-6;
 
-// While alive, this thread's model functions build lean autograd graphs: the norms and each block
-// of the attention core keep only their inputs and recompute their intermediates in the backward
-// (backend/recompute.h), as the fused kernels the memory model prices do, instead of holding FP32
-// upcasts and score blocks from the forward to the backward. Values and gradients are the same
-// operators' either way. The graph runner runs its stages in one; the plain reference runs without.
-// Scopes nest (the innermost wins).
-class LeanKernels {
- public:
-  explicit LeanKernels(bool on = true);
-  ~LeanKernels();
-  LeanKernels(const LeanKernels&) = delete;
-  LeanKernels& operator=(const LeanKernels&) = delete;
-  static bool active();
-
- private:
-  bool previous_;
-};
-
 // x · (mean(x²) + eps)^-1/2 · weight over the last dimension, in FP32, in x's dtype; an undefined
-// weight gives the weightless norm (Gemma 4's V and router norms).
+// weight gives the weightless norm (Gemma 4's V and router norms). A lean kernel (recompute.h).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = kNormEps);
 // The model's RMSNorm: spec.norm_eps, and a (1 + w) scale where spec.zero_centered_norm().
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 
-#include "backend/recompute.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::plan_ops {
@@ -106,10 +105,6 @@ AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor&
   return {dq.to(q_in.scalar_type()), dk.to(k_in.scalar_type()), dv.to(v_in.scalar_type())};
 }
 
-namespace {
-at::Tensor l2_normalize(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum({-1}, true) + 1e-6); }
-}  // namespace
-
 GdnInputs gdn_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec) {
   const GdnSpec& g = spec.gdn;
   const auto B = x.size(0), S = x.size(1);
@@ -140,7 +135,7 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
   const auto with_ctx = at::cat(parts, 2);  // [B, conv_dim, K − 1 + C]
   const auto conv_w = w["gdn.conv"].to(at::kFloat).unsqueeze(1);
   // One kernel chunk: causal conv over [left context | chunk], SiLU, L2 norms, the chunk's recurrence.
-  // Under LeanKernels recomputed in the backward, so each chunk keeps only its inputs and start
+  // A lean kernel: under LeanKernels recomputed in the backward, so each chunk keeps only its inputs and start
   // state, as a chunked GDN kernel does, not the WY transform's intermediates.
   const RecomputeFn kernel = [g](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
     const auto qkv = gdn_chunk_inputs(x[0], x[1], g);
@@ -153,8 +148,7 @@ at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const 
   std::vector<at::Tensor> outs;
   for (std::int64_t c0 = 0; c0 < C; c0 += chunk) {
     const auto n = std::min(chunk, C - c0);
-    const std::vector<at::Tensor> x{with_ctx.narrow(2, c0, n + K - 1), conv_w, beta.narrow(2, c0, n), gl.narrow(2, c0, n), state};
-    const auto r = LeanKernels::active() ? recomputed(kernel, x) : kernel(x);
+    const auto r = lean_kernel(kernel, {with_ctx.narrow(2, c0, n + K - 1), conv_w, beta.narrow(2, c0, n), gl.narrow(2, c0, n), state});
     outs.push_back(r[0]);
     state = r[1];
   }

@@ -72,4 +72,16 @@ std::vector<at::Tensor> recomputed(RecomputeFn fn, const std::vector<at::Tensor>
   return Recompute::apply(fn, at::TensorList(inputs));
 }
 
+namespace {
+thread_local bool lean_kernels = false;
+}  // namespace
+
+LeanKernels::LeanKernels(bool on) : previous_(lean_kernels) { lean_kernels = on; }
+LeanKernels::~LeanKernels() { lean_kernels = previous_; }
+bool LeanKernels::active() { return lean_kernels; }
+
+std::vector<at::Tensor> lean_kernel(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
+  return LeanKernels::active() ? recomputed(fn, inputs) : fn(inputs);
+}
+
 }  // namespace oom::backend

@@ -24,4 +24,24 @@ using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::
 
 std::vector<at::Tensor> recomputed(RecomputeFn fn, const std::vector<at::Tensor>& inputs);
 
+// While alive, this thread's lean kernels (lean_kernel(): the model's norms, each block of the
+// attention core, each GDN kernel chunk) are recomputed in the backward instead of keeping their
+// FP32 upcasts, score blocks and transform matrices from the forward to the backward. Values and
+// gradients are the same operators' either way. The graph runner runs its stages in one; the plain
+// reference runs without. Scopes nest (the innermost wins).
+class LeanKernels {
+ public:
+  explicit LeanKernels(bool on = true);
+  ~LeanKernels();
+  LeanKernels(const LeanKernels&) = delete;
+  LeanKernels& operator=(const LeanKernels&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// fn(inputs) as a lean kernel: recomputed(fn, inputs) under LeanKernels, else fn's own graph.
+std::vector<at::Tensor> lean_kernel(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
+
 }  // namespace oom::backend

@@ -214,10 +214,6 @@ void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The PipelinedLLEP routing histogram a checkpoint's run object keeps (run.llep_routing), checked
 // against the model; none when the checkpoint has none. Throws InputError naming `file` and the field.
 std::optional<RoutingSpec> saved_llep_routing(const nlohmann::json& run, const ModelSpec& spec, const std::string& file) {

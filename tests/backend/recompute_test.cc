@@ -1,4 +1,4 @@
-// backend/recompute.h and LeanKernels (backend/model.h): a kernel that keeps only its inputs
+// backend/recompute.h (recomputed, LeanKernels): a kernel that keeps only its inputs
 // computes the values and gradients of its operators recorded directly, bit for bit, and holds
 // fewer bytes between its forward and its backward.
 #include "backend/recompute.h"
@@ -69,6 +69,27 @@ TEST(Recompute, KeepsOnlyItsInputsBetweenForwardAndBackward) {
   EXPECT_GE(plain, outputs + 3 * 64 * 64 * 4);  // matmul, tanh and product kept for the backward
 }
 
+// Runs `forward` without and with LeanKernels and differentiates `scalar` of its outputs with
+// respect to `leaves`: outputs and gradients the same bit for bit, the lean graph holding less than
+// half the bytes between the forward and the backward.
+template <class Forward, class Scalar>
+void expect_same_arithmetic_holding_less(Forward forward, Scalar scalar, const std::vector<at::Tensor>& leaves) {
+  std::vector<at::Tensor> results[2];
+  Bytes held[2] = {0, 0};
+  for (const int lean : {0, 1}) {
+    const LeanKernels mode(lean == 1);
+    std::vector<at::Tensor> out;
+    held[lean] = held_by([&] {
+      out = forward();
+      return out;
+    });
+    results[lean] = grads({scalar(out)}, {}, leaves);
+    results[lean].insert(results[lean].end(), out.begin(), out.end());
+  }
+  for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(at::equal(results[0][i], results[1][i])) << "tensor " << i;
+  EXPECT_LT(held[1] * 2, held[0]) << "lean " << held[1] << " B, plain " << held[0] << " B";
+}
+
 TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
   Emulated on;
   torch::manual_seed(5);
@@ -77,22 +98,9 @@ TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
   auto v = torch::randn({2, 2, 64, 16}).requires_grad_(true);
   auto w = torch::randn({16}).requires_grad_(true);
   const auto probe = torch::randn({2, 4, 64, 16});
-  const auto run = [&](bool lean, Bytes* held) {
-    const LeanKernels mode(lean);
-    std::vector<at::Tensor> out;
-    *held = held_by([&] {
-      out = {rms_norm(attention_core(rms_norm(q, w), k, v, /*window=*/0, /*query_block=*/32).out, w)};
-      return out;
-    });
-    auto g = grads({(out[0] * probe).sum()}, {}, {q, k, v, w});
-    g.push_back(out[0]);
-    return g;
-  };
-  Bytes plain_held = 0, lean_held = 0;
-  const auto plain = run(false, &plain_held);
-  const auto lean = run(true, &lean_held);
-  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], lean[i])) << "tensor " << i;
-  EXPECT_LT(lean_held * 2, plain_held) << "lean " << lean_held << " B, plain " << plain_held << " B";
+  expect_same_arithmetic_holding_less(
+      [&] { return std::vector<at::Tensor>{rms_norm(attention_core(rms_norm(q, w), k, v, /*window=*/0, /*query_block=*/32).out, w)}; },
+      [&](const std::vector<at::Tensor>& out) { return (out[0] * probe).sum(); }, {q, k, v, w});
 }
 
 TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {
@@ -110,23 +118,13 @@ TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {
   const BlockLayout layout = st.layout().blocks[1];
   const BlockWeights w = block_views(layout, flat);
   const auto probe = torch::randn({B, g.value_heads, S, g.value_head_dim});
-  const auto run = [&](bool lean, Bytes* held) {
-    const LeanKernels mode(lean);
-    at::Tensor out, state;
-    *held = held_by([&] {
-      state = at::zeros({B, g.value_heads, g.key_head_dim, g.value_head_dim});
-      out = plan_ops::gdn_core(in, 0, S, w, spec, /*kernel_chunk=*/16, state);
-      return std::vector<at::Tensor>{out, state};
-    });
-    auto r = grads({(out * probe).sum() + state.sum()}, {}, {in.qkv, in.beta, in.g, flat});
-    r.push_back(out);
-    return r;
-  };
-  Bytes plain_held = 0, lean_held = 0;
-  const auto plain = run(false, &plain_held);
-  const auto lean = run(true, &lean_held);
-  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], lean[i])) << "tensor " << i;
-  EXPECT_LT(lean_held * 2, plain_held) << "lean " << lean_held << " B, plain " << plain_held << " B";
+  expect_same_arithmetic_holding_less(
+      [&] {
+        auto state = at::zeros({B, g.value_heads, g.key_head_dim, g.value_head_dim});
+        auto out = plan_ops::gdn_core(in, 0, S, w, spec, /*kernel_chunk=*/16, state);
+        return std::vector<at::Tensor>{out, state};
+      },
+      [&](const std::vector<at::Tensor>& out) { return (out[0] * probe).sum() + out[1].sum(); }, {in.qkv, in.beta, in.g, flat});
 }
 
 }  // namespace
