@@ -495,8 +495,13 @@ struct GraphRunner::Impl {
     }
     p.x = act.at(p.l);
     if (p.kind == PassKind::kBackward) p.dy = dgrad.at(p.l + 1);
-    p.y = at::empty_like(p.x);
     p.started = true;
+  }
+  // The pass's output (the decoder's output, or in a backward its input gradient), allocated when
+  // its first rows are written: a backward writes it at its last stage only.
+  static at::Tensor& output_of(Pass& p) {
+    if (!p.y.defined()) p.y = at::empty_like(p.x);
+    return p.y;
   }
   // The retained graph's own copies of the feed-forward weights (leaves, gradients attached later).
   void keep_feed_forward_weights(BlockWeights& w) const {
@@ -516,6 +521,7 @@ struct GraphRunner::Impl {
   }
   void end_pass(StageId id) {
     Pass& p = passes.at(id);
+    OOM_ASSERT(p.y.defined(), "a decoder pass ended before writing its output");
     window.release(1 + p.l);
     const int l = p.l;
     const int cap = std::max(1, plan.boundaries.regenerate_cap);
@@ -735,7 +741,7 @@ struct GraphRunner::Impl {
       backward_defined({s.gin.qkv, s.gin.z, s.gin.beta, s.gin.g},
                        {grad_of(s.glin.qkv), grad_of(s.glin.z), grad_of(s.glin.beta), grad_of(s.glin.g)});
     }
-    p.y.narrow(0, s.b0, s.n).copy_(s.dh + s.x_l.grad());
+    output_of(p).narrow(0, s.b0, s.n).copy_(s.dh + s.x_l.grad());
     p.subs.erase(static_cast<int>(sub_index(st_.key)));
   }
 
@@ -780,7 +786,7 @@ struct GraphRunner::Impl {
   // kept for the backward stages.
   void chunk_output(Pass& p, Sub& s, const StageKey& k, Chunk& c) {
     if (p.kind == PassKind::kBackward) return;
-    auto out = rows(p.y, s, chunk_tokens(s, k));
+    auto out = rows(output_of(p), s, chunk_tokens(s, k));
     if (moe_graph(p)) {
       // Retained: the output from the graph's values.
       at::NoGradGuard no_grad;
@@ -892,14 +898,14 @@ struct GraphRunner::Impl {
       const auto& idx = c.expert_rows[static_cast<std::size_t>(j)];
       if (!idx.defined()) continue;
       const int e = expert0 + j;
-      y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), p.w.expert("experts.gate", e),
+      y = lean_index_add(y, idx, gated_mlp(c.recv_x.index_select(0, idx), p.w.expert("experts.gate", e),
                                         p.w.expert("experts.up", e), p.w.expert("experts.down", e), spec.activation));
     }
     // PipelinedLLEP: the rows of other ranks' experts this rank took, with the fetched weights (a
     // retained MoE's backward finds them in its kept graph).
     for (const auto& [e, idx] : c.fetched_rows) {
       const ExpertWeights& f = fetched_expert(p, e);
-      y = y.index_add(0, idx, gated_mlp(c.recv_x.index_select(0, idx), f[0], f[1], f[2], spec.activation));
+      y = lean_index_add(y, idx, gated_mlp(c.recv_x.index_select(0, idx), f[0], f[1], f[2], spec.activation));
     }
     c.y_recv = y;
   }
@@ -1014,8 +1020,8 @@ struct GraphRunner::Impl {
   void combine(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
-    c.routed = at::zeros_like(expert_input(c))
-                   .index_add(0, c.tokens_sorted, c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
+    c.routed = lean_index_add(at::zeros_like(expert_input(c)), c.tokens_sorted,
+                              c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
     chunk_output(p, s, st_.key, c);
   }
   void a2a_grad_dispatch(const Stage& st_, Pass& p) {

@@ -306,8 +306,15 @@ Routing route_layer(const at::Tensor& router_in, const BlockWeights& w, const Mo
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                      const std::string& activation) {
   const auto g = at::linear(x, gate);
-  const auto act = activation.rfind("gelu", 0) == 0 ? at::gelu(g, "tanh") : at::silu(g);
-  return at::linear(act * at::linear(x, up), down);
+  const auto u = at::linear(x, up);
+  // The gated activation as a fused kernel keeps it: its two inputs, not the activation as well.
+  const bool gelu = activation.rfind("gelu", 0) == 0;
+  const auto gated = lean_kernel(
+      [gelu](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{(gelu ? at::gelu(in[0], "tanh") : at::silu(in[0])) * in[1]};
+      },
+      {g, u})[0];
+  return at::linear(gated, down);
 }
 
 void RouterStats::add(const Routing& routing, int experts) {
@@ -348,7 +355,7 @@ at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWei
     const auto tok = tokens_sorted.narrow(0, start, n);
     const auto ye = gated_mlp(x2.index_select(0, tok), w.expert("experts.gate", e), w.expert("experts.up", e),
                               w.expert("experts.down", e), spec.activation);
-    out = out.index_add(0, tok, ye * weights_sorted.narrow(0, start, n).unsqueeze(1).to(ye.scalar_type()));
+    out = lean_index_add(out, tok, ye * weights_sorted.narrow(0, start, n).unsqueeze(1).to(ye.scalar_type()));
     start += n;
   }
   return out;

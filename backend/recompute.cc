@@ -65,6 +65,21 @@ struct Recompute : torch::autograd::Function<Recompute> {
   }
 };
 
+// index_add whose backward keeps the index only.
+struct IndexAddRows : torch::autograd::Function<IndexAddRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& out, const at::Tensor& index, const at::Tensor& source) {
+    ctx->save_for_backward({index});
+    return out.index_add(0, index, source);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto& grad = grad_outputs[0];
+    if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor index = ctx->get_saved_variables()[0];
+    return {ctx->needs_input_grad(0) ? grad : at::Tensor(), at::Tensor(),
+            ctx->needs_input_grad(2) ? grad.index_select(0, index) : at::Tensor()};
+  }
+};
+
 }  // namespace
 
 std::vector<at::Tensor> recomputed(RecomputeFn fn, const std::vector<at::Tensor>& inputs) {
@@ -82,6 +97,13 @@ bool LeanKernels::active() { return lean_kernels; }
 
 std::vector<at::Tensor> lean_kernel(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
   return LeanKernels::active() ? recomputed(fn, inputs) : fn(inputs);
+}
+
+at::Tensor lean_index_add(const at::Tensor& out, const at::Tensor& index, const at::Tensor& source) {
+  if (!LeanKernels::active() || !at::GradMode::is_enabled() || !(out.requires_grad() || source.requires_grad())) {
+    return out.index_add(0, index, source);
+  }
+  return IndexAddRows::apply(out, index, source);
 }
 
 }  // namespace oom::backend

@@ -44,4 +44,11 @@ class LeanKernels {
 // fn(inputs) as a lean kernel: recomputed(fn, inputs) under LeanKernels, else fn's own graph.
 std::vector<at::Tensor> lean_kernel(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
 
+// out.index_add(0, index, source): the rows of `source` added into the rows `index` of a copy of
+// `out`. LibTorch's index_add keeps `source` for its backward (it takes the source's shape from
+// it), a copy of rows that a caller has either saved already (the expert outputs a routing-weight
+// product keeps) or never needs again. Under LeanKernels the backward keeps only `index`; the
+// gradients are index_add's either way (out's: the output gradient; source's: its rows `index`).
+at::Tensor lean_index_add(const at::Tensor& out, const at::Tensor& index, const at::Tensor& source);
+
 }  // namespace oom::backend

@@ -70,10 +70,10 @@ TEST(Recompute, KeepsOnlyItsInputsBetweenForwardAndBackward) {
 }
 
 // Runs `forward` without and with LeanKernels and differentiates `scalar` of its outputs with
-// respect to `leaves`: outputs and gradients the same bit for bit, the lean graph holding less than
-// half the bytes between the forward and the backward.
+// respect to `leaves`: outputs and gradients the same bit for bit. Returns the bytes the plain and
+// the lean graph hold between the forward and the backward.
 template <class Forward, class Scalar>
-void expect_same_arithmetic_holding_less(Forward forward, Scalar scalar, const std::vector<at::Tensor>& leaves) {
+std::pair<Bytes, Bytes> same_arithmetic_held(Forward forward, Scalar scalar, const std::vector<at::Tensor>& leaves) {
   std::vector<at::Tensor> results[2];
   Bytes held[2] = {0, 0};
   for (const int lean : {0, 1}) {
@@ -87,7 +87,14 @@ void expect_same_arithmetic_holding_less(Forward forward, Scalar scalar, const s
     results[lean].insert(results[lean].end(), out.begin(), out.end());
   }
   for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(at::equal(results[0][i], results[1][i])) << "tensor " << i;
-  EXPECT_LT(held[1] * 2, held[0]) << "lean " << held[1] << " B, plain " << held[0] << " B";
+  return {held[0], held[1]};
+}
+
+// The same, the lean graph holding less than half the plain graph's bytes.
+template <class Forward, class Scalar>
+void expect_same_arithmetic_holding_less(Forward forward, Scalar scalar, const std::vector<at::Tensor>& leaves) {
+  const auto [plain, lean] = same_arithmetic_held(forward, scalar, leaves);
+  EXPECT_LT(lean * 2, plain) << "lean " << lean << " B, plain " << plain << " B";
 }
 
 TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
@@ -125,6 +132,27 @@ TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {
         return std::vector<at::Tensor>{out, state};
       },
       [&](const std::vector<at::Tensor>& out) { return (out[0] * probe).sum() + out[1].sum(); }, {in.qkv, in.beta, in.g, flat});
+}
+
+// Routed experts: a gated activation keeps its two inputs (not the activation too), and adding an
+// expert's weighted rows into the output keeps no copy of them; the expert outputs the weighting
+// keeps stay, as the memory model prices them (costmodel/memory.h, moe_assignment_bytes).
+TEST(LeanKernels, RoutedExpertsKeepNeitherTheActivationNorTheWeightedRows) {
+  Emulated on;
+  torch::manual_seed(8);
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState st(spec);
+  st.init_from_seed(9);
+  const auto flat = st.master(1).clone().requires_grad_(true);
+  const BlockWeights w = block_views(st.layout().blocks[1], flat);
+  const std::int64_t T = 96, A = T * spec.moe.top_k;
+  auto x = torch::randn({T, spec.hidden}).requires_grad_(true);
+  const auto probe = torch::randn({T, spec.hidden});
+  const auto [plain, lean] = same_arithmetic_held(
+      [&] { return std::vector<at::Tensor>{routed_experts(x, route(x, w["router"], spec.moe), w, spec)}; },
+      [&](const std::vector<at::Tensor>& out) { return (out[0] * probe).sum(); }, {x, flat});
+  const Bytes activation = A * spec.moe.expert_intermediate * 4, weighted_rows = A * spec.hidden * 4;
+  EXPECT_EQ(plain - lean, activation + weighted_rows) << "plain " << plain << " B, lean " << lean << " B";
 }
 
 }  // namespace
