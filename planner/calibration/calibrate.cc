@@ -435,21 +435,31 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
   // the fitted constants and refit from there (the ratio varies slowly with the constants, the
   // analytic model carries the gradient).
+  // Returns the largest relative change of a ratio.
   auto refresh_engine_factors = [&](const Calibration& c) {
     settle_exactly();
+    double moved = 0;
     for (auto& t : targets) {
       if (t.row.kind != "step") continue;
+      const double before = t.engine_factor;
       t.engine_factor = 1;
       const double analytic_s = predict(t, c);
       t.engine_factor = analytic_s > 0 ? engine_step_s(t, c, *engine) / analytic_s : 1.0;
+      moved = std::max(moved, std::abs(t.engine_factor / before - 1));
     }
+    return moved;
   };
   if (engine) {
+    bool current = false;  // the ratios are those of the constants in theta
     for (int pass = 0; pass < options.engine_passes; ++pass) {
-      refresh_engine_factors(to_calibration(theta));
+      const double moved = refresh_engine_factors(to_calibration(theta));
+      if (pass > 0 && moved <= options.engine_ratio_tolerance) {
+        current = true;
+        break;
+      }
       theta = levenberg_marquardt(theta, it).second;
     }
-    refresh_engine_factors(to_calibration(theta));
+    if (!current) refresh_engine_factors(to_calibration(theta));
   }
   settle_exactly();
   fit.iterations = it;

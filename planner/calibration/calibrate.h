@@ -44,6 +44,9 @@ struct FitOptions {
   std::string engine = "analytic";
   StepEngines engines;  // where `engine` is found (default: "analytic" only)
   int engine_passes = 3;
+  // Refreshing stops early once no step record's engine/analytic ratio moved by more than this
+  // (relative) since the refresh before: the constants fitted to those ratios would barely move.
+  double engine_ratio_tolerance = 2e-3;
   int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
   // Published compute time of a step record (record id → seconds rank 0's compute stream is busy,
   // replay included: "compute_with_replay_s" of traces/paper/published-breakdowns.json). Each is

@@ -134,9 +134,10 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   const Bytes staging = t.sharded_params && P > 1 ? 2 * t.h2d_bytes_per_param * shard : 0;
   Bytes work = 0;
   for (int l = 0; l < m.layers; ++l) {
-    // Two gradient buffers: decoder l's and, still draining, those of decoder l+1 (the one before
-    // it in backward order); the next checkpoint may already be loaded beside this one.
-    const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total() : 0;
+    // Two gradient buffers: decoder l's and, still draining, the one before it in backward order
+    // (decoder l+1's, or the head's before the last decoder); the next checkpoint may already be
+    // loaded beside this one.
+    const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total() : head;
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // input, next input, running hidden gradient
                     + mixing_activations(m, l, b, S) + moe_activation_bytes(m, T)
                     + t.grad_bytes_per_param * (params.layers[static_cast<std::size_t>(l)].total() + draining);

@@ -7,8 +7,8 @@
 // all-gather the rest over the fabric. Gradients: sharded systems reduce-scatter and copy their
 // 1/P to the host (summed there from the second micro-batch on); MegaTrain copies the whole BF16
 // gradient through two CPU gradient slots and sums the ranks' partials in FP32 on the host. Two
-// GPU gradient buffers: a decoder's backward waits until the buffer of the decoder two before it
-// has drained. The optimizer runs per layer during the backward (MegaTrain) or, after the
+// GPU gradient buffers: a decoder's backward waits until the buffer two before it (the head's, or
+// a decoder's) has drained. The optimizer runs per layer during the backward (MegaTrain) or, after the
 // backward of the last micro-batch, as one CPU Adam pass over the rank's shard (FSDP2, ZeRO).
 #include <algorithm>
 #include <deque>
@@ -329,7 +329,8 @@ class BaselineLowering {
     if (!t_.sharded_params && index >= 2) deps.push_back(slot_consumers_[static_cast<std::size_t>(index - 2)]);  // two CPU slots
     const PerRank d2h = copy(what(part, StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
     gpu(d2h, -on_gpu, true);
-    if (layer >= 0) grad_drains_.push_back(d2h);
+    // The head's gradient takes its turn in the two GPU gradient buffers, before the last decoder's.
+    if (layer >= 0 || part == StagePart::kLmHead) grad_drains_.push_back(d2h);
     last_d2h_ = d2h;
     PerRank consumed = d2h;
     const bool host_sum = !t_.sharded_params ? P_ > 1 || micro_ > 0 : micro_ > 0;
@@ -416,7 +417,7 @@ class BaselineLowering {
   int micro_ = 0;
   int grads_sent_ = 0;
   std::vector<PerRank> slot_consumers_;  // per gradient sent: the stage that freed its CPU slot
-  std::vector<PerRank> grad_drains_;     // per decoder backward: the D2H that drained its buffer
+  std::vector<PerRank> grad_drains_;     // per gradient buffer (the head's, then each decoder backward's): the D2H that drained it
   std::map<int, PerRank> checkpoints_;   // decoder → the D2H that saved its input
   std::vector<PendingUpdate> pending_updates_;
 };

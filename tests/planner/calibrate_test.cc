@@ -2,6 +2,7 @@
 // held-out records out of the fit, and refuses hardware that no record names.
 #include "planner/calibration/calibrate.h"
 
+#include <atomic>
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -111,8 +112,10 @@ TEST(FitCalibration, PublishedComputeTimesSeparateComputeFromWhatTheStepExposes)
 // work by a fixed factor: a stand-in for an engine whose step times differ from the analytic ones.
 class StretchedEngine : public StepEngine {
  public:
+  static inline std::atomic<int> runs{0};  // steps executed, over all instances
   std::string name() const override { return "stretched"; }
   Trace execute(const StepGraph& g, const DurationModel& durations) const override {
+    ++runs;
     Trace t = AnalyticEngine().execute(g, durations);
     for (auto& s : t.stages) {
       s.start_s *= 1.25;
@@ -139,7 +142,11 @@ TEST(FitCalibration, FitsTheEngineThatWillPredict) {
   const CalibrationFit analytic = fit_calibration(records, hw, options);
   options.engine = "stretched";
   options.engines = engines;
+  StretchedEngine::runs = 0;
   const CalibrationFit matched = fit_calibration(records, hw, options);
+  // The engine's ratio to the analytic step is the same at every constant: refreshed once more after
+  // the first refit, unmoved, it ends the passes (two refreshes, not engine_passes + 1 = 4).
+  EXPECT_EQ(StretchedEngine::runs.load(), 2 * static_cast<int>(records.steps.size()));
   const ValidationReport with_analytic_fit = validate_records(records, engines, "stretched", {analytic.calibration});
   const ValidationReport with_matched_fit = validate_records(records, engines, "stretched", {matched.calibration});
   EXPECT_GT(with_analytic_fit.median_abs_rel_error, 0.15);
