@@ -434,8 +434,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   }
   // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
   // the fitted constants and refit from there (the ratio varies slowly with the constants, the
-  // analytic model carries the gradient).
-  // Returns the largest relative change of a ratio.
+  // analytic model carries the gradient). Returns the largest relative change of a ratio.
   auto refresh_engine_factors = [&](const Calibration& c) {
     settle_exactly();
     double moved = 0;
@@ -449,17 +448,12 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     }
     return moved;
   };
-  if (engine) {
-    bool current = false;  // the ratios are those of the constants in theta
-    for (int pass = 0; pass < options.engine_passes; ++pass) {
-      const double moved = refresh_engine_factors(to_calibration(theta));
-      if (pass > 0 && moved <= options.engine_ratio_tolerance) {
-        current = true;
-        break;
-      }
-      theta = levenberg_marquardt(theta, it).second;
-    }
-    if (!current) refresh_engine_factors(to_calibration(theta));
+  // Refresh, refit, `engine_passes` times, then a last refresh at the final constants; the passes
+  // end early once a refresh leaves the ratios where the refit before found them.
+  for (int pass = 0; engine; ++pass) {
+    const double moved = refresh_engine_factors(to_calibration(theta));
+    if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
+    theta = levenberg_marquardt(theta, it).second;
   }
   settle_exactly();
   fit.iterations = it;
