@@ -30,6 +30,7 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
   h.gpu.hbm_bytes = from_gib(g.number("hbm_gib", 0.001, kMaxGib));
   h.gpu.bf16_flops_per_s = g.number("bf16_flops", 1e9, kMaxRate);
   h.gpu.hbm_Bps = g.number("hbm_Bps", 1e6, kMaxRate);
+  h.gpu.l2_bytes = static_cast<Bytes>(g.optional_number("l2_mib", 0, 1 << 20).value_or(0.0) * static_cast<double>(kMiB));
 
   const JsonReader p = r.object("pcie");
   h.pcie.generation = static_cast<int>(p.integer("generation", 1, 16));
@@ -93,6 +94,7 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   j["nodes"] = h.nodes;
   j["gpu"] = {{"name", h.gpu.name}, {"count", h.gpus_per_node}, {"hbm_gib", to_gib(h.gpu.hbm_bytes)},
               {"bf16_flops", h.gpu.bf16_flops_per_s}, {"hbm_Bps", h.gpu.hbm_Bps}};
+  if (h.gpu.l2_bytes > 0) j["gpu"]["l2_mib"] = static_cast<double>(h.gpu.l2_bytes) / static_cast<double>(kMiB);
   j["gpu_numa"] = h.gpu_numa;
   j["pcie"] = {{"generation", h.pcie.generation}, {"h2d_Bps", h.pcie.h2d_Bps}, {"d2h_Bps", h.pcie.d2h_Bps},
                {"latency_s", h.pcie.latency_s}};
@@ -154,6 +156,7 @@ std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
     f.push_back("numa.amx_bf16_flops_per_s");
   }
   if (h.pcie.gpus_per_switch != 1) f.push_back("pcie.gpus_per_switch");
+  if (h.gpu.l2_bytes > 0) f.push_back("gpu.l2_mib");
   if (h.nodes > 1) {
     f.push_back("network.per_node_Bps");
     f.push_back("network.latency_s");

@@ -23,6 +23,9 @@ struct GpuSpec {
   Bytes hbm_bytes = 0;
   FlopsPerS bf16_flops_per_s = 0;  // dense BF16 tensor peak
   BytesPerS hbm_Bps = 0;
+  // Last-level (L2) cache shared by the SMs; 0 when the spec does not state it (then kernels that
+  // re-read operands are taken to find them in L2, see planner/engine/duration_model.h).
+  Bytes l2_bytes = 0;
   bool operator==(const GpuSpec&) const = default;
 };
 

@@ -29,7 +29,12 @@ struct Calibration {
   double expert_half_rows = 512;          // tokens per expert at half of expert_gemm_efficiency
   double attention_efficiency = 0.45;     // flash attention core forward (head dim ≤ 256)
   double attention_backward_efficiency = 0.35;  // flash attention core backward (head dim ≤ 256)
-  double wide_attention_efficiency = 0.05;  // attention with head dim > 256 (memory-efficient kernel)
+  // Attention with head dim > 256 (PyTorch's memory-efficient kernel): its arithmetic only; its
+  // K/V re-reads past L2 are priced at the HBM rate (planner/engine/duration_model.h). Estimate:
+  // half of FlashAttention-2's 298 TFLOP/s forward at head dim 256 on the H100 (FlashAttention-3
+  // paper), an SM80-style CUTLASS kernel that past head dim 128 keeps its output accumulator out
+  // of registers (ATen mem_eff_attention kernel_forward.h, kSingleValueIteration false).
+  double wide_attention_efficiency = 0.15;
   // Attention kernels fill the GPU as the keys each query attends to grow: a core over κ keys per
   // query (half the sequence when causal, about the window when windowed) reaches
   // κ / (κ + attention_half_keys) of its efficiency. Not fitted: FlashAttention-2's causal forward

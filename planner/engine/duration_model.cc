@@ -1,6 +1,7 @@
 #include "planner/engine/duration_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "costmodel/input_error.h"
 
@@ -56,6 +57,21 @@ double CalibratedDurationModel::host_dram_Bps(int numa) const {
   return hardware_.numa[static_cast<std::size_t>(numa) % hardware_.numa.size()].dram_Bps;
 }
 
+Bytes memory_efficient_attention_hbm_rereads(const OpShape& shape, Bytes l2_bytes) {
+  if (l2_bytes <= 0 || shape.seq_len <= 0 || shape.head_dim <= 0) return 0;
+  const double L = static_cast<double>(shape.seq_len), W = static_cast<double>(shape.window);
+  const double span = W > 0 && W < L ? W : L;                        // keys a head's tiles reach
+  const double keys = W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;  // keys per query, averaged
+  const double kv_row = 2.0 * static_cast<double>(shape.head_dim) * static_cast<double>(kBf16Bytes);  // K and V
+  const double working_set = span * kv_row;
+  const double miss = std::max(0.0, 1.0 - static_cast<double>(l2_bytes) / working_set);
+  if (miss <= 0) return 0;
+  const double tiles = std::ceil(L / static_cast<double>(kMemoryEfficientAttentionQueriesPerTile));
+  const double seqs = static_cast<double>(std::max<std::int64_t>(1, shape.seqs));
+  const double heads = static_cast<double>(std::max(1, shape.heads));
+  return static_cast<Bytes>(heads * seqs * tiles * keys * kv_row * miss);
+}
+
 StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) const {
   const Calibration& c = calibration_;
   const double peak = hardware_.gpu.bf16_flops_per_s;
@@ -64,9 +80,9 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
   // Arithmetic at the kernel kind's efficiency plus the stage's memory-bound kernels (norms,
   // activations, permutations: Stage::bytes) at the HBM rate, one after the other on the stream;
   // expressed as one effective rate over the FLOPs so both engines run it as one piece of work.
-  auto compute = [&](double efficiency) {
+  auto compute = [&](double efficiency, double extra_hbm_bytes = 0) {
     out.fixed_s = c.compute_overhead_s;
-    const double flops = static_cast<double>(s.flops), bytes = static_cast<double>(s.bytes);
+    const double flops = static_cast<double>(s.flops), bytes = static_cast<double>(s.bytes) + extra_hbm_bytes;
     if (flops <= 0) {
       out.work = bytes;
       out.rate = out.exclusive_rate = hbm;
@@ -105,11 +121,16 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       // window W shorter than the sequence L.
       const double L = static_cast<double>(s.shape.seq_len), W = static_cast<double>(s.shape.window);
       const double keys = W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;
-      // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike.
-      compute((s.shape.head_dim > 256       ? c.wide_attention_efficiency
+      // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike; its
+      // forward also re-reads K and V from HBM once they no longer fit in L2.
+      const bool wide = s.shape.head_dim > 256;
+      compute((wide                          ? c.wide_attention_efficiency
                : s.phase == Phase::kBackward ? c.attention_backward_efficiency
                                              : c.attention_efficiency) *
-              fill_rows(keys, c.attention_half_keys));
+                  fill_rows(keys, c.attention_half_keys),
+              wide && s.phase != Phase::kBackward
+                  ? static_cast<double>(memory_efficient_attention_hbm_rereads(s.shape, hardware_.gpu.l2_bytes))
+                  : 0.0);
       break;
     }
     case OpKind::kGdn:

@@ -43,6 +43,21 @@ Bytes cpu_stage_dram_bytes(const Stage& s);
 // A property of the stage, not of a calibration: both engines' host sharing read it.
 Bytes host_dram_bytes(const Stage& s);
 
+// PyTorch's memory-efficient attention (ATen's CUTLASS mem_eff_attention, the kernel SDPA picks
+// for head dims past 256, which FlashAttention does not take) works in tiles of 32 queries × 128
+// keys once the head dim exceeds 64 (kernel_forward.h: 64 × 64 only up to 64). Each query tile
+// streams every key and value it attends to.
+inline constexpr std::int64_t kMemoryEfficientAttentionQueriesPerTile = 32;
+
+// HBM bytes the memory-efficient forward re-reads for K and V: each query tile streams its keys
+// and values (BF16); the tiles in flight at once are neighbouring query tiles of one head (the
+// kernel's grid runs query tiles fastest), so they share that head's K and V through L2 as long as
+// the head's K and V over the keys its tiles reach fit in `l2_bytes`. The share that does not fit,
+// 1 − L2 / working set, comes from HBM. 0 when `l2_bytes` is 0 (not stated) or the working set
+// fits. Not applied to the backward kernel, whose tiling (key blocks streaming the queries) is not
+// modelled.
+Bytes memory_efficient_attention_hbm_rereads(const OpShape& shape, Bytes l2_bytes);
+
 class DurationModel {
  public:
   virtual ~DurationModel() = default;
@@ -69,7 +84,8 @@ class DurationModel {
 // Prices stages from the HardwareSpec's peaks and a Calibration's constants:
 //   GEMM: flops / (peak · gemm_efficiency · m/(m + half_rows)); expert GEMM likewise with the
 //   tokens per expert, plus expert_overhead_s per local expert; attention and GDN:
-//   flops / (peak · efficiency), attention backward with its own efficiency; every compute stage
+//   flops / (peak · efficiency), attention backward with its own efficiency, the memory-efficient
+//   (head dim > 256) forward adding its K/V re-reads past L2 at the HBM rate; every compute stage
 //   adds its memory-bound kernels' HBM bytes (costmodel/traffic.h) / (HBM · hbm_efficiency);
 //   element-wise and GPU AdamW: bytes / (HBM · hbm_efficiency); H2D/D2H: a transfer's fixed cost
 //   plus bytes / achieved link rate; collectives: collective_overhead_s + (members − 1) · fabric

@@ -47,9 +47,12 @@ TrainerConfig config(double clip = 0.0) {
 // differences in small, cancelling gradients, summed in another order over sub-batches, groups and
 // chunks, move a few parameters by a fraction of lr (Gemma 4 on the EP path: 6 of 24 672 embedding
 // elements by 0.03–0.2 lr, the rest by ~3e-4 lr; a relative L2 norm over a block of small weights
-// magnifies those few); a missed, doubled or wrong update moves parameters by ~lr or more.
+// magnifies those few). A gradient at rounding level but above AdamW's ε can even change sign,
+// which moves its one parameter by 2·lr on the first step; so at most one parameter in 10 000 of a
+// block (and at least one) may be more than lr/2 apart, where a missed, doubled or wrong update
+// moves a whole tensor by ~lr or more.
 void expect_plan_matches_plain(const ModelSpec& spec, const Plan& plan, int steps = 2, double clip = 0.0,
-                               std::int64_t batch = 4, std::int64_t seq = 24) {
+                               std::int64_t batch = 4, std::int64_t seq = 24, double grad_tol = kTol) {
   const char* model = spec.name.c_str();
   const TrainerConfig cfg = config(clip);
   torch::manual_seed(32);
@@ -78,7 +81,7 @@ void expect_plan_matches_plain(const ModelSpec& spec, const Plan& plan, int step
         got_b = at::cat({got_b.narrow(0, 0, e0), got_b.narrow(0, e1, got_b.numel() - e1)});
         ref_b = at::cat({ref_b.narrow(0, 0, e0), ref_b.narrow(0, e1, ref_b.numel() - e1)});
       }
-      EXPECT_LE(rel_diff(got_b, ref_b), kTol) << model << " gradient of block " << b;
+      EXPECT_LE(rel_diff(got_b, ref_b), grad_tol) << model << " gradient of block " << b;
     }
   }
   HostState state(spec);
@@ -95,15 +98,17 @@ void expect_plan_matches_plain(const ModelSpec& spec, const Plan& plan, int step
   }
   const auto ref = plain.flat_params();
   for (int b = 0; b < state.blocks(); ++b) {
-    const double moved = (state.master(b) - ref[static_cast<std::size_t>(b)]).abs().max().item<double>();
-    EXPECT_LE(moved, 0.5 * cfg.adam.lr) << model << " block " << b;
+    const at::Tensor apart = (state.master(b) - ref[static_cast<std::size_t>(b)]).abs();
+    const auto far = (apart > 0.5 * cfg.adam.lr).sum().item<std::int64_t>();
+    EXPECT_LE(far, std::max<std::int64_t>(1, apart.numel() / 10000))
+        << model << " block " << b << ": " << far << " of " << apart.numel() << " parameters apart by more than lr/2";
     EXPECT_TRUE(at::equal(state.working(b), state.master(b))) << "working copy republished, block " << b;
   }
 }
 
 void expect_plan_matches_plain(const char* model, const Plan& plan, int steps = 2, double clip = 0.0,
-                               std::int64_t batch = 4, std::int64_t seq = 24) {
-  expect_plan_matches_plain(load_model_spec(model), plan, steps, clip, batch, seq);
+                               std::int64_t batch = 4, std::int64_t seq = 24, double grad_tol = kTol) {
+  expect_plan_matches_plain(load_model_spec(model), plan, steps, clip, batch, seq, grad_tol);
 }
 
 // The working weights after `steps` steps of `plan` on `spec` (seeded weights and batches).
@@ -184,7 +189,11 @@ TEST(PlanTrainer, AttentionHeadGroupsWithSharedKvMatchPlain) {
   Plan p = local_plan();
   p.split.attention_head_group = 1;  // two query-head groups per KV group
   expect_plan_matches_plain("tiny-moe", p);
-  expect_plan_matches_plain("tiny-moe-gemma", p, 1);  // K = V, softcap, tied embeddings
+  // K = V, softcap, tied embeddings: K's gradient sums the two groups' dK and dV, in another order
+  // than the reference, and the softcapped, tied head amplifies the rounding. Measured 1.2e-5 and
+  // 1.4e-5 (blocks 0 and 5) on one x86 CPU (AMD EPYC), below 1e-5 on another: held to 3e-5; a group's
+  // dK or dV missed or doubled changes K's gradient by a large fraction, orders of magnitude more.
+  expect_plan_matches_plain("tiny-moe-gemma", p, 1, 0.0, 4, 24, 3e-5);
 }
 
 TEST(PlanTrainer, GdnSequenceChunksWithStateHandOffMatchPlain) {

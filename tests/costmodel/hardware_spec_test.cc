@@ -27,6 +27,7 @@ TEST(HardwareSpec, H100NodeMatchesThePublishedRuns) {
   EXPECT_EQ(h.gpus_per_node, 8);
   EXPECT_EQ(h.gpu.hbm_bytes, 80 * kGiB);
   EXPECT_DOUBLE_EQ(h.gpu.bf16_flops_per_s, 989.4e12);
+  EXPECT_EQ(h.gpu.l2_bytes, 50 * kMiB);
   ASSERT_EQ(h.numa.size(), 2u);
   EXPECT_EQ(h.numa[0].dram_bytes, 1008 * kGiB);
   EXPECT_EQ(h.numa[1].cores, 48);

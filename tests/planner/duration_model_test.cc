@@ -72,6 +72,53 @@ TEST(CalibratedDurationModel, PricesComputeAtCalibratedEfficiency) {
   EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 64 * 1e-4 + 2.0, 1e-12);
 }
 
+TEST(CalibratedDurationModel, MemoryEfficientAttentionRereadsKAndVPastL2) {
+  OpShape shape;
+  shape.heads = 16;
+  shape.head_dim = 512;
+  shape.seqs = 2;
+  const Bytes l2 = 50 * kMiB;
+  const double kv_row = 2.0 * 512 * 2;  // K and V, BF16
+  shape.seq_len = 16384;                // one head's K and V: 32 MiB, within L2
+  EXPECT_EQ(memory_efficient_attention_hbm_rereads(shape, l2), 0);
+  shape.seq_len = 65536;  // 128 MiB: 1 − 50/128 of the re-reads miss
+  const double tiles = 65536.0 / kMemoryEfficientAttentionQueriesPerTile;
+  EXPECT_NEAR(static_cast<double>(memory_efficient_attention_hbm_rereads(shape, l2)),
+              16 * 2 * tiles * (65536.0 / 2) * kv_row * (1 - 50.0 / 128), 1e3);
+  EXPECT_EQ(memory_efficient_attention_hbm_rereads(shape, 0), 0);  // no L2 stated
+  shape.window = 4096;  // a window short enough for L2 again
+  EXPECT_EQ(memory_efficient_attention_hbm_rereads(shape, l2), 0);
+}
+
+TEST(CalibratedDurationModel, WideAttentionForwardSlowsPerFlopAsItsKeysOutgrowL2) {
+  const Fixture f = fixture();
+  HardwareSpec h = two_socket_node();
+  h.gpu.l2_bytes = 50 * kMiB;
+  Calibration c = round_calibration(h);
+  c.compute_overhead_s = 0;
+  c.attention_half_keys = 0;
+  const CalibratedDurationModel m(h, c, 4);
+  Stage s;
+  s.resource = f.compute;
+  s.op = OpKind::kAttention;
+  s.shape.heads = 16;
+  s.shape.head_dim = 512;
+  s.shape.seqs = 1;
+  auto seconds_per_flop = [&](std::int64_t L, Phase phase) {
+    s.shape.seq_len = L;
+    s.phase = phase;
+    s.flops = 2.0 * static_cast<double>(L) * static_cast<double>(L) * 512 * 16;  // causal forward
+    return m.duration_s(s, f.g) / s.flops;
+  };
+  const double arithmetic = 1 / (1000e12 * 0.1);
+  EXPECT_NEAR(seconds_per_flop(16384, Phase::kForward), arithmetic, 1e-9 * arithmetic);  // K, V in L2
+  const double at_64k = seconds_per_flop(65536, Phase::kForward), at_256k = seconds_per_flop(262144, Phase::kForward);
+  EXPECT_GT(at_64k, 1.05 * arithmetic);
+  EXPECT_GT(at_256k, 1.05 * at_64k);
+  EXPECT_NEAR(seconds_per_flop(262144, Phase::kRecompute), at_256k, 1e-9 * at_256k);  // the same kernel
+  EXPECT_NEAR(seconds_per_flop(262144, Phase::kBackward), arithmetic, 1e-9 * arithmetic);  // not modelled
+}
+
 TEST(CalibratedDurationModel, SmallGemmsReachLessOfThePeak) {
   const Fixture f = fixture();
   Calibration c = round_calibration(two_socket_node());
