@@ -153,6 +153,13 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     work = loss;
     out.gpu_peak_at = fmt::format("loss (vocabulary projection), micro-batch of {} sequences", b);
   }
+  // The embedding's gradient, written by the scatter while decoder 0's may still be draining, beside
+  // the running hidden gradient the scatter reads.
+  const Bytes embedding = boundary_bytes(1, b, S, m.hidden) + t.grad_bytes_per_param * (params.embedding + params.layers.front().total());
+  if (embedding > work) {
+    work = embedding;
+    out.gpu_peak_at = fmt::format("embedding backward, micro-batch of {} sequences", b);
+  }
   out.gpu_peak_bytes = eq2_gpu_peak(fixed, 0, 0, window + staging + work, k.gpu_headroom_fraction).total();
 
   // Host, per NUMA node: the state split over the nodes in use by ranks, then per-rank items.

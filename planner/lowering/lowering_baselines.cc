@@ -306,8 +306,12 @@ class BaselineLowering {
   void embedding_backward() {
     OpShape shape;
     shape.tokens = seqs_ * S_;
+    // The embedding's gradient takes its turn in the two GPU gradient buffers too, after decoder 0's:
+    // it waits for decoder 1's buffer to drain.
+    std::vector<PerRank> gate = {last_compute_};
+    if (grad_drains_.size() >= 2) gate.push_back(grad_drains_[grad_drains_.size() - 2]);
     const PerRank scatter = compute(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
-                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
+                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, gate);
     gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
     gpu(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
     gradients(-1, StagePart::kEmbedding, params_.embedding, scatter);
@@ -329,8 +333,9 @@ class BaselineLowering {
     if (!t_.sharded_params && index >= 2) deps.push_back(slot_consumers_[static_cast<std::size_t>(index - 2)]);  // two CPU slots
     const PerRank d2h = copy(what(part, StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
     gpu(d2h, -on_gpu, true);
-    // The head's gradient takes its turn in the two GPU gradient buffers, before the last decoder's.
-    if (layer >= 0 || part == StagePart::kLmHead) grad_drains_.push_back(d2h);
+    // Every gradient takes its turn in the two GPU gradient buffers: the head's, each decoder's, the
+    // embedding's.
+    grad_drains_.push_back(d2h);
     last_d2h_ = d2h;
     PerRank consumed = d2h;
     const bool host_sum = !t_.sharded_params ? P_ > 1 || micro_ > 0 : micro_ > 0;
@@ -417,7 +422,7 @@ class BaselineLowering {
   int micro_ = 0;
   int grads_sent_ = 0;
   std::vector<PerRank> slot_consumers_;  // per gradient sent: the stage that freed its CPU slot
-  std::vector<PerRank> grad_drains_;     // per gradient buffer (the head's, then each decoder backward's): the D2H that drained it
+  std::vector<PerRank> grad_drains_;     // per gradient buffer (the head's, each decoder backward's, the embedding's): the D2H that drained it
   std::map<int, PerRank> checkpoints_;   // decoder → the D2H that saved its input
   std::vector<PendingUpdate> pending_updates_;
 };
