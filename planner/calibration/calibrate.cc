@@ -91,7 +91,17 @@ struct Target {
   // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
   std::vector<Stage> priced;             // one representative per distinct pricing
   std::vector<std::int32_t> priced_of;  // stage id → index into `priced`
+  std::shared_ptr<const HardwareSpec> hardware;  // ctx.hardware, shared by every evaluation's model
+  // Inside the fit: which constants price a stage of this record (index into constants()). The
+  // Jacobian's column of a constant that prices none of its stages is 0 without evaluating it.
+  std::vector<bool> priced_by;
 };
+
+// A model of `t`'s hardware under calibration `c`.
+CalibratedDurationModel model_of(const Target& t, const Calibration& c) {
+  return t.hardware ? CalibratedDurationModel(t.hardware, c, t.ctx.workload.gpus)
+                    : CalibratedDurationModel(t.ctx.hardware, c, t.ctx.workload.gpus);
+}
 
 // The part of a stage its price depends on (planner/engine/duration_model.h).
 auto pricing_key(const Stage& s) {
@@ -125,7 +135,7 @@ struct Prediction {
 // `stretch`: also return the work stretch host sharing gave each stage (exact settling only).
 Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy,
                           std::vector<std::pair<std::int32_t, double>>* stretch = nullptr) {
-  const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  const CalibratedDurationModel model = model_of(t, c);
   Prediction out;
   if (t.row.kind == "operator") {
     for (const StageId id : t.op_stages) out.time_s += model.duration_s(t.graph.stage(id), t.graph);
@@ -173,7 +183,7 @@ double predict(const Target& t, const Calibration& c) { return predict_detail(t,
 
 // The step time of a step record's graph as `engine` executes it with calibration `c`.
 double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
-  const CalibratedDurationModel model(t.ctx.hardware, c, t.ctx.workload.gpus);
+  const CalibratedDurationModel model = model_of(t, c);
   return engine.execute(t.graph, model).step_s;
 }
 
@@ -319,6 +329,36 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
       if (k[static_cast<std::size_t>(i)].efficiency) theta[i] = std::min(theta[i], 0.0);
     }
   };
+  // Which constants price each record's stages: each moved by a factor e^0.5 from its estimate; a
+  // record none of whose stage costs move does not depend on it (the duration model's terms are
+  // structural: a constant prices stages of a kind, phase or shape, whatever its value).
+  auto costs_of = [&](const Target& t, const Calibration& c) {
+    const CalibratedDurationModel model = model_of(t, c);
+    std::vector<StageCost> out;
+    if (t.row.kind == "operator") {
+      for (const StageId id : t.op_stages) out.push_back(model.cost(t.graph.stage(id), t.graph));
+    } else {
+      for (const Stage& st : t.priced) out.push_back(model.cost(st, t.graph));
+    }
+    return out;
+  };
+  for (auto& t : targets) {
+    t.hardware = std::make_shared<const HardwareSpec>(t.ctx.hardware);
+    const std::vector<StageCost> base = costs_of(t, to_calibration(theta0));
+    t.priced_by.assign(static_cast<std::size_t>(p), false);
+    for (int j = 0; j < p; ++j) {
+      Eigen::VectorXd moved = theta0;
+      moved[j] += 0.5;
+      const std::vector<StageCost> c = costs_of(t, to_calibration(moved));
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        if (c[i].fixed_s != base[i].fixed_s || c[i].work != base[i].work || c[i].rate != base[i].rate ||
+            c[i].exclusive_rate != base[i].exclusive_rate) {
+          t.priced_by[static_cast<std::size_t>(j)] = true;
+          break;
+        }
+      }
+    }
+  }
   std::vector<const Target*> fitted;
   for (const auto& t : targets) {
     if (!t.row.held_out) fitted.push_back(&t);
@@ -329,17 +369,23 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   for (std::size_t i = 0; i < fitted.size(); ++i) {
     if (fitted[i]->compute_anchor_s) anchor_row[i] = rows++;
   }
-  auto residuals = [&](const Eigen::VectorXd& theta) {
+  // The residuals at `theta`; with `column` ≥ 0, `theta` differs from the point of residuals
+  // `base` in that constant only, and the records it prices none of keep their `base` residuals.
+  auto residuals = [&](const Eigen::VectorXd& theta, int column = -1, const Eigen::VectorXd* base = nullptr) {
     const Calibration c = to_calibration(theta);
     Eigen::VectorXd r(rows + p);
     for (int i = 0; i < n; ++i) {
       const Target& t = *fitted[static_cast<std::size_t>(i)];
+      const int a = anchor_row[static_cast<std::size_t>(i)];
+      if (column >= 0 && !t.priced_by[static_cast<std::size_t>(column)]) {
+        r[i] = (*base)[i];
+        if (a >= 0) r[a] = (*base)[a];
+        continue;
+      }
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
       const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value());
       r[i] = w * std::log(pr.time_s / t.row.measured_s);
-      if (const int a = anchor_row[static_cast<std::size_t>(i)]; a >= 0) {
-        r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
-      }
+      if (a >= 0) r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
     }
     for (int i = 0; i < p; ++i) r[rows + i] = options.prior_weight * (theta[i] - theta0[i]);
     return r;
@@ -374,7 +420,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
         for (int j = first; j < p; j += stride) {
           Eigen::VectorXd t = theta;
           t[j] += h;
-          J.col(j) = (residuals(t) - r) / h;
+          J.col(j) = (residuals(t, j, &r) - r) / h;
         }
       };
       const int threads = options.threads > 0 ? options.threads

@@ -8,12 +8,18 @@
 namespace oom {
 
 CalibratedDurationModel::CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks)
+    : CalibratedDurationModel(std::make_shared<const HardwareSpec>(std::move(hardware)), std::move(calibration), ranks) {}
+
+CalibratedDurationModel::CalibratedDurationModel(std::shared_ptr<const HardwareSpec> hardware, Calibration calibration, int ranks)
     : hardware_(std::move(hardware)), calibration_(std::move(calibration)), ranks_(std::max(1, ranks)) {
-  ranks_per_numa_ = hardware_.ranks_per_numa(ranks_);
-  const Calibration d = default_calibration(hardware_);
-  if (calibration_.h2d_Bps <= 0) calibration_.h2d_Bps = d.h2d_Bps;
-  if (calibration_.d2h_Bps <= 0) calibration_.d2h_Bps = d.d2h_Bps;
-  if (calibration_.cpu_adamw_params_per_s <= 0) calibration_.cpu_adamw_params_per_s = d.cpu_adamw_params_per_s;
+  OOM_ASSERT(hardware_ != nullptr, "a duration model needs a HardwareSpec");
+  ranks_per_numa_ = hardware_->ranks_per_numa(ranks_);
+  if (calibration_.h2d_Bps <= 0 || calibration_.d2h_Bps <= 0 || calibration_.cpu_adamw_params_per_s <= 0) {
+    const Calibration d = default_calibration(*hardware_);
+    if (calibration_.h2d_Bps <= 0) calibration_.h2d_Bps = d.h2d_Bps;
+    if (calibration_.d2h_Bps <= 0) calibration_.d2h_Bps = d.d2h_Bps;
+    if (calibration_.cpu_adamw_params_per_s <= 0) calibration_.cpu_adamw_params_per_s = d.cpu_adamw_params_per_s;
+  }
   if (calibration_.host_prep_params_per_s <= 0) calibration_.host_prep_params_per_s = 4 * calibration_.cpu_adamw_params_per_s;
   if (calibration_.host_accumulate_params_per_s <= 0) {
     calibration_.host_accumulate_params_per_s = 2 * calibration_.cpu_adamw_params_per_s;
@@ -53,8 +59,8 @@ Bytes host_dram_bytes(const Stage& s) {
 }
 
 double CalibratedDurationModel::host_dram_Bps(int numa) const {
-  if (numa < 0 || hardware_.numa.empty()) return 0;
-  return hardware_.numa[static_cast<std::size_t>(numa) % hardware_.numa.size()].dram_Bps;
+  if (numa < 0 || hardware_->numa.empty()) return 0;
+  return hardware_->numa[static_cast<std::size_t>(numa) % hardware_->numa.size()].dram_Bps;
 }
 
 Bytes memory_efficient_attention_hbm_rereads(const OpShape& shape, Bytes l2_bytes) {
@@ -74,9 +80,9 @@ Bytes memory_efficient_attention_hbm_rereads(const OpShape& shape, Bytes l2_byte
 
 StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) const {
   const Calibration& c = calibration_;
-  const double peak = hardware_.gpu.bf16_flops_per_s;
+  const double peak = hardware_->gpu.bf16_flops_per_s;
   StageCost out;
-  const double hbm = hardware_.gpu.hbm_Bps * c.hbm_efficiency;
+  const double hbm = hardware_->gpu.hbm_Bps * c.hbm_efficiency;
   // Arithmetic at the kernel kind's efficiency plus the stage's memory-bound kernels (norms,
   // activations, permutations: Stage::bytes) at the HBM rate, one after the other on the stream;
   // expressed as one effective rate over the FLOPs so both engines run it as one piece of work.
@@ -129,7 +135,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
                                              : c.attention_efficiency) *
                   fill_rows(keys, c.attention_half_keys),
               wide && s.phase != Phase::kBackward
-                  ? static_cast<double>(memory_efficient_attention_hbm_rereads(s.shape, hardware_.gpu.l2_bytes))
+                  ? static_cast<double>(memory_efficient_attention_hbm_rereads(s.shape, hardware_->gpu.l2_bytes))
                   : 0.0);
       break;
     }
@@ -145,7 +151,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
     case OpKind::kH2d:
     case OpKind::kD2h:
       // Each separate copy (a weight group goes in transfer_chunk_mib pieces) pays the latency.
-      out.fixed_s = static_cast<double>(std::max<std::int64_t>(1, s.transfers)) * (c.transfer_overhead_s + hardware_.pcie.latency_s);
+      out.fixed_s = static_cast<double>(std::max<std::int64_t>(1, s.transfers)) * (c.transfer_overhead_s + hardware_->pcie.latency_s);
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = s.op == OpKind::kH2d ? c.h2d_Bps : c.d2h_Bps;
       break;
@@ -155,9 +161,9 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       // Alpha–beta: a fixed cost per collective (launch, split exchange, synchronization) plus one
       // fabric latency per peer a member exchanges with, then the bytes at the fabric's rate.
       const std::size_t members = std::max<std::size_t>(2, s.peers.size());
-      out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * hardware_.fabric.latency_s;
+      out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * hardware_->fabric.latency_s;
       out.work = static_cast<double>(s.bytes);
-      out.rate = out.exclusive_rate = hardware_.fabric.per_gpu_Bps * c.fabric_efficiency;
+      out.rate = out.exclusive_rate = hardware_->fabric.per_gpu_Bps * c.fabric_efficiency;
       break;
     }
     case OpKind::kCpuAdamW:

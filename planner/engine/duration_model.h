@@ -95,14 +95,17 @@ class CalibratedDurationModel : public DurationModel {
  public:
   // `ranks` is the number of training ranks (to share sockets fairly).
   CalibratedDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
+  // The same over a shared HardwareSpec (no copy: callers that price one hardware under many
+  // calibrations, such as the fit, build a model per calibration).
+  CalibratedDurationModel(std::shared_ptr<const HardwareSpec> hardware, Calibration calibration, int ranks);
   StageCost cost(const Stage& s, const StepGraph& g) const override;
   double host_dram_Bps(int numa) const override;
-  int pcie_link_of_rank(int rank, int ranks) const override { return hardware_.pcie_switch_of_rank(rank, ranks); }
+  int pcie_link_of_rank(int rank, int ranks) const override { return hardware_->pcie_switch_of_rank(rank, ranks); }
   const Calibration& calibration() const { return calibration_; }
-  const HardwareSpec& hardware() const { return hardware_; }
+  const HardwareSpec& hardware() const { return *hardware_; }
 
  private:
-  HardwareSpec hardware_;
+  std::shared_ptr<const HardwareSpec> hardware_;
   Calibration calibration_;
   int ranks_ = 1;
   std::vector<int> ranks_per_numa_;
