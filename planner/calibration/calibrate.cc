@@ -91,7 +91,7 @@ struct Target {
   // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
   std::vector<Stage> priced;             // one representative per distinct pricing
   std::vector<std::int32_t> priced_of;  // stage id → index into `priced`
-  std::shared_ptr<const HardwareSpec> hardware;  // ctx.hardware, shared by every evaluation's model
+  std::shared_ptr<const HardwareSpec> hardware;  // ctx.hardware, set with it, shared by every evaluation's model
   // Inside the fit: which constants price a stage of this record (index into constants()). The
   // Jacobian's column of a constant that prices none of its stages is 0 without evaluating it.
   std::vector<bool> priced_by;
@@ -99,8 +99,7 @@ struct Target {
 
 // A model of `t`'s hardware under calibration `c`.
 CalibratedDurationModel model_of(const Target& t, const Calibration& c) {
-  return t.hardware ? CalibratedDurationModel(t.hardware, c, t.ctx.workload.gpus)
-                    : CalibratedDurationModel(t.ctx.hardware, c, t.ctx.workload.gpus);
+  return CalibratedDurationModel(t.hardware, c, t.ctx.workload.gpus);
 }
 
 // The part of a stage its price depends on (planner/engine/duration_model.h).
@@ -209,6 +208,7 @@ Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
   t.row = {o.id, "operator", false, o.time_s, 0};
   t.ctx.model = load_model_spec(o.model);
   t.ctx.hardware = hw;
+  t.hardware = std::make_shared<const HardwareSpec>(hw);
   t.ctx.workload.model = o.model;
   t.ctx.workload.hardware = hw.name;
   t.ctx.workload.gpus = 1;
@@ -236,6 +236,7 @@ Target step_target(const StepRecord& r) {
   Target t;
   t.row = {r.id, "step", false, *r.measured.step_s, 0};
   t.ctx = resolve_workload(r.workload, r.origin);
+  t.hardware = std::make_shared<const HardwareSpec>(t.ctx.hardware);
   if (!r.system.empty()) {
     // A baseline system's record: its step as configure_baseline() sets it up.
     const auto system = baseline_system_from_name(r.system);
@@ -249,7 +250,7 @@ Target step_target(const StepRecord& r) {
     t.graph = lower(plan, t.ctx);
   }
   t.schedule.emplace(t.graph);
-  t.sharing.emplace(t.graph, CalibratedDurationModel(t.ctx.hardware, default_calibration(t.ctx.hardware), t.graph.gpus));
+  t.sharing.emplace(t.graph, model_of(t, default_calibration(t.ctx.hardware)));
   index_pricing(t);
   for (const Stage& s : t.graph.stages) {
     if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);
@@ -343,7 +344,6 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     return out;
   };
   for (auto& t : targets) {
-    t.hardware = std::make_shared<const HardwareSpec>(t.ctx.hardware);
     const std::vector<StageCost> base = costs_of(t, to_calibration(theta0));
     t.priced_by.assign(static_cast<std::size_t>(p), false);
     for (int j = 0; j < p; ++j) {

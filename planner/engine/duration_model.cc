@@ -63,11 +63,22 @@ double CalibratedDurationModel::host_dram_Bps(int numa) const {
   return hardware_->numa[static_cast<std::size_t>(numa) % hardware_->numa.size()].dram_Bps;
 }
 
+namespace {
+
+// Keys per query of an attention core, averaged over the sequence: half of it when causal;
+// W·(1 − W/2L) with a window W shorter than the sequence L.
+double keys_per_query(const OpShape& shape) {
+  const double L = static_cast<double>(shape.seq_len), W = static_cast<double>(shape.window);
+  return W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;
+}
+
+}  // namespace
+
 Bytes memory_efficient_attention_hbm_rereads(const OpShape& shape, Bytes l2_bytes) {
   if (l2_bytes <= 0 || shape.seq_len <= 0 || shape.head_dim <= 0) return 0;
   const double L = static_cast<double>(shape.seq_len), W = static_cast<double>(shape.window);
-  const double span = W > 0 && W < L ? W : L;                        // keys a head's tiles reach
-  const double keys = W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;  // keys per query, averaged
+  const double span = W > 0 && W < L ? W : L;  // keys a head's tiles reach
+  const double keys = keys_per_query(shape);
   const double kv_row = 2.0 * static_cast<double>(shape.head_dim) * static_cast<double>(kBf16Bytes);  // K and V
   const double working_set = span * kv_row;
   const double miss = std::max(0.0, 1.0 - static_cast<double>(l2_bytes) / working_set);
@@ -123,10 +134,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       break;
     }
     case OpKind::kAttention: {
-      // Keys per query, averaged over the sequence: half of it when causal; W·(1 − W/2L) with a
-      // window W shorter than the sequence L.
-      const double L = static_cast<double>(s.shape.seq_len), W = static_cast<double>(s.shape.window);
-      const double keys = W > 0 && W < L ? W * (1 - W / (2 * L)) : L / 2;
+      const double keys = keys_per_query(s.shape);
       // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike; its
       // forward also re-reads K and V from HBM once they no longer fit in L2.
       const bool wide = s.shape.head_dim > 256;

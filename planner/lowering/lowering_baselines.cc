@@ -253,9 +253,7 @@ class BaselineLowering {
     const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
     const PerRank load = copy(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, l, boundary, {checkpoints_.at(l)});
     gpu(load, boundary, false);
-    // Two GPU gradient buffers: wait until the buffer of the decoder two back has drained.
-    std::vector<PerRank> gate = {ready, load, last_compute_};
-    if (grad_drains_.size() >= 2) gate.push_back(grad_drains_[grad_drains_.size() - 2]);
+    const std::vector<PerRank> gate = with_free_gradient_buffer({ready, load, last_compute_});
     PerRank first;
     const PerRank recomputed = decoder_compute(l, Phase::kRecompute, gate, first);
     const Bytes act = activations(l);
@@ -306,15 +304,18 @@ class BaselineLowering {
   void embedding_backward() {
     OpShape shape;
     shape.tokens = seqs_ * S_;
-    // The embedding's gradient takes its turn in the two GPU gradient buffers too, after decoder 0's:
-    // it waits for decoder 1's buffer to drain.
-    std::vector<PerRank> gate = {last_compute_};
-    if (grad_drains_.size() >= 2) gate.push_back(grad_drains_[grad_drains_.size() - 2]);
     const PerRank scatter = compute(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
-                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, gate);
+                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, with_free_gradient_buffer({last_compute_}));
     gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
     gpu(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
     gradients(-1, StagePart::kEmbedding, params_.embedding, scatter);
+  }
+
+  // Two GPU gradient buffers, taken in turn by the head's, each decoder's and the embedding's
+  // gradient: `deps` and the drain of the buffer two back, whose turn a new gradient takes.
+  std::vector<PerRank> with_free_gradient_buffer(std::vector<PerRank> deps) const {
+    if (grad_drains_.size() >= 2) deps.push_back(grad_drains_[grad_drains_.size() - 2]);
+    return deps;
   }
 
   // The gradients of one parameter group (held on the GPU from `ready` on) to the host; summed
