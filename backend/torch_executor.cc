@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <optional>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include "backend/device_memory.h"
 #include "backend/plan_runtime.h"
 #include "backend/state.h"
 #include "backend/threads.h"
@@ -43,6 +45,14 @@ Plan truncated_plan(const Plan& plan, int layers) {
 
 TorchExecutor::TorchExecutor(TorchExecutorOptions options) : options_(options) {}
 
+std::optional<MemoryConstants> TorchExecutor::device_memory_constants() const {
+  if (!options_.device_memory || (options_.use_cuda && at::hasCUDA())) return std::nullopt;
+  MemoryConstants m;
+  m.gpu_fixed_bytes = 0;
+  m.gpu_headroom_fraction = 0;
+  return m;
+}
+
 Measurement TorchExecutor::run(const Plan& plan_in, const WorkloadContext& ctx, const ExecutionUnits& units) {
   set_compute_threads(options_.threads);
   const ModelSpec spec = truncated_model(ctx.model, units.decoder_layers);
@@ -50,11 +60,19 @@ Measurement TorchExecutor::run(const Plan& plan_in, const WorkloadContext& ctx, 
   const std::int64_t batch = ctx.workload.global_batch, seq = ctx.workload.seq_len;
   check_plan_for_run(plan, spec, batch, seq, ctx.workload.gpus, "plan");
 
-  HostState state(spec);
+  const bool cuda = options_.use_cuda && at::hasCUDA();
+  // Declared before the state and the trainer, so that the device's allocations are metered until
+  // they are freed.
+  std::optional<device_memory::Emulation> emulation;
+  StateOptions state_options;
+  if (options_.device_memory && !cuda) {
+    emulation.emplace(true);
+    state_options.precision = WorkingPrecision::kBFloat16;
+  }
+  HostState state(spec, state_options);
   state.init_from_seed(options_.seed);
   TrainerConfig cfg;
   cfg.max_grad_norm = 0.0;
-  const bool cuda = options_.use_cuda && at::hasCUDA();
   PlanTrainer trainer(state, cfg, plan, cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1);
   const auto vocab = std::min<std::int64_t>(spec.vocab, 256);
@@ -64,6 +82,7 @@ Measurement TorchExecutor::run(const Plan& plan_in, const WorkloadContext& ctx, 
   for (int i = 0; i < options_.warmup_steps; ++i) trainer.step(tokens, targets);
   // Timed steps run untraced (recording samples memory at every stage); one traced step follows.
   std::vector<double> times;
+  Bytes untraced_peak = 0;  // the emulated device's, over the timed steps
   for (int i = 0; i < std::max(1, options_.measured_steps); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = process_cpu_s();
@@ -71,6 +90,7 @@ Measurement TorchExecutor::run(const Plan& plan_in, const WorkloadContext& ctx, 
     times.push_back(options_.clock == TorchExecutorOptions::Clock::kProcessCpu
                         ? process_cpu_s() - c0
                         : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (emulation) untraced_peak = std::max(untraced_peak, trainer.last_device_peak());
   }
   std::sort(times.begin(), times.end());
   trainer.set_tracing(true);
@@ -79,6 +99,10 @@ Measurement TorchExecutor::run(const Plan& plan_in, const WorkloadContext& ctx, 
   m.step_s = times[times.size() / 2];
   m.trace = trainer.last_trace();
   m.gpu_peak_bytes = m.trace.gpu_peak_bytes;
+  if (emulation) {
+    if (m.gpu_peak_bytes.empty()) m.gpu_peak_bytes.push_back(0);
+    m.gpu_peak_bytes[0] = std::max(m.gpu_peak_bytes[0], untraced_peak);
+  }
   m.numa_peak_bytes = m.trace.numa_peak_bytes;
   return m;
 }

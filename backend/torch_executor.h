@@ -8,7 +8,7 @@
 // untraced steps with the plan-driven runtime (backend/plan_runtime.h) on the CPU
 // (or the first CUDA device when LibTorch has one), then one traced step. The Measurement: the
 // median of the untraced steps' times, the traced step's stage trace (engine "torch"), its device
-// allocator peak (CUDA) and host resident-set peak (`clock` chooses wall or process CPU time).
+// allocator peak (CUDA, or the emulated device's with `device_memory` on the CPU) and host resident-set peak (`clock` chooses wall or process CPU time).
 // No LibTorch types in this header. Not thread-safe; one per thread.
 #pragma once
 
@@ -30,6 +30,10 @@ struct TorchExecutorOptions {
   // step runs on one thread and its CPU updates are small).
   enum class Clock { kWall, kProcessCpu };
   Clock clock = Clock::kWall;
+  // On the CPU, stand in for a GPU (backend/device_memory.h): BF16 working weights, as the memory
+  // model assumes, and the device side's allocations measured, so that the Measurement's GPU peak
+  // is what a device would hold (on a CUDA device its allocator says so in any case).
+  bool device_memory = false;
 };
 
 class TorchExecutor : public Executor {
@@ -38,6 +42,8 @@ class TorchExecutor : public Executor {
   std::string name() const override { return "torch"; }
   // Throws InputError when the plan cannot run here (see check_plan_for_run).
   Measurement run(const Plan& plan, const WorkloadContext& ctx, const ExecutionUnits& units) override;
+  // M_0 = ε = 0 when it stands a CPU in for a GPU (`device_memory` and no CUDA device).
+  std::optional<MemoryConstants> device_memory_constants() const override;
 
  private:
   TorchExecutorOptions options_;

@@ -17,9 +17,11 @@ extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std
   add_rank_worker_command(app, io);
   add_eval_command(app, io);
   // The plugin does not link the simulator: its `oom plan` offers the analytic engine and "torch".
-  add_plan_commands(app, io, oom::StepEngines(), [](const std::string& name) -> std::unique_ptr<oom::Executor> {
+  add_plan_commands(app, io, oom::StepEngines(), [](const std::string& name, bool measure_memory) -> std::unique_ptr<oom::Executor> {
     if (name != "torch") return nullptr;
-    return std::make_unique<oom::backend::TorchExecutor>();
+    oom::backend::TorchExecutorOptions o;
+    o.device_memory = measure_memory;
+    return std::make_unique<oom::backend::TorchExecutor>(o);
   });
   auto* calibrate = app.add_subcommand("calibrate", "Measure this machine with the LibTorch backend and fit its constants");
   const auto backend = add_backend_calibration_options(*calibrate, io);

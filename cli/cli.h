@@ -74,7 +74,9 @@ std::function<bool()> add_backend_calibration(CLI::App& calibrate, Io io);
 // `oom plan` (cli/cmd_plan.cc): --compare-engine names one of `engines` ("simgrid" by default
 // where offered) or, through `compare_executor`, an executor that is not a StepEngine
 // (nullptr when it knows none): the plugin's "torch", real short executions with the LibTorch backend.
-using CompareExecutorFactory = std::function<std::unique_ptr<Executor>(const std::string& name)>;
+// With `measure_memory` (--measure-memory) the executor measures the device's memory (a CPU stands
+// in for a GPU with memory of its own) and the search holds the measured peaks to the GPU budget.
+using CompareExecutorFactory = std::function<std::unique_ptr<Executor>(const std::string& name, bool measure_memory)>;
 void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, CompareExecutorFactory compare_executor = {});
 // `oom plan --compare-engine torch`: run by the plugin.
 bool is_torch_compare(const std::vector<std::string>& args);

@@ -27,7 +27,7 @@ namespace {
 struct PlanArgs {
   std::string workload_path, path = "auto", compare_engine = "analytic", output, preset;
   std::optional<double> gpu_budget_gib, host_budget_gib;
-  bool json = false, no_flat = false;
+  bool json = false, no_flat = false, measure_memory = false;
 };
 
 void check_budget(const std::optional<double>& gib, const std::string& flag) {
@@ -52,6 +52,10 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
                 fmt::format("Engine of the short executions: {} | torch (real runs with the LibTorch backend, one rank); "
                             "default simgrid where built in, else analytic",
                             fmt::join(engines.names(), " | ")));
+  c->add_flag("--measure-memory", a->measure_memory,
+              "With --compare-engine torch: hold each configured plan's GPU peak, as its short executions measure it, to the GPU "
+              "budget, and configure again under a tighter model budget when every plan measures over it (on a CPU the device "
+              "side is emulated with BF16 weights, M_0 = epsilon = 0)");
   c->add_option("-o,--output", a->output, "Write the chosen plan (Plan JSON) to this file (atomically)");
   c->add_flag("--json", a->json, "Print one JSON object");
   c->add_flag("--no-flat", a->no_flat,
@@ -66,9 +70,15 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
         throw InputError("", "--preset", "\"" + a->preset + "\"", fmt::format("unknown preset (known: {})", fmt::join(names, ", ")));
       }
     }
-    std::unique_ptr<Executor> executor = compare_executor ? compare_executor(a->compare_engine) : nullptr;
+    std::unique_ptr<Executor> executor = compare_executor ? compare_executor(a->compare_engine, a->measure_memory) : nullptr;
     if (!executor && !engines.has(a->compare_engine)) {
       throw InputError("", "--compare-engine", "\"" + a->compare_engine + "\"", "unknown engine");
+    }
+    if (a->measure_memory && !executor) {
+      throw InputError("", "--measure-memory", "true", "needs an executor that measures: --compare-engine torch");
+    }
+    if (a->measure_memory && !a->preset.empty()) {
+      throw InputError("", "--measure-memory", "true", "a --preset is priced as it is, not searched");
     }
     check_budget(a->gpu_budget_gib, "--gpu-budget-gib");
     check_budget(a->host_budget_gib, "--host-budget-gib");
@@ -82,6 +92,10 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
     options.engines = engines;
     options.compare_executor = executor.get();
     options.flat = !a->no_flat;
+    options.hold_measured_gpu_peak = a->measure_memory;
+    if (executor) {
+      if (const auto m = executor->device_memory_constants()) options.memory = *m;
+    }
     const PlanSearchResult r = a->preset.empty() ? search_plan(ctx, load_calibration_for(ctx.hardware), options)
                                                  : preset_plan_search(a->preset, ctx, load_calibration_for(ctx.hardware), a->path);
     if (!a->output.empty()) emit(a->output, plan_to_json(r.chosen.plan).dump(2) + "\n", io);

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "costmodel/memory.h"
 #include "costmodel/units.h"
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
@@ -38,6 +40,10 @@ class Executor {
   virtual std::string name() const = 0;
   // Runs one step. Preconditions: validate_plan() accepted `plan` for `ctx.workload`.
   virtual Measurement run(const Plan& plan, const WorkloadContext& ctx, const ExecutionUnits& units) = 0;
+  // The memory model's runtime constants for the device this executor measures, where they
+  // differ from the CUDA defaults (a CPU standing in for a GPU has no CUDA context and no caching
+  // allocator: M_0 = ε = 0); nullopt to keep the caller's.
+  virtual std::optional<MemoryConstants> device_memory_constants() const { return std::nullopt; }
 };
 
 // Lowers the plan (planner/lowering/step_graph.h) and executes the graph with `engine`, pricing stages

@@ -44,14 +44,17 @@ std::string BudgetShortfall::message() const {
   // No single figure (a search that found nothing within both budgets): say what has no room.
   if (needed_bytes <= 0) return fmt::format("{}, within {:.1f} GiB of {} room and the GPU budget", where, to_gib(budget_bytes), budget);
   // One decimal, or as many more (up to four) as it takes to tell the two numbers apart and to show
-  // a budget below 0.1 GiB as more than zero.
-  const double have = to_gib(budget_bytes), need = to_gib(needed_bytes);
+  // a budget below 0.1 GiB as more than zero; in MiB when what is needed is under 0.1 GiB.
+  const bool mib = needed_bytes < kGiB / 10;
+  const auto in_unit = [mib](Bytes b) { return mib ? static_cast<double>(b) / static_cast<double>(kMiB) : to_gib(b); };
+  const double have = in_unit(budget_bytes), need = in_unit(needed_bytes);
   int digits = 1;
   while (digits < 4 && (fmt::format("{:.{}f}", have, digits) == fmt::format("{:.{}f}", need, digits) ||
                         (have > 0 && have < std::pow(10.0, -digits)))) {
     ++digits;
   }
-  return fmt::format("{} budget {:.{}f} GiB < {:.{}f} GiB needed{}{}", budget, have, digits, need, digits,
+  const char* unit = mib ? "MiB" : "GiB";
+  return fmt::format("{} budget {:.{}f} {} < {:.{}f} {} needed{}{}", budget, have, digits, unit, need, digits, unit,
                      where.empty() ? "" : " by ", where);
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -109,20 +111,41 @@ double overshoot(const BudgetShortfall& s) {
 
 }  // namespace
 
-PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& calibration, const PlanSearchOptions& options) {
-  if (options.path != "ep" && options.path != "local" && options.path != "auto") {
-    throw InputError("", "--path", "\"" + options.path + "\"", "expected ep, local or auto");
-  }
-  if (options.path == "auto" && options.compare_executor == nullptr && !options.engines.has(options.compare_engine)) {
-    throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
-                     fmt::format("unknown engine (known: {})", fmt::join(options.engines.names(), ", ")));
-  }
+Bytes measured_gpu_peak(const ShortExecutionEstimate& measured, Executor& model, const Plan& plan, const WorkloadContext& ctx,
+                        const MemoryConstants& memory) {
+  const ShortExecutionEstimate short_model = estimate_by_short_executions(model, plan, ctx);
+  const Measurement full = model.run(plan, ctx, {0});
+  const Bytes full_model = full.gpu_peak_bytes.empty() ? 0 : *std::max_element(full.gpu_peak_bytes.begin(), full.gpu_peak_bytes.end());
+  const Bytes deeper = full_model > short_model.gpu_peak_bytes ? full_model - short_model.gpu_peak_bytes : 0;
+  return eq2_gpu_peak(memory.gpu_fixed_bytes, 0, 0, measured.gpu_peak_bytes + deeper, memory.gpu_headroom_fraction).total();
+}
+
+namespace {
+
+// A GPU memory figure: GiB from 0.1 GiB, MiB below (the tiny models' budgets).
+std::string memory_text(Bytes b) {
+  return b >= kGiB / 10 ? fmt::format("{:.2f} GiB", to_gib(b)) : fmt::format("{:.3f} MiB", static_cast<double>(b) / static_cast<double>(kMiB));
+}
+
+// One configuration of the requested paths under ctx's budgets, compared and (with
+// `measured_budget` > 0) held to the executor's measured peaks. `fits` is false when every
+// configured plan measured over `measured_budget`; `over` is then the measured peak of the fastest.
+struct Configured {
+  PlanSearchResult result;
+  bool fits = true;
+  Bytes over = 0;
+};
+
+Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& calibration, const PlanSearchOptions& options,
+                                 Bytes measured_budget) {
   const PlanPricer pricer(ctx, calibration, options.memory);
   // Each path is configured without FLAT's schedules and with all of them (they change which
   // plans fit: a bounded dispatch, vocabulary or boundary peak leaves room for residency and
   // retention); the faster is refined schedule by schedule.
   const PlanPricer flat_pricer(ctx, calibration, options.memory, bounded_flat_schedules());
-  PlanSearchResult r;
+  Configured out;
+  PlanSearchResult& r = out.result;
+  r.model_gpu_budget_bytes = ctx.gpu_budget_bytes();
   std::vector<PricedPlan> configured;
   std::vector<BudgetShortfall> shortfalls;
   std::string not_applicable;
@@ -158,37 +181,111 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
                                           [](const BudgetShortfall& a, const BudgetShortfall& b) { return overshoot(a) < overshoot(b); });
     throw InfeasibleWorkload(closest->message());
   }
+  const bool measure = measured_budget > 0;
   std::size_t winner = 0;
   std::vector<Seconds> compared(configured.size(), 0.0);
-  if (configured.size() > 1) {
-    std::unique_ptr<Executor> graph_executor;
+  std::vector<Bytes> measured(configured.size(), 0);
+  if (configured.size() > 1 || measure) {
+    const auto graph_executor = [&](const std::string& name) {
+      std::unique_ptr<StepEngine> engine = options.engines.make(name);
+      if (!engine) {
+        throw InputError("", "compare_engine", "\"" + name + "\"", fmt::format("unknown engine (known: {})", fmt::join(options.engines.names(), ", ")));
+      }
+      return std::make_unique<GraphExecutor>(std::move(engine), calibration);
+    };
+    std::unique_ptr<Executor> own;
     Executor* executor = options.compare_executor;
     if (executor == nullptr) {
-      std::unique_ptr<StepEngine> engine = options.engines.make(options.compare_engine);
-      if (!engine) {
-        throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
-                         fmt::format("unknown engine (known: {})", fmt::join(options.engines.names(), ", ")));
-      }
-      graph_executor = std::make_unique<GraphExecutor>(std::move(engine), calibration);
-      executor = graph_executor.get();
+      own = graph_executor(options.compare_engine);
+      executor = own.get();
     }
     std::vector<Plan> plans;
     for (const PricedPlan& p : configured) plans.push_back(p.plan);
     const CompareResult cmp = configure_then_compare(*executor, plans, ctx);
-    winner = cmp.winner;
     for (std::size_t i = 0; i < cmp.estimates.size(); ++i) compared[i] = cmp.estimates[i].step_s;
-    r.compare_engine = options.compare_executor != nullptr ? executor->name() : options.compare_engine;
+    winner = cmp.winner;
+    if (measure) {
+      const std::unique_ptr<Executor> model = graph_executor("analytic");
+      std::optional<std::size_t> fitting;
+      for (std::size_t i = 0; i < configured.size(); ++i) {
+        measured[i] = measured_gpu_peak(cmp.estimates[i], *model, configured[i].plan, ctx, options.memory);
+        if (measured[i] <= measured_budget && (!fitting || compared[i] < compared[*fitting])) fitting = i;
+      }
+      if (fitting) {
+        winner = *fitting;
+      } else {
+        out.fits = false;
+        out.over = measured[winner];
+      }
+    }
+    if (configured.size() > 1) r.compare_engine = options.compare_executor != nullptr ? executor->name() : options.compare_engine;
   }
   for (std::size_t i = 0; i < configured.size(); ++i) {
     PlanChoice c = plan_choice_of(configured[i], pricer);
     c.compared_step_s = compared[i];
+    c.measured_gpu_peak_bytes = measured[i];
     if (i == winner) {
       r.chosen = std::move(c);
     } else {
       r.alternatives.push_back(std::move(c));
     }
   }
-  return r;
+  return out;
+}
+
+}  // namespace
+
+PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& calibration, const PlanSearchOptions& options) {
+  if (options.path != "ep" && options.path != "local" && options.path != "auto") {
+    throw InputError("", "--path", "\"" + options.path + "\"", "expected ep, local or auto");
+  }
+  if (options.path == "auto" && options.compare_executor == nullptr && !options.engines.has(options.compare_engine)) {
+    throw InputError("", "compare_engine", "\"" + options.compare_engine + "\"",
+                     fmt::format("unknown engine (known: {})", fmt::join(options.engines.names(), ", ")));
+  }
+  if (!options.hold_measured_gpu_peak) return configure_and_compare(ctx, calibration, options, 0).result;
+  if (options.compare_executor == nullptr) {
+    throw InputError("", "hold_measured_gpu_peak", "true", "needs an executor that measures (--compare-engine torch)");
+  }
+  // Configure under a model budget, measure, and tighten the model budget until a configured plan
+  // measures within the real one: by the ratio budget / measured peak of the fastest plan while the
+  // model still fits plans, then by bisection between the tightest model budget whose plans
+  // measured over and the loosest that fits none.
+  const Bytes budget = ctx.gpu_budget_bytes();
+  const std::string executor = options.compare_executor->name();
+  WorkloadContext planned = ctx;
+  Bytes model_budget = budget, over_at = 0, none_at = 0, last_over = 0;
+  std::string none_why;
+  for (int attempt = 1; attempt <= kMeasuredPeakAttempts; ++attempt) {
+    planned.workload.gpu_budget_gib = to_gib(model_budget);
+    try {
+      Configured c = configure_and_compare(planned, calibration, options, budget);
+      c.result.measured_attempts = attempt;
+      if (c.fits) return std::move(c.result);
+      over_at = model_budget;
+      last_over = c.over;
+    } catch (const InfeasibleWorkload& e) {
+      if (attempt == 1) throw;
+      none_at = model_budget;
+      none_why = e.what();
+    }
+    if (none_at == 0) {
+      // At least 1 % tighter each time, so that the loop moves where the ratio rounds to 1.
+      model_budget = static_cast<Bytes>(static_cast<double>(over_at) * std::min(0.99, static_cast<double>(budget) / static_cast<double>(last_over)));
+    } else {
+      if (over_at - none_at <= over_at / 100) break;
+      model_budget = none_at + (over_at - none_at) / 2;
+    }
+  }
+  if (none_at > 0) {
+    throw InfeasibleWorkload(fmt::format("GPU budget {}: the plans the memory model fits under {} measured over it on the {} executor "
+                                         "(the fastest {}), and under {}: {}",
+                                         memory_text(budget), memory_text(over_at), executor, memory_text(last_over),
+                                         memory_text(none_at), none_why));
+  }
+  throw InfeasibleWorkload(fmt::format("GPU budget {}: the fastest plan configured under a model budget of {} measured {} on the {} "
+                                       "executor ({} configurations)",
+                                       memory_text(budget), memory_text(over_at), memory_text(last_over), executor, kMeasuredPeakAttempts));
 }
 
 nlohmann::json plan_choice_to_json(const PlanChoice& c) {
@@ -206,6 +303,7 @@ nlohmann::json plan_choice_to_json(const PlanChoice& c) {
                       {"host_gib", to_gib(host)},
                       {"host_gib_per_numa", per_numa}};
   if (c.compared_step_s > 0) j["compared_step_s"] = c.compared_step_s;
+  if (c.measured_gpu_peak_bytes > 0) j["measured_gpu_peak_gib"] = to_gib(c.measured_gpu_peak_bytes);
   j["peak"] = peak_composition_to_json(c.peak);
   j["binding_peak"] = {{"peak", c.binding.peak}, {"gib", to_gib(c.binding.bytes)}, {"bounded_by", c.binding.bounded_by}};
   return j;
@@ -218,6 +316,10 @@ nlohmann::json plan_search_to_json(const PlanSearchResult& r) {
   j["alternatives"] = alts;
   j["compare_engine"] = r.compare_engine;
   j["candidates_priced"] = r.candidates_priced;
+  if (r.measured_attempts > 0) {
+    j["model_gpu_budget_gib"] = to_gib(r.model_gpu_budget_bytes);
+    j["measured_attempts"] = r.measured_attempts;
+  }
   return j;
 }
 
@@ -238,6 +340,12 @@ std::string plan_search_text(const PlanSearchResult& r) {
     out += fmt::format("Configure-then-Compare ({} short executions): {:.3f} s", r.compare_engine, r.chosen.compared_step_s);
     for (const PlanChoice& a : r.alternatives) out += fmt::format(" vs {:.3f} s", a.compared_step_s);
     out += "\n";
+  }
+  if (r.measured_attempts > 0) {
+    out += "GPU peak measured by the short executions (Eq. 2 around the allocated peak): " + memory_text(r.chosen.measured_gpu_peak_bytes);
+    for (const PlanChoice& a : r.alternatives) out += " vs " + memory_text(a.measured_gpu_peak_bytes);
+    out += fmt::format("; configured under a model budget of {} ({} configuration{})\n", memory_text(r.model_gpu_budget_bytes),
+                       r.measured_attempts, r.measured_attempts == 1 ? "" : "s");
   }
   return out;
 }

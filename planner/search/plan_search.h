@@ -23,6 +23,7 @@
 #include "planner/engine/peak_composition.h"
 #include "planner/engine/step_engine.h"
 #include "planner/plan/plan.h"
+#include "planner/search/configure_compare.h"
 #include "planner/search/plan_pricing.h"
 
 namespace oom {
@@ -34,6 +35,14 @@ struct PlanSearchOptions {
   // Runs the short executions instead of a GraphExecutor of compare_engine when set: real ones
   // with the LibTorch backend (backend/torch_executor.h). Not owned; used from the calling thread.
   Executor* compare_executor = nullptr;
+  // With compare_executor: hold each configured plan's GPU peak as that executor measures it to
+  // the GPU budget, not only the memory model's prediction (measured_gpu_peak() below). A plan that
+  // measures over the budget is not chosen; when every configured plan does, the paths are
+  // configured again under a tighter model budget (cut by budget / measured peak of the fastest,
+  // then bisected once the model fits no plan), up to kMeasuredPeakAttempts configurations. Real executors hold more than the model's fused kernels (the
+  // LibTorch backend's autograd intermediates and backward workspaces): this is how a plan chosen
+  // for a budget stays within it when it runs.
+  bool hold_measured_gpu_peak = false;
   bool flat = true;                         // offer FLAT's schedules (false: plans without them)
   // M_0, ε and the rest of the memory model's runtime constants: the CUDA defaults; a CPU standing
   // in for a GPU (backend/device_memory.h) has no CUDA context and no caching allocator.
@@ -47,6 +56,7 @@ struct PlanChoice {
   Bytes gpu_peak_bytes = 0;                // max over GPUs, headroom included
   std::vector<Bytes> host_bytes_per_numa;  // peak host bytes per NUMA node
   Seconds compared_step_s = 0;             // Configure-then-Compare extrapolation (0 when not compared)
+  Bytes measured_gpu_peak_bytes = 0;       // Eq. 2 of the executor's measured peak (0 when not measured)
   PeakComposition peak;                    // the largest GPU peak by memory use (analytic)
   BindingPeak binding;                     // which of FLAT's four peaks binds, and what bounds it
 };
@@ -57,7 +67,23 @@ struct PlanSearchResult {
   std::string compare_engine;            // engine of the short executions: a StepEngine's name, or the
                                          // executor's ("torch"); "" when one path only
   int candidates_priced = 0;             // full-depth analytic evaluations, all paths
+  // The GPU budget the paths were configured under: the workload's, or a tighter one after plans
+  // measured over it (PlanSearchOptions::hold_measured_gpu_peak).
+  Bytes model_gpu_budget_bytes = 0;
+  int measured_attempts = 0;             // configurations held to measured peaks (0: none)
 };
+
+inline constexpr int kMeasuredPeakAttempts = 8;
+
+// The GPU peak of `plan` at full depth as `executor` measures it, in Eq. 2's terms (M_0 and ε of
+// `memory` around the executor's allocated peak): the largest allocated peak of its short
+// executions (configure_compare.h; the whole model when it has at most two repeating units) plus
+// what the memory model adds from their depth to the full one (`model`'s peak at full depth minus
+// its peak over the same short executions: resident state and GPU-held boundaries of the deeper
+// decoders, exact byte counts). What the executor holds beyond the model lives in the decoder
+// worksets and the loss, which the short executions contain.
+Bytes measured_gpu_peak(const ShortExecutionEstimate& measured, Executor& model, const Plan& plan, const WorkloadContext& ctx,
+                        const MemoryConstants& memory);
 
 // A priced plan as a choice: its prediction, tokens/s over the workload, the largest GPU peak.
 PlanChoice plan_choice_of(const PricedPlan& p, const WorkloadContext& ctx);

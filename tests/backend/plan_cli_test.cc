@@ -195,6 +195,29 @@ TEST(OomPlanTorch, ComparesBothPathsByRealShortExecutions) {
   fs::remove_all(dir);
 }
 
+// `oom plan --compare-engine torch --measure-memory`: the CPU stands in for a GPU, the search holds
+// the measured peaks to the budget and says so; the chosen plan, run, stays within the budget.
+TEST(OomPlanTorch, MeasureMemoryHoldsTheMeasuredPeakToTheBudget) {
+  const auto dir = temp_dir("measure");
+  write(dir / "workload.json",
+        R"({"model": "tiny-moe", "hardware": "local-cpu", "gpus": 1, "global_batch": 8, "seq_len": 64, "gpu_budget_gib": 0.004})");
+  const auto r = oom({"plan", "--workload", (dir / "workload.json").string(), "--compare-engine", "torch", "--measure-memory",
+                      "--json", "-o", (dir / "plan.json").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["measured_attempts"].get<int>(), 1);
+  EXPECT_GT(j["measured_gpu_peak_gib"].get<double>(), 0.0);
+  EXPECT_LE(j["measured_gpu_peak_gib"].get<double>(), 0.004);
+  EXPECT_LE(j["model_gpu_budget_gib"].get<double>(), 0.004);
+  const auto t = oom({"train", "--model", "tiny-moe", "--steps", "1", "--seq", "64", "--batch", "8", "--bf16", "--device", "cpu",
+                      "--device-memory", "--plan", (dir / "plan.json").string()});
+  ASSERT_EQ(t.code, 0) << t.err;
+  const auto at = t.out.find("device peak: ");
+  ASSERT_NE(at, std::string::npos) << t.out;
+  EXPECT_LE(std::stod(t.out.substr(at + 13)), 0.004 * 1024) << t.out;  // MiB
+  fs::remove_all(dir);
+}
+
 TEST(OomTrainPlan, BadPlanIsOneErrorBeforeAnythingIsWritten) {
   const auto dir = temp_dir("bad");
   const std::vector<std::pair<std::string, std::string>> bad = {

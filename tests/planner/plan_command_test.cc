@@ -118,6 +118,11 @@ TEST(PlanCommand, BadInputExitsTwo) {
   EXPECT_EQ(oom({"plan", "--workload", kWorkload, "--gpu-budget-gib", "-1"}).code, kExitBadInput);
   EXPECT_EQ(oom({"plan", "--workload", kWorkload, "--compare-engine", "nope"}).code, kExitBadInput);
   EXPECT_EQ(oom({"plan", "--workload", kSource + "/no/such/workload.json"}).code, kExitBadInput);
+  // Measured peaks need an executor that measures.
+  const Result m = oom({"plan", "--workload", kWorkload, "--compare-engine", "analytic", "--measure-memory"});
+  EXPECT_EQ(m.code, kExitBadInput);
+  EXPECT_NE(m.err.find("--measure-memory"), std::string::npos) << m.err;
+  EXPECT_EQ(std::count(m.err.begin(), m.err.end(), '\n'), 1) << m.err;
 }
 
 }  // namespace

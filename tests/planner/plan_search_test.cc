@@ -131,6 +131,9 @@ TEST(BudgetShortfall, MessageShowsAsManyDecimalsAsTellTheNumbersApart) {
   EXPECT_EQ((BudgetShortfall{"GPU", bytes(0.05), bytes(1.5), ""}.message()), "GPU budget 0.05 GiB < 1.50 GiB needed");
   EXPECT_EQ((BudgetShortfall{"host NUMA node 1", bytes(1.52), bytes(1.534), "x"}.message()),
             "host NUMA node 1 budget 1.52 GiB < 1.53 GiB needed by x");
+  // Under 0.1 GiB needed (the tiny models): MiB.
+  EXPECT_EQ((BudgetShortfall{"GPU", bytes(0.0006), bytes(0.00062), "decoder 0"}.message()),
+            "GPU budget 0.61 MiB < 0.63 MiB needed by decoder 0");
 }
 
 // FLAT: under skewed routing and a tight GPU budget, the EP plan bounds its dispatch peak with
@@ -156,6 +159,72 @@ TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) 
   // Refining never trades the budget for speed, and never returns a slower plan.
   const PricedPlan refined = refine_flat_schedules(plain, plain.price(without));
   EXPECT_LE(refined.step_s, p.step_s);
+}
+
+// A stand-in for a real executor that holds `factor` times what the memory model predicts for
+// each short execution (the analytic engine's step and peaks, scaled).
+class HeavierExecutor : public Executor {
+ public:
+  HeavierExecutor(double factor, const Calibration& calibration)
+      : factor_(factor), inner_(StepEngines().make("analytic"), calibration) {}
+  std::string name() const override { return "heavier"; }
+  Measurement run(const Plan& plan, const WorkloadContext& ctx, const ExecutionUnits& units) override {
+    Measurement m = inner_.run(plan, ctx, units);
+    for (Bytes& b : m.gpu_peak_bytes) b = static_cast<Bytes>(factor_ * static_cast<double>(b));
+    ++runs;
+    return m;
+  }
+  int runs = 0;
+
+ private:
+  double factor_;
+  GraphExecutor inner_;
+};
+
+// Measured peaks held to the budget: the chosen plan's measured peak (Eq. 2 around the short
+// executions' peak plus the model's deeper decoders) is within the budget even where the model's
+// own choice for that budget would measure over it, and the model budget it was configured under
+// is tighter.
+TEST(PlanSearch, HoldsMeasuredPeaksToTheGpuBudget) {
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 4096, 40.0);
+  const Calibration cal = load_calibration_for(ctx.hardware);
+  PlanSearchOptions o;
+  o.path = "ep";
+  const PlanSearchResult model_only = search_plan(ctx, cal, o);
+  EXPECT_LE(model_only.chosen.gpu_peak_bytes, ctx.gpu_budget_bytes());
+  EXPECT_EQ(model_only.chosen.measured_gpu_peak_bytes, 0);
+  EXPECT_EQ(model_only.measured_attempts, 0);
+
+  HeavierExecutor heavier(1.3, cal);
+  o.compare_executor = &heavier;
+  o.hold_measured_gpu_peak = true;
+  const PlanSearchResult held = search_plan(ctx, cal, o);
+  EXPECT_GT(heavier.runs, 0);
+  EXPECT_GT(held.chosen.measured_gpu_peak_bytes, 0);
+  EXPECT_LE(held.chosen.measured_gpu_peak_bytes, ctx.gpu_budget_bytes());
+  EXPECT_GE(held.measured_attempts, 2);  // the model's own choice measured over 40 GiB
+  EXPECT_LT(held.model_gpu_budget_bytes, ctx.gpu_budget_bytes());
+  EXPECT_LT(held.chosen.gpu_peak_bytes, model_only.chosen.gpu_peak_bytes);
+  EXPECT_LT(held.chosen.plan.resident_layers.size(), model_only.chosen.plan.resident_layers.size());
+  const nlohmann::json j = plan_search_to_json(held);
+  EXPECT_TRUE(j.contains("measured_gpu_peak_gib"));
+  EXPECT_EQ(j["measured_attempts"], held.measured_attempts);
+  EXPECT_NE(plan_search_text(held).find("GPU peak measured by the short executions"), std::string::npos);
+
+  // An executor far heavier than any plan the model fits: infeasible, saying what it measured.
+  HeavierExecutor far(20.0, cal);
+  o.compare_executor = &far;
+  try {
+    search_plan(ctx, cal, o);
+    FAIL() << "expected InfeasibleWorkload";
+  } catch (const InfeasibleWorkload& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("GPU budget 40.00 GiB: ", 0), 0u) << what;
+    EXPECT_NE(what.find("on the heavier executor"), std::string::npos) << what;
+  }
+  // Without an executor that measures, holding measured peaks is refused.
+  o.compare_executor = nullptr;
+  EXPECT_THROW(search_plan(ctx, cal, o), InputError);
 }
 
 TEST(PlanSearch, RejectsAnUnknownPathOrEngine) {
