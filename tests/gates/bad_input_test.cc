@@ -412,6 +412,9 @@ std::vector<Case> cases() {
                {"whatif", S, "-o", "{dir}/out", "--no-plots", "--published", R}, R, "", "", "not found"});
   c.push_back({"plan_unknown_preset", {}, {"plan", "--workload", "{src}/" + std::string(kWorkload), "--preset", "fancy"}, "",
                "--preset", "\"fancy\"", "unknown preset"});
+  c.push_back({"plan_measure_memory_without_executor", {},
+               {"plan", "--workload", "{src}/" + std::string(kWorkload), "--compare-engine", "analytic", "--measure-memory"}, "",
+               "--measure-memory", "true", "executor"});
   // --- oom report-paper --studies DIR -o DIR/out: the case folder is the studies folder.
   const std::vector<std::string> report_paper = {"report-paper", "--studies", "{dir}", "-o", "{dir}/out", "--no-plots"};
   c.push_back({"report_paper_bad_study", {{"s.json", study_with([](json& j) { j["sweeps"][0]["gpus"] = {0}; })}}, report_paper, S,
