@@ -78,8 +78,7 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
   for (const auto& run : backend::default_local_runs()) {
     if (run.held_out) fo.held_out_ids.push_back(run.id);
   }
-  fo.attention_half_keys = 0;  // LibTorch's CPU attention kernels: no GPU tile-fill ramp
-  fo.measured_device_range = 100;  // the probes measured this device; the GPU ranges do not apply (--measured-device)
+  use_measured_device(fo);  // the probes measured this device: the GPU ranges and attention ramp do not apply
   CalibrationFit fit = fit_calibration(named, by_path, fo);
   fit.calibration.hardware = hw.name;
   write_file_atomically(cal_path, calibration_to_json(fit.calibration).dump(2) + "\n");

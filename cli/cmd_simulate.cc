@@ -151,7 +151,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
       options.engines = engines;
       options.fit.engine = cal->engine;
       options.fit.compute_anchors_s = anchors;
-      if (cal->measured_device) options.fit.measured_device_range = 100, options.fit.attention_half_keys = 0;
+      if (cal->measured_device) use_measured_device(options.fit);
       const CrossValidation cv = cross_validate(records, hw, options);
       emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
@@ -160,7 +160,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     options.engine = cal->engine;
     options.engines = engines;
     options.compute_anchors_s = anchors;
-    if (cal->measured_device) options.measured_device_range = 100, options.attention_half_keys = 0;
+    if (cal->measured_device) use_measured_device(options);
     const CalibrationFit fit = fit_calibration(records, hw, options);
     emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
     io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));

@@ -264,6 +264,11 @@ std::vector<std::string> FitOptions::default_held_out_ids() {
   return {"t4-b64", "long-128k", "t6-512k-replay", "g-qwen3-b32", "g-qwen3-b32-fsdp2", "op-g4-global-128k", "op-g4-moe-128k"};
 }
 
+void use_measured_device(FitOptions& o) {
+  o.measured_device_range = 100;
+  o.attention_half_keys = 0;
+}
+
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
   CalibrationFit fit;
   const std::unique_ptr<StepEngine> engine =

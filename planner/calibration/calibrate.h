@@ -66,6 +66,11 @@ struct FitOptions {
   static std::vector<std::string> default_held_out_ids();
 };
 
+// A device measured by its own probes (`oom calibrate --backend`, `--measured-device`): constants
+// within ×100 of their probe-based estimates, and no attention key-span ramp (LibTorch's CPU
+// attention kernels have no GPU tile fill).
+void use_measured_device(FitOptions& o);
+
 struct FitRow {
   std::string id;
   std::string kind;  // "step" or "operator"
