@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ctime>
 #include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -72,6 +73,28 @@ HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
   });
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / gemm_s;
 
+  // The GEMM's ramp: the rate of [m, w] × [w, w] products against m, fitted as
+  // 1 / rate = (1 + half / m) / plateau (least squares over m; half = the rows at half the rate).
+  const std::int64_t w = cuda ? 4096 : 256;
+  const auto bw = at::randn({w, w}, at::TensorOptions().dtype(dtype).device(dev));
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const std::vector<std::int64_t> rows = {8, 16, 32, 64, 128, 256, 1024};
+  for (const std::int64_t m : rows) {
+    const auto am = at::randn({m, w}, at::TensorOptions().dtype(dtype).device(dev));
+    // Enough products per timing that each lasts well above the clock's resolution.
+    const double product_flops = 2.0 * static_cast<double>(m) * static_cast<double>(w) * static_cast<double>(w);
+    const int reps = static_cast<int>(std::clamp(5e7 / product_flops, 1.0, 1000.0));
+    const double s_per = best_time_s(o.seconds_per_probe / 4, cpu_time, [&] {
+                           for (int i = 0; i < reps; ++i) c = at::mm(am, bw);
+                           sync(c);
+                         }) / reps;
+    const double x = 1.0 / static_cast<double>(m), y = s_per / product_flops;
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  const double count = static_cast<double>(rows.size());
+  const double slope = (count * sxy - sx * sy) / (count * sxx - sx * sx), intercept = (sy - slope * sx) / count;
+  const double half_rows = intercept > 0 && slope > 0 ? slope / intercept : 0.0;
+
   // Memory: a copy reads and writes each byte.
   const std::int64_t elems = std::int64_t{32} << 20;  // 128 MiB of FP32
   const auto src = at::rand({elems}, at::TensorOptions().device(dev));
@@ -119,6 +142,7 @@ HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
   h.gpu.hbm_bytes = cuda ? static_cast<Bytes>(80) << 30 : physical_memory_bytes();
   h.gpu.bf16_flops_per_s = flops;
   h.gpu.hbm_Bps = mem_Bps;
+  h.gpu.gemm_half_rows = half_rows;
   h.gpu_numa = {0};
   h.pcie.generation = cuda ? 4 : 1;  // CPU: no link; 1 is the loader's minimum
   h.pcie.h2d_Bps = h2d_Bps;
@@ -138,6 +162,7 @@ HardwareSpec measure_local_hardware(const LocalMeasureOptions& o) {
       {"gpu.hbm_gib", cuda ? "estimate: 80 GiB device" : "sysconf: physical memory"},
       {"gpu.bf16_flops", how + fmt::format("best of repeated {}x{} {} GEMMs", n, n, cuda ? "BF16" : "FP32")},
       {"gpu.hbm_Bps", how + "best 128 MiB device copy (read + write)"},
+      {"gpu.gemm_half_rows", how + fmt::format("rate of [m, {0}] x [{0}, {0}] products at m = 8 to 1024, fitted as 1/rate = (1 + half/m) / plateau", w)},
       {"gpu_numa", "one compute device on socket 0"},
       {"pcie.h2d_Bps", how + (cuda ? "128 MiB pinned host-to-device copy" : "half the DRAM copy rate (a CPU transfer is a copy)")},
       {"pcie.d2h_Bps", how + (cuda ? "128 MiB device-to-pinned-host copy" : "half the DRAM copy rate (a CPU transfer is a copy)")},

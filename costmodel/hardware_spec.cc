@@ -31,6 +31,7 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
   h.gpu.bf16_flops_per_s = g.number("bf16_flops", 1e9, kMaxRate);
   h.gpu.hbm_Bps = g.number("hbm_Bps", 1e6, kMaxRate);
   h.gpu.l2_bytes = static_cast<Bytes>(g.optional_number("l2_mib", 0, 1 << 20).value_or(0.0) * static_cast<double>(kMiB));
+  h.gpu.gemm_half_rows = g.optional_number("gemm_half_rows", 0, 1e6).value_or(0.0);
 
   const JsonReader p = r.object("pcie");
   h.pcie.generation = static_cast<int>(p.integer("generation", 1, 16));
@@ -95,6 +96,7 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   j["gpu"] = {{"name", h.gpu.name}, {"count", h.gpus_per_node}, {"hbm_gib", to_gib(h.gpu.hbm_bytes)},
               {"bf16_flops", h.gpu.bf16_flops_per_s}, {"hbm_Bps", h.gpu.hbm_Bps}};
   if (h.gpu.l2_bytes > 0) j["gpu"]["l2_mib"] = static_cast<double>(h.gpu.l2_bytes) / static_cast<double>(kMiB);
+  if (h.gpu.gemm_half_rows > 0) j["gpu"]["gemm_half_rows"] = h.gpu.gemm_half_rows;
   j["gpu_numa"] = h.gpu_numa;
   j["pcie"] = {{"generation", h.pcie.generation}, {"h2d_Bps", h.pcie.h2d_Bps}, {"d2h_Bps", h.pcie.d2h_Bps},
                {"latency_s", h.pcie.latency_s}};
@@ -157,6 +159,7 @@ std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
   }
   if (h.pcie.gpus_per_switch != 1) f.push_back("pcie.gpus_per_switch");
   if (h.gpu.l2_bytes > 0) f.push_back("gpu.l2_mib");
+  if (h.gpu.gemm_half_rows > 0) f.push_back("gpu.gemm_half_rows");
   if (h.nodes > 1) {
     f.push_back("network.per_node_Bps");
     f.push_back("network.latency_s");

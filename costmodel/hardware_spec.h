@@ -26,6 +26,10 @@ struct GpuSpec {
   // Last-level (L2) cache shared by the SMs; 0 when the spec does not state it (then kernels that
   // re-read operands are taken to find them in L2, see planner/engine/duration_model.h).
   Bytes l2_bytes = 0;
+  // Rows at which a GEMM reaches half its large-GEMM rate, when measured (a device probed by
+  // `oom calibrate --backend`); 0 when not stated: the calibration's GPU tile-fill estimates apply
+  // (Calibration::gemm_half_rows, expert_half_rows).
+  double gemm_half_rows = 0;
   bool operator==(const GpuSpec&) const = default;
 };
 

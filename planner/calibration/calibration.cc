@@ -18,6 +18,9 @@ Calibration default_calibration(const HardwareSpec& h) {
   c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
   c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
   c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
+  // A measured GEMM ramp replaces the GPU tile-fill estimates (grouped expert GEMMs run the same
+  // kernels per expert on such a device).
+  if (h.gpu.gemm_half_rows > 0) c.gemm_half_rows = c.expert_half_rows = h.gpu.gemm_half_rows;
   return c;
 }
 
