@@ -43,13 +43,13 @@ Bytes PricedPlan::host_total() const {
 std::string BudgetShortfall::message() const {
   // No single figure (a search that found nothing within both budgets): say what has no room.
   if (needed_bytes <= 0) return fmt::format("{}, within {:.1f} GiB of {} room and the GPU budget", where, to_gib(budget_bytes), budget);
-  // One decimal, or as many more (up to four) as it takes to tell the two numbers apart and to show
+  // One decimal, or as many more (up to six) as it takes to tell the two numbers apart and to show
   // a budget below 0.1 GiB as more than zero; in MiB when what is needed is under 0.1 GiB.
   const bool mib = needed_bytes < kGiB / 10;
   const auto in_unit = [mib](Bytes b) { return mib ? static_cast<double>(b) / static_cast<double>(kMiB) : to_gib(b); };
   const double have = in_unit(budget_bytes), need = in_unit(needed_bytes);
   int digits = 1;
-  while (digits < 4 && (fmt::format("{:.{}f}", have, digits) == fmt::format("{:.{}f}", need, digits) ||
+  while (digits < 6 && (fmt::format("{:.{}f}", have, digits) == fmt::format("{:.{}f}", need, digits) ||
                         (have > 0 && have < std::pow(10.0, -digits)))) {
     ++digits;
   }
