@@ -26,6 +26,7 @@ ShortExecutionEstimate estimate_by_short_executions(Executor& executor, const Pl
     return m.step_s;
   };
   if (2 * u >= L) {
+    e.full_depth = true;
     e.step_s = run(plan, 0);
     return e;
   }

@@ -29,6 +29,7 @@ struct ShortExecutionEstimate {
   Seconds step_s = 0;           // extrapolated to full depth
   Bytes gpu_peak_bytes = 0;     // the largest GPU peak the short executions read
   int executions = 0;
+  bool full_depth = false;      // a model of at most two units: one execution of the whole model
 };
 
 // Short executions of `plan` and their extrapolation. Precondition: validate_plan() accepts it.

@@ -113,10 +113,13 @@ double overshoot(const BudgetShortfall& s) {
 
 Bytes measured_gpu_peak(const ShortExecutionEstimate& measured, Executor& model, const Plan& plan, const WorkloadContext& ctx,
                         const MemoryConstants& memory) {
-  const ShortExecutionEstimate short_model = estimate_by_short_executions(model, plan, ctx);
-  const Measurement full = model.run(plan, ctx, {0});
-  const Bytes full_model = full.gpu_peak_bytes.empty() ? 0 : *std::max_element(full.gpu_peak_bytes.begin(), full.gpu_peak_bytes.end());
-  const Bytes deeper = full_model > short_model.gpu_peak_bytes ? full_model - short_model.gpu_peak_bytes : 0;
+  Bytes deeper = 0;  // nothing deeper when the short executions ran the whole model
+  if (!measured.full_depth) {
+    const ShortExecutionEstimate short_model = estimate_by_short_executions(model, plan, ctx);
+    const Measurement full = model.run(plan, ctx, {0});
+    const Bytes full_model = full.gpu_peak_bytes.empty() ? 0 : *std::max_element(full.gpu_peak_bytes.begin(), full.gpu_peak_bytes.end());
+    deeper = full_model > short_model.gpu_peak_bytes ? full_model - short_model.gpu_peak_bytes : 0;
+  }
   return eq2_gpu_peak(memory.gpu_fixed_bytes, 0, 0, measured.gpu_peak_bytes + deeper, memory.gpu_headroom_fraction).total();
 }
 

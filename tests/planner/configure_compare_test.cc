@@ -38,6 +38,7 @@ TEST(ShortExecutions, ExtrapolateExactlyWhenCostIsAffineInDepth) {
   EXPECT_EQ(e.unit_layers, 4);
   EXPECT_EQ(ex.layers_run, (std::vector<int>{4, 8, 8}));  // 1 unit, 2 units, 2 units with the resident share
   EXPECT_EQ(e.executions, 3);
+  EXPECT_FALSE(e.full_depth);
   EXPECT_NEAR(e.step_s, 2.0 + 23 * 0.1 + 17 * 0.3, 1e-9);
   EXPECT_EQ(e.gpu_peak_bytes, 8);
   // Resident and retained together: one share run, scaled as a whole (close, not exact).
@@ -51,6 +52,15 @@ TEST(ShortExecutions, ExtrapolateExactlyWhenCostIsAffineInDepth) {
   local.path = ExpertPath::kLocal;
   EXPECT_NEAR(estimate_by_short_executions(ex2, local, ctx).step_s, 2.0 + 40 * 0.3, 1e-9);
   EXPECT_EQ(ex2.layers_run.size(), 2u);
+  // A model of at most two units runs once, whole.
+  Workload tiny;
+  tiny.model = "tiny-moe";  // 4 decoders, one unit of 3 GDN + 1 attention
+  tiny.hardware = "local-cpu";
+  tiny.gpus = 1;
+  AffineExecutor ex4;
+  const ShortExecutionEstimate whole = estimate_by_short_executions(ex4, local, resolve_workload(tiny, "test"));
+  EXPECT_TRUE(whole.full_depth);
+  EXPECT_EQ(ex4.layers_run, (std::vector<int>{4}));
 }
 
 TEST(ShortExecutions, LandNearTheFullDepthAnalyticStep) {
