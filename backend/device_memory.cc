@@ -15,13 +15,28 @@ std::atomic<bool> g_emulated{false};
 std::atomic<Bytes> g_current{0};
 std::atomic<Bytes> g_peak{0};
 thread_local bool t_on_device = false;
+thread_local MemoryUse t_use = MemoryUse::kOther;
 
-void add(Bytes n) {
-  const Bytes now = g_current.fetch_add(n) + n;
-  Bytes peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+void raise(std::atomic<Bytes>& peak, Bytes now) {
+  Bytes p = peak.load();
+  while (now > p && !peak.compare_exchange_weak(p, now)) {
   }
 }
+
+// Per use: held now and the own peak. Changed under the allocator's lock.
+std::array<std::atomic<Bytes>, kMemoryUses> g_use_current{};
+std::array<std::atomic<Bytes>, kMemoryUses> g_use_peak{};
+
+void add(Bytes n, MemoryUse use) {
+  raise(g_peak, g_current.fetch_add(n) + n);
+  auto& held = g_use_current[static_cast<std::size_t>(use)];
+  raise(g_use_peak[static_cast<std::size_t>(use)], held.fetch_add(n) + n);
+}
+
+struct Entry {
+  Bytes bytes = 0;
+  MemoryUse use = MemoryUse::kOther;
+};
 
 // Wraps the CPU allocator it replaces (LibTorch's default, whose data pointer is its own context,
 // as oneDNN's raw allocations require): a device allocation is entered in a table with its size and
@@ -38,15 +53,32 @@ class MeteringAllocator final : public c10::Allocator {
     void* data = inner.get();
     OOM_ASSERT(inner.get_context() == data, "the CPU allocator's context is not its data");
     inner.release_context();
-    if (data != nullptr) {
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      sizes_[data] = static_cast<Bytes>(n);
+      if (data != nullptr) sizes_[data] = {static_cast<Bytes>(n), t_use};
+      add(static_cast<Bytes>(n), t_use);
     }
-    add(static_cast<Bytes>(n));
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+  // Moves the allocation at `data` (when it is a device one) to `use`.
+  void retag(const void* data, MemoryUse use) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = sizes_.find(const_cast<void*>(data));
+    if (it == sizes_.end() || it->second.use == use) return;
+    g_use_current[static_cast<std::size_t>(it->second.use)].fetch_sub(it->second.bytes);
+    it->second.use = use;
+    auto& held = g_use_current[static_cast<std::size_t>(use)];
+    raise(g_use_peak[static_cast<std::size_t>(use)], held.fetch_add(it->second.bytes) + it->second.bytes);
+  }
+  // Resets the uses' peaks to what each holds now (under the lock, so that no allocation is half
+  // counted).
+  void reset_use_peaks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int u = 0; u < kMemoryUses; ++u) g_use_peak[static_cast<std::size_t>(u)].store(g_use_current[static_cast<std::size_t>(u)].load());
+  }
 
   static MeteringAllocator* instance;
 
@@ -57,7 +89,8 @@ class MeteringAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(m.mu_);
       const auto it = m.sizes_.find(data);
       if (it != m.sizes_.end()) {
-        g_current.fetch_sub(it->second);
+        g_current.fetch_sub(it->second.bytes);
+        g_use_current[static_cast<std::size_t>(it->second.use)].fetch_sub(it->second.bytes);
         m.sizes_.erase(it);
       }
     }
@@ -66,7 +99,7 @@ class MeteringAllocator final : public c10::Allocator {
   c10::Allocator* base_;
   c10::DeleterFnPtr base_delete_;
   std::mutex mu_;
-  std::unordered_map<void*, Bytes> sizes_;
+  std::unordered_map<void*, Entry> sizes_;
 };
 MeteringAllocator* MeteringAllocator::instance = nullptr;
 
@@ -92,9 +125,42 @@ bool emulated() { return g_emulated.load(); }
 Bytes current_bytes() { return g_current.load(); }
 Bytes peak_bytes() { return g_peak.load(); }
 void reset_peak() { g_peak.store(g_current.load()); }
+void reset_use_peaks() {
+  if (MeteringAllocator::instance != nullptr) MeteringAllocator::instance->reset_use_peaks();
+}
+
+std::array<Bytes, kMemoryUses> use_bytes() {
+  std::array<Bytes, kMemoryUses> out{};
+  for (std::size_t u = 0; u < out.size(); ++u) out[u] = g_use_current[u].load();
+  return out;
+}
+std::array<Bytes, kMemoryUses> use_peak_bytes() {
+  std::array<Bytes, kMemoryUses> out{};
+  for (std::size_t u = 0; u < out.size(); ++u) out[u] = g_use_peak[u].load();
+  return out;
+}
+
+void retag(const at::Tensor& t, MemoryUse use) {
+  if (!t.defined() || MeteringAllocator::instance == nullptr || !t.has_storage()) return;
+  MeteringAllocator::instance->retag(t.storage().data_ptr().get(), use);
+}
+
+Tagged::Tagged(MemoryUse use) : previous_(t_use) { t_use = use; }
+Tagged::~Tagged() { t_use = previous_; }
 
 Side::Side(bool device) : previous_(t_on_device) { t_on_device = device; }
 Side::~Side() { t_on_device = previous_; }
+
+void gemm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  Tagged scratch(MemoryUse::kOther);
+  at::mm_out(out, a, b);
+}
+
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  gemm_out(out, a, b);
+  return out;
+}
 
 at::Tensor to_device(const at::Tensor& x, const at::Device& device) {
   if (!x.defined()) return x;

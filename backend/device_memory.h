@@ -15,12 +15,19 @@
 // intra-op worker threads allocates there rarely (outputs are allocated before the parallel loop)
 // and is not counted. Units: bytes of allocation requests (the allocator's alignment padding is
 // not counted, as the CUDA allocator's rounding is not in its "allocated" statistic).
+// Each device allocation also carries a MemoryUse (the memory model's tags: dispatch, vocabulary,
+// boundaries, optimizer, activations, other): the innermost Tagged scope of the allocating thread
+// when it was made, or the use retag() gave it later, so that each use's own peak can be set
+// beside the model's (planner/engine/peak_composition.h use_peaks).
 // Thread-safe: counters are atomic; scopes are per thread.
 #pragma once
+
+#include <array>
 
 #include <ATen/ATen.h>
 
 #include "costmodel/units.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom::backend::device_memory {
 
@@ -43,6 +50,29 @@ Bytes current_bytes();
 Bytes peak_bytes();
 // Starts a new peak from what the device holds now.
 void reset_peak();
+// Bytes each use holds now, and the most each held since the last reset_use_peaks() (each use's
+// own peak, which need not fall at the device's peak); reset_use_peaks() starts them anew from
+// what each holds now. Kept apart from reset_peak(), which a trace calls per stage.
+std::array<Bytes, kMemoryUses> use_bytes();
+std::array<Bytes, kMemoryUses> use_peak_bytes();
+void reset_use_peaks();
+// Counts the allocation that holds `t`'s data under `use` from now on (nothing when `t` is not a
+// device allocation): a tensor whose role is known only after it was made (a decoder's output
+// that becomes a checkpoint boundary, a gradient made by autograd).
+void retag(const at::Tensor& t, MemoryUse use);
+
+// Device allocations of this thread are counted under `use` while the scope lives (scopes nest;
+// the innermost wins; kOther outside any).
+class Tagged {
+ public:
+  explicit Tagged(MemoryUse use);
+  ~Tagged();
+  Tagged(const Tagged&) = delete;
+  Tagged& operator=(const Tagged&) = delete;
+
+ private:
+  MemoryUse previous_;
+};
 
 // Allocations of this thread count as the device's while an OnDevice is alive, and as the host's
 // while a later OnHost is (scopes nest; the innermost wins).
@@ -62,6 +92,14 @@ struct OnDevice : Side {
 struct OnHost : Side {
   OnHost() : Side(false) {}
 };
+
+// a @ b (2-D) into `out` (allocated by the caller under its own tag), with what the GEMM library
+// allocates for itself while it runs counted as other: on a CPU, oneDNN's packed copies of BF16
+// operands (up to ~2.5x an operand); on a GPU that is cuBLAS's workspace, allocated once and part of
+// the fixed occupancy, never a use's working set. The same product as at::mm.
+void gemm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+// The same into a fresh tensor of a's dtype, allocated under the caller's tag.
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b);
 
 // Where a GPU would copy: `x` on `device` as a device allocation of its own when emulating a
 // device on the CPU; otherwise x.to(device) (x itself when already there).

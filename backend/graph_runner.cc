@@ -140,6 +140,52 @@ Kernel runnable_kernel(const Stage& s) {
   return *k;
 }
 
+// The memory model's use (MemoryUse) of what a stage's kernel allocates on the device; tensors
+// whose role differs from their stage's are tagged where they are made or retagged when their role
+// is known (the decoder outputs and hidden-state gradients: activations; gradients: optimizer; held
+// and regenerated decoder inputs: boundaries). The loss stages run the final norm (activations)
+// around the cross-entropy, which counts its logits blocks as the vocabulary's (model.h).
+MemoryUse memory_use_of(Kernel k) {
+  switch (k) {
+    case Kernel::kRingLoss:
+    case Kernel::kRingPass:
+    case Kernel::kRingBackward:
+    case Kernel::kRingGradPass: return MemoryUse::kVocabulary;
+    case Kernel::kBoundaryH2d:
+    case Kernel::kRegather: return MemoryUse::kBoundaries;
+    case Kernel::kRouterShared:
+    case Kernel::kExperts:
+    case Kernel::kExpertsBwd:
+    case Kernel::kRouterSharedBwd:
+    case Kernel::kA2aDispatch:
+    case Kernel::kA2aReturn:
+    case Kernel::kCombine:
+    case Kernel::kA2aGradDispatch:
+    case Kernel::kA2aGradReturn:
+    case Kernel::kLlepFetch:
+    case Kernel::kLlepGradReturn: return MemoryUse::kDispatch;
+    case Kernel::kScatter:
+    case Kernel::kOuterGradD2h:
+    case Kernel::kLayerGradD2h:
+    case Kernel::kPartGradD2h:
+    case Kernel::kReduceScatter:
+    case Kernel::kGpuAdamW: return MemoryUse::kOptimizer;
+    case Kernel::kLoss:
+    case Kernel::kHeadBackward:
+    case Kernel::kGather:
+    case Kernel::kMixProj:
+    case Kernel::kAttnCore:
+    case Kernel::kAttnCoreRefwd:
+    case Kernel::kGdnCore:
+    case Kernel::kOlseH2d:
+    case Kernel::kMixOut:
+    case Kernel::kMixOutBwd:
+    case Kernel::kMixCoreBwd:
+    case Kernel::kMixProjBwd: return MemoryUse::kActivations;
+    default: return MemoryUse::kOther;
+  }
+}
+
 bool on_worker(Kernel k) { return k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW || k == Kernel::kPublish; }
 // The stages that read a decoder's weight gradient: its backward pass lives until the last of them.
 bool reads_layer_gradient(const Stage& s, Kernel k) {
@@ -296,7 +342,12 @@ struct GraphRunner::Impl {
   // Per step.
   const StepGraph* graph = nullptr;
   std::int64_t B = 0, S = 0, sb = 0;
-  at::Tensor tok, tgt, outer_flat, outer_grad, hL, loss;
+  at::Tensor tok, tgt, outer_flat, hL, loss;
+  // The outer block's gradient in its two groups' ranges (outer_range): the LM head group's and the
+  // embeddings', each allocated (zeroed) by the first backward that adds into it and released after
+  // the last stage that reads it (last_outer_use), as the lowering holds them.
+  at::Tensor head_grad, embed_grad;
+  std::array<StageId, 2> last_outer_use{-1, -1};  // [0] embeddings, [1] LM head group
   BlockWeights outer;
   std::map<int, at::Tensor> act;               // decoder → its input on the device (L: the head's)
   // Where a decoder's input on the device came from, which says how long it stays (as the lowering
@@ -485,22 +536,33 @@ struct GraphRunner::Impl {
     const BlockLayout& layout = st.layout().blocks[static_cast<std::size_t>(1 + p.l)];
     p.wflat = w;
     p.w = p.kind == PassKind::kBackward || keep ? leaf_views(layout, p.wflat) : block_views(layout, p.wflat);
-    if (keep && (dev.is_cuda() || device_memory::emulated())) keep_feed_forward_weights(p.w);
+    if (keep && (dev.is_cuda() || device_memory::emulated())) {
+      device_memory::Tagged weights(MemoryUse::kOther);
+      keep_feed_forward_weights(p.w);
+    }
     if (p.kind == PassKind::kBackward) {
       // The decoder's gradient; a retained MoE's forward weights differentiate into it too.
+      device_memory::Tagged gradient(MemoryUse::kOptimizer);
       p.gflat = at::zeros_like(p.wflat);
       attach_gradient(p.w, p.gflat);
       const auto kept = retained_weights.find(p.l);
       if (kept != retained_weights.end()) attach_gradient(kept->second, p.gflat);
     }
     p.x = act.at(p.l);
+    // A decoder input the plan holds on the device for the backward is a checkpoint boundary.
+    if (p.kind == PassKind::kForward && plan.boundaries.place(p.l) == BoundaryPolicy::Place::kGpu) {
+      device_memory::retag(p.x, MemoryUse::kBoundaries);
+    }
     if (p.kind == PassKind::kBackward) p.dy = dgrad.at(p.l + 1);
     p.started = true;
   }
   // The pass's output (the decoder's output, or in a backward its input gradient), allocated when
   // its first rows are written: a backward writes it at its last stage only.
   static at::Tensor& output_of(Pass& p) {
-    if (!p.y.defined()) p.y = at::empty_like(p.x);
+    if (!p.y.defined()) {
+      device_memory::Tagged hidden(MemoryUse::kActivations);
+      p.y = at::empty_like(p.x);
+    }
     return p.y;
   }
   // The retained graph's own copies of the feed-forward weights (leaves, gradients attached later).
@@ -537,6 +599,7 @@ struct GraphRunner::Impl {
         break;
       case PassKind::kRegenerate: {
         act[l + 1] = p.y;
+        device_memory::retag(p.y, MemoryUse::kBoundaries);
         origin[l + 1] = Origin::kRegenerated;
         const Origin from = origin.count(l) ? origin.at(l) : Origin::kForward;
         if (!held && (from == Origin::kLoaded || (from == Origin::kRegenerated && l <= next_backward - cap))) act.erase(l);
@@ -544,6 +607,10 @@ struct GraphRunner::Impl {
       }
       case PassKind::kBackward:
         dgrad[l] = p.y;
+        // The pass lives on for its weight gradient only.
+        p.x = p.y = p.dy = at::Tensor();
+        p.subs.clear();
+        p.fetched.clear();
         dgrad.erase(l + 1);
         act.erase(l);
         host.erase(l);
@@ -1051,6 +1118,7 @@ struct GraphRunner::Impl {
     if (st_.key.ring_step == 0) {
       hL = leaf(act.at(spec.layers));
       act.erase(spec.layers);
+      device_memory::Tagged hidden(MemoryUse::kActivations);  // this rank's own block, normed
       ring.xn = model_norm(hL, outer["final_norm"], spec);
       ring.x = ring.xn.detach().reshape({-1, spec.hidden});
       ring.t = tgt.reshape({-1});
@@ -1076,6 +1144,7 @@ struct GraphRunner::Impl {
     at::NoGradGuard no_grad;
     if (st_.key.ring_step == 0) {
       ring.dx = at::zeros(ring.x.sizes(), ring.x.options().dtype(at::kFloat));
+      device_memory::Tagged gradient(MemoryUse::kOptimizer);  // the shard's gradient, accumulated
       ring.dshard = at::zeros({shard_rows(), spec.hidden}, ring.x.options().dtype(at::kFloat));
     }
     const double scale = 1.0 / static_cast<double>(ring.x.size(0) * P);
@@ -1099,18 +1168,21 @@ struct GraphRunner::Impl {
       at::NoGradGuard no_grad;
       home = ring_hop(ring.dx, 2);  // to rank r + 2 − P ≡ r + 2, the block's owner
     }
-    outer_gradient();
+    outer_gradient(true);
     {
       at::NoGradGuard no_grad;
-      auto rows = outer_grad.narrow(0, st.layout().blocks[0].at("lm_head").offset, spec.vocab * spec.hidden)
+      auto rows = outer_grad_range(st.layout().blocks[0].at("lm_head").offset, spec.vocab * spec.hidden)
                       .view({spec.vocab, spec.hidden})
                       .narrow(0, R * shard_rows(), shard_rows());
       rows.add_(ring.dshard.to(rows.scalar_type()));
     }
-    ring.xn.backward(home.view(ring.xn.sizes()).to(ring.xn.scalar_type()));
+    {
+      device_memory::Tagged hidden(MemoryUse::kActivations);  // the final norm's backward
+      ring.xn.backward(home.view(ring.xn.sizes()).to(ring.xn.scalar_type()));
+    }
     dgrad[spec.layers] = hL.grad();
     const auto& norm = st.layout().blocks[0].at("final_norm");
-    auto norm_grad = outer_grad.narrow(0, norm.offset, norm.numel());
+    auto norm_grad = outer_grad_range(norm.offset, norm.numel());
     group->all_reduce_sum(norm_grad);
     hL = at::Tensor();
     ring = Ring{};
@@ -1118,9 +1190,9 @@ struct GraphRunner::Impl {
   }
 
   // ---- gradients and updates ----
-  double sq_norm_of(const at::Tensor& grad, const Ranges& ranges) const {
+  double sq_norm_of(const at::Tensor& grad, const Ranges& ranges, std::int64_t base = 0) const {
     double sum = 0;
-    for (const auto& [a, n] : ranges) sum += grad.narrow(0, a, n).to(at::kFloat).pow(2).sum().item<double>();
+    for (const auto& [a, n] : ranges) sum += grad.narrow(0, a - base, n).to(at::kFloat).pow(2).sum().item<double>();
     return sum;
   }
   // The host buffer of gradient `index` of a kind, in block coordinates (at least `numel` long).
@@ -1138,42 +1210,66 @@ struct GraphRunner::Impl {
   }
   // A parameter group's gradient (or one bucket of it) into a host buffer (a whole decoder's adopted
   // as is on a CPU device).
-  void send_gradient(StagePart part, int layer, int bucket, const at::Tensor& grad) {
+  // `grad` holds the block's elements from `base` on (an outer group's gradient starts at its range).
+  void send_gradient(StagePart part, int layer, int bucket, const at::Tensor& grad, std::int64_t base = 0) {
     const int b = block_of(part, layer);
     const Ranges ranges = bucket_ranges(part, layer, bucket);
     const GradKey key{part, layer, bucket};
-    if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+    if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges, base);
     if (captured != nullptr) {
       captured->resize(static_cast<std::size_t>(st.blocks()));
       at::Tensor& c = (*captured)[static_cast<std::size_t>(b)];
       device_memory::OnHost on_host;
       if (!c.defined()) c = at::zeros({st.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
-      for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.narrow(0, a, n));
+      for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.narrow(0, a - base, n));
     }
     const int kind = part == StagePart::kExperts ? 1 : 0;
     const int index = grads_sent[static_cast<std::size_t>(kind)]++;
     if (part == StagePart::kLayer && grad.device().is_cpu() && !device_memory::emulated()) {
+      OOM_ASSERT(base == 0, "a decoder's gradient covers its block");
       host_grad[key] = grad;
       ready[key] = [] {};
       return;
     }
-    at::Tensor buf = grad_buffer(kind, index, grad.numel(), grad.options());
+    at::Tensor buf = grad_buffer(kind, index, base + grad.numel(), grad.options());
     host_grad[key] = buf;
     if (part == StagePart::kLayer && bucket < 0) {
+      OOM_ASSERT(base == 0, "a decoder's gradient covers its block");
       at::Tensor whole = buf.narrow(0, 0, grad.numel());
       ready[key] = gradient_to_host(whole, grad);
       return;
     }
     std::vector<std::function<void()>> waits;
-    for (const auto& [a, n] : ranges) waits.push_back(range_to_host(buf, a, n, grad));
+    for (const auto& [a, n] : ranges) waits.push_back(range_to_host(buf, a, n, grad, base));
     ready[key] = [waits] {
       for (const auto& w : waits) w();
     };
   }
-  // The embedding's and head's flat gradient, allocated (zeroed) at the first backward that needs it.
-  void outer_gradient() {
-    if (!outer_grad.defined()) outer_grad = at::zeros({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
-    if (outer_flat.defined()) attach_gradient(outer, outer_grad);
+  // The gradient of the LM head group (`head`) or of the embeddings, allocated (zeroed) at the
+  // first backward that adds into it; a tied head adds into the embeddings' too.
+  at::Tensor& outer_grad(bool head) { return head ? head_grad : embed_grad; }
+  void outer_gradient(bool head) {
+    device_memory::Tagged gradient(MemoryUse::kOptimizer);
+    for (const bool part : {head, head && spec.tied_embeddings ? false : head}) {
+      at::Tensor& g = outer_grad(part);
+      if (!g.defined()) g = at::zeros({outer_range(part).second}, st.working(0).options().device(dev));
+    }
+    if (outer_flat.defined()) attach_outer_gradients();
+  }
+  // The outer leaves' gradients: views of the groups' gradients that exist.
+  void attach_outer_gradients() {
+    const BlockLayout& layout = st.layout().blocks[0];
+    for (std::size_t i = 0; i < layout.entries.size(); ++i) {
+      const ParamEntry& e = layout.entries[i];
+      const bool head = e.name != "embed";
+      const at::Tensor& g = outer_grad(head);
+      if (g.defined()) outer.tensors[i].mutable_grad() = g.narrow(0, e.offset - outer_range(head).first, e.numel()).view(e.shape);
+    }
+  }
+  // Elements [a, a + n) of the outer block's gradient, in block coordinates.
+  at::Tensor outer_grad_range(std::int64_t a, std::int64_t n) {
+    const bool head = a >= outer_range(true).first;
+    return outer_grad(head).narrow(0, a - outer_range(head).first, n);
   }
   // The embedding and LM head's weights are on the device only while a stage uses them, as the
   // lowering delivers them: the embedding for its gather (and a regather), the head from its H2D
@@ -1182,7 +1278,7 @@ struct GraphRunner::Impl {
     if (!outer_flat.defined()) {
       outer_flat = at::empty({st.layout().blocks[0].numel}, st.working(0).options().device(dev));
       outer = leaf_views(st.layout().blocks[0], outer_flat);
-      if (outer_grad.defined()) attach_gradient(outer, outer_grad);
+      attach_outer_gradients();
     }
     at::NoGradGuard no_grad;
     for (const bool part : {false, true}) {
@@ -1206,13 +1302,13 @@ struct GraphRunner::Impl {
   // The embedding table's gradient from dL/d(embeddings), as autograd computes it (through
   // Gemma 4's √h scale, then embedding_backward), added into the outer gradient's table range.
   void scatter_embedding_gradient() {
-    outer_gradient();
+    outer_gradient(false);
     at::NoGradGuard no_grad;
     const auto& e = st.layout().blocks[0].at("embed");
     at::Tensor g = dgrad.at(0);
-    if (spec.gemma4()) g = g * at::scalar_tensor(std::sqrt(static_cast<double>(spec.hidden)), g.options().dtype(outer_grad.scalar_type()));
+    if (spec.gemma4()) g = g * at::scalar_tensor(std::sqrt(static_cast<double>(spec.hidden)), g.options().dtype(embed_grad.scalar_type()));
     const auto table_grad = at::embedding_backward(g, tok, spec.vocab, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/false);
-    outer_grad.narrow(0, e.offset, e.numel()).view(e.shape).add_(table_grad);
+    outer_grad_range(e.offset, e.numel()).view(e.shape).add_(table_grad);
   }
   // Decoder l's weight gradient so far (a retained MoE's forward graphs add into it too): the parts
   // a stage sends are complete when the graph sends them.
@@ -1307,6 +1403,7 @@ struct GraphRunner::Impl {
     // The driving thread runs the GPU resources' stages: what they allocate is the device's
     // (host buffers they fill say so where they are allocated).
     device_memory::OnDevice on_device;
+    device_memory::Tagged use(memory_use_of(k));
     if (k == Kernel::kNone) {
       // A join: recorded as the instant its dependencies are done.
       rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
@@ -1360,7 +1457,7 @@ struct GraphRunner::Impl {
       case Kernel::kRingBackward: ring_backward(s); break;
       case Kernel::kRingGradPass: ring_grad_pass(s); break;
       case Kernel::kHeadBackward:
-        outer_gradient();
+        outer_gradient(true);
         // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
         (dist() ? loss / P : loss).backward();
         dgrad[spec.layers] = hL.grad();
@@ -1368,7 +1465,11 @@ struct GraphRunner::Impl {
         drop_outer();
         break;
       case Kernel::kScatter: scatter_embedding_gradient(); break;
-      case Kernel::kOuterGradD2h: send_gradient(s.key.part, -1, s.key.bucket, outer_grad); break;
+      case Kernel::kOuterGradD2h: {
+        const bool head = s.key.part == StagePart::kLmHead;
+        send_gradient(s.key.part, -1, s.key.bucket, outer_grad(head), outer_range(head).first);
+        break;
+      }
       case Kernel::kLayerGradD2h:
       case Kernel::kPartGradD2h: {
         const auto summed = reduced.find({s.key.part, s.layer});
@@ -1379,12 +1480,11 @@ struct GraphRunner::Impl {
         // Every rank's gradient of the group summed (an all-reduce: each rank then sends and
         // updates its 1/P, as a reduce-scatter would leave it).
         const bool outer_part = s.layer < 0;
-        at::Tensor g = outer_part ? outer_grad : layer_grad(s.layer);
         for (const auto& [a, n] : whole_ranges(s.key.part, s.layer)) {
-          auto v = g.narrow(0, a, n);
+          auto v = outer_part ? outer_grad_range(a, n) : layer_grad(s.layer).narrow(0, a, n);
           group->all_reduce_sum(v);
         }
-        if (!outer_part) reduced[{s.key.part, s.layer}] = g;
+        if (!outer_part) reduced[{s.key.part, s.layer}] = layer_grad(s.layer);
         break;
       }
       case Kernel::kA2aDispatch: a2a_dispatch(s, pass_of(s)); break;
@@ -1429,6 +1529,9 @@ struct GraphRunner::Impl {
       default: OOM_ASSERT(false, "kernel dispatched to the wrong thread");
     }
     if (in_pass(s) && last_use[static_cast<std::size_t>(open_pass.at(s.layer))] == id) end_pass(open_pass.at(s.layer));
+    for (const bool head : {false, true}) {
+      if (last_outer_use[head ? 1 : 0] == id) outer_grad(head) = at::Tensor();  // its D2H has it
+    }
     if (reads_layer_gradient(s, k)) {
       const StageId pid = backward_pass.at(s.layer);
       if (last_grad_use[static_cast<std::size_t>(pid)] == id) {
@@ -1473,6 +1576,56 @@ struct GraphRunner::Impl {
   }
   // Drops the step's tensors and bookkeeping (also what a step that threw left behind).
   void clear_step();
+  // This rank's stages in the order the driving thread issues them: the graph's, except that under
+  // SCO a boundary's load is issued as soon as the stages it depends on have run and the backward
+  // has begun (into the second buffer, while the decoder after it computes its backward), as a GPU's
+  // copy engine prefetches it.
+  std::vector<StageId> issue_order(const StepGraph& g, const std::vector<Kernel>& kernels) const {
+    std::vector<StageId> order;
+    const bool prefetch = plan.flat.selective_checkpoint_offload;
+    std::vector<char> issued(g.stages.size(), 0);
+    std::vector<StageId> waiting;
+    bool backward = false;
+    if (prefetch) {
+      for (const Stage& s : g.stages) {
+        if (s.key.rank == R && kernels[static_cast<std::size_t>(s.id)] == Kernel::kBoundaryH2d) waiting.push_back(s.id);
+      }
+    }
+    const auto ready = [&](StageId id) {
+      if (!backward) return false;
+      for (const StageId d : g.stage(id).deps) {
+        if (g.stage(d).key.rank == R && !issued[static_cast<std::size_t>(d)]) return false;
+      }
+      return true;
+    };
+    const auto issue = [&](StageId id) {
+      order.push_back(id);
+      issued[static_cast<std::size_t>(id)] = 1;
+      backward = backward || g.stage(id).phase == Phase::kBackward;
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        if (ready(*it)) {
+          const StageId w = *it;
+          waiting.erase(it);
+          order.push_back(w);
+          issued[static_cast<std::size_t>(w)] = 1;
+          it = waiting.begin();  // a load issued may make another ready
+        } else {
+          ++it;
+        }
+      }
+    };
+    for (const Stage& s : g.stages) {
+      if (s.key.rank != R || issued[static_cast<std::size_t>(s.id)]) continue;
+      if (prefetch && kernels[static_cast<std::size_t>(s.id)] == Kernel::kBoundaryH2d) {
+        if (!ready(s.id)) continue;  // issued after its last dependency
+        const auto it = std::find(waiting.begin(), waiting.end(), s.id);
+        if (it != waiting.end()) waiting.erase(it);
+      }
+      issue(s.id);
+    }
+    OOM_ASSERT(waiting.empty(), "a boundary load whose dependencies never ran");
+    return order;
+  }
 };
 
 StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets) {
@@ -1494,6 +1647,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   std::vector<Kernel> kernels(g.stages.size());
   last_use.assign(g.stages.size(), -1);
   last_grad_use.assign(g.stages.size(), -1);
+  last_outer_use = {-1, -1};
   {
     std::map<int, StageId> latest;
     for (const Stage& s : g.stages) {
@@ -1507,10 +1661,14 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
       if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
       if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
       if (reads_layer_gradient(s, k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      if (s.layer < 0 && (k == Kernel::kOuterGradD2h || k == Kernel::kReduceScatter)) {
+        last_outer_use[s.key.part == StagePart::kLmHead ? 1 : 0] = s.id;
+      }
     }
   }
   if (tracing && dist()) rec.set_names(fmt::format("gpu{}", R), host_timeline_name(g));
   device_memory::reset_peak();
+  device_memory::reset_use_peaks();
 #ifdef OOM_BACKEND_CUDA
   if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
 #endif
@@ -1520,9 +1678,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
   coef = 1.0;
   next_backward = spec.layers - 1;
-  for (const Stage& s : g.stages) {
-    if (s.key.rank == R) run_stage(s.id, kernels[static_cast<std::size_t>(s.id)]);
-  }
+  for (const StageId id : issue_order(g, kernels)) run_stage(id, kernels[static_cast<std::size_t>(id)]);
   StepStats stats;
   // Over ranks: the global mean loss, and the norm of every rank's sent slices and own experts.
   const auto over_ranks = [&](double v) {
@@ -1580,7 +1736,7 @@ void GraphRunner::Impl::clear_step() {
   passes.clear();
   open_pass.clear();
   backward_pass.clear();
-  tok = tgt = outer_flat = outer_grad = hL = loss = at::Tensor();
+  tok = tgt = outer_flat = head_grad = embed_grad = hL = loss = at::Tensor();
   outer = BlockWeights();
   graph = nullptr;
 }
@@ -1601,6 +1757,7 @@ void GraphRunner::set_routing(RoutingSpec routing) { impl_->llep_routing = std::
 Bytes GraphRunner::last_device_peak() const {
   return impl_->tracing ? impl_->trace.gpu_peak_bytes.at(0) : device_memory::peak_bytes();
 }
+std::array<Bytes, kMemoryUses> GraphRunner::last_use_peaks() const { return device_memory::use_peak_bytes(); }
 void GraphRunner::capture_gradients(std::vector<at::Tensor>* blocks) { impl_->captured = blocks; }
 std::pair<int, std::int64_t> GraphRunner::host_gradient_buffers() const {
   std::pair<int, std::int64_t> out{0, 0};

@@ -57,6 +57,7 @@
 // Not thread-safe: one thread drives run().
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -110,6 +111,10 @@ class GraphRunner {
   // (backend/device_memory.h): a traced step's from its trace (each stage marks its own peak, so
   // the meter holds only the last stage's), else the meter's.
   Bytes last_device_peak() const;
+  // Each memory use's own peak over the last step on a CPU standing in for a GPU, as the memory
+  // model tags its bytes (dispatch, vocabulary, boundaries, optimizer, activations, other): what
+  // FLAT's schedules bound, measured (backend/device_memory.h). Zeros when nothing is emulated.
+  std::array<Bytes, kMemoryUses> last_use_peaks() const;
   // The routing the next step's graph must be lowered with (lower_for_run): under PipelinedLLEP
   // the histogram of the last step's forward dispatches, over every rank and round, which places
   // the experts the helpers fetch (uniform before the first step: nothing fetched); else uniform.

@@ -14,9 +14,10 @@ namespace oom::backend {
 // Brings a whole device gradient into the host slot (on a CPU device the gradient is adopted as
 // the slot); returns a function that waits for the copy.
 std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad);
-// Copies elements [a, a + n) of a device gradient into the same range of the host slot; returns a
-// function that waits for the copy.
-std::function<void()> range_to_host(at::Tensor& slot, std::int64_t a, std::int64_t n, const at::Tensor& grad);
+// Copies elements [a, a + n) of a device gradient whose element 0 is element `base` of the slot's
+// coordinates into that range of the host slot; returns a function that waits for the copy.
+std::function<void()> range_to_host(at::Tensor& slot, std::int64_t a, std::int64_t n, const at::Tensor& grad,
+                                    std::int64_t base = 0);
 // `x` on the host (pinned when asked): x itself on a CPU device (callers keep fresh tensors only).
 at::Tensor to_host(const at::Tensor& x, bool pinned);
 

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "backend/device_memory.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {
@@ -438,20 +439,28 @@ at::Tensor capped(const at::Tensor& logits, double softcap) {
 
 // Cross-entropy through the vocabulary projection, chunk by chunk in both directions: the forward
 // keeps the per-token log-sum-exp, the backward recomputes each chunk's logits from xn and head.
+// A chunk's working set is its logits in the head's dtype while they are cast and one FP32 [n, V]
+// buffer (the log-sum-exp is taken in place), as the memory model's logits workspace has it; on a
+// CPU standing in for a GPU it is counted as the vocabulary's (device_memory.h), the hidden-state
+// gradient as activations and the head's FP32 gradient as the optimizer's.
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& xn, const at::Tensor& head,
                             const at::Tensor& targets, double softcap, std::int64_t chunk) {
     const auto N = xn.size(0);
+    device_memory::Tagged vocabulary(MemoryUse::kVocabulary);
     auto lse = at::empty({N}, xn.options().dtype(at::kFloat));
     auto total = at::zeros({}, xn.options().dtype(at::kFloat));
     for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
       const auto n = std::min(chunk, N - t0);
-      auto logits = at::linear(xn.narrow(0, t0, n), head).to(at::kFloat);  // [n, V]
+      auto logits = device_memory::gemm(xn.narrow(0, t0, n), head.t()).to(at::kFloat);  // [n, V]
       if (softcap > 0) logits.div_(softcap).tanh_().mul_(softcap);          // in place: one [n, V] buffer
-      const auto l = at::logsumexp(logits, {-1});
+      const auto target = logits.gather(1, targets.narrow(0, t0, n).unsqueeze(1)).squeeze(1);
+      // log Σ exp(logits − max) + max, the exponentials in the logits' own buffer.
+      const auto m = std::get<0>(logits.max(1, /*keepdim=*/true));
+      const auto l = logits.sub_(m).exp_().sum(1).log_().add_(m.squeeze(1));
       lse.narrow(0, t0, n).copy_(l);
-      total += (l - logits.gather(1, targets.narrow(0, t0, n).unsqueeze(1)).squeeze(1)).sum();
+      total += (l - target).sum();
     }
     ctx->save_for_backward({xn, head, targets, lse});
     ctx->saved_data["softcap"] = softcap;
@@ -467,26 +476,49 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const std::int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto N = xn.size(0);
     const auto g = grad_out[0].to(at::kFloat) / static_cast<double>(N);
-    auto dx = at::empty_like(xn);
-    auto dhead = at::zeros(head.sizes(), head.options().dtype(at::kFloat));
+    at::Tensor dx, dhead;
+    {
+      device_memory::Tagged hidden(MemoryUse::kActivations);
+      dx = at::empty_like(xn);
+    }
+    {
+      device_memory::Tagged gradient(MemoryUse::kOptimizer);
+      dhead = at::zeros(head.sizes(), head.options().dtype(at::kFloat));
+    }
+    device_memory::Tagged vocabulary(MemoryUse::kVocabulary);
     for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
       const auto n = std::min(chunk, N - t0);
       const auto xc = xn.narrow(0, t0, n);
-      // In place on one [n, V] buffer (two with a softcap): logits → softmax − one-hot → × dL/dloss.
-      auto d = at::linear(xc, head).to(at::kFloat);
-      at::Tensor t;  // tanh(logits / cap), for the cap's derivative 1 − t²
+      // In place on one [n, V] buffer: logits → softmax − one-hot → × dL/dloss.
+      auto d = device_memory::gemm(xc, head.t()).to(at::kFloat);
+      const auto target = targets.narrow(0, t0, n).unsqueeze(1);
+      const auto lse_c = lse.narrow(0, t0, n).unsqueeze(1);
       if (softcap > 0) {
-        t = d.div_(softcap).tanh_();
-        d = t * softcap;
+        // Capped logits cap·t with t = tanh(logits / cap), whose derivative 1 − t² scales the
+        // gradient: softmax·g·(1 − t²) column block by column block (a [n, V/16] factor at a
+        // time), then −g·(1 − t²) at each target.
+        d.div_(softcap).tanh_();
+        const auto t_target = d.gather(1, target);
+        const std::int64_t V = d.size(1), cols = (V + 15) / 16;
+        for (std::int64_t c0 = 0; c0 < V; c0 += cols) {
+          auto block = d.narrow(1, c0, std::min(cols, V - c0));
+          const auto slope = 1.0 - block * block;
+          block.mul_(softcap).sub_(lse_c).exp_().mul_(g).mul_(slope);
+        }
+        d.scatter_add_(1, target, (t_target * t_target - 1.0) * g);
+      } else {
+        d.sub_(lse_c).exp_();
+        d.scatter_add_(1, target, at::full({n, 1}, -1.0, d.options()));
+        d.mul_(g);
       }
-      d.sub_(lse.narrow(0, t0, n).unsqueeze(1)).exp_();
-      d.scatter_add_(1, targets.narrow(0, t0, n).unsqueeze(1), at::full({n, 1}, -1.0, d.options()));
-      d.mul_(g);
-      if (softcap > 0) d.mul_(t.mul_(t).neg_().add_(1));
-      const auto dw = d.to(head.scalar_type());
-      dx.narrow(0, t0, n).copy_(at::matmul(dw, head));
+      {
+        const auto dw = d.to(head.scalar_type());
+        auto rows = dx.narrow(0, t0, n);
+        device_memory::gemm_out(rows, dw, head);
+      }  // the BF16 copy released before the head's gradient product
       dhead.addmm_(d.t(), xc.to(at::kFloat));
     }
+    device_memory::Tagged gradient(MemoryUse::kOptimizer);
     return {dx, dhead.to(head.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

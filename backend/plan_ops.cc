@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/device_memory.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::plan_ops {
@@ -321,7 +322,7 @@ namespace {
 // softcap also t = tanh(logits / cap) for the cap's derivative.
 at::Tensor shard_logits(const at::Tensor& xn, const at::Tensor& shard, std::int64_t t0, std::int64_t n, double softcap,
                         at::Tensor* t = nullptr) {
-  auto l = at::linear(xn.narrow(0, t0, n), shard).to(at::kFloat);
+  auto l = device_memory::gemm(xn.narrow(0, t0, n), shard.t()).to(at::kFloat);
   if (softcap > 0) {
     l.div_(softcap).tanh_();
     if (t != nullptr) *t = l.clone();
@@ -350,13 +351,14 @@ void ring_fold(RingLse& s, const at::Tensor& xn, const at::Tensor& shard, std::i
   const std::int64_t N = xn.size(0), rows = shard.size(0), step = std::max<std::int64_t>(1, chunk);
   for (std::int64_t t0 = 0; t0 < N; t0 += step) {
     const std::int64_t n = std::min(step, N - t0);
-    const auto l = shard_logits(xn, shard, t0, n, softcap);
-    auto m = s.max.narrow(0, t0, n), sum = s.sum.narrow(0, t0, n);
-    const auto m_new = at::maximum(m, std::get<0>(l.max(1)));
-    sum.mul_(at::exp(m - m_new)).add_(at::exp(l - m_new.unsqueeze(1)).sum(1));
-    m.copy_(m_new);
+    auto l = shard_logits(xn, shard, t0, n, softcap);
     const auto [mine, col] = targets_in_shard(targets, t0, n, v0, rows);
     if (mine.numel() > 0) s.target.narrow(0, t0, n).index_copy_(0, mine, l.index_select(0, mine).gather(1, col.unsqueeze(1)).squeeze(1));
+    auto m = s.max.narrow(0, t0, n), sum = s.sum.narrow(0, t0, n);
+    const auto m_new = at::maximum(m, std::get<0>(l.max(1)));
+    // The block's exponentials in its own logits buffer: one FP32 [n, V/P] buffer.
+    sum.mul_(at::exp(m - m_new)).add_(l.sub_(m_new.unsqueeze(1)).exp_().sum(1));
+    m.copy_(m_new);
   }
 }
 
@@ -376,7 +378,7 @@ void ring_backward(const at::Tensor& xn, const at::Tensor& shard, std::int64_t v
     if (mine.numel() > 0) d.index_put_({mine, col}, d.index({mine, col}) - 1.0);
     d.mul_(scale);
     if (softcap > 0) d.mul_(t.mul_(t).neg_().add_(1));
-    dxn.narrow(0, t0, n).add_(at::matmul(d.to(shard.scalar_type()), shard).to(at::kFloat));
+    dxn.narrow(0, t0, n).add_(device_memory::gemm(d.to(shard.scalar_type()), shard).to(at::kFloat));
     dshard.addmm_(d.t(), xn.narrow(0, t0, n).to(at::kFloat));
   }
 }

@@ -87,6 +87,7 @@ void PlanTrainer::set_tracing(bool on) { impl_->runner.set_tracing(on); }
 const Trace& PlanTrainer::last_trace() const { return impl_->runner.last_trace(); }
 const std::vector<std::vector<std::int64_t>>& PlanTrainer::last_dispatch() const { return impl_->runner.last_dispatch(); }
 Bytes PlanTrainer::last_device_peak() const { return impl_->runner.last_device_peak(); }
+std::array<Bytes, kMemoryUses> PlanTrainer::last_use_peaks() const { return impl_->runner.last_use_peaks(); }
 const RoutingSpec& PlanTrainer::routing() const { return impl_->runner.routing(); }
 void PlanTrainer::set_routing(RoutingSpec routing) { impl_->runner.set_routing(std::move(routing)); }
 std::pair<int, std::int64_t> PlanTrainer::host_gradient_buffers() const { return impl_->runner.host_gradient_buffers(); }

@@ -36,6 +36,7 @@
 // Not thread-safe: one thread drives step(); the CPU updates run on an internal worker thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,7 @@
 #include "backend/rank_group.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
+#include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"
 
@@ -88,8 +90,9 @@ class PlanTrainer {
   const Trace& last_trace() const;
   // Over ranks: the rows this rank sent in every forward dispatch of the last step.
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
-  // GraphRunner::last_device_peak.
+  // GraphRunner::last_device_peak and last_use_peaks.
   Bytes last_device_peak() const;
+  std::array<Bytes, kMemoryUses> last_use_peaks() const;
   // GraphRunner::routing and set_routing: what a checkpoint keeps of a PipelinedLLEP run.
   const RoutingSpec& routing() const;
   void set_routing(RoutingSpec routing);

@@ -222,6 +222,11 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (planned && device_memory::emulated()) {
       result.device_peak_bytes = std::max<std::int64_t>(result.device_peak_bytes, planned->last_device_peak());
+      const auto uses = planned->last_use_peaks();
+      result.device_use_peak_bytes.resize(uses.size(), 0);
+      for (std::size_t u = 0; u < uses.size(); ++u) {
+        result.device_use_peak_bytes[u] = std::max<std::int64_t>(result.device_use_peak_bytes[u], uses[u]);
+      }
     }
     tokens += b.tokens.numel();
     result.last_step_s = dt;

@@ -100,6 +100,10 @@ struct TrainResult {
   std::string trainer;        // "streamed", "plan" or "reference"
   double last_step_s = 0.0;   // wall time of the last step
   std::int64_t device_peak_bytes = -1;  // the most the device side held in any step (-1: not measured)
+  // With device_peak_bytes on a CPU standing in for a GPU: each memory use's own peak (MemoryUse
+  // order: other, activations, dispatch, vocabulary, boundaries, optimizer), the most in any step
+  // and over ranks on any rank; empty when not measured.
+  std::vector<std::int64_t> device_use_peak_bytes;
 };
 
 // Runs the training. Throws InputError for bad options, model, data, weights or checkpoints

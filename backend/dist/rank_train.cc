@@ -284,6 +284,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   out.backend = field<std::string>(res, "backend", result_path);
   out.device_peaks = field<std::vector<std::int64_t>>(res, "device_peaks", result_path);
   for (const std::int64_t peak : out.device_peaks) out.train.device_peak_bytes = std::max(out.train.device_peak_bytes, peak);
+  out.train.device_use_peak_bytes = field<std::vector<std::int64_t>>(res, "device_use_peaks", result_path);
   if (!o.trace.empty() && o.steps > 0) {
     std::vector<Trace> ranks_traces;
     for (int k = 0; k < r.ranks; ++k) {
@@ -312,6 +313,7 @@ struct RankRun {
   std::vector<std::vector<std::int64_t>> dispatch_rows;  // this rank's sends, last step
   std::string backend;
   std::vector<std::int64_t> device_peaks;  // with device_memory: every rank's device peak
+  std::vector<std::int64_t> device_use_peaks;  // and each use's own peak, the most on any rank
 };
 
 // How a rank trains: with `plan`, its share of the plan's StepGraph (the graph runner) on the host
@@ -431,6 +433,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   RankRun run;
   run.first_step = state.step + 1;
   std::int64_t device_peak = -1;
+  std::vector<std::int64_t> use_peaks(static_cast<std::size_t>(kMemoryUses), 0);
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t tokens = 0;
   if (o.steps == 0 && !o.checkpoint_dir.empty()) checkpoint();
@@ -442,7 +445,11 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     if (planned && !rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
     const StepStats st = trainer.step(b.tokens, b.targets);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (measured) device_peak = std::max<std::int64_t>(device_peak, planned->last_device_peak());
+    if (measured) {
+      device_peak = std::max<std::int64_t>(device_peak, planned->last_device_peak());
+      const auto uses = planned->last_use_peaks();
+      for (std::size_t u = 0; u < uses.size(); ++u) use_peaks[u] = std::max<std::int64_t>(use_peaks[u], uses[u]);
+    }
     tokens += b.tokens.numel();
     run.losses.push_back(st.loss);
     if (rank == 0 && on_step) {
@@ -473,6 +480,14 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   if (measured) {
     const at::Tensor peaks = comm.all_gather_counts({device_peak});  // collective: every rank's
     for (std::int64_t k = 0; k < peaks.size(0); ++k) run.device_peaks.push_back(peaks[k][0].item<std::int64_t>());
+    const at::Tensor uses = comm.all_gather_counts(use_peaks);  // [ranks, uses]
+    run.device_use_peaks = std::vector<std::int64_t>(static_cast<std::size_t>(uses.size(1)), 0);
+    for (std::int64_t k = 0; k < uses.size(0); ++k) {
+      for (std::int64_t u = 0; u < uses.size(1); ++u) {
+        auto& most = run.device_use_peaks[static_cast<std::size_t>(u)];
+        most = std::max<std::int64_t>(most, uses[k][u].item<std::int64_t>());
+      }
+    }
   }
   comm.barrier();
   return run;
@@ -565,7 +580,8 @@ void run_rank_worker(const std::string& job_path, int rank) {
                                 {"trainer", "ranks"},
                                 {"backend", run.backend},
                                 {"last_dispatch_rows", run.dispatch_rows},
-                                {"device_peaks", run.device_peaks}};
+                                {"device_peaks", run.device_peaks},
+                                {"device_use_peaks", run.device_use_peaks}};
     write_file_atomically(field<std::string>(j, "result", job_path), res.dump());
   }
 }
