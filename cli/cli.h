@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace CLI {
 class App;
 }
@@ -83,6 +85,10 @@ bool is_torch_compare(const std::vector<std::string>& args);
 
 // Inside the plugin (cli/backend_main.cc and the cmd_* files it links).
 void add_train_commands(CLI::App& app, Io io);
+// A run's measured per-use device peaks (TrainResult::device_use_peak_bytes, MemoryUse order) as
+// {"dispatch": GiB, ...} and as one line in MiB ("device peak by use (each its own): ...").
+nlohmann::json device_use_peaks_json(const std::vector<std::int64_t>& peaks);
+std::string device_use_peaks_line(const std::vector<std::int64_t>& peaks);
 // `oom train --ranks P` (cli/cmd_train_ranks.cc): the options it adds to `train`, the hook the train
 // command calls first (true when it ran the multi-rank trainer: --ranks, or a torchrun rank), and
 // the hidden `rank-worker`.

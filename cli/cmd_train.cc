@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom::cli {
 namespace {
@@ -29,6 +30,21 @@ std::string format_step_line(const backend::StepReport& r) {
 }
 
 }  // namespace
+
+nlohmann::json device_use_peaks_json(const std::vector<std::int64_t>& peaks) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t u = 0; u < peaks.size(); ++u) j[std::string(memory_use_name(static_cast<MemoryUse>(u)))] = to_gib(peaks[u]);
+  return j;
+}
+
+std::string device_use_peaks_line(const std::vector<std::int64_t>& peaks) {
+  std::string line = "device peak by use (each its own):";
+  for (std::size_t u = 0; u < peaks.size(); ++u) {
+    line += fmt::format(" {} {:.3f} MiB{}", memory_use_name(static_cast<MemoryUse>(u)),
+                        static_cast<double>(peaks[u]) / static_cast<double>(kMiB), u + 1 < peaks.size() ? "," : "");
+  }
+  return line;
+}
 
 void add_train_commands(CLI::App& app, Io io) {
   auto opts = std::make_shared<backend::TrainOptions>();
@@ -93,6 +109,7 @@ void add_train_commands(CLI::App& app, Io io) {
       j["trainer"] = result.trainer;
       j["last_step_s"] = result.last_step_s;
       if (result.device_peak_bytes >= 0) j["device_peak_gib"] = to_gib(result.device_peak_bytes);
+      if (!result.device_use_peak_bytes.empty()) j["device_use_peaks_gib"] = device_use_peaks_json(result.device_use_peak_bytes);
       io.out << j.dump() << "\n";
     } else {
       io.out << fmt::format("{} trainer: {} steps, {:.0f} tokens/s over all steps (the first, warm-up step included)\n",
@@ -102,6 +119,7 @@ void add_train_commands(CLI::App& app, Io io) {
         io.out << fmt::format("device peak: {:.3f} MiB (the most the device side held in a step)\n",
                               static_cast<double>(result.device_peak_bytes) / static_cast<double>(kMiB));
       }
+      if (!result.device_use_peak_bytes.empty()) io.out << device_use_peaks_line(result.device_use_peak_bytes) << "\n";
     }
   });
 }

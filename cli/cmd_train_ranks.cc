@@ -61,6 +61,7 @@ void print_ranks_result(const backend::dist::RanksResult& result, int ranks, boo
       for (const auto peak : result.device_peaks) per_rank.push_back(to_gib(peak));
       j["device_peaks_gib"] = per_rank;
     }
+    if (!result.train.device_use_peak_bytes.empty()) j["device_use_peaks_gib"] = device_use_peaks_json(result.train.device_use_peak_bytes);
     io.out << j.dump() << "\n";
   } else {
     io.out << fmt::format("{} ranks ({}): {} steps, {:.0f} tokens/s\n", ranks, result.backend,
@@ -69,6 +70,7 @@ void print_ranks_result(const backend::dist::RanksResult& result, int ranks, boo
       io.out << fmt::format("rank {} device peak: {:.3f} MiB\n", k,
                             static_cast<double>(result.device_peaks[k]) / static_cast<double>(kMiB));
     }
+    if (!result.train.device_use_peak_bytes.empty()) io.out << device_use_peaks_line(result.train.device_use_peak_bytes) << "\n";
   }
 }
 

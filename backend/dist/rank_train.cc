@@ -45,7 +45,12 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   const std::string P = std::to_string(r.ranks);
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
-  if (o.bf16) throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights");
+  if (o.bf16 && o.plan.empty()) {
+    throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights without a plan (--plan)");
+  }
+  if (o.bf16 && (!o.checkpoint_dir.empty() || !o.resume_dir.empty())) {
+    throw InputError("", "--bf16", "true", "multi-rank checkpoints keep FP32 working weights");
+  }
   if (o.device_memory && o.plan.empty()) throw InputError("", "--device-memory", "true", "device memory is measured for a plan (--plan)");
   if (o.accumulate != 1) {
     throw InputError("", "--accumulate", std::to_string(o.accumulate), "the multi-rank trainer runs one micro-batch per step");
@@ -106,7 +111,7 @@ nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std:
           {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
           {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"device", o.device},
           {"lr_schedule", o.lr_schedule}, {"warmup_steps", o.warmup_steps}, {"decay_steps", o.decay_steps},
-          {"min_lr", o.min_lr}, {"device_memory", o.device_memory},
+          {"min_lr", o.min_lr}, {"device_memory", o.device_memory}, {"bf16", o.bf16},
           {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
           {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
           {"cpu_grad_slots", r.cpu_grad_slots},
@@ -341,7 +346,8 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   const auto data = open_training_data(o.data, o.seq);
   data->check_vocab(spec.vocab);
   data->seed(o.seed);
-  HostState state(spec);
+  // BF16 working weights only with a plan (check()): the graph runner runs them.
+  HostState state(spec, {o.bf16 ? WorkingPrecision::kBFloat16 : WorkingPrecision::kFloat32, {}});
   load_initial_weights(state, o.weights, o.seed);
   std::optional<nlohmann::json> saved_run;
   if (!o.resume_dir.empty()) saved_run = resume_training(o, state, *data);
@@ -529,6 +535,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.gdn_chunk_tokens = field<std::int64_t>(j, "gdn_chunk_tokens", job_path);
   o.device = field<std::string>(j, "device", job_path);
   o.device_memory = field<bool>(j, "device_memory", job_path);
+  o.bf16 = field<bool>(j, "bf16", job_path);
   o.lr_schedule = field<std::string>(j, "lr_schedule", job_path);
   o.warmup_steps = field<std::int64_t>(j, "warmup_steps", job_path);
   o.decay_steps = field<std::int64_t>(j, "decay_steps", job_path);
