@@ -372,8 +372,13 @@ struct GraphRunner::Impl {
   // Ring-DTP: this rank's normalized hidden states (with their graph to the head's input), the
   // block it holds (hidden states, targets, cross-entropy state, log-sum-exp, gradient so far) and
   // its head shard's gradient.
+  // Ring-DTP (costmodel ring_dtp_hops decides, as the lowering prices it): the ranks' hidden-state
+  // blocks circulate past the resident head shards, or the head shards past the resident blocks.
   struct Ring {
+    bool weights = false;              // head shards circulate (else hidden-state blocks)
     at::Tensor xn, x, t, lse, dx, dshard;
+    at::Tensor w;                      // the head shard computed against: this rank's, or one passing
+    int owner = 0;                     // whose shard w is
     plan_ops::RingLse state;
   } ring;
   std::vector<std::vector<std::int64_t>> dispatch_log;      // rows sent per forward dispatch (layer, chunk order)
@@ -1109,11 +1114,20 @@ struct GraphRunner::Impl {
     c.dxn = at::zeros_like(expert_input(c)).index_add(0, c.tokens_sorted, d_sorted);
   }
 
-  // ---- Ring-DTP: rank r holds head rows [r·V/P, (r+1)·V/P); the ranks' hidden-state blocks go round ----
-  at::Tensor head_shard() const { return outer["lm_head"].narrow(0, R * shard_rows(), shard_rows()); }
+  // ---- Ring-DTP: rank r holds head rows [r·V/P, (r+1)·V/P) ----
+  at::Tensor head_shard() const { return outer["lm_head"].narrow(0, R * shard_rows(), shard_rows()).detach(); }
   std::int64_t logits_block() const { return plan.flat.logits_block_tokens(ring.x.size(0)); }
-  // Step s: the block held (rank r − s's at step s) meets this rank's shard; after the last step its
-  // log-sum-exp is complete and its mean cross-entropy is this rank's loss.
+  // Passes `t` on round the ring with the other tensors of a hop, all in flight at once (each
+  // step's receive buffers are allocated before its send buffers are released).
+  void ring_hop_all(std::initializer_list<at::Tensor*> ts) {
+    std::vector<at::Tensor> next;
+    for (at::Tensor* t : ts) next.push_back(ring_hop(*t));
+    std::size_t i = 0;
+    for (at::Tensor* t : ts) *t = std::move(next[i++]);
+  }
+  // Step s: the block held meets the shard held (hidden blocks circulating: rank r − s's block and
+  // this rank's shard; head shards circulating: this rank's block and rank r − s's shard); after the
+  // last step each block's log-sum-exp is complete and its mean cross-entropy is its rank's loss.
   void ring_loss(const Stage& st_) {
     if (st_.key.ring_step == 0) {
       hL = leaf(act.at(spec.layers));
@@ -1123,50 +1137,77 @@ struct GraphRunner::Impl {
       ring.x = ring.xn.detach().reshape({-1, spec.hidden});
       ring.t = tgt.reshape({-1});
       ring.state = plan_ops::ring_lse_start(ring.x.size(0), ring.x.options());
+      ring.weights = ring_dtp_hops(spec, ring.x.size(0), P).weights_move;
+      ring.w = head_shard();
+      ring.owner = R;
     }
     at::NoGradGuard no_grad;
-    plan_ops::ring_fold(ring.state, ring.x, head_shard().detach(), R * shard_rows(), ring.t, spec.final_logit_softcap,
-                        logits_block());
+    plan_ops::ring_fold(ring.state, ring.x, ring.w, ring.owner * shard_rows(), ring.t, spec.final_logit_softcap, logits_block());
     if (st_.key.ring_step == P - 1) {
       ring.lse = plan_ops::ring_lse(ring.state);
       loss = (ring.lse - ring.state.target).mean();
+      if (ring.weights) ring.w = at::Tensor();  // the shard passing through is done with
     }
   }
   void ring_pass() {
     at::NoGradGuard no_grad;
-    ring.x = ring_hop(ring.x);
-    ring.t = ring_hop(ring.t);
-    ring.state = {ring_hop(ring.state.max), ring_hop(ring.state.sum), ring_hop(ring.state.target)};
+    if (ring.weights) {
+      ring_hop_all({&ring.w});
+      ring.owner = (ring.owner + P - 1) % P;  // from rank r − 1
+      return;
+    }
+    ring_hop_all({&ring.x, &ring.t, &ring.state.max, &ring.state.sum, &ring.state.target});
   }
-  // Step s: the held block's gradient against this rank's shard; the block's hidden-state gradient
-  // travels with it, the shard's stays here. The loss is the mean over all P·n tokens.
+  // Step s: the gradient of the held block against the held shard. The circulating tensor travels
+  // with its FP32 gradient partial (a hidden block's or a shard's); the resident one's gradient
+  // stays here. The loss is the mean over all P·n tokens.
   void ring_backward(const Stage& st_) {
     at::NoGradGuard no_grad;
     if (st_.key.ring_step == 0) {
-      ring.dx = at::zeros(ring.x.sizes(), ring.x.options().dtype(at::kFloat));
-      device_memory::Tagged gradient(MemoryUse::kOptimizer);  // the shard's gradient, accumulated
+      if (ring.weights) {
+        ring.w = head_shard();
+        ring.owner = R;
+      }
+      {
+        // This rank's tokens' hidden-state gradient, or the travelling partial.
+        device_memory::Tagged use(ring.weights ? MemoryUse::kActivations : MemoryUse::kVocabulary);
+        ring.dx = at::zeros(ring.x.sizes(), ring.x.options().dtype(at::kFloat));
+      }
+      // This rank's shard's gradient, or the travelling partial.
+      device_memory::Tagged use(ring.weights ? MemoryUse::kVocabulary : MemoryUse::kOptimizer);
       ring.dshard = at::zeros({shard_rows(), spec.hidden}, ring.x.options().dtype(at::kFloat));
     }
     const double scale = 1.0 / static_cast<double>(ring.x.size(0) * P);
-    plan_ops::ring_backward(ring.x, head_shard().detach(), R * shard_rows(), ring.t, ring.lse, scale, spec.final_logit_softcap,
+    plan_ops::ring_backward(ring.x, ring.w, ring.owner * shard_rows(), ring.t, ring.lse, scale, spec.final_logit_softcap,
                             logits_block(), ring.dx, ring.dshard);
   }
-  // After each step but the last the block moves on; after the last its gradient goes home (the
-  // block held then is rank r + 2 − P's), and flows back through the final norm into the last
+  // After each step but the last the circulating tensor moves on with its partial; after the last
+  // the partial goes home (hidden blocks: the block held then is rank r + 2 − P's; shards: rank
+  // r + 1's), and the hidden-state gradient flows back through the final norm into the last
   // decoder's output; the shard's gradient and the norm's (summed over the ranks) are complete.
   void ring_grad_pass(const Stage& st_) {
     if (st_.key.ring_step + 1 < P) {
       at::NoGradGuard no_grad;
-      ring.x = ring_hop(ring.x);
-      ring.t = ring_hop(ring.t);
-      ring.lse = ring_hop(ring.lse);
-      ring.dx = ring_hop(ring.dx);
+      if (ring.weights) {
+        ring_hop_all({&ring.w, &ring.dshard});
+        ring.owner = (ring.owner + P - 1) % P;
+      } else {
+        ring_hop_all({&ring.x, &ring.t, &ring.lse, &ring.dx});
+      }
       return;
     }
-    at::Tensor home;
+    at::Tensor home, shard_grad;
     {
       at::NoGradGuard no_grad;
-      home = ring_hop(ring.dx, 2);  // to rank r + 2 − P ≡ r + 2, the block's owner
+      ring.w = at::Tensor();
+      if (ring.weights) {
+        shard_grad = ring_hop(ring.dshard, 1);  // to rank r + 1, the shard's owner
+        home = ring.dx;
+      } else {
+        home = ring_hop(ring.dx, 2);  // to rank r + 2 − P ≡ r + 2, the block's owner
+        shard_grad = ring.dshard;
+      }
+      ring.dx = ring.dshard = at::Tensor();
     }
     outer_gradient(true);
     {
@@ -1174,7 +1215,8 @@ struct GraphRunner::Impl {
       auto rows = outer_grad_range(st.layout().blocks[0].at("lm_head").offset, spec.vocab * spec.hidden)
                       .view({spec.vocab, spec.hidden})
                       .narrow(0, R * shard_rows(), shard_rows());
-      rows.add_(ring.dshard.to(rows.scalar_type()));
+      rows.add_(shard_grad.to(rows.scalar_type()));
+      shard_grad = at::Tensor();
     }
     {
       device_memory::Tagged hidden(MemoryUse::kActivations);  // the final norm's backward

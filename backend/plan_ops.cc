@@ -378,8 +378,14 @@ void ring_backward(const at::Tensor& xn, const at::Tensor& shard, std::int64_t v
     if (mine.numel() > 0) d.index_put_({mine, col}, d.index({mine, col}) - 1.0);
     d.mul_(scale);
     if (softcap > 0) d.mul_(t.mul_(t).neg_().add_(1));
-    dxn.narrow(0, t0, n).add_(device_memory::gemm(d.to(shard.scalar_type()), shard).to(at::kFloat));
+    // The shard's gradient first; then dL/dx of the block's rows, the product in the shard's dtype
+    // added into the FP32 partial, with d released once cast: one [n, V/P] FP32 buffer at a time.
     dshard.addmm_(d.t(), xn.narrow(0, t0, n).to(at::kFloat));
+    at::Tensor dw = d.to(shard.scalar_type());
+    d = at::Tensor();
+    const at::Tensor rows = device_memory::gemm(dw, shard);
+    dw = at::Tensor();
+    dxn.narrow(0, t0, n).add_(rows);
   }
 }
 

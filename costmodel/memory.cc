@@ -99,6 +99,20 @@ Bytes sharded_logits_workspace_bytes(const ModelSpec& m, std::int64_t T, int sha
   return T * (m.vocab / std::max(1, shards)) * (kBf16Bytes + kFp32Bytes);
 }
 
+RingDtpHops ring_dtp_hops(const ModelSpec& m, std::int64_t tokens, int ranks) {
+  const std::int64_t rows = m.vocab / std::max(1, ranks), h = m.hidden;
+  RingDtpHops r;
+  r.weights_move = rows < tokens;  // (V/P)·h against N·h, both BF16
+  if (r.weights_move) {
+    r.forward = rows * h * kBf16Bytes;
+    r.backward = rows * h * (kBf16Bytes + kFp32Bytes);
+  } else {
+    r.forward = tokens * (h * kBf16Bytes + 8 + 3 * kFp32Bytes);
+    r.backward = tokens * (h * kBf16Bytes + 8 + kFp32Bytes + h * kFp32Bytes);
+  }
+  return r;
+}
+
 GpuPeakTerms eq2_gpu_peak(Bytes fixed, Bytes state, Bytes keep, Bytes work, double headroom_fraction) {
   GpuPeakTerms t{fixed, state, keep, work, 0};
   t.headroom = static_cast<Bytes>(headroom_fraction * static_cast<double>(fixed + state + keep + work));

@@ -66,6 +66,20 @@ Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens);
 // The same for one block of a vocabulary sharded over `shards` GPUs (Ring-DTP): [T, V/shards].
 Bytes sharded_logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens, int shards);
 
+// Ring-DTP over `ranks` GPUs of `tokens` tokens each (reference §6 "Ring-DTP"): what one hop of the
+// ring carries. The smaller of a rank's hidden-state block (N·h BF16) and a head shard ((V/P)·h
+// BF16) circulates. A hidden block travels with its targets (int64) and running log-sum-exp state
+// (max, sum, target logit: FP32) in the forward, and with its targets, log-sum-exp and FP32
+// hidden-state gradient partial in the backward; a head shard travels alone in the forward and with
+// its FP32 gradient partial in the backward. Each step holds the block it computes on and the one
+// arriving (two of each).
+struct RingDtpHops {
+  bool weights_move = false;
+  Bytes forward = 0;   // one hop's bytes in the forward
+  Bytes backward = 0;  // one hop's bytes in the backward
+};
+RingDtpHops ring_dtp_hops(const ModelSpec& m, std::int64_t tokens, int ranks);
+
 // Runtime constants that no equation gives (estimates until calibration replaces them).
 struct MemoryConstants {
   Bytes gpu_fixed_bytes = 3 * kGiB / 2;    // M_0: CUDA context, cuBLAS/NCCL workspaces (estimate)

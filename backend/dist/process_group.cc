@@ -23,10 +23,14 @@ struct Communicator::Impl {
   std::chrono::milliseconds timeout{0};
 
   // Waits for `work` with the timeout; a failure names the collective.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) const {
+  // Waits for `work`. A collective that failed may still be writing into the tensors it was handed
+  // as unowned views: their owners (`buffers`) are then kept for the life of the process.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, std::vector<at::Tensor> buffers = {}) const {
     try {
       if (!work->wait(timeout)) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
+      static auto* kept = new std::vector<at::Tensor>();  // never freed, on purpose
+      kept->insert(kept->end(), buffers.begin(), buffers.end());
       throw std::runtime_error(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
     }
   }
@@ -85,12 +89,26 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
 
 Communicator::~Communicator() = default;
 
+namespace {
+
+// What a collective hands the process group. Gloo's work keeps its tensors until its worker thread
+// lets the work go, which may be after wait() returned: a CPU tensor is handed over as a view that
+// owns nothing, so that its storage is released when the caller drops it (the caller holds it until
+// the collective is done, which wait() makes it). On a GPU the tensor itself (NCCL's streams order
+// its reuse).
+at::Tensor unowned(const at::Tensor& t) {
+  if (!t.device().is_cpu()) return t;
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+}
+
+}  // namespace
+
 void Communicator::all_reduce_sum(at::Tensor& t) {
   if (size_ == 1) return;
   OOM_ASSERT(t.is_contiguous(), "all_reduce_sum needs a contiguous tensor");
   OOM_ASSERT(t.device() == device_, "all_reduce_sum: the tensor is not on the communicator's device");
-  std::vector<at::Tensor> ts{t};
-  impl_->wait(impl_->group->allreduce(ts), "all-reduce");
+  std::vector<at::Tensor> ts{unowned(t)};
+  impl_->wait(impl_->group->allreduce(ts), "all-reduce", {t});
 }
 
 at::Tensor Communicator::all_gather(const at::Tensor& t) {
@@ -99,10 +117,13 @@ at::Tensor Communicator::all_gather(const at::Tensor& t) {
   OOM_ASSERT(in.device() == device_, "all_gather: the tensor is not on the communicator's device");
   std::vector<at::Tensor> outs;
   for (int r = 0; r < size_; ++r) outs.push_back(at::empty_like(in));
-  std::vector<std::vector<at::Tensor>> outputs{outs};
-  std::vector<at::Tensor> inputs{in};
-  impl_->wait(impl_->group->allgather(outputs, inputs), "all-gather");
-  return at::stack(outputs[0]);
+  std::vector<std::vector<at::Tensor>> outputs{{}};
+  for (const auto& o : outs) outputs[0].push_back(unowned(o));
+  std::vector<at::Tensor> inputs{unowned(in)};
+  std::vector<at::Tensor> buffers = outs;
+  buffers.push_back(in);
+  impl_->wait(impl_->group->allgather(outputs, inputs), "all-gather", std::move(buffers));
+  return at::stack(outs);
 }
 
 at::Tensor Communicator::all_gather_counts(const std::vector<std::int64_t>& counts) {
@@ -127,9 +148,10 @@ at::Tensor Communicator::all_to_all(const at::Tensor& input, const std::vector<s
     return out;
   }
   OOM_ASSERT(input.device() == device_, "all_to_all: the tensor is not on the communicator's device");
-  auto in = input.contiguous();
+  const auto in = input.contiguous();
   auto send = send_rows, recv = recv_rows;
-  impl_->wait(impl_->group->alltoall_base(out, in, recv, send), "all-to-all");
+  auto out_view = unowned(out), in_view = unowned(in);
+  impl_->wait(impl_->group->alltoall_base(out_view, in_view, recv, send), "all-to-all", {out, in});
   return out;
 }
 

@@ -385,16 +385,15 @@ void Lowering::ring_head_forward_backward() {
   // visit every shard: P steps, each computing one block of logits against the local shard and
   // folding it into the block's online log-sum-exp, while the next block arrives from the ring
   // neighbour. What circulates is the smaller of a rank's hidden block (N·h) and a head shard
-  // ((V/P)·h); in the backward it travels with its gradient (hidden-state or head-shard partials),
-  // so every rank ends with its shard's whole gradient and its tokens' hidden-state gradient.
+  // ((V/P)·h), with what travels beside it (ring_dtp_hops); in the backward it travels with its
+  // FP32 gradient partial (hidden-state or head-shard), so every rank ends with its shard's whole
+  // gradient and its tokens' hidden-state gradient.
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding);
   const ParamCount shard = head / P_ + params_.final_norm;
   const PerRank hidden = last_compute_;  // the last decoder's output: the block each rank starts with
   const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, shard, 0, 0, false);
-  const Bytes hidden_block = boundary_bytes(1, seqs_, S_, m_.hidden);
-  const Bytes weight_block = working_weight_bytes(head / P_);
-  const Bytes hop = std::min(hidden_block, weight_block);
-  const bool weights_move = weight_block < hidden_block;
+  const RingDtpHops hops = ring_dtp_hops(m_, N_, P_);
+  const bool weights_move = hops.weights_move;
   const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
   const Bytes logits = sharded_logits_workspace_bytes(m_, chunk, P_);
   OpShape shape;
@@ -403,41 +402,62 @@ void Lowering::ring_head_forward_backward() {
   shape.n = m_.vocab / P_;
   const Flops f = lm_head_flops(m_, N_) / P_;  // one block against one shard
   const Bytes fwd_bytes = loss_forward_hbm_bytes(m_, N_) / P_, bwd_bytes = loss_backward_hbm_bytes(m_, N_) / P_;
-  // Two circulating buffers (the block being computed and the one arriving), the logits block.
-  for (int r = 0; r < P_; ++r) gpu_alloc(w.ready[static_cast<std::size_t>(r)], r, 2 * hop, true, MemoryUse::kVocabulary);
+  // The ring's buffers (kVocabulary): a hop allocates what arrives when it starts and releases what
+  // it sent (a block received earlier; this rank's own block or shard is not the ring's) when it
+  // ends. The backward's blocks travel with their FP32 gradient partials; the last hop takes the
+  // partials home alone. Each step holds one block, the one arriving during its hop, and one logits
+  // block while it computes.
+  const Bytes block = hops.forward, pair = hops.backward;
+  const Bytes partial = weights_move ? (m_.vocab / P_) * m_.hidden * kFp32Bytes : N_ * m_.hidden * kFp32Bytes;
+  const auto each = [&](const PerRank& at, auto&& fn) {
+    for (int r = 0; r < P_; ++r) fn(at[static_cast<std::size_t>(r)], r);
+  };
   PerRank last = w.ready, arrived = w.ready;
   for (int step = 0; step < P_; ++step) {
     last = compute_all(what(StagePart::kLmHead, StageOp::kLoss).at_ring_step(step), OpKind::kGemm, Phase::kForward, -1, f, fwd_bytes,
                        shape, {last, arrived});
-    for (int r = 0; r < P_; ++r) {
-      gpu_alloc(last[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
-      gpu_free(last[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
-    }
+    each(last, [&](StageId s, int r) {
+      gpu_alloc(s, r, logits, false, MemoryUse::kVocabulary);
+      gpu_free(s, r, logits, MemoryUse::kVocabulary);
+    });
     if (step + 1 < P_) {
-      arrived = collective_all(what(StagePart::kLmHead, StageOp::kPass).at_ring_step(step), OpKind::kAllGather, Phase::kForward, -1, hop,
-                               step == 0 ? (weights_move ? w.ready : hidden) : arrived);
+      arrived = collective_all(what(StagePart::kLmHead, StageOp::kPass).at_ring_step(step), OpKind::kAllGather, Phase::kForward, -1,
+                               block, step == 0 ? (weights_move ? w.ready : hidden) : arrived);
+      each(arrived, [&](StageId s, int r) {
+        gpu_alloc(s, r, block, false, MemoryUse::kVocabulary);
+        if (step > 0) gpu_free(s, r, block, MemoryUse::kVocabulary);
+      });
     }
   }
+  // The last block received: a shard is done with; a hidden block starts the backward.
+  if (weights_move) each(last, [&](StageId s, int r) { gpu_free(s, r, block, MemoryUse::kVocabulary); });
   PerRank bwd = last;
   arrived = last;
-  const Bytes back_hop = 2 * hop;  // the block and its gradient partial
   for (int step = 0; step < P_; ++step) {
     bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward).at_ring_step(step), OpKind::kGemm, Phase::kBackward, -1,
                       kMatmulBackwardRatio * f, bwd_bytes, shape, {bwd, arrived});
-    for (int r = 0; r < P_; ++r) {
-      gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
-      gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
-    }
+    each(bwd, [&](StageId s, int r) {
+      // The partial starts here; a hidden block held from the forward becomes the backward's (its
+      // targets and log-sum-exp, without the running state).
+      if (step == 0) gpu_alloc(s, r, weights_move ? partial : pair - block, false, MemoryUse::kVocabulary);
+      gpu_alloc(s, r, logits, false, MemoryUse::kVocabulary);
+      gpu_free(s, r, logits, MemoryUse::kVocabulary);
+    });
     // The partials move on; after the last step they return home (P hops in all).
+    const bool home = step + 1 == P_;
     arrived = collective_all(what(StagePart::kLmHead, StageOp::kGradPass).at_ring_step(step), OpKind::kAllGather, Phase::kBackward, -1,
-                             back_hop, bwd);
+                             home ? partial : pair, bwd);
+    each(arrived, [&](StageId s, int r) {
+      gpu_alloc(s, r, home ? partial : pair, false, MemoryUse::kVocabulary);
+      // What was sent: this rank's own shard is the window's, its partial the ring's.
+      gpu_free(s, r, weights_move && step == 0 ? partial : pair, MemoryUse::kVocabulary);
+    });
   }
-  for (int r = 0; r < P_; ++r) {
+  each(arrived, [&](StageId s, int r) {
     gpu_alloc(bwd[static_cast<std::size_t>(r)], r, gradient_bytes(shard), false, MemoryUse::kOptimizer);
-    gpu_free(arrived[static_cast<std::size_t>(r)], r, 2 * hop, MemoryUse::kVocabulary);
-    gpu_alloc(arrived[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false,
-              MemoryUse::kActivations);
-  }
+    gpu_free(s, r, partial, MemoryUse::kVocabulary);  // the partial that came home, added in
+    gpu_alloc(s, r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false, MemoryUse::kActivations);
+  });
   hidden_grad_alloc_ = arrived;
   last_compute_ = compute_all(what(StagePart::kLmHead, StageOp::kDone), OpKind::kSync, Phase::kBackward, -1, 0, 0, OpShape{}, {arrived});
   release_window(w, last_compute_);

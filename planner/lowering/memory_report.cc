@@ -126,8 +126,10 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     add(ph.items, "final hidden states + gradient (BF16)", 2 * boundary_bytes(1, seqs, S, m.hidden));
     if (plan.flat.vocab_projection == VocabProjection::kRingDtp && P > 1) {
       add(ph.items, "LM head shard gradient (BF16)", gradient_bytes(head / P));
-      add(ph.items, "Ring-DTP circulating blocks (2, BF16)",
-          2 * std::min(boundary_bytes(1, seqs, S, m.hidden), working_weight_bytes(head / P)));
+      const RingDtpHops hops = ring_dtp_hops(m, N, P);
+      add(ph.items,
+          fmt::format("Ring-DTP circulating {} (2, with their FP32 gradient partials)", hops.weights_move ? "head shards" : "hidden-state blocks"),
+          2 * hops.backward);
       add(ph.items, fmt::format("logits block ({} tokens × 1/{} of the vocabulary)", chunk, P),
           sharded_logits_workspace_bytes(m, chunk, P));
     } else {

@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -286,8 +287,9 @@ struct RanksRun {
   std::string plan, trace;
   std::vector<StageKey> keys;
 };
-RanksRun run_plan_on_ranks(const fs::path& dir, const nlohmann::json& fields, const char* label, int ranks = 2) {
-  auto o = small_run("tiny-moe", 4);
+RanksRun run_plan_on_ranks(const fs::path& dir, const nlohmann::json& fields, const std::string& label, int ranks = 2,
+                           int batch = 4) {
+  auto o = small_run("tiny-moe", batch);
   o.plan = write_plan(dir, "ep.json", fields);
   o.trace = (dir / "measured.json").string();
   RanksOptions r;
@@ -320,16 +322,18 @@ TEST(TrainRanks, EpPlanWithStreamedUpdateBucketsScoAndLogitsBlocksMatchesPlain) 
   fs::remove_all(dir);
 }
 
-// Ring-DTP over two and four ranks: each rank holds 1/P of the LM head's rows, the ranks'
-// hidden-state blocks go round in logits blocks of 7 tokens (every ring step of every rank in the
-// trace; over four ranks the gradients' way home is a hop of its own), and the run matches the
-// plain reference.
+// Ring-DTP over two and four ranks: each rank holds 1/P of the LM head's rows; with 4 sequences
+// of 16 tokens the ranks' hidden-state blocks go round (fewer tokens per rank than head rows per
+// shard), with 32 the head shards do; in logits blocks of 7 tokens (every ring step of every rank
+// in the trace; over four ranks a hidden block's gradient's way home is a hop of its own), and the
+// run matches the plain reference.
 TEST(TrainRanks, EpPlanWithRingDtpMatchesPlain) {
-  for (const int ranks : {2, 4}) {
-    const auto dir = scratch("ep-plan-ring-" + std::to_string(ranks));
+  for (const auto& [ranks, batch] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{2, 32}, std::pair{4, 32}}) {
+    const std::string label = fmt::format("ep{}-ring-b{}", ranks, batch);
+    const auto dir = scratch("plan-" + label);
     const RanksRun run = run_plan_on_ranks(
-        dir, {{"moe_retained_layers", {3}}, {"flat", {{"vocab_projection", "ring_dtp"}, {"vocab_chunk_tokens", 7}}}},
-        ranks == 2 ? "ep2-ring" : "ep4-ring", ranks);
+        dir, {{"moe_retained_layers", {3}}, {"flat", {{"vocab_projection", "ring_dtp"}, {"vocab_chunk_tokens", 7}}}}, label,
+        ranks, batch);
     std::set<std::pair<int, int>> loss_steps, grad_passes, every_step;
     for (const StageKey& k : run.keys) {
       if (k.op == StageOp::kLoss) loss_steps.insert({k.rank, k.ring_step});
@@ -338,8 +342,8 @@ TEST(TrainRanks, EpPlanWithRingDtpMatchesPlain) {
     for (int r = 0; r < ranks; ++r) {
       for (int step = 0; step < ranks; ++step) every_step.insert({r, step});
     }
-    EXPECT_EQ(loss_steps, every_step) << ranks;
-    EXPECT_EQ(grad_passes, every_step) << ranks;
+    EXPECT_EQ(loss_steps, every_step) << label;
+    EXPECT_EQ(grad_passes, every_step) << label;
     fs::remove_all(dir);
   }
 }

@@ -39,12 +39,12 @@ constexpr std::int64_t kBatch = 8, kSeq = 64;
 double to_mib(Bytes b) { return static_cast<double>(b) / static_cast<double>(kMiB); }
 Bytes of(const UsePeaks& p, MemoryUse u) { return p[static_cast<std::size_t>(u)]; }
 
-WorkloadContext workload(const std::string& model, int gpus) {
+WorkloadContext workload(const std::string& model, int gpus, std::int64_t batch = kBatch) {
   Workload w;
   w.model = model;
   w.hardware = "h100-sxm-node";
   w.gpus = gpus;
-  w.global_batch = kBatch;
+  w.global_batch = batch;
   w.seq_len = kSeq;
   return resolve_workload(w, "test workload");
 }
@@ -68,7 +68,7 @@ UsePeaks measured(const Plan& plan, const WorkloadContext& ctx) {
   torch::manual_seed(10);
   UsePeaks most{};
   for (int s = 0; s < 2; ++s) {
-    const auto tokens = torch::randint(0, 256, {kBatch, kSeq}, torch::kLong);
+    const auto tokens = torch::randint(0, 256, {ctx.workload.global_batch, kSeq}, torch::kLong);
     t.step(tokens, tokens.roll(1, 1));
     const UsePeaks u = t.last_use_peaks();
     for (std::size_t i = 0; i < u.size(); ++i) most[i] = std::max(most[i], u[i]);
@@ -85,7 +85,7 @@ UsePeaks measured_over_ranks(const Plan& plan, const WorkloadContext& ctx, int r
   o.model = ctx.model.name;
   o.steps = 2;
   o.seq = kSeq;
-  o.batch = kBatch;
+  o.batch = static_cast<int>(ctx.workload.global_batch);
   o.seed = 6;
   o.bf16 = true;
   o.device_memory = true;
@@ -170,13 +170,10 @@ TEST(FlatPeaks, OptimizerGradientsMeasuredAsPredicted) {
   }
 }
 
-// Over two rank processes (BF16, each rank standing in for a GPU): the logits blocks' vocabulary
-// peak on every rank as predicted. Printed beside their predictions, not held to 10 %:
-//   - Ring-DTP's: the runner circulates the hidden-state blocks and their FP32 gradient partials,
-//     where the memory model moves whichever of a hidden block and a head shard is smaller (here the
-//     shard) and holds one block and its partial in the backward;
-//   - the dispatch peak with and without PipelinedLLEP: the executor's MoE keeps more than the
-//     model's fused kernels.
+// Over two rank processes (BF16, each rank standing in for a GPU), the vocabulary peak on every
+// rank: logits blocks of 64 tokens, and Ring-DTP with head shards circulating (256 tokens per rank,
+// 128 head rows per shard) and with hidden-state blocks circulating (64 tokens per rank). The
+// dispatch peak with and without PipelinedLLEP is printed beside its prediction.
 TEST(FlatPeaks, OverTwoRanksVocabularyMeasuredAsPredicted) {
   const WorkloadContext ctx = workload("tiny-moe", 2);
   Plan p = plan_of(ExpertPath::kEp);
@@ -184,11 +181,17 @@ TEST(FlatPeaks, OverTwoRanksVocabularyMeasuredAsPredicted) {
   p.routing_chunk_tokens = 64;
   const UsePeaks blocks = measured_over_ranks(p, ctx, 2, "blocks");
   expect_within(blocks, predicted(p, ctx), MemoryUse::kVocabulary, "tiny-moe ep 2 ranks, logits blocks of 64");
-  EXPECT_GT(of(blocks, MemoryUse::kDispatch), 0);
-  ratio(blocks, predicted(p, ctx), MemoryUse::kDispatch, "tiny-moe ep 2 ranks, dispatch rounds of 64");
   Plan ring = p;
   ring.flat.vocab_projection = VocabProjection::kRingDtp;
-  ratio(measured_over_ranks(ring, ctx, 2, "ring"), predicted(ring, ctx), MemoryUse::kVocabulary, "tiny-moe ep 2 ranks, Ring-DTP");
+  ASSERT_TRUE(ring_dtp_hops(ctx.model, ctx.workload.tokens_per_gpu(), 2).weights_move);
+  expect_within(measured_over_ranks(ring, ctx, 2, "ring"), predicted(ring, ctx), MemoryUse::kVocabulary,
+                "tiny-moe ep 2 ranks, Ring-DTP, shards move");
+  const WorkloadContext few = workload("tiny-moe", 2, 2);
+  ASSERT_FALSE(ring_dtp_hops(few.model, few.workload.tokens_per_gpu(), 2).weights_move);
+  expect_within(measured_over_ranks(ring, few, 2, "ring-hidden"), predicted(ring, few), MemoryUse::kVocabulary,
+                "tiny-moe ep 2 ranks, Ring-DTP, hidden blocks move");
+  EXPECT_GT(of(blocks, MemoryUse::kDispatch), 0);
+  ratio(blocks, predicted(p, ctx), MemoryUse::kDispatch, "tiny-moe ep 2 ranks, dispatch rounds of 64");
   Plan llep = p;
   llep.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
   ratio(measured_over_ranks(llep, ctx, 2, "llep"), predicted(llep, ctx), MemoryUse::kDispatch, "tiny-moe ep 2 ranks, PipelinedLLEP");
