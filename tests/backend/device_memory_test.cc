@@ -71,6 +71,53 @@ TEST(DeviceMemory, CountsDeviceScopedAllocationsUntilFreed) {
   EXPECT_EQ(device_memory::current_bytes(), before + 4000);
 }
 
+// Each device allocation is counted under the innermost Tagged use of its thread (other outside
+// any) until it is freed or retagged; each use keeps its own peak from reset_use_peaks() on; host
+// allocations are no use's; a GEMM's own scratch is other's, its result the caller's.
+TEST(DeviceMemory, CountsEachUseApartWithItsOwnPeak) {
+  Emulated on;
+  const auto use = [](MemoryUse u) { return device_memory::use_bytes()[static_cast<std::size_t>(u)]; };
+  const auto peak = [](MemoryUse u) { return device_memory::use_peak_bytes()[static_cast<std::size_t>(u)]; };
+  device_memory::reset_use_peaks();
+  const Bytes other = use(MemoryUse::kOther), vocabulary = use(MemoryUse::kVocabulary), optimizer = use(MemoryUse::kOptimizer);
+  device_memory::OnDevice d;
+  at::Tensor untagged = at::empty({100}, at::kFloat);
+  EXPECT_EQ(use(MemoryUse::kOther), other + 400);
+  at::Tensor logits, host;
+  {
+    device_memory::Tagged v(MemoryUse::kVocabulary);
+    logits = at::empty({1000}, at::kFloat);
+    {
+      device_memory::Tagged g(MemoryUse::kOptimizer);
+      at::Tensor grad = at::empty({250}, at::kFloat);
+      EXPECT_EQ(use(MemoryUse::kOptimizer), optimizer + 1000);
+    }
+    device_memory::OnHost h;
+    host = at::empty({500}, at::kFloat);
+  }
+  EXPECT_EQ(use(MemoryUse::kVocabulary), vocabulary + 4000);
+  EXPECT_EQ(use(MemoryUse::kOptimizer), optimizer);
+  EXPECT_EQ(peak(MemoryUse::kOptimizer), optimizer + 1000);
+  device_memory::retag(logits.narrow(0, 10, 10), MemoryUse::kActivations);  // a view: its whole allocation moves
+  EXPECT_EQ(use(MemoryUse::kVocabulary), vocabulary);
+  EXPECT_EQ(peak(MemoryUse::kVocabulary), vocabulary + 4000);
+  device_memory::retag(host, MemoryUse::kOptimizer);  // not the device's: nothing moves
+  EXPECT_EQ(use(MemoryUse::kOptimizer), optimizer);
+  logits = at::Tensor();
+  device_memory::reset_use_peaks();
+  EXPECT_EQ(peak(MemoryUse::kVocabulary), vocabulary);
+  const at::Tensor a = at::randn({64, 32}).to(at::kBFloat16), b = at::randn({32, 48}).to(at::kBFloat16);
+  const at::Tensor expected = at::mm(a, b);
+  at::Tensor product;
+  {
+    device_memory::Tagged v(MemoryUse::kVocabulary);
+    product = device_memory::gemm(a, b);
+  }
+  EXPECT_TRUE(at::equal(product, expected));
+  EXPECT_EQ(use(MemoryUse::kVocabulary), vocabulary + 64 * 48 * 2);
+  EXPECT_EQ(peak(MemoryUse::kVocabulary), vocabulary + 64 * 48 * 2);
+}
+
 TEST(DeviceMemory, WithoutEmulationNothingIsCountedOrCopied) {
   const Bytes before = device_memory::current_bytes();
   device_memory::OnDevice d;

@@ -730,6 +730,17 @@ TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--device-memory"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--device-memory"), std::string::npos) << err.str();
   EXPECT_NE(err.str().find("--plan"), std::string::npos) << err.str();
+  // BF16 working weights over ranks only for a plan (the graph runner), and without checkpoints.
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--bf16"}, {out, err}), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--bf16"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("--plan"), std::string::npos) << err.str();
+  err.str("");
+  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--bf16", "--plan", plan, "--checkpoint", (dir / "ck").string()}, {out, err}),
+            cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--bf16"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("checkpoints"), std::string::npos) << err.str();
+  EXPECT_FALSE(fs::exists(dir / "ck"));
   err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--trace", (dir / "t.json").string()}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--trace"), std::string::npos) << err.str();

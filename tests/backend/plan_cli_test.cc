@@ -119,7 +119,8 @@ TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {
 // `oom train --plan P --device cpu --device-memory` measures the device side of a CPU standing in
 // for a GPU: the peak is reported, at least the weight window's two slots of BF16 decoder weights
 // and the decoder's BF16 gradient, and the traced step's GPU timeline reaches that peak no more
-// than the run's (each stage's own peak is sampled). Without a plan the option is an input error.
+// than the run's (each stage's own peak is sampled), and each memory use's own peak beside it.
+// Without a plan the option is an input error.
 TEST(OomTrainPlan, DeviceMemoryOnTheCpuIsMeasuredAndTraced) {
   const auto dir = temp_dir("device_memory");
   write(dir / "plan.json", kPlan);
@@ -133,6 +134,20 @@ TEST(OomTrainPlan, DeviceMemoryOnTheCpuIsMeasuredAndTraced) {
   const double decoder_bf16_gib = 2.0 * static_cast<double>(layer_params(spec, 0).total()) / static_cast<double>(kGiB);
   EXPECT_GE(peak_gib, 3 * decoder_bf16_gib);  // two window slots and a gradient
   EXPECT_LT(peak_gib, 1.0 / 1024 * 64);       // a tiny model's step: tens of KiB to a few MiB
+  // Each use's own peak: every one of the memory model's uses, each at most the device's peak; the
+  // decoder's gradient under "optimizer", the logits under "vocabulary".
+  ASSERT_TRUE(j.contains("device_use_peaks_gib")) << r.out;
+  const auto& uses = j["device_use_peaks_gib"];
+  for (const char* use : {"other", "activations", "dispatch", "vocabulary", "boundaries", "optimizer"}) {
+    ASSERT_TRUE(uses.contains(use)) << use;
+    EXPECT_LE(uses[use].get<double>(), peak_gib * (1 + 1e-12)) << use;
+  }
+  EXPECT_GE(uses["optimizer"].get<double>(), decoder_bf16_gib);
+  EXPECT_GT(uses["vocabulary"].get<double>(), 0.0);
+  const auto text = oom({"train", "--steps", "1", "--seq", "16", "--batch", "2", "--plan", (dir / "plan.json").string(),
+                         "--device", "cpu", "--bf16", "--device-memory"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("device peak by use (each its own): other"), std::string::npos) << text.out;
   std::ifstream in(dir / "trace.json");
   const auto chrome = nlohmann::json::parse(in);
   double traced_gib = 0;
