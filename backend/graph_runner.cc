@@ -192,6 +192,10 @@ bool reads_layer_gradient(const Stage& s, Kernel k) {
   return s.layer >= 0 &&
          (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW || k == Kernel::kReduceScatter);
 }
+// The stages that read a decoder's experts' gradient (EP): their D2H and the device update.
+bool reads_expert_gradient(const Stage& s, Kernel k) {
+  return s.layer >= 0 && ((k == Kernel::kPartGradD2h && s.key.part == StagePart::kExperts) || k == Kernel::kGpuAdamW);
+}
 // A stage key's sub-batch (0 when the batch runs whole).
 std::size_t sub_index(const StageKey& k) { return static_cast<std::size_t>(std::max(k.sub_batch, 0)); }
 bool in_pass(const Stage& s) {
@@ -228,12 +232,83 @@ BlockWeights leaf_views(const BlockLayout& layout, const at::Tensor& flat) {
   }
   return w;
 }
-void attach_gradient(BlockWeights& leaves, const at::Tensor& grad) {
-  const BlockWeights g = block_views(*leaves.layout, grad);
-  for (std::size_t i = 0; i < leaves.tensors.size(); ++i) leaves.tensors[i].mutable_grad() = g.tensors[i];
+// A block's gradient on the device in block coordinates: the ranges this rank accumulates, each
+// its own flat allocation (a decoder's whole block on the Local path; on the EP path its common
+// part and this rank's experts of each bank, so that the experts' gradient leaves when its D2H or
+// update is done and no rank holds the others' experts' gradients).
+struct BlockGrad {
+  std::vector<std::pair<std::int64_t, at::Tensor>> parts;  // (first element, flat tensor), by offset
+  std::int64_t numel = 0;                                  // the block's elements
+  bool defined() const { return !parts.empty(); }
+  // Elements [a, a + n): they lie in one part.
+  at::Tensor range(std::int64_t a, std::int64_t n) const {
+    if (n == 0) return parts.front().second.narrow(0, 0, 0);  // an empty range (a group without its tail)
+    for (const auto& [base, t] : parts) {
+      if (a >= base && a + n <= base + t.numel()) return t.narrow(0, a - base, n);
+    }
+    OOM_ASSERT(false, "a gradient range outside the parts this rank holds");
+    return {};
+  }
+  bool holds(std::int64_t a, std::int64_t n) const {
+    if (n == 0) return true;
+    for (const auto& [base, t] : parts) {
+      if (a >= base && a + n <= base + t.numel()) return true;
+    }
+    return false;
+  }
+  // Zeroed parts like `like`: one per range of each group, a group's adjacent ranges in one.
+  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  static BlockGrad zeros(std::int64_t numel, const std::vector<Ranges>& groups, const at::TensorOptions& like) {
+    BlockGrad g;
+    g.numel = numel;
+    for (Ranges ranges : groups) {
+      std::sort(ranges.begin(), ranges.end());
+      Ranges merged;
+      for (const auto& [a, n] : ranges) {
+        if (n <= 0) continue;
+        if (!merged.empty() && merged.back().first + merged.back().second == a) {
+          merged.back().second += n;
+        } else {
+          merged.push_back({a, n});
+        }
+      }
+      for (const auto& [a, n] : merged) g.parts.push_back({a, at::zeros({n}, like)});
+    }
+    std::sort(g.parts.begin(), g.parts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    return g;
+  }
+  // Drops the parts within [a0, a1).
+  void release(std::int64_t a0, std::int64_t a1) {
+    std::erase_if(parts, [&](const auto& p) { return p.first >= a0 && p.first + p.second.numel() <= a1; });
+  }
+};
+// Each leaf's gradient: its view of `grad` where grad holds its elements (autograd adds into it
+// in place); leaves whose elements this rank does not accumulate get none.
+void attach_gradient(BlockWeights& leaves, const BlockGrad& grad) {
+  const auto& entries = leaves.layout->entries;
+  for (std::size_t i = 0; i < leaves.tensors.size(); ++i) {
+    const ParamEntry& e = entries[i];
+    if (grad.holds(e.offset, e.numel())) leaves.tensors[i].mutable_grad() = grad.range(e.offset, e.numel()).view(e.shape);
+  }
   for (auto& [bank, each] : leaves.experts) {
-    const at::Tensor& all = g[bank];
-    for (std::size_t e = 0; e < each.size(); ++e) each[e].mutable_grad() = all.select(0, static_cast<std::int64_t>(e));
+    const ParamEntry& e = leaves.layout->at(bank);
+    const std::int64_t per = e.numel() / static_cast<std::int64_t>(each.size());
+    for (std::size_t x = 0; x < each.size(); ++x) {
+      const std::int64_t a = e.offset + static_cast<std::int64_t>(x) * per;
+      if (grad.holds(a, per)) each[x].mutable_grad() = grad.range(a, per).view(each[x].sizes());
+    }
+  }
+}
+// Takes the gradients off the leaves whose elements lie in [a0, a1) (their part is released).
+void detach_gradient(BlockWeights& leaves, std::int64_t a0, std::int64_t a1) {
+  const auto& entries = leaves.layout->entries;
+  for (std::size_t i = 0; i < leaves.tensors.size(); ++i) {
+    if (entries[i].offset >= a0 && entries[i].offset + entries[i].numel() <= a1) leaves.tensors[i].mutable_grad() = at::Tensor();
+  }
+  for (auto& [bank, each] : leaves.experts) {
+    const ParamEntry& e = leaves.layout->at(bank);
+    if (e.offset < a0 || e.offset + e.numel() > a1) continue;
+    for (auto& t : each) t.mutable_grad() = at::Tensor();
   }
 }
 at::Tensor grad_of(const at::Tensor& t) { return t.defined() ? t.grad() : t; }
@@ -316,7 +391,7 @@ struct Pass {
   PassKind kind = PassKind::kForward;
   bool started = false;
   at::Tensor wflat, x, y, dy;  // weights; input; output (forward) or input gradient (backward); output gradient
-  at::Tensor gflat;            // a backward pass: the weights' flat gradient
+  BlockGrad grad;              // a backward pass: the weights' gradient
   BlockWeights w;
   std::map<int, ExpertWeights> fetched;  // PipelinedLLEP: the other ranks' experts this rank computes
   std::map<int, Sub> subs;
@@ -348,6 +423,7 @@ struct GraphRunner::Impl {
   // the last stage that reads it (last_outer_use), as the lowering holds them.
   at::Tensor head_grad, embed_grad;
   std::array<StageId, 2> last_outer_use{-1, -1};  // [0] embeddings, [1] LM head group
+  std::vector<StageId> last_expert_use;  // per backward pass (EP): the last stage reading its experts' gradient
   BlockWeights outer;
   std::map<int, at::Tensor> act;               // decoder → its input on the device (L: the head's)
   // Where a decoder's input on the device came from, which says how long it stays (as the lowering
@@ -368,7 +444,7 @@ struct GraphRunner::Impl {
   std::map<std::pair<int, int>, Chunk> retained_moe;
   std::map<int, BlockWeights> retained_weights;  // decoder → the leaves its retained MoE graphs differentiate into
   std::map<int, std::map<int, ExpertWeights>> retained_fetched;  // decoder → fetched experts its retained graphs read
-  std::map<std::pair<StagePart, int>, at::Tensor> reduced;  // gradients summed over ranks (reduce_scatter)
+  std::map<std::pair<StagePart, int>, BlockGrad> reduced;  // gradients summed over ranks (reduce_scatter)
   // Ring-DTP: this rank's normalized hidden states (with their graph to the head's input), the
   // block it holds (hidden states, targets, cross-entropy state, log-sum-exp, gradient so far) and
   // its head shard's gradient.
@@ -548,10 +624,11 @@ struct GraphRunner::Impl {
     if (p.kind == PassKind::kBackward) {
       // The decoder's gradient; a retained MoE's forward weights differentiate into it too.
       device_memory::Tagged gradient(MemoryUse::kOptimizer);
-      p.gflat = at::zeros_like(p.wflat);
-      attach_gradient(p.w, p.gflat);
+      p.grad = ep() ? BlockGrad::zeros(layout.numel, {whole_ranges(StagePart::kCommon, p.l), owned_experts(p.l)}, p.wflat.options())
+                    : BlockGrad::zeros(layout.numel, {{{0, layout.numel}}}, p.wflat.options());
+      attach_gradient(p.w, p.grad);
       const auto kept = retained_weights.find(p.l);
-      if (kept != retained_weights.end()) attach_gradient(kept->second, p.gflat);
+      if (kept != retained_weights.end()) attach_gradient(kept->second, p.grad);
     }
     p.x = act.at(p.l);
     // A decoder input the plan holds on the device for the backward is a checkpoint boundary.
@@ -1074,10 +1151,15 @@ struct GraphRunner::Impl {
       OOM_ASSERT(sum.defined(), "a fetched expert without its weights");
       return sum;
     };
-    const auto arrived = llep_exchange(p.l, false, gradient, p.gflat.options());
-    const BlockWeights g = block_views(*p.w.layout, p.gflat);
+    const auto arrived = llep_exchange(p.l, false, gradient, p.grad.parts.front().second.options());
+    // Expert e's gradient in bank `name` (this rank's experts are in its parts).
+    const auto expert_grad = [&](const char* name, int e) {
+      const ParamEntry& b = p.w.layout->at(name);
+      const std::int64_t per = b.numel() / spec.moe.experts;
+      return p.grad.range(b.offset + e * per, per).view({b.shape[1], b.shape[2]});
+    };
     for (const auto& [e, row] : arrived) {
-      const ExpertWeights own{g["experts.gate"].select(0, e), g["experts.up"].select(0, e), g["experts.down"].select(0, e)};
+      const ExpertWeights own{expert_grad("experts.gate", e), expert_grad("experts.up", e), expert_grad("experts.down", e)};
       const ExpertWeights add = unpack(row, own);
       for (std::size_t i = 0; i < 3; ++i) own[i].add_(add[i]);
     }
@@ -1232,9 +1314,23 @@ struct GraphRunner::Impl {
   }
 
   // ---- gradients and updates ----
-  double sq_norm_of(const at::Tensor& grad, const Ranges& ranges, std::int64_t base = 0) const {
+  double sq_norm_of(const BlockGrad& grad, const Ranges& ranges) const {
     double sum = 0;
-    for (const auto& [a, n] : ranges) sum += grad.narrow(0, a - base, n).to(at::kFloat).pow(2).sum().item<double>();
+    for (const auto& [a, n] : ranges) {
+      // In sixteenths: the FP32 copy a reduction of a BF16 range takes is a sixteenth of the range's.
+      const std::int64_t piece = std::max<std::int64_t>(1, (n + 15) / 16);
+      const at::Tensor r = grad.range(a, n);
+      for (std::int64_t i = 0; i < n; i += piece) {
+        const double norm =
+            at::linalg_vector_norm(r.narrow(0, i, std::min(piece, n - i)), 2, at::OptionalIntArrayRef{}, false, at::kFloat).item<double>();
+        sum += norm * norm;
+      }
+    }
+    return sum;
+  }
+  double sq_norm_of(const at::Tensor& grad, const Ranges& ranges) const {
+    double sum = 0;
+    for (const auto& [a, n] : ranges) sum += grad.narrow(0, a, n).to(at::kFloat).pow(2).sum().item<double>();
     return sum;
   }
   // The host buffer of gradient `index` of a kind, in block coordinates (at least `numel` long).
@@ -1252,37 +1348,48 @@ struct GraphRunner::Impl {
   }
   // A parameter group's gradient (or one bucket of it) into a host buffer (a whole decoder's adopted
   // as is on a CPU device).
-  // `grad` holds the block's elements from `base` on (an outer group's gradient starts at its range).
-  void send_gradient(StagePart part, int layer, int bucket, const at::Tensor& grad, std::int64_t base = 0) {
+  void send_gradient(StagePart part, int layer, int bucket, const BlockGrad& grad) {
     const int b = block_of(part, layer);
     const Ranges ranges = bucket_ranges(part, layer, bucket);
     const GradKey key{part, layer, bucket};
-    if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges, base);
+    if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
     if (captured != nullptr) {
       captured->resize(static_cast<std::size_t>(st.blocks()));
       at::Tensor& c = (*captured)[static_cast<std::size_t>(b)];
       device_memory::OnHost on_host;
       if (!c.defined()) c = at::zeros({st.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
-      for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.narrow(0, a - base, n));
+      for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.range(a, n));
     }
     const int kind = part == StagePart::kExperts ? 1 : 0;
     const int index = grads_sent[static_cast<std::size_t>(kind)]++;
-    if (part == StagePart::kLayer && grad.device().is_cpu() && !device_memory::emulated()) {
-      OOM_ASSERT(base == 0, "a decoder's gradient covers its block");
-      host_grad[key] = grad;
+    const at::Tensor& first = grad.parts.front().second;
+    // A decoder's whole gradient (the Local path: one part, the block).
+    const bool whole_block = part == StagePart::kLayer && grad.parts.size() == 1 && grad.parts.front().first == 0 &&
+                             first.numel() == grad.numel;
+    if (whole_block && first.device().is_cpu() && !device_memory::emulated()) {
+      host_grad[key] = first;
       ready[key] = [] {};
       return;
     }
-    at::Tensor buf = grad_buffer(kind, index, base + grad.numel(), grad.options());
+    at::Tensor buf = grad_buffer(kind, index, grad.numel, first.options());
     host_grad[key] = buf;
-    if (part == StagePart::kLayer && bucket < 0) {
-      OOM_ASSERT(base == 0, "a decoder's gradient covers its block");
-      at::Tensor whole = buf.narrow(0, 0, grad.numel());
-      ready[key] = gradient_to_host(whole, grad);
+    if (whole_block && bucket < 0) {
+      at::Tensor whole = buf.narrow(0, 0, grad.numel);
+      ready[key] = gradient_to_host(whole, first);
       return;
     }
     std::vector<std::function<void()>> waits;
-    for (const auto& [a, n] : ranges) waits.push_back(range_to_host(buf, a, n, grad, base));
+    for (const auto& [a, n] : ranges) {
+      if (n == 0) continue;
+      const auto [base, t] = [&] {
+        for (const auto& part_of : grad.parts) {
+          if (a >= part_of.first && a + n <= part_of.first + part_of.second.numel()) return part_of;
+        }
+        OOM_ASSERT(false, "a gradient range outside the parts this rank holds");
+        return grad.parts.front();
+      }();
+      waits.push_back(range_to_host(buf, a, n, t, base));
+    }
     ready[key] = [waits] {
       for (const auto& w : waits) w();
     };
@@ -1354,7 +1461,23 @@ struct GraphRunner::Impl {
   }
   // Decoder l's weight gradient so far (a retained MoE's forward graphs add into it too): the parts
   // a stage sends are complete when the graph sends them.
-  at::Tensor layer_grad(int l) { return passes.at(backward_pass.at(l)).gflat; }
+  const BlockGrad& layer_grad(int l) { return passes.at(backward_pass.at(l)).grad; }
+  // EP: decoder l's experts' gradient has left (D2H or the device update): its parts go, with the
+  // leaves' views of them.
+  void release_expert_gradient(int l) {
+    Pass& p = passes.at(backward_pass.at(l));
+    const auto [e0, n] = whole_ranges(StagePart::kExperts, l).front();
+    p.grad.release(e0, e0 + n);
+    detach_gradient(p.w, e0, e0 + n);
+    if (const auto kept = retained_weights.find(l); kept != retained_weights.end()) detach_gradient(kept->second, e0, e0 + n);
+  }
+  // The outer block's gradient of the LM head group (`head`) or of the embeddings as a BlockGrad.
+  BlockGrad outer_block_grad(bool head) {
+    BlockGrad g;
+    g.numel = st.layout().blocks[0].numel;
+    g.parts.push_back({outer_range(head).first, outer_grad(head)});
+    return g;
+  }
   // The host gradients a CPU update reads, with the ranges each covers; taken from host_grad (the
   // update owns them until it is done). A decoder's EP update reads its common part and, when
   // streamed, its own experts, which were sent apart; a bucket's update reads that bucket.
@@ -1502,6 +1625,7 @@ struct GraphRunner::Impl {
         outer_gradient(true);
         // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
         (dist() ? loss / P : loss).backward();
+        loss = loss.detach();  // its graph's leaves (the head's weights) and their gradients go
         dgrad[spec.layers] = hL.grad();
         hL = at::Tensor();
         drop_outer();
@@ -1509,7 +1633,7 @@ struct GraphRunner::Impl {
       case Kernel::kScatter: scatter_embedding_gradient(); break;
       case Kernel::kOuterGradD2h: {
         const bool head = s.key.part == StagePart::kLmHead;
-        send_gradient(s.key.part, -1, s.key.bucket, outer_grad(head), outer_range(head).first);
+        send_gradient(s.key.part, -1, s.key.bucket, outer_block_grad(head));
         break;
       }
       case Kernel::kLayerGradD2h:
@@ -1523,7 +1647,7 @@ struct GraphRunner::Impl {
         // updates its 1/P, as a reduce-scatter would leave it).
         const bool outer_part = s.layer < 0;
         for (const auto& [a, n] : whole_ranges(s.key.part, s.layer)) {
-          auto v = outer_part ? outer_grad_range(a, n) : layer_grad(s.layer).narrow(0, a, n);
+          auto v = outer_part ? outer_grad_range(a, n) : layer_grad(s.layer).range(a, n);
           group->all_reduce_sum(v);
         }
         if (!outer_part) reduced[{s.key.part, s.layer}] = layer_grad(s.layer);
@@ -1541,7 +1665,14 @@ struct GraphRunner::Impl {
         // working copy refreshed.
         const int b = 1 + s.layer;
         const Ranges ranges = group_ranges(StagePart::kExperts, s.layer);
-        const at::Tensor grad = layer_grad(s.layer).to(at::kCPU);
+        at::Tensor grad;
+        {
+          // The ranges in block coordinates on the host (on a CPU device, the parts themselves).
+          const BlockGrad& g = layer_grad(s.layer);
+          device_memory::OnHost on_host;
+          grad = at::empty({g.numel}, g.parts.front().second.options().device(at::kCPU));
+          for (const auto& [a, n] : ranges) grad.narrow(0, a, n).copy_(g.range(a, n));
+        }
         auto update = [this, b, ranges, grad] {
           update_ranges(b, ranges, grad);
           publish_ranges(b, ranges);
@@ -1573,6 +1704,9 @@ struct GraphRunner::Impl {
     if (in_pass(s) && last_use[static_cast<std::size_t>(open_pass.at(s.layer))] == id) end_pass(open_pass.at(s.layer));
     for (const bool head : {false, true}) {
       if (last_outer_use[head ? 1 : 0] == id) outer_grad(head) = at::Tensor();  // its D2H has it
+    }
+    if (ep() && reads_expert_gradient(s, k) && last_expert_use[static_cast<std::size_t>(backward_pass.at(s.layer))] == id) {
+      release_expert_gradient(s.layer);
     }
     if (reads_layer_gradient(s, k)) {
       const StageId pid = backward_pass.at(s.layer);
@@ -1690,6 +1824,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   last_use.assign(g.stages.size(), -1);
   last_grad_use.assign(g.stages.size(), -1);
   last_outer_use = {-1, -1};
+  last_expert_use.assign(g.stages.size(), -1);
   {
     std::map<int, StageId> latest;
     for (const Stage& s : g.stages) {
@@ -1703,6 +1838,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
       if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
       if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
       if (reads_layer_gradient(s, k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      if (reads_expert_gradient(s, k)) last_expert_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
       if (s.layer < 0 && (k == Kernel::kOuterGradD2h || k == Kernel::kReduceScatter)) {
         last_outer_use[s.key.part == StagePart::kLmHead ? 1 : 0] = s.id;
       }

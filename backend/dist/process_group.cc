@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "backend/device_memory.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::dist {
@@ -91,6 +92,10 @@ Communicator::~Communicator() = default;
 
 namespace {
 
+// Every collective runs under device_memory::Tagged(kOther): what the process group allocates
+// for itself (Gloo widens BF16 to FP32 to reduce it) is scratch, counted as other on a CPU
+// standing in for a GPU (device_memory.h); the buffers it fills are allocated before, under the
+// caller's use.
 // What a collective hands the process group. Gloo's work keeps its tensors until its worker thread
 // lets the work go, which may be after wait() returned: a CPU tensor is handed over as a view that
 // owns nothing, so that its storage is released when the caller drops it (the caller holds it until
@@ -108,6 +113,7 @@ void Communicator::all_reduce_sum(at::Tensor& t) {
   OOM_ASSERT(t.is_contiguous(), "all_reduce_sum needs a contiguous tensor");
   OOM_ASSERT(t.device() == device_, "all_reduce_sum: the tensor is not on the communicator's device");
   std::vector<at::Tensor> ts{unowned(t)};
+  device_memory::Tagged scratch(MemoryUse::kOther);
   impl_->wait(impl_->group->allreduce(ts), "all-reduce", {t});
 }
 
@@ -122,7 +128,10 @@ at::Tensor Communicator::all_gather(const at::Tensor& t) {
   std::vector<at::Tensor> inputs{unowned(in)};
   std::vector<at::Tensor> buffers = outs;
   buffers.push_back(in);
-  impl_->wait(impl_->group->allgather(outputs, inputs), "all-gather", std::move(buffers));
+  {
+    device_memory::Tagged scratch(MemoryUse::kOther);
+    impl_->wait(impl_->group->allgather(outputs, inputs), "all-gather", std::move(buffers));
+  }
   return at::stack(outs);
 }
 
@@ -151,6 +160,7 @@ at::Tensor Communicator::all_to_all(const at::Tensor& input, const std::vector<s
   const auto in = input.contiguous();
   auto send = send_rows, recv = recv_rows;
   auto out_view = unowned(out), in_view = unowned(in);
+  device_memory::Tagged scratch(MemoryUse::kOther);
   impl_->wait(impl_->group->alltoall_base(out_view, in_view, recv, send), "all-to-all", {out, in});
   return out;
 }
