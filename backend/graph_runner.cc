@@ -240,14 +240,19 @@ struct BlockGrad {
   std::vector<std::pair<std::int64_t, at::Tensor>> parts;  // (first element, flat tensor), by offset
   std::int64_t numel = 0;                                  // the block's elements
   bool defined() const { return !parts.empty(); }
+  // The part that holds elements [a, a + n) (n > 0).
+  const std::pair<std::int64_t, at::Tensor>& part_of(std::int64_t a, std::int64_t n) const {
+    for (const auto& p : parts) {
+      if (a >= p.first && a + n <= p.first + p.second.numel()) return p;
+    }
+    OOM_ASSERT(false, "a gradient range outside the parts this rank holds");
+    return parts.front();
+  }
   // Elements [a, a + n): they lie in one part.
   at::Tensor range(std::int64_t a, std::int64_t n) const {
     if (n == 0) return parts.front().second.narrow(0, 0, 0);  // an empty range (a group without its tail)
-    for (const auto& [base, t] : parts) {
-      if (a >= base && a + n <= base + t.numel()) return t.narrow(0, a - base, n);
-    }
-    OOM_ASSERT(false, "a gradient range outside the parts this rank holds");
-    return {};
+    const auto& [base, t] = part_of(a, n);
+    return t.narrow(0, a - base, n);
   }
   bool holds(std::int64_t a, std::int64_t n) const {
     if (n == 0) return true;
@@ -1381,13 +1386,7 @@ struct GraphRunner::Impl {
     std::vector<std::function<void()>> waits;
     for (const auto& [a, n] : ranges) {
       if (n == 0) continue;
-      const auto [base, t] = [&] {
-        for (const auto& part_of : grad.parts) {
-          if (a >= part_of.first && a + n <= part_of.first + part_of.second.numel()) return part_of;
-        }
-        OOM_ASSERT(false, "a gradient range outside the parts this rank holds");
-        return grad.parts.front();
-      }();
+      const auto& [base, t] = grad.part_of(a, n);
       waits.push_back(range_to_host(buf, a, n, t, base));
     }
     ready[key] = [waits] {
