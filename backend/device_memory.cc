@@ -156,6 +156,11 @@ void gemm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   at::mm_out(out, a, b);
 }
 
+void gemm_add(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  Tagged scratch(MemoryUse::kOther);
+  out.addmm_(a, b);
+}
+
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   gemm_out(out, a, b);

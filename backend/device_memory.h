@@ -100,6 +100,8 @@ struct OnHost : Side {
 void gemm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 // The same into a fresh tensor of a's dtype, allocated under the caller's tag.
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b);
+// out += a @ b, in place (out of a's dtype), the library's scratch counted as other.
+void gemm_add(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
 // Where a GPU would copy: `x` on `device` as a device allocation of its own when emulating a
 // device on the CPU; otherwise x.to(device) (x itself when already there).

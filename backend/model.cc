@@ -442,7 +442,14 @@ at::Tensor capped(const at::Tensor& logits, double softcap) {
 // A chunk's working set is its logits in the head's dtype while they are cast and one FP32 [n, V]
 // buffer (the log-sum-exp is taken in place), as the memory model's logits workspace has it; on a
 // CPU standing in for a GPU it is counted as the vocabulary's (device_memory.h), the hidden-state
-// gradient as activations and the head's FP32 gradient as the optimizer's.
+// gradient as activations and the head's gradient as the optimizer's.
+//
+// The head's gradient is each block's BF16 softmax gradient (the one dL/dx takes) against its
+// hidden states, as the reference's linear backward has it. Where the head already has a gradient
+// buffer of its own dtype (the graph runner allocates it before the loss's backward) the products
+// are added into it and no gradient is returned, so nothing of [V, h] is allocated beside it; over
+// more than one block of a BF16 head they are summed in an FP32 accumulator first (the memory
+// model's 4 B per head element for the loss's backward), added in in sixteenths of its rows.
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& xn, const at::Tensor& head,
@@ -476,14 +483,20 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const std::int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto N = xn.size(0);
     const auto g = grad_out[0].to(at::kFloat) / static_cast<double>(N);
-    at::Tensor dx, dhead;
+    at::Tensor dx, into = head.grad(), acc;
+    const bool in_place = into.defined() && into.scalar_type() == head.scalar_type() && into.sizes() == head.sizes();
+    const bool fp32_sum = N > chunk && head.scalar_type() != at::kFloat;
     {
       device_memory::Tagged hidden(MemoryUse::kActivations);
       dx = at::empty_like(xn);
     }
     {
       device_memory::Tagged gradient(MemoryUse::kOptimizer);
-      dhead = at::zeros(head.sizes(), head.options().dtype(at::kFloat));
+      if (fp32_sum) {
+        acc = at::zeros(head.sizes(), head.options().dtype(at::kFloat));
+      } else if (!in_place) {
+        into = at::zeros(head.sizes(), head.options());
+      }
     }
     device_memory::Tagged vocabulary(MemoryUse::kVocabulary);
     for (std::int64_t t0 = 0; t0 < N; t0 += chunk) {
@@ -511,15 +524,31 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
         d.scatter_add_(1, target, at::full({n, 1}, -1.0, d.options()));
         d.mul_(g);
       }
-      {
-        const auto dw = d.to(head.scalar_type());
+      if (fp32_sum) {
+        {
+          const auto dw = d.to(head.scalar_type());
+          auto rows = dx.narrow(0, t0, n);
+          device_memory::gemm_out(rows, dw, head);
+          d.copy_(dw);  // the head's gradient takes the same BF16 softmax gradient
+        }  // the BF16 copy released before the head's gradient product
+        acc.addmm_(d.t(), xc.to(at::kFloat));
+      } else {
+        d = d.to(head.scalar_type());  // the FP32 buffer released (a no-op for an FP32 head)
         auto rows = dx.narrow(0, t0, n);
-        device_memory::gemm_out(rows, dw, head);
-      }  // the BF16 copy released before the head's gradient product
-      dhead.addmm_(d.t(), xc.to(at::kFloat));
+        device_memory::gemm_out(rows, d, head);
+        device_memory::gemm_add(into, d.t(), xc);
+      }
     }
     device_memory::Tagged gradient(MemoryUse::kOptimizer);
-    return {dx, dhead.to(head.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (fp32_sum) {
+      if (!in_place) return {dx, acc.to(head.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+      const std::int64_t rows = head.size(0), piece = std::max<std::int64_t>(1, (rows + 15) / 16);
+      for (std::int64_t r0 = 0; r0 < rows; r0 += piece) {
+        const auto n = std::min(piece, rows - r0);
+        into.narrow(0, r0, n).add_(acc.narrow(0, r0, n).to(head.scalar_type()));
+      }
+    }
+    return {dx, in_place ? at::Tensor() : into, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

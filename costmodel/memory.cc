@@ -95,6 +95,8 @@ Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t T) {
   return T * m.vocab * (kBf16Bytes + kFp32Bytes);  // logits [T, V] BF16 + softmax grad [T, V] FP32
 }
 
+Bytes head_accumulator_bytes(std::int64_t params) { return params * kFp32Bytes; }
+
 Bytes sharded_logits_workspace_bytes(const ModelSpec& m, std::int64_t T, int shards) {
   return T * (m.vocab / std::max(1, shards)) * (kBf16Bytes + kFp32Bytes);
 }

@@ -63,6 +63,9 @@ Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, std::int64_t chunk_tokens, do
 // Logits workspace of the vocabulary projection for `tokens` tokens at once: BF16 logits and
 // their FP32 softmax gradient.
 Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens);
+// The FP32 sum of a head's gradient (`params` of them) over more than one logits block, beside its
+// BF16 gradient while the loss's backward runs (one block writes the BF16 gradient directly).
+Bytes head_accumulator_bytes(std::int64_t params);
 // The same for one block of a vocabulary sharded over `shards` GPUs (Ring-DTP): [T, V/shards].
 Bytes sharded_logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens, int shards);
 

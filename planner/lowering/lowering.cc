@@ -360,11 +360,20 @@ void Lowering::head_forward_backward() {
                                   loss_forward_hbm_bytes(m_, N_), shape, {w.ready});
   const PerRank bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
                                   loss_backward_hbm_bytes(m_, N_), shape, {fwd});
+  // A tied head is the embedding table: its gradient starts here and the embeddings' backward adds
+  // into it, one gradient with one D2H and one update (embedding_backward); the head's own group
+  // is the final norm.
+  const ParamCount head_group = m_.tied_embeddings ? params_.final_norm : head;
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(fwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
     gpu_free(fwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
     gpu_alloc(bwd[static_cast<std::size_t>(r)], r, logits, false, MemoryUse::kVocabulary);
     gpu_alloc(bwd[static_cast<std::size_t>(r)], r, gradient_bytes(head), false, MemoryUse::kOptimizer);
+    // Over more than one logits block the head's gradient is summed in FP32, then added in.
+    if (chunk < N_) {
+      gpu_alloc(bwd[static_cast<std::size_t>(r)], r, head_accumulator_bytes(head), false, MemoryUse::kOptimizer);
+      gpu_free(bwd[static_cast<std::size_t>(r)], r, head_accumulator_bytes(head), MemoryUse::kOptimizer);
+    }
     gpu_free(bwd[static_cast<std::size_t>(r)], r, logits, MemoryUse::kVocabulary);
     // The running gradient of the hidden states lives until the embedding's backward.
     gpu_alloc(bwd[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), false, MemoryUse::kActivations);
@@ -372,12 +381,12 @@ void Lowering::head_forward_backward() {
   hidden_grad_alloc_ = bwd;
   release_window(w, bwd);
   if (streamed_optimizer()) {
-    stream_gradients(StagePart::kLmHead, -1, head, bwd, true, false, false, head / P_);
+    stream_gradients(StagePart::kLmHead, -1, head_group, bwd, true, false, false, head_group / P_);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host(StagePart::kLmHead, -1, head, bwd, true, false, d2h);
-  cpu_update(StagePart::kLmHead, -1, head / P_, d2h, false, 0);
+  gradients_to_host(StagePart::kLmHead, -1, head_group, bwd, true, false, d2h);
+  cpu_update(StagePart::kLmHead, -1, head_group / P_, d2h, false, 0);
 }
 
 void Lowering::ring_head_forward_backward() {
@@ -476,8 +485,10 @@ void Lowering::embedding_backward() {
   shape.tokens = N_;
   const PerRank scatter = compute_all(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
                                       boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
+  // A tied table's gradient was allocated by the head's backward (unless Ring-DTP sharded the head).
+  const bool allocated = m_.tied_embeddings && !(plan_.flat.vocab_projection == VocabProjection::kRingDtp && P_ > 1);
   for (int r = 0; r < P_; ++r) {
-    gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding), false, MemoryUse::kOptimizer);
+    if (!allocated) gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding), false, MemoryUse::kOptimizer);
     gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), MemoryUse::kActivations);
   }
   if (streamed_optimizer()) {

@@ -134,6 +134,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
           sharded_logits_workspace_bytes(m, chunk, P));
     } else {
       add(ph.items, "LM head gradient (BF16)", gradient_bytes(head));
+      if (chunk < N) add(ph.items, "LM head gradient sum over logits blocks (FP32)", head_accumulator_bytes(head));
       add(ph.items, fmt::format("logits chunk ({} tokens)", chunk), logits_workspace_bytes(m, chunk));
     }
     phases.push_back(std::move(ph));

@@ -374,5 +374,60 @@ TEST(Lower, BaseBytesHoldStateAndTheTwoWindowSlots) {
   EXPECT_DOUBLE_EQ(g.gpu_headroom_fraction, MemoryConstants{}.gpu_headroom_fraction);
 }
 
+
+WorkloadContext tiny_ctx(const std::string& model) {
+  Workload w;
+  w.model = model;
+  w.hardware = "h100-sxm-node";
+  w.gpus = 1;
+  w.global_batch = 8;
+  w.seq_len = 64;
+  return resolve_workload(w, "test workload");
+}
+
+// Every parameter is updated once and its gradient leaves the GPU once: a tied LM head is the
+// embedding table, whose one gradient the head's backward starts and the embeddings' backward
+// completes (the head's own group is the final norm).
+TEST(Lower, EveryParameterHasOneGradientCopyAndOneUpdateTiedOrNot) {
+  for (const char* model : {"tiny-moe", "tiny-moe-gemma"}) {
+    const WorkloadContext ctx = tiny_ctx(model);
+    Plan plan = default_plan();
+    plan.path = ExpertPath::kLocal;
+    const StepGraph g = lower(plan, ctx);
+    ParamCount updated = 0;
+    Bytes copied = 0, head_copied = 0;
+    for (const Stage& s : g.stages) {
+      if (s.op == OpKind::kCpuAdamW) updated += s.params;
+      if (s.key.op == StageOp::kGradD2h) copied += s.bytes;
+      if (s.key.op == StageOp::kGradD2h && s.key.part == StagePart::kLmHead) head_copied += s.bytes;
+    }
+    const ModelParams p = model_params(ctx.model);
+    EXPECT_EQ(updated, p.total()) << model;
+    EXPECT_EQ(copied, gradient_bytes(p.total())) << model;
+    EXPECT_EQ(head_copied, gradient_bytes(p.lm_head + p.final_norm)) << model;
+    EXPECT_EQ(ctx.model.tied_embeddings, p.lm_head == 0) << model;
+  }
+}
+
+// Over more than one logits block the LM head's gradient is summed in FP32 during the loss's
+// backward (4 B per head element beside its BF16 gradient); one block writes it directly.
+TEST(Lower, HeadGradientSumOverLogitsBlocksIsPriced) {
+  const WorkloadContext ctx = tiny_ctx("tiny-moe");
+  const ModelParams p = model_params(ctx.model);
+  const auto head_backward_optimizer_bytes = [&](std::int64_t block) {
+    Plan plan = default_plan();
+    plan.path = ExpertPath::kLocal;
+    plan.flat.vocab_chunk_tokens = block;
+    Bytes allocated = 0;
+    for (const Stage& s : lower(plan, ctx).stages) {
+      if (s.key.rank != 0 || s.key.part != StagePart::kLmHead || s.key.op != StageOp::kBackward) continue;
+      for (const MemoryEvent& m : s.memory) allocated += m.bytes > 0 && m.use == MemoryUse::kOptimizer ? m.bytes : 0;
+    }
+    return allocated;
+  };
+  EXPECT_EQ(head_backward_optimizer_bytes(0), gradient_bytes(p.lm_head + p.final_norm));
+  EXPECT_EQ(head_backward_optimizer_bytes(64), gradient_bytes(p.lm_head + p.final_norm) + 4 * (p.lm_head + p.final_norm));
+}
+
 }  // namespace
 }  // namespace oom
