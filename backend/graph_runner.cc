@@ -966,6 +966,7 @@ struct GraphRunner::Impl {
     if (dist()) {
       // The owner: its experts' backward on the rows it received.
       if (c.y_recv.requires_grad()) c.y_recv.backward(c.dy_recv);
+      c.y_recv = c.dy_recv = at::Tensor();  // the experts' graph and output gradient are done with
       return;
     }
     const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
@@ -1192,12 +1193,14 @@ struct GraphRunner::Impl {
     c.routed.backward(routed_gradient(c, p, dyc));
     const auto d_back = c.back.grad().defined() ? c.back.grad() : at::zeros_like(c.back);
     c.dy_recv = group->all_to_all(d_back.contiguous(), c.send, c.recv);
+    c.back = c.routed = at::Tensor();  // the returned rows and their gradient are done with
   }
   void a2a_grad_return(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
     const auto d_recv = c.recv_x.grad().defined() ? c.recv_x.grad() : at::zeros_like(c.recv_x);
     const auto d_sorted = group->all_to_all(d_recv.contiguous(), c.recv, c.send);
+    c.recv_x = at::Tensor();  // the received rows and their gradient are done with
     c.dxn = at::zeros_like(expert_input(c)).index_add(0, c.tokens_sorted, d_sorted);
   }
 
