@@ -133,13 +133,16 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   const Bytes window = 2 * working_weight_bytes(largest);
   const Bytes staging = t.sharded_params && P > 1 ? 2 * t.h2d_bytes_per_param * shard : 0;
   Bytes work = 0;
+  // A tied table's gradient is held from the head's backward to the embeddings' (one gradient).
+  const Bytes tied_table = m.tied_embeddings ? t.grad_bytes_per_param * params.embedding : 0;
   for (int l = 0; l < m.layers; ++l) {
     // Two gradient buffers: decoder l's and, still draining, the one before it in backward order
     // (decoder l+1's, or the head's before the last decoder); the next checkpoint may already be
     // loaded beside this one.
-    const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total() : head;
+    const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total()
+                                                 : (m.tied_embeddings ? params.final_norm : head);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // input, next input, running hidden gradient
-                    + mixing_activations(m, l, b, S) + moe_activation_bytes(m, T)
+                    + mixing_activations(m, l, b, S) + moe_activation_bytes(m, T) + tied_table
                     + t.grad_bytes_per_param * (params.layers[static_cast<std::size_t>(l)].total() + draining);
     if (w > work) {
       work = w;

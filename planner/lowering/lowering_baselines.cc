@@ -244,7 +244,10 @@ class BaselineLowering {
     gpu(bwd, -logits, true);
     gpu(bwd, boundary_bytes(1, seqs_, S_, m_.hidden), true);  // running gradient of the hidden states
     slot_last_[slot] = bwd;
-    gradients(-1, StagePart::kLmHead, head, bwd);
+    // A tied head is the embedding table: its gradient, started here, is completed by the
+    // embeddings' backward and leaves with it (one reduce-scatter or D2H, one update); the head's
+    // own group is the final norm.
+    gradients(-1, StagePart::kLmHead, m_.tied_embeddings ? params_.final_norm : head, bwd);
   }
 
   void decoder_backward(int l) {
@@ -304,9 +307,12 @@ class BaselineLowering {
   void embedding_backward() {
     OpShape shape;
     shape.tokens = seqs_ * S_;
+    // A tied table's gradient is held since the head's backward: no buffer to wait for.
+    const bool tied = m_.tied_embeddings;
     const PerRank scatter = compute(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
-                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, with_free_gradient_buffer({last_compute_}));
-    gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
+                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape,
+                                    tied ? std::vector<PerRank>{last_compute_} : with_free_gradient_buffer({last_compute_}));
+    if (!tied) gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
     gpu(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
     gradients(-1, StagePart::kEmbedding, params_.embedding, scatter);
   }
