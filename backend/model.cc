@@ -483,7 +483,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const std::int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto N = xn.size(0);
     const auto g = grad_out[0].to(at::kFloat) / static_cast<double>(N);
-    at::Tensor dx, into = head.grad(), acc;
+    at::Tensor dx, into = head.is_leaf() ? head.grad() : at::Tensor(), acc;
     const bool in_place = into.defined() && into.scalar_type() == head.scalar_type() && into.sizes() == head.sizes();
     const bool fp32_sum = N > chunk && head.scalar_type() != at::kFloat;
     {
