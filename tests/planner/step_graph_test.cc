@@ -391,8 +391,9 @@ WorkloadContext tiny_ctx(const std::string& model) {
 TEST(Lower, EveryParameterHasOneGradientCopyAndOneUpdateTiedOrNot) {
   for (const char* model : {"tiny-moe", "tiny-moe-gemma"}) {
     const WorkloadContext ctx = tiny_ctx(model);
-    Plan plan = default_plan();
+    Plan plan;  // the plain Plan: default_plan() names decoders tiny-moe does not have
     plan.path = ExpertPath::kLocal;
+    validate_plan(plan, ctx.model, ctx.workload, "test plan");
     const StepGraph g = lower(plan, ctx);
     ParamCount updated = 0;
     Bytes copied = 0, head_copied = 0;
@@ -415,8 +416,9 @@ TEST(Lower, HeadGradientSumOverLogitsBlocksIsPriced) {
   const WorkloadContext ctx = tiny_ctx("tiny-moe");
   const ModelParams p = model_params(ctx.model);
   const auto head_backward_optimizer_bytes = [&](std::int64_t block) {
-    Plan plan = default_plan();
+    Plan plan;  // the plain Plan: default_plan() names decoders tiny-moe does not have
     plan.path = ExpertPath::kLocal;
+    validate_plan(plan, ctx.model, ctx.workload, "test plan");
     plan.flat.vocab_chunk_tokens = block;
     Bytes allocated = 0;
     for (const Stage& s : lower(plan, ctx).stages) {
