@@ -499,7 +499,7 @@ struct GraphRunner::Impl {
   bool ep() const { return plan.path == ExpertPath::kEp; }
   bool llep() const { return ep() && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep; }
   int owner_of(int expert) const { return expert / experts_local; }
-  bool ring_dtp() const { return P > 1 && plan.flat.vocab_projection == VocabProjection::kRingDtp; }
+  bool ring_dtp() const { return plan.flat.ring_dtp(P); }
   std::int64_t shard_rows() const { return spec.vocab / P; }  // Ring-DTP: head rows per rank
   // One ring hop: every rank sends `t` (rows) to the next rank and returns what the previous sent.
   at::Tensor ring_hop(const at::Tensor& t, int to_offset = 1) {

@@ -29,7 +29,7 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
                      "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
   }
-  if (plan.flat.vocab_projection == VocabProjection::kRingDtp && ranks > 1 && model.tied_embeddings) {
+  if (plan.flat.ring_dtp(ranks) && model.tied_embeddings) {
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
   }

@@ -343,7 +343,7 @@ void Lowering::embedding_forward() {
 }
 
 void Lowering::head_forward_backward() {
-  if (plan_.flat.vocab_projection == VocabProjection::kRingDtp && P_ > 1) {
+  if (plan_.flat.ring_dtp(P_)) {
     ring_head_forward_backward();
     return;
   }
@@ -486,7 +486,7 @@ void Lowering::embedding_backward() {
   const PerRank scatter = compute_all(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
                                       boundary_bytes(1, seqs_, S_, m_.hidden), shape, {last_compute_});
   // A tied table's gradient was allocated by the head's backward (unless Ring-DTP sharded the head).
-  const bool allocated = m_.tied_embeddings && !(plan_.flat.vocab_projection == VocabProjection::kRingDtp && P_ > 1);
+  const bool allocated = m_.tied_embeddings && !plan_.flat.ring_dtp(P_);
   for (int r = 0; r < P_; ++r) {
     if (!allocated) gpu_alloc(scatter[static_cast<std::size_t>(r)], r, gradient_bytes(params_.embedding), false, MemoryUse::kOptimizer);
     gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), MemoryUse::kActivations);

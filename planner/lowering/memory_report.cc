@@ -124,7 +124,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     const ParamCount head = params.lm_head > 0 ? params.lm_head : params.embedding;
     const std::int64_t chunk = plan.flat.logits_block_tokens(N);
     add(ph.items, "final hidden states + gradient (BF16)", 2 * boundary_bytes(1, seqs, S, m.hidden));
-    if (plan.flat.vocab_projection == VocabProjection::kRingDtp && P > 1) {
+    if (plan.flat.ring_dtp(P)) {
       add(ph.items, "LM head shard gradient (BF16)", gradient_bytes(head / P));
       const RingDtpHops hops = ring_dtp_hops(m, N, P);
       add(ph.items,

@@ -67,6 +67,8 @@ struct FlatSchedules {
   std::int64_t optimizer_bucket_mib = 0;
   bool operator==(const FlatSchedules&) const = default;
   bool is_default() const { return *this == FlatSchedules{}; }
+  // Whether Ring-DTP shards the head over `gpus` GPUs (on one GPU the projection is chunked).
+  bool ring_dtp(int gpus) const { return vocab_projection == VocabProjection::kRingDtp && gpus > 1; }
   // Tokens whose logits exist at once out of a GPU's `tokens`.
   std::int64_t logits_block_tokens(std::int64_t tokens) const {
     return vocab_chunk_tokens > 0 && vocab_chunk_tokens < tokens ? vocab_chunk_tokens : tokens;
