@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include "backend/device_memory.h"
@@ -366,17 +367,21 @@ struct Chunk {
   Routing r;
   plan_ops::DenseTerms d;
   // Over ranks (EP): the chunk's (token, slot) pairs sorted by expert, the rows sent to and
-  // received from each rank, the received rows (a leaf on the owner in a graph), the owned
-  // experts' outputs, the returned rows (a leaf at the source in a graph), and in backward the
-  // gradients coming back to the owner and to the source.
-  at::Tensor tokens_sorted, weights_sorted, recv_x, y_recv, back, dy_recv, dxn;
+  // received from each rank, the received rows (as received until the experts run), the outputs
+  // to return, the returned rows (a leaf at the source in a graph), and in backward the gradients
+  // coming back to the owner, going out from it, and coming back to the source. The owner runs its
+  // experts without autograd (plan_ops::expert_forward) on the received rows in the experts' order
+  // (`order`: each expert's rows of recv_x in turn); where a backward follows it keeps them (xs)
+  // and their activations.
+  at::Tensor tokens_sorted, weights_sorted, recv_x, y_recv, back, dy_recv, d_recv, dxn, order, xs;
+  plan_ops::ExpertActivations acts;
+  torch::autograd::edge_list dense_edges;  // the shared expert's and dense MLP's graphs (keep_dense_graphs)
   std::vector<std::int64_t> send, recv;
   std::vector<at::Tensor> expert_rows;  // per owned expert: its rows of recv_x (undefined: none)
   std::map<int, at::Tensor> fetched_rows;  // PipelinedLLEP: per fetched expert, its rows of recv_x
 };
 
-// PipelinedLLEP: one fetched expert's weights (gate, up, down), leaves where a graph reads them.
-using ExpertWeights = std::array<at::Tensor, 3>;
+using plan_ops::ExpertWeights;
 
 // One sub-batch of a decoder pass.
 struct Sub {
@@ -399,6 +404,7 @@ struct Pass {
   BlockGrad grad;              // a backward pass: the weights' gradient
   BlockWeights w;
   std::map<int, ExpertWeights> fetched;  // PipelinedLLEP: the other ranks' experts this rank computes
+  std::map<int, at::Tensor> fetched_grad;  // a backward: their gradients (gate, up, down in one row)
   std::map<int, Sub> subs;
 };
 
@@ -448,7 +454,6 @@ struct GraphRunner::Impl {
   // forward weights those graphs differentiate into.
   std::map<std::pair<int, int>, Chunk> retained_moe;
   std::map<int, BlockWeights> retained_weights;  // decoder → the leaves its retained MoE graphs differentiate into
-  std::map<int, std::map<int, ExpertWeights>> retained_fetched;  // decoder → fetched experts its retained graphs read
   std::map<std::pair<StagePart, int>, BlockGrad> reduced;  // gradients summed over ranks (reduce_scatter)
   // Ring-DTP: this rank's normalized hidden states (with their graph to the head's input), the
   // block it holds (hidden states, targets, cross-entropy state, log-sum-exp, gradient so far) and
@@ -468,6 +473,7 @@ struct GraphRunner::Impl {
   // nothing is fetched). Per decoder: the (expert, helper) pairs by expert then helper; the step's
   // global (token, expert) pairs per decoder and expert.
   RoutingSpec llep_routing;
+  RoutingSpec step_routing;  // EP over ranks: the last step's routing histogram (uniform before one)
   std::vector<std::vector<std::pair<int, int>>> llep_spills;
   std::vector<std::vector<double>> routed_pairs;
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
@@ -679,10 +685,7 @@ struct GraphRunner::Impl {
       case PassKind::kForward:
         act[l + 1] = p.y;
         if (!held) act.erase(l);
-        if (retained(l)) {
-          retained_weights[l] = p.w;
-          if (!p.fetched.empty()) retained_fetched[l] = std::move(p.fetched);
-        }
+        if (retained(l)) retained_weights[l] = p.w;
         break;
       case PassKind::kRegenerate: {
         act[l + 1] = p.y;
@@ -924,6 +927,26 @@ struct GraphRunner::Impl {
     c.xn_l = leaf(c.in.experts);
     c.r = route_layer(one_input ? c.xn_l : c.in.router, p.w, spec);
     c.d = plan_ops::dense_terms(one_input ? c.xn_l : c.in.dense, p.w, spec);
+    if (p.kind == PassKind::kBackward) keep_dense_graphs(c);
+  }
+  // Where the chunk's output values are not computed again (a backward's replay never computes
+  // them; a retained forward has written them), the shared expert's and the dense MLP's outputs
+  // are read only through their graphs, each with the output's gradient (outside Gemma 4, whose
+  // norms read their values): the chunk keeps the graphs' edges, not the outputs [T, h].
+  void keep_dense_graphs(Chunk& c) const {
+    if (spec.gemma4()) return;
+    for (at::Tensor* t : {&c.d.shared, &c.d.dense}) {
+      if (t->defined() && t->requires_grad()) c.dense_edges.push_back(torch::autograd::impl::gradient_edge(*t));
+      *t = at::Tensor();
+    }
+  }
+  // The shared expert's and dense MLP's backward for the output gradient dyc (keep_dense_graphs).
+  static void dense_graphs_backward(Chunk& c, const at::Tensor& dyc) {
+    if (c.dense_edges.empty()) return;
+    const torch::autograd::variable_list grads(c.dense_edges.size(), dyc);
+    torch::autograd::Engine::get_default_engine().execute(c.dense_edges, grads, /*keep_graph=*/false, /*create_graph=*/false,
+                                                          /*accumulate_grad=*/true);
+    c.dense_edges.clear();
   }
   void experts(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
@@ -943,10 +966,13 @@ struct GraphRunner::Impl {
     auto out = rows(output_of(p), s, chunk_tokens(s, k));
     if (moe_graph(p)) {
       // Retained: the output from the graph's values.
-      at::NoGradGuard no_grad;
-      const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
-      const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
-      out.copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
+      {
+        at::NoGradGuard no_grad;
+        const auto dense = c.d.dense.defined() ? c.d.dense.detach() : c.d.dense;
+        const auto shared = c.d.shared.defined() ? c.d.shared.detach() : c.d.shared;
+        out.copy_(ffn_output(c.hc.detach(), c.routed.detach(), shared, dense, p.w, spec));
+      }
+      keep_dense_graphs(c);
       retained_moe[{p.l, k.chunk}] = std::move(c);
     } else {
       out.copy_(ffn_output(c.hc, c.routed, c.d.shared, c.d.dense, p.w, spec));
@@ -964,9 +990,25 @@ struct GraphRunner::Impl {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
     if (dist()) {
-      // The owner: its experts' backward on the rows it received.
-      if (c.y_recv.requires_grad()) c.y_recv.backward(c.dy_recv);
-      c.y_recv = c.dy_recv = at::Tensor();  // the experts' graph and output gradient are done with
+      // The owner: its experts' backward on the rows it received, from their kept activations,
+      // the weights' gradients added where they accumulate (this rank's experts' in the decoder's
+      // gradient, the fetched ones' in their own); one expert at a time, with its activations'
+      // gradients in three buffers of its rows.
+      at::NoGradGuard no_grad;
+      const auto dys = c.dy_recv.index_select(0, c.order);
+      c.dy_recv = at::Tensor();
+      auto dxs = at::empty_like(c.xs);
+      std::int64_t a = 0;
+      for (const ExpertRows& x : experts_of(c, p, true)) {
+        const std::int64_t n = x.rows.numel();
+        plan_ops::expert_backward(dys.narrow(0, a, n), c.xs.narrow(0, a, n), plan_ops::expert_rows(c.acts, a, n), x.w, x.dw,
+                                  spec.activation, plan_ops::expert_activations(n, spec.moe.expert_intermediate, c.xs.options()),
+                                  dxs.narrow(0, a, n));
+        a += n;
+      }
+      c.d_recv = at::empty_like(dxs).index_copy_(0, c.order, dxs);  // the rows' gradients as received
+      c.xs = at::Tensor();  // the rows and their activations are done with
+      c.acts = {};
       return;
     }
     const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
@@ -988,16 +1030,21 @@ struct GraphRunner::Impl {
     if (dist()) {
       // The combination (residual, shared expert, dense MLP), then the experts' input: the
       // gradient its rows got back from their owners plus what the router and the dense branch
-      // gave the normalized input.
-      c.comb.backward(dyc);
+      // gave the normalized input. Outside Gemma 4 the combination is a sum: each branch gets the
+      // output's gradient, as does the residual.
+      if (spec.gemma4()) {
+        c.comb.backward(dyc);
+      } else {
+        dense_graphs_backward(c, dyc);
+      }
       const auto g = c.xn_l.grad();
       c.in.experts.backward(g.defined() ? g + c.dxn : c.dxn);
-      dh.copy_(c.hc.grad());
+      dh.copy_(spec.gemma4() ? c.hc.grad() : dyc + c.hc.grad());
       s.chunks.erase(st_.key.chunk);
       return;
     }
     if (!spec.gemma4()) {
-      backward_defined({c.d.shared, c.d.dense}, {dyc, dyc});
+      dense_graphs_backward(c, dyc);
       c.in.experts.backward(c.xn_l.grad());
       dh.copy_(dyc + c.hc.grad());
     } else {
@@ -1028,13 +1075,11 @@ struct GraphRunner::Impl {
     for (const auto& [e, r] : d.fetched_rows) c.fetched_rows[e] = index(r);
     if (st_.phase == Phase::kForward) {
       dispatch_log.push_back(c.send);
-      if (llep()) {
-        // The step's routing histogram, the same on every rank (every rank's counts).
-        const auto summed = all_counts.sum(0).contiguous();
-        const auto* n = summed.data_ptr<std::int64_t>();
-        auto& pairs = routed_pairs[static_cast<std::size_t>(p.l)];
-        for (int e = 0; e < spec.moe.experts; ++e) pairs[static_cast<std::size_t>(e)] += static_cast<double>(n[e]);
-      }
+      // The step's routing histogram, the same on every rank (every rank's counts).
+      const auto summed = all_counts.sum(0).contiguous();
+      const auto* n = summed.data_ptr<std::int64_t>();
+      auto& pairs = routed_pairs[static_cast<std::size_t>(p.l)];
+      for (int e = 0; e < spec.moe.experts; ++e) pairs[static_cast<std::size_t>(e)] += static_cast<double>(n[e]);
     }
     c.tokens_sorted = slots.tokens;
     c.weights_sorted = slots.weights;
@@ -1044,25 +1089,66 @@ struct GraphRunner::Impl {
       c.weights_sorted = c.weights_sorted.index_select(0, order);
     }
     const auto sent = expert_input(c).detach().index_select(0, c.tokens_sorted);
-    const auto received = group->all_to_all(sent, c.send, c.recv);
-    c.recv_x = moe_graph(p) ? leaf(received) : received;
+    c.recv_x = group->all_to_all(sent, c.send, c.recv);
   }
-  void owned_experts_forward(Chunk& c, const Pass& p) {
-    auto y = at::zeros_like(c.recv_x);
+  // The experts a chunk's received rows go to: this rank's, then (PipelinedLLEP) the fetched ones
+  // of other ranks. Each with its rows of recv_x, its weights, and with `grads` where its weights'
+  // gradients accumulate (this rank's: the decoder's gradient; fetched: their own, llep_fetch).
+  struct ExpertRows {
+    at::Tensor rows;
+    ExpertWeights w, dw;
+  };
+  std::vector<ExpertRows> experts_of(const Chunk& c, const Pass& p, bool grads) const {
+    std::vector<ExpertRows> out;
     for (int j = 0; j < experts_local; ++j) {
       const auto& idx = c.expert_rows[static_cast<std::size_t>(j)];
       if (!idx.defined()) continue;
       const int e = expert0 + j;
-      y = lean_index_add(y, idx, gated_mlp(c.recv_x.index_select(0, idx), p.w.expert("experts.gate", e),
-                                        p.w.expert("experts.up", e), p.w.expert("experts.down", e), spec.activation));
+      ExpertRows x{idx, own_expert(p, e), {}};
+      if (grads) x.dw = {expert_grad(p, "experts.gate", e), expert_grad(p, "experts.up", e), expert_grad(p, "experts.down", e)};
+      out.push_back(std::move(x));
     }
-    // PipelinedLLEP: the rows of other ranks' experts this rank took, with the fetched weights (a
-    // retained MoE's backward finds them in its kept graph).
     for (const auto& [e, idx] : c.fetched_rows) {
-      const ExpertWeights& f = fetched_expert(p, e);
-      y = lean_index_add(y, idx, gated_mlp(c.recv_x.index_select(0, idx), f[0], f[1], f[2], spec.activation));
+      ExpertRows x{idx, fetched_expert(p, e), {}};
+      if (grads) {
+        const auto it = p.fetched_grad.find(e);
+        OOM_ASSERT(it != p.fetched_grad.end(), "a fetched expert without its gradient");
+        x.dw = unpack(it->second, x.w);
+      }
+      out.push_back(std::move(x));
     }
-    c.y_recv = y;
+    return out;
+  }
+  // Expert e's gradient in bank `name` (this rank's experts are in the decoder gradient's parts).
+  at::Tensor expert_grad(const Pass& p, const char* name, int e) const {
+    const ParamEntry& b = p.w.layout->at(name);
+    const std::int64_t per = b.numel() / spec.moe.experts;
+    return p.grad.range(b.offset + e * per, per).view({b.shape[1], b.shape[2]});
+  }
+  // The owner's experts on the rows it received, without autograd, in the experts' order: where a
+  // backward follows (a replay, a retained forward) the rows and their activations are kept for it.
+  void owned_experts_forward(Chunk& c, const Pass& p) {
+    at::NoGradGuard no_grad;
+    const std::vector<ExpertRows> ex = experts_of(c, p, false);
+    std::vector<at::Tensor> rows;
+    for (const ExpertRows& x : ex) rows.push_back(x.rows);
+    c.order = rows.empty() ? at::empty({0}, at::TensorOptions().dtype(at::kLong).device(dev)) : at::cat(rows);
+    OOM_ASSERT(c.order.numel() == c.recv_x.size(0), "received rows of no expert this rank computes");
+    c.xs = c.recv_x.index_select(0, c.order);
+    c.recv_x = at::Tensor();  // the received rows are the experts' rows from here on
+    c.acts = plan_ops::expert_activations(c.xs.size(0), spec.moe.expert_intermediate, c.xs.options());
+    auto ys = at::empty_like(c.xs);
+    std::int64_t a = 0;
+    for (const ExpertRows& x : ex) {
+      const std::int64_t n = x.rows.numel();
+      plan_ops::expert_forward(c.xs.narrow(0, a, n), x.w, spec.activation, plan_ops::expert_rows(c.acts, a, n), ys.narrow(0, a, n));
+      a += n;
+    }
+    c.y_recv = at::empty_like(ys).index_copy_(0, c.order, ys);  // in the order the rows came
+    if (!moe_graph(p)) {
+      c.xs = c.order = at::Tensor();
+      c.acts = {};
+    }
   }
 
   // ---- PipelinedLLEP: the helpers' copies of spilled experts ----
@@ -1092,7 +1178,7 @@ struct GraphRunner::Impl {
     return out;
   }
   ExpertWeights own_expert(const Pass& p, int e) const {
-    return {p.w.expert("experts.gate", e), p.w.expert("experts.up", e), p.w.expert("experts.down", e)};
+    return {p.w.expert("experts.gate", e).detach(), p.w.expert("experts.up", e).detach(), p.w.expert("experts.down", e).detach()};
   }
   // One exchange over the decoder's (expert, helper) pairs: with `to_helpers` each owner sends
   // make(e) to each helper of e, else each helper sends make(e) to e's owner; returns (expert,
@@ -1125,56 +1211,42 @@ struct GraphRunner::Impl {
     for (std::size_t i = 0; i < arriving.size(); ++i) out.emplace_back(arriving[i], received[static_cast<std::int64_t>(i)]);
     return out;
   }
-  // The helpers receive the spilled experts' weights from their owners (leaves where the pass
-  // builds graphs: a backward, a retained forward).
+  // The helpers receive the spilled experts' weights from their owners; in a backward each with a
+  // zeroed gradient beside it, which the experts' backward adds into (a retained forward's chunks
+  // too: their backward runs in this pass).
   void llep_fetch(Pass& p) {
+    at::NoGradGuard no_grad;
     const auto arrived = llep_exchange(p.l, true, [&](int e) { return pack(own_expert(p, e)); }, p.wflat.options());
     p.fetched.clear();
+    p.fetched_grad.clear();
     for (const auto& [e, row] : arrived) {
-      ExpertWeights w = unpack(row, own_expert(p, e));
-      if (moe_graph(p)) {
-        for (auto& t : w) t = leaf(t);
-      }
-      p.fetched[e] = std::move(w);
+      p.fetched[e] = unpack(row, own_expert(p, e));
+      if (p.kind == PassKind::kBackward) p.fetched_grad[e] = at::zeros({row.numel()}, p.grad.parts.front().second.options());
     }
   }
-  // The helpers send the spilled experts' gradients (the replay's and a retained forward's) to
-  // their owners, which add them into the experts' gradients.
+  // The helpers send the spilled experts' gradients to their owners, which add them into the
+  // experts' gradients; the helpers' copies of those experts and their gradients are done with.
   void llep_grad_return(Pass& p) {
-    const auto kept = retained_fetched.find(p.l);
+    at::NoGradGuard no_grad;
     const auto gradient = [&](int e) {
-      at::Tensor sum;
-      const auto add = [&](const ExpertWeights& w) {
-        std::vector<at::Tensor> parts;
-        for (const auto& t : w) parts.push_back(t.grad().defined() ? t.grad().reshape(-1) : at::zeros({t.numel()}, t.options()));
-        const auto g = at::cat(parts);
-        sum = sum.defined() ? sum + g : g;
-      };
-      if (const auto it = p.fetched.find(e); it != p.fetched.end()) add(it->second);
-      if (kept != retained_fetched.end()) {
-        if (const auto it = kept->second.find(e); it != kept->second.end()) add(it->second);
-      }
-      OOM_ASSERT(sum.defined(), "a fetched expert without its weights");
-      return sum;
+      const auto it = p.fetched_grad.find(e);
+      OOM_ASSERT(it != p.fetched_grad.end(), "a fetched expert without its gradient");
+      return it->second;
     };
     const auto arrived = llep_exchange(p.l, false, gradient, p.grad.parts.front().second.options());
-    // Expert e's gradient in bank `name` (this rank's experts are in its parts).
-    const auto expert_grad = [&](const char* name, int e) {
-      const ParamEntry& b = p.w.layout->at(name);
-      const std::int64_t per = b.numel() / spec.moe.experts;
-      return p.grad.range(b.offset + e * per, per).view({b.shape[1], b.shape[2]});
-    };
     for (const auto& [e, row] : arrived) {
-      const ExpertWeights own{expert_grad("experts.gate", e), expert_grad("experts.up", e), expert_grad("experts.down", e)};
+      const ExpertWeights own{expert_grad(p, "experts.gate", e), expert_grad(p, "experts.up", e), expert_grad(p, "experts.down", e)};
       const ExpertWeights add = unpack(row, own);
       for (std::size_t i = 0; i < 3; ++i) own[i].add_(add[i]);
     }
-    if (kept != retained_fetched.end()) retained_fetched.erase(kept);
+    p.fetched.clear();
+    p.fetched_grad.clear();
   }
   void a2a_return(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
-    const auto back = group->all_to_all(c.y_recv.detach().contiguous(), c.recv, c.send);
+    const auto back = group->all_to_all(c.y_recv.contiguous(), c.recv, c.send);
+    c.y_recv = at::Tensor();  // the outputs have left (the experts' backward reads the kept activations)
     c.back = moe_graph(p) ? leaf(back) : back;
   }
   void combine(const Stage& st_, Pass& p) {
@@ -1188,9 +1260,10 @@ struct GraphRunner::Impl {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
     const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
-    // The routed branch's output gradient through the combination, then through the weighted sum:
-    // the returned rows' gradients (and the routing weights').
-    c.routed.backward(routed_gradient(c, p, dyc));
+    // The routed branch's output gradient through the combination (outside Gemma 4 a sum: the
+    // output's), then through the weighted sum: the returned rows' gradients (and the routing
+    // weights').
+    c.routed.backward(spec.gemma4() ? routed_gradient(c, p, dyc) : dyc);
     const auto d_back = c.back.grad().defined() ? c.back.grad() : at::zeros_like(c.back);
     c.dy_recv = group->all_to_all(d_back.contiguous(), c.send, c.recv);
     c.back = c.routed = at::Tensor();  // the returned rows and their gradient are done with
@@ -1198,9 +1271,8 @@ struct GraphRunner::Impl {
   void a2a_grad_return(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
-    const auto d_recv = c.recv_x.grad().defined() ? c.recv_x.grad() : at::zeros_like(c.recv_x);
-    const auto d_sorted = group->all_to_all(d_recv.contiguous(), c.recv, c.send);
-    c.recv_x = at::Tensor();  // the received rows and their gradient are done with
+    const auto d_sorted = group->all_to_all(c.d_recv, c.recv, c.send);
+    c.d_recv = c.order = at::Tensor();  // the received rows' gradient is done with
     c.dxn = at::zeros_like(expert_input(c)).index_add(0, c.tokens_sorted, d_sorted);
   }
 
@@ -1750,7 +1822,6 @@ struct GraphRunner::Impl {
       OOM_ASSERT(fetching.count(l) == (llep_spills[static_cast<std::size_t>(l)].empty() ? 0u : 1u),
                  "the graph was lowered with another routing than the runner's (GraphRunner::routing())");
     }
-    routed_pairs.assign(static_cast<std::size_t>(L), std::vector<double>(static_cast<std::size_t>(E), 0.0));
   }
   // Drops the step's tensors and bookkeeping (also what a step that threw left behind).
   void clear_step();
@@ -1818,6 +1889,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   graph = &g;
   dispatch_log.clear();
   if (llep()) place_fetched_experts(g);
+  routed_pairs.assign(static_cast<std::size_t>(spec.layers), std::vector<double>(static_cast<std::size_t>(spec.moe.experts), 0.0));
   // Rank R trains its share of the global batch's sequences.
   B = tokens.size(0) / P, S = tokens.size(1);
   sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
@@ -1878,14 +1950,14 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   }
   worker.wait_all();
   OOM_ASSERT(passes.empty() && ready.empty() && host_grad.empty(), "every pass ended and every gradient was updated");
-  if (llep()) {
-    // The next step's placement follows this step's routing.
-    llep_routing = RoutingSpec{};
-    llep_routing.kind = RoutingKind::kHistogram;
-    llep_routing.counts = routed_pairs;
-    for (auto& layer : llep_routing.counts) {
+  if (dist() && ep()) {
+    step_routing = RoutingSpec{};
+    step_routing.kind = RoutingKind::kHistogram;
+    step_routing.counts = routed_pairs;
+    for (auto& layer : step_routing.counts) {
       if (std::all_of(layer.begin(), layer.end(), [](double n) { return n == 0; })) std::fill(layer.begin(), layer.end(), 1.0);
     }
+    if (llep()) llep_routing = step_routing;  // the next step's placement follows this step's routing
   }
   // Every rank's updates of the shared host state are done before any rank's next step reads it.
   if (dist()) group->barrier();
@@ -1901,7 +1973,6 @@ void GraphRunner::Impl::clear_step() {
   retained_moe.clear();
   ring = Ring{};
   retained_weights.clear();
-  retained_fetched.clear();
   reduced.clear();
   host_grad.clear();
   buckets.clear();
@@ -1933,6 +2004,7 @@ void GraphRunner::set_tracing(bool on) { impl_->tracing = on; }
 const Trace& GraphRunner::last_trace() const { return impl_->trace; }
 const std::vector<std::vector<std::int64_t>>& GraphRunner::last_dispatch() const { return impl_->dispatch_log; }
 const RoutingSpec& GraphRunner::routing() const { return impl_->llep_routing; }
+const RoutingSpec& GraphRunner::last_step_routing() const { return impl_->step_routing; }
 void GraphRunner::set_routing(RoutingSpec routing) { impl_->llep_routing = std::move(routing); }
 Bytes GraphRunner::last_device_peak() const {
   return impl_->tracing ? impl_->trace.gpu_peak_bytes.at(0) : device_memory::peak_bytes();

@@ -119,6 +119,10 @@ class GraphRunner {
   // the histogram of the last step's forward dispatches, over every rank and round, which places
   // the experts the helpers fetch (uniform before the first step: nothing fetched); else uniform.
   const RoutingSpec& routing() const;
+  // EP over ranks: the histogram of the last step's forward dispatches (every rank's assignments
+  // per decoder and expert; a decoder with none counts one per expert), whatever the dispatch;
+  // uniform before the first step and on one rank.
+  const RoutingSpec& last_step_routing() const;
   // Restores the routing the next step is lowered with: a resumed run's, from the checkpoint that
   // saved routing() (run.llep_routing), so it fetches what the uninterrupted run fetches.
   void set_routing(RoutingSpec routing);

@@ -309,13 +309,16 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tens
   const auto g = at::linear(x, gate);
   const auto u = at::linear(x, up);
   // The gated activation as a fused kernel keeps it: its two inputs, not the activation as well.
-  const bool gelu = activation.rfind("gelu", 0) == 0;
   const auto gated = lean_kernel(
-      [gelu](const std::vector<at::Tensor>& in) {
-        return std::vector<at::Tensor>{(gelu ? at::gelu(in[0], "tanh") : at::silu(in[0])) * in[1]};
-      },
+      [activation](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{gated_activation(in[0], in[1], activation)}; },
       {g, u})[0];
   return at::linear(gated, down);
+}
+
+bool is_gelu(const std::string& activation) { return activation.rfind("gelu", 0) == 0; }
+
+at::Tensor gated_activation(const at::Tensor& g, const at::Tensor& u, const std::string& activation) {
+  return (is_gelu(activation) ? at::gelu(g, "tanh") : at::silu(g)) * u;
 }
 
 void RouterStats::add(const Routing& routing, int experts) {

@@ -137,6 +137,9 @@ at::Tensor router_aux_loss(const RouterStats& stats, int experts);
 // SwiGLU-style MLP: down(act(x·gateᵀ) ⊙ x·upᵀ); act is SiLU, or tanh-GELU for "gelu*" activations.
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
                      const std::string& activation);
+// The gated activation act(g) ⊙ u of gated_mlp (SiLU, or tanh-GELU for "gelu*" activations).
+at::Tensor gated_activation(const at::Tensor& g, const at::Tensor& u, const std::string& activation);
+bool is_gelu(const std::string& activation);
 // Routed experts of the tokens x2d [T, h] under routing r (dispatch, expert MLPs, weighted combine) → [T, h].
 at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
 // Routed experts + shared expert + dense MLP on the normalized input x [B, S, h] → [B, S, h].

@@ -168,13 +168,75 @@ DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelS
   // Gemma 4's dense MLP reads its own pre-norm: x2 is FfnInputs::dense there.
   DenseTerms d;
   if (spec.moe.shared_expert_intermediate > 0) {
-    const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
-    d.shared = at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s;
+    // gated_mlp's operators, with the gate's product a lean kernel of the activation: it keeps the
+    // activation (which the down projection keeps too) and recomputes the projection's output [T, h]
+    // in its backward, instead of keeping that output from the forward to the backward.
+    const auto gated = lean_kernel(
+        [act = spec.activation](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{gated_activation(in[0], in[1], act)}; },
+        {at::linear(x2, w["shared.gate"]), at::linear(x2, w["shared.up"])})[0];
+    d.shared = lean_kernel(
+        [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{at::sigmoid(in[2]) * at::linear(in[0], in[1])}; },
+        {gated, w["shared.down"], at::linear(x2, w["shared.expert_gate"])})[0];
   }
   if (spec.moe.dense_intermediate > 0) {
     d.dense = gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
   }
   return d;
+}
+
+namespace {
+// act(g) into `out` (same shape).
+void activation_into(at::Tensor& out, const at::Tensor& g, const std::string& activation) {
+  if (is_gelu(activation)) {
+    at::gelu_out(out, g, "tanh");
+  } else {
+    at::silu_out(out, g);
+  }
+}
+// linear's weight gradient dyᵀ·x (as autograd forms it) added into `into`; the GEMM's scratch is not
+// the caller's use.
+void add_weight_grad(const at::Tensor& into, const at::Tensor& dy, const at::Tensor& x) {
+  into.add_(device_memory::gemm(dy.t(), x));
+}
+}  // namespace
+
+void expert_forward(const at::Tensor& x, const ExpertWeights& w, const std::string& activation, ExpertActivations a,
+                    at::Tensor y) {
+  // x·Wᵀ as at::linear forms it, written where the caller keeps it.
+  device_memory::gemm_out(a.g, x, w[0].t());
+  device_memory::gemm_out(a.u, x, w[1].t());
+  activation_into(a.gated, a.g, activation);
+  a.gated.mul_(a.u);
+  device_memory::gemm_out(y, a.gated, w[2].t());
+}
+
+void expert_backward(const at::Tensor& dy, const at::Tensor& x, const ExpertActivations& a, const ExpertWeights& w,
+                     const ExpertWeights& dw, const std::string& activation, ExpertActivations work, at::Tensor dx) {
+  // The down projection's backward; then the product's (each factor's gradient is the output
+  // gradient times the other factor), the activation's, and the gate and up projections'.
+  add_weight_grad(dw[2], dy, a.gated);
+  at::Tensor& d_gated = work.gated;
+  device_memory::gemm_out(d_gated, dy, w[2]);
+  activation_into(work.u, a.g, activation);
+  work.u.mul_(d_gated);       // d_up = d_gated · act(g)
+  d_gated.mul_(a.u);          // d_act = d_gated · up
+  if (is_gelu(activation)) {  // d_gate = act'(g) · d_act
+    at::gelu_backward_out(work.g, d_gated, a.g, "tanh");
+  } else {
+    at::silu_backward_out(work.g, d_gated, a.g);
+  }
+  add_weight_grad(dw[0], work.g, x);
+  add_weight_grad(dw[1], work.u, x);
+  device_memory::gemm_out(dx, work.g, w[0]);
+  device_memory::gemm_add(dx, work.u, w[1]);
+}
+
+ExpertActivations expert_rows(const ExpertActivations& a, std::int64_t start, std::int64_t n) {
+  return {a.g.narrow(0, start, n), a.u.narrow(0, start, n), a.gated.narrow(0, start, n)};
+}
+
+ExpertActivations expert_activations(std::int64_t rows, std::int64_t intermediate, const at::TensorOptions& options) {
+  return {at::empty({rows, intermediate}, options), at::empty({rows, intermediate}, options), at::empty({rows, intermediate}, options)};
 }
 
 SortedSlots sort_slots_by_expert(const Routing& r, const MoeSpec& moe) {

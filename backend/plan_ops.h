@@ -13,8 +13,10 @@
 // Stateless; thread-compatible.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -74,6 +76,28 @@ struct DenseTerms {
   at::Tensor shared, dense;
 };
 DenseTerms dense_terms(const at::Tensor& x2d, const BlockWeights& w, const ModelSpec& spec);
+
+// --- the experts' rows without autograd (the EP owner's expert kernel) ---
+// Rows are in the experts' order (each expert's rows one block); each expert's block is computed
+// into views of buffers of all the rows.
+// An expert's (gate, up, down) weights, or their gradients.
+using ExpertWeights = std::array<at::Tensor, 3>;
+// x·gateᵀ, x·upᵀ and act(x·gateᵀ) ⊙ x·upᵀ, [n, I] each: the activations the backward reads, and
+// (in the backward) the gradients of the same three.
+struct ExpertActivations {
+  at::Tensor g, u, gated;
+};
+// Three [rows, I] buffers; rows [start, start + n) of each.
+ExpertActivations expert_activations(std::int64_t rows, std::int64_t intermediate, const at::TensorOptions& options);
+ExpertActivations expert_rows(const ExpertActivations& a, std::int64_t start, std::int64_t n);
+// gated_mlp of an expert's rows x [n, h] into y [n, h], its activations into `a`.
+void expert_forward(const at::Tensor& x, const ExpertWeights& w, const std::string& activation, ExpertActivations a, at::Tensor y);
+// Its backward for the output gradient dy [n, h]: dL/dx into dx [n, h], the weights' gradients
+// added into dw, `work` (three [n, I]) holding the activations' gradients. gated_mlp's operators
+// as autograd runs them (linear's: dx = dy·W, dW = dyᵀ·x), except that the gate and up
+// projections' input gradients are summed in the second GEMM (one rounding, as a fused kernel).
+void expert_backward(const at::Tensor& dy, const at::Tensor& x, const ExpertActivations& a, const ExpertWeights& w,
+                     const ExpertWeights& dw, const std::string& activation, ExpertActivations work, at::Tensor dx);
 
 // --- expert parallelism: one dispatch round ---
 // A chunk's (token, slot) pairs sorted by expert (stable): each pair's token and routing weight,

@@ -89,6 +89,7 @@ const std::vector<std::vector<std::int64_t>>& PlanTrainer::last_dispatch() const
 Bytes PlanTrainer::last_device_peak() const { return impl_->runner.last_device_peak(); }
 std::array<Bytes, kMemoryUses> PlanTrainer::last_use_peaks() const { return impl_->runner.last_use_peaks(); }
 const RoutingSpec& PlanTrainer::routing() const { return impl_->runner.routing(); }
+const RoutingSpec& PlanTrainer::last_step_routing() const { return impl_->runner.last_step_routing(); }
 void PlanTrainer::set_routing(RoutingSpec routing) { impl_->runner.set_routing(std::move(routing)); }
 std::pair<int, std::int64_t> PlanTrainer::host_gradient_buffers() const { return impl_->runner.host_gradient_buffers(); }
 void PlanTrainer::capture_gradients(std::vector<at::Tensor>* blocks) { impl_->runner.capture_gradients(blocks); }

@@ -96,6 +96,8 @@ class PlanTrainer {
   // GraphRunner::routing and set_routing: what a checkpoint keeps of a PipelinedLLEP run.
   const RoutingSpec& routing() const;
   void set_routing(RoutingSpec routing);
+  // GraphRunner::last_step_routing.
+  const RoutingSpec& last_step_routing() const;
   // The host gradient buffers held between steps and their bytes (GraphRunner::host_gradient_buffers).
   std::pair<int, std::int64_t> host_gradient_buffers() const;
   // GraphRunner::capture_gradients.

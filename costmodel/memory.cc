@@ -71,6 +71,12 @@ Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t T) {
   return bytes;
 }
 
+Bytes moe_input_grad_bytes(const ModelSpec& m, std::int64_t T) { return T * m.hidden * kBf16Bytes; }
+
+Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t A) {
+  return A * 3 * std::int64_t{m.moe.expert_intermediate} * kBf16Bytes;  // d gate, d up, d activation [A, I] ×3
+}
+
 Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t A) {
   const std::int64_t h = m.hidden, I = m.moe.expert_intermediate;
   return A * h * kBf16Bytes       // dispatched tokens [A, h]

@@ -250,6 +250,12 @@ LlepBalance least_loaded_ep(const std::vector<double>& shares, int ranks, double
   return b;
 }
 
+double largest_expert_share(const RoutingSpec& r, int experts, int layer) {
+  if (experts <= 0) return 1.0;
+  const std::vector<double> shares = expert_shares(r, experts, layer);
+  return *std::max_element(shares.begin(), shares.end());
+}
+
 std::vector<LlepBalance> ep_layer_balance(const RoutingSpec& r, int experts, int layers, int ranks, bool llep) {
   const auto n = static_cast<std::size_t>(std::max(1, ranks));
   LlepBalance even{std::vector<double>(n, 1.0), std::vector<int>(n, 0), std::vector<int>(n, 0), 0, {}};

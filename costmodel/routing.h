@@ -53,6 +53,9 @@ void check_routing(const RoutingSpec& r, int experts, int layers, const std::str
 // Share of the layer's token–expert assignments each expert receives (sums to 1).
 std::vector<double> expert_shares(const RoutingSpec& r, int experts, int layer);
 
+// The largest share any one expert of layer `layer` receives (1/experts when uniform).
+double largest_expert_share(const RoutingSpec& r, int experts, int layer);
+
 // Each rank's share of the assignments of one dispatch under expert parallelism with E/P experts
 // per rank (contiguous placement), relative to the mean: load[r] = P · Σ shares of r's experts.
 // max(load) is the straggler factor of the expert GEMMs and of the receive buffer.

@@ -290,6 +290,11 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   out.device_peaks = field<std::vector<std::int64_t>>(res, "device_peaks", result_path);
   for (const std::int64_t peak : out.device_peaks) out.train.device_peak_bytes = std::max(out.train.device_peak_bytes, peak);
   out.train.device_use_peak_bytes = field<std::vector<std::int64_t>>(res, "device_use_peaks", result_path);
+  out.step_use_peaks = field<std::vector<std::vector<std::int64_t>>>(res, "step_use_peaks", result_path);
+  const auto routing = field<std::vector<nlohmann::json>>(res, "step_routing", result_path);
+  for (std::size_t i = 0; i < routing.size(); ++i) {
+    out.step_routing.push_back(routing_from_json(routing[i], result_path, fmt::format("step_routing[{}]", i)));
+  }
   if (!o.trace.empty() && o.steps > 0) {
     std::vector<Trace> ranks_traces;
     for (int k = 0; k < r.ranks; ++k) {
@@ -319,6 +324,8 @@ struct RankRun {
   std::string backend;
   std::vector<std::int64_t> device_peaks;  // with device_memory: every rank's device peak
   std::vector<std::int64_t> device_use_peaks;  // and each use's own peak, the most on any rank
+  std::vector<std::vector<std::int64_t>> step_use_peaks;  // the same per step
+  std::vector<nlohmann::json> step_routing;  // a plan over ranks: each step's routing histogram (routing_to_json)
 };
 
 // How a rank trains: with `plan`, its share of the plan's StepGraph (the graph runner) on the host
@@ -333,6 +340,16 @@ struct RankPlan {
 // The body every rank runs, however it was started: data, state (seeded, weights, or resumed),
 // the communicator, the trainer, checkpoints and weights (rank 0 writes them). `on_step` is called
 // on rank 0 after every step.
+// Each entry's most over the ranks (a collective: every rank calls it with as many entries).
+std::vector<std::int64_t> most_on_any_rank(RankGroup& comm, const std::vector<std::int64_t>& mine) {
+  const at::Tensor all = comm.all_gather_counts(mine);  // [ranks, entries]
+  std::vector<std::int64_t> most(mine.size(), 0);
+  for (std::int64_t k = 0; k < all.size(0); ++k) {
+    for (std::int64_t u = 0; u < all.size(1); ++u) most[static_cast<std::size_t>(u)] = std::max(most[static_cast<std::size_t>(u)], all[k][u].item<std::int64_t>());
+  }
+  return most;
+}
+
 RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOptions co,
                  const std::function<void(const StepReport&)>& on_step, const RankPlan& rp = {}) {
   const ModelSpec spec = run_model_spec(o.model, o.weights);
@@ -455,7 +472,9 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
       device_peak = std::max<std::int64_t>(device_peak, planned->last_device_peak());
       const auto uses = planned->last_use_peaks();
       for (std::size_t u = 0; u < uses.size(); ++u) use_peaks[u] = std::max<std::int64_t>(use_peaks[u], uses[u]);
+      run.step_use_peaks.push_back(most_on_any_rank(comm, std::vector<std::int64_t>(uses.begin(), uses.end())));  // collective
     }
+    if (planned && rp.plan->path == ExpertPath::kEp) run.step_routing.push_back(routing_to_json(planned->last_step_routing()));
     tokens += b.tokens.numel();
     run.losses.push_back(st.loss);
     if (rank == 0 && on_step) {
@@ -486,14 +505,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   if (measured) {
     const at::Tensor peaks = comm.all_gather_counts({device_peak});  // collective: every rank's
     for (std::int64_t k = 0; k < peaks.size(0); ++k) run.device_peaks.push_back(peaks[k][0].item<std::int64_t>());
-    const at::Tensor uses = comm.all_gather_counts(use_peaks);  // [ranks, uses]
-    run.device_use_peaks = std::vector<std::int64_t>(static_cast<std::size_t>(uses.size(1)), 0);
-    for (std::int64_t k = 0; k < uses.size(0); ++k) {
-      for (std::int64_t u = 0; u < uses.size(1); ++u) {
-        auto& most = run.device_use_peaks[static_cast<std::size_t>(u)];
-        most = std::max<std::int64_t>(most, uses[k][u].item<std::int64_t>());
-      }
-    }
+    run.device_use_peaks = most_on_any_rank(comm, use_peaks);
   }
   comm.barrier();
   return run;
@@ -588,7 +600,9 @@ void run_rank_worker(const std::string& job_path, int rank) {
                                 {"backend", run.backend},
                                 {"last_dispatch_rows", run.dispatch_rows},
                                 {"device_peaks", run.device_peaks},
-                                {"device_use_peaks", run.device_use_peaks}};
+                                {"device_use_peaks", run.device_use_peaks},
+                                {"step_use_peaks", run.step_use_peaks},
+                                {"step_routing", run.step_routing}};
     write_file_atomically(field<std::string>(j, "result", job_path), res.dump());
   }
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/train.h"
+#include "costmodel/routing.h"
 
 namespace oom::backend::dist {
 
@@ -59,6 +60,11 @@ struct RanksResult {
   std::string backend;  // "gloo" (or "nccl")
   // With --device-memory on CPU ranks: each rank's device peak (train.device_peak_bytes: the most).
   std::vector<std::int64_t> device_peaks;
+  // With --device-memory: per step, each memory use's own peak (MemoryUse order), the most on any rank.
+  std::vector<std::vector<std::int64_t>> step_use_peaks;
+  // A plan on the EP path: per step, its routing histogram (every rank's assignments per decoder
+  // and expert). Under PipelinedLLEP step s + 1 places its fetched experts by step s's.
+  std::vector<RoutingSpec> step_routing;
 };
 
 // Runs the training on `ranks.ranks` processes. Throws InputError for bad options (before any

@@ -63,6 +63,7 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   // PipelinedLLEP spills the excess to the least-loaded ranks.
   llep_ = ep_ && P_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
   routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? P_ : 1, llep_);
+  for (int l = 0; l < layers_; ++l) largest_share_.push_back(largest_expert_share(ctx.workload.routing, m_.moe.experts, l));
 }
 
 ParamCount Lowering::expert_params_on_gpu(int layer) const {

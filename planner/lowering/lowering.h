@@ -167,6 +167,7 @@ class Lowering {
   Bytes moe_activation_on_rank(std::int64_t tokens, int layer, int rank) const;
   Bytes llep_expert_bytes(int layer) const;           // BF16 weights of one routed expert
   Bytes llep_weight_bytes(int layer, int rank) const;  // the experts `rank` fetches under LLEP
+  Bytes llep_gradient_bytes(int layer, int rank) const;  // their gradients (a backward)
   // Per rank, the bytes of one LLEP exchange (weights out, or gradients back); empty when nothing spills.
   std::vector<Bytes> llep_exchange_bytes(int layer) const;
   PerRank moe_backward_chunk(int layer, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched);
@@ -193,6 +194,7 @@ class Lowering {
   // Routing: per decoder, each rank's received dispatch load relative to the mean, after LLEP's
   // rebalancing when the plan runs it, and the experts each rank fetches / lends under LLEP.
   std::vector<LlepBalance> routing_;
+  std::vector<double> largest_share_;  // per decoder: the largest expert's share of its assignments
   bool llep_ = false;
 
   int sub_batch_ = -1;    // the sub-batch being lowered when a decoder runs several (stage keys), else −1

@@ -1,6 +1,7 @@
 // Decoder layers of the lowering: forward, replay, backward, boundaries and gradients
 // (reference §3 for EP, §4 for Local). See planner/lowering/lowering.h for the runtime rules.
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
@@ -239,6 +240,11 @@ Bytes Lowering::llep_weight_bytes(int l, int r) const {
   return llep_expert_bytes(l) * routing_[static_cast<std::size_t>(l)].fetched[static_cast<std::size_t>(r)];
 }
 
+Bytes Lowering::llep_gradient_bytes(int l, int r) const {
+  const ParamCount per_expert = params_.layers[static_cast<std::size_t>(l)].routed_experts / std::max(1, m_.moe.experts);
+  return gradient_bytes(per_expert) * routing_[static_cast<std::size_t>(l)].fetched[static_cast<std::size_t>(r)];
+}
+
 std::vector<Bytes> Lowering::llep_exchange_bytes(int l) const {
   const LlepBalance& b = routing_[static_cast<std::size_t>(l)];
   if (!llep_ || b.spilled_experts == 0) return {};
@@ -253,9 +259,13 @@ std::vector<Bytes> Lowering::llep_exchange_bytes(int l) const {
 PerRank Lowering::llep_fetch(int l, Phase phase, const PerRank& after) {
   const std::vector<Bytes> bytes = llep_exchange_bytes(l);
   if (bytes.empty()) return {};
-  // Helpers receive the spilled experts' BF16 weights from their owners over the fabric.
+  // Helpers receive the spilled experts' BF16 weights from their owners over the fabric; in the
+  // backward each with a zeroed gradient beside it, which the experts' backward adds into.
   const PerRank out = collective_each(what(StagePart::kLlep, StageOp::kFetch), OpKind::kAllToAll, phase, l, bytes, after);
-  for (int r = 0; r < P_; ++r) gpu_alloc(out[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), false, MemoryUse::kDispatch);
+  for (int r = 0; r < P_; ++r) {
+    const Bytes held = llep_weight_bytes(l, r) + (phase == Phase::kBackward ? llep_gradient_bytes(l, r) : 0);
+    gpu_alloc(out[static_cast<std::size_t>(r)], r, held, false, MemoryUse::kDispatch);
+  }
   return out;
 }
 
@@ -266,7 +276,9 @@ PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
   // gradients' D2H waits for it. The owners' add (three passes over one expert's BF16 gradient
   // per helper, ~10 µs) is not priced, and it does not hold up the mixing backward.
   const PerRank back = collective_each(what(StagePart::kLlep, StageOp::kGradReturn), OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
-  for (int r = 0; r < P_; ++r) gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
+  for (int r = 0; r < P_; ++r) {
+    gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r) + llep_gradient_bytes(l, r), MemoryUse::kDispatch);
+  }
   return back;
 }
 
@@ -284,33 +296,52 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   experts.tokens = tokens * m_.moe.top_k;
   experts.k = m_.hidden;
   experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  const bool over_ranks = ep_ && P_ > 1;
+  const std::vector<double> balanced(static_cast<std::size_t>(P_), 1.0);
+  const std::vector<double>& load = over_ranks ? rank_load(l) : balanced;
+  // The normalized input's gradient, from the first backward that adds into it (the router's,
+  // through the routing weights, at the gradient dispatch) to the norm's backward.
+  const Bytes input_grad = moe_input_grad_bytes(m_, tokens);
   PerRank exp;
-  if (ep_ && P_ > 1) {
-    const std::vector<double>& load = rank_load(l);
-    const std::vector<Bytes> a2a = a2a_bytes_per_rank(m_, tokens, P_, load);
+  if (over_ranks) {
     const PerRank dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aGradDispatch).at_chunk(chunk), OpKind::kAllToAll,
-                                             Phase::kBackward, l, a2a, ready);
+                                             Phase::kBackward, l, a2a_bytes_per_rank(m_, tokens, P_, load), ready);
     exp = compute_loaded(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
                          kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
                          {dispatch, fetched});
-    const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll,
-                                        Phase::kBackward, l, a2a, exp);
     for (int r = 0; r < P_; ++r) {
       const Bytes buffers = a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]);
-      gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers, false, MemoryUse::kDispatch);
-      gpu_free(ret[static_cast<std::size_t>(r)], r, buffers, MemoryUse::kDispatch);
+      gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers + input_grad, false, MemoryUse::kDispatch);
     }
-    exp = ret;
   } else {
     exp = compute_all(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
                       kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, {ready});
+    for (int r = 0; r < P_; ++r) gpu_alloc(exp[static_cast<std::size_t>(r)], r, input_grad, false, MemoryUse::kDispatch);
+  }
+  // The expert backward's activation gradients, one expert's rows at a time: the largest expert's
+  // (its share of every rank's assignments under EP).
+  const double rows = static_cast<double>(tokens * m_.moe.top_k * (ep_ ? P_ : 1)) * largest_share_[static_cast<std::size_t>(l)];
+  const Bytes work = expert_grad_workspace_bytes(m_, static_cast<std::int64_t>(std::ceil(rows)));
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(exp[static_cast<std::size_t>(r)], r, work, false, MemoryUse::kDispatch);
+    gpu_free(exp[static_cast<std::size_t>(r)], r, work, MemoryUse::kDispatch);
+  }
+  if (over_ranks) {
+    exp = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll, Phase::kBackward, l,
+                          a2a_bytes_per_rank(m_, tokens, P_, load), exp);
+    for (int r = 0; r < P_; ++r) {
+      gpu_free(exp[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]),
+               MemoryUse::kDispatch);
+    }
   }
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
-  return compute_all(what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(chunk), OpKind::kGemm, Phase::kBackward, l,
-                     kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp), kMemoryBackwardRatio * (t.pre + t.combine),
-                     dense, {exp});
+  const PerRank out = compute_all(what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(chunk), OpKind::kGemm, Phase::kBackward, l,
+                                  kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp),
+                                  kMemoryBackwardRatio * (t.pre + t.combine), dense, {exp});
+  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, input_grad, MemoryUse::kDispatch);
+  return out;
 }
 
 PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready) {

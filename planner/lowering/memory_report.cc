@@ -1,6 +1,7 @@
 #include "planner/lowering/memory_report.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -62,14 +63,18 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   // activations and the receive buffers (after PipelinedLLEP's rebalancing when the plan runs it).
   const bool llep = ep && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
   double load = 1.0;
-  Bytes llep_weights = 0;
+  Bytes llep_weights = 0, llep_grads = 0;
   if (ep) {
     const std::vector<LlepBalance> routing = ep_layer_balance(w.routing, m.moe.experts, m.layers, P, llep);
     for (int l = 0; l < m.layers; ++l) {
       const LlepBalance& b = routing[static_cast<std::size_t>(l)];
       load = std::max(load, max_load(b.loads));
       const int most = *std::max_element(b.fetched.begin(), b.fetched.end());
-      if (most > 0) llep_weights = std::max(llep_weights, most * working_weight_bytes(params.layers[l].routed_experts / m.moe.experts));
+      if (most > 0) {
+        const ParamCount per_expert = params.layers[l].routed_experts / m.moe.experts;
+        llep_weights = std::max(llep_weights, most * working_weight_bytes(per_expert));
+        llep_grads = std::max(llep_grads, most * gradient_bytes(per_expert));
+      }
     }
   }
   const auto moe_on_worst_rank = [&](std::int64_t tokens) {
@@ -111,7 +116,11 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
     if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(moe_tokens_live));
     if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, moe_tokens_live, load));
+    const double expert_rows = static_cast<double>(moe_tokens_live * m.moe.top_k * (ep ? P : 1)) * largest_expert_share(w.routing, m.moe.experts, l);
+    add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",
+        moe_input_grad_bytes(m, moe_tokens_live) + expert_grad_workspace_bytes(m, static_cast<std::int64_t>(std::ceil(expert_rows))));
     add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
+    add(ph.items, "LLEP fetched experts' gradients", llep_grads);
     if (any_regenerated) {
       add(ph.items, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
           boundary_bytes(plan.boundaries.regenerate_cap, live_seqs, S, m.hidden));
