@@ -268,6 +268,37 @@ TEST(PlanTrainer, EpOnOneRankMatchesPlain) {
   expect_plan_matches_plain("tiny-moe-gemma", p);
 }
 
+// The EP owner's expert kernel without autograd (plan_ops::expert_forward, expert_backward) against
+// gated_mlp under autograd, for SiLU and tanh-GELU: the output, the input gradient, and the weights'
+// gradients added into the ones already there. The kernel writes into views of buffers of all the
+// rows (expert_rows), as the graph runner calls it.
+TEST(PlanOps, ExpertKernelMatchesAutogradGatedMlp) {
+  torch::manual_seed(5);
+  const std::int64_t n = 13, h = 16, I = 8, before = 3;
+  for (const std::string activation : {"silu", "gelu_pytorch_tanh"}) {
+    const auto x = torch::randn({n, h}, torch::requires_grad());
+    const plan_ops::ExpertWeights w{(torch::randn({I, h}) * 0.3).requires_grad_(), (torch::randn({I, h}) * 0.3).requires_grad_(),
+                                    (torch::randn({h, I}) * 0.3).requires_grad_()};
+    const auto y = gated_mlp(x, w[0], w[1], w[2], activation);
+    const auto dy = torch::randn_like(y);
+    y.backward(dy);
+    at::NoGradGuard no_grad;
+    const plan_ops::ExpertWeights v{w[0].detach(), w[1].detach(), w[2].detach()};
+    // Rows [before, before + n) of buffers that hold other rows too.
+    const plan_ops::ExpertActivations all = plan_ops::expert_activations(before + n, I, x.options());
+    const plan_ops::ExpertActivations a = plan_ops::expert_rows(all, before, n);
+    const auto out = torch::zeros({before + n, h});
+    plan_ops::expert_forward(x.detach(), v, activation, a, out.narrow(0, before, n));
+    EXPECT_LE(rel_diff(out.narrow(0, before, n), y.detach()), 1e-6) << activation;
+    EXPECT_TRUE(at::equal(out.narrow(0, 0, before), torch::zeros({before, h}))) << activation;
+    const plan_ops::ExpertWeights dw{torch::ones_like(v[0]), torch::ones_like(v[1]), torch::ones_like(v[2])};
+    const auto dx = torch::empty({n, h});
+    plan_ops::expert_backward(dy, x.detach(), a, v, dw, activation, plan_ops::expert_activations(n, I, x.options()), dx);
+    EXPECT_LE(rel_diff(dx, x.grad()), 1e-6) << activation;
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_LE(rel_diff(dw[i] - 1, w[i].grad()), 1e-6) << activation << " weight " << i;
+  }
+}
+
 TEST(PlanOps, AttentionBackwardFromKeptOutputMatchesAutograd) {
   torch::manual_seed(3);
   const auto q = torch::randn({2, 4, 20, 8}, torch::requires_grad());
