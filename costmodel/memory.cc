@@ -1,6 +1,7 @@
 #include "costmodel/memory.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace oom {
 
@@ -73,8 +74,9 @@ Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t T) {
 
 Bytes moe_input_grad_bytes(const ModelSpec& m, std::int64_t T) { return T * m.hidden * kBf16Bytes; }
 
-Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t A) {
-  return A * 3 * std::int64_t{m.moe.expert_intermediate} * kBf16Bytes;  // d gate, d up, d activation [A, I] ×3
+Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t T, int ranks, double largest_share) {
+  const auto rows = static_cast<std::int64_t>(std::ceil(static_cast<double>(T * m.moe.top_k * ranks) * largest_share));
+  return rows * 3 * std::int64_t{m.moe.expert_intermediate} * kBf16Bytes;  // d gate, d up, d activation [rows, I] ×3
 }
 
 Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t A) {

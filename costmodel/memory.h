@@ -52,10 +52,11 @@ Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t hidden, std::int64_t s
 Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t tokens);
 // The MoE backward's gradient buffers besides the all-to-all buffers: the normalized input's
 // gradient [T, h] BF16, summed from the router's, the experts' and the dense branches' backward
-// until the norm's; and, while an expert's backward runs over its `assignments` rows, the
-// gradients of each row's gate, up and activation [A, I] ×3 BF16.
+// until the norm's; and, while one expert's backward runs, the gradients of its rows' gate, up and
+// activation [rows, I] ×3 BF16, for the largest expert: `largest_share` of the k·tokens
+// assignments of each of the `ranks` ranks whose tokens it receives (1 without EP).
 Bytes moe_input_grad_bytes(const ModelSpec& m, std::int64_t tokens);
-Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t assignments);
+Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t tokens, int ranks, double largest_share);
 // The part that lives where the assignments are processed (the receiving rank under EP):
 // dispatched copies, expert gate/up/activation and outputs, per assignment.
 Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t assignments);

@@ -1,7 +1,6 @@
 // Decoder layers of the lowering: forward, replay, backward, boundaries and gradients
 // (reference §3 for EP, §4 for Local). See planner/lowering/lowering.h for the runtime rules.
 #include <algorithm>
-#include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
@@ -320,8 +319,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   }
   // The expert backward's activation gradients, one expert's rows at a time: the largest expert's
   // (its share of every rank's assignments under EP).
-  const double rows = static_cast<double>(tokens * m_.moe.top_k * (ep_ ? P_ : 1)) * largest_share_[static_cast<std::size_t>(l)];
-  const Bytes work = expert_grad_workspace_bytes(m_, static_cast<std::int64_t>(std::ceil(rows)));
+  const Bytes work = expert_grad_workspace_bytes(m_, tokens, ep_ ? P_ : 1, largest_share_[static_cast<std::size_t>(l)]);
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(exp[static_cast<std::size_t>(r)], r, work, false, MemoryUse::kDispatch);
     gpu_free(exp[static_cast<std::size_t>(r)], r, work, MemoryUse::kDispatch);

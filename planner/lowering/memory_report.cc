@@ -1,7 +1,6 @@
 #include "planner/lowering/memory_report.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include <fmt/format.h>
 
@@ -116,9 +115,9 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
     if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(moe_tokens_live));
     if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, moe_tokens_live, load));
-    const double expert_rows = static_cast<double>(moe_tokens_live * m.moe.top_k * (ep ? P : 1)) * largest_expert_share(w.routing, m.moe.experts, l);
     add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",
-        moe_input_grad_bytes(m, moe_tokens_live) + expert_grad_workspace_bytes(m, static_cast<std::int64_t>(std::ceil(expert_rows))));
+        moe_input_grad_bytes(m, moe_tokens_live) +
+            expert_grad_workspace_bytes(m, moe_tokens_live, ep ? P : 1, largest_expert_share(w.routing, m.moe.experts, l)));
     add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
     add(ph.items, "LLEP fetched experts' gradients", llep_grads);
     if (any_regenerated) {
