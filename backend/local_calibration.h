@@ -6,9 +6,10 @@
 // transfer there is a copy within DRAM; with CUDA pinned H2D/D2H copies) and the CPU AdamW kernel
 // on a large buffer, and returns a HardwareSpec named `name` whose every number names its source
 // (the measurement). record_local_steps() runs each (model, batch, seq, plan) with TorchExecutor
-// and returns step records: `measured_steps` rounds, each running every record once (a warm-up
-// step, then one measured step), and the median over the rounds, so that a slow spell of the
-// machine spreads over all records instead of a few. The fit itself is
+// and returns step records: `measured_steps` rounds, each running every record once (two warm-up
+// steps, then the median of three measured steps; on the CPU in a child process of its own, so
+// that no record's steps depend on the records run before it), and the fastest round (interference
+// from other load only adds time). The fit itself is
 // planner/calibration/calibrate.h's fit_calibration(): the same few constants for every record, some records
 // held out to check it. No LibTorch types in this header. Not thread-safe.
 #pragma once
@@ -48,7 +49,8 @@ struct LocalRun {
 std::vector<LocalRun> default_local_runs();
 
 // Runs each plan (in `measured_steps` interleaved rounds) and returns one step record per run on `hardware` (which must be loadable by
-// name when the records are validated later). Throws InputError for a plan that cannot run.
+// name when the records are validated later). Throws InputError, before any run, for a plan that
+// cannot run; std::runtime_error naming the record when a run fails.
 // With `cpu_time`, a step's time is the process CPU time it used (TorchExecutorOptions::Clock).
 RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::string& hardware, int measured_steps = 5,
                              int threads = 0, bool cpu_time = true);

@@ -26,7 +26,7 @@ namespace {
 struct BackendCalibrationArgs {
   bool backend = false, quick = false, refit = false;
   std::string name = "local-cpu", hardware_out, records_out, calibration_out;
-  int steps = 9, threads = 1;
+  int steps = 16, threads = 1;
   bool wall = false;
 };
 
@@ -94,7 +94,7 @@ std::function<bool()> add_backend_calibration_options(CLI::App& calibrate, Io io
   calibrate.add_option("--name", a->name, "With --backend: hardware name to write")->capture_default_str();
   calibrate.add_flag("--refit", a->refit, "With --backend: fit again from the records and hardware files already written");
   calibrate.add_flag("--quick", a->quick, "With --backend: short probes and only the small tiny-moe runs");
-  calibrate.add_option("--steps", a->steps, "With --backend: measured rounds (each runs every record once; a record's time is its median)")->capture_default_str();
+  calibrate.add_option("--steps", a->steps, "With --backend: measured rounds (each runs every record once; a record's time is its fastest round)")->capture_default_str();
   calibrate.add_option("--threads", a->threads, "With --backend: LibTorch threads (0 = leave as is)")->capture_default_str();
   calibrate.add_flag("--wall", a->wall, "With --backend: time by wall clock (default: process CPU time, robust to other load)");
   calibrate.add_option("--hardware-out", a->hardware_out, "With --backend: hardware file (default configs/hardware/NAME.json)");
