@@ -5,12 +5,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <ctime>
 #include <thread>
 #include <vector>
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
 #include "planner/calibration/validation.h"
+#include "traces/trace.h"
 
 namespace oom::backend {
 namespace {
@@ -259,12 +262,21 @@ namespace {
 // thresholds from the blocks freed so far, and the steps paid page faults a training process in
 // its steady state does not (with those thresholds pinned, the 48 recorded steps came out 11 %
 // faster at the median record; forked children measure that same level, 0.99×). A forked child
-// is a training process of its own, as `oom train` is. The child reports its median step and
-// device peak through a pipe, or one line of error text.
+// is a training process of its own, as `oom train` is. The child reports through a pipe its median
+// step, device peak and compute breakdown (JSON), or one line of error text.
 struct ChildRun {
   double step_s = 0;
   double gpu_peak_gib = -1;
+  std::map<std::string, double> compute_s;  // Measured::compute_s of the traced step
 };
+
+ChildRun child_run_of(const Measurement& m) {
+  ChildRun r;
+  r.step_s = m.step_s;
+  if (!m.gpu_peak_bytes.empty()) r.gpu_peak_gib = to_gib(m.gpu_peak_bytes[0]);
+  r.compute_s = busy_by_direction_and_kind(m.trace, "gpu0.compute");  // planner/lowering/lowering.cc names it
+  return r;
+}
 
 ChildRun run_in_child(TorchExecutor& ex, const Plan& plan, const WorkloadContext& ctx, const std::string& id) {
   int fds[2];
@@ -281,11 +293,8 @@ ChildRun run_in_child(TorchExecutor& ex, const Plan& plan, const WorkloadContext
     std::string payload;
     int code = 0;
     try {
-      const Measurement m = ex.run(plan, ctx, {});
-      ChildRun r;
-      r.step_s = m.step_s;
-      if (!m.gpu_peak_bytes.empty()) r.gpu_peak_gib = to_gib(m.gpu_peak_bytes[0]);
-      payload.assign(reinterpret_cast<const char*>(&r), sizeof r);
+      const ChildRun r = child_run_of(ex.run(plan, ctx, {}));
+      payload = nlohmann::json{{"step_s", r.step_s}, {"gpu_peak_gib", r.gpu_peak_gib}, {"compute_s", r.compute_s}}.dump();
     } catch (const std::exception& e) {
       payload = e.what();
       code = 1;
@@ -316,9 +325,12 @@ ChildRun run_in_child(TorchExecutor& ex, const Plan& plan, const WorkloadContext
   }
   if (!WIFEXITED(status)) throw std::runtime_error(fmt::format("{}: the measured run was killed (signal {})", id, WTERMSIG(status)));
   if (WEXITSTATUS(status) != 0) throw std::runtime_error(fmt::format("{}: {}", id, got.empty() ? "the measured run failed" : got));
-  if (got.size() != sizeof(ChildRun)) throw std::runtime_error(fmt::format("{}: the measured run reported nothing", id));
+  const auto j = nlohmann::json::parse(got, nullptr, false);
+  if (!j.is_object() || !j.contains("step_s")) throw std::runtime_error(fmt::format("{}: the measured run reported nothing", id));
   ChildRun r;
-  std::memcpy(&r, got.data(), sizeof r);
+  r.step_s = j["step_s"].get<double>();
+  r.gpu_peak_gib = j["gpu_peak_gib"].get<double>();
+  r.compute_s = j["compute_s"].get<std::map<std::string, double>>();
   return r;
 }
 
@@ -356,18 +368,18 @@ RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::strin
   }
   std::vector<std::vector<double>> times(runs.size());
   std::vector<double> gpu_peak_gib(runs.size(), -1.0);
+  std::vector<std::map<std::string, double>> breakdown(runs.size());
   for (int round = 0; round < std::max(1, measured_steps); ++round) {
     for (std::size_t i = 0; i < runs.size(); ++i) {
-      ChildRun m;
-      if (cuda) {
-        const Measurement full = ex.run(runs[i].plan, contexts[i], {});
-        m.step_s = full.step_s;
-        if (!full.gpu_peak_bytes.empty()) m.gpu_peak_gib = to_gib(full.gpu_peak_bytes[0]);
-      } else {
-        m = run_in_child(ex, runs[i].plan, contexts[i], runs[i].id);
-      }
+      const ChildRun m = cuda ? child_run_of(ex.run(runs[i].plan, contexts[i], {}))
+                              : run_in_child(ex, runs[i].plan, contexts[i], runs[i].id);
       times[i].push_back(m.step_s);
       gpu_peak_gib[i] = std::max(gpu_peak_gib[i], m.gpu_peak_gib);
+      // Each kind's fastest round, like the step's.
+      for (const auto& [key, seconds] : m.compute_s) {
+        const auto [it, added] = breakdown[i].emplace(key, seconds);
+        if (!added) it->second = std::min(it->second, seconds);
+      }
     }
   }
   RecordSet out;
@@ -376,13 +388,15 @@ RecordSet record_local_steps(const std::vector<LocalRun>& runs, const std::strin
     rec.id = runs[i].id;
     rec.source = fmt::format(
         "oom calibrate --backend: fastest {} over {} rounds (each round every record once, {}: two warm-up "
-        "steps, then the median of three measured steps), {} LibTorch threads",
+        "steps, then the median of three measured steps), {} LibTorch threads; compute_s: the traced step after "
+        "them, each kind's fastest round",
         eo.clock == TorchExecutorOptions::Clock::kProcessCpu ? "process CPU time" : "wall time", times[i].size(),
         cuda ? "in this process" : "each in a process of its own",
         at::get_num_threads());
     rec.workload = contexts[i].workload;
     rec.plan = plan_to_json(runs[i].plan);
     rec.measured.step_s = *std::min_element(times[i].begin(), times[i].end());
+    rec.measured.compute_s = breakdown[i];
     if (gpu_peak_gib[i] >= 0) rec.measured.gpu_peak_gib = gpu_peak_gib[i];
     out.steps.push_back(std::move(rec));
   }

@@ -2,7 +2,7 @@
 // `oom validate FILE.jsonl [--engine ...] [--json] [--explain ID [--published FILE]]` and
 // `oom calibrate --records FILE --hardware NAME [--engine E] -o configs/calibration/NAME.json` and
 // `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E]
-// [--measured-device] [--json]`.
+// [--measured-device] [--breakdown-weight W] [--json]`.
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -36,6 +36,7 @@ struct ValidateArgs {
 struct CalibrateArgs {
   std::string records_path, hardware, output, cross_validate, published, engine = "analytic";
   bool measured_device = false;
+  double breakdown_weight = 0.0;
   bool json = false;
 };
 
@@ -123,6 +124,10 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   c->add_flag("--measured-device", cal->measured_device,
               "The hardware was measured by its own probes (oom calibrate --backend, e.g. local-cpu): constants within ×100 of "
               "their estimates instead of the published GPU kernel ranges, no attention tile-fill ramp (as that command fits)");
+  c->add_option("--breakdown-weight", cal->breakdown_weight,
+                "Weight of the records' measured compute breakdowns (measured.compute_s: each kind's share of the compute "
+                "stream) against their step times; 0 (default) fits step times only")
+      ->check(CLI::Range(0.0, 100.0));
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;
@@ -152,6 +157,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
       options.fit.engine = cal->engine;
       options.fit.compute_anchors_s = anchors;
       if (cal->measured_device) use_measured_device(options.fit);
+      options.fit.breakdown_weight = cal->breakdown_weight;
       const CrossValidation cv = cross_validate(records, hw, options);
       emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
@@ -161,6 +167,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     options.engines = engines;
     options.compute_anchors_s = anchors;
     if (cal->measured_device) use_measured_device(options);
+    options.breakdown_weight = cal->breakdown_weight;
     const CalibrationFit fit = fit_calibration(records, hw, options);
     emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
     io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));

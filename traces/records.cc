@@ -18,6 +18,18 @@ Measured read_measured(const JsonReader& r) {
   m.step_s = r.optional_number("step_s", 1e-9, 1e9);
   m.gpu_peak_gib = r.optional_number("gpu_peak_gib", 0.0, 1e9);
   m.host_gib = r.optional_number("host_gib", 0.0, 1e12);
+  if (r.has("compute_s")) {
+    const JsonReader c = r.object("compute_s");
+    for (const auto& [key, value] : c.raw().items()) {
+      const auto dot = key.find('.');
+      const std::string direction = key.substr(0, dot), kind = dot == std::string::npos ? "" : key.substr(dot + 1);
+      if ((direction != "forward" && direction != "backward") || kind.empty() ||
+          kind.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) {
+        c.fail(key, "expected \"forward.KIND\" or \"backward.KIND\" with KIND an operator kind such as gemm");
+      }
+      m.compute_s[key] = c.number(key, 0.0, 1e9);
+    }
+  }
   return m;
 }
 
@@ -94,6 +106,7 @@ nlohmann::json step_record_to_json(const StepRecord& r) {
   if (r.measured.step_s) m["step_s"] = *r.measured.step_s;
   if (r.measured.gpu_peak_gib) m["gpu_peak_gib"] = *r.measured.gpu_peak_gib;
   if (r.measured.host_gib) m["host_gib"] = *r.measured.host_gib;
+  if (!r.measured.compute_s.empty()) m["compute_s"] = r.measured.compute_s;
   j["measured"] = m;
   if (!r.notes.empty()) j["notes"] = r.notes;
   return j;

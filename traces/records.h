@@ -2,12 +2,13 @@
 //
 // One record per line (DESIGN.md). A step record is {"id", "source", "workload": {...},
 // "plan": {...} | "system": "fsdp2-offload" | ..., "measured": {"step_s", "gpu_peak_gib",
-// "host_gib"}}; an operator record has "kind": "operator" and names a model, hardware, layer type,
+// "host_gib", "compute_s"}}; an operator record has "kind": "operator" and names a model, hardware, layer type,
 // operator, batch and sequence length with "measured": {"time_s"}. Blank lines and lines starting
 // with '#' are skipped. The plan stays JSON here (traces/ sits below planner/); planner's
 // plan_from_json() reads it, naming "FILE:LINE" as its origin.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,11 @@ struct Measured {
   std::optional<double> step_s;
   std::optional<double> gpu_peak_gib;
   std::optional<double> host_gib;
+  // Rank 0's compute-stream busy seconds of a traced step by direction and operator kind, keyed
+  // "forward.KIND" (forward and recompute stages) or "backward.KIND", KIND a Trace stage kind
+  // ("gemm", "attention", ...): the measured breakdown `oom calibrate --backend` records beside a
+  // step. The fit matches its shares of the compute stream (planner/calibration/calibrate.h).
+  std::map<std::string, double> compute_s;
   bool operator==(const Measured&) const = default;
 };
 

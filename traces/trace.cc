@@ -154,4 +154,13 @@ void finalize_trace(Trace& t) {
   }
 }
 
+std::map<std::string, double> busy_by_direction_and_kind(const Trace& t, const std::string& resource) {
+  std::map<std::string, double> out;
+  for (const TraceStage& s : t.stages) {
+    if (s.resource != resource || s.key.phase == Phase::kOptimizer) continue;
+    out[(s.key.phase == Phase::kBackward ? "backward." : "forward.") + s.kind] += s.duration_s();
+  }
+  return out;
+}
+
 }  // namespace oom

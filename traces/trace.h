@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,11 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file);
 // microsecond times and its layer, bytes and flops as args, plus one counter ("C") track per
 // memory timeline in GiB.
 nlohmann::json trace_to_chrome_json(const Trace& t);
+
+// Busy seconds of one resource's stages (e.g. "gpu0.compute") by direction and operator kind:
+// "forward.KIND" for forward and recompute stages, "backward.KIND" for backward ones (optimizer
+// stages left out); the form of a step record's measured breakdown (Measured::compute_s).
+std::map<std::string, double> busy_by_direction_and_kind(const Trace& t, const std::string& resource);
 
 // Sorts stages by (start_s, id), sets step_s to the latest end and each timeline's peak to at
 // least its largest sample. Executors call it before returning a Trace.

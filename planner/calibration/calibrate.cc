@@ -80,6 +80,16 @@ struct Target {
   double engine_factor = 1;        // step records: predicting engine / analytic at the last pass
   std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
   std::vector<std::int32_t> rank0_compute;  // step records: the stages on rank 0's compute stream
+  // Step records with a measured breakdown (Measured::compute_s): each direction and kind's
+  // stages on rank 0's compute stream and its measured share of that stream's forward and
+  // backward busy time (`breakdown`: those stages, the optimizer's left out).
+  struct Share {
+    std::string key;
+    std::vector<std::int32_t> stages;
+    double measured = 0;
+  };
+  std::vector<Share> shares;
+  std::vector<std::int32_t> breakdown;
   std::optional<AnalyticSchedule> schedule;  // step records: Eq. 3 over `graph`, built once
   std::optional<HostSharing> sharing;        // step records: the host sharing of `graph`, built once
   // Step records, inside the fit: each stage's work stretch from host sharing, settled at the
@@ -128,6 +138,7 @@ void index_pricing(Target& t) {
 struct Prediction {
   double time_s = 0;          // step or operator time
   double compute_busy_s = 0;  // step records: rank 0's compute-stream busy time
+  std::vector<double> shares;  // step records: the predicted share of each Target::shares
 };
 
 // `compute_busy`: also sum rank 0's compute-stream busy time (step records).
@@ -149,6 +160,15 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
   for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(t.priced_of[v])];
   if (compute_busy) {
     for (const std::int32_t v : t.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
+  }
+  if (!t.shares.empty()) {
+    double total = 0;
+    for (const std::int32_t v : t.breakdown) total += d[static_cast<std::size_t>(v)];
+    for (const auto& share : t.shares) {
+      double busy = 0;
+      for (const std::int32_t v : share.stages) busy += d[static_cast<std::size_t>(v)];
+      out.shares.push_back(total > 0 ? busy / total : 0);
+    }
   }
   auto fixed_s = [&](std::size_t v) { return priced[static_cast<std::size_t>(t.priced_of[v])].fixed_s; };
   Seconds step = 0;
@@ -232,6 +252,35 @@ Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
   return t;
 }
 
+// A measured breakdown's shares (Measured::compute_s). A kind that takes less than
+// kMinBreakdownShare of the stream is left out: its stages are mostly fixed cost, and its
+// measured time is a few samples of the clock.
+constexpr double kMinBreakdownShare = 0.03;
+
+void add_breakdown(Target& t, const StepRecord& r) {
+  if (r.measured.compute_s.empty()) return;
+  for (const std::int32_t v : t.rank0_compute) {
+    if (t.graph.stage(v).phase != Phase::kOptimizer) t.breakdown.push_back(v);
+  }
+  double total = 0;
+  for (const auto& [key, seconds] : r.measured.compute_s) total += seconds;
+  for (const auto& [key, seconds] : r.measured.compute_s) {
+    const auto dot = key.find('.');
+    const bool backward = key.substr(0, dot) == "backward";
+    const std::string kind = key.substr(dot + 1);
+    Target::Share share{key, {}, total > 0 ? seconds / total : 0};
+    for (const std::int32_t v : t.breakdown) {
+      const Stage& s = t.graph.stage(v);
+      if ((s.phase == Phase::kBackward) == backward && op_kind_name(s.op) == kind) share.stages.push_back(v);
+    }
+    if (share.stages.empty()) {
+      throw InputError(r.origin, "measured.compute_s." + key, fmt::format("{}", seconds),
+                       "no forward or backward stage on rank 0's compute stream has this direction and operator kind");
+    }
+    if (share.measured >= kMinBreakdownShare) t.shares.push_back(std::move(share));
+  }
+}
+
 Target step_target(const StepRecord& r) {
   Target t;
   t.row = {r.id, "step", false, *r.measured.step_s, 0};
@@ -255,6 +304,7 @@ Target step_target(const StepRecord& r) {
   for (const Stage& s : t.graph.stages) {
     if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);
   }
+  add_breakdown(t, r);
   return t;
 }
 
@@ -370,9 +420,14 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   }
   const int n = static_cast<int>(fitted.size());
   std::vector<int> anchor_row(fitted.size(), -1);  // residual row of each fitted target's anchor
+  std::vector<int> share_row(fitted.size(), -1);   // first residual row of its breakdown's shares
   int rows = n;
   for (std::size_t i = 0; i < fitted.size(); ++i) {
     if (fitted[i]->compute_anchor_s) anchor_row[i] = rows++;
+    if (!fitted[i]->shares.empty() && options.breakdown_weight > 0) {
+      share_row[i] = rows;
+      rows += static_cast<int>(fitted[i]->shares.size());
+    }
   }
   // The residuals at `theta`; with `column` ≥ 0, `theta` differs from the point of residuals
   // `base` in that constant only, and the records it prices none of keep their `base` residuals.
@@ -382,15 +437,24 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     for (int i = 0; i < n; ++i) {
       const Target& t = *fitted[static_cast<std::size_t>(i)];
       const int a = anchor_row[static_cast<std::size_t>(i)];
+      const int sh = share_row[static_cast<std::size_t>(i)];
+      const int shares = sh >= 0 ? static_cast<int>(t.shares.size()) : 0;
       if (column >= 0 && !t.priced_by[static_cast<std::size_t>(column)]) {
         r[i] = (*base)[i];
         if (a >= 0) r[a] = (*base)[a];
+        for (int k = 0; k < shares; ++k) r[sh + k] = (*base)[sh + k];
         continue;
       }
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
       const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value());
       r[i] = w * std::log(pr.time_s / t.row.measured_s);
       if (a >= 0) r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
+      // A record's shares weigh together as much as its step: breakdown_weight / √(its shares).
+      const double ws = shares > 0 ? options.breakdown_weight / std::sqrt(static_cast<double>(shares)) : 0;
+      for (int k = 0; k < shares; ++k) {
+        const double predicted = std::max(pr.shares[static_cast<std::size_t>(k)], 1e-9);
+        r[sh + k] = ws * std::log(predicted / t.shares[static_cast<std::size_t>(k)].measured);
+      }
     }
     for (int i = 0; i < p; ++i) r[rows + i] = options.prior_weight * (theta[i] - theta0[i]);
     return r;
@@ -513,8 +577,10 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
   }
   std::string fitted_ids, held_ids, anchored;
+  int broken_down = 0;
   for (auto& t : targets) {
     if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
+    if (!t.shares.empty() && !t.row.held_out && options.breakdown_weight > 0) ++broken_down;
     const Prediction pr = predict_detail(t, fit.calibration, true);
     t.row.predicted_s = pr.time_s;
     t.row.predicted_compute_s = pr.compute_busy_s;
@@ -522,9 +588,10 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     fit.rows.push_back(t.row);
     (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
   }
-  fit.calibration.fitted_from = fmt::format("least squares ({} engine) over {}; held out: {}{}", options.engine, fitted_ids,
-                                            held_ids.empty() ? "none" : held_ids,
-                                            anchored.empty() ? "" : "; published compute times of " + anchored);
+  fit.calibration.fitted_from = fmt::format(
+      "least squares ({} engine) over {}; held out: {}{}{}", options.engine, fitted_ids, held_ids.empty() ? "none" : held_ids,
+      anchored.empty() ? "" : "; published compute times of " + anchored,
+      broken_down == 0 ? "" : fmt::format("; measured compute breakdowns of the {} fitted step records that have one", broken_down));
   return fit;
 }
 

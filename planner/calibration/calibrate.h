@@ -55,6 +55,17 @@ struct FitOptions {
   // time alone cannot: compute from the non-compute time the step exposes beside it.
   std::map<std::string, double> compute_anchors_s;
   double anchor_weight = 1.0;
+  // A step record's measured breakdown (Measured::compute_s: rank 0's compute-stream busy time by
+  // direction and operator kind, e.g. from the traced step `oom calibrate --backend` records):
+  // each kind's share of the stream (forward and backward; kinds under 3 % left out) is one more
+  // residual, log(predicted share / measured share), weighted breakdown_weight / √(the record's
+  // shares), so a record's breakdown weighs about as much as its step. Shares, not seconds: a
+  // traced step's clock and tracing overhead scale every kind alike. They separate what the step
+  // time alone cannot, e.g. an attention core's forward from its backward. 0 (default): step times
+  // only. (On the recorded local runs the breakdowns show each kind's time to be mostly per-operator
+  // dispatch, which the duration model prices per stage: fitted to both, the step errors grow;
+  // backend/README.md.)
+  double breakdown_weight = 0.0;
   // The attention key-span ramp to keep (Calibration::attention_half_keys); < 0: the estimate's.
   // Devices whose attention kernels have no GPU tile-fill ramp (the CPU backend) set 0.
   double attention_half_keys = -1;

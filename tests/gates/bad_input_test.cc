@@ -284,6 +284,9 @@ std::vector<Case> cases() {
                "source", "\"OOM arXiv 26", "malformed JSON"});
   c.push_back({"records_negative_step_time", {{"r.jsonl", record_with([](json& j) { j["measured"]["step_s"] = -3; })}},
                {"@records", R}, R + ":1", "measured.step_s", "-3", "range"});
+  c.push_back({"records_compute_breakdown_bad_key",
+               {{"r.jsonl", record_with([](json& j) { j["measured"]["compute_s"] = {{"forward", 0.5}}; })}}, {"@records", R},
+               R + ":1", "measured.compute_s.forward", "0.5", "forward.KIND"});
   c.push_back({"records_duplicate_id", {{"r.jsonl", ok + "\n" + ok + "\n"}}, {"@records", R}, R + ":2", "id", "\"t4-b16\"",
                "duplicate"});
   c.push_back({"records_unknown_kind", {{"r.jsonl", record_with([](json& j) { j["kind"] = "gpu"; })}}, {"@records", R},

@@ -11,7 +11,12 @@
 #include "planner/calibration/validation.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
+#include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/step_graph.h"
+#include "planner/plan/plan.h"
+#include "traces/records.h"
+#include "traces/trace.h"
 
 namespace oom {
 namespace {
@@ -106,6 +111,51 @@ TEST(FitCalibration, PublishedComputeTimesSeparateComputeFromWhatTheStepExposes)
   EXPECT_GT(r.predicted_compute_s, 1.1 * busy);
   EXPECT_NE(calibration_fit_text(anchored).find("compute busy (published"), std::string::npos);
   EXPECT_TRUE(calibration_fit_to_json(anchored)["records"][1].contains("compute_anchor_s"));
+}
+
+// A measured compute breakdown (Measured::compute_s) separates what step times alone cannot. In
+// the recorded local runs' plain plans every attention core runs forward twice (forward and
+// recompute) and backward once, so their step times pin one combination of the two attention
+// efficiencies only; the breakdown's forward and backward shares pin each. "Measurements" here are
+// the analytic engine's steps and compute-stream breakdowns under known constants.
+TEST(FitCalibration, MeasuredBreakdownsSeparateAttentionForwardFromBackward) {
+  RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/recorded/local-cpu.jsonl");
+  std::erase_if(records.steps, [](const StepRecord& r) { return !r.id.ends_with("-plain"); });
+  ASSERT_EQ(records.steps.size(), 8u);
+  const HardwareSpec hw = load_hardware_spec("local-cpu");
+  Calibration truth = default_calibration(hw);
+  truth.gemm_efficiency = 0.3;
+  truth.expert_gemm_efficiency = 0.5;
+  truth.gdn_efficiency = 0.1;
+  truth.attention_efficiency = 0.2;
+  truth.attention_backward_efficiency = 0.05;
+  truth.attention_half_keys = 0;
+  truth.compute_overhead_s = 50e-6;
+  for (auto& r : records.steps) {
+    const WorkloadContext ctx = resolve_workload(r.workload, r.origin);
+    const StepGraph g = lower(plan_from_json(r.plan, r.origin), ctx);
+    const Trace t = AnalyticEngine().execute(g, CalibratedDurationModel(ctx.hardware, truth, ctx.workload.gpus));
+    r.measured.step_s = t.step_s;
+    r.measured.compute_s = busy_by_direction_and_kind(t, "gpu0.compute");
+    ASSERT_GT(r.measured.compute_s.at("backward.attention"), 0.0) << r.id;
+  }
+  FitOptions options;
+  options.held_out_ids = {};
+  use_measured_device(options);
+  options.breakdown_weight = 1.0;
+  options.starts = 2;
+  options.max_iterations = 40;
+  const CalibrationFit fit = fit_calibration(records, hw, options);
+  EXPECT_NE(fit.calibration.fitted_from.find("measured compute breakdowns of the 8 fitted step records"), std::string::npos)
+      << fit.calibration.fitted_from;
+  for (const FitRow& r : fit.rows) EXPECT_LT(std::abs(r.rel_error()), 0.02) << r.id;
+  EXPECT_NEAR(fit.calibration.attention_efficiency / truth.attention_efficiency, 1.0, 0.1);
+  EXPECT_NEAR(fit.calibration.attention_backward_efficiency / truth.attention_backward_efficiency, 1.0, 0.1);
+  // A breakdown whose direction and kind no stage of the lowered step has skips its record, named.
+  records.steps[0].measured.compute_s["backward.all_to_all"] = 0.001;
+  const CalibrationFit skipped = fit_calibration(records, hw, options);
+  ASSERT_EQ(skipped.skipped.size(), 1u);
+  EXPECT_NE(skipped.skipped[0].find("measured.compute_s.backward.all_to_all"), std::string::npos) << skipped.skipped[0];
 }
 
 // An engine that runs the analytic evaluator and stretches every stage of the step's critical

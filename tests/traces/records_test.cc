@@ -77,5 +77,36 @@ TEST(Records, DuplicateIdsAndMissingMeasurementsAreErrors) {
   std::filesystem::remove(path);
 }
 
+// A measured compute breakdown (Measured::compute_s) loads, round-trips, and a key that is not
+// "forward.KIND" or "backward.KIND" names the field.
+TEST(Records, ComputeBreakdownLoadsAndBadKeysNameTheField) {
+  const std::string head = R"({"id": "a", "workload": {"model": "m", "hardware": "h", "gpus": 1, "global_batch": 4, "seq_len": 8}, "plan": {}, )";
+  RecordSet set;
+  parse_record_line(head + R"("measured": {"step_s": 0.05, "compute_s": {"forward.attention": 0.004, "backward.gemm": 0.011}}})", "r.jsonl:1",
+                    set);
+  ASSERT_EQ(set.steps.size(), 1u);
+  const auto& m = set.steps[0].measured;
+  ASSERT_EQ(m.compute_s.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.compute_s.at("forward.attention"), 0.004);
+  EXPECT_DOUBLE_EQ(m.compute_s.at("backward.gemm"), 0.011);
+  RecordSet again;
+  parse_record_line(step_record_to_json(set.steps[0]).dump(), "r.jsonl:1", again);
+  EXPECT_EQ(again.steps.at(0), set.steps[0]);
+  for (const auto& [measured, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"step_s": 1, "compute_s": {"sideways.gemm": 0.1}})",
+            "r.jsonl:1: field 'measured.compute_s.sideways.gemm': value 0.1: expected \"forward.KIND\" or \"backward.KIND\" with KIND an operator kind such as gemm"},
+           {R"({"step_s": 1, "compute_s": {"forward.attention": -2}})",
+            "r.jsonl:1: field 'measured.compute_s.forward.attention': value -2: out of range 0..1000000000"},
+           {R"({"step_s": 1, "compute_s": [1]})", "r.jsonl:1: field 'measured.compute_s': value [1]: expected an object"}}) {
+    RecordSet bad;
+    try {
+      parse_record_line(head + R"("measured": )" + measured + "}", "r.jsonl:1", bad);
+      ADD_FAILURE() << measured;
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace oom
