@@ -167,6 +167,10 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   for (const auto& b : breakdowns) {
     if (b.record == id) e.published = b;
   }
+  if (!rec->measured.compute_s.empty()) {
+    e.measured_compute_s = rec->measured.compute_s;
+    e.predicted_compute_s = busy_by_direction_and_kind(trace, "gpu0.compute");  // planner/lowering/lowering.cc names it
+  }
   return e;
 }
 
@@ -186,6 +190,10 @@ nlohmann::json explanation_to_json(const StepExplanation& e) {
                       {"exposed_s", exposed},
                       {"layer_forward_s", e.layer_forward_s},
                       {"published", nullptr}};
+  if (!e.measured_compute_s.empty()) {
+    j["measured_compute_s"] = e.measured_compute_s;
+    j["predicted_compute_s"] = e.predicted_compute_s;
+  }
   if (e.published) {
     const PublishedBreakdown& b = *e.published;
     auto opt = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
@@ -217,6 +225,19 @@ std::string explanation_text(const StepExplanation& e) {
     compute += s;
   }
   out += fmt::format("  {:<28} {:>10.3f}\n", "total", compute);
+  if (!e.measured_compute_s.empty()) {
+    // Shares of each side's own total: a traced step's clock and tracing overhead scale every kind alike.
+    Seconds predicted_total = 0, measured_total = 0;
+    std::map<std::string, std::pair<Seconds, Seconds>> rows;
+    for (const auto& [k, v] : e.predicted_compute_s) rows[k].first = v, predicted_total += v;
+    for (const auto& [k, v] : e.measured_compute_s) rows[k].second = v, measured_total += v;
+    out += "\nCompute stream by direction and kind, beside the measured breakdown    predicted         measured\n";
+    for (const auto& [k, v] : rows) {
+      out += fmt::format("  {:<28} {:>10.4f} s {:>5.1f}%  {:>10.4f} s {:>5.1f}%\n", k, v.first,
+                         predicted_total > 0 ? 100 * v.first / predicted_total : 0.0, v.second,
+                         measured_total > 0 ? 100 * v.second / measured_total : 0.0);
+    }
+  }
   out += "\nExposed time per mechanism (each instant charged once; sums to the step) (s)\n";
   Seconds compute_exposed = 0, total = 0;
   for (const auto& [m, s] : e.exposed_s) {

@@ -62,6 +62,9 @@ struct StepExplanation {
   std::vector<std::pair<std::string, Seconds>> exposed_s;  // mechanism → exposed time (sums to step_s)
   std::map<std::string, Seconds> layer_forward_s;    // layer kind → forward time of one decoder of rank 0
   std::optional<PublishedBreakdown> published;
+  // A record with a measured compute breakdown (Measured::compute_s): the prediction's rank-0
+  // compute stream in the same form (busy_by_direction_and_kind), and the measured one.
+  std::map<std::string, Seconds> predicted_compute_s, measured_compute_s;
 };
 
 // Exposed time per mechanism and busy times of rank `gpu` in `t` (see above).

@@ -87,5 +87,27 @@ TEST(ExplainRecord, PredictsTheRecordAndMeetsItsPublishedBreakdown) {
   EXPECT_THROW(explain_record(records, file, "t4-b999", StepEngines(), "analytic", published), InputError);
 }
 
+// A recorded local run carries its measured compute breakdown; the explanation sets the
+// prediction's in the same form beside it (paper records have none).
+TEST(ExplainRecord, ShowsTheMeasuredComputeBreakdownBesideThePredictedOne) {
+  const std::string file = kSrc + "/traces/recorded/local-cpu.jsonl";
+  const RecordSet records = load_records(file);
+  const StepExplanation e = explain_record(records, file, "tiny-moe-mixtral-b4s64-plain", StepEngines(), "analytic", {});
+  ASSERT_FALSE(e.measured_compute_s.empty());
+  EXPECT_GT(e.measured_compute_s.at("backward.attention"), 0.0);
+  EXPECT_GT(e.predicted_compute_s.at("backward.attention"), 0.0);
+  EXPECT_GT(e.predicted_compute_s.at("forward.expert_gemm"), 0.0);
+  Seconds predicted = 0, busy = 0;
+  for (const auto& [k, s] : e.predicted_compute_s) predicted += s;
+  for (const auto& [k, s] : e.compute_by_kind_s) busy += s;
+  EXPECT_LE(predicted, busy * (1 + 1e-9));  // the optimizer's compute stages are left out
+  EXPECT_NE(explanation_text(e).find("beside the measured breakdown"), std::string::npos);
+  EXPECT_TRUE(explanation_to_json(e).contains("measured_compute_s"));
+  const StepExplanation paper =
+      explain_record(load_records(kSrc + "/traces/paper/paper-calibration.jsonl"), "paper", "t4-b32", StepEngines(), "analytic", {});
+  EXPECT_TRUE(paper.measured_compute_s.empty());
+  EXPECT_FALSE(explanation_to_json(paper).contains("measured_compute_s"));
+}
+
 }  // namespace
 }  // namespace oom
