@@ -23,7 +23,7 @@
 #include "backend/torch_executor.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
-#include "planner/calibration/validation.h"
+#include "planner/lowering/step_graph.h"
 #include "traces/trace.h"
 
 namespace oom::backend {
@@ -274,7 +274,7 @@ ChildRun child_run_of(const Measurement& m) {
   ChildRun r;
   r.step_s = m.step_s;
   if (!m.gpu_peak_bytes.empty()) r.gpu_peak_gib = to_gib(m.gpu_peak_bytes[0]);
-  r.compute_s = busy_by_direction_and_kind(m.trace, "gpu0.compute");  // planner/lowering/lowering.cc names it
+  r.compute_s = busy_by_direction_and_kind(m.trace, gpu_compute_resource_name(0));
   return r;
 }
 

@@ -21,10 +21,7 @@ Measured read_measured(const JsonReader& r) {
   if (r.has("compute_s")) {
     const JsonReader c = r.object("compute_s");
     for (const auto& [key, value] : c.raw().items()) {
-      const auto dot = key.find('.');
-      const std::string direction = key.substr(0, dot), kind = dot == std::string::npos ? "" : key.substr(dot + 1);
-      if ((direction != "forward" && direction != "backward") || kind.empty() ||
-          kind.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) {
+      if (!parse_compute_key(key)) {
         c.fail(key, "expected \"forward.KIND\" or \"backward.KIND\" with KIND an operator kind such as gemm");
       }
       m.compute_s[key] = c.number(key, 0.0, 1e9);
@@ -34,6 +31,22 @@ Measured read_measured(const JsonReader& r) {
 }
 
 }  // namespace
+
+std::string compute_key(bool backward, std::string_view kind) {
+  return fmt::format("{}.{}", backward ? "backward" : "forward", kind);
+}
+
+std::optional<ComputeKey> parse_compute_key(const std::string& key) {
+  const auto dot = key.find('.');
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string direction = key.substr(0, dot);
+  ComputeKey k{direction == "backward", key.substr(dot + 1)};
+  if ((direction != "forward" && direction != "backward") || k.kind.empty() ||
+      k.kind.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) {
+    return std::nullopt;
+  }
+  return k;
+}
 
 const std::string& parse_record_line(const std::string& line, const std::string& origin, RecordSet& out) {
   const nlohmann::json j = parse_json_text(line, origin);

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -30,6 +31,14 @@ struct Measured {
   std::map<std::string, double> compute_s;
   bool operator==(const Measured&) const = default;
 };
+
+// A Measured::compute_s key: "forward.KIND" (forward and recompute stages) or "backward.KIND".
+std::string compute_key(bool backward, std::string_view kind);
+struct ComputeKey {
+  bool backward = false;
+  std::string kind;  // a Trace stage kind: lower-case letters and '_'
+};
+std::optional<ComputeKey> parse_compute_key(const std::string& key);  // nullopt when malformed
 
 struct StepRecord {
   std::string id;

@@ -7,6 +7,7 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
+#include "traces/records.h"
 
 namespace oom {
 namespace {
@@ -158,7 +159,7 @@ std::map<std::string, double> busy_by_direction_and_kind(const Trace& t, const s
   std::map<std::string, double> out;
   for (const TraceStage& s : t.stages) {
     if (s.resource != resource || s.key.phase == Phase::kOptimizer) continue;
-    out[(s.key.phase == Phase::kBackward ? "backward." : "forward.") + s.kind] += s.duration_s();
+    out[compute_key(s.key.phase == Phase::kBackward, s.kind)] += s.duration_s();
   }
   return out;
 }

@@ -80,9 +80,9 @@ struct Target {
   double engine_factor = 1;        // step records: predicting engine / analytic at the last pass
   std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
   std::vector<std::int32_t> rank0_compute;  // step records: the stages on rank 0's compute stream
-  // Step records with a measured breakdown (Measured::compute_s): each direction and kind's
-  // stages on rank 0's compute stream and its measured share of that stream's forward and
-  // backward busy time (`breakdown`: those stages, the optimizer's left out).
+  // Step records with a measured breakdown (Measured::compute_s), in a fit that weighs it: each
+  // direction and kind's stages on rank 0's compute stream and its measured share of that
+  // stream's forward and backward busy time (`breakdown`: those stages, the optimizer's left out).
   struct Share {
     std::string key;
     std::vector<std::int32_t> stages;
@@ -265,13 +265,11 @@ void add_breakdown(Target& t, const StepRecord& r) {
   double total = 0;
   for (const auto& [key, seconds] : r.measured.compute_s) total += seconds;
   for (const auto& [key, seconds] : r.measured.compute_s) {
-    const auto dot = key.find('.');
-    const bool backward = key.substr(0, dot) == "backward";
-    const std::string kind = key.substr(dot + 1);
+    const std::optional<ComputeKey> k = parse_compute_key(key);
     Target::Share share{key, {}, total > 0 ? seconds / total : 0};
     for (const std::int32_t v : t.breakdown) {
       const Stage& s = t.graph.stage(v);
-      if ((s.phase == Phase::kBackward) == backward && op_kind_name(s.op) == kind) share.stages.push_back(v);
+      if (k && (s.phase == Phase::kBackward) == k->backward && op_kind_name(s.op) == k->kind) share.stages.push_back(v);
     }
     if (share.stages.empty()) {
       throw InputError(r.origin, "measured.compute_s." + key, fmt::format("{}", seconds),
@@ -281,7 +279,8 @@ void add_breakdown(Target& t, const StepRecord& r) {
   }
 }
 
-Target step_target(const StepRecord& r) {
+// `breakdown`: also the record's measured breakdown (FitOptions::breakdown_weight > 0).
+Target step_target(const StepRecord& r, bool breakdown) {
   Target t;
   t.row = {r.id, "step", false, *r.measured.step_s, 0};
   t.ctx = resolve_workload(r.workload, r.origin);
@@ -304,7 +303,7 @@ Target step_target(const StepRecord& r) {
   for (const Stage& s : t.graph.stages) {
     if (s.gpu == 0 && t.graph.resource(s.resource).kind == ResourceKind::kGpuCompute) t.rank0_compute.push_back(s.id);
   }
-  add_breakdown(t, r);
+  if (breakdown) add_breakdown(t, r);
   return t;
 }
 
@@ -335,7 +334,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     const bool same = r.workload.hardware == hw.name;
     if (!same) continue;
     try {
-      targets.push_back(step_target(r));
+      targets.push_back(step_target(r, options.breakdown_weight > 0));
       targets.back().row.held_out = held_out(r.id);
       if (const auto a = options.compute_anchors_s.find(r.id); a != options.compute_anchors_s.end() && a->second > 0) {
         targets.back().compute_anchor_s = a->second;
@@ -424,7 +423,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   int rows = n;
   for (std::size_t i = 0; i < fitted.size(); ++i) {
     if (fitted[i]->compute_anchor_s) anchor_row[i] = rows++;
-    if (!fitted[i]->shares.empty() && options.breakdown_weight > 0) {
+    if (!fitted[i]->shares.empty()) {
       share_row[i] = rows;
       rows += static_cast<int>(fitted[i]->shares.size());
     }
@@ -438,7 +437,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
       const Target& t = *fitted[static_cast<std::size_t>(i)];
       const int a = anchor_row[static_cast<std::size_t>(i)];
       const int sh = share_row[static_cast<std::size_t>(i)];
-      const int shares = sh >= 0 ? static_cast<int>(t.shares.size()) : 0;
+      const int shares = static_cast<int>(t.shares.size());
       if (column >= 0 && !t.priced_by[static_cast<std::size_t>(column)]) {
         r[i] = (*base)[i];
         if (a >= 0) r[a] = (*base)[a];
@@ -580,7 +579,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   int broken_down = 0;
   for (auto& t : targets) {
     if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
-    if (!t.shares.empty() && !t.row.held_out && options.breakdown_weight > 0) ++broken_down;
+    if (!t.shares.empty() && !t.row.held_out) ++broken_down;
     const Prediction pr = predict_detail(t, fit.calibration, true);
     t.row.predicted_s = pr.time_s;
     t.row.predicted_compute_s = pr.compute_busy_s;

@@ -9,6 +9,7 @@
 #include "costmodel/json_input.h"
 #include "planner/calibration/validation.h"
 #include "planner/lowering/baselines.h"
+#include "planner/lowering/step_graph.h"
 
 namespace oom {
 namespace {
@@ -169,7 +170,7 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   }
   if (!rec->measured.compute_s.empty()) {
     e.measured_compute_s = rec->measured.compute_s;
-    e.predicted_compute_s = busy_by_direction_and_kind(trace, "gpu0.compute");  // planner/lowering/lowering.cc names it
+    e.predicted_compute_s = busy_by_direction_and_kind(trace, gpu_compute_resource_name(0));
   }
   return e;
 }

@@ -29,7 +29,7 @@ RankResources add_rank_resources(StepGraphBuilder& b, const HardwareSpec& h, int
   const int r = rank;
   RankResources rr;
   rr.numa = h.numa_of_rank(r, ranks);
-  rr.compute = b.add_resource(ResourceKind::kGpuCompute, fmt::format("gpu{}.compute", r), r, -1);
+  rr.compute = b.add_resource(ResourceKind::kGpuCompute, gpu_compute_resource_name(r), r, -1);
   rr.h2d = b.add_resource(ResourceKind::kH2d, fmt::format("gpu{}.h2d", r), r, rr.numa);
   rr.d2h = b.add_resource(ResourceKind::kD2h, fmt::format("gpu{}.d2h", r), r, rr.numa);
   if (expert_grad_stream) {

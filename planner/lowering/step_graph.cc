@@ -21,6 +21,8 @@ std::string_view resource_kind_name(ResourceKind k) {
   return "?";
 }
 
+std::string gpu_compute_resource_name(int rank) { return fmt::format("gpu{}.compute", rank); }
+
 std::string_view op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::kGemm: return "gemm";

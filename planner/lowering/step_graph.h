@@ -43,6 +43,9 @@ enum class ResourceKind {
   kHostPrep,        // rank r's host preparation worker (BF16 weight staging) on NUMA node n
 };
 std::string_view resource_kind_name(ResourceKind k);  // "compute", "h2d", "d2h", "expert_grad_d2h", ...
+// The name every lowering gives a rank's compute stream ("gpu0.compute"): the resource of its
+// compute stages in a Trace.
+std::string gpu_compute_resource_name(int rank);
 
 struct Resource {
   ResourceId id = 0;
