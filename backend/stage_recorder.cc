@@ -5,7 +5,20 @@
 
 #include <unistd.h>
 
+#include <ATen/record_function.h>
+
 namespace oom::backend {
+
+namespace {
+
+thread_local std::int64_t operators_dispatched = 0;  // ATen calls this thread made while counting
+
+std::unique_ptr<at::ObserverContext> count_operator(const at::RecordFunction&) {
+  ++operators_dispatched;
+  return nullptr;
+}
+
+}  // namespace
 
 Bytes process_rss_bytes() {
   std::ifstream f("/proc/self/statm");
@@ -14,7 +27,20 @@ Bytes process_rss_bytes() {
   return static_cast<Bytes>(pages_resident) * static_cast<Bytes>(sysconf(_SC_PAGESIZE));
 }
 
+StageRecorder::~StageRecorder() { count_operators(false); }
+
+void StageRecorder::count_operators(bool on) {
+  if (on && operator_callback_ == 0) {
+    operator_callback_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(count_operator).scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  } else if (!on && operator_callback_ != 0) {
+    at::removeCallback(operator_callback_);
+    operator_callback_ = 0;
+  }
+}
+
 void StageRecorder::start_step(bool enabled) {
+  count_operators(enabled);
   std::lock_guard<std::mutex> lock(mu_);
   enabled_ = enabled;
   stages_.clear();
@@ -30,14 +56,17 @@ void StageRecorder::start_step(bool enabled) {
 
 double StageRecorder::now_s() { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
 
-StageRecorder::Scope::Scope(StageRecorder* r, TraceStage s) : r_(r), s_(std::move(s)) {}
+StageRecorder::Scope::Scope(StageRecorder* r, TraceStage s) : r_(r), s_(std::move(s)), ops_at_start_(operators_dispatched) {}
 
-StageRecorder::Scope::Scope(Scope&& o) noexcept : r_(o.r_), s_(std::move(o.s_)) { o.r_ = nullptr; }
+StageRecorder::Scope::Scope(Scope&& o) noexcept : r_(o.r_), s_(std::move(o.s_)), ops_at_start_(o.ops_at_start_) {
+  o.r_ = nullptr;
+}
 
 void StageRecorder::Scope::end() {
   if (r_ == nullptr) return;
   if (r_->cb_.sync && s_.resource.rfind("gpu", 0) == 0) r_->cb_.sync();
   s_.end_s = r_->now_s();
+  s_.ops = operators_dispatched - ops_at_start_;
   r_->record(std::move(s_));
   r_ = nullptr;
 }
@@ -74,6 +103,7 @@ void StageRecorder::record(TraceStage s) {
 }
 
 Trace StageRecorder::finish() {
+  count_operators(false);
   std::lock_guard<std::mutex> lock(mu_);
   Trace t;
   t.engine = "torch";

@@ -12,6 +12,12 @@
 // with the most it held during a stage on a GPU resource (two samples at the stage's end: its peak,
 // then what it holds after).
 //
+// Operators: while a step records, every ATen operator call is counted on the thread that makes
+// it (an at::RecordFunction callback, nested calls included: each is one dispatch), and a stage
+// keeps the calls its thread made between its start and end (TraceStage::ops). On the CPU the
+// autograd engine runs a backward on the calling thread, so a backward stage's operators count
+// too; on a GPU they run on the engine's device thread and are not counted.
+//
 // Times are seconds from start_step() on a steady clock. A `sync` callback (CUDA: synchronize the
 // device) runs before every time stamp so that asynchronous device work is attributed to its
 // stage; recording therefore serializes the device streams and measures the work, not the overlap.
@@ -50,6 +56,9 @@ class StageRecorder {
 
   StageRecorder() = default;
   explicit StageRecorder(Callbacks cb) : cb_(std::move(cb)) {}
+  StageRecorder(const StageRecorder&) = delete;
+  StageRecorder& operator=(const StageRecorder&) = delete;
+  ~StageRecorder();
 
   bool enabled() const { return enabled_; }
   // Starts a new step's timeline (clears the previous one) when `enabled`; otherwise records nothing.
@@ -73,6 +82,7 @@ class StageRecorder {
    private:
     StageRecorder* r_ = nullptr;
     TraceStage s_;
+    std::int64_t ops_at_start_ = 0;  // the thread's operator count when the stage started
   };
 
   // Starts the stage `key` (its name is format_stage_key(key)).
@@ -86,8 +96,11 @@ class StageRecorder {
   double now_s();
   void record(TraceStage s);
 
+  void count_operators(bool on);
+
   Callbacks cb_;
   bool enabled_ = false;
+  std::uint64_t operator_callback_ = 0;  // the at::RecordFunction callback while a step records (0: none)
   Clock::time_point t0_{};
   std::mutex mu_;
   std::vector<TraceStage> stages_;

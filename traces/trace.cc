@@ -34,6 +34,7 @@ nlohmann::json trace_to_json(const Trace& t) {
     stages.push_back({{"id", s.id}, {"name", s.name}, {"kind", s.kind}, {"resource", s.resource},
                       {"start_s", s.start_s}, {"end_s", s.end_s}, {"layer", s.layer},
                       {"bytes", s.bytes}, {"flops", s.flops}});
+    if (s.ops > 0) stages.back()["ops"] = s.ops;
   }
   nlohmann::json memory = nlohmann::json::array();
   for (const auto& m : t.memory) {
@@ -60,7 +61,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
   const auto& stages = r.array("stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const JsonReader s(stages[i], file, fmt::format("{}[{}]", r.field("stages"), i));
-    s.reject_unknown_keys({"id", "name", "kind", "resource", "start_s", "end_s", "layer", "bytes", "flops"});
+    s.reject_unknown_keys({"id", "name", "kind", "resource", "start_s", "end_s", "layer", "bytes", "flops", "ops"});
     TraceStage st;
     st.id = s.integer("id", 0, kMaxBytes);
     st.name = s.string("name");
@@ -75,6 +76,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
     st.layer = static_cast<int>(s.integer_or("layer", -1, -1, 1 << 20));
     st.bytes = s.integer_or("bytes", 0, 0, kMaxBytes);
     st.flops = s.number_or("flops", 0.0, 0.0, 1e30);
+    st.ops = s.integer_or("ops", 0, 0, kMaxBytes);
     t.stages.push_back(std::move(st));
   }
   if (r.has("memory")) {
@@ -132,6 +134,7 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
     events.push_back({{"ph", "X"}, {"name", s.name}, {"cat", s.kind}, {"pid", pid}, {"tid", tid},
                       {"ts", s.start_s * 1e6}, {"dur", (s.end_s - s.start_s) * 1e6},
                       {"args", {{"id", s.id}, {"layer", s.layer}, {"bytes", s.bytes}, {"flops", s.flops}}}});
+    if (s.ops > 0) events.back()["args"]["ops"] = s.ops;
   }
   for (const auto& m : t.memory) {
     const int pid = pid_of.at(m.device);

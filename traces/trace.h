@@ -34,6 +34,9 @@ struct TraceStage {
   int layer = -1;        // decoder index, −1 when the stage belongs to no decoder
   Bytes bytes = 0;       // bytes moved (transfers) or touched (updates); 0 for pure compute
   Flops flops = 0;       // floating-point work; 0 for transfers
+  // Operators the stage dispatches: predicted, the lowering's Stage::ops; measured, the ATen
+  // operator calls the recording thread made during the stage (StageRecorder). 0: not counted.
+  std::int64_t ops = 0;
   Seconds duration_s() const { return end_s - start_s; }
   bool operator==(const TraceStage&) const = default;
 };

@@ -67,6 +67,9 @@ const std::vector<Constant>& constants() {
       {"compute_overhead_s", &Calibration::compute_overhead_s, false, 20e-6 / 5e-6, 1e-3 / 20e-6},
       {"expert_overhead_s", &Calibration::expert_overhead_s, false, 50, 50},
       {"collective_overhead_s", &Calibration::collective_overhead_s, false, 50, 300e-6 / 30e-6},
+      // Dispatch per operator (FitOptions::operator_overhead_s; fitted only where that estimate is
+      // set, the measured CPU device: eager LibTorch pays 2–20 µs a call on one core).
+      {"operator_overhead_s", &Calibration::operator_overhead_s, false, 10, 10},
   };
   return c;
 }
@@ -116,7 +119,7 @@ CalibratedDurationModel model_of(const Target& t, const Calibration& c) {
 auto pricing_key(const Stage& s) {
   return std::make_tuple(static_cast<int>(s.op), static_cast<int>(s.phase), s.resource, s.gpu, s.flops, s.bytes, s.params,
                          s.shape.tokens, s.shape.seqs, s.shape.seq_len, s.shape.k, s.shape.n, s.shape.heads, s.shape.head_dim,
-                         s.shape.window, s.shape.experts, s.peers);
+                         s.shape.window, s.shape.experts, s.peers, s.ops);
 }
 
 void index_pricing(Target& t) {
@@ -316,6 +319,7 @@ std::vector<std::string> FitOptions::default_held_out_ids() {
 void use_measured_device(FitOptions& o) {
   o.measured_device_range = 100;
   o.attention_half_keys = 0;
+  o.operator_overhead_s = 5e-6;
 }
 
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
@@ -356,6 +360,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     Calibration c = default_calibration(hw);
     c.hardware = hw.name;
     if (options.attention_half_keys >= 0) c.attention_half_keys = options.attention_half_keys;
+    c.operator_overhead_s = options.operator_overhead_s;
     return c;
   }();
   fit.calibration = estimate;
@@ -366,11 +371,19 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
 
   const auto& k = constants();
   const int p = static_cast<int>(k.size());
+  // A constant whose estimate is 0 (a mechanism this hardware is not priced with) stays 0.
+  std::vector<bool> active(static_cast<std::size_t>(p));
   Eigen::VectorXd theta0(p);  // log of each constant's estimate
-  for (int i = 0; i < p; ++i) theta0[i] = std::log(estimate.*(k[static_cast<std::size_t>(i)].field));
+  for (int i = 0; i < p; ++i) {
+    const double e = estimate.*(k[static_cast<std::size_t>(i)].field);
+    active[static_cast<std::size_t>(i)] = e > 0;
+    theta0[i] = e > 0 ? std::log(e) : 0.0;
+  }
   auto to_calibration = [&](const Eigen::VectorXd& theta) {
     Calibration c = estimate;
-    for (int i = 0; i < p; ++i) c.*(k[static_cast<std::size_t>(i)].field) = std::exp(theta[i]);
+    for (int i = 0; i < p; ++i) {
+      if (active[static_cast<std::size_t>(i)]) c.*(k[static_cast<std::size_t>(i)].field) = std::exp(theta[i]);
+    }
     // FP32 accumulation of BF16 partials follows the fitted CPU rate (no record isolates it).
     c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
     return c;
@@ -378,6 +391,10 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   auto clamp = [&](Eigen::VectorXd& theta) {
     for (int i = 0; i < p; ++i) {
       const Constant& ci = k[static_cast<std::size_t>(i)];
+      if (!active[static_cast<std::size_t>(i)]) {
+        theta[i] = theta0[i];
+        continue;
+      }
       const double down = options.measured_device_range > 0 ? options.measured_device_range : ci.down_factor;
       const double up = options.measured_device_range > 0 ? options.measured_device_range : ci.up_factor;
       theta[i] = std::clamp(theta[i], theta0[i] - std::log(down), theta0[i] + std::log(up));
@@ -539,7 +556,9 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   auto [best_cost, theta] = levenberg_marquardt(theta0, it);
   for (int start = 1; start < options.starts; ++start) {
     Eigen::VectorXd t0 = theta0;
-    for (int i = 0; i < p; ++i) t0[i] += std::log(3.0) * uniform();
+    for (int i = 0; i < p; ++i) {
+      if (active[static_cast<std::size_t>(i)]) t0[i] += std::log(3.0) * uniform();
+    }
     auto [c, t] = levenberg_marquardt(t0, it);
     if (c < best_cost) {
       best_cost = c;

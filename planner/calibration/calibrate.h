@@ -62,9 +62,9 @@ struct FitOptions {
   // shares), so a record's breakdown weighs about as much as its step. Shares, not seconds: a
   // traced step's clock and tracing overhead scale every kind alike. They separate what the step
   // time alone cannot, e.g. an attention core's forward from its backward. 0 (default): step times
-  // only. (On the recorded local runs the breakdowns show each kind's time to be mostly per-operator
-  // dispatch, which the duration model prices per stage: fitted to both, the step errors grow;
-  // backend/README.md.)
+  // only. (On the recorded local runs the breakdowns showed each kind's time to be mostly
+  // per-operator dispatch, now priced per operator (Stage::ops); fitted to both, the out-of-sample
+  // step errors barely move: backend/README.md.)
   double breakdown_weight = 0.0;
   // The attention key-span ramp to keep (Calibration::attention_half_keys); < 0: the estimate's.
   // Devices whose attention kernels have no GPU tile-fill ramp (the CPU backend) set 0.
@@ -74,12 +74,15 @@ struct FitOptions {
   // --backend`: a CPU, whose efficiencies against its measured GEMM peak have no GPU figure to
   // bound them), within a factor `measured_device_range` of the estimate both ways, efficiencies ≤ 1.
   double measured_device_range = 0;  // 0: the published ranges
+  // The estimate of Calibration::operator_overhead_s (dispatch per operator a compute stage
+  // issues); 0 (default): not fitted, held at 0 (a GPU's host runs ahead of its stream).
+  double operator_overhead_s = 0;
   static std::vector<std::string> default_held_out_ids();
 };
 
 // A device measured by its own probes (`oom calibrate --backend`, `--measured-device`): constants
-// within ×100 of their probe-based estimates, and no attention key-span ramp (LibTorch's CPU
-// attention kernels have no GPU tile fill).
+// within ×100 of their probe-based estimates, no attention key-span ramp (LibTorch's CPU
+// attention kernels have no GPU tile fill), and a dispatch cost per operator fitted from 5 µs.
 void use_measured_device(FitOptions& o);
 
 struct FitRow {

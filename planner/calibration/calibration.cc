@@ -25,7 +25,7 @@ Calibration default_calibration(const HardwareSpec& h) {
 }
 
 nlohmann::json calibration_to_json(const Calibration& c) {
-  return {{"hardware", c.hardware},
+  nlohmann::json j = {{"hardware", c.hardware},
           {"fitted_from", c.fitted_from},
           {"gemm_efficiency", c.gemm_efficiency},
           {"gemm_half_rows", c.gemm_half_rows},
@@ -49,6 +49,8 @@ nlohmann::json calibration_to_json(const Calibration& c) {
           {"transfer_overhead_s", c.transfer_overhead_s},
           {"collective_overhead_s", c.collective_overhead_s},
           {"cpu_task_overhead_s", c.cpu_task_overhead_s}};
+  if (c.operator_overhead_s > 0) j["operator_overhead_s"] = c.operator_overhead_s;
+  return j;
 }
 
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& file) {
@@ -57,7 +59,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
                          "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "attention_half_keys", "gdn_efficiency",
                          "hbm_efficiency", "h2d_Bps", "d2h_Bps", "fabric_efficiency", "cpu_adamw_params_per_s",
                          "host_prep_params_per_s", "host_accumulate_params_per_s", "torch_adamw_params_per_s", "compute_overhead_s", "expert_overhead_s",
-                         "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "fit"});
+                         "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "operator_overhead_s", "fit"});
   Calibration c;
   c.hardware = r.string("hardware");
   c.fitted_from = r.string_or("fitted_from", "");
@@ -84,6 +86,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   c.transfer_overhead_s = r.number_or("transfer_overhead_s", c.transfer_overhead_s, 0.0, 10.0);
   c.collective_overhead_s = r.number_or("collective_overhead_s", c.collective_overhead_s, 0.0, 10.0);
   c.cpu_task_overhead_s = r.number_or("cpu_task_overhead_s", c.cpu_task_overhead_s, 0.0, 10.0);
+  c.operator_overhead_s = r.number_or("operator_overhead_s", c.operator_overhead_s, 0.0, 1.0);
   return c;
 }
 

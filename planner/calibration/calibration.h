@@ -59,6 +59,12 @@ struct Calibration {
 
   // Fixed cost per stage (kernel launches, synchronization, DMA set-up).
   Seconds compute_overhead_s = 20e-6;
+  // Host dispatch per operator a compute stage issues (Stage::ops): eager LibTorch's dispatcher,
+  // autograd bookkeeping and allocation around each call. 0 by default: on a GPU the host runs
+  // ahead of the stream, so dispatch hides behind earlier kernels and the per-stage cost above
+  // covers what shows; a device that runs its operators on the dispatching thread (the CPU
+  // backend, `oom calibrate --backend`) pays it in full, and fits it.
+  Seconds operator_overhead_s = 0;
   Seconds expert_overhead_s = 20e-6;  // per local expert of an expert-GEMM stage (per-expert launches)
   Seconds transfer_overhead_s = 10e-6;
   Seconds collective_overhead_s = 30e-6;

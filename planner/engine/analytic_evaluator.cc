@@ -353,7 +353,7 @@ Trace trace_of_times(const StepGraph& g, const StageTimes& times, const std::str
   for (const Stage& s : g.stages) {
     const auto i = static_cast<std::size_t>(s.id);
     t.stages.push_back({s.id, s.name, s.key, std::string(op_kind_name(s.op)), g.resource(s.resource).name, times.start_s[i],
-                        times.finish_s[i], s.layer, s.bytes, s.flops});
+                        times.finish_s[i], s.layer, s.bytes, s.flops, s.ops});
   }
   t.memory = std::move(mem.timelines);
   t.gpu_peak_bytes = std::move(mem.gpu_peak_bytes);

@@ -97,8 +97,10 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
   // Arithmetic at the kernel kind's efficiency plus the stage's memory-bound kernels (norms,
   // activations, permutations: Stage::bytes) at the HBM rate, one after the other on the stream;
   // expressed as one effective rate over the FLOPs so both engines run it as one piece of work.
+  // Per stage (its launches' synchronization) plus each operator the backend dispatches for it.
+  const double dispatch_s = c.compute_overhead_s + c.operator_overhead_s * static_cast<double>(s.ops);
   auto compute = [&](double efficiency, double extra_hbm_bytes = 0) {
-    out.fixed_s = c.compute_overhead_s;
+    out.fixed_s = dispatch_s;
     const double flops = static_cast<double>(s.flops), bytes = static_cast<double>(s.bytes) + extra_hbm_bytes;
     if (flops <= 0) {
       out.work = bytes;
@@ -152,7 +154,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       break;
     case OpKind::kElementwise:
     case OpKind::kGpuAdamW:
-      out.fixed_s = c.compute_overhead_s;
+      out.fixed_s = dispatch_s;
       out.work = static_cast<double>(s.bytes);
       out.rate = out.exclusive_rate = hbm;
       break;

@@ -7,6 +7,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/traffic.h"
 #include "planner/lowering/memory_report.h"
+#include "planner/lowering/operator_counts.h"
 
 namespace oom {
 namespace lowering {
@@ -115,11 +116,16 @@ void Lowering::host_free(StageId s, int rank, Bytes bytes) {
 PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                               const OpShape& shape, const std::vector<PerRank>& deps) {
   PerRank out(static_cast<std::size_t>(P_));
+  const OperatorPass pass = phase == Phase::kBackward ? OperatorPass::kBackward
+                            : replaying_ || what.op == StageOp::kCoreRefwd ? OperatorPass::kReplay
+                                                                           : OperatorPass::kForward;
+  const std::int64_t ops = backend_operators(m_, layer, what.part, what.op, pass, shape, sub_batch_ <= 0);
   for (int r = 0; r < P_; ++r) {
     Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].compute, r, layer);
     s.flops = flops;
     s.bytes = bytes;
     s.shape = shape;
+    s.ops = ops;
     for (const auto& d : deps) append(s.deps, d, r);
     out[static_cast<std::size_t>(r)] = add(std::move(s));
   }

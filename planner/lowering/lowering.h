@@ -198,6 +198,7 @@ class Lowering {
   bool llep_ = false;
 
   int sub_batch_ = -1;    // the sub-batch being lowered when a decoder runs several (stage keys), else −1
+  bool replaying_ = false;  // lowering a decoder's replay before its backward (Stage::ops: under autograd)
   PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
   std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
   int window_uses_ = 0;

@@ -509,7 +509,9 @@ void Lowering::decoder_backward(int l) {
     const Bytes mix_act = is_attention(kind)
                               ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
                               : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    replaying_ = true;
     const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
+    replaying_ = false;
     for (int r = 0; r < P_; ++r) gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
     x = mix;
     if (first) {
@@ -530,7 +532,9 @@ void Lowering::decoder_backward(int l) {
       const std::int64_t tokens = chunks[static_cast<std::size_t>(c)];
       PerRank ready = x;
       if (!retained) {
+        replaying_ = true;
         ready = moe_forward_chunk(l, Phase::kRecompute, tokens, w, x, c, fetched);
+        replaying_ = false;
         for (int r = 0; r < P_; ++r) {
           gpu_alloc(ready[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), false, MemoryUse::kDispatch);
         }

@@ -131,6 +131,10 @@ struct Stage {
   Bytes bytes = 0;       // transfer demand (bytes this GPU sends/receives), or HBM bytes touched
   ParamCount params = 0; // optimizer demand (parameters updated / staged / accumulated)
   std::int64_t transfers = 1;  // H2D/D2H: the separate copies the stage issues (weights in plan.transfer_chunk_mib pieces)
+  // Compute stages: the operators (ATen calls, each at least one kernel launch on a GPU) the
+  // LibTorch backend dispatches to run the stage, as its kernels issue them (planner/lowering/
+  // operator_counts.h); 0 where not counted. Each costs Calibration::operator_overhead_s.
+  std::int64_t ops = 0;
   OpShape shape;
   // Collectives (kAllToAll, kAllGather, kReduceScatter): the GPUs taking part. Each member has its
   // own stage on its own fabric port with its own `bytes`; the members depend on each other's

@@ -5,6 +5,7 @@
 // rejected before any work; the trace's stage names are those of the plan's StepGraph.
 #include "backend/plan_runtime.h"
 
+#include <map>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -494,6 +495,50 @@ TEST(PlanTrainer, TraceUsesTheStageKeysOfThePlansStepGraph) {
   for (const auto& s : g.stages) {
     if (g.resource(s.resource).kind == ResourceKind::kGpuCompute && s.op != OpKind::kSync) {
       EXPECT_TRUE(measured.count(once(s.key))) << "StepGraph stage not measured: " << s.name;
+    }
+  }
+}
+
+// The operators a traced step counts per stage (TraceStage::ops) are those the lowering expects
+// the backend to dispatch (Stage::ops, planner/lowering/operator_counts.h), with the backend's
+// default query block and GDN kernel chunk: over a step of each tiny model, plain and split into
+// sub-batches, head groups, GDN and MoE chunks, the step's total within 6 % and each operator
+// kind's within 15 %. A kernel that gains or loses operators fails here until the counts follow.
+TEST(PlanTrainer, TraceCountsTheOperatorsTheLoweringExpects) {
+  Plan split = local_plan();
+  split.split = {1, 32, 64, 2};  // one head per group, 32-token GDN chunks, 64-token MoE chunks, 2 sequences
+  for (const char* model : {"tiny-moe", "tiny-moe-qwen", "tiny-moe-gemma", "tiny-moe-mixtral"}) {
+    for (const Plan& p : {local_plan(), split}) {
+      const ModelSpec spec = load_model_spec(model);
+      HostState state(spec);
+      state.init_from_seed(3);
+      PlanTrainer t(state, TrainerConfig{}, p);
+      t.set_tracing(true);
+      torch::manual_seed(5);
+      const auto tokens = torch::randint(0, 256, {4, 64}, torch::kLong);
+      t.step(tokens, tokens);
+      Workload w;
+      w.model = model;
+      w.hardware = "local-cpu";
+      w.global_batch = 4;
+      w.seq_len = 64;
+      const StepGraph g = lower(p, resolve_workload(w, "test"));
+      std::map<std::string, double> lowered, measured;
+      for (const auto& s : g.stages) {
+        if (g.resource(s.resource).kind == ResourceKind::kGpuCompute) lowered[std::string(op_kind_name(s.op))] += static_cast<double>(s.ops);
+      }
+      for (const auto& s : t.last_trace().stages) {
+        if (s.resource == "gpu0.compute") measured[s.kind] += static_cast<double>(s.ops);
+      }
+      double total_lowered = 0, total_measured = 0;
+      for (const auto& [kind, n] : measured) {
+        total_lowered += lowered[kind];
+        total_measured += n;
+        if (n < 100) continue;  // a kind of a few cheap stages (the embedding's gather and scatter)
+        EXPECT_NEAR(lowered[kind] / n, 1.0, 0.15) << model << " " << kind << ": lowered " << lowered[kind] << ", counted " << n;
+      }
+      EXPECT_GT(total_measured, 1000) << model;
+      EXPECT_NEAR(total_lowered / total_measured, 1.0, 0.06) << model << ": lowered " << total_lowered << ", counted " << total_measured;
     }
   }
 }

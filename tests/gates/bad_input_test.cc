@@ -310,6 +310,9 @@ std::vector<Case> cases() {
                simulate_cal, C, "gemm_efficiency", "1.5", "range"});
   c.push_back({"calibration_negative_overhead", {{"c.json", calibration_with([](json& j) { j["compute_overhead_s"] = -0.001; })}},
                simulate_cal, C, "compute_overhead_s", "-0.001", "range"});
+  c.push_back({"calibration_negative_operator_overhead",
+               {{"c.json", calibration_with([](json& j) { j["operator_overhead_s"] = -2e-6; })}}, simulate_cal, C,
+               "operator_overhead_s", "-2e-06", "range"});
   c.push_back({"calibration_rate_as_string", {{"c.json", calibration_with([](json& j) { j["h2d_Bps"] = "fast"; })}},
                simulate_cal, C, "h2d_Bps", "\"fast\"", "number"});
   c.push_back({"calibration_other_hardware", {{"c.json", calibration_with([](json& j) { j["hardware"] = "rtx4090-node"; })}},

@@ -14,6 +14,7 @@ TEST(Calibration, JsonRoundTrip) {
   c.gemm_efficiency = 0.61;
   c.attention_backward_efficiency = 0.42;
   c.expert_overhead_s = 7e-6;
+  c.operator_overhead_s = 6e-7;
   c.fitted_from = "test";
   EXPECT_EQ(calibration_from_json(calibration_to_json(c), "x.json"), c);
 }

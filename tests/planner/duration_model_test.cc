@@ -72,6 +72,28 @@ TEST(CalibratedDurationModel, PricesComputeAtCalibratedEfficiency) {
   EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 64 * 1e-4 + 2.0, 1e-12);
 }
 
+// Each operator a compute stage dispatches (Stage::ops) adds operator_overhead_s to its fixed
+// cost; at the default 0 (a GPU's host runs ahead of its stream) the count changes nothing.
+TEST(CalibratedDurationModel, ChargesDispatchPerOperator) {
+  const Fixture f = fixture();
+  Calibration c = round_calibration(two_socket_node());
+  Stage s;
+  s.resource = f.compute;
+  s.op = OpKind::kGemm;
+  s.flops = 500e12;
+  s.shape.tokens = 4096;
+  s.ops = 300;
+  EXPECT_NEAR(CalibratedDurationModel(two_socket_node(), c, 4).duration_s(s, f.g), 1e-3 + 1.0, 1e-12);
+  c.operator_overhead_s = 2e-6;
+  const CalibratedDurationModel m(two_socket_node(), c, 4);
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 300 * 2e-6 + 1.0, 1e-12);
+  s.op = OpKind::kElementwise;
+  s.flops = 0;
+  s.bytes = 0;
+  s.ops = 10;
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 10 * 2e-6, 1e-12);
+}
+
 TEST(CalibratedDurationModel, MemoryEfficientAttentionRereadsKAndVPastL2) {
   OpShape shape;
   shape.heads = 16;

@@ -260,6 +260,48 @@ TEST(LowerLocal, WeightCopiesGoInTransferChunks) {
   EXPECT_GT(small, 32 * big);
 }
 
+// Compute stages carry the operators the backend dispatches for them (Stage::ops): every stage
+// with arithmetic has some; a decoder's weights are prepared once per pass (its first sub-batch's
+// projection); the replay before a backward runs under autograd (more than the forward); the
+// attention core repeats per 64-query block; an expert stage pays per expert that gets tokens.
+TEST(LowerLocal, ComputeStagesCarryTheBackendsOperators) {
+  Workload w;
+  w.model = "tiny-moe";
+  w.hardware = "local-cpu";
+  w.global_batch = 4;
+  w.seq_len = 64;
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  auto ops_of = [](const StepGraph& g) {
+    std::map<std::string, std::int64_t> by_name;
+    std::int64_t total = 0;
+    for (const Stage& s : g.stages) {
+      if (g.resource(s.resource).kind != ResourceKind::kGpuCompute) continue;
+      if (s.flops > 0) EXPECT_GT(s.ops, 0) << s.name;
+      by_name[s.name] += s.ops;
+      total += s.ops;
+    }
+    return std::make_pair(by_name, total);
+  };
+  const auto [plain, plain_total] = ops_of(lower(plan, ctx));
+  EXPECT_GT(plain.at("g0.recompute.L1.attn.proj"), plain.at("g0.fwd.L1.attn.proj"));
+  plan.split.sub_batch_seqs = 2;
+  const auto [split, split_total] = ops_of(lower(plan, ctx));
+  EXPECT_GT(split_total, plain_total);  // each sub-batch's stages dispatch their own operators
+  EXPECT_EQ(split.at("g0.fwd.L1.attn.sb0.proj"), plain.at("g0.fwd.L1.attn.proj"));
+  EXPECT_LT(split.at("g0.fwd.L1.attn.sb1.proj"), split.at("g0.fwd.L1.attn.sb0.proj"));
+  plan.split = {};
+  plan.split.moe_chunk_tokens = 2;  // 2 tokens, 4 assignments: at most 4 of the 8 experts
+  const auto [chunked, chunked_total] = ops_of(lower(plan, ctx));
+  EXPECT_LT(chunked.at("g0.fwd.L1.moe.c0.experts"), plain.at("g0.fwd.L1.moe.c0.experts"));
+  w.seq_len = 128;
+  plan.split = {};
+  const auto [longer, longer_total] = ops_of(lower(plan, resolve_workload(w, "test")));
+  EXPECT_GT(longer.at("g0.fwd.L3.attn.h0.core"), plain.at("g0.fwd.L3.attn.h0.core"));
+  EXPECT_EQ(longer.at("g0.fwd.L1.moe.c0.experts"), plain.at("g0.fwd.L1.moe.c0.experts"));
+}
+
 TEST(LowerLocal, FullDeliveryAccumulatesPartialsOnTheHost) {
   Plan plan;
   plan.path = ExpertPath::kLocal;

@@ -25,6 +25,7 @@ Trace sample() {
   t.stages = {stage(1, "g0.fwd.L0.weights.h2d", "h2d", "gpu0.h2d", 0.0, 0.1, 1000, 0),
               stage(2, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0.1, 0.3, 0, 1e12),
               stage(3, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 0.3, 0.5, 12, 0)};
+  t.stages[1].ops = 213;  // operators the stage dispatched (kept through JSON and the Chrome export)
   t.memory = {{"gpu0", {{0.0, 10}, {0.1, 1010}, {0.3, 10}}, 1010}, {"numa0", {{0.0, 5}}, 5}};
   t.gpu_peak_bytes = {1010};
   t.numa_peak_bytes = {5};
@@ -58,6 +59,15 @@ TEST(Trace, BadInputNamesTheField) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("stages[2].name"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("g0.opt.L0.adamw"), std::string::npos) << e.what();
+  }
+  j = trace_to_json(sample());
+  j["stages"][1]["ops"] = -3;  // an operator count below 0
+  try {
+    trace_from_json(j, "t.json");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("stages[1].ops"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("-3"), std::string::npos) << e.what();
   }
 }
 
