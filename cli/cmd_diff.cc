@@ -5,7 +5,9 @@
 // (traces/trace.h). Stages are matched by their key (traces/stage_key.h: the StepGraph's, which
 // the LibTorch runtime records too) without its sub-batch and repeat: the stages of one operator
 // over several sub-batches, or repeated for several regenerations, are summed. Then totals per
-// operator kind and per phase (fwd, recompute, bwd, opt), and the step.
+// operator kind and per phase (fwd, recompute, bwd, opt), and the step. Where the traces count
+// operators (TraceStage::ops: the lowering's Stage::ops predicted, the ATen calls a traced step
+// made measured), each row also sets the predicted operators beside the measured ones.
 // Ratios are measured / predicted; errors (predicted − measured) / measured.
 #include <algorithm>
 #include <map>
@@ -27,6 +29,7 @@ struct StageSum {
   Phase phase = Phase::kForward;
   std::string kind;
   double seconds = 0;
+  std::int64_t ops = 0;
   int count = 0;
   double first_start_s = 0;
 };
@@ -36,7 +39,7 @@ struct StepTimes {
   double step_s = 0;
 };
 
-void add_stage(StepTimes& t, StageKey key, const std::string& kind, double start_s, double dur_s) {
+void add_stage(StepTimes& t, StageKey key, const std::string& kind, double start_s, double dur_s, std::int64_t ops) {
   key.sub_batch = -1;
   key.repeat = -1;
   auto [it, fresh] = t.stages.try_emplace(format_stage_key(key));
@@ -44,6 +47,7 @@ void add_stage(StepTimes& t, StageKey key, const std::string& kind, double start
   it->second.phase = key.phase;
   it->second.kind = kind;
   it->second.seconds += dur_s;
+  it->second.ops += ops;
   it->second.count += 1;
   it->second.first_start_s = std::min(it->second.first_start_s, start_s);
 }
@@ -66,12 +70,20 @@ StepTimes load_step(const std::string& path) {
       const auto key = parse_stage_key(e["name"].get<std::string>());
       if (!key) throw InputError(path, field + ".name", json_value_text(e["name"]), kNotAStageKey);
       const double ts = e.contains("ts") && e["ts"].is_number() ? e["ts"].get<double>() : 0.0;
-      add_stage(t, *key, e.value("cat", ""), ts * 1e-6, e["dur"].get<double>() * 1e-6);
+      std::int64_t ops = 0;
+      if (e.contains("args") && e["args"].is_object() && e["args"].contains("ops")) {
+        const auto& o = e["args"]["ops"];
+        if (!o.is_number_integer() || o.get<std::int64_t>() < 0) {
+          throw InputError(path, field + ".args.ops", json_value_text(o), "expected an operator count ≥ 0");
+        }
+        ops = o.get<std::int64_t>();
+      }
+      add_stage(t, *key, e.value("cat", ""), ts * 1e-6, e["dur"].get<double>() * 1e-6, ops);
       t.step_s = std::max(t.step_s, (ts + e["dur"].get<double>()) * 1e-6);
     }
   } else {
     const Trace tr = trace_from_json(j, path);
-    for (const auto& s : tr.stages) add_stage(t, s.key, s.kind, s.start_s, s.duration_s());
+    for (const auto& s : tr.stages) add_stage(t, s.key, s.kind, s.start_s, s.duration_s(), s.ops);
     t.step_s = tr.step_s;
   }
   if (t.stages.empty()) throw InputError(path, "no stages: expected a trace written by oom simulate or oom train --trace");
@@ -82,6 +94,7 @@ struct Row {
   std::string key, kind;
   Phase phase = Phase::kForward;
   double predicted_s = 0, measured_s = 0;
+  std::int64_t predicted_ops = 0, measured_ops = 0;
   bool in_predicted = false, in_measured = false;
   double order = 0;
 };
@@ -89,6 +102,8 @@ struct Row {
 nlohmann::json row_json(const Row& r) {
   nlohmann::json j{{"name", r.key}, {"kind", r.kind}, {"predicted_s", r.predicted_s}, {"measured_s", r.measured_s}};
   if (r.in_predicted && r.in_measured && r.predicted_s > 0) j["ratio"] = r.measured_s / r.predicted_s;
+  if (r.predicted_ops > 0) j["predicted_ops"] = r.predicted_ops;
+  if (r.measured_ops > 0) j["measured_ops"] = r.measured_ops;
   if (!r.in_predicted) j["only"] = "measured";
   if (!r.in_measured) j["only"] = "predicted";
   return j;
@@ -121,11 +136,12 @@ void add_diff_commands(CLI::App& app, Io io) {
     for (const auto& [name, s] : p.stages) {
       Row& r = rows[name];
       r.key = name, r.kind = s.kind, r.phase = s.phase, r.predicted_s = s.seconds, r.in_predicted = true, r.order = s.first_start_s;
+      r.predicted_ops = s.ops;
     }
     for (const auto& [name, s] : m.stages) {
       Row& r = rows[name];
       if (!r.in_predicted) r.key = name, r.kind = s.kind, r.phase = s.phase, r.order = 1e30 + s.first_start_s;
-      r.measured_s = s.seconds, r.in_measured = true;
+      r.measured_s = s.seconds, r.measured_ops = s.ops, r.in_measured = true;
     }
     std::vector<Row> ordered;
     for (auto& [_, r] : rows) ordered.push_back(r);
@@ -142,6 +158,8 @@ void add_diff_commands(CLI::App& app, Io io) {
         t.key = key, t.kind = key, t.in_predicted = t.in_measured = true;
         t.predicted_s += r.predicted_s;
         t.measured_s += r.measured_s;
+        t.predicted_ops += r.predicted_ops;
+        t.measured_ops += r.measured_ops;
       };
       add_to(kinds, r.kind);
       add_to(phases, std::string(phase_name(r.phase)));
@@ -164,13 +182,15 @@ void add_diff_commands(CLI::App& app, Io io) {
       return;
     }
     std::string out;
-    auto table = [&out](const std::string& title, const std::vector<Row>& rs) {
+    const bool counted = std::any_of(ordered.begin(), ordered.end(), [](const Row& r) { return r.predicted_ops > 0 || r.measured_ops > 0; });
+    auto table = [&out, counted](const std::string& title, const std::vector<Row>& rs) {
       std::size_t w = title.size();
       for (const auto& r : rs) w = std::max(w, r.key.size());
-      out += fmt::format("{:<{}}  {:>13}  {:>13}  {:>14}\n", title, w, "predicted ms", "measured ms", "measured/pred");
+      out += fmt::format("{:<{}}  {:>13}  {:>13}  {:>14}", title, w, "predicted ms", "measured ms", "measured/pred");
+      out += counted ? fmt::format("  {:>9}  {:>9}\n", "pred ops", "meas ops") : "\n";
       for (const auto& r : rs) {
-        out += fmt::format("{:<{}}  {:>13.3f}  {:>13.3f}  {:>14}\n", r.key, w, r.predicted_s * 1e3, r.measured_s * 1e3,
-                           ratio_text(r));
+        out += fmt::format("{:<{}}  {:>13.3f}  {:>13.3f}  {:>14}", r.key, w, r.predicted_s * 1e3, r.measured_s * 1e3, ratio_text(r));
+        out += counted ? fmt::format("  {:>9}  {:>9}\n", r.predicted_ops, r.measured_ops) : "\n";
       }
       out += "\n";
     };

@@ -195,6 +195,16 @@ TEST(OomTrainPlan, EpPlanOnOneRankTracesTheStepGraphAndDiffs) {
   }
   EXPECT_EQ(gpu_adamw, 1);           // the resident bank updated where its gradient is
   EXPECT_EQ(retained_recompute, 0);  // the retained MoE is not recomputed
+  // Operators: the compute kinds' predicted counts (Stage::ops) beside those the traced step made.
+  double predicted_ops = 0, measured_ops = 0;
+  for (const auto& k : j["kinds"]) {
+    const std::string kind = k["kind"];
+    if (kind != "gemm" && kind != "attention" && kind != "gdn" && kind != "expert_gemm") continue;
+    predicted_ops += k.value("predicted_ops", 0.0);
+    measured_ops += k.value("measured_ops", 0.0);
+  }
+  EXPECT_GT(measured_ops, 1000);
+  EXPECT_NEAR(predicted_ops / measured_ops, 1.0, 0.2) << predicted_ops << " predicted, " << measured_ops << " counted";
   fs::remove_all(dir);
 }
 
@@ -293,6 +303,29 @@ TEST(OomDiff, ComparesStageByStageAcrossTraceFormats) {
   const auto text = oom({"diff", (dir / "pred.json").string(), (dir / "meas.json").string()});
   EXPECT_NE(text.out.find("g0.bwd.L0.attn.proj_bwd"), std::string::npos);
   EXPECT_NE(text.out.find("error -25.0%"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("meas ops"), std::string::npos) << text.out;  // no counts, no columns
+  // Operator counts, where the traces have them, beside each row; a bad count names its field.
+  Trace predicted = two_stage_trace(1.0, 2.0);
+  predicted.stages[0].ops = 200;
+  measured.stages[0].ops = 213;
+  write(dir / "pred.json", trace_to_json(predicted).dump());
+  write(dir / "meas.json", trace_to_chrome_json(measured).dump());
+  const auto counted = oom({"diff", (dir / "pred.json").string(), (dir / "meas.json").string(), "--json"});
+  ASSERT_EQ(counted.code, 0) << counted.err;
+  const auto c = nlohmann::json::parse(counted.out);
+  EXPECT_EQ(c["stages"][0]["predicted_ops"], 200);
+  EXPECT_EQ(c["stages"][0]["measured_ops"], 213);
+  const auto counted_text = oom({"diff", (dir / "pred.json").string(), (dir / "meas.json").string(), "--summary"});
+  EXPECT_NE(counted_text.out.find("meas ops"), std::string::npos) << counted_text.out;
+  auto chrome = trace_to_chrome_json(measured);
+  for (auto& e : chrome["traceEvents"]) {
+    if (e["ph"] == "X" && e["args"].contains("ops")) e["args"]["ops"] = -1;
+  }
+  write(dir / "meas.json", chrome.dump());
+  const auto bad_ops = oom({"diff", (dir / "pred.json").string(), (dir / "meas.json").string()});
+  EXPECT_EQ(bad_ops.code, cli::kExitBadInput);
+  EXPECT_NE(bad_ops.err.find("args.ops"), std::string::npos) << bad_ops.err;
+  EXPECT_NE(bad_ops.err.find("-1"), std::string::npos) << bad_ops.err;
   write(dir / "empty.json", "{\"traceEvents\": []}");
   const auto bad = oom({"diff", (dir / "pred.json").string(), (dir / "empty.json").string()});
   EXPECT_EQ(bad.code, cli::kExitBadInput);
