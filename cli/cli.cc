@@ -23,6 +23,13 @@ StepEngines command_engines() {
 
 }  // namespace
 
+void start_process_services(const std::vector<std::string>& args) {
+  if (is_backend_command(args)) return;
+#ifdef OOM_CLI_SIMGRID
+  sim::start_simulation_server();
+#endif
+}
+
 int run(const std::vector<std::string>& args, Io io) {
   // Training and measuring commands belong to the LibTorch backend, loaded only for them.
   if (is_backend_command(args)) return run_backend(args, io);

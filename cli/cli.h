@@ -64,6 +64,10 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
 // beside the running `oom` (or in ../lib), else the one this build made. A missing or broken
 // library is one error line naming it, exit 1.
 bool is_backend_command(const std::vector<std::string>& args);
+// What the `oom` program starts before it runs `args` (cli/main.cc), while the process is small:
+// for a command that is not the backend's, the simulation server of the SimGrid engine where it
+// is built in (sim/simgrid_engine.h start_simulation_server).
+void start_process_services(const std::vector<std::string>& args);
 int run_backend(const std::vector<std::string>& args, Io io);
 // The path run_backend would load (the first candidate that exists, else the first candidate).
 std::string backend_library_path();

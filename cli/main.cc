@@ -5,5 +5,6 @@
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  oom::cli::start_process_services(args);
   return oom::cli::run(args, {std::cout, std::cerr});
 }

@@ -21,4 +21,27 @@ namespace oom::sim {
 // (assertion, signal), a std::runtime_error says how. Nothing of the child's state survives.
 std::string run_isolated(const std::function<void(std::string& out)>& body);
 
+// Isolated runs of serialized requests, served by a small process forked early.
+//
+// Forking a large, multithreaded process for every run is what such runs cost most: the child's
+// page tables are the parent's, every page either side writes while the child lives is copied
+// (the parent's other threads keep writing), and the exit tears it all down again. A server
+// forked while the process is still small (start_isolated_server(), before anything large is
+// loaded) forks a child of its own size for each request instead. A request is bytes the caller
+// serializes; the server's child runs `handler(request, out)` in a fresh process, as
+// run_isolated() runs a body, and its output comes back through a pipe of the caller's.
+using IsolatedHandler = void (*)(const std::string& request, std::string& out);
+
+// Forks the server for `handler` (once per process: later calls do nothing). The server has one
+// thread, holds no descriptor of the caller but its socket, and ends when the caller's process
+// does. Returns false, starting nothing, when the process cannot fork or make the socket.
+bool start_isolated_server(IsolatedHandler handler);
+// True once start_isolated_server(handler) has started a server for this handler.
+bool isolated_server_running(IsolatedHandler handler);
+
+// `handler(request, out)` in an isolated process: through the server where one runs for this
+// handler, else through run_isolated(). The same request gives the same bytes either way; errors
+// as run_isolated() reports them. Several threads may call it at once.
+std::string run_isolated_request(IsolatedHandler handler, const std::string& request);
+
 }  // namespace oom::sim

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -215,7 +216,162 @@ std::vector<double> read_doubles(const std::string& in, std::size_t offset, std:
   return v;
 }
 
+// A simulation's input as bytes, for the simulation server (sim/isolated_run.h): what
+// Simulation reads of the graph (resources; stages' names, resources, demand, peers and
+// dependencies), the stage costs, the HardwareSpec (as its JSON), the rates and the ranks' GPUs.
+// Plain values in native byte order: writer and reader are the same program.
+class RequestWriter {
+ public:
+  template <typename T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  void put(const std::string& v) {
+    put<std::uint64_t>(v.size());
+    out += v;
+  }
+  template <typename T>
+  void put(const std::vector<T>& v) {
+    put<std::uint64_t>(v.size());
+    for (const T& x : v) put(x);
+  }
+  std::string out;
+};
+
+class RequestReader {
+ public:
+  explicit RequestReader(const std::string& in) : in_(in) {}
+  template <typename T>
+  void get(T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    take(reinterpret_cast<char*>(&v), sizeof v);
+  }
+  void get(std::string& v) {
+    std::uint64_t n = 0;
+    get(n);
+    if (n > in_.size() - pos_) throw std::runtime_error("truncated simulation request");
+    v.assign(in_, pos_, n);
+    pos_ += n;
+  }
+  template <typename T>
+  void get(std::vector<T>& v) {
+    std::uint64_t n = 0;
+    get(n);
+    if (n > in_.size() - pos_) throw std::runtime_error("truncated simulation request");
+    v.resize(n);
+    for (T& x : v) get(x);
+  }
+
+ private:
+  void take(char* data, std::size_t n) {
+    if (n > in_.size() - pos_) throw std::runtime_error("truncated simulation request");
+    std::memcpy(data, in_.data() + pos_, n);
+    pos_ += n;
+  }
+  const std::string& in_;
+  std::size_t pos_ = 0;
+};
+
+std::string encode_request(const StepGraph& g, const std::vector<StageCost>& costs, const HardwareSpec& hw,
+                           const PlatformRates& rates, const std::vector<int>& rank_gpu) {
+  RequestWriter w;
+  w.put(hardware_spec_to_json(hw).dump());
+  w.put(rates.gpu_flops_per_s);
+  w.put(rates.h2d_Bps);
+  w.put(rates.d2h_Bps);
+  w.put(rates.fabric_Bps);
+  w.put(rates.network_Bps);
+  w.put(rates.dram_Bps);
+  w.put(rates.socket_params_per_s);
+  w.put(rank_gpu);
+  w.put(g.gpus);
+  w.put<std::uint64_t>(g.resources.size());
+  for (const Resource& r : g.resources) {
+    w.put(r.id);
+    w.put(r.kind);
+    w.put(r.name);
+    w.put(r.gpu);
+    w.put(r.numa);
+    w.put(r.order);
+  }
+  w.put<std::uint64_t>(g.stages.size());
+  for (const Stage& st : g.stages) {
+    w.put(st.id);
+    w.put(st.name);
+    w.put(st.resource);
+    w.put(st.op);
+    w.put(st.bytes);
+    w.put(st.params);
+    w.put(st.peers);
+    w.put(st.deps);
+  }
+  for (const StageCost& c : costs) w.put(c);
+  return std::move(w.out);
+}
+
+// Whether `hw` reads back from its JSON as it is: a spec built in code that the reader would
+// refuse or change is simulated in place instead.
+bool travels_exactly(const HardwareSpec& hw) {
+  try {
+    return hardware_spec_from_json(nlohmann::json::parse(hardware_spec_to_json(hw).dump()), "simulation request") == hw;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The server's handler: decodes a request and simulates it, as simulate_times() does in place.
+void simulate_request(const std::string& request, std::string& out) {
+  RequestReader r(request);
+  std::string hw_json;
+  r.get(hw_json);
+  const HardwareSpec hw = hardware_spec_from_json(nlohmann::json::parse(hw_json), "simulation request");
+  PlatformRates rates;
+  r.get(rates.gpu_flops_per_s);
+  r.get(rates.h2d_Bps);
+  r.get(rates.d2h_Bps);
+  r.get(rates.fabric_Bps);
+  r.get(rates.network_Bps);
+  r.get(rates.dram_Bps);
+  r.get(rates.socket_params_per_s);
+  std::vector<int> rank_gpu;
+  r.get(rank_gpu);
+  StepGraph g;
+  r.get(g.gpus);
+  std::uint64_t n = 0;
+  r.get(n);
+  g.resources.resize(n);
+  for (Resource& res : g.resources) {
+    r.get(res.id);
+    r.get(res.kind);
+    r.get(res.name);
+    r.get(res.gpu);
+    r.get(res.numa);
+    r.get(res.order);
+  }
+  r.get(n);
+  g.stages.resize(n);
+  for (Stage& st : g.stages) {
+    r.get(st.id);
+    r.get(st.name);
+    r.get(st.resource);
+    r.get(st.op);
+    r.get(st.bytes);
+    r.get(st.params);
+    r.get(st.peers);
+    r.get(st.deps);
+  }
+  std::vector<StageCost> costs(n);
+  for (StageCost& c : costs) r.get(c);
+  Simulation sim(g, costs, hw, rates, std::move(rank_gpu));
+  sim.run();
+  append_doubles(out, sim.start_s);
+  append_doubles(out, sim.finish_s);
+}
+
 }  // namespace
+
+bool start_simulation_server() { return start_isolated_server(simulate_request); }
 
 std::vector<int> rank_global_gpus(const HardwareSpec& h, int ranks) {
   std::vector<int> out;
@@ -249,12 +405,16 @@ StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel
   for (const Stage& s : g.stages) costs.push_back(durations.cost(s, g));
   const std::vector<int> rank_gpu = rank_global_gpus(*hw, g.gpus);
 
-  const std::string bytes = run_isolated([&](std::string& out) {
-    Simulation sim(g, costs, *hw, rates, rank_gpu);
-    sim.run();
-    append_doubles(out, sim.start_s);
-    append_doubles(out, sim.finish_s);
-  });
+  // Through the simulation server where one runs (the same simulation of the same input), else
+  // in a child forked from here.
+  const std::string bytes = isolated_server_running(simulate_request) && travels_exactly(*hw)
+                                ? run_isolated_request(simulate_request, encode_request(g, costs, *hw, rates, rank_gpu))
+                                : run_isolated([&](std::string& out) {
+                                    Simulation sim(g, costs, *hw, rates, rank_gpu);
+                                    sim.run();
+                                    append_doubles(out, sim.start_s);
+                                    append_doubles(out, sim.finish_s);
+                                  });
   const std::size_t n = g.stages.size();
   if (bytes.size() != 2 * n * sizeof(double)) throw std::runtime_error("simulation failed: truncated stage times");
   StageTimes t;

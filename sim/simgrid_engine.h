@@ -80,6 +80,14 @@ class SimGridEngine : public StepEngine {
   std::optional<Calibration> calibration_;
 };
 
+// Starts the simulation server (sim/isolated_run.h) of this process: from then on every
+// simulation runs in a child of that small process instead of a child forked from the caller,
+// with the same stage times. For a program that simulates many times from a large or
+// multithreaded process (`oom calibrate --engine simgrid`, whose cross-validation runs over a
+// thousand simulations from several threads); call it early, before anything large is loaded.
+// Returns false (simulations then fork from the caller, as without it) when it cannot start.
+bool start_simulation_server();
+
 // The global GPU index each rank of a `ranks`-rank step runs on: HardwareSpec::rank_gpus()
 // within a node, ranks beyond one node on the next nodes.
 std::vector<int> rank_global_gpus(const HardwareSpec& h, int ranks);

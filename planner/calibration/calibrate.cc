@@ -583,10 +583,14 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   };
   // Refresh, refit, `engine_passes` times, then a last refresh at the final constants; the passes
   // end early once a refresh leaves the ratios where the refit before found them.
+  // A refit that leaves every constant where it was would find the same ratios at the next
+  // refresh: the passes end there without simulating again (the result is the same bit for bit).
   for (int pass = 0; engine; ++pass) {
     const double moved = refresh_engine_factors(to_calibration(theta));
     if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
+    const Eigen::VectorXd refreshed_at = theta;
     theta = levenberg_marquardt(theta, it).second;
+    if (theta == refreshed_at) break;
   }
   settle_exactly();
   fit.iterations = it;

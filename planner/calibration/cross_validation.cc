@@ -141,7 +141,10 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   for (auto& [left_out, fit] : fits) jobs.emplace_back(&left_out, &fit);
   std::vector<std::string> errors(jobs.size());
   std::vector<std::exception_ptr> failures(jobs.size());
-  const int workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  // A fit through another engine waits for its simulations, which run in processes of their own:
+  // one thread more than the cores keeps them busy meanwhile.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int workers = static_cast<int>(std::min(cores + (options.fit.engine != "analytic" ? 1u : 0u), 4u));
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t j = next++; j < jobs.size(); j = next++) {

@@ -348,6 +348,49 @@ TEST(SimGridEngineTest, RunsAreBitIdentical) {
   EXPECT_EQ(trace_to_json(first).dump(), trace_to_json(second).dump());
 }
 
+TEST(SimGridEngineTest, TheSimulationServerGivesTheSameStageTimes) {
+  // Contended (one socket for two ranks) and on a spec read from its file: both kinds of spec,
+  // the one that travels as JSON and the one built in code.
+  const HardwareSpec file_spec = load_hardware_spec("h100-sxm-node");
+  ASSERT_EQ(hardware_spec_from_json(hardware_spec_to_json(file_spec), "h100"), file_spec);  // it travels to the server
+  const HardwareSpec h = tiny_hardware(1);
+  const StepGraph g = one_socket_step();
+  const CalibratedDurationModel durations(h, default_calibration(h), 2);
+  const CalibratedDurationModel file_durations(file_spec, default_calibration(file_spec), 2);
+  const SimGridEngine engine;
+  const StageTimes in_place = engine.simulate_times(g, durations);
+  const StageTimes file_in_place = engine.simulate_times(g, file_durations);
+  ASSERT_TRUE(start_simulation_server());
+  const StageTimes served = engine.simulate_times(g, durations);
+  const StageTimes file_served = engine.simulate_times(g, file_durations);
+  EXPECT_EQ(served.start_s, in_place.start_s);
+  EXPECT_EQ(served.finish_s, in_place.finish_s);
+  EXPECT_EQ(served.step_s, in_place.step_s);
+  EXPECT_EQ(file_served.start_s, file_in_place.start_s);
+  EXPECT_EQ(file_served.finish_s, file_in_place.finish_s);
+  EXPECT_GT(file_served.step_s, 0);
+  // A failing simulation still names its stage: two stages of different resources made to wait
+  // for each other never run.
+  StepGraph stuck = g;
+  bool cycled = false;
+  for (Stage& v : stuck.stages) {
+    for (const StageId u : v.deps) {
+      Stage& first = stuck.stages[static_cast<std::size_t>(u)];
+      if (!cycled && first.resource != v.resource) {
+        first.deps.push_back(v.id);
+        cycled = true;
+      }
+    }
+  }
+  ASSERT_TRUE(cycled);
+  try {
+    engine.simulate_times(stuck, durations);
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("never ran"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SimGridEngineTest, RegistersAsSimgrid) {
   const auto engine = make_simgrid_engine();
   ASSERT_NE(engine, nullptr);
