@@ -771,8 +771,8 @@ struct GraphRunner::Impl {
     const int l = p.l, G = groups(l), g = st_.key.head_group;
     const AttentionSpec& a = attn(l);
     if (p.kind != PassKind::kBackward) {
-      auto r = attention_core(plan_ops::query_group(s.in.q, a.kv_heads, G, g), s.in.k, s.in.v, a.window_tokens,
-                              cfg.model.attention_query_block, scale(l));
+      auto r = attention_core(plan_ops::query_group(s.in.q, G, g), plan_ops::kv_group(s.in.k, G, g), plan_ops::kv_group(s.in.v, G, g),
+                              a.window_tokens, cfg.model.attention_query_block, scale(l));
       s.outs[static_cast<std::size_t>(g)] = r.out;
       s.lses[static_cast<std::size_t>(g)] = r.lse.unsqueeze(-1);
     } else if (G == 1) {
@@ -781,17 +781,18 @@ struct GraphRunner::Impl {
     } else {
       at::NoGradGuard no_grad;  // the groups' statistics are recomputed per group in backward
       s.outs[static_cast<std::size_t>(g)] =
-          attention_core(plan_ops::query_group(s.q_l, a.kv_heads, G, g), s.k_l, s.v_l, a.window_tokens, cfg.model.attention_query_block, scale(l)).out;
+          attention_core(plan_ops::query_group(s.q_l, G, g), plan_ops::kv_group(s.k_l, G, g), plan_ops::kv_group(s.v_l, G, g), a.window_tokens,
+                         cfg.model.attention_query_block, scale(l))
+              .out;
     }
   }
   void olse_d2h(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
-    const int kv = attn(p.l).kv_heads;
     // O as the model keeps it, in the activations' dtype (BF16 in a BF16 run; o_proj reads it so,
     // and the flash-style backward as a flash kernel does); the LSE stays FP32. The groups' FP32
     // outputs go.
-    s.out = plan_ops::merge_groups(s.outs, kv).to(s.x.scalar_type());
-    const auto lse = plan_ops::merge_groups(s.lses, kv).squeeze(-1);
+    s.out = plan_ops::merge_groups(s.outs).to(s.x.scalar_type());
+    const auto lse = plan_ops::merge_groups(s.lses).squeeze(-1);
     s.outs.clear();
     s.lses.clear();
     auto& kept = olse[p.l];
@@ -821,7 +822,7 @@ struct GraphRunner::Impl {
     const auto dtype = s.x.scalar_type();
     const bool bwd = p.kind == PassKind::kBackward;
     if (attention(l)) {
-      if (!s.out.defined()) s.out = plan_ops::merge_groups(s.outs, attn(l).kv_heads);
+      if (!s.out.defined()) s.out = plan_ops::merge_groups(s.outs);
       if (bwd) {
         s.out_l = leaf(s.out);
         s.mixed = post_mixing(plan_ops::attention_output(s.out_l, s.gate_l, p.w, dtype), p.w, spec);
@@ -866,26 +867,26 @@ struct GraphRunner::Impl {
         s.dk = at::zeros(s.k_l.sizes(), s.k_l.options().dtype(at::kFloat));
         s.dv = at::zeros(s.v_l.sizes(), s.v_l.options().dtype(at::kFloat));
       }
-      const auto Bq = s.q_l.size(0), H = s.q_l.size(1), Sq = s.q_l.size(2), d = s.q_l.size(3);
-      const auto per = H / a.kv_heads, gh = per / G;
       auto grads = plan_ops::attention_core_backward(
-          plan_ops::query_group(s.in.q.detach(), a.kv_heads, G, g), s.in.k.detach(), s.in.v.detach(),
-          plan_ops::query_group(s.out, a.kv_heads, G, g), plan_ops::query_group(s.lse.unsqueeze(-1), a.kv_heads, G, g).squeeze(-1),
-          plan_ops::query_group(s.dout, a.kv_heads, G, g), a.window_tokens, cfg.model.attention_query_block, scale(l));
-      s.dq.view({Bq, a.kv_heads, per, Sq, d}).narrow(2, g * gh, gh).copy_(grads.dq.reshape({Bq, a.kv_heads, gh, Sq, d}));
-      s.dk.add_(grads.dk.to(at::kFloat));
-      s.dv.add_(grads.dv.to(at::kFloat));
+          plan_ops::query_group(s.in.q.detach(), G, g), plan_ops::kv_group(s.in.k.detach(), G, g), plan_ops::kv_group(s.in.v.detach(), G, g),
+          plan_ops::query_group(s.out, G, g), plan_ops::query_group(s.lse.unsqueeze(-1), G, g).squeeze(-1),
+          plan_ops::query_group(s.dout, G, g), a.window_tokens, cfg.model.attention_query_block, scale(l));
+      plan_ops::query_group(s.dq, G, g).copy_(grads.dq);
+      plan_ops::kv_group(s.dk, G, g).add_(grads.dk.to(at::kFloat));  // the group's KV head
+      plan_ops::kv_group(s.dv, G, g).add_(grads.dv.to(at::kFloat));
     } else if (G == 1) {
       s.out_graph.backward(s.dout);
     } else {
-      s.group_graph.backward(plan_ops::query_group(s.dout, a.kv_heads, G, g));  // K/V gradients accumulate over groups
+      s.group_graph.backward(plan_ops::query_group(s.dout, G, g));  // K/V gradients accumulate over groups
     }
   }
   void attn_core_refwd(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     const AttentionSpec& a = attn(p.l);
-    s.group_graph = attention_core(plan_ops::query_group(s.q_l, a.kv_heads, groups(p.l), st_.key.head_group), s.k_l, s.v_l,
-                                   a.window_tokens, cfg.model.attention_query_block, scale(p.l)).out;
+    const int G = groups(p.l), g = st_.key.head_group;
+    s.group_graph = attention_core(plan_ops::query_group(s.q_l, G, g), plan_ops::kv_group(s.k_l, G, g), plan_ops::kv_group(s.v_l, G, g),
+                                   a.window_tokens, cfg.model.attention_query_block, scale(p.l))
+                        .out;
   }
   void mix_proj_bwd(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);

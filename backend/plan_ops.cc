@@ -6,6 +6,7 @@
 
 #include "backend/device_memory.h"
 #include "costmodel/input_error.h"
+#include "costmodel/memory.h"
 
 namespace oom::backend::plan_ops {
 
@@ -34,25 +35,25 @@ AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, con
 
 int attention_groups(const AttentionSpec& a, int group_heads) {
   const int per_kv = a.heads / std::max(1, a.kv_heads);
-  if (group_heads <= 0 || group_heads >= per_kv) return 1;
-  OOM_ASSERT(per_kv % group_heads == 0, "head group must divide the query heads per KV group");
-  return per_kv / group_heads;
+  OOM_ASSERT(group_heads <= 0 || group_heads >= per_kv || per_kv % group_heads == 0,
+             "head group must divide the query heads per KV group");
+  return attention_head_groups(a, group_heads);
 }
 
-at::Tensor query_group(const at::Tensor& q, int kv_heads, int groups, int index) {
+at::Tensor query_group(const at::Tensor& q, int groups, int index) {
   if (groups == 1) return q;
-  const auto B = q.size(0), H = q.size(1), S = q.size(2), d = q.size(3);
-  const auto per = H / kv_heads, g = per / groups;
-  return q.reshape({B, kv_heads, per, S, d}).narrow(2, index * g, g).reshape({B, kv_heads * g, S, d});
+  const auto g = q.size(1) / groups;
+  return q.narrow(1, index * g, g);
 }
 
-at::Tensor merge_groups(const std::vector<at::Tensor>& parts, int kv_heads) {
-  if (parts.size() == 1) return parts[0];
-  std::vector<at::Tensor> v;
-  for (const auto& p : parts) v.push_back(p.reshape({p.size(0), kv_heads, p.size(1) / kv_heads, p.size(2), p.size(3)}));
-  const auto m = at::cat(v, 2);
-  return m.reshape({m.size(0), m.size(1) * m.size(2), m.size(3), m.size(4)});
+at::Tensor kv_group(const at::Tensor& k, int groups, int index) {
+  if (groups == 1) return k;
+  const auto per_kv_head = groups / k.size(1);  // groups of one KV head
+  OOM_ASSERT(per_kv_head * k.size(1) == groups, "groups must split every KV group alike");
+  return k.narrow(1, index / per_kv_head, 1);
 }
+
+at::Tensor merge_groups(const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 1); }
 
 at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const BlockWeights& w, at::ScalarType dtype) {
   const auto B = out.size(0), H = out.size(1), S = out.size(2), d = out.size(3);

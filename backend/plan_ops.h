@@ -32,12 +32,16 @@ struct AttentionInputs {
   at::Tensor gate;     // [B, S, H, d] output gate, undefined without one
 };
 AttentionInputs attention_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec, LayerKind kind);
-// Query heads per group → the groups' query tensors [B, Hkv·g, S, d] (group i takes heads i·g … of
-// every KV group). group_heads 0 = one group.
+// Query heads per group → the groups (costmodel/memory.h attention_head_groups: g query heads of
+// one KV group each, numbered KV group by KV group; group_heads 0 = one group). query_group gives
+// group `index`'s queries [B, g, S, d] (heads index·g …) of q [B, H, S, d] (or of any tensor with
+// heads on dim 1: O, LSE, dO), kv_group its K or V head [B, 1, S, d] of k [B, Hkv, S, d]; with one
+// group both return their input.
 int attention_groups(const AttentionSpec& a, int group_heads);
-at::Tensor query_group(const at::Tensor& q, int kv_heads, int groups, int index);
-// Puts group outputs [B, Hkv·g, S, d] back in head order [B, H, S, d].
-at::Tensor merge_groups(const std::vector<at::Tensor>& parts, int kv_heads);
+at::Tensor query_group(const at::Tensor& q, int groups, int index);
+at::Tensor kv_group(const at::Tensor& k, int groups, int index);
+// Puts group outputs [B, g, S, …] back in head order [B, H, S, …].
+at::Tensor merge_groups(const std::vector<at::Tensor>& parts);
 // o_proj(gate ⊙ O) for the core output O [B, H, S, d] (FP32) in x's dtype; → [B, S, h].
 at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const BlockWeights& w, at::ScalarType dtype);
 

@@ -6,10 +6,11 @@
 // What each Plan field does here (reference §4 "Split–Keep–Replay"), as the lowering schedules it:
 //   split.sub_batch_seqs      every decoder runs its forward and its backward on sub-batches of
 //                             complete sequences; weight gradients accumulate over sub-batches.
-//   split.attention_head_group the attention core runs per group of query heads (of every GQA
-//                             group) over complete sequences with the shared K/V; in backward each
-//                             group's core is re-run (or, with kept O/LSE, differentiated from them)
-//                             and its K/V and input gradients accumulate in FP32.
+//   split.attention_head_group the attention core runs per group of g query heads of one GQA
+//                             group over complete sequences with that group's shared K/V head
+//                             (g = the heads per KV group runs each GQA group apart); in backward
+//                             each group's core is re-run (or, with kept O/LSE, differentiated from
+//                             them) and its K/V and input gradients accumulate in FP32.
 //   split.gdn_chunk_tokens    the GDN recurrence runs over sequence chunks, handing its FP32 state
 //                             forward; backward rematerializes the chunks in reverse order from their
 //                             saved start states and hands the state derivative backward.

@@ -31,6 +31,12 @@ Bytes ep_a2a_bytes(int k, std::int64_t N, std::int64_t h, Bytes b, int P) {
   return 2 * k * N * h * b * (P - 1) / P;
 }
 
+int attention_head_groups(const AttentionSpec& a, int group_heads) {
+  if (group_heads <= 0) return 1;
+  const int per_kv = a.heads / std::max(1, a.kv_heads);
+  return std::max(1, a.heads / std::max(1, std::min(group_heads, per_kv)));
+}
+
 Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t h, std::int64_t seqs, std::int64_t S,
                                  int head_group) {
   const std::int64_t T = seqs * S;

@@ -37,8 +37,16 @@ Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t batch, std::int64_t s
 // 2·k·N·h·b·(P−1)/P bytes for N tokens per GPU, b bytes per element, P GPUs.
 Bytes ep_a2a_bytes(int top_k, std::int64_t tokens_per_gpu, std::int64_t hidden, Bytes bytes_per_element, int gpus);
 
+// The groups an attention core runs in under Plan split.attention_head_group = `group_heads`
+// (reference §4, Table 1: query-head groups of size g within each GQA group, each with that GQA
+// group's shared K/V): 1 when group_heads ≤ 0 (unpartitioned), else heads / g with g the group
+// size capped at the query heads per KV group — so g = heads per KV group runs each GQA group
+// apart. Groups are numbered KV group by KV group: group i holds query heads [i·g, (i+1)·g) and
+// K/V head i·g / (heads / kv_heads). Plan validation keeps g a divisor of the heads per KV group.
+int attention_head_groups(const AttentionSpec& a, int group_heads);
+
 // Activations saved by an attention sublayer over `seqs` sequences of S tokens, with query heads
-// processed `head_group` at a time within each KV group (0 = all heads at once).
+// processed `head_group` at a time within one KV group (0 = all heads at once).
 Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, std::int64_t seqs,
                                  std::int64_t seq_len, int head_group);
 // Activations saved by a GDN sublayer over `seqs` sequences processed `chunk_tokens` at a time:

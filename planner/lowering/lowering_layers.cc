@@ -14,12 +14,8 @@ namespace {
 
 bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
 
-// Query-head groups the attention core runs in (1 = unpartitioned).
-int head_groups(const AttentionSpec& a, int head_group) {
-  if (head_group <= 0) return 1;
-  const int per_kv = a.heads / std::max(1, a.kv_heads);
-  return std::max(1, per_kv / std::max(1, std::min(head_group, per_kv)));
-}
+// Query-head groups the attention core runs in (1 = unpartitioned; costmodel/memory.h).
+int head_groups(const AttentionSpec& a, int head_group) { return attention_head_groups(a, head_group); }
 
 // The shape of one head group's attention core over `seqs` complete sequences of `seq_len` tokens.
 OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t seq_len) {

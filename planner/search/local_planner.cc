@@ -232,12 +232,15 @@ Menu partition_menu(const WorkloadContext& ctx, const LocalPlannerOptions& o) {
   Menu menu;
   menu.levels.assign(4, {0});
   int per_kv = 0;
+  bool grouped_kv = false;  // some attention has several KV heads: whole GQA groups can run apart
   for (LayerKind k : {LayerKind::kFullAttention, LayerKind::kSlidingAttention}) {
     if (m.count(k) == 0) continue;
     const int g = m.attention(k).heads / std::max(1, m.attention(k).kv_heads);
     per_kv = per_kv == 0 ? g : std::gcd(per_kv, g);
+    grouped_kv = grouped_kv || m.attention(k).kv_heads > 1;
   }
-  for (int g = per_kv / 2; g >= 1; --g) {
+  // Head groups of g query heads within one GQA group (costmodel/memory.h attention_head_groups).
+  for (int g = grouped_kv ? per_kv : per_kv / 2; g >= 1; --g) {
     if (per_kv % g == 0) menu.levels[0].push_back(g);
   }
   if (m.count(LayerKind::kLinearAttention) > 0) {

@@ -334,13 +334,14 @@ TEST(OomDiff, ComparesStageByStageAcrossTraceFormats) {
 }
 
 // Recorded with the graph runner (its lean kernels included) on the 2-core development machine
-// (2026-12-03; 48 plan-driven steps: 4 tiny models × 2 shapes × 6 plans, the EP path on one rank
+// (2026-12-03, retaken once head groups became groups of one GQA group; 48 plan-driven steps: 4 tiny models × 2 shapes × 6 plans, the EP path on one rank
 // among them; one LibTorch and one BLAS thread; each run a child process of its own; a record's
 // process CPU time is its fastest of 16 interleaved rounds). The calibration was fitted on two
 // thirds of them (every third held out along a diagonal of the grid, so each plan kind is fitted
 // and held out) with the measured-device ranges and the probed GEMM ramp, step times only, each
 // compute stage priced per operator the backend dispatches for it (Stage::ops): in sample median
-// 5.2%, max 14.8%; held out 5.1% / 16.4%; leave-one-record-out 5.7% / 15.9%. (Priced per stage
+// 2.7%, max 15.9%; held out 3.2% / 11.4%; leave-one-record-out 3.4% / 18.8% (the first recording
+// of the day: 5.2% / 14.8%, 5.1% / 16.4%, 5.7% / 15.9%). (Priced per stage
 // instead, the same recording gave 9.3% / 21.4%, 8.4% / 30.3%, 10.5% / 30.7%; two recordings by
 // the same procedure differ by 7.1% at the median record, 28.6% at most: this machine's noise
 // floor.) The bounds pin this level as a regression test.

@@ -318,12 +318,23 @@ TEST(PlanOps, AttentionBackwardFromKeptOutputMatchesAutograd) {
 }
 
 TEST(PlanOps, QueryGroupsRoundTripHeadOrder) {
+  // 8 query heads over 2 KV heads, in groups of 2 query heads of one KV group: 4 groups.
+  AttentionSpec a;
+  a.heads = 8;
+  a.kv_heads = 2;
+  ASSERT_EQ(plan_ops::attention_groups(a, 2), 4);
+  EXPECT_EQ(plan_ops::attention_groups(a, 4), 2);  // each GQA group apart
+  EXPECT_EQ(plan_ops::attention_groups(a, 0), 1);
   const auto q = torch::arange(2 * 8 * 3 * 2, torch::kFloat).view({2, 8, 3, 2});
+  const auto k = torch::arange(2 * 2 * 3 * 2, torch::kFloat).view({2, 2, 3, 2});
   std::vector<at::Tensor> parts;
-  for (int g = 0; g < 4; ++g) parts.push_back(plan_ops::query_group(q, 2, 4, g));
-  EXPECT_TRUE(at::equal(plan_ops::merge_groups(parts, 2), q));
-  // Group 1 of KV head 0 is query head 1 (heads 0..3 share KV head 0).
-  EXPECT_TRUE(at::equal(parts[1].select(1, 0), q.select(1, 1)));
+  for (int g = 0; g < 4; ++g) parts.push_back(plan_ops::query_group(q, 4, g));
+  EXPECT_TRUE(at::equal(plan_ops::merge_groups(parts), q));
+  // Group 1 holds query heads 2 and 3, which share KV head 0; group 2 starts KV head 1's.
+  EXPECT_TRUE(at::equal(parts[1].select(1, 0), q.select(1, 2)));
+  EXPECT_TRUE(at::equal(plan_ops::kv_group(k, 4, 1), k.narrow(1, 0, 1)));
+  EXPECT_TRUE(at::equal(plan_ops::kv_group(k, 4, 2), k.narrow(1, 1, 1)));
+  EXPECT_TRUE(at::equal(plan_ops::kv_group(k, 1, 0), k));
 }
 
 // Ring-DTP's pieces: folding a block's logits into its log-sum-exp shard by shard gives the whole

@@ -322,21 +322,26 @@ TEST(LowerLocal, FullDeliveryAccumulatesPartialsOnTheHost) {
 TEST(LowerLocal, OperatorPartitionsSplitAttentionGdnAndMoe) {
   Plan plan;
   plan.path = ExpertPath::kLocal;
-  plan.split.attention_head_group = 2;  // 8 query heads per KV group → 4 head groups
+  plan.split.attention_head_group = 2;  // 16 query heads in groups of 2 within each of 2 KV groups → 8 head groups
   plan.split.gdn_chunk_tokens = 8192;   // 32K tokens → 4 chunks
   plan.split.moe_chunk_tokens = 16384;  // 32K tokens → 2 chunks
   const StepGraph g = lower(plan, ctx_with(4, 32768));
   auto forward = [&g](int l, StagePart part, StageOp op) {
     return count_keys(g, [=](const StageKey& k) { return k.phase == Phase::kForward && k.decoder == l && k.part == part && k.op == op; });
   };
-  EXPECT_EQ(forward(3, StagePart::kAttention, StageOp::kCore), 4);
-  EXPECT_TRUE(has_stage(g, "g0.fwd.L3.attn.h3.core"));
+  EXPECT_EQ(forward(3, StagePart::kAttention, StageOp::kCore), 8);
+  EXPECT_TRUE(has_stage(g, "g0.fwd.L3.attn.h7.core"));
   EXPECT_EQ(forward(0, StagePart::kGdn, StageOp::kCore), 4);
   EXPECT_TRUE(has_stage(g, "g0.fwd.L0.gdn.c3.core"));
   // Router/shared and experts per chunk.
   EXPECT_EQ(forward(0, StagePart::kMoe, StageOp::kRouterShared) + forward(0, StagePart::kMoe, StageOp::kExperts), 2 * 2);
   // Without O/LSE kept, each head group's forward is recomputed before its backward.
-  EXPECT_EQ(count_keys(g, [](const StageKey& k) { return k.decoder == 3 && k.op == StageOp::kCoreRefwd; }), 4);
+  EXPECT_EQ(count_keys(g, [](const StageKey& k) { return k.decoder == 3 && k.op == StageOp::kCoreRefwd; }), 8);
+  // A group of every query head of a KV group runs each GQA group apart: 2 groups, each recomputed.
+  plan.split.attention_head_group = 8;
+  const StepGraph by_kv = lower(plan, ctx_with(4, 32768));
+  EXPECT_EQ(count_keys(by_kv, [](const StageKey& k) { return k.phase == Phase::kForward && k.decoder == 3 && k.op == StageOp::kCore; }), 2);
+  EXPECT_EQ(count_keys(by_kv, [](const StageKey& k) { return k.decoder == 3 && k.op == StageOp::kCoreRefwd; }), 2);
 }
 
 TEST(LowerLocal, KeptAttentionResultsReplaceAttentionReplay) {
