@@ -216,25 +216,28 @@ std::vector<double> read_doubles(const std::string& in, std::size_t offset, std:
   return v;
 }
 
-// A simulation's input as bytes, for the simulation server (sim/isolated_run.h): what
-// Simulation reads of the graph (resources; stages' names, resources, demand, peers and
-// dependencies), the stage costs, the HardwareSpec (as its JSON), the rates and the ranks' GPUs.
-// Plain values in native byte order: writer and reader are the same program.
+// A simulation's input as bytes, for the simulation server (sim/isolated_run.h): the HardwareSpec
+// (as its JSON), then what Simulation reads of the rest (simulation_fields). Plain values in native
+// byte order: writer and reader are the same program.
 class RequestWriter {
  public:
   template <typename T>
-  void put(const T& v) {
+  void field(const T& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     out.append(reinterpret_cast<const char*>(&v), sizeof v);
   }
-  void put(const std::string& v) {
-    put<std::uint64_t>(v.size());
+  void field(const std::string& v) {
+    size(v);
     out += v;
   }
   template <typename T>
-  void put(const std::vector<T>& v) {
-    put<std::uint64_t>(v.size());
-    for (const T& x : v) put(x);
+  void field(const std::vector<T>& v) {
+    size(v);
+    for (const T& x : v) field(x);
+  }
+  template <typename V>
+  void size(const V& v) {
+    field<std::uint64_t>(v.size());
   }
   std::string out;
 };
@@ -243,24 +246,26 @@ class RequestReader {
  public:
   explicit RequestReader(const std::string& in) : in_(in) {}
   template <typename T>
-  void get(T& v) {
+  void field(T& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     take(reinterpret_cast<char*>(&v), sizeof v);
   }
-  void get(std::string& v) {
-    std::uint64_t n = 0;
-    get(n);
-    if (n > in_.size() - pos_) throw std::runtime_error("truncated simulation request");
-    v.assign(in_, pos_, n);
-    pos_ += n;
+  void field(std::string& v) {
+    size(v);
+    take(v.data(), v.size());
   }
   template <typename T>
-  void get(std::vector<T>& v) {
+  void field(std::vector<T>& v) {
+    size(v);
+    for (T& x : v) field(x);
+  }
+  // Reads a count and sizes `v` to it (at most what is left of the request: one byte an element).
+  template <typename V>
+  void size(V& v) {
     std::uint64_t n = 0;
-    get(n);
+    field(n);
     if (n > in_.size() - pos_) throw std::runtime_error("truncated simulation request");
     v.resize(n);
-    for (T& x : v) get(x);
   }
 
  private:
@@ -273,40 +278,48 @@ class RequestReader {
   std::size_t pos_ = 0;
 };
 
+// What Simulation reads besides the HardwareSpec, in one order for writing and for reading: the
+// rates, the ranks' GPUs, the graph's resources and its stages' names, resources, demand, peers
+// and dependencies, and the stage costs.
+template <typename Io, typename Rates, typename Ranks, typename Graph, typename Costs>
+void simulation_fields(Io& io, Rates& rates, Ranks& rank_gpu, Graph& g, Costs& costs) {
+  io.field(rates.gpu_flops_per_s);
+  io.field(rates.h2d_Bps);
+  io.field(rates.d2h_Bps);
+  io.field(rates.fabric_Bps);
+  io.field(rates.network_Bps);
+  io.field(rates.dram_Bps);
+  io.field(rates.socket_params_per_s);
+  io.field(rank_gpu);
+  io.field(g.gpus);
+  io.size(g.resources);
+  for (auto& r : g.resources) {
+    io.field(r.id);
+    io.field(r.kind);
+    io.field(r.name);
+    io.field(r.gpu);
+    io.field(r.numa);
+    io.field(r.order);
+  }
+  io.size(g.stages);
+  for (auto& st : g.stages) {
+    io.field(st.id);
+    io.field(st.name);
+    io.field(st.resource);
+    io.field(st.op);
+    io.field(st.bytes);
+    io.field(st.params);
+    io.field(st.peers);
+    io.field(st.deps);
+  }
+  io.field(costs);
+}
+
 std::string encode_request(const StepGraph& g, const std::vector<StageCost>& costs, const HardwareSpec& hw,
                            const PlatformRates& rates, const std::vector<int>& rank_gpu) {
   RequestWriter w;
-  w.put(hardware_spec_to_json(hw).dump());
-  w.put(rates.gpu_flops_per_s);
-  w.put(rates.h2d_Bps);
-  w.put(rates.d2h_Bps);
-  w.put(rates.fabric_Bps);
-  w.put(rates.network_Bps);
-  w.put(rates.dram_Bps);
-  w.put(rates.socket_params_per_s);
-  w.put(rank_gpu);
-  w.put(g.gpus);
-  w.put<std::uint64_t>(g.resources.size());
-  for (const Resource& r : g.resources) {
-    w.put(r.id);
-    w.put(r.kind);
-    w.put(r.name);
-    w.put(r.gpu);
-    w.put(r.numa);
-    w.put(r.order);
-  }
-  w.put<std::uint64_t>(g.stages.size());
-  for (const Stage& st : g.stages) {
-    w.put(st.id);
-    w.put(st.name);
-    w.put(st.resource);
-    w.put(st.op);
-    w.put(st.bytes);
-    w.put(st.params);
-    w.put(st.peers);
-    w.put(st.deps);
-  }
-  for (const StageCost& c : costs) w.put(c);
+  w.field(hardware_spec_to_json(hw).dump());
+  simulation_fields(w, rates, rank_gpu, g, costs);
   return std::move(w.out);
 }
 
@@ -324,45 +337,13 @@ bool travels_exactly(const HardwareSpec& hw) {
 void simulate_request(const std::string& request, std::string& out) {
   RequestReader r(request);
   std::string hw_json;
-  r.get(hw_json);
+  r.field(hw_json);
   const HardwareSpec hw = hardware_spec_from_json(nlohmann::json::parse(hw_json), "simulation request");
   PlatformRates rates;
-  r.get(rates.gpu_flops_per_s);
-  r.get(rates.h2d_Bps);
-  r.get(rates.d2h_Bps);
-  r.get(rates.fabric_Bps);
-  r.get(rates.network_Bps);
-  r.get(rates.dram_Bps);
-  r.get(rates.socket_params_per_s);
   std::vector<int> rank_gpu;
-  r.get(rank_gpu);
   StepGraph g;
-  r.get(g.gpus);
-  std::uint64_t n = 0;
-  r.get(n);
-  g.resources.resize(n);
-  for (Resource& res : g.resources) {
-    r.get(res.id);
-    r.get(res.kind);
-    r.get(res.name);
-    r.get(res.gpu);
-    r.get(res.numa);
-    r.get(res.order);
-  }
-  r.get(n);
-  g.stages.resize(n);
-  for (Stage& st : g.stages) {
-    r.get(st.id);
-    r.get(st.name);
-    r.get(st.resource);
-    r.get(st.op);
-    r.get(st.bytes);
-    r.get(st.params);
-    r.get(st.peers);
-    r.get(st.deps);
-  }
-  std::vector<StageCost> costs(n);
-  for (StageCost& c : costs) r.get(c);
+  std::vector<StageCost> costs;
+  simulation_fields(r, rates, rank_gpu, g, costs);
   Simulation sim(g, costs, hw, rates, std::move(rank_gpu));
   sim.run();
   append_doubles(out, sim.start_s);

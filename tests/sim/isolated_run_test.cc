@@ -15,20 +15,24 @@ namespace {
 
 namespace sg4 = simgrid::s4u;
 
-// A fresh engine in the child: a one-second sleep; returns the clock as text.
+// A fresh SimGrid engine (a second one in one process would abort) whose one actor sleeps
+// `seconds`; returns the clock at the end as text.
+std::string simulate_sleep(double seconds) {
+  int argc = 1;
+  char program[] = "isolated_run_test";
+  char* argv[] = {program, nullptr};
+  auto* e = new sg4::Engine(&argc, argv);
+  auto* zone = sg4::create_full_zone("z");
+  sg4::Host* h = zone->create_host("h", 1e9)->seal();
+  zone->seal();
+  sg4::Actor::create("a", h, [seconds] { sg4::this_actor::sleep_for(seconds); });
+  e->run();
+  return std::to_string(sg4::Engine::get_clock());
+}
+
+// A 1.5-second sleep in a child.
 std::string one_simulation() {
-  return run_isolated([](std::string& out) {
-    int argc = 1;
-    char program[] = "isolated_run_test";
-    char* argv[] = {program, nullptr};
-    auto* e = new sg4::Engine(&argc, argv);
-    auto* zone = sg4::create_full_zone("z");
-    sg4::Host* h = zone->create_host("h", 1e9)->seal();
-    zone->seal();
-    sg4::Actor::create("a", h, [] { sg4::this_actor::sleep_for(1.5); });
-    e->run();
-    out = std::to_string(sg4::Engine::get_clock());
-  });
+  return run_isolated([](std::string& out) { out = simulate_sleep(1.5); });
 }
 
 TEST(IsolatedRunTest, ReturnsWhatTheChildWrote) {
@@ -59,22 +63,11 @@ TEST(IsolatedRunTest, AChildThatDiesIsReported) {
   EXPECT_THROW(run_isolated([](std::string&) { std::_Exit(7); }), std::runtime_error);
 }
 
-// A request handler: a fresh SimGrid engine per request (a second one in one process would
-// abort), which sleeps as many seconds as the request says.
+// A request handler: a fresh engine per request that sleeps as many seconds as the request says.
 void sleep_request(const std::string& request, std::string& out) {
   if (request == "throw") throw std::invalid_argument("bad request");
   if (request == "die") std::_Exit(7);
-  int argc = 1;
-  char program[] = "isolated_run_test";
-  char* argv[] = {program, nullptr};
-  auto* e = new sg4::Engine(&argc, argv);
-  auto* zone = sg4::create_full_zone("z");
-  sg4::Host* h = zone->create_host("h", 1e9)->seal();
-  zone->seal();
-  const double seconds = std::stod(request);
-  sg4::Actor::create("a", h, [seconds] { sg4::this_actor::sleep_for(seconds); });
-  e->run();
-  out = std::to_string(sg4::Engine::get_clock());
+  out = simulate_sleep(std::stod(request));
 }
 
 void echo_request(const std::string& request, std::string& out) { out = request; }
