@@ -25,13 +25,12 @@ namespace {
 constexpr char kOk = 'K';
 constexpr char kFailed = 'F';
 
-bool write_all(int fd, const char* data, std::size_t size) {
+// Writes all of `data` to `fd`; to a socket (`socket`) without SIGPIPE once its peer is gone.
+bool write_all(int fd, const char* data, std::size_t size, bool socket = false) {
   while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
+    const ssize_t n = socket ? ::send(fd, data, size, MSG_NOSIGNAL) : ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
     data += n;
     size -= static_cast<std::size_t>(n);
   }
@@ -151,17 +150,6 @@ Server& server() {
   return s;
 }
 
-bool send_all(int sock, const char* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::send(sock, data, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 // Sends the request's size with `fd` attached, then the request.
 bool send_request(int sock, const std::string& request, int fd) {
   const std::uint64_t size = request.size();
@@ -183,8 +171,8 @@ bool send_request(int sock, const std::string& request, int fd) {
   } while (n < 0 && errno == EINTR);
   if (n <= 0) return false;
   const auto sent = static_cast<std::size_t>(n);
-  return send_all(sock, reinterpret_cast<const char*>(&size) + sent, sizeof size - sent) &&
-         send_all(sock, request.data(), request.size());
+  return write_all(sock, reinterpret_cast<const char*>(&size) + sent, sizeof size - sent, true) &&
+         write_all(sock, request.data(), request.size(), true);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -315,22 +316,32 @@ void simulation_fields(Io& io, Rates& rates, Ranks& rank_gpu, Graph& g, Costs& c
   io.field(costs);
 }
 
-std::string encode_request(const StepGraph& g, const std::vector<StageCost>& costs, const HardwareSpec& hw,
-                           const PlatformRates& rates, const std::vector<int>& rank_gpu) {
-  RequestWriter w;
-  w.field(hardware_spec_to_json(hw).dump());
-  simulation_fields(w, rates, rank_gpu, g, costs);
-  return std::move(w.out);
+// Simulates one step and appends its stage starts and finishes to `out`, in the isolated process.
+void simulate_into(const StepGraph& g, const std::vector<StageCost>& costs, const HardwareSpec& hw, const PlatformRates& rates,
+                   std::vector<int> rank_gpu, std::string& out) {
+  Simulation sim(g, costs, hw, rates, std::move(rank_gpu));
+  sim.run();
+  append_doubles(out, sim.start_s);
+  append_doubles(out, sim.finish_s);
 }
 
-// Whether `hw` reads back from its JSON as it is: a spec built in code that the reader would
-// refuse or change is simulated in place instead.
-bool travels_exactly(const HardwareSpec& hw) {
+// `hw` as the JSON a request carries, when it reads back as it is; nothing for a spec built in
+// code that the reader would refuse or change (it is simulated in place instead).
+std::optional<std::string> travelling_json(const HardwareSpec& hw) {
   try {
-    return hardware_spec_from_json(nlohmann::json::parse(hardware_spec_to_json(hw).dump()), "simulation request") == hw;
+    std::string text = hardware_spec_to_json(hw).dump();
+    if (hardware_spec_from_json(nlohmann::json::parse(text), "simulation request") == hw) return text;
   } catch (const std::exception&) {
-    return false;
   }
+  return std::nullopt;
+}
+
+std::string encode_request(const StepGraph& g, const std::vector<StageCost>& costs, const std::string& hw_json,
+                           const PlatformRates& rates, const std::vector<int>& rank_gpu) {
+  RequestWriter w;
+  w.field(hw_json);
+  simulation_fields(w, rates, rank_gpu, g, costs);
+  return std::move(w.out);
 }
 
 // The server's handler: decodes a request and simulates it, as simulate_times() does in place.
@@ -344,10 +355,7 @@ void simulate_request(const std::string& request, std::string& out) {
   StepGraph g;
   std::vector<StageCost> costs;
   simulation_fields(r, rates, rank_gpu, g, costs);
-  Simulation sim(g, costs, hw, rates, std::move(rank_gpu));
-  sim.run();
-  append_doubles(out, sim.start_s);
-  append_doubles(out, sim.finish_s);
+  simulate_into(g, costs, hw, rates, std::move(rank_gpu), out);
 }
 
 }  // namespace
@@ -388,14 +396,9 @@ StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel
 
   // Through the simulation server where one runs (the same simulation of the same input), else
   // in a child forked from here.
-  const std::string bytes = isolated_server_running(simulate_request) && travels_exactly(*hw)
-                                ? run_isolated_request(simulate_request, encode_request(g, costs, *hw, rates, rank_gpu))
-                                : run_isolated([&](std::string& out) {
-                                    Simulation sim(g, costs, *hw, rates, rank_gpu);
-                                    sim.run();
-                                    append_doubles(out, sim.start_s);
-                                    append_doubles(out, sim.finish_s);
-                                  });
+  const std::optional<std::string> hw_json = isolated_server_running(simulate_request) ? travelling_json(*hw) : std::nullopt;
+  const std::string bytes = hw_json ? run_isolated_request(simulate_request, encode_request(g, costs, *hw_json, rates, rank_gpu))
+                                    : run_isolated([&](std::string& out) { simulate_into(g, costs, *hw, rates, rank_gpu, out); });
   const std::size_t n = g.stages.size();
   if (bytes.size() != 2 * n * sizeof(double)) throw std::runtime_error("simulation failed: truncated stage times");
   StageTimes t;

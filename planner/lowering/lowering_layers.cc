@@ -14,8 +14,6 @@ namespace {
 
 bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
 
-// Query-head groups the attention core runs in (1 = unpartitioned; costmodel/memory.h).
-int head_groups(const AttentionSpec& a, int head_group) { return attention_head_groups(a, head_group); }
 
 // The shape of one head group's attention core over `seqs` complete sequences of `seq_len` tokens.
 OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t seq_len) {
@@ -88,7 +86,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       }
       last = output_projection({p, load});
     } else {
-      const int groups = head_groups(a, plan_.split.attention_head_group);
+      const int groups = attention_head_groups(a, plan_.split.attention_head_group);
       const OpShape core = attention_core_shape(a, groups, seqs, S_);
       for (int g = 0; g < groups; ++g) {
         last = compute_all(what(StagePart::kAttention, StageOp::kCore).at_head_group(g), OpKind::kAttention, phase, l,
@@ -346,7 +344,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
                              output_projection_shape(m_, kind, seqs * S_), {ready});
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
-    const int groups = head_groups(a, plan_.split.attention_head_group);
+    const int groups = attention_head_groups(a, plan_.split.attention_head_group);
     const OpShape core = attention_core_shape(a, groups, seqs, S_);
     const Flops fwd = f.mixing_core.total() / groups;
     for (int g = groups - 1; g >= 0; --g) {
