@@ -1,41 +1,60 @@
 #include "costmodel/traffic.h"
 
 namespace oom {
+namespace {
+
+// One RMSNorm over `width` elements per token: read x, write x̂.
+std::int64_t norm(std::int64_t width) { return 2 * width; }
+
+}  // namespace
 
 Bytes mixing_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {
   const std::int64_t h = m.hidden;
-  std::int64_t per_token = 2 * h + 3 * h;  // input norm, residual add
+  std::int64_t per_token = norm(h) + 3 * h;  // input norm, residual add
   const LayerKind kind = m.layer_kinds.at(static_cast<std::size_t>(layer));
   if (kind == LayerKind::kLinearAttention) {
     const std::int64_t dk = m.gdn.key_dim(), dv = m.gdn.value_dim();
     per_token += 2 * (2 * dk + dv) + 2 * 2 * dk + 3 * dv;
   } else {
     const AttentionSpec& a = m.attention(kind);
-    const std::int64_t qk = std::int64_t{a.heads + a.kv_heads} * a.head_dim;
-    per_token += 2 * qk;                           // RoPE
-    if (a.qk_norm) per_token += 2 * qk;            // q/k RMSNorm
-    if (a.output_gate) per_token += 3 * std::int64_t{a.heads} * a.head_dim;
+    const std::int64_t q = std::int64_t{a.heads} * a.head_dim, kv = std::int64_t{a.kv_heads} * a.head_dim;
+    per_token += 2 * (q + kv);                                      // RoPE
+    if (a.qk_norm) per_token += norm(q) + norm(kv);                 // q/k RMSNorm
+    if (m.gemma4()) per_token += norm(kv) + norm(h);                // v RMSNorm, post-attention norm
+    if (a.output_gate) per_token += 3 * q;
   }
   return per_token * tokens * kBf16Bytes;
 }
 
 MoeTraffic moe_hbm_bytes(const ModelSpec& m, std::int64_t tokens) {
   const std::int64_t h = m.hidden, k = m.moe.top_k;
+  // Gemma 4 normalizes the experts' and the dense MLP's inputs apart and the router's input once
+  // more, then scales it (read two, write one).
+  const std::int64_t input_norms = m.gemma4() ? 3 * norm(h) + 3 * h : norm(h);
+  // Gemma 4 normalizes the dense and the routed outputs, adds them, normalizes the sum and scales
+  // the layer's output (layer_scalar).
+  const std::int64_t output_norms = m.gemma4() ? 3 * norm(h) + 3 * h + 2 * h : 0;
   MoeTraffic t;
-  t.pre = tokens * ((2 * h + 2 * k * h + 3 * std::int64_t{m.moe.shared_expert_intermediate} +
+  t.pre = tokens * ((input_norms + 2 * k * h + 3 * std::int64_t{m.moe.shared_expert_intermediate} +
                      3 * std::int64_t{m.moe.dense_intermediate}) * kBf16Bytes +
                     2 * std::int64_t{m.moe.experts} * kFp32Bytes);
   t.experts = tokens * 3 * k * std::int64_t{m.moe.expert_intermediate} * kBf16Bytes;
-  t.combine = tokens * (k * h + h + 3 * h) * kBf16Bytes;
+  t.combine = tokens * (k * h + h + 3 * h + output_norms) * kBf16Bytes;
   return t;
 }
 
 Bytes loss_forward_hbm_bytes(const ModelSpec& m, std::int64_t tokens) {
-  return tokens * std::int64_t{m.vocab} * 2 * kFp32Bytes;
+  // Logits written, read by the log-sum-exp; a softcap (divide, tanh, multiply) reads and writes
+  // them three times more.
+  const std::int64_t passes = 2 + (m.final_logit_softcap > 0 ? 3 * 2 : 0);
+  return tokens * std::int64_t{m.vocab} * passes * kFp32Bytes;
 }
 
 Bytes loss_backward_hbm_bytes(const ModelSpec& m, std::int64_t tokens) {
-  return tokens * std::int64_t{m.vocab} * (kFp32Bytes + kBf16Bytes);
+  // The softcap's backward: tanh's derivative reads the gradient and tanh and writes; each scaling
+  // reads and writes.
+  const Bytes softcap = m.final_logit_softcap > 0 ? (3 + 2 + 2) * kFp32Bytes : 0;
+  return tokens * std::int64_t{m.vocab} * (kFp32Bytes + kBf16Bytes + softcap);
 }
 
 }  // namespace oom

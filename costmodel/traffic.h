@@ -13,6 +13,10 @@
 //   RMSNorm: read x, write x̂                                     2·h per token
 //   residual add: read two, write one                            3·h
 //   RoPE and q/k RMSNorm: read and write q and k                 2·(H + Hkv)·d each
+//   Gemma 4's further norms (transformers' Gemma4TextDecoderLayer): v and post-attention norms,
+//        the experts' and the dense MLP's own input norms, the router's input norm and scale, the
+//        post-norms of the dense and routed outputs and of their sum (an add), the layer scalar
+//                                                                2·Hkv·d + 2·h; 9·h in place of 2·h; 11·h
 //   output gate: read the gate and O, write                      3·H·d
 //   GDN: causal conv over q, k, v (read, write), L2 norm of q, k, gated output norm (read o and z,
 //        write)                                                  2·(2·dk + dv) + 2·2·dk + 3·dv
@@ -50,7 +54,9 @@ struct MoeTraffic {
 MoeTraffic moe_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
 
 // HBM bytes of the LM head's cross-entropy for `tokens` tokens: FP32 logits written and read back
-// by the log-sum-exp in the forward; read again and a BF16 gradient written in the backward.
+// by the log-sum-exp in the forward; read again and a BF16 gradient written in the backward. A
+// final-logit softcap (Gemma 4: cap·tanh(z/cap)) adds three read-write passes forward and seven
+// FP32 accesses per logit backward.
 Bytes loss_forward_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
 Bytes loss_backward_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
 

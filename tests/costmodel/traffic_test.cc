@@ -55,5 +55,27 @@ TEST(Traffic, LossMovesFp32LogitsTwiceForwardAndOnceBack) {
   EXPECT_EQ(loss_backward_hbm_bytes(m, 3), 3 * 1000 * 6);
 }
 
+TEST(Traffic, Gemma4CountsItsSandwichNormsAndTheLogitSoftcap) {
+  ModelSpec m = model();
+  const Bytes mixing = mixing_hbm_bytes(m, 0, 10);
+  const MoeTraffic plain = moe_hbm_bytes(m, 10);
+  const Bytes loss_fwd = loss_forward_hbm_bytes(m, 3), loss_bwd = loss_backward_hbm_bytes(m, 3);
+  m.model_type = "gemma4_text";
+  ASSERT_TRUE(m.gemma4());
+  // The v norm over the KV heads and the post-attention norm.
+  EXPECT_EQ(mixing_hbm_bytes(m, 0, 10), mixing + 10 * (2 * 32 + 2 * 64) * kBf16Bytes);
+  const MoeTraffic g = moe_hbm_bytes(m, 10);
+  // Three input norms and the router's scale (9·h) instead of one norm (2·h); three output norms,
+  // their sum and the layer scalar (11·h).
+  EXPECT_EQ(g.pre, plain.pre + 10 * 7 * 64 * kBf16Bytes);
+  EXPECT_EQ(g.experts, plain.experts);
+  EXPECT_EQ(g.combine, plain.combine + 10 * 11 * 64 * kBf16Bytes);
+  // No softcap, no extra passes over the logits; with one, three more forward, seven accesses back.
+  EXPECT_EQ(loss_forward_hbm_bytes(m, 3), loss_fwd);
+  m.final_logit_softcap = 30;
+  EXPECT_EQ(loss_forward_hbm_bytes(m, 3), loss_fwd + 3 * 1000 * 6 * kFp32Bytes);
+  EXPECT_EQ(loss_backward_hbm_bytes(m, 3), loss_bwd + 3 * 1000 * 7 * kFp32Bytes);
+}
+
 }  // namespace
 }  // namespace oom
