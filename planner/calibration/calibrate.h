@@ -7,7 +7,8 @@
 //   - operator records on that hardware: predicted as the summed durations of the matching
 //     stages of a one-GPU, one-sequence lowering (attention_forward: attention projections +
 //     core; gdn_mixing_forward: GDN projections + core; moe_forward: router/shared + experts;
-//     attention_replay_reuse_o: the attention projections).
+//     attention_replay_reuse_o: the attention projections), each without the per-stage cost of
+//     a running step (compute_overhead_s), which an operator timed alone does not pay;
 // Constants are shared by every record of the hardware: nothing is fitted per record. A weak
 // prior (log distance to the uncalibrated estimate) keeps constants that no record exercises at
 // their estimate. Records named in `held_out_ids` are predicted but not fitted, to check the fit.
