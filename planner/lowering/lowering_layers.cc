@@ -14,7 +14,6 @@ namespace {
 
 bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
 
-
 // The shape of one head group's attention core over `seqs` complete sequences of `seq_len` tokens.
 OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t seq_len) {
   OpShape core;
