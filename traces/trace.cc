@@ -158,6 +158,21 @@ void finalize_trace(Trace& t) {
   }
 }
 
+Bytes allocated_gpu_peak_bytes(const Trace& t) {
+  Bytes peak = 0;
+  bool sampled = false;
+  for (const auto& m : t.memory) {
+    if (m.device.rfind("gpu", 0) != 0) continue;
+    for (const auto& x : m.samples) {
+      peak = std::max(peak, x.bytes);
+      sampled = true;
+    }
+  }
+  if (sampled) return peak;
+  for (const Bytes b : t.gpu_peak_bytes) peak = std::max(peak, b);
+  return peak;
+}
+
 std::map<std::string, double> busy_by_direction_and_kind(const Trace& t, const std::string& resource) {
   std::map<std::string, double> out;
   for (const TraceStage& s : t.stages) {

@@ -83,6 +83,13 @@ nlohmann::json trace_to_chrome_json(const Trace& t);
 // stages left out); the form of a step record's measured breakdown (Measured::compute_s).
 std::map<std::string, double> busy_by_direction_and_kind(const Trace& t, const std::string& resource);
 
+// The most bytes any GPU holds allocated at once: the largest sample of the "gpu<i>" timelines.
+// A predicted GPU peak (gpu_peak_bytes, MemoryTimeline::peak_bytes) adds the allocator's
+// fragmentation headroom ε of Eq. 2 to this, which is what the caching allocator reserves; a
+// measured peak (torch.cuda.max_memory_allocated, the backend's allocated bytes) is the allocated
+// one and compares with this. A trace without GPU samples gives its largest gpu_peak_bytes.
+Bytes allocated_gpu_peak_bytes(const Trace& t);
+
 // Sorts stages by (start_s, id), sets step_s to the latest end and each timeline's peak to at
 // least its largest sample. Executors call it before returning a Trace.
 void finalize_trace(Trace& t);

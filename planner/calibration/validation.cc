@@ -41,7 +41,9 @@ Calibration calibration_of(const HardwareSpec& h, const std::vector<Calibration>
   return load_calibration_for(h, engine);
 }
 
-// Fills the predicted values and their relative errors against what was measured.
+// Fills the predicted values and their relative errors against what was measured. The GPU peak
+// compared is the allocated one (traces/trace.h allocated_gpu_peak_bytes): a record's GPU peak is
+// the largest allocated peak across ranks (reference §8), which holds no allocator fragmentation.
 void compare(RecordPrediction& p, Seconds step_s, Bytes gpu_peak_bytes, Bytes host_bytes) {
   p.status = "ok";
   p.predicted_step_s = step_s;
@@ -76,16 +78,15 @@ RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, cons
       }
       Bytes host = 0;
       for (const Bytes x : b.host_bytes_per_numa) host += x;
-      compare(p, b.step_s, b.gpu_peak_bytes, host);
+      compare(p, b.step_s, allocated_gpu_peak_bytes(b.trace), host);
       return p;
     }
     const Plan plan = plan_from_json(rec.plan, rec.origin);
     validate_plan(plan, ctx.model, ctx.workload, rec.origin);
     const SimulationResult r = simulate_plan(plan, ctx, engines, engine, calibration_of(ctx.hardware, calibrations, engine));
-    Bytes gpu_peak = 0, host = 0;
-    for (const Bytes b : r.trace.gpu_peak_bytes) gpu_peak = std::max(gpu_peak, b);
+    Bytes host = 0;
     for (const Bytes b : r.trace.numa_peak_bytes) host += b;
-    compare(p, r.trace.step_s, gpu_peak, host);
+    compare(p, r.trace.step_s, allocated_gpu_peak_bytes(r.trace), host);
   } catch (const std::exception& e) {
     p.status = "failed";
     p.reason = e.what();

@@ -151,6 +151,7 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   e.system = rec->system;
   e.measured_step_s = rec->measured.step_s;
   for (const Bytes b : trace.gpu_peak_bytes) e.gpu_peak_gib = std::max(e.gpu_peak_gib, to_gib(b));
+  e.gpu_allocated_gib = to_gib(allocated_gpu_peak_bytes(trace));
   for (const Bytes b : trace.numa_peak_bytes) e.host_gib += to_gib(b);
   // Forward compute of rank 0's first decoder of each kind (attention or GDN mixing, and its MoE).
   std::map<std::string, int> first_layer;
@@ -184,6 +185,7 @@ nlohmann::json explanation_to_json(const StepExplanation& e) {
                       {"system", e.system.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.system)},
                       {"step_s", e.step_s},
                       {"measured_step_s", e.measured_step_s ? nlohmann::json(*e.measured_step_s) : nlohmann::json(nullptr)},
+                      {"gpu_allocated_gib", e.gpu_allocated_gib},
                       {"gpu_peak_gib", e.gpu_peak_gib},
                       {"host_gib", e.host_gib},
                       {"resources", resources},
@@ -214,8 +216,8 @@ std::string explanation_text(const StepExplanation& e) {
                                                                 100 * (e.step_s - *e.measured_step_s) / *e.measured_step_s)
                                                   : "",
                                 pub && pub->step_s ? fmt::format(", published breakdown of a {:.2f} s step", *pub->step_s) : "");
-  out += fmt::format("GPU peak {:.1f} GiB{}, host {:.1f} GiB{}\n", e.gpu_peak_gib,
-                     pub ? published(pub->gpu_allocated_gib, " (published {:.1f})") : "", e.host_gib,
+  out += fmt::format("GPU peak {:.1f} GiB allocated{}, {:.1f} GiB reserved; host {:.1f} GiB{}\n", e.gpu_allocated_gib,
+                     pub ? published(pub->gpu_allocated_gib, " (published {:.1f})") : "", e.gpu_peak_gib, e.host_gib,
                      pub ? published(pub->host_gib, " (published {:.1f})") : "");
   out += "\nBusy time per resource of rank 0 (s)\n";
   for (const auto& r : e.resources) out += fmt::format("  {:<28} {:>10.3f}  ({} stages)\n", r.resource, r.busy_s, r.stages);

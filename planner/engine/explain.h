@@ -56,7 +56,9 @@ struct StepExplanation {
   std::string system;  // baseline system, empty for a plan record
   Seconds step_s = 0;
   std::optional<double> measured_step_s;
-  double gpu_peak_gib = 0, host_gib = 0;
+  double gpu_allocated_gib = 0;  // the largest GPU's allocated peak (what a measurement reports)
+  double gpu_peak_gib = 0;       // the same with Eq. 2's fragmentation headroom ε: what the allocator reserves
+  double host_gib = 0;
   std::vector<ResourceBusy> resources;               // rank 0's resources, in name order
   std::map<std::string, Seconds> compute_by_kind_s;  // compute-stream busy time per operator kind
   std::vector<std::pair<std::string, Seconds>> exposed_s;  // mechanism → exposed time (sums to step_s)

@@ -82,6 +82,31 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   EXPECT_TRUE(j["records"][0].contains("predicted_gpu_peak_gib"));
 }
 
+// A record's GPU peak is the largest allocated peak (reference §8); the prediction it is compared
+// with holds no fragmentation headroom ε, which the simulated (reserved) peak adds.
+TEST(ValidateRecords, TheComparedGpuPeakIsTheAllocatedOne) {
+  StepRecord rec;
+  rec.id = "t4-b32-like";
+  rec.origin = "test:1";
+  rec.workload = default_workload();
+  rec.plan = plan_to_json(default_plan());
+  rec.measured.step_s = 5.0;
+  rec.measured.gpu_peak_gib = 60.0;
+  RecordSet set;
+  set.steps.push_back(rec);
+  const ValidationReport r = validate_records(set, StepEngines(), "analytic");
+  ASSERT_EQ(r.records.size(), 1u);
+  ASSERT_TRUE(r.records[0].predicted_gpu_peak_gib.has_value());
+  const WorkloadContext ctx = resolve_workload(rec.workload, "test");
+  const SimulationResult sim = simulate_plan(default_plan(), ctx, StepEngines(), "analytic", load_calibration_for(ctx.hardware));
+  Bytes reserved = 0;
+  for (const Bytes b : sim.trace.gpu_peak_bytes) reserved = std::max(reserved, b);
+  const MemoryConstants k;
+  ASSERT_GT(k.gpu_headroom_fraction, 0);
+  EXPECT_NEAR(*r.records[0].predicted_gpu_peak_gib * (1 + k.gpu_headroom_fraction), to_gib(reserved), 1e-6);
+  EXPECT_LT(*r.records[0].predicted_gpu_peak_gib, to_gib(reserved));
+}
+
 TEST(ValidateRecords, ARecordThatCannotRunIsAFailureWithItsReason) {
   RecordSet set;
   StepRecord rec;

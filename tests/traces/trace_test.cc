@@ -33,6 +33,17 @@ Trace sample() {
   return t;
 }
 
+TEST(Trace, AllocatedGpuPeakIsTheLargestGpuSampleWithoutHeadroom) {
+  Trace t = sample();
+  t.gpu_peak_bytes = {1030};  // an executor's peak with 2 % fragmentation headroom
+  t.memory[0].peak_bytes = 1030;
+  t.memory[1].samples = {{0.0, 5000}};  // a NUMA node's bytes are not a GPU's
+  EXPECT_EQ(allocated_gpu_peak_bytes(t), 1010);
+  t.memory.clear();  // no samples (e.g. a measured step): the largest GPU peak as given
+  t.gpu_peak_bytes = {700, 1030};
+  EXPECT_EQ(allocated_gpu_peak_bytes(t), 1030);
+}
+
 TEST(Trace, JsonRoundTrip) {
   const Trace t = sample();
   EXPECT_EQ(trace_from_json(trace_to_json(t), "t.json"), t);
