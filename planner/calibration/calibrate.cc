@@ -503,7 +503,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
 
   // Levenberg–Marquardt with a forward-difference Jacobian in log space, from several
   // deterministic starting points (the max-plus model has kinks and local minima); the best wins.
-  auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations) {
+  auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations, int max_iterations) {
     clamp(theta);
     settle_sharing(theta);
     Eigen::VectorXd r = residuals(theta);
@@ -511,7 +511,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     double lambda = 1e-2;
     const double h = 1e-2;  // wide enough to step over the kinks of the max-plus model
     int it = 0;
-    for (; it < options.max_iterations; ++it) {
+    bool done = false;
+    for (; it < max_iterations; ++it) {
       // Columns are independent (residuals() is pure): computed on a few threads.
       Eigen::MatrixXd J(rows + p, p);
       auto columns = [&](int first, int stride) {
@@ -552,10 +553,13 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
           lambda *= 4;
         }
       }
-      if (!improved || converged) break;
+      if (!improved || converged) {
+        done = true;
+        break;
+      }
     }
     iterations += it;
-    return std::make_pair(cost, theta);
+    return std::make_tuple(cost, theta, done);
   };
   auto settle_exactly = [&] {
     for (auto& t : targets) t.stretched = false;
@@ -566,16 +570,46 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
     return static_cast<double>(seed >> 11) / static_cast<double>(1ULL << 53) * 2.0 - 1.0;
   };
-  auto [best_cost, theta] = levenberg_marquardt(theta0, it);
+  // Starting points: the estimate, then deterministic perturbations of it within ×3.
+  std::vector<Eigen::VectorXd> starts{theta0};
   for (int start = 1; start < options.starts; ++start) {
     Eigen::VectorXd t0 = theta0;
     for (int i = 0; i < p; ++i) {
       if (active[static_cast<std::size_t>(i)]) t0[i] += std::log(3.0) * uniform();
     }
-    auto [c, t] = levenberg_marquardt(t0, it);
-    if (c < best_cost) {
-      best_cost = c;
-      theta = t;
+    starts.push_back(t0);
+  }
+  const bool screened = options.screen_iterations > 0 && options.finalists < static_cast<int>(starts.size());
+  const int screening = std::min(options.screen_iterations, options.max_iterations);
+  struct Run {
+    double cost;
+    Eigen::VectorXd theta;
+    bool done;
+  };
+  std::vector<Run> runs;
+  for (const Eigen::VectorXd& t0 : starts) {
+    auto [c, t, done] = levenberg_marquardt(t0, it, screened ? screening : options.max_iterations);
+    runs.push_back({c, t, done});
+  }
+  if (screened) {
+    // The finalists (lowest cost after screening; ties keep the earlier start) run on from where
+    // screening left them; the others stop.
+    std::vector<std::size_t> order(runs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return runs[a].cost < runs[b].cost; });
+    for (int f = 0; f < options.finalists; ++f) {
+      Run& r = runs[order[static_cast<std::size_t>(f)]];
+      if (r.done) continue;
+      auto [c, t, done] = levenberg_marquardt(r.theta, it, options.max_iterations - screening);
+      r = {c, t, done};
+    }
+  }
+  double best_cost = runs[0].cost;
+  Eigen::VectorXd theta = runs[0].theta;
+  for (std::size_t i = 1; i < runs.size(); ++i) {
+    if (runs[i].cost < best_cost) {
+      best_cost = runs[i].cost;
+      theta = runs[i].theta;
     }
   }
   // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
@@ -602,7 +636,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     const double moved = refresh_engine_factors(to_calibration(theta));
     if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
     const Eigen::VectorXd refreshed_at = theta;
-    theta = levenberg_marquardt(theta, it).second;
+    theta = std::get<1>(levenberg_marquardt(theta, it, options.max_iterations));
     if (theta == refreshed_at) break;
   }
   settle_exactly();

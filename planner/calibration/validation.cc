@@ -1,7 +1,9 @@
 #include "planner/calibration/validation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -203,8 +205,29 @@ ValidationReport validate_records(const RecordSet& records, const StepEngines& e
                                   const std::vector<Calibration>& calibrations) {
   ValidationReport report;
   std::vector<double> errors, baseline_errors;
-  for (const auto& rec : records.steps) {
-    RecordPrediction p = predict(rec, engines, engine, calibrations);
+  // Records are independent: the simulators' predictions run on a few threads, each into its own
+  // slot (the report keeps the file's order). The analytic engine is pure; the SimGrid engine runs
+  // each simulation in a process of its own (sim/isolated_run.h), so a thread more than the cores
+  // keeps them busy while their threads wait. Any other engine (a real backend timing its runs)
+  // predicts one record at a time, so runs do not share the machine.
+  std::vector<RecordPrediction> predicted(records.steps.size());
+  const bool simulated = engine == "analytic" || engine == "simgrid";
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t workers =
+      simulated ? std::min<std::size_t>(records.steps.size(), std::min(cores + (engine == "simgrid" ? 1u : 0u), 4u)) : 1;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < records.steps.size(); i = next++) {
+      predicted[i] = predict(records.steps[i], engines, engine, calibrations);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (std::size_t i = 0; i < predicted.size(); ++i) {
+    const StepRecord& rec = records.steps[i];
+    RecordPrediction& p = predicted[i];
     if (p.status == "failed") ++report.failures;
     if (p.status == "oom") ++report.out_of_memory;
     if (p.rel_error) (rec.system.empty() ? errors : baseline_errors).push_back(std::abs(*p.rel_error));

@@ -79,6 +79,35 @@ TEST(FitCalibration, RecoversStepTimesGeneratedFromKnownConstants) {
   EXPECT_LE(fit.calibration.fabric_efficiency, 1.0);
 }
 
+// Screening the starting points (FitOptions::screen_iterations): every start runs a few iterations,
+// the lowest go on. The fit still recovers the truth, in fewer iterations than running every start
+// to convergence (a count, not a timing).
+TEST(FitCalibration, ScreenedStartsRecoverTheTruthInFewerIterations) {
+  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+  Calibration truth = default_calibration(hw);
+  truth.gemm_efficiency = 0.45;
+  truth.expert_gemm_efficiency = 0.3;
+  truth.cpu_adamw_params_per_s = 3e9;
+  const RecordSet records = synthetic_records(truth);
+  FitOptions options;
+  options.held_out_ids = {};
+  options.starts = 4;
+  options.max_iterations = 25;
+  options.screen_iterations = 0;
+  const CalibrationFit full = fit_calibration(records, hw, options);
+  options.screen_iterations = 2;
+  options.finalists = 1;
+  const CalibrationFit screened = fit_calibration(records, hw, options);
+  ASSERT_EQ(screened.rows.size(), full.rows.size());
+  for (const FitRow& r : screened.rows) EXPECT_LT(std::abs(r.rel_error()), 0.03) << r.id;
+  EXPECT_LT(screened.iterations, full.iterations);
+  // As many finalists as starts: nothing is screened out, the fit is the unscreened one.
+  options.finalists = 4;
+  const CalibrationFit all = fit_calibration(records, hw, options);
+  EXPECT_EQ(all.iterations, full.iterations);
+  EXPECT_EQ(all.calibration.gemm_efficiency, full.calibration.gemm_efficiency);
+}
+
 TEST(FitCalibration, PublishedComputeTimesSeparateComputeFromWhatTheStepExposes) {
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
   Calibration truth = default_calibration(hw);
