@@ -50,11 +50,17 @@ RecordSet synthetic_records(const Calibration& truth) {
   return set;
 }
 
-TEST(FitCalibration, RecoversStepTimesGeneratedFromKnownConstants) {
-  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+// The estimate with the matmul efficiencies that synthetic records are generated from.
+Calibration synthetic_truth(const HardwareSpec& hw) {
   Calibration truth = default_calibration(hw);
   truth.gemm_efficiency = 0.45;
   truth.expert_gemm_efficiency = 0.3;
+  return truth;
+}
+
+TEST(FitCalibration, RecoversStepTimesGeneratedFromKnownConstants) {
+  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+  Calibration truth = synthetic_truth(hw);
   truth.cpu_adamw_params_per_s = 3e9;
   truth.fabric_efficiency = 0.5;
   const RecordSet records = synthetic_records(truth);
@@ -84,9 +90,7 @@ TEST(FitCalibration, RecoversStepTimesGeneratedFromKnownConstants) {
 // to convergence (a count, not a timing).
 TEST(FitCalibration, ScreenedStartsRecoverTheTruthInFewerIterations) {
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
-  Calibration truth = default_calibration(hw);
-  truth.gemm_efficiency = 0.45;
-  truth.expert_gemm_efficiency = 0.3;
+  Calibration truth = synthetic_truth(hw);
   truth.cpu_adamw_params_per_s = 3e9;
   const RecordSet records = synthetic_records(truth);
   FitOptions options;
@@ -110,9 +114,7 @@ TEST(FitCalibration, ScreenedStartsRecoverTheTruthInFewerIterations) {
 
 TEST(FitCalibration, PublishedComputeTimesSeparateComputeFromWhatTheStepExposes) {
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
-  Calibration truth = default_calibration(hw);
-  truth.gemm_efficiency = 0.45;
-  truth.expert_gemm_efficiency = 0.3;
+  Calibration truth = synthetic_truth(hw);
   const RecordSet records = synthetic_records(truth);
   FitOptions options;
   options.held_out_ids = {};
