@@ -503,6 +503,12 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
 
   // Levenberg–Marquardt with a forward-difference Jacobian in log space, from several
   // deterministic starting points (the max-plus model has kinks and local minima); the best wins.
+  // A run ends converged (`done`) or after `max_iterations`.
+  struct Run {
+    double cost;
+    Eigen::VectorXd theta;
+    bool done;
+  };
   auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations, int max_iterations) {
     clamp(theta);
     settle_sharing(theta);
@@ -559,7 +565,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
       }
     }
     iterations += it;
-    return std::make_tuple(cost, theta, done);
+    return Run{cost, theta, done};
   };
   auto settle_exactly = [&] {
     for (auto& t : targets) t.stretched = false;
@@ -581,16 +587,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   }
   const bool screened = options.screen_iterations > 0 && options.finalists < static_cast<int>(starts.size());
   const int screening = std::min(options.screen_iterations, options.max_iterations);
-  struct Run {
-    double cost;
-    Eigen::VectorXd theta;
-    bool done;
-  };
   std::vector<Run> runs;
-  for (const Eigen::VectorXd& t0 : starts) {
-    auto [c, t, done] = levenberg_marquardt(t0, it, screened ? screening : options.max_iterations);
-    runs.push_back({c, t, done});
-  }
+  for (const Eigen::VectorXd& t0 : starts) runs.push_back(levenberg_marquardt(t0, it, screened ? screening : options.max_iterations));
   if (screened) {
     // The finalists (lowest cost after screening; ties keep the earlier start) run on from where
     // screening left them; the others stop.
@@ -599,19 +597,12 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return runs[a].cost < runs[b].cost; });
     for (int f = 0; f < options.finalists; ++f) {
       Run& r = runs[order[static_cast<std::size_t>(f)]];
-      if (r.done) continue;
-      auto [c, t, done] = levenberg_marquardt(r.theta, it, options.max_iterations - screening);
-      r = {c, t, done};
+      if (!r.done) r = levenberg_marquardt(r.theta, it, options.max_iterations - screening);
     }
   }
-  double best_cost = runs[0].cost;
-  Eigen::VectorXd theta = runs[0].theta;
-  for (std::size_t i = 1; i < runs.size(); ++i) {
-    if (runs[i].cost < best_cost) {
-      best_cost = runs[i].cost;
-      theta = runs[i].theta;
-    }
-  }
+  // The lowest cost wins (ties: the earlier start).
+  Eigen::VectorXd theta =
+      std::min_element(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.cost < b.cost; })->theta;
   // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
   // the fitted constants and refit from there (the ratio varies slowly with the constants, the
   // analytic model carries the gradient). Returns the largest relative change of a ratio.
@@ -636,7 +627,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     const double moved = refresh_engine_factors(to_calibration(theta));
     if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
     const Eigen::VectorXd refreshed_at = theta;
-    theta = std::get<1>(levenberg_marquardt(theta, it, options.max_iterations));
+    theta = levenberg_marquardt(theta, it, options.max_iterations).theta;
     if (theta == refreshed_at) break;
   }
   settle_exactly();

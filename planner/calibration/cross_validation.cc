@@ -1,12 +1,10 @@
 #include "planner/calibration/cross_validation.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <exception>
 #include <map>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -141,30 +139,21 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   for (auto& [left_out, fit] : fits) jobs.emplace_back(&left_out, &fit);
   std::vector<std::string> errors(jobs.size());
   std::vector<std::exception_ptr> failures(jobs.size());
-  // A fit through another engine waits for its simulations, which run in processes of their own:
-  // one thread more than the cores keeps them busy meanwhile.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int workers = static_cast<int>(std::min(cores + (options.fit.engine != "analytic" ? 1u : 0u), 4u));
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t j = next++; j < jobs.size(); j = next++) {
-      FitOptions fo = options.fit;
-      fo.held_out_ids = *jobs[j].first;
-      fo.engines = options.engines;
-      if (workers > 1) fo.threads = 1;
-      try {
-        *jobs[j].second = fit_calibration(scope, hw, fo);
-      } catch (const InputError& e) {
-        errors[j] = e.what();  // nothing left to fit: the group is reported, not predicted
-      } catch (...) {
-        failures[j] = std::current_exception();  // rethrown on the calling thread
-      }
+  // A fit through another engine waits for its simulations, which run in processes of their own.
+  const int workers = worker_threads(jobs.size(), options.fit.engine != "analytic");
+  run_jobs(jobs.size(), workers, [&](std::size_t j) {
+    FitOptions fo = options.fit;
+    fo.held_out_ids = *jobs[j].first;
+    fo.engines = options.engines;
+    if (workers > 1) fo.threads = 1;
+    try {
+      *jobs[j].second = fit_calibration(scope, hw, fo);
+    } catch (const InputError& e) {
+      errors[j] = e.what();  // nothing left to fit: the group is reported, not predicted
+    } catch (...) {
+      failures[j] = std::current_exception();  // rethrown on the calling thread
     }
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  });
   for (const auto& f : failures) {
     if (f) std::rethrow_exception(f);
   }

@@ -98,6 +98,23 @@ RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, cons
 
 }  // namespace
 
+int worker_threads(std::size_t jobs, bool waits_on_processes) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads = std::min(cores + (waits_on_processes ? 1u : 0u), 4u);
+  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(jobs, threads)));
+}
+
+void run_jobs(std::size_t jobs, int threads, const std::function<void(std::size_t)>& job) {
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < jobs; i = next++) job(i);
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < threads; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
 StepBreakdown step_breakdown(const Trace& t, int gpu) {
   struct Edge {
     Seconds time_s;
@@ -212,19 +229,8 @@ ValidationReport validate_records(const RecordSet& records, const StepEngines& e
   // predicts one record at a time, so runs do not share the machine.
   std::vector<RecordPrediction> predicted(records.steps.size());
   const bool simulated = engine == "analytic" || engine == "simgrid";
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t workers =
-      simulated ? std::min<std::size_t>(records.steps.size(), std::min(cores + (engine == "simgrid" ? 1u : 0u), 4u)) : 1;
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i = next++; i < records.steps.size(); i = next++) {
-      predicted[i] = predict(records.steps[i], engines, engine, calibrations);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (std::size_t w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  run_jobs(predicted.size(), simulated ? worker_threads(predicted.size(), engine == "simgrid") : 1,
+           [&](std::size_t i) { predicted[i] = predict(records.steps[i], engines, engine, calibrations); });
   for (std::size_t i = 0; i < predicted.size(); ++i) {
     const StepRecord& rec = records.steps[i];
     RecordPrediction& p = predicted[i];

@@ -11,6 +11,7 @@
 // (sim/simgrid_engine.h).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,14 @@ namespace oom {
 
 // The median of `values` (the mean of the middle two for an even count; 0 for none).
 double median(std::vector<double> values);
+
+// Threads for `jobs` independent predictions or fits: one per core, at most four and no more than
+// the jobs. `waits_on_processes`: each job waits on simulations in processes of their own (the
+// SimGrid engine, sim/isolated_run.h), so one thread more keeps the cores busy meanwhile.
+int worker_threads(std::size_t jobs, bool waits_on_processes);
+// Calls job(i) once for each i in [0, jobs) on `threads` threads (the caller's among them), each
+// taking the next index as it finishes one. `job` must not throw.
+void run_jobs(std::size_t jobs, int threads, const std::function<void(std::size_t)>& job);
 
 struct StepBreakdown {
   Seconds compute_s = 0;               // the compute stream is busy
