@@ -49,7 +49,9 @@ struct FitOptions {
   // The engine whose step times the fit matches ("analytic" or another engine of `engines` such
   // as "simgrid"). Another engine than "analytic" is fitted by defect correction: the analytic
   // prediction of each step record times that record's engine/analytic ratio at the current
-  // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict.
+  // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict;
+  // the first refit after the first refresh runs from every start again (the basin chosen on the
+  // engine's step times).
   std::string engine = "analytic";
   StepEngines engines;  // where `engine` is found (default: "analytic" only)
   int engine_passes = 3;
