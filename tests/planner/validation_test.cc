@@ -4,7 +4,9 @@
 // run are reported rather than thrown.
 #include "planner/calibration/validation.h"
 
+#include <atomic>
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -80,6 +82,49 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   const nlohmann::json j = validation_to_json(r);
   for (const char* key : {"count", "median_abs_rel_error", "max_abs_rel_error", "records"}) EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_TRUE(j["records"][0].contains("predicted_gpu_peak_gib"));
+}
+
+// The records are predicted on parallel threads (run_jobs); the report keeps the file's order,
+// and every prediction is the one a record gets alone.
+TEST(ValidateRecords, ParallelPredictionsKeepTheFileOrderAndTheirValues) {
+  const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
+  const ValidationReport all = validate_records(records, StepEngines(), "analytic");
+  ASSERT_EQ(all.records.size(), records.steps.size());
+  for (std::size_t i = 0; i < records.steps.size(); ++i) {
+    EXPECT_EQ(all.records[i].id, records.steps[i].id) << i;
+    if (i % 5 != 0) continue;  // a sample of records, each predicted by itself
+    RecordSet one;
+    one.steps.push_back(records.steps[i]);
+    const ValidationReport alone = validate_records(one, StepEngines(), "analytic");
+    ASSERT_EQ(alone.records.size(), 1u);
+    EXPECT_EQ(alone.records[0].status, all.records[i].status) << records.steps[i].id;
+    EXPECT_EQ(alone.records[0].predicted_step_s, all.records[i].predicted_step_s) << records.steps[i].id;
+  }
+}
+
+TEST(RunJobs, CallsEveryJobExactlyOnceOnAnyNumberOfThreads) {
+  for (const int threads : {1, 2, 3, 4, 8}) {
+    for (const std::size_t jobs : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{37}}) {
+      std::vector<std::atomic<int>> calls(jobs);
+      run_jobs(jobs, threads, [&](std::size_t i) { ++calls[i]; });
+      for (std::size_t i = 0; i < jobs; ++i) EXPECT_EQ(calls[i].load(), 1) << threads << " threads, job " << i;
+    }
+  }
+}
+
+TEST(WorkerThreads, AtLeastOneAtMostFourAndNoMoreThanTheJobs) {
+  for (const bool waits : {false, true}) {
+    EXPECT_EQ(worker_threads(0, waits), 1);
+    EXPECT_EQ(worker_threads(1, waits), 1);
+    for (const std::size_t jobs : {std::size_t{2}, std::size_t{3}, std::size_t{100}}) {
+      const int t = worker_threads(jobs, waits);
+      EXPECT_GE(t, 1);
+      EXPECT_LE(t, 4);
+      EXPECT_LE(static_cast<std::size_t>(t), jobs);
+    }
+  }
+  // Waiting on processes adds a thread, up to the cap.
+  EXPECT_GE(worker_threads(100, true), worker_threads(100, false));
 }
 
 // A record's GPU peak is the largest allocated peak (reference §8); the prediction it is compared
