@@ -2,7 +2,8 @@
 // `oom validate FILE.jsonl [--engine ...] [--json] [--explain ID [--published FILE]]` and
 // `oom calibrate --records FILE --hardware NAME [--engine E] -o configs/calibration/NAME.json` and
 // `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E]
-// [--measured-device] [--breakdown-weight W] [--json]`.
+// [--measured-device] [--breakdown-weight W] [--starts N] [--screen-iterations N] [--finalists N]
+// [--prior-weight W] [--json]`.
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -37,8 +38,30 @@ struct CalibrateArgs {
   std::string records_path, hardware, output, cross_validate, published, engine = "analytic";
   bool measured_device = false;
   double breakdown_weight = 0.0;
+  // The fit's search (FitOptions): starting points, screening, finalists, the prior's pull.
+  int starts = FitOptions{}.starts;
+  int screen_iterations = FitOptions{}.screen_iterations;
+  int finalists = FitOptions{}.finalists;
+  double prior_weight = FitOptions{}.prior_weight;
   bool json = false;
 };
+
+// The fit's search options from the command line, each checked against its range.
+void apply_search_options(const CalibrateArgs& a, FitOptions& o) {
+  auto check = [](bool ok, const char* flag, const std::string& value, const std::string& reason) {
+    if (!ok) throw InputError("", flag, value, reason);
+  };
+  check(a.starts >= 1 && a.starts <= 64, "--starts", std::to_string(a.starts), "out of range [1, 64]");
+  check(a.screen_iterations >= 0 && a.screen_iterations <= o.max_iterations, "--screen-iterations",
+        std::to_string(a.screen_iterations), fmt::format("out of range [0, {}]", o.max_iterations));
+  // As many finalists as starts or more: every start runs to convergence.
+  check(a.finalists >= 1 && a.finalists <= 64, "--finalists", std::to_string(a.finalists), "out of range [1, 64]");
+  check(a.prior_weight >= 0 && a.prior_weight <= 10, "--prior-weight", fmt::format("{}", a.prior_weight), "out of range [0, 10]");
+  o.starts = a.starts;
+  o.screen_iterations = a.screen_iterations;
+  o.finalists = a.finalists;
+  o.prior_weight = a.prior_weight;
+}
 
 // The published breakdowns of `explicit_path`, else of published-breakdowns.json beside the
 // records file when there is one, else none.
@@ -128,6 +151,19 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
                 "Weight of the records' measured compute breakdowns (measured.compute_s: each kind's share of the compute "
                 "stream) against their step times; 0 (default) fits step times only")
       ->check(CLI::Range(0.0, 100.0));
+  c->add_option("--starts", cal->starts,
+                fmt::format("Deterministic starting points of the fit (the estimate, then perturbations of it within ×3; default {})",
+                            FitOptions{}.starts));
+  c->add_option("--screen-iterations", cal->screen_iterations,
+                fmt::format("Iterations every start runs before the lowest go on to convergence; 0: every start to convergence "
+                            "(default {})",
+                            FitOptions{}.screen_iterations));
+  c->add_option("--finalists", cal->finalists,
+                fmt::format("Starts that run on to convergence after screening; as many as --starts or more: every start (default {})",
+                            FitOptions{}.finalists));
+  c->add_option("--prior-weight", cal->prior_weight,
+                fmt::format("Weight of each constant's pull to its estimate, per unit of log(constant / estimate) (default {})",
+                            FitOptions{}.prior_weight));
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;
@@ -143,6 +179,8 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (!engines.has(cal->engine)) {
       throw InputError("", "--engine", "\"" + cal->engine + "\"", "unknown engine");
     }
+    FitOptions search;  // the fit's search options, checked before anything is loaded
+    apply_search_options(*cal, search);
     const HardwareSpec hw = load_hardware_spec(cal->hardware);
     const RecordSet records = load_records(cal->records_path);
     std::map<std::string, double> anchors;
@@ -151,6 +189,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     }
     if (cross) {
       CvOptions options;
+      options.fit = search;
       options.grouping = *grouping;
       options.engine = cal->engine;
       options.engines = engines;
@@ -162,7 +201,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
       emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
     }
-    FitOptions options;
+    FitOptions options = search;
     options.engine = cal->engine;
     options.engines = engines;
     options.compute_anchors_s = anchors;

@@ -331,6 +331,12 @@ std::vector<Case> cases() {
                "--cross-validate", "\"batch\"", "unknown grouping"});
   c.push_back({"calibrate_unknown_engine", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--engine", "abacus"},
                "", "--engine", "\"abacus\"", "unknown engine"});
+  c.push_back({"calibrate_no_starts", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--starts", "0"}, "",
+               "--starts", "0", "out of range"});
+  c.push_back({"calibrate_no_finalists", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], "--finalists", "0", "-o", "{dir}/c.json"}, "",
+               "--finalists", "0", "out of range"});
+  c.push_back({"calibrate_negative_prior_weight", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "record", "--prior-weight=-0.5"},
+               "", "--prior-weight", "-0.5", "out of range"});
   c.push_back({"calibrate_cross_validate_records_bad_line", {{"r.jsonl", record_with([](json& j) { j["measured"]["step_s"] = -1; })}},
                {"calibrate", "--records", R, "--hardware", "h100-sxm-node", "--cross-validate", "record"}, R + ":1",
                "measured.step_s", "-1", "range"});

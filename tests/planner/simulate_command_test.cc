@@ -97,6 +97,32 @@ TEST(CalibrateCommand, WritesACalibrationFileForTheHardware) {
   std::filesystem::remove(records);
 }
 
+TEST(CalibrateCommand, SearchOptionsReachTheFit) {
+  // The one-operator fit of the test above from one start, then from four each run to convergence:
+  // more starts, more iterations; the prior's weight moves the fitted constant.
+  const std::string records = temp_path("records-search.jsonl");
+  std::ofstream(records) << R"({"id": "op", "kind": "operator", "model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", )"
+                         << R"("layer_type": "linear_attention", "op": "gdn_mixing_forward", "batch": 1, "seq_len": 65536, )"
+                         << R"("measured": {"time_s": 0.02}})" << "\n";
+  const std::string out = temp_path("cal-search.json");
+  auto fit = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"calibrate", "--records", records, "--hardware", "h100-sxm-node", "-o", out, "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = oom(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  const auto one = fit({"--starts", "1"});
+  const auto four = fit({"--starts", "4", "--screen-iterations", "0", "--finalists", "4"});
+  const auto pulled = fit({"--starts", "1", "--prior-weight", "5"});
+  std::filesystem::remove(out);
+  std::filesystem::remove(records);
+  ASSERT_TRUE(one.contains("iterations") && four.contains("iterations") && pulled.contains("calibration"));
+  EXPECT_GT(four["iterations"].get<int>(), one["iterations"].get<int>());
+  // A strong pull to the estimate leaves the record's error larger than a weak one.
+  EXPECT_GT(std::abs(pulled["records"][0]["rel_error"].get<double>()), std::abs(one["records"][0]["rel_error"].get<double>()));
+}
+
 TEST(CalibrateCommand, CrossValidationByGpuCountPredictsEachGroupFromTheOther) {
   // Two groups: the four-GPU step records and the one-GPU operator records; each is predicted by
   // a fit on the other alone. A few records of the published set keep the fits short.
