@@ -72,6 +72,13 @@ TEST(ValidateCommand, TextTablePredictsBaselineSystems) {
   EXPECT_NE(r.out.find("median |error|"), std::string::npos);
 }
 
+// One operator record (a GDN forward at 64K on the H100): a fit of it is quick.
+void write_one_operator_record(const std::string& path) {
+  std::ofstream(path) << R"({"id": "op", "kind": "operator", "model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", )"
+                      << R"("layer_type": "linear_attention", "op": "gdn_mixing_forward", "batch": 1, "seq_len": 65536, )"
+                      << R"("measured": {"time_s": 0.02}})" << "\n";
+}
+
 TEST(CalibrateCommand, MissingRecordsFileIsBadInputAndWritesNothing) {
   const std::string out = temp_path("cal.json");
   const Result r = oom({"calibrate", "--records", "/nonexistent/records.jsonl", "--hardware", "h100-sxm-node", "-o", out});
@@ -82,9 +89,7 @@ TEST(CalibrateCommand, MissingRecordsFileIsBadInputAndWritesNothing) {
 TEST(CalibrateCommand, WritesACalibrationFileForTheHardware) {
   // One operator record: a quick fit whose output must load back.
   const std::string records = temp_path("records.jsonl");
-  std::ofstream(records) << R"({"id": "op", "kind": "operator", "model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", )"
-                         << R"("layer_type": "linear_attention", "op": "gdn_mixing_forward", "batch": 1, "seq_len": 65536, )"
-                         << R"("measured": {"time_s": 0.02}})" << "\n";
+  write_one_operator_record(records);
   const std::string out = temp_path("cal.json");
   const Result r = oom({"calibrate", "--records", records, "--hardware", "h100-sxm-node", "-o", out, "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -101,9 +106,7 @@ TEST(CalibrateCommand, SearchOptionsReachTheFit) {
   // The one-operator fit of the test above from one start, then from four each run to convergence:
   // more starts, more iterations; the prior's weight moves the fitted constant.
   const std::string records = temp_path("records-search.jsonl");
-  std::ofstream(records) << R"({"id": "op", "kind": "operator", "model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", )"
-                         << R"("layer_type": "linear_attention", "op": "gdn_mixing_forward", "batch": 1, "seq_len": 65536, )"
-                         << R"("measured": {"time_s": 0.02}})" << "\n";
+  write_one_operator_record(records);
   const std::string out = temp_path("cal-search.json");
   auto fit = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {"calibrate", "--records", records, "--hardware", "h100-sxm-node", "-o", out, "--json"};
