@@ -15,36 +15,15 @@
 #include "backend/torch_executor.h"
 #include "planner/calibration/calibration.h"
 #include "planner/search/plan_search.h"
+#include "tests/common/emulated_device_peak.h"
 
 namespace oom::backend {
 namespace {
 
-// Emulation on for a test's lifetime.
-struct Emulated {
-  Emulated() { device_memory::set_emulated(true); }
-  ~Emulated() { device_memory::set_emulated(false); }
-};
-
 double to_mib(Bytes b) { return static_cast<double>(b) / static_cast<double>(kMiB); }
 
-// The most the device side holds over two BF16 steps of `plan` (weights and tokens of their own).
-Bytes device_peak_of_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq) {
-  Emulated on;
-  Bytes peak = 0;
-  HostState state(model, {WorkingPrecision::kBFloat16, {}});
-  state.init_from_seed(6);
-  PlanTrainer t(state, TrainerConfig{}, plan);
-  torch::manual_seed(10);
-  for (int s = 0; s < 2; ++s) {
-    const auto tokens = torch::randint(0, 256, {batch, seq}, torch::kLong);
-    t.step(tokens, tokens.roll(1, 1));
-    peak = std::max(peak, device_memory::peak_bytes());
-  }
-  return peak;
-}
-
 TEST(DeviceMemory, CountsDeviceScopedAllocationsUntilFreed) {
-  Emulated on;
+  const device_memory::Emulation on(true);
   const Bytes before = device_memory::current_bytes();
   device_memory::reset_peak();
   at::Tensor host = at::empty({1000}, at::kFloat);  // outside a scope: the host's
@@ -75,7 +54,7 @@ TEST(DeviceMemory, CountsDeviceScopedAllocationsUntilFreed) {
 // any) until it is freed or retagged; each use keeps its own peak from reset_use_peaks() on; host
 // allocations are no use's; a GEMM's own scratch is other's, its result the caller's.
 TEST(DeviceMemory, CountsEachUseApartWithItsOwnPeak) {
-  Emulated on;
+  const device_memory::Emulation on(true);
   const auto use = [](MemoryUse u) { return device_memory::use_bytes()[static_cast<std::size_t>(u)]; };
   const auto peak = [](MemoryUse u) { return device_memory::use_peak_bytes()[static_cast<std::size_t>(u)]; };
   device_memory::reset_use_peaks();
@@ -160,7 +139,7 @@ TEST(DeviceMemory, AnEmulatedDeviceRunComputesWhatTheAdoptingRunComputes) {
   p.boundaries.gpu_held = {1};
   p.split = {2, 8, 48, 2};
   const auto plain = run_plan(p, 2);
-  Emulated on;
+  const device_memory::Emulation on(true);
   const auto emulated = run_plan(p, 2);
   EXPECT_EQ(emulated.first, plain.first);
   for (std::size_t b = 0; b < plain.second.size(); ++b) EXPECT_TRUE(at::equal(emulated.second[b], plain.second[b])) << b;
@@ -219,11 +198,11 @@ TEST(DeviceMemory, PlansChosenUnderGpuBudgetsStayWithinThemWhenRun) {
           continue;
         }
         ++chosen;
-        const Bytes run = device_peak_of_run(r.chosen.plan, ctx.model, batch, seq);
+        const Bytes run = test_support::emulated_device_peak(r.chosen.plan, ctx.model, batch, seq);
         EXPECT_LE(run, ctx.gpu_budget_bytes()) << where << ": measured " << run << " B, short executions " << r.chosen.measured_gpu_peak_bytes
                                                << " B, predicted " << r.chosen.gpu_peak_bytes << " B";
         EXPECT_LE(r.chosen.measured_gpu_peak_bytes, ctx.gpu_budget_bytes()) << where;
-        const Bytes alone = model_choice ? device_peak_of_run(*model_choice, ctx.model, batch, seq) : 0;
+        const Bytes alone = model_choice ? test_support::emulated_device_peak(*model_choice, ctx.model, batch, seq) : 0;
         if (alone > ctx.gpu_budget_bytes()) ++model_alone_over;
         std::printf("%-34s budget %7.3f MiB  model's own choice runs at %7.3f MiB  held: predicted %7.3f, short executions %7.3f, "
                     "run %7.3f MiB (%d configurations, %s)\n",

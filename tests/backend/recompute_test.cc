@@ -15,11 +15,6 @@
 namespace oom::backend {
 namespace {
 
-struct Emulated {
-  Emulated() { device_memory::set_emulated(true); }
-  ~Emulated() { device_memory::set_emulated(false); }
-};
-
 std::vector<at::Tensor> grads(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& seeds,
                               const std::vector<at::Tensor>& inputs) {
   return torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
@@ -59,7 +54,7 @@ Bytes held_by(F forward) {
 }
 
 TEST(Recompute, KeepsOnlyItsInputsBetweenForwardAndBackward) {
-  Emulated on;
+  const device_memory::Emulation on(true);
   auto a = torch::randn({64, 64}).requires_grad_(true), b = torch::randn({64, 64}).requires_grad_(true);
   const auto c = torch::randn({64, 64});
   const Bytes plain = held_by([&] { return kernel({a, b, c}); });
@@ -98,7 +93,7 @@ void expect_same_arithmetic_holding_less(Forward forward, Scalar scalar, const s
 }
 
 TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
-  Emulated on;
+  const device_memory::Emulation on(true);
   torch::manual_seed(5);
   auto q = torch::randn({2, 4, 64, 16}).requires_grad_(true);
   auto k = torch::randn({2, 2, 64, 16}).requires_grad_(true);
@@ -111,7 +106,7 @@ TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
 }
 
 TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {
-  Emulated on;
+  const device_memory::Emulation on(true);
   torch::manual_seed(6);
   const ModelSpec spec = load_model_spec("tiny-moe");
   const GdnSpec& g = spec.gdn;
@@ -138,7 +133,7 @@ TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {
 // expert's weighted rows into the output keeps no copy of them; the expert outputs the weighting
 // keeps stay, as the memory model prices them (costmodel/memory.h, moe_assignment_bytes).
 TEST(LeanKernels, RoutedExpertsKeepNeitherTheActivationNorTheWeightedRows) {
-  Emulated on;
+  const device_memory::Emulation on(true);
   torch::manual_seed(8);
   const ModelSpec spec = load_model_spec("tiny-moe");
   HostState st(spec);

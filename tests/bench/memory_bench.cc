@@ -15,6 +15,7 @@
 #include "backend/state.h"
 #include "planner/calibration/calibration.h"
 #include "planner/search/plan_search.h"
+#include "tests/common/emulated_device_peak.h"
 
 namespace {
 
@@ -31,21 +32,7 @@ PlanSearchOptions cpu_device_options() {
 }
 
 Bytes measured_peak(const Plan& plan, const WorkloadContext& ctx) {
-  device_memory::set_emulated(true);
-  Bytes peak = 0;
-  {
-    HostState state(ctx.model, {WorkingPrecision::kBFloat16, {}});
-    state.init_from_seed(6);
-    PlanTrainer t(state, TrainerConfig{}, plan);
-    torch::manual_seed(10);
-    for (int s = 0; s < 2; ++s) {
-      const auto tokens = torch::randint(0, 256, {ctx.workload.global_batch, ctx.workload.seq_len}, torch::kLong);
-      t.step(tokens, tokens.roll(1, 1));
-      peak = std::max(peak, device_memory::peak_bytes());
-    }
-  }
-  device_memory::set_emulated(false);
-  return peak;
+  return test_support::emulated_device_peak(plan, ctx.model, ctx.workload.global_batch, ctx.workload.seq_len);
 }
 
 // Args: model index, global batch, sequence length, budget in % of the unconstrained peak.
