@@ -1395,23 +1395,23 @@ struct GraphRunner::Impl {
   }
 
   // ---- gradients and updates ----
-  double sq_norm_of(const BlockGrad& grad, const Ranges& ranges) const {
+  // Σ g² over the ranges of a gradient, on the device (a BlockGrad) or in one host tensor: each
+  // range's norm taken in sixteenths (the FP32 copy a reduction of a BF16 range takes is a
+  // sixteenth of the range's), so both reduce alike and neither copies a whole range to FP32.
+  static at::Tensor range_of(const BlockGrad& grad, std::int64_t a, std::int64_t n) { return grad.range(a, n); }
+  static at::Tensor range_of(const at::Tensor& grad, std::int64_t a, std::int64_t n) { return grad.narrow(0, a, n); }
+  template <typename Grad>
+  double sq_norm_of(const Grad& grad, const Ranges& ranges) const {
     double sum = 0;
     for (const auto& [a, n] : ranges) {
-      // In sixteenths: the FP32 copy a reduction of a BF16 range takes is a sixteenth of the range's.
       const std::int64_t piece = std::max<std::int64_t>(1, (n + 15) / 16);
-      const at::Tensor r = grad.range(a, n);
+      const at::Tensor r = range_of(grad, a, n);
       for (std::int64_t i = 0; i < n; i += piece) {
         const double norm =
-            at::linalg_vector_norm(r.narrow(0, i, std::min(piece, n - i)), 2, at::OptionalIntArrayRef{}, false, at::kFloat).item<double>();
+            at::linalg_vector_norm(r.narrow(0, i, std::min(piece, n - i)), 2, at::OptionalIntArrayRef{}, false, at::kFloat).template item<double>();
         sum += norm * norm;
       }
     }
-    return sum;
-  }
-  double sq_norm_of(const at::Tensor& grad, const Ranges& ranges) const {
-    double sum = 0;
-    for (const auto& [a, n] : ranges) sum += grad.narrow(0, a, n).to(at::kFloat).pow(2).sum().item<double>();
     return sum;
   }
   // The host buffer of gradient `index` of a kind, in block coordinates (at least `numel` long).
