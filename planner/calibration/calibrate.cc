@@ -74,14 +74,13 @@ const std::vector<Constant>& constants() {
   return c;
 }
 
-// A record turned into something the fit can price with any calibration.
-struct Target {
-  FitRow row;
+// A record turned into something the fit can price with any calibration: lowered once, then
+// shared, unchanged, by every fit over the same records (prepare_fit_records()).
+struct Lowered {
+  FitRow row;  // id, kind and measured time (held_out is the fit's)
   WorkloadContext ctx;
   StepGraph graph;
   std::vector<StageId> op_stages;  // operator records: the stages whose durations add up
-  double engine_factor = 1;        // step records: predicting engine / analytic at the last pass
-  std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
   std::vector<std::int32_t> rank0_compute;  // step records: the stages on rank 0's compute stream
   // Step records with a measured breakdown (Measured::compute_s), in a fit that weighs it: each
   // direction and kind's stages on rank 0's compute stream and its measured share of that
@@ -95,23 +94,31 @@ struct Target {
   std::vector<std::int32_t> breakdown;
   std::optional<AnalyticSchedule> schedule;  // step records: Eq. 3 over `graph`, built once
   std::optional<HostSharing> sharing;        // step records: the host sharing of `graph`, built once
-  // Step records, inside the fit: each stage's work stretch from host sharing, settled at the
-  // constants of the fit's last accepted step and held while the Jacobian is taken (settling at
-  // every evaluation costs ~15 Eq. 3 passes); empty: settle exactly.
-  std::vector<std::pair<std::int32_t, double>> stretch;  // (stage, stretch) of the stretched stages
-  bool stretched = false;
   // Stages that price alike (DurationModel's contract: a cost depends on a stage's kind, phase,
   // resource, demand, shape and peers only), priced once per evaluation: layers repeat.
   std::vector<Stage> priced;             // one representative per distinct pricing
   std::vector<std::int32_t> priced_of;  // stage id → index into `priced`
   std::shared_ptr<const HardwareSpec> hardware;  // ctx.hardware, set with it, shared by every evaluation's model
+};
+
+// A record inside one fit: its lowering and what the fit holds of it.
+struct Target {
+  std::shared_ptr<const Lowered> l;
+  FitRow row;
+  double engine_factor = 1;                // step records: predicting engine / analytic at the last pass
+  std::optional<double> compute_anchor_s;  // step records: published compute-stream busy time of rank 0
+  // Step records, inside the fit: each stage's work stretch from host sharing, settled at the
+  // constants of the fit's last accepted step and held while the Jacobian is taken (settling at
+  // every evaluation costs ~15 Eq. 3 passes); empty: settle exactly.
+  std::vector<std::pair<std::int32_t, double>> stretch;  // (stage, stretch) of the stretched stages
+  bool stretched = false;
   // Inside the fit: which constants price a stage of this record (index into constants()). The
   // Jacobian's column of a constant that prices none of its stages is 0 without evaluating it.
   std::vector<bool> priced_by;
 };
 
 // A model of `t`'s hardware under calibration `c`.
-CalibratedDurationModel model_of(const Target& t, const Calibration& c) {
+CalibratedDurationModel model_of(const Lowered& t, const Calibration& c) {
   return CalibratedDurationModel(t.hardware, c, t.ctx.workload.gpus);
 }
 
@@ -122,7 +129,7 @@ auto pricing_key(const Stage& s) {
                          s.shape.window, s.shape.experts, s.peers, s.ops);
 }
 
-void index_pricing(Target& t) {
+void index_pricing(Lowered& t) {
   std::map<decltype(pricing_key(Stage{})), std::int32_t> seen;
   t.priced_of.resize(t.graph.stages.size());
   for (const Stage& s : t.graph.stages) {
@@ -161,44 +168,49 @@ StageCost isolated_operator_cost(const CalibratedDurationModel& model, const Sta
 // `stretch`: also return the work stretch host sharing gave each stage (exact settling only).
 Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy,
                           std::vector<std::pair<std::int32_t, double>>* stretch = nullptr) {
-  const CalibratedDurationModel model = model_of(t, c);
+  const Lowered& l = *t.l;
+  const CalibratedDurationModel model = model_of(l, c);
   Prediction out;
   if (t.row.kind == "operator") {
-    for (const StageId id : t.op_stages) out.time_s += isolated_operator_cost(model, t.graph.stage(id), t.graph, c).duration_s();
+    for (const StageId id : l.op_stages) out.time_s += isolated_operator_cost(model, l.graph.stage(id), l.graph, c).duration_s();
     return out;
   }
-  std::vector<StageCost> priced(t.priced.size());
-  std::vector<Seconds> priced_s(t.priced.size()), d(t.graph.stages.size()), finish;
-  for (std::size_t i = 0; i < t.priced.size(); ++i) {
-    priced[i] = model.cost(t.priced[i], t.graph);
+  // The fit evaluates thousands of times per thread: its buffers are the thread's, reused.
+  thread_local std::vector<StageCost> priced;
+  thread_local std::vector<Seconds> priced_s, d, finish;
+  priced.resize(l.priced.size());
+  priced_s.resize(l.priced.size());
+  d.resize(l.graph.stages.size());
+  for (std::size_t i = 0; i < l.priced.size(); ++i) {
+    priced[i] = model.cost(l.priced[i], l.graph);
     priced_s[i] = priced[i].duration_s();
   }
-  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(t.priced_of[v])];
+  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(l.priced_of[v])];
   if (compute_busy) {
-    for (const std::int32_t v : t.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
+    for (const std::int32_t v : l.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
   }
-  if (!t.shares.empty()) {
+  if (!l.shares.empty()) {
     double total = 0;
-    for (const std::int32_t v : t.breakdown) total += d[static_cast<std::size_t>(v)];
-    for (const auto& share : t.shares) {
+    for (const std::int32_t v : l.breakdown) total += d[static_cast<std::size_t>(v)];
+    for (const auto& share : l.shares) {
       double busy = 0;
       for (const std::int32_t v : share.stages) busy += d[static_cast<std::size_t>(v)];
       out.shares.push_back(total > 0 ? busy / total : 0);
     }
   }
-  auto fixed_s = [&](std::size_t v) { return priced[static_cast<std::size_t>(t.priced_of[v])].fixed_s; };
+  auto fixed_s = [&](std::size_t v) { return priced[static_cast<std::size_t>(l.priced_of[v])].fixed_s; };
   Seconds step = 0;
   if (t.stretched) {
     for (const auto& [v, k] : t.stretch) {
       const auto u = static_cast<std::size_t>(v);
       d[u] = fixed_s(u) + k * (d[u] - fixed_s(u));
     }
-    step = t.schedule->step_s(d, finish);
-  } else if (t.sharing && !t.sharing->empty()) {
+    step = l.schedule->step_s(d, finish);
+  } else if (l.sharing && !l.sharing->empty()) {
     std::vector<StageCost> costs(d.size());
-    for (std::size_t v = 0; v < d.size(); ++v) costs[v] = priced[static_cast<std::size_t>(t.priced_of[v])];
+    for (std::size_t v = 0; v < d.size(); ++v) costs[v] = priced[static_cast<std::size_t>(l.priced_of[v])];
     const std::vector<Seconds> fair = d;
-    step = t.sharing->settle(*t.schedule, costs, d, finish);
+    step = l.sharing->settle(*l.schedule, costs, d, finish);
     if (stretch) {
       // Out: the work stretch (settled over fair-share work) of every stage sharing changed.
       stretch->clear();
@@ -208,7 +220,7 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
       }
     }
   } else {
-    step = t.schedule->step_s(d, finish);
+    step = l.schedule->step_s(d, finish);
   }
   out.time_s = t.engine_factor * step;
   return out;
@@ -218,8 +230,7 @@ double predict(const Target& t, const Calibration& c) { return predict_detail(t,
 
 // The step time of a step record's graph as `engine` executes it with calibration `c`.
 double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
-  const CalibratedDurationModel model = model_of(t, c);
-  return engine.execute(t.graph, model).step_s;
+  return engine.execute(t.l->graph, model_of(*t.l, c)).step_s;
 }
 
 int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
@@ -239,9 +250,9 @@ bool op_stage_matches(const std::string& op, const StageKey& k) {
   return false;
 }
 
-Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
-  Target t;
-  t.row = {o.id, "operator", false, o.time_s, 0};
+Lowered operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
+  Lowered t;
+  t.row = {o.id, "operator", false, o.time_s, 0, std::nullopt, 0};
   t.ctx.model = load_model_spec(o.model);
   t.ctx.hardware = hw;
   t.hardware = std::make_shared<const HardwareSpec>(hw);
@@ -273,7 +284,7 @@ Target operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
 // measured time is a few samples of the clock.
 constexpr double kMinBreakdownShare = 0.03;
 
-void add_breakdown(Target& t, const StepRecord& r) {
+void add_breakdown(Lowered& t, const StepRecord& r) {
   if (r.measured.compute_s.empty()) return;
   for (const std::int32_t v : t.rank0_compute) {
     if (t.graph.stage(v).phase != Phase::kOptimizer) t.breakdown.push_back(v);
@@ -282,7 +293,7 @@ void add_breakdown(Target& t, const StepRecord& r) {
   for (const auto& [key, seconds] : r.measured.compute_s) total += seconds;
   for (const auto& [key, seconds] : r.measured.compute_s) {
     const std::optional<ComputeKey> k = parse_compute_key(key);
-    Target::Share share{key, {}, total > 0 ? seconds / total : 0};
+    Lowered::Share share{key, {}, total > 0 ? seconds / total : 0};
     for (const std::int32_t v : t.breakdown) {
       const Stage& s = t.graph.stage(v);
       if (k && (s.phase == Phase::kBackward) == k->backward && op_kind_name(s.op) == k->kind) share.stages.push_back(v);
@@ -296,9 +307,9 @@ void add_breakdown(Target& t, const StepRecord& r) {
 }
 
 // `breakdown`: also the record's measured breakdown (FitOptions::breakdown_weight > 0).
-Target step_target(const StepRecord& r, bool breakdown) {
-  Target t;
-  t.row = {r.id, "step", false, *r.measured.step_s, 0};
+Lowered step_target(const StepRecord& r, bool breakdown) {
+  Lowered t;
+  t.row = {r.id, "step", false, *r.measured.step_s, 0, std::nullopt, 0};
   t.ctx = resolve_workload(r.workload, r.origin);
   t.hardware = std::make_shared<const HardwareSpec>(t.ctx.hardware);
   if (!r.system.empty()) {
@@ -335,39 +346,64 @@ void use_measured_device(FitOptions& o) {
   o.operator_overhead_s = 5e-6;
 }
 
+// The records of one hardware, each lowered once (a fifth of a fit's time when each fit lowered
+// its own): step records, then operator records, in file order.
+struct FitRecords {
+  HardwareSpec hw;
+  bool breakdown = false;  // lowered with the measured breakdowns (FitOptions::breakdown_weight > 0)
+  std::vector<std::shared_ptr<const Lowered>> records;
+  std::vector<std::string> skipped;  // "id: reason" of the records that could not be lowered
+};
+
+std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
+  auto out = std::make_shared<FitRecords>();
+  out->hw = hw;
+  out->breakdown = options.breakdown_weight > 0;
+  for (const auto& r : records.steps) {
+    if (!r.measured.step_s || r.workload.hardware != hw.name) continue;
+    try {
+      out->records.push_back(std::make_shared<const Lowered>(step_target(r, out->breakdown)));
+    } catch (const std::exception& e) {
+      out->skipped.push_back(fmt::format("{}: {}", r.id, e.what()));
+    }
+  }
+  for (const auto& o : records.operators) {
+    if (o.hardware != hw.name) continue;
+    try {
+      out->records.push_back(std::make_shared<const Lowered>(operator_target(o, hw)));
+    } catch (const std::exception& e) {
+      out->skipped.push_back(fmt::format("{}: {}", o.id, e.what()));
+    }
+  }
+  return out;
+}
+
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
+  return fit_calibration(*prepare_fit_records(records, hw, options), options);
+}
+
+CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& options) {
+  OOM_ASSERT(prepared.breakdown == (options.breakdown_weight > 0), "records prepared for another breakdown weight");
+  const HardwareSpec& hw = prepared.hw;
   CalibrationFit fit;
   const std::unique_ptr<StepEngine> engine =
       options.engine == "analytic" ? nullptr : options.engines.make(options.engine);
   if (options.engine != "analytic" && !engine) {
     throw InputError("", "--engine", "\"" + options.engine + "\"", "unknown engine");
   }
+  fit.skipped = prepared.skipped;
   std::vector<Target> targets;
-  auto held_out = [&](const std::string& id) {
-    return std::find(options.held_out_ids.begin(), options.held_out_ids.end(), id) != options.held_out_ids.end();
-  };
-  for (const auto& r : records.steps) {
-    if (!r.measured.step_s) continue;
-    const bool same = r.workload.hardware == hw.name;
-    if (!same) continue;
-    try {
-      targets.push_back(step_target(r, options.breakdown_weight > 0));
-      targets.back().row.held_out = held_out(r.id);
-      if (const auto a = options.compute_anchors_s.find(r.id); a != options.compute_anchors_s.end() && a->second > 0) {
-        targets.back().compute_anchor_s = a->second;
+  for (const auto& l : prepared.records) {
+    Target t;
+    t.l = l;
+    t.row = l->row;
+    t.row.held_out = std::find(options.held_out_ids.begin(), options.held_out_ids.end(), t.row.id) != options.held_out_ids.end();
+    if (t.row.kind == "step") {
+      if (const auto a = options.compute_anchors_s.find(t.row.id); a != options.compute_anchors_s.end() && a->second > 0) {
+        t.compute_anchor_s = a->second;
       }
-    } catch (const std::exception& e) {
-      fit.skipped.push_back(fmt::format("{}: {}", r.id, e.what()));
     }
-  }
-  for (const auto& o : records.operators) {
-    if (o.hardware != hw.name) continue;
-    try {
-      targets.push_back(operator_target(o, hw));
-      targets.back().row.held_out = held_out(o.id);
-    } catch (const std::exception& e) {
-      fit.skipped.push_back(fmt::format("{}: {}", o.id, e.what()));
-    }
+    targets.push_back(std::move(t));
   }
   const Calibration estimate = [&] {
     Calibration c = default_calibration(hw);
@@ -417,7 +453,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   // Which constants price each record's stages: each moved by a factor e^0.5 from its estimate; a
   // record none of whose stage costs move does not depend on it (the duration model's terms are
   // structural: a constant prices stages of a kind, phase or shape, whatever its value).
-  auto costs_of = [&](const Target& t, const Calibration& c) {
+  auto costs_of = [&](const Lowered& t, const Calibration& c) {
     const CalibratedDurationModel model = model_of(t, c);
     std::vector<StageCost> out;
     if (t.row.kind == "operator") {
@@ -428,12 +464,12 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
     return out;
   };
   for (auto& t : targets) {
-    const std::vector<StageCost> base = costs_of(t, to_calibration(theta0));
+    const std::vector<StageCost> base = costs_of(*t.l, to_calibration(theta0));
     t.priced_by.assign(static_cast<std::size_t>(p), false);
     for (int j = 0; j < p; ++j) {
       Eigen::VectorXd moved = theta0;
       moved[j] += 0.5;
-      const std::vector<StageCost> c = costs_of(t, to_calibration(moved));
+      const std::vector<StageCost> c = costs_of(*t.l, to_calibration(moved));
       for (std::size_t i = 0; i < c.size(); ++i) {
         if (c[i].fixed_s != base[i].fixed_s || c[i].work != base[i].work || c[i].rate != base[i].rate ||
             c[i].exclusive_rate != base[i].exclusive_rate) {
@@ -453,9 +489,9 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   int rows = n;
   for (std::size_t i = 0; i < fitted.size(); ++i) {
     if (fitted[i]->compute_anchor_s) anchor_row[i] = rows++;
-    if (!fitted[i]->shares.empty()) {
+    if (!fitted[i]->l->shares.empty()) {
       share_row[i] = rows;
-      rows += static_cast<int>(fitted[i]->shares.size());
+      rows += static_cast<int>(fitted[i]->l->shares.size());
     }
   }
   // The residuals at `theta`; with `column` ≥ 0, `theta` differs from the point of residuals
@@ -467,7 +503,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
       const Target& t = *fitted[static_cast<std::size_t>(i)];
       const int a = anchor_row[static_cast<std::size_t>(i)];
       const int sh = share_row[static_cast<std::size_t>(i)];
-      const int shares = static_cast<int>(t.shares.size());
+      const int shares = static_cast<int>(t.l->shares.size());
       if (column >= 0 && !t.priced_by[static_cast<std::size_t>(column)]) {
         r[i] = (*base)[i];
         if (a >= 0) r[a] = (*base)[a];
@@ -482,7 +518,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
       const double ws = shares > 0 ? options.breakdown_weight / std::sqrt(static_cast<double>(shares)) : 0;
       for (int k = 0; k < shares; ++k) {
         const double predicted = std::max(pr.shares[static_cast<std::size_t>(k)], 1e-9);
-        r[sh + k] = ws * std::log(predicted / t.shares[static_cast<std::size_t>(k)].measured);
+        r[sh + k] = ws * std::log(predicted / t.l->shares[static_cast<std::size_t>(k)].measured);
       }
     }
     for (int i = 0; i < p; ++i) r[rows + i] = options.prior_weight * (theta[i] - theta0[i]);
@@ -493,7 +529,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   auto settle_sharing = [&](const Eigen::VectorXd& theta) {
     const Calibration c = to_calibration(theta);
     for (const Target* t : fitted) {
-      if (t->row.kind != "step" || !t->sharing || t->sharing->empty()) continue;
+      if (t->row.kind != "step" || !t->l->sharing || t->l->sharing->empty()) continue;
       auto& target = const_cast<Target&>(*t);
       target.stretched = false;
       predict_detail(target, c, false, &target.stretch);
@@ -607,11 +643,13 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
   // the fitted constants and refit from there (the ratio varies slowly with the constants, the
   // analytic model carries the gradient). Returns the largest relative change of a ratio.
-  auto refresh_engine_factors = [&](const Calibration& c) {
+  // Held-out records take no part: what the fit does must not depend on them (`held_out`: refresh
+  // those instead, for their rows).
+  auto refresh_engine_factors = [&](const Calibration& c, bool held_out) {
     settle_exactly();
     double moved = 0;
     for (auto& t : targets) {
-      if (t.row.kind != "step") continue;
+      if (t.row.kind != "step" || t.row.held_out != held_out) continue;
       const double before = t.engine_factor;
       t.engine_factor = 1;
       const double analytic_s = predict(t, c);
@@ -631,12 +669,14 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   // A refit that leaves every constant where it was would find the same ratios at the next
   // refresh: the passes end there without simulating again (the result is the same bit for bit).
   for (int pass = 0; engine; ++pass) {
-    const double moved = refresh_engine_factors(to_calibration(theta));
+    const double moved = refresh_engine_factors(to_calibration(theta), false);
     if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
     const Eigen::VectorXd refreshed_at = theta;
     theta = pass == 0 ? from_every_start() : levenberg_marquardt(theta, it, options.max_iterations).theta;
     if (theta == refreshed_at) break;
   }
+  // The last refresh was at `theta`: the held-out records' ratios there too.
+  if (engine && options.engine_held_out_rows) refresh_engine_factors(to_calibration(theta), true);
   settle_exactly();
   fit.iterations = it;
   fit.calibration = to_calibration(theta);
@@ -647,7 +687,7 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   int broken_down = 0;
   for (auto& t : targets) {
     if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
-    if (!t.shares.empty() && !t.row.held_out) ++broken_down;
+    if (!t.l->shares.empty() && !t.row.held_out) ++broken_down;
     const Prediction pr = predict_detail(t, fit.calibration, true);
     t.row.predicted_s = pr.time_s;
     t.row.predicted_compute_s = pr.compute_busy_s;

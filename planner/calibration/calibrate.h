@@ -18,6 +18,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,10 @@ struct FitOptions {
   // Refreshing stops early once no step record's engine/analytic ratio moved by more than this
   // (relative) since the refresh before: the constants fitted to those ratios would barely move.
   double engine_ratio_tolerance = 2e-3;
+  // Held-out step records' rows predicted through that engine too (one simulation each at the
+  // fitted constants; they take no part in the fit). A cross-validation, which predicts its
+  // left-out records itself, turns it off.
+  bool engine_held_out_rows = true;
   int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
   // Published compute time of a step record (record id → seconds rank 0's compute stream is busy,
   // replay included: "compute_with_replay_s" of traces/paper/published-breakdowns.json). Each is
@@ -118,6 +123,14 @@ struct CalibrationFit {
 // Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
 // InputError when no usable record names the hardware or options.engines does not offer options.engine.
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options = {});
+
+// The records of one hardware lowered for fitting (each plan lowered once). A caller that fits the
+// same records many times (a cross-validation's folds, on several threads) prepares them once:
+// fit_calibration(prepare_fit_records(r, h, o), o') equals fit_calibration(r, h, o') for any o'
+// with o's breakdown_weight (> 0 or not). Immutable; shared by concurrent fits.
+struct FitRecords;
+std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options);
+CalibrationFit fit_calibration(const FitRecords& records, const FitOptions& options);
 
 nlohmann::json calibration_fit_to_json(const CalibrationFit& fit);
 std::string calibration_fit_text(const CalibrationFit& fit);

@@ -139,15 +139,18 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   for (auto& [left_out, fit] : fits) jobs.emplace_back(&left_out, &fit);
   std::vector<std::string> errors(jobs.size());
   std::vector<std::exception_ptr> failures(jobs.size());
+  // Every fold fits the same records: lowered once, shared by the folds.
+  const std::shared_ptr<const FitRecords> prepared = prepare_fit_records(scope, hw, options.fit);
   // A fit through another engine waits for its simulations, which run in processes of their own.
   const int workers = worker_threads(jobs.size(), options.fit.engine != "analytic");
   run_jobs(jobs.size(), workers, [&](std::size_t j) {
     FitOptions fo = options.fit;
     fo.held_out_ids = *jobs[j].first;
     fo.engines = options.engines;
+    fo.engine_held_out_rows = false;  // the left-out records are predicted below
     if (workers > 1) fo.threads = 1;
     try {
-      *jobs[j].second = fit_calibration(scope, hw, fo);
+      *jobs[j].second = fit_calibration(*prepared, fo);
     } catch (const InputError& e) {
       errors[j] = e.what();  // nothing left to fit: the group is reported, not predicted
     } catch (...) {

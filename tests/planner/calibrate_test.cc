@@ -2,6 +2,7 @@
 // held-out records out of the fit, and refuses hardware that no record names.
 #include "planner/calibration/calibrate.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -236,6 +237,51 @@ TEST(FitCalibration, FitsTheEngineThatWillPredict) {
   EXPECT_NE(matched.calibration.fitted_from.find("stretched engine"), std::string::npos);
   options.engine = "abacus";
   EXPECT_THROW(fit_calibration(records, hw, options), InputError);
+}
+
+// A held-out record takes no part in a fit through another engine: it is not simulated while the
+// fit runs (its ratio cannot decide when the passes end), only once at the end for its row, and
+// the constants are those of a fit without the record. Records prepared once fit the same.
+TEST(FitCalibration, HeldOutRecordsTakeNoPartInAnEngineFit) {
+  const StepEngines engines = StepEngines().add("stretched", [] { return std::make_unique<StretchedEngine>(); });
+  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+  Calibration truth = default_calibration(hw);
+  truth.expert_gemm_efficiency = 0.3;
+  RecordSet records = synthetic_records(truth);
+  for (auto& r : records.steps) *r.measured.step_s *= 1.25;
+  FitOptions options;
+  options.held_out_ids = {"ep-b32-r0"};
+  options.starts = 2;
+  options.max_iterations = 25;
+  options.engine = "stretched";
+  options.engines = engines;
+  const int fitted = static_cast<int>(records.steps.size()) - 1;
+  StretchedEngine::runs = 0;
+  const CalibrationFit held = fit_calibration(records, hw, options);
+  EXPECT_EQ(StretchedEngine::runs.load(), 2 * fitted + 1);  // two refreshes of the fitted ones, the held-out row
+  const FitRow& row = *std::find_if(held.rows.begin(), held.rows.end(), [](const FitRow& r) { return r.id == "ep-b32-r0"; });
+  EXPECT_TRUE(row.held_out);
+  EXPECT_LT(std::abs(row.rel_error()), 0.03);  // predicted through the engine
+  options.engine_held_out_rows = false;
+  StretchedEngine::runs = 0;
+  const CalibrationFit quiet = fit_calibration(records, hw, options);
+  EXPECT_EQ(StretchedEngine::runs.load(), 2 * fitted);
+  auto constants = [](const CalibrationFit& f) {
+    nlohmann::json j = calibration_to_json(f.calibration);
+    j.erase("fitted_from");
+    return j;
+  };
+  EXPECT_EQ(constants(quiet), constants(held));
+  RecordSet without = records;
+  without.steps.erase(std::remove_if(without.steps.begin(), without.steps.end(), [](const StepRecord& r) { return r.id == "ep-b32-r0"; }),
+                      without.steps.end());
+  options.held_out_ids = {};
+  EXPECT_EQ(constants(fit_calibration(without, hw, options)), constants(held));
+  // Prepared once, fitted twice: the same fit as from the records.
+  options.held_out_ids = {"ep-b32-r0"};
+  options.engine_held_out_rows = true;
+  const std::shared_ptr<const FitRecords> prepared = prepare_fit_records(records, hw, options);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(calibration_fit_to_json(fit_calibration(*prepared, options)), calibration_fit_to_json(held));
 }
 
 TEST(FitCalibration, RefusesHardwareWithoutRecords) {
