@@ -71,6 +71,8 @@ class SimGridEngine : public StepEngine {
   // model that is not a CalibratedDurationModel), the graph has more ranks than the hardware
   // has GPUs or a resource names a rank or NUMA node it does not have; std::runtime_error when the simulation fails (e.g. a dependency cycle deadlocks).
   Trace execute(const StepGraph& g, const DurationModel& durations) const override;
+  // Each simulation runs in a process of its own (sim/isolated_run.h).
+  EngineConcurrency concurrency() const override { return EngineConcurrency::kInProcess; }
 
   // The stage times alone (indexed by stage id), as execute() computes them.
   StageTimes simulate_times(const StepGraph& g, const DurationModel& durations) const;

@@ -125,9 +125,10 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     throw InputError("", "--hardware", hw.name, "no record with a measurement names this hardware (nothing to cross-validate)");
   }
 
-  // One fit per distinct set of left-out fitted records, on parallel threads (one per core, each
-  // fit single-threaded). Fits through another engine fork a process per simulation
-  // (sim/isolated_run.h), which each thread may do at once.
+  // One fit per distinct set of left-out fitted records, on parallel threads as the fit's engine
+  // allows (each fit single-threaded). The analytic part of every fit is pure; a fit through the
+  // SimGrid engine forks a process per simulation (sim/isolated_run.h), which each thread may do
+  // at once.
   std::map<std::vector<std::string>, std::optional<CalibrationFit>> fits;
   std::map<std::vector<std::string>, std::string> fit_errors;
   for (const std::string& group : order) {
@@ -141,8 +142,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   std::vector<std::exception_ptr> failures(jobs.size());
   // Every fold fits the same records: lowered once, shared by the folds.
   const std::shared_ptr<const FitRecords> prepared = prepare_fit_records(scope, hw, options.fit);
-  // A fit through another engine waits for its simulations, which run in processes of their own.
-  const int workers = worker_threads(jobs.size(), options.fit.engine != "analytic");
+  const int workers = engine_workers(options.engines, options.fit.engine, jobs.size());
   run_jobs(jobs.size(), workers, [&](std::size_t j) {
     FitOptions fo = options.fit;
     fo.held_out_ids = *jobs[j].first;

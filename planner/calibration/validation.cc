@@ -104,6 +104,12 @@ int worker_threads(std::size_t jobs, bool waits_on_processes) {
   return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(jobs, threads)));
 }
 
+int engine_workers(const StepEngines& engines, const std::string& engine, std::size_t jobs) {
+  const std::unique_ptr<StepEngine> e = engines.make(engine);
+  const EngineConcurrency c = e ? e->concurrency() : EngineConcurrency::kExclusive;
+  return c == EngineConcurrency::kExclusive ? 1 : worker_threads(jobs, c == EngineConcurrency::kInProcess);
+}
+
 void run_jobs(std::size_t jobs, int threads, const std::function<void(std::size_t)>& job) {
   std::atomic<std::size_t> next{0};
   auto work = [&] {
@@ -222,14 +228,10 @@ ValidationReport validate_records(const RecordSet& records, const StepEngines& e
                                   const std::vector<Calibration>& calibrations) {
   ValidationReport report;
   std::vector<double> errors, baseline_errors;
-  // Records are independent: the simulators' predictions run on a few threads, each into its own
-  // slot (the report keeps the file's order). The analytic engine is pure; the SimGrid engine runs
-  // each simulation in a process of its own (sim/isolated_run.h), so a thread more than the cores
-  // keeps them busy while their threads wait. Any other engine (a real backend timing its runs)
-  // predicts one record at a time, so runs do not share the machine.
+  // Records are independent: they run as many at once as the engine allows
+  // (StepEngine::concurrency()), each into its own slot (the report keeps the file's order).
   std::vector<RecordPrediction> predicted(records.steps.size());
-  const bool simulated = engine == "analytic" || engine == "simgrid";
-  run_jobs(predicted.size(), simulated ? worker_threads(predicted.size(), engine == "simgrid") : 1,
+  run_jobs(predicted.size(), engine_workers(engines, engine, predicted.size()),
            [&](std::size_t i) { predicted[i] = predict(records.steps[i], engines, engine, calibrations); });
   for (std::size_t i = 0; i < predicted.size(); ++i) {
     const StepRecord& rec = records.steps[i];

@@ -35,6 +35,9 @@ double median(std::vector<double> values);
 // the jobs. `waits_on_processes`: each job waits on simulations in processes of their own (the
 // SimGrid engine, sim/isolated_run.h), so one thread more keeps the cores busy meanwhile.
 int worker_threads(std::size_t jobs, bool waits_on_processes);
+// Threads for `jobs` independent runs of `engine` (as its StepEngine::concurrency() allows: one
+// at a time for an exclusive engine or one `engines` does not offer).
+int engine_workers(const StepEngines& engines, const std::string& engine, std::size_t jobs);
 // Calls job(i) once for each i in [0, jobs) on `threads` threads (the caller's among them), each
 // taking the next index as it finishes one. `job` must not throw.
 void run_jobs(std::size_t jobs, int threads, const std::function<void(std::size_t)>& job);

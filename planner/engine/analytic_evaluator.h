@@ -114,6 +114,7 @@ class AnalyticEngine : public StepEngine {
  public:
   std::string name() const override { return "analytic"; }
   Trace execute(const StepGraph& g, const DurationModel& durations) const override;
+  EngineConcurrency concurrency() const override { return EngineConcurrency::kInThread; }
 };
 
 }  // namespace oom

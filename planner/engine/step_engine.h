@@ -33,11 +33,19 @@
 
 namespace oom {
 
+// How an engine's runs may share the machine, which is what decides how many a caller runs at once.
+enum class EngineConcurrency {
+  kInThread,   // computes on the calling thread, pure: one run per core at once
+  kInProcess,  // each run in a process of its own (its thread waits): one more run than cores
+  kExclusive,  // one run at a time (an engine that times its runs, or one that says nothing)
+};
+
 class StepEngine {
  public:
   virtual ~StepEngine() = default;
   virtual std::string name() const = 0;
   virtual Trace execute(const StepGraph& g, const DurationModel& durations) const = 0;
+  virtual EngineConcurrency concurrency() const { return EngineConcurrency::kExclusive; }
 };
 
 using StepEngineFactory = std::function<std::unique_ptr<StepEngine>()>;

@@ -196,6 +196,7 @@ class StretchedEngine : public StepEngine {
  public:
   static inline std::atomic<int> runs{0};  // steps executed, over all instances
   std::string name() const override { return "stretched"; }
+  EngineConcurrency concurrency() const override { return EngineConcurrency::kInThread; }
   Trace execute(const StepGraph& g, const DurationModel& durations) const override {
     ++runs;
     Trace t = AnalyticEngine().execute(g, durations);

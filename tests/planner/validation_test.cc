@@ -13,6 +13,7 @@
 #include "tests/common/published_facts.h"
 
 #include "costmodel/input_error.h"
+#include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
 
 namespace oom {
@@ -125,6 +126,29 @@ TEST(WorkerThreads, AtLeastOneAtMostFourAndNoMoreThanTheJobs) {
   }
   // Waiting on processes adds a thread, up to the cap.
   EXPECT_GE(worker_threads(100, true), worker_threads(100, false));
+}
+
+// An engine that says nothing of its runs (StepEngine's default): one at a time.
+class SilentEngine : public StepEngine {
+ public:
+  std::string name() const override { return "silent"; }
+  Trace execute(const StepGraph& g, const DurationModel& durations) const override { return AnalyticEngine().execute(g, durations); }
+};
+
+// A process-per-run engine (as the SimGrid one is).
+class ForkingEngine : public SilentEngine {
+ public:
+  EngineConcurrency concurrency() const override { return EngineConcurrency::kInProcess; }
+};
+
+TEST(EngineWorkers, AsManyRunsAtOnceAsTheEngineAllows) {
+  const StepEngines engines = StepEngines()
+                                  .add("silent", [] { return std::make_unique<SilentEngine>(); })
+                                  .add("forking", [] { return std::make_unique<ForkingEngine>(); });
+  EXPECT_EQ(engine_workers(engines, "analytic", 100), worker_threads(100, false));
+  EXPECT_EQ(engine_workers(engines, "forking", 100), worker_threads(100, true));
+  EXPECT_EQ(engine_workers(engines, "silent", 100), 1);
+  EXPECT_EQ(engine_workers(engines, "abacus", 100), 1);  // not offered: predicting reports it, one at a time
 }
 
 // A record's GPU peak is the largest allocated peak (reference §8); the prediction it is compared
