@@ -8,6 +8,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ class App;
 namespace oom {
 class Executor;
 class StepEngines;
+struct Workload;
 }
 
 namespace oom::backend {
@@ -46,6 +48,11 @@ int run(const std::vector<std::string>& args, Io io);
 
 // Parses `args` into `app` and runs the chosen command, mapping errors to the exit codes above.
 int run_app(CLI::App& app, const std::vector<std::string>& args, Io io);
+
+// `--nodes N` on a command that reads a workload: the hardware's node spec repeated over N nodes
+// (Workload::nodes). apply_nodes_option sets it on `w` when given; N < 1 is an InputError.
+void add_nodes_option(CLI::App* cmd, std::optional<int>& nodes);
+void apply_nodes_option(Workload& w, const std::optional<int>& nodes);
 
 // Each command file adds its subcommands; the callback runs after parsing succeeds. Commands that
 // pick a step engine by name keep a copy of `engines` and offer those.

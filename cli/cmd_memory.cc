@@ -16,6 +16,7 @@ namespace {
 struct PlanInputs {
   std::string workload_path;
   std::string plan_path;
+  std::optional<int> nodes;
   bool json = false;
   std::string output;
 };
@@ -27,7 +28,8 @@ struct Loaded {
 };
 
 Loaded load_inputs(const PlanInputs& in) {
-  const Workload w = in.workload_path.empty() ? default_workload() : load_workload(in.workload_path);
+  Workload w = in.workload_path.empty() ? default_workload() : load_workload(in.workload_path);
+  apply_nodes_option(w, in.nodes);
   const std::string wfile = in.workload_path.empty() ? "(default workload)" : in.workload_path;
   Loaded l{resolve_workload(w, wfile), in.plan_path.empty() ? default_plan() : load_plan(in.plan_path)};
   validate_plan(l.plan, l.ctx.model, l.ctx.workload, in.plan_path.empty() ? "(default plan)" : in.plan_path);
@@ -53,6 +55,7 @@ void add_inputs(CLI::App* cmd, PlanInputs& in, bool required) {
   }
   cmd->add_flag("--json", in.json, "Print one JSON object");
   cmd->add_option("-o,--output", in.output, "Write the output to this file (atomically) instead of stdout");
+  add_nodes_option(cmd, in.nodes);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ namespace {
 struct PlanArgs {
   std::string workload_path, path = "auto", compare_engine = "analytic", output, preset;
   std::optional<double> gpu_budget_gib, host_budget_gib;
+  std::optional<int> nodes;
   bool json = false, no_flat = false, measure_memory = false;
 };
 
@@ -47,7 +48,8 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
                 fmt::format("Price a named configuration instead of searching: {} (the paper's Base plans; with --path auto the faster that fits)",
                             fmt::join(plan_preset_names(), " | ")));
   c->add_option("--gpu-budget-gib", a->gpu_budget_gib, "GPU memory budget per GPU in GiB (default: the workload's, else HBM)");
-  c->add_option("--host-budget-gib", a->host_budget_gib, "Host memory budget of the node in GiB (default: the workload's, else DRAM)");
+  c->add_option("--host-budget-gib", a->host_budget_gib, "Host memory budget per node in GiB (default: the workload's, else DRAM)");
+  add_nodes_option(c, a->nodes);
   c->add_option("--compare-engine", a->compare_engine,
                 fmt::format("Engine of the short executions: {} | torch (real runs with the LibTorch backend, one rank); "
                             "default simgrid where built in, else analytic",
@@ -85,6 +87,7 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
     Workload w = load_workload(a->workload_path);
     if (a->gpu_budget_gib) w.gpu_budget_gib = a->gpu_budget_gib;
     if (a->host_budget_gib) w.host_budget_gib = a->host_budget_gib;
+    apply_nodes_option(w, a->nodes);
     const WorkloadContext ctx = resolve_workload(w, a->workload_path);
     PlanSearchOptions options;
     options.path = a->path;

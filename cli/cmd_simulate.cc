@@ -26,6 +26,7 @@ namespace {
 
 struct SimulateArgs {
   std::string workload_path, plan_path, engine = "analytic", trace_path, output, calibration_path;
+  std::optional<int> nodes;
   bool json = false;
 };
 
@@ -84,6 +85,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto* s = app.add_subcommand("simulate", "Lower a plan to a StepGraph and execute it: step time, memory peaks, breakdown, trace");
   s->add_option("--workload", sim->workload_path, "Workload JSON")->required();
   s->add_option("--plan", sim->plan_path, "Plan JSON")->required();
+  add_nodes_option(s, sim->nodes);
   s->add_option("--engine", sim->engine, engine_help);
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
   s->add_option("--calibration", sim->calibration_path,
@@ -91,7 +93,8 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   s->add_flag("--json", sim->json, "Print one JSON object");
   s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
   s->callback([=] {
-    const Workload w = load_workload(sim->workload_path);
+    Workload w = load_workload(sim->workload_path);
+    apply_nodes_option(w, sim->nodes);
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
     const Plan plan = load_plan(sim->plan_path);
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);

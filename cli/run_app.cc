@@ -1,10 +1,11 @@
 // What every `oom` entry point does with a parsed command line: the exit codes of cli/cli.h and
-// one line on `err` for whatever went wrong. Shared by the `oom` program and the backend plugin.
+// one line on `err` for whatever went wrong; options several commands share. Shared by the `oom` program and the backend plugin.
 #include <CLI/CLI.hpp>
 
 #include "cli/cli.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
+#include "costmodel/workload.h"
 #include "planner/search/plan_search.h"
 
 namespace oom::cli {
@@ -43,6 +44,18 @@ int run_app(CLI::App& app, const std::vector<std::string>& args, Io io) {
     return kExitInternal;
   }
   return kExitOk;
+}
+
+void add_nodes_option(CLI::App* cmd, std::optional<int>& nodes) {
+  cmd->add_option("--nodes", nodes,
+                  "Nodes of the workload's hardware (its node spec repeated, joined by its network; default: the "
+                  "workload's \"nodes\", else the hardware's)");
+}
+
+void apply_nodes_option(Workload& w, const std::optional<int>& nodes) {
+  if (!nodes) return;
+  if (*nodes < 1) throw InputError("", "--nodes", std::to_string(*nodes), "must be at least 1");
+  w.nodes = *nodes;
 }
 
 }  // namespace oom::cli

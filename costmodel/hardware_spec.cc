@@ -14,11 +14,128 @@ namespace {
 
 constexpr double kMaxRate = 1e18;
 constexpr double kMaxGib = 1 << 24;  // 16 PiB
+constexpr int kMaxNodeDepth = 4;      // "node" chains: a cluster of a cluster of ...
+
+HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file);
+
+void read_network(const JsonReader& n, HardwareSpec& h) {
+  n.reject_unknown_keys({"nic", "rail_optimized", "topology", "latency_s", "switch_latency_s"});
+  NetworkSpec& net = h.network;
+  const JsonReader nic = n.object("nic");
+  nic.reject_unknown_keys({"count", "Bps", "attach"});
+  net.nics = static_cast<int>(nic.integer("count", 1, 1024));
+  net.nic_Bps = nic.number("Bps", 1e6, kMaxRate);
+  net.nic_attach = nic.one_of("attach", {"socket", "pcie_switch"}) == "socket" ? NicAttach::kSocket : NicAttach::kPcieSwitch;
+  if (net.nic_attach == NicAttach::kPcieSwitch) {
+    const int switches = h.gpus_per_node / h.pcie.gpus_per_switch;
+    if (net.nics % switches != 0) {
+      nic.fail("count", fmt::format("must be a multiple of the node's {} PCIe switches (pcie.gpus_per_switch) to hang behind them", switches));
+    }
+  }
+  net.rail_optimized = n.boolean_or("rail_optimized", false);
+  net.latency_s = n.number("latency_s", 0.0, 1.0);
+  net.switch_latency_s = n.number_or("switch_latency_s", 0.0, 0.0, 1.0);
+  if (n.has("topology")) {
+    const JsonReader t = n.object("topology");
+    t.reject_unknown_keys({"kind", "nodes_per_leaf", "leaves_per_pod", "oversubscription", "core_oversubscription"});
+    const std::string kind = t.one_of("kind", {"single_switch", "leaf_spine", "fat_tree"});
+    net.topology = kind == "single_switch" ? NetworkTopology::kSingleSwitch
+                   : kind == "leaf_spine"  ? NetworkTopology::kLeafSpine
+                                           : NetworkTopology::kFatTree;
+    if (net.topology != NetworkTopology::kSingleSwitch) {
+      net.nodes_per_leaf = static_cast<int>(t.integer("nodes_per_leaf", 1, 65536));
+      net.oversubscription = t.number_or("oversubscription", 1.0, 1.0, 64.0);
+    }
+    if (net.topology == NetworkTopology::kFatTree) {
+      net.leaves_per_pod = static_cast<int>(t.integer("leaves_per_pod", 1, 65536));
+      net.core_oversubscription = t.number_or("core_oversubscription", 1.0, 1.0, 64.0);
+    }
+  }
+}
+
+nlohmann::json network_to_json(const NetworkSpec& n) {
+  nlohmann::json j = {{"nic", {{"count", n.nics}, {"Bps", n.nic_Bps}, {"attach", nic_attach_name(n.nic_attach)}}},
+                      {"rail_optimized", n.rail_optimized},
+                      {"latency_s", n.latency_s},
+                      {"switch_latency_s", n.switch_latency_s}};
+  nlohmann::json t = {{"kind", network_topology_name(n.topology)}};
+  if (n.topology != NetworkTopology::kSingleSwitch) {
+    t["nodes_per_leaf"] = n.nodes_per_leaf;
+    t["oversubscription"] = n.oversubscription;
+  }
+  if (n.topology == NetworkTopology::kFatTree) {
+    t["leaves_per_pod"] = n.leaves_per_pod;
+    t["core_oversubscription"] = n.core_oversubscription;
+  }
+  j["topology"] = t;
+  return j;
+}
+
+// `j` with the node spec it names ("node") merged under it, recursively; "node" itself removed.
+nlohmann::json merged_with_node(const nlohmann::json& j, const std::string& file, int depth) {
+  if (!j.is_object() || !j.contains("node")) return j;
+  const JsonReader r(j, file);
+  const std::string node = r.string("node");
+  if (depth >= kMaxNodeDepth) r.fail("node", fmt::format("nests more than {} node specs", kMaxNodeDepth));
+  const auto path = resolve_config("hardware", node);
+  if (!path) r.fail("node", "unknown hardware (known: " + known_config_names("hardware") + ")");
+  nlohmann::json base = merged_with_node(read_json_file(*path), *path, depth + 1);
+  parse_hardware(base, *path);  // the node's own errors name its file
+  if (!base.contains("node_name")) base["node_name"] = base.value("name", node);
+  nlohmann::json patch = j;
+  patch.erase("node");
+  base.merge_patch(patch);
+  return base;
+}
 
 }  // namespace
 
-HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& file) {
+std::string_view nic_attach_name(NicAttach a) { return a == NicAttach::kSocket ? "socket" : "pcie_switch"; }
+
+std::string_view network_topology_name(NetworkTopology t) {
+  switch (t) {
+    case NetworkTopology::kSingleSwitch: return "single_switch";
+    case NetworkTopology::kLeafSpine: return "leaf_spine";
+    case NetworkTopology::kFatTree: return "fat_tree";
+  }
+  return "?";
+}
+
+int NetworkSpec::leaf_of_node(int node) const {
+  return topology == NetworkTopology::kSingleSwitch || nodes_per_leaf <= 0 ? 0 : node / nodes_per_leaf;
+}
+
+int NetworkSpec::pod_of_node(int node) const {
+  return topology != NetworkTopology::kFatTree || leaves_per_pod <= 0 ? 0 : leaf_of_node(node) / leaves_per_pod;
+}
+
+int NetworkSpec::switches_between(int node_a, int node_b) const {
+  if (node_a == node_b) return 0;
+  if (leaf_of_node(node_a) == leaf_of_node(node_b)) return 1;
+  if (pod_of_node(node_a) == pod_of_node(node_b)) return 3;
+  return 5;
+}
+
+Seconds NetworkSpec::latency_between(int node_a, int node_b) const {
+  const int switches = switches_between(node_a, node_b);
+  return switches == 0 ? 0.0 : latency_s + (switches - 1) * switch_latency_s;
+}
+
+BytesPerS NetworkSpec::sustained_Bps(int node_a, int node_b) const {
+  const int switches = switches_between(node_a, node_b);
+  if (switches == 0) return 0.0;
+  double rate = per_node_Bps();
+  if (switches >= 3) rate /= oversubscription;
+  if (switches >= 5) rate /= core_oversubscription;
+  return rate;
+}
+
+namespace {
+
+// The spec of one JSON object with no "node" to merge.
+HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
+  r.reject_unknown_keys({"name", "description", "nodes", "node_name", "gpu", "gpu_numa", "pcie", "fabric", "numa", "network", "sources"});
   HardwareSpec h;
   h.name = r.string("name");
   h.description = r.string_or("description", "");
@@ -75,16 +192,26 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
     }
   }
 
-  if (r.has("network")) {
-    const JsonReader n = r.object("network");
-    h.network.per_node_Bps = n.number("per_node_Bps", 0.0, kMaxRate);
-    h.network.latency_s = n.number("latency_s", 0.0, 1.0);
-  }
-  if (h.nodes > 1 && h.network.per_node_Bps <= 0) {
-    r.fail("network", "a multi-node spec needs network.per_node_Bps > 0");
-  }
+  if (r.has("network")) read_network(r.object("network"), h);
+  if (h.nodes > 1 && h.network.nics == 0) r.fail("nodes", "a multi-node spec needs a network (network.nic)");
+  h.node_name = r.string_or("node_name", h.name);
   h.sources = r.has("sources") ? r.raw()["sources"] : nlohmann::json::object();
   if (!h.sources.is_object()) r.fail("sources", "expected an object of field → source");
+  return h;
+}
+
+}  // namespace
+
+HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& file) {
+  return parse_hardware(merged_with_node(j, file, 0), file);
+}
+
+HardwareSpec with_nodes(HardwareSpec h, int nodes, const std::string& file, const std::string& field) {
+  if (nodes > 1 && h.network.nics == 0) {
+    throw InputError(file, field, std::to_string(nodes),
+                     fmt::format("hardware {} has no network (network.nic) to join {} nodes", h.name, nodes));
+  }
+  h.nodes = nodes;
   return h;
 }
 
@@ -109,7 +236,8 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
                     {"adamw_params_per_s", n.adamw_params_per_s}});
     if (n.amx_bf16_flops_per_s > 0) numa.back()["amx_bf16_flops_per_s"] = n.amx_bf16_flops_per_s;
   }
-  j["network"] = {{"per_node_Bps", h.network.per_node_Bps}, {"latency_s", h.network.latency_s}};
+  if (h.network.nics > 0) j["network"] = network_to_json(h.network);
+  if (h.node_name != h.name) j["node_name"] = h.node_name;
   j["sources"] = h.sources;
   return j;
 }
@@ -132,12 +260,24 @@ int HardwareSpec::global_gpu_of_rank(int rank, int ranks) const {
   return (rank / gpus_per_node) * gpus_per_node + rank_gpus(ranks).at(static_cast<std::size_t>(rank));
 }
 
-int HardwareSpec::numa_of_rank(int rank, int ranks) const { return numa_of_gpu(rank_gpus(ranks).at(static_cast<std::size_t>(rank))); }
+int HardwareSpec::nodes_used(int ranks) const { return std::max(1, (ranks + gpus_per_node - 1) / gpus_per_node); }
+
+std::string HardwareSpec::numa_label(int n) const {
+  const int per_node = static_cast<int>(numa.size());
+  if (nodes <= 1) return fmt::format("NUMA node {}", n);
+  return fmt::format("node {} NUMA node {}", n / per_node, n % per_node);
+}
+
+int HardwareSpec::numa_of_rank(int rank, int ranks) const {
+  return (rank / gpus_per_node) * static_cast<int>(numa.size()) + numa_of_gpu(rank_gpus(ranks).at(static_cast<std::size_t>(rank)));
+}
 
 std::vector<int> HardwareSpec::ranks_per_numa(int ranks) const {
-  std::vector<int> count(numa.size(), 0);
-  const auto gpus = rank_gpus(std::min(ranks, gpus_per_node));
-  for (int g : gpus) ++count[static_cast<std::size_t>(numa_of_gpu(g))];
+  std::vector<int> count(static_cast<std::size_t>(host_numa_count(ranks)), 0);
+  const std::vector<int> gpus = rank_gpus(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    ++count[static_cast<std::size_t>((r / gpus_per_node) * static_cast<int>(numa.size()) + numa_of_gpu(gpus[static_cast<std::size_t>(r)]))];
+  }
   return count;
 }
 
@@ -160,9 +300,15 @@ std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
   if (h.pcie.gpus_per_switch != 1) f.push_back("pcie.gpus_per_switch");
   if (h.gpu.l2_bytes > 0) f.push_back("gpu.l2_mib");
   if (h.gpu.gemm_half_rows > 0) f.push_back("gpu.gemm_half_rows");
-  if (h.nodes > 1) {
-    f.push_back("network.per_node_Bps");
-    f.push_back("network.latency_s");
+  if (h.network.nics > 0) {
+    for (const char* n : {"network.nic.count", "network.nic.Bps", "network.latency_s"}) f.push_back(n);
+    if (h.network.topology != NetworkTopology::kSingleSwitch) {
+      for (const char* n : {"network.switch_latency_s", "network.topology.nodes_per_leaf", "network.topology.oversubscription"}) f.push_back(n);
+    }
+    if (h.network.topology == NetworkTopology::kFatTree) {
+      f.push_back("network.topology.leaves_per_pod");
+      f.push_back("network.topology.core_oversubscription");
+    }
   }
   return f;
 }

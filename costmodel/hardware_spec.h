@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,11 +63,50 @@ struct NumaSpec {
   bool operator==(const NumaSpec&) const = default;
 };
 
+// Where a node's NICs hang: off a CPU socket (traffic to a GPU crosses the socket's bridge and
+// the GPU's PCIe link), or behind the PCIe switches of the GPUs (GPUDirect RDMA: a GPU's traffic
+// to the NIC of its switch stays below the switch and never reaches the CPU's uplink).
+enum class NicAttach { kSocket, kPcieSwitch };
+
+// How the nodes' NICs are switched: one switch for every node; a two-tier leaf–spine (folded
+// Clos) with `nodes_per_leaf` nodes under each leaf; or a three-tier fat tree whose pods of
+// `leaves_per_pod` leaves meet at core switches.
+enum class NetworkTopology { kSingleSwitch, kLeafSpine, kFatTree };
+
+// The inter-node network of a multi-node spec: the NICs of each node and the switches between
+// the nodes. A spec without NICs (nics == 0) is a single node that cannot be repeated.
 struct NetworkSpec {
-  BytesPerS per_node_Bps = 0;  // 0 for a single node
-  Seconds latency_s = 0;
+  int nics = 0;               // NICs per node carrying training traffic
+  BytesPerS nic_Bps = 0;      // achieved per NIC, each direction
+  NicAttach nic_attach = NicAttach::kSocket;
+  // Rail-optimized: NIC i of every node hangs off the same leaf switch (rail i), so traffic between
+  // NICs of the same index never leaves the leaf tier; each leaf count below is per rail.
+  bool rail_optimized = false;
+  NetworkTopology topology = NetworkTopology::kSingleSwitch;
+  int nodes_per_leaf = 0;          // leaf–spine and fat tree
+  int leaves_per_pod = 0;          // fat tree
+  double oversubscription = 1.0;   // a leaf's downlink : uplink bandwidth (1: non-blocking)
+  double core_oversubscription = 1.0;  // fat tree: a pod's downlink : uplink to the core
+  Seconds latency_s = 0;           // NIC to NIC through one switch
+  Seconds switch_latency_s = 0;    // each further switch on a path
+
+  BytesPerS per_node_Bps() const { return nics * nic_Bps; }
+  // The leaf (per rail) and pod of a node; 0 under a single switch.
+  int leaf_of_node(int node) const;
+  int pod_of_node(int node) const;
+  // Switches on the path between the NICs of two nodes: 0 within a node, 1 under one leaf, 3
+  // across the spine, 5 across a fat tree's core.
+  int switches_between(int node_a, int node_b) const;
+  // NIC-to-NIC latency between two nodes: latency_s, plus switch_latency_s per further switch.
+  Seconds latency_between(int node_a, int node_b) const;
+  // What one node sustains to another when every node sends across the same tier at once: the
+  // node's NIC rate divided by the oversubscription of each tier above the leaves that it crosses.
+  BytesPerS sustained_Bps(int node_a, int node_b) const;
   bool operator==(const NetworkSpec&) const = default;
 };
+
+std::string_view nic_attach_name(NicAttach a);
+std::string_view network_topology_name(NetworkTopology t);
 
 struct HardwareSpec {
   std::string name;
@@ -79,6 +119,9 @@ struct HardwareSpec {
   FabricSpec fabric;
   std::vector<NumaSpec> numa;  // per node
   NetworkSpec network;
+  // The node spec a cluster spec repeats ("node" in its file), else the spec's own name: the
+  // calibration of that node applies to every cluster of it (planner/calibration/calibration.h).
+  std::string node_name;
   nlohmann::json sources;      // field path → source ("NVIDIA H100 datasheet", "estimate: ...")
 
   int total_gpus() const { return nodes * gpus_per_node; }
@@ -92,18 +135,34 @@ struct HardwareSpec {
   int global_gpu_of_rank(int rank, int ranks) const;
   // The PCIe switch (global index over all nodes) whose uplink carries the host copies of rank r.
   int pcie_switch_of_rank(int rank, int ranks) const { return global_gpu_of_rank(rank, ranks) / pcie.gpus_per_switch; }
-  // NUMA node of training rank r under rank_gpus().
+  // Host NUMA nodes are numbered over the whole cluster, node-major: node·numa.size() + socket.
+  // The nodes that `ranks` training ranks occupy (ranks fill node 0 first), at least 1.
+  int nodes_used(int ranks) const;
+  // The host NUMA nodes of the nodes that `ranks` ranks occupy.
+  int host_numa_count(int ranks) const { return nodes_used(ranks) * static_cast<int>(numa.size()); }
+  // The spec of host NUMA node n, and the node it belongs to.
+  const NumaSpec& numa_spec(int n) const { return numa.at(static_cast<std::size_t>(n) % numa.size()); }
+  int node_of_numa(int n) const { return n / static_cast<int>(numa.size()); }
+  // "NUMA node 1" on a single node; "node 3 NUMA node 1" on a cluster.
+  std::string numa_label(int n) const;
+  // Host NUMA node (cluster-wide) of training rank r under rank_gpus().
   int numa_of_rank(int rank, int ranks) const;
-  // Ranks per NUMA node (of the first node) for `ranks` ranks.
+  // Ranks per host NUMA node, host_numa_count(ranks) entries.
   std::vector<int> ranks_per_numa(int ranks) const;
   bool operator==(const HardwareSpec&) const = default;
 };
 
-// Parses a hardware JSON object. Throws InputError naming the field.
+// Parses a hardware JSON object. Throws InputError naming the field. A cluster spec names the
+// node it repeats ("node": a name or path): the node's file is read first (its own errors name it)
+// and this object's fields are merged over it (JSON merge patch: "nodes", "network", "sources").
 HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& file);
 nlohmann::json hardware_spec_to_json(const HardwareSpec& h);
 // Loads configs/hardware/NAME.json or a path. Throws InputError for unknown names or bad files.
 HardwareSpec load_hardware_spec(const std::string& name_or_path);
+// `h` repeated over `nodes` identical nodes on its network (the `--nodes` override and the
+// workload's "nodes"). Throws InputError naming `file` and `field` when nodes > 1 and the spec has
+// no network (network.nic).
+HardwareSpec with_nodes(HardwareSpec h, int nodes, const std::string& file, const std::string& field);
 // Field paths of the numeric fields that the "sources" object must name.
 std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h);
 

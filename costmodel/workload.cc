@@ -37,7 +37,7 @@ double bytes_per_token_bound(const ModelSpec& m) {
 Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
   const JsonReader r(j, file, path);
   r.reject_unknown_keys({"model", "hardware", "gpus", "global_batch", "seq_len", "gpu_budget_gib",
-                         "host_budget_gib", "yarn_factor", "routing"});
+                         "host_budget_gib", "yarn_factor", "routing", "nodes"});
   Workload w;
   w.model = r.string("model");
   w.hardware = r.string("hardware");
@@ -47,6 +47,7 @@ Workload workload_from_json(const nlohmann::json& j, const std::string& file, co
   w.gpu_budget_gib = r.optional_number("gpu_budget_gib", 0.001, 1e6);
   w.host_budget_gib = r.optional_number("host_budget_gib", 0.001, 1e9);
   w.yarn_factor = r.number_or("yarn_factor", 1.0, 1.0, 1024.0);
+  if (const auto n = r.optional_integer("nodes", 1, 65536)) w.nodes = static_cast<int>(*n);
   if (r.has("routing")) w.routing = routing_from_json(r.object("routing").raw(), file, r.field("routing"));
   if (w.global_batch % w.gpus != 0) {
     r.fail("global_batch", fmt::format("must be a multiple of gpus = {}", w.gpus));
@@ -61,6 +62,7 @@ nlohmann::json workload_to_json(const Workload& w) {
   j["host_budget_gib"] = w.host_budget_gib ? nlohmann::json(*w.host_budget_gib) : nlohmann::json();
   j["yarn_factor"] = w.yarn_factor;
   if (!w.routing.uniform()) j["routing"] = routing_to_json(w.routing);
+  if (w.nodes) j["nodes"] = *w.nodes;
   return j;
 }
 
@@ -74,7 +76,7 @@ Bytes WorkloadContext::host_budget_bytes() const {
   if (workload.host_budget_gib) return from_gib(*workload.host_budget_gib);
   Bytes total = 0;
   for (const auto& n : hardware.numa) total += n.dram_bytes;
-  return total * hardware.nodes;
+  return total;
 }
 
 WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
@@ -88,6 +90,7 @@ WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
   }
   c.model = load_model_spec(w.model);
   c.hardware = load_hardware_spec(w.hardware);
+  if (w.nodes) c.hardware = with_nodes(std::move(c.hardware), *w.nodes, file, r.field("nodes"));
   if (w.gpus > c.hardware.total_gpus()) {
     r.fail("gpus", fmt::format("hardware {} has {} GPUs", c.hardware.name, c.hardware.total_gpus()));
   }

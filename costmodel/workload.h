@@ -26,7 +26,9 @@ struct Workload {
   std::int64_t global_batch = 1;  // sequences per step over all GPUs
   std::int64_t seq_len = 1;       // tokens per sequence
   std::optional<double> gpu_budget_gib;   // per GPU
-  std::optional<double> host_budget_gib;  // whole node (split over NUMA nodes by capacity)
+  std::optional<double> host_budget_gib;  // per node (split over its NUMA nodes by capacity)
+  // Nodes of the hardware's node spec (its network joins them); unset: the hardware's own count.
+  std::optional<int> nodes;
   double yarn_factor = 1.0;               // context extension factor over max_position_embeddings
   RoutingSpec routing;                    // how tokens spread over experts (default: uniform)
 
@@ -47,12 +49,14 @@ struct WorkloadContext {
   ModelSpec model;
   HardwareSpec hardware;
 
-  // Per-GPU budgets in bytes: the given budget, else the GPU's HBM / the node's DRAM.
+  // Budgets in bytes: per GPU the given budget, else the GPU's HBM; per node the given budget,
+  // else the node's DRAM.
   Bytes gpu_budget_bytes() const;
   Bytes host_budget_bytes() const;
 };
 
-// Loads the model and hardware the workload names and checks: gpus ≤ GPUs of the hardware,
+// Loads the model and hardware the workload names (repeated over `nodes` when set) and checks:
+// gpus ≤ GPUs of the hardware,
 // global_batch a multiple of gpus, seq_len ≤ max_position_embeddings · yarn_factor.
 // Errors name `file` and the workload field (model, hardware, gpus, ...).
 WorkloadContext resolve_workload(const Workload& w, const std::string& file);

@@ -23,7 +23,7 @@ PlatformRates platform_rates(const HardwareSpec& h) {
   r.h2d_Bps = h.pcie.h2d_Bps;
   r.d2h_Bps = h.pcie.d2h_Bps;
   r.fabric_Bps = h.fabric.per_gpu_Bps;
-  r.network_Bps = h.network.per_node_Bps;
+  r.network_Bps = h.network.per_node_Bps();
   for (const NumaSpec& n : h.numa) {
     r.dram_Bps.push_back(n.dram_Bps);
     r.socket_params_per_s.push_back(n.adamw_params_per_s);

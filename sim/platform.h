@@ -18,7 +18,10 @@
 //     sockets' bridges and a "peer_path" hop carrying the peer latency, so peer traffic competes
 //     with host copies;
 //   - for multi-node specs a split-duplex NIC link "node<n>.nic" per node (UP send, DOWN receive)
-//     at the per-node network rate; GPUs of different nodes talk through their nodes' NICs.
+//     at the node's NIC rate (NetworkSpec::per_node_Bps: its NICs as one link; switches are not
+//     links yet); GPUs of different nodes talk through their nodes' NICs. The graph's host NUMA
+//     nodes count over the cluster (node·numa_per_node + socket): memory(node, socket) takes the
+//     socket within the node.
 // Routes: mem(n,s) → gpu: [dram, bridge, pcie UP]; gpu → mem(n,s): [pcie DOWN, bridge, dram]
 // (a buffer on another socket of the node also crosses the GPU's own socket's bridge);
 // cpu(n,s) → mem(n,s): [dram]; gpu a → gpu b as above. Latencies add along a route.

@@ -93,7 +93,10 @@ class Simulation {
  private:
   int global_gpu(int rank) const { return rank_gpu_.at(at(rank)); }
   int node_of_rank(int rank) const { return platform_->node_of_gpu(global_gpu(rank)); }
-  int numa_of(const Resource& r) const { return r.numa >= 0 ? r.numa : platform_->numa_of_gpu(global_gpu(r.gpu)); }
+  // The resource's socket within its node (Resource::numa counts over the cluster, node-major).
+  int numa_of(const Resource& r) const {
+    return r.numa >= 0 ? r.numa % platform_->numa_per_node() : platform_->numa_of_gpu(global_gpu(r.gpu));
+  }
 
   sg4::Host* actor_host(const Resource& r) const {
     if (is_cpu_resource(r.kind)) return platform_->socket(node_of_rank(r.gpu), numa_of(r));
@@ -382,9 +385,9 @@ StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel
     throw std::invalid_argument(fmt::format("the step has {} ranks but hardware '{}' has {} GPUs", g.gpus, hw->name, hw->total_gpus()));
   }
   for (const Resource& r : g.resources) {
-    if (r.gpu < 0 || r.gpu >= g.gpus || r.numa >= static_cast<int>(hw->numa.size())) {
+    if (r.gpu < 0 || r.gpu >= g.gpus || r.numa >= hw->host_numa_count(g.gpus)) {
       throw std::invalid_argument(fmt::format("resource '{}' (rank {}, NUMA node {}) does not fit the {} ranks and {} NUMA nodes of '{}'",
-                                              r.name, r.gpu, r.numa, g.gpus, hw->numa.size(), hw->name));
+                                              r.name, r.gpu, r.numa, g.gpus, hw->host_numa_count(g.gpus), hw->name));
     }
   }
   const Calibration cal = calibration_ ? *calibration_ : calibrated ? calibrated->calibration() : default_calibration(*hw);

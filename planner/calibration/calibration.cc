@@ -97,7 +97,7 @@ std::string calibration_path(const std::string& hardware_name, const std::string
 
 Calibration load_calibration_file(const std::string& path, const HardwareSpec& h) {
   Calibration c = calibration_from_json(read_json_file(path), path);
-  if (!c.hardware.empty() && c.hardware != h.name) {
+  if (!c.hardware.empty() && c.hardware != h.name && c.hardware != h.node_name) {
     throw InputError(path, "hardware", "\"" + c.hardware + "\"",
                      "the calibration was fitted for other hardware than the workload's \"" + h.name + "\"");
   }
@@ -116,9 +116,15 @@ Calibration load_calibration_for(const HardwareSpec& h, const std::string& engin
   std::error_code ec;
   const std::string own = calibration_path(h.name, engine);
   if (std::filesystem::is_regular_file(own, ec)) return load_calibration_file(own, h);
-  const std::string path = calibration_path(h.name);
-  if (!std::filesystem::is_regular_file(path, ec)) return default_calibration(h);
-  return load_calibration_file(path, h);
+  // A cluster without calibrations of its own takes its node's (same GPUs, links and sockets).
+  for (const std::string& name : {h.name, h.node_name}) {
+    if (name.empty()) continue;
+    if (const std::string own_engine = calibration_path(name, engine); name != h.name && std::filesystem::is_regular_file(own_engine, ec)) {
+      return load_calibration_file(own_engine, h);
+    }
+    if (const std::string path = calibration_path(name); std::filesystem::is_regular_file(path, ec)) return load_calibration_file(path, h);
+  }
+  return default_calibration(h);
 }
 
 }  // namespace oom

@@ -84,7 +84,7 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
   // Ranks on one socket share its update rate.
   const int numa = hw.numa_of_rank(0, P);
   const int ranks_on_numa = hw.ranks_per_numa(P)[static_cast<std::size_t>(numa)];
-  c.cpu_update_s = static_cast<double>(c.cpu_updated_params) * ranks_on_numa / hw.numa[numa].adamw_params_per_s;
+  c.cpu_update_s = static_cast<double>(c.cpu_updated_params) * ranks_on_numa / hw.numa_spec(numa).adamw_params_per_s;
   return c;
 }
 

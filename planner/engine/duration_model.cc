@@ -58,6 +58,50 @@ Bytes host_dram_bytes(const Stage& s) {
   }
 }
 
+void CalibratedDurationModel::collective_cost(const Stage& s, StageCost& out) const {
+  // Alpha–beta: a fixed cost per collective (launch, split exchange, synchronization) plus one
+  // latency per peer a member exchanges with, then the bytes at the fabric's rate.
+  const Calibration& c = calibration_;
+  const HardwareSpec& h = *hardware_;
+  const double fabric = h.fabric.per_gpu_Bps * c.fabric_efficiency;
+  const std::size_t members = std::max<std::size_t>(2, s.peers.size());
+  out.work = static_cast<double>(s.bytes);
+  out.rate = out.exclusive_rate = fabric;
+  // Members on other nodes are reached through the NICs (ranks fill nodes in order: rank r on
+  // node r / gpus_per_node, HardwareSpec::global_gpu_of_rank).
+  const int node = std::max(0, s.gpu) / h.gpus_per_node;
+  int on_node = 0, off_node = 0;
+  Seconds network_latency = 0;
+  BytesPerS network = h.network.per_node_Bps();
+  for (const int p : s.peers) {
+    const int other = p / h.gpus_per_node;
+    if (other == node) {
+      ++on_node;  // this member too
+    } else {
+      ++off_node;
+      network_latency = std::max(network_latency, h.network.latency_between(node, other));
+      network = std::min(network, h.network.sustained_Bps(node, other));
+    }
+  }
+  if (off_node == 0) {
+    out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * h.fabric.latency_s;
+    return;
+  }
+  out.fixed_s = c.collective_overhead_s + static_cast<double>(std::max(0, on_node - 1)) * h.fabric.latency_s +
+                static_cast<double>(off_node) * network_latency;
+  // The node's members share its NICs (rail-optimized nodes: a NIC each); the fabric and the NICs
+  // carry their parts at once. All-to-all (NCCL: a send to every peer) sends the off-node peers'
+  // shares through the NICs; all-gather and reduce-scatter run as rings (NCCL: one per NIC) whose
+  // inter-node hops every byte crosses, so the slower of the two paces all of it.
+  const double nic = network / std::max(1, on_node);
+  const double off_share = static_cast<double>(off_node) / static_cast<double>(std::max(1, on_node - 1 + off_node));
+  const double seconds_per_byte = s.op == OpKind::kAllToAll ? std::max((1 - off_share) / fabric, off_share / nic)
+                                                            : std::max(1 / fabric, 1 / nic);
+  // The fair share (the analytic engine's); alone on its port (exclusive_rate) the member runs at
+  // the fabric's rate, and the SimGrid engine routes its off-node shares through the NIC links.
+  out.rate = 1 / seconds_per_byte;
+}
+
 double CalibratedDurationModel::host_dram_Bps(int numa) const {
   if (numa < 0 || hardware_->numa.empty()) return 0;
   return hardware_->numa[static_cast<std::size_t>(numa) % hardware_->numa.size()].dram_Bps;
@@ -167,15 +211,9 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       break;
     case OpKind::kAllToAll:
     case OpKind::kAllGather:
-    case OpKind::kReduceScatter: {
-      // Alpha–beta: a fixed cost per collective (launch, split exchange, synchronization) plus one
-      // fabric latency per peer a member exchanges with, then the bytes at the fabric's rate.
-      const std::size_t members = std::max<std::size_t>(2, s.peers.size());
-      out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * hardware_->fabric.latency_s;
-      out.work = static_cast<double>(s.bytes);
-      out.rate = out.exclusive_rate = hardware_->fabric.per_gpu_Bps * c.fabric_efficiency;
+    case OpKind::kReduceScatter:
+      collective_cost(s, out);
       break;
-    }
     case OpKind::kCpuAdamW:
       cpu(c.cpu_adamw_params_per_s);
       break;

@@ -89,8 +89,10 @@ class DurationModel {
 //   adds its memory-bound kernels' HBM bytes (costmodel/traffic.h) / (HBM · hbm_efficiency);
 //   element-wise and GPU AdamW: bytes / (HBM · hbm_efficiency); H2D/D2H: a transfer's fixed cost
 //   plus bytes / achieved link rate; collectives: collective_overhead_s + (members − 1) · fabric
-//   latency + bytes / (fabric rate · fabric_efficiency); CPU work: params / (socket rate / ranks
-//   on the socket).
+//   latency + bytes / (fabric rate · fabric_efficiency), members on other nodes through the NICs
+//   (their latency per such peer; the node's members sharing its NICs; all-to-all sends the
+//   off-node share there, all-gather and reduce-scatter rings pace every byte at the slower of
+//   fabric and NIC share); CPU work: params / (socket rate / ranks on the socket).
 class CalibratedDurationModel : public DurationModel {
  public:
   // `ranks` is the number of training ranks (to share sockets fairly).
@@ -109,6 +111,10 @@ class CalibratedDurationModel : public DurationModel {
   Calibration calibration_;
   int ranks_ = 1;
   std::vector<int> ranks_per_numa_;
+
+  // All-to-all, all-gather, reduce-scatter: fixed cost and rate, through the NICs for members on
+  // other nodes.
+  void collective_cost(const Stage& s, StageCost& out) const;
 };
 
 }  // namespace oom

@@ -28,10 +28,12 @@ std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx) {
   const HardwareSpec& hw = ctx.hardware;
   Bytes capacity = 0;
   for (const auto& n : hw.numa) capacity += n.dram_bytes;
-  const double per_node = static_cast<double>(ctx.host_budget_bytes()) / std::max(1, hw.nodes);
+  // Each node's budget split over its NUMA nodes in proportion to their DRAM.
+  const auto per_node = static_cast<double>(ctx.host_budget_bytes());
   std::vector<Bytes> out;
-  for (const auto& n : hw.numa) {
-    out.push_back(capacity > 0 ? static_cast<Bytes>(per_node * static_cast<double>(n.dram_bytes) / static_cast<double>(capacity)) : 0);
+  for (int n = 0; n < hw.host_numa_count(ctx.workload.gpus); ++n) {
+    const auto dram = static_cast<double>(hw.numa_spec(n).dram_bytes);
+    out.push_back(capacity > 0 ? static_cast<Bytes>(per_node * dram / static_cast<double>(capacity)) : 0);
   }
   return out;
 }
@@ -110,7 +112,8 @@ BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
 }
 
 std::string OutOfMemory::message() const {
-  const std::string what = space == "gpu" ? fmt::format("GPU {}", device) : fmt::format("host NUMA node {}", device);
+  const std::string what = space == "gpu" ? fmt::format("GPU {}", device)
+                                              : "host " + (device_label.empty() ? fmt::format("NUMA node {}", device) : device_label);
   return fmt::format("{} out of memory: {} needed > {} available at {}", what, gib(needed_bytes), gib(available_bytes), where);
 }
 
@@ -167,7 +170,7 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
 
   // Host, per NUMA node: the state split over the nodes in use by ranks, then per-rank items.
   const std::vector<int> ranks_on = hw.ranks_per_numa(P);
-  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+  for (std::size_t n = 0; n < ranks_on.size(); ++n) {
     const Bytes r = ranks_on[n];
     Bytes bytes = 0;
     if (r > 0) {
@@ -208,7 +211,7 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
     BaselineSetup setup{s, mb, static_cast<int>(seqs / mb)};
     const BaselineMemory mem = baseline_static_memory(setup, ctx, k);
     if (mem.gpu_peak_bytes > gpu_budget) {
-      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
       continue;
     }
     bool host_fits = true;
@@ -217,7 +220,7 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
         host_oom = OutOfMemory{"host", static_cast<int>(n),
                                fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
                                            t.host_bytes_per_param, mb),
-                               mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+                               mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
         host_fits = false;
       }
     }
@@ -256,7 +259,7 @@ bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const St
   for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
     if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
       r.oom = OutOfMemory{"gpu", static_cast<int>(i), gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
-                          ctx.gpu_budget_bytes()};
+                          ctx.gpu_budget_bytes(), ""};
       return false;
     }
   }
@@ -284,7 +287,7 @@ BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const 
   for (std::size_t n = 0; n < r.host_bytes_per_numa.size() && n < mem.host_budget_per_numa.size(); ++n) {
     if (r.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
       r.oom = OutOfMemory{"host", static_cast<int>(n), "host state, checkpoints and buffers (executed step)",
-                          r.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+                          r.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
       return r;
     }
   }

@@ -97,6 +97,8 @@ struct OutOfMemory {
   std::string where;  // the phase (GPU) or the NUMA node's largest item (host)
   Bytes needed_bytes = 0;
   Bytes available_bytes = 0;
+  // A host NUMA node's name on the hardware ("NUMA node 1", "node 3 NUMA node 1"); empty: by index.
+  std::string device_label;
   // One line: "GPU out of memory: 91.2 GiB needed > 80.0 GiB at decoder 3 (full_attention) backward".
   std::string message() const;
 };

@@ -61,7 +61,7 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
   const ParamCount experts = params.layer_sum().routed_experts;
   const ParamCount dense = params.total() - experts;
   const std::vector<int> ranks_on = hw.ranks_per_numa(P);
-  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+  for (std::size_t n = 0; n < ranks_on.size(); ++n) {
     const Bytes r = ranks_on[n];
     Bytes bytes = 0;
     if (r > 0) {
@@ -84,7 +84,7 @@ BaselineFit configure_ktft(const WorkloadContext& ctx, const MemoryConstants& k)
     const BaselineSetup setup{BaselineSystem::kKtFt, mb, static_cast<int>(seqs / mb)};
     const BaselineMemory mem = ktft_static_memory(setup, ctx, k);
     if (mem.gpu_peak_bytes > gpu_budget) {
-      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
       continue;
     }
     for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
@@ -93,7 +93,7 @@ BaselineFit configure_ktft(const WorkloadContext& ctx, const MemoryConstants& k)
         fit.oom = OutOfMemory{"host", static_cast<int>(n),
                               fmt::format("dense FSDP2 state ({} B/param) and CPU expert banks ({} B/param)",
                                           kDenseHostBytesPerParam, kExpertHostBytesPerParam),
-                              mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+                              mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
         return fit;
       }
     }
@@ -116,7 +116,7 @@ class KtFtLowering {
         m_(ctx.model),
         k_(options.memory),
         params_(model_params(ctx.model)),
-        b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())),
+        b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
         P_(ctx.workload.gpus),
         S_(ctx.workload.seq_len),
         seqs_(setup.micro_batch_seqs),
@@ -369,8 +369,8 @@ StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
   const Resource& r = g.resource(s.resource);
   if (s.op != OpKind::kExpertGemm || r.kind != ResourceKind::kCpuUpdate) return CalibratedDurationModel::cost(s, g);
   const HardwareSpec& hw = hardware();
-  const int numa = std::clamp(r.numa, 0, static_cast<int>(hw.numa.size()) - 1);
-  const double socket = hw.numa[static_cast<std::size_t>(numa)].amx_bf16_flops_per_s * kKtFtAmxEfficiency;
+  const int numa = std::clamp(r.numa, 0, static_cast<int>(ranks_per_numa_.size()) - 1);
+  const double socket = hw.numa_spec(numa).amx_bf16_flops_per_s * kKtFtAmxEfficiency;
   const int sharing = std::max(1, ranks_per_numa_[static_cast<std::size_t>(numa)]);
   StageCost c;
   c.work = s.flops;
@@ -384,9 +384,9 @@ BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, 
   const auto e = engines.make(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   const std::vector<int> ranks_on = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
-  for (std::size_t n = 0; n < ctx.hardware.numa.size(); ++n) {
-    if (ranks_on[n] > 0 && !(ctx.hardware.numa[n].amx_bf16_flops_per_s > 0)) {
-      throw InputError(ctx.hardware.name, fmt::format("numa[{}].amx_bf16_flops_per_s", n), "0",
+  for (std::size_t n = 0; n < ranks_on.size(); ++n) {
+    if (ranks_on[n] > 0 && !(ctx.hardware.numa_spec(static_cast<int>(n)).amx_bf16_flops_per_s > 0)) {
+      throw InputError(ctx.hardware.name, fmt::format("numa[{}].amx_bf16_flops_per_s", n % ctx.hardware.numa.size()), "0",
                        "KT-FT computes the routed experts with AMX BF16 on the CPU; this hardware names no AMX throughput");
     }
   }

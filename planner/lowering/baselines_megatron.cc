@@ -114,7 +114,7 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
   }
   out.gpu_peak_bytes = eq2_gpu_peak(k.gpu_fixed_bytes, state, keep, work, k.gpu_headroom_fraction).total();
   const std::vector<int> ranks_on = hw.ranks_per_numa(P);
-  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+  for (std::size_t n = 0; n < ranks_on.size(); ++n) {
     const Bytes r = ranks_on[n];
     out.host_bytes_per_numa.push_back(r > 0 ? kHostBytesPerParam * params.total() * r / P + r * k.host_process_bytes : 0);
   }
@@ -140,7 +140,7 @@ MegatronFit configure_megatron(const WorkloadContext& ctx, const MemoryConstants
       setup.accumulation_steps = static_cast<int>(seqs / mb);
       const BaselineMemory mem = megatron_static_memory(setup, ctx, k);
       if (mem.gpu_peak_bytes > gpu_budget) {
-        gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget};
+        gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
         continue;
       }
       for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
@@ -149,7 +149,7 @@ MegatronFit configure_megatron(const WorkloadContext& ctx, const MemoryConstants
           fit.oom = OutOfMemory{"host", static_cast<int>(n),
                                 fmt::format("CPU optimizer offload state ({} B/param: FP32 masters, moments and gradients)",
                                             kHostBytesPerParam),
-                                mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n]};
+                                mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
           return fit;
         }
       }
@@ -173,7 +173,7 @@ class MegatronLowering {
         m_(ctx.model),
         k_(options.memory),
         split_(split_params(model_params(ctx.model))),
-        b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())),
+        b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
         P_(ctx.workload.gpus),
         t_(setup.tensor_parallel),
         S_(ctx.workload.seq_len),

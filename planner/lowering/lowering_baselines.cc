@@ -40,7 +40,7 @@ class BaselineLowering {
         k_(options.memory),
         t_(baseline_traits(setup.system, ctx.workload.gpus)),
         params_(model_params(ctx.model)),
-        b_(ctx.workload.gpus, static_cast<int>(ctx.hardware.numa.size())),
+        b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
         P_(ctx.workload.gpus),
         S_(ctx.workload.seq_len),
         seqs_(setup.micro_batch_seqs),

@@ -153,7 +153,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   gpu.work_peak_at = peak->where;
   gpu.eq2 = eq2_gpu_peak(k.gpu_fixed_bytes, sum(gpu.state), sum(gpu.keep), sum(gpu.work), k.gpu_headroom_fraction);
 
-  // Host, per NUMA node of the first node: each rank's CPU work runs on its GPU's socket.
+  // Host, per NUMA node of the nodes in use: each rank's CPU work runs on its GPU's socket.
   const std::vector<int> ranks_on = hw.ranks_per_numa(P);
   const int used_nodes = static_cast<int>(std::count_if(ranks_on.begin(), ranks_on.end(), [](int n) { return n > 0; }));
   ParamCount shared_streamed = params.embedding + params.lm_head + params.final_norm;  // split over used nodes
@@ -176,11 +176,12 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
       if (m.layer_kinds[l] != LayerKind::kLinearAttention) olse_per_rank += attention_result_bytes(m.attention(m.layer_kinds[l]), seqs, S);
     }
   }
-  for (std::size_t n = 0; n < hw.numa.size(); ++n) {
+  for (std::size_t n = 0; n < ranks_on.size(); ++n) {
     HostNumaReport h;
     h.numa = static_cast<int>(n);
+    h.label = hw.numa_label(h.numa);
     h.ranks = ranks_on[n];
-    h.capacity = hw.numa[n].dram_bytes;
+    h.capacity = hw.numa_spec(h.numa).dram_bytes;
     if (h.ranks > 0) {
       const Bytes r = h.ranks;
       add(h.items, "canonical state, shared layers (FP32 master + 2 moments)", canonical_state_bytes(shared_streamed) / used_nodes);
@@ -226,7 +227,7 @@ nlohmann::json memory_report_to_json(const MemoryReport& r) {
               {"work_peak_at", r.gpu.work_peak_at}};
   nlohmann::json host = nlohmann::json::array();
   for (const auto& h : r.host) {
-    host.push_back({{"numa", h.numa}, {"ranks", h.ranks}, {"bytes", h.total()}, {"gib", to_gib(h.total())},
+    host.push_back({{"numa", h.numa}, {"name", h.label}, {"ranks", h.ranks}, {"bytes", h.total()}, {"gib", to_gib(h.total())},
                     {"capacity_gib", to_gib(h.capacity)}, {"items", items(h.items)}});
   }
   j["host"] = host;
@@ -249,7 +250,8 @@ std::string memory_report_text(const MemoryReport& r) {
   out += fmt::format("  ε       headroom                   {:9.2f} GiB\n", to_gib(e.headroom));
   out += fmt::format("Host memory: {:.1f} GiB\n", to_gib(r.host_total()));
   for (const auto& h : r.host) {
-    out += fmt::format("  NUMA node {} ({} ranks): {:.1f} of {:.0f} GiB\n", h.numa, h.ranks, to_gib(h.total()), to_gib(h.capacity));
+    out += fmt::format("  {} ({} ranks): {:.1f} of {:.0f} GiB\n", h.label.empty() ? fmt::format("NUMA node {}", h.numa) : h.label, h.ranks,
+                       to_gib(h.total()), to_gib(h.capacity));
     for (const auto& i : h.items) out += fmt::format("    {:<56} {:9.2f} GiB\n", i.name, to_gib(i.bytes));
   }
   return out;

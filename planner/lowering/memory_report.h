@@ -36,7 +36,8 @@ struct GpuMemoryReport {
 };
 
 struct HostNumaReport {
-  int numa = 0;
+  int numa = 0;                   // host NUMA node over the cluster (HardwareSpec::numa_of_rank)
+  std::string label;              // "NUMA node 1", or "node 3 NUMA node 1" on a cluster
   int ranks = 0;                  // GPUs whose CPU work runs on this node
   std::vector<MemoryItem> items;  // canonical state, pinned pools, boundaries, O/LSE, process
   Bytes total() const;

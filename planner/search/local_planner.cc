@@ -294,6 +294,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   const WorkloadContext& ctx = pricer.context();
   const ModelSpec& m = ctx.model;
   const int L = m.layers;
+  check_local_on_one_node(ctx, "");
   if (L > kMaxBoundaryDpDecoders) {
     throw InputError(m.name, "num_hidden_layers", std::to_string(L),
                      fmt::format("the Local planner's boundary search plans up to {} decoders; plan the ep path "
@@ -316,7 +317,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
     if (h.ranks == 0) continue;
     const Bytes budget = budgets.numa_bytes.at(static_cast<std::size_t>(h.numa));
     if (h.total() > budget) {
-      out.shortfall = BudgetShortfall{fmt::format("host NUMA node {}", h.numa), budget, h.total(),
+      out.shortfall = BudgetShortfall{budgets.numa_name(static_cast<std::size_t>(h.numa)), budget, h.total(),
                                       "the Local path's canonical state and pinned pools with every boundary regenerated"};
       return out;
     }

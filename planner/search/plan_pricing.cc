@@ -14,20 +14,25 @@ namespace oom {
 Budgets workload_budgets(const WorkloadContext& ctx) {
   Budgets b;
   b.gpu_bytes = ctx.gpu_budget_bytes();
-  const auto& numa = ctx.hardware.numa;
+  const HardwareSpec& hw = ctx.hardware;
   Bytes capacity = 0;
-  for (const NumaSpec& n : numa) capacity += n.dram_bytes;
-  for (const NumaSpec& n : numa) {
+  for (const NumaSpec& n : hw.numa) capacity += n.dram_bytes;
+  for (int n = 0; n < hw.host_numa_count(ctx.workload.gpus); ++n) {
+    const NumaSpec& numa = hw.numa_spec(n);
     if (!ctx.workload.host_budget_gib) {
-      b.numa_bytes.push_back(n.dram_bytes);
+      b.numa_bytes.push_back(numa.dram_bytes);
     } else {
-      // The node's budget split over its NUMA nodes in proportion to their DRAM.
-      const double share = capacity > 0 ? static_cast<double>(n.dram_bytes) / static_cast<double>(capacity) : 0.0;
-      const double node_budget = static_cast<double>(ctx.host_budget_bytes()) / std::max(1, ctx.hardware.nodes);
-      b.numa_bytes.push_back(static_cast<Bytes>(node_budget * share));
+      // Each node's budget split over its NUMA nodes in proportion to their DRAM.
+      const double share = capacity > 0 ? static_cast<double>(numa.dram_bytes) / static_cast<double>(capacity) : 0.0;
+      b.numa_bytes.push_back(static_cast<Bytes>(static_cast<double>(ctx.host_budget_bytes()) * share));
     }
+    b.numa_names.push_back("host " + hw.numa_label(n));
   }
   return b;
+}
+
+std::string Budgets::numa_name(std::size_t n) const {
+  return n < numa_names.size() ? numa_names[n] : fmt::format("host NUMA node {}", n);
 }
 
 Bytes PricedPlan::gpu_peak_max() const {
@@ -64,7 +69,7 @@ std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_by
   if (gpu_peak_bytes > b.gpu_bytes) return BudgetShortfall{"GPU", b.gpu_bytes, gpu_peak_bytes, gpu_where};
   for (std::size_t n = 0; n < numa_peak_bytes.size() && n < b.numa_bytes.size(); ++n) {
     if (numa_peak_bytes[n] > b.numa_bytes[n]) {
-      return BudgetShortfall{fmt::format("host NUMA node {}", n), b.numa_bytes[n], numa_peak_bytes[n], host_where};
+      return BudgetShortfall{b.numa_name(n), b.numa_bytes[n], numa_peak_bytes[n], host_where};
     }
   }
   return std::nullopt;

@@ -24,10 +24,13 @@
 
 namespace oom {
 
-// What a plan may use: bytes per GPU and per NUMA node of the (first) node.
+// What a plan may use: bytes per GPU and per host NUMA node of the nodes its ranks occupy
+// (HardwareSpec::ranks_per_numa's numbering), each with its name for a shortfall's message.
 struct Budgets {
   Bytes gpu_bytes = 0;
   std::vector<Bytes> numa_bytes;
+  std::vector<std::string> numa_names;  // "host NUMA node 1", "host node 3 NUMA node 1"
+  std::string numa_name(std::size_t n) const;
 };
 Budgets workload_budgets(const WorkloadContext& ctx);
 
@@ -44,7 +47,7 @@ struct PricedPlan {
 // One budget a plan exceeds, with the numbers: "GPU budget 24.0 GiB < 31.2 GiB needed by decoder
 // 17 backward".
 struct BudgetShortfall {
-  std::string budget;    // "GPU" or "host NUMA node 1"
+  std::string budget;    // "GPU", "host NUMA node 1" or "host node 3 NUMA node 1"
   Bytes budget_bytes = 0;
   Bytes needed_bytes = 0;
   std::string where;     // what needs the memory

@@ -172,7 +172,8 @@ Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& 
   }
   // A model deeper than the boundary search plans is refused by --path local (plan_local names the
   // field) and leaves the choice to EP with --path auto.
-  const bool local_plannable = ctx.model.layers <= kMaxBoundaryDpDecoders;
+  // So is a workload over several nodes (the Local path sums gradients in one node's host memory).
+  const bool local_plannable = ctx.model.layers <= kMaxBoundaryDpDecoders && ctx.hardware.nodes_used(ctx.workload.gpus) == 1;
   if (options.path == "local" || (options.path != "ep" && local_plannable)) {
     const LocalSearchResult local = plan_local(pricer), local_flat = options.flat ? plan_local(flat_pricer) : LocalSearchResult{};
     r.candidates_priced += local.priced + local_flat.priced;
@@ -328,9 +329,15 @@ nlohmann::json plan_search_to_json(const PlanSearchResult& r) {
 
 std::string plan_search_text(const PlanSearchResult& r) {
   auto line = [](const PlanChoice& c) {
+    // NUMA nodes in a row with the same figure share one entry ("numa0-15 29.8 GiB" on a cluster).
     std::string host;
-    for (std::size_t n = 0; n < c.host_bytes_per_numa.size(); ++n) {
-      host += fmt::format("{}numa{} {:.1f} GiB", n ? ", " : "", n, to_gib(c.host_bytes_per_numa[n]));
+    const auto& b = c.host_bytes_per_numa;
+    for (std::size_t n = 0; n < b.size();) {
+      std::size_t last = n;
+      while (last + 1 < b.size() && fmt::format("{:.1f}", to_gib(b[last + 1])) == fmt::format("{:.1f}", to_gib(b[n]))) ++last;
+      const std::string which = last == n ? fmt::format("numa{}", n) : fmt::format("numa{}-{}", n, last);
+      host += fmt::format("{}{} {:.1f} GiB", n ? ", " : "", which, to_gib(b[n]));
+      n = last + 1;
     }
     return fmt::format("  path {:<5}  step {:8.3f} s  {:9.0f} tokens/s  GPU peak {:6.1f} GiB  host {}\n  plan: {}\n"
                        "  binding peak: {} {:.1f} GiB at the GPU peak, bounded by {}\n",

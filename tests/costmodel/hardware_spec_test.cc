@@ -80,8 +80,116 @@ TEST(HardwareSpec, ASwitchMustDivideTheGpusAndStayOnOneSocket) {
 TEST(HardwareSpec, MultiNodeSpecNeedsANetwork) {
   nlohmann::json j = hardware_spec_to_json(load_hardware_spec("h100-sxm-2node"));
   EXPECT_EQ(hardware_spec_from_json(j, "x.json").total_gpus(), 16);
-  j["network"]["per_node_Bps"] = 0;
-  EXPECT_THROW(hardware_spec_from_json(j, "x.json"), InputError);
+  j.erase("network");
+  try {
+    hardware_spec_from_json(j, "x.json");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "x.json: field 'nodes': value 2: a multi-node spec needs a network (network.nic)");
+  }
+}
+
+TEST(HardwareSpec, AClusterSpecRepeatsItsNodeOnItsNetwork) {
+  const HardwareSpec node = load_hardware_spec("h200-sxm-node");
+  const HardwareSpec c = load_hardware_spec("h200-sxm-12node");
+  EXPECT_EQ(c.nodes, 12);
+  EXPECT_EQ(c.total_gpus(), 96);
+  EXPECT_EQ(c.node_name, "h200-sxm-node");
+  EXPECT_EQ(node.node_name, "h200-sxm-node");
+  EXPECT_EQ(c.gpu, node.gpu);
+  EXPECT_EQ(c.numa, node.numa);
+  EXPECT_EQ(c.network, node.network);
+  EXPECT_EQ(c.network.nics, 8);
+  EXPECT_EQ(c.network.nic_attach, NicAttach::kPcieSwitch);
+  EXPECT_TRUE(c.network.rail_optimized);
+  EXPECT_DOUBLE_EQ(c.network.per_node_Bps(), 8 * 45e9);
+  EXPECT_EQ(with_nodes(node, 12, "w.json", "nodes"), [&] {
+    HardwareSpec h = c;
+    h.name = node.name;
+    h.description = node.description;
+    return h;
+  }());
+  EXPECT_EQ(load_hardware_spec("h100-sxm-2node").node_name, "h100-sxm-node");
+}
+
+TEST(HardwareSpec, LeafSpineAndFatTreePathsCountTheirSwitches) {
+  const NetworkSpec n = load_hardware_spec("h200-sxm-96node").network;  // 32 nodes per leaf
+  EXPECT_EQ(n.switches_between(3, 3), 0);
+  EXPECT_EQ(n.switches_between(0, 31), 1);
+  EXPECT_EQ(n.switches_between(31, 32), 3);
+  EXPECT_DOUBLE_EQ(n.latency_between(0, 31), 5e-6);
+  EXPECT_DOUBLE_EQ(n.latency_between(0, 95), 5e-6 + 2 * 6e-7);
+  EXPECT_DOUBLE_EQ(n.sustained_Bps(0, 95), n.per_node_Bps());  // non-blocking
+  NetworkSpec f = n;
+  f.topology = NetworkTopology::kFatTree;
+  f.nodes_per_leaf = 4;
+  f.leaves_per_pod = 2;
+  f.oversubscription = 2;
+  f.core_oversubscription = 4;
+  EXPECT_EQ(f.pod_of_node(7), 0);
+  EXPECT_EQ(f.pod_of_node(8), 1);
+  EXPECT_EQ(f.switches_between(0, 3), 1);
+  EXPECT_EQ(f.switches_between(0, 4), 3);
+  EXPECT_EQ(f.switches_between(0, 8), 5);
+  EXPECT_DOUBLE_EQ(f.sustained_Bps(0, 3), f.per_node_Bps());
+  EXPECT_DOUBLE_EQ(f.sustained_Bps(0, 4), f.per_node_Bps() / 2);
+  EXPECT_DOUBLE_EQ(f.sustained_Bps(0, 8), f.per_node_Bps() / 8);
+  EXPECT_DOUBLE_EQ(f.latency_between(0, 8), 5e-6 + 4 * 6e-7);
+}
+
+TEST(HardwareSpec, NodesOverrideNeedsANetwork) {
+  const HardwareSpec h = with_nodes(load_hardware_spec("h100-sxm-node"), 3, "w.json", "nodes");
+  EXPECT_EQ(h.total_gpus(), 24);
+  try {
+    with_nodes(load_hardware_spec("rtx4090-node"), 2, "w.json", "nodes");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "w.json: field 'nodes': value 2: hardware rtx4090-node has no network (network.nic) to join 2 nodes");
+  }
+}
+
+TEST(HardwareSpec, HostNumaNodesAreNumberedOverTheCluster) {
+  const HardwareSpec h = load_hardware_spec("h100-sxm-2node");
+  EXPECT_EQ(h.host_numa_count(4), 2);
+  EXPECT_EQ(h.host_numa_count(12), 4);
+  EXPECT_EQ(h.ranks_per_numa(4), (std::vector<int>{2, 2}));
+  EXPECT_EQ(h.ranks_per_numa(12), (std::vector<int>{4, 4, 2, 2}));
+  EXPECT_EQ(h.ranks_per_numa(16), (std::vector<int>{4, 4, 4, 4}));
+  // Rank 9 is node 1's rank 1: GPU 4 of that node, on its socket 1.
+  EXPECT_EQ(h.numa_of_rank(9, 16), 3);
+  EXPECT_EQ(h.numa_of_rank(8, 16), 2);
+  EXPECT_EQ(h.node_of_numa(3), 1);
+  EXPECT_EQ(h.numa_label(3), "node 1 NUMA node 1");
+  EXPECT_EQ(load_hardware_spec("h100-sxm-node").numa_label(1), "NUMA node 1");
+  EXPECT_EQ(h.numa_spec(3), h.numa[1]);
+}
+
+TEST(HardwareSpec, NicsBehindSwitchesMustSpreadEvenly) {
+  nlohmann::json j = hardware_spec_to_json(load_hardware_spec("h200-sxm-node"));
+  j["network"]["nic"]["count"] = 6;
+  try {
+    hardware_spec_from_json(j, "hw.json");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "hw.json: field 'network.nic.count': value 6: must be a multiple of the node's 4 PCIe switches (pcie.gpus_per_switch) to hang behind them");
+  }
+  j["network"]["nic"]["attach"] = "socket";
+  EXPECT_EQ(hardware_spec_from_json(j, "hw.json").network.nics, 6);
+  j["network"]["topology"]["kind"] = "torus";
+  EXPECT_THROW(hardware_spec_from_json(j, "hw.json"), InputError);
+}
+
+TEST(HardwareSpec, AClusterOfAnUnknownNodeNamesTheField) {
+  const nlohmann::json j = {{"name", "c"}, {"node", "no-such-node"}, {"nodes", 2}};
+  try {
+    hardware_spec_from_json(j, "c.json");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("c.json: field 'node': value \"no-such-node\": unknown hardware (known: ", 0), 0u) << e.what();
+  }
+  const nlohmann::json typo = {{"name", "c"}, {"node", "h200-sxm-node"}, {"nodes", 2}, {"netwrok", 1}};
+  EXPECT_THROW(hardware_spec_from_json(typo, "c.json"), InputError);
 }
 
 TEST(HardwareSpec, JsonRoundTripIsExact) {

@@ -49,6 +49,27 @@ TEST(Workload, UnknownModelAndHardwareNameTheWorkloadField) {
   EXPECT_EQ(error_of(j).rfind("w.json: field 'hardware': value \"tpu-pod\": unknown hardware", 0), 0u) << error_of(j);
 }
 
+TEST(Workload, NodesRepeatTheHardwaresNode) {
+  nlohmann::json j = default_json();
+  j["hardware"] = "h200-sxm-node";
+  j["gpus"] = 96;
+  j["global_batch"] = 96;
+  EXPECT_EQ(error_of(j), "w.json: field 'gpus': value 96: hardware h200-sxm-node has 8 GPUs");
+  j["nodes"] = 12;
+  const Workload w = workload_from_json(j, "w.json");
+  EXPECT_EQ(workload_from_json(workload_to_json(w), "rt"), w);
+  const WorkloadContext c = resolve_workload(w, "w.json");
+  EXPECT_EQ(c.hardware.total_gpus(), 96);
+  EXPECT_EQ(c.host_budget_bytes(), 2 * 1024 * kGiB);  // per node
+  j["hardware"] = "rtx4090-node";
+  j["nodes"] = 2;
+  j["gpus"] = 8;
+  j["global_batch"] = 8;
+  EXPECT_EQ(error_of(j), "w.json: field 'nodes': value 2: hardware rtx4090-node has no network (network.nic) to join 2 nodes");
+  j["nodes"] = 0;
+  EXPECT_EQ(error_of(j).rfind("w.json: field 'nodes': value 0:", 0), 0u) << error_of(j);
+}
+
 TEST(Workload, MoreGpusThanTheNodeHasIsRejected) {
   nlohmann::json j = default_json();
   j["gpus"] = 16;

@@ -41,5 +41,7 @@ OOM_FUZZ_TARGET(workload) {
     OOM_FUZZ_CHECK(std::isfinite(c.serial_s()) && c.lower_bound_s() >= 0 && c.lower_bound_s() <= c.serial_s());
     const MemoryReport r = static_memory(ctx, plan);
     OOM_FUZZ_CHECK(r.gpu.eq2.total() > 0 && r.host_total() > 0);
+    // A line per host NUMA node of every node the ranks occupy.
+    OOM_FUZZ_CHECK(static_cast<int>(r.host.size()) == ctx.hardware.host_numa_count(ctx.workload.gpus));
   }
 }

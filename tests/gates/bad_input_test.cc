@@ -227,6 +227,31 @@ std::vector<Case> cases() {
                memory_with_workload(), H, "pcie.gpus_per_switch", "3", "divide"});
   c.push_back({"hardware_directory", {{"w.json", workload_on_hw()}, {"hw.json", kDirectory}}, memory_with_workload(), H, "", "",
                "directory"});
+  // Clusters: a node spec repeated over nodes needs a network; NICs, topology and the node named.
+  const json network = {{"nic", {{"count", 1}, {"Bps", 45e9}, {"attach", "socket"}}}, {"latency_s", 5e-6}};
+  c.push_back({"hardware_nodes_without_network",
+               {{"w.json", [] {
+                  json w = json::parse(workload_on_hw());
+                  w["nodes"] = 2;
+                  return w.dump();
+                }()}, {"hw.json", hw_with([](json&) {})}},
+               memory_with_workload(), W, "nodes", "2", "no network"});
+  c.push_back({"hardware_nic_attach_unknown",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([&](json& j) {
+                  j["network"] = network;
+                  j["network"]["nic"]["attach"] = "usb";
+                })}},
+               memory_with_workload(), H, "network.nic.attach", "\"usb\"", "one of"});
+  c.push_back({"hardware_topology_without_leaves",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([&](json& j) {
+                  j["network"] = network;
+                  j["network"]["topology"] = {{"kind", "leaf_spine"}};
+                })}},
+               memory_with_workload(), H, "network.topology.nodes_per_leaf", "(missing)", "required"});
+  c.push_back({"hardware_cluster_of_unknown_node", {{"w.json", workload_on_hw()}, {"hw.json", R"({"name": "c", "node": "no-such-node", "nodes": 2})"}},
+               memory_with_workload(), H, "node", "\"no-such-node\"", "unknown hardware"});
+  c.push_back({"cli_nodes_zero", {}, {"memory", "--workload", "{src}/" + std::string(kWorkload), "--plan", "{src}/" + std::string(kPlan), "--nodes", "0"},
+               "", "--nodes", "0", "at least 1"});
 
   // --- plan: oom memory --workload (default) --plan P
   c.push_back({"plan_layer_out_of_range", {{"p.json", plan_with([](json& j) { j["resident_layers"] = {0, 40}; })}},

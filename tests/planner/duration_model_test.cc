@@ -245,5 +245,44 @@ TEST(CalibratedDurationModel, CollectivesPayAFabricLatencyPerPeer) {
   EXPECT_NEAR(m.duration_s(s, g), 1e-4 + 3 * 2e-6 + 1.0, 1e-12);
 }
 
+TEST(CalibratedDurationModel, MembersOnOtherNodesAreReachedThroughTheNics) {
+  // Two nodes of two_socket_node(), each with 2 NICs of 25 GB/s (50 GB/s per node) behind one
+  // leaf, 5 µs NIC to NIC. Rank 0's collective over ranks 0-7: 3 peers on its node, 4 beyond it.
+  HardwareSpec h = two_socket_node();
+  h.nodes = 2;
+  h.network.nics = 2;
+  h.network.nic_Bps = 25e9;
+  h.network.latency_s = 5e-6;
+  StepGraphBuilder b(8, 4);
+  const ResourceId fabric = b.add_resource(ResourceKind::kFabric, "gpu0.fabric", 0, -1);
+  const StepGraph g = b.take();
+  Calibration c = round_calibration(h);
+  c.collective_overhead_s = 1e-4;
+  c.fabric_efficiency = 0.5;  // 200 GB/s
+  const CalibratedDurationModel m(h, c, 8);
+  Stage s;
+  s.resource = fabric;
+  s.gpu = 0;
+  s.op = OpKind::kAllToAll;
+  s.bytes = 7'000'000'000;
+  s.peers = {0, 1, 2, 3, 4, 5, 6, 7};
+  // All-to-all: 4/7 of the bytes (4 GB) leave the node on its NICs, shared by its 4 members
+  // (12.5 GB/s each): 0.32 s; the fabric's 3 GB at 200 GB/s finish first.
+  const Seconds fixed = 1e-4 + 3 * 2e-6 + 4 * 5e-6;
+  EXPECT_NEAR(m.duration_s(s, g), fixed + 4e9 / 12.5e9, 1e-12);
+  // A ring all-gather: every byte crosses an inter-node hop at the NIC share.
+  s.op = OpKind::kAllGather;
+  EXPECT_NEAR(m.duration_s(s, g), fixed + 7e9 / 12.5e9, 1e-12);
+  // Alone on its port (what the SimGrid engine starts from) the member runs at the fabric's rate.
+  EXPECT_DOUBLE_EQ(m.cost(s, g).exclusive_rate, 200e9);
+  // Across a 2:1 oversubscribed spine (one node per leaf) the NICs deliver half.
+  h.network.topology = NetworkTopology::kLeafSpine;
+  h.network.nodes_per_leaf = 1;
+  h.network.oversubscription = 2;
+  h.network.switch_latency_s = 1e-6;
+  const CalibratedDurationModel spine(h, c, 8);
+  EXPECT_NEAR(spine.duration_s(s, g), 1e-4 + 3 * 2e-6 + 4 * 7e-6 + 7e9 / 6.25e9, 1e-12);
+}
+
 }  // namespace
 }  // namespace oom

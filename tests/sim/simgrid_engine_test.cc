@@ -409,10 +409,35 @@ TEST(SimGridEngineTest, NeedsHardwareAndEnoughGpus) {
 TEST(SimGridEngineTest, RanksBeyondANodeRunOnTheNextNode) {
   HardwareSpec h = tiny_hardware(2);
   h.nodes = 2;
-  h.network = {50e9, 0};
+  h.network.nics = 1;
+  h.network.nic_Bps = 50e9;
   EXPECT_EQ(rank_global_gpus(h, 4), (std::vector<int>{0, 1, 2, 3}));
   h.gpu_numa = {1, 0};
   EXPECT_EQ(rank_global_gpus(h, 4), (std::vector<int>{1, 0, 3, 2}));
+}
+
+TEST(SimGridEngineTest, EachNodesRanksCopyThroughTheirOwnNodesDram) {
+  // Two nodes of tiny_hardware(1): ranks 0-1 on node 0 (host NUMA node 0), ranks 2-3 on node 1
+  // (host NUMA node 1, numbered over the cluster). A 1 GB copy of rank 0 and one of rank 2 at once
+  // meet no shared DRAM: 0.1 s each, as one alone; two ranks of one node take 0.2 s.
+  HardwareSpec h = tiny_hardware(1);
+  h.nodes = 2;
+  h.network.nics = 1;
+  h.network.nic_Bps = 50e9;
+  ASSERT_EQ(h.ranks_per_numa(4), (std::vector<int>{2, 2}));
+  auto copies = [](const std::vector<int>& ranks) {
+    StepGraphBuilder b(4, 2);
+    const auto r = add_ranks(b, 4, {0, 0, 1, 1});
+    for (const int i : ranks) {
+      Stage h2d = stage(fmt::format("g{}.fwd.L0.weights.h2d", i), OpKind::kH2d, r[static_cast<std::size_t>(i)].h2d, i);
+      h2d.bytes = 1 * kGB;
+      b.add(h2d);
+    }
+    return b.take();
+  };
+  const SimGridEngine engine(h);
+  EXPECT_NEAR(engine.execute(copies({0, 2}), RoundNumbers()).step_s, 0.1, 1e-9);
+  EXPECT_NEAR(engine.execute(copies({2, 3}), RoundNumbers()).step_s, 0.2, 1e-9);
 }
 
 }  // namespace
