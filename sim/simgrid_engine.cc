@@ -157,23 +157,38 @@ class Simulation {
   }
 
   // Each member sends an even share of its bytes to every other member; alone on its port the
-  // flows end after alone_s.
+  // flows end after alone_s. All-gather and reduce-scatter spanning nodes run as NCCL's rings (a
+  // channel per NIC), whose inter-node hops carry, over all channels, what one member sends: each
+  // member sends 1/(its node's members) of its bytes to the members on other nodes, the rest to
+  // its node's members (the duration model's ring, planner/engine/duration_model.h).
   void collective(const Stage& s, const Resource& r, Seconds alone_s) {
     const int self = global_gpu(r.gpu);
-    std::vector<int> others;
+    const int node = platform_->node_of_gpu(self);
+    std::vector<int> here, away;  // the other members on this node and on other nodes
     for (const int p : s.peers) {
       const int gp = global_gpu(p);
-      if (gp != self && std::find(others.begin(), others.end(), gp) == others.end()) others.push_back(gp);
+      if (gp == self) continue;
+      std::vector<int>& to = platform_->node_of_gpu(gp) == node ? here : away;
+      if (std::find(to.begin(), to.end(), gp) == to.end()) to.push_back(gp);
     }
-    if (others.empty()) {
+    if (here.empty() && away.empty()) {
       if (alone_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(alone_s);
       return;
     }
-    const std::uint64_t share = flow_bytes(alone_s * rates_.fabric_Bps / static_cast<double>(others.size()));
-    if (share == 0) return;
+    const double bytes = alone_s * rates_.fabric_Bps;
+    const bool ring = s.op != OpKind::kAllToAll && !away.empty();
+    const double others = static_cast<double>(here.size() + away.size());
+    const double away_bytes = ring ? bytes / static_cast<double>(here.size() + 1) : bytes * static_cast<double>(away.size()) / others;
+    const std::uint64_t here_share = here.empty() ? 0 : flow_bytes((bytes - away_bytes) / static_cast<double>(here.size()));
+    const std::uint64_t away_share = away.empty() ? 0 : flow_bytes(away_bytes / static_cast<double>(away.size()));
     std::vector<sg4::CommPtr> flows;
-    flows.reserve(others.size());
-    for (const int gp : others) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), share));
+    flows.reserve(here.size() + away.size());
+    for (const int gp : here) {
+      if (here_share > 0) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), here_share));
+    }
+    for (const int gp : away) {
+      if (away_share > 0) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), away_share));
+    }
     sg4::Comm::wait_all(flows);
   }
 

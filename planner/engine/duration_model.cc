@@ -89,14 +89,15 @@ void CalibratedDurationModel::collective_cost(const Stage& s, StageCost& out) co
   }
   out.fixed_s = c.collective_overhead_s + static_cast<double>(std::max(0, on_node - 1)) * h.fabric.latency_s +
                 static_cast<double>(off_node) * network_latency;
-  // The node's members share its NICs (rail-optimized nodes: a NIC each); the fabric and the NICs
-  // carry their parts at once. All-to-all (NCCL: a send to every peer) sends the off-node peers'
-  // shares through the NICs; all-gather and reduce-scatter run as rings (NCCL: one per NIC) whose
-  // inter-node hops every byte crosses, so the slower of the two paces all of it.
-  const double nic = network / std::max(1, on_node);
+  // The fabric and the NICs carry their parts at once. All-to-all (NCCL: a send to every peer)
+  // sends the off-node peers' shares through the NICs, which the node's members share.
+  // All-gather and reduce-scatter run as rings (NCCL: a channel per NIC): every byte a member sends
+  // travels its fabric port, and a node's inter-node hops carry, over all channels, what one
+  // member sends; the slower of fabric and node NICs paces the collective.
   const double off_share = static_cast<double>(off_node) / static_cast<double>(std::max(1, on_node - 1 + off_node));
-  const double seconds_per_byte = s.op == OpKind::kAllToAll ? std::max((1 - off_share) / fabric, off_share / nic)
-                                                            : std::max(1 / fabric, 1 / nic);
+  const double seconds_per_byte = s.op == OpKind::kAllToAll
+                                      ? std::max((1 - off_share) / fabric, off_share * std::max(1, on_node) / network)
+                                      : std::max(1 / fabric, 1 / network);
   // The fair share (the analytic engine's); alone on its port (exclusive_rate) the member runs at
   // the fabric's rate, and the SimGrid engine routes its off-node shares through the NIC links.
   out.rate = 1 / seconds_per_byte;

@@ -90,9 +90,9 @@ class DurationModel {
 //   element-wise and GPU AdamW: bytes / (HBM · hbm_efficiency); H2D/D2H: a transfer's fixed cost
 //   plus bytes / achieved link rate; collectives: collective_overhead_s + (members − 1) · fabric
 //   latency + bytes / (fabric rate · fabric_efficiency), members on other nodes through the NICs
-//   (their latency per such peer; the node's members sharing its NICs; all-to-all sends the
-//   off-node share there, all-gather and reduce-scatter rings pace every byte at the slower of
-//   fabric and NIC share); CPU work: params / (socket rate / ranks on the socket).
+//   (their latency per such peer; all-to-all sends the off-node share there, shared by the node's
+//   members; all-gather and reduce-scatter rings at the slower of fabric and the node's NICs);
+//   CPU work: params / (socket rate / ranks on the socket).
 class CalibratedDurationModel : public DurationModel {
  public:
   // `ranks` is the number of training ranks (to share sockets fairly).

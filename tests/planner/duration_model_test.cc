@@ -270,9 +270,10 @@ TEST(CalibratedDurationModel, MembersOnOtherNodesAreReachedThroughTheNics) {
   // (12.5 GB/s each): 0.32 s; the fabric's 3 GB at 200 GB/s finish first.
   const Seconds fixed = 1e-4 + 3 * 2e-6 + 4 * 5e-6;
   EXPECT_NEAR(m.duration_s(s, g), fixed + 4e9 / 12.5e9, 1e-12);
-  // A ring all-gather: every byte crosses an inter-node hop at the NIC share.
+  // A ring all-gather (a channel per NIC): the node's inter-node hops carry, over all channels,
+  // what one member sends: 7 GB at the node's 50 GB/s.
   s.op = OpKind::kAllGather;
-  EXPECT_NEAR(m.duration_s(s, g), fixed + 7e9 / 12.5e9, 1e-12);
+  EXPECT_NEAR(m.duration_s(s, g), fixed + 7e9 / 50e9, 1e-12);
   // Alone on its port (what the SimGrid engine starts from) the member runs at the fabric's rate.
   EXPECT_DOUBLE_EQ(m.cost(s, g).exclusive_rate, 200e9);
   // Across a 2:1 oversubscribed spine (one node per leaf) the NICs deliver half.
@@ -281,7 +282,7 @@ TEST(CalibratedDurationModel, MembersOnOtherNodesAreReachedThroughTheNics) {
   h.network.oversubscription = 2;
   h.network.switch_latency_s = 1e-6;
   const CalibratedDurationModel spine(h, c, 8);
-  EXPECT_NEAR(spine.duration_s(s, g), 1e-4 + 3 * 2e-6 + 4 * 7e-6 + 7e9 / 6.25e9, 1e-12);
+  EXPECT_NEAR(spine.duration_s(s, g), 1e-4 + 3 * 2e-6 + 4 * 7e-6 + 7e9 / 25e9, 1e-12);
 }
 
 }  // namespace

@@ -440,5 +440,34 @@ TEST(SimGridEngineTest, EachNodesRanksCopyThroughTheirOwnNodesDram) {
   EXPECT_NEAR(engine.execute(copies({2, 3}), RoundNumbers()).step_s, 0.2, 1e-9);
 }
 
+TEST(SimGridEngineTest, CollectivesAcrossNodesAgreeWithTheDurationModel) {
+  // Two nodes of two GPUs (100 GB/s ports), a 40 GB/s NIC link per node. Each of the four ranks
+  // all-gathers 2 GB as a ring: every node's NICs carry what one member sends, 2 GB at 40 GB/s;
+  // an all-to-all of 3 GB sends 2 GB of each member to the other node, 4 GB per node: 0.1 s.
+  HardwareSpec h = tiny_hardware(1, 1e12);
+  h.nodes = 2;
+  h.network.nics = 1;
+  h.network.nic_Bps = 40e9;
+  Calibration c = default_calibration(h);
+  c.fabric_efficiency = 1.0;
+  c.collective_overhead_s = 0;
+  const CalibratedDurationModel durations(h, c, 4);
+  for (const OpKind op : {OpKind::kAllGather, OpKind::kAllToAll}) {
+    StepGraphBuilder b(4, 2);
+    const auto r = add_ranks(b, 4, {0, 0, 1, 1});
+    for (int i = 0; i < 4; ++i) {
+      Stage st = stage(fmt::format("g{}.fwd.L0.moe.a2a_dispatch", i), op, r[static_cast<std::size_t>(i)].fabric, i);
+      st.bytes = op == OpKind::kAllGather ? 2 * kGB : 3 * kGB;
+      st.peers = {0, 1, 2, 3};
+      b.add(st);
+    }
+    const StepGraph g = b.take();
+    const double sim = SimGridEngine(h).execute(g, durations).step_s;
+    const double ana = AnalyticEngine().execute(g, durations).step_s;
+    EXPECT_NEAR(ana, op == OpKind::kAllGather ? 0.05 : 0.1, 1e-9);
+    EXPECT_NEAR(sim, ana, 0.01 * ana) << (op == OpKind::kAllGather ? "all-gather" : "all-to-all");
+  }
+}
+
 }  // namespace
 }  // namespace oom::sim
