@@ -186,8 +186,29 @@ class Simulation {
     for (const int gp : here) {
       if (here_share > 0) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), here_share));
     }
-    for (const int gp : away) {
-      if (away_share > 0) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), away_share));
+    // The shares for one remote node cross the same NIC links: one flow per remote node, to its
+    // member of this member's local index where there is one (as rails pair them), which spreads
+    // the node's arriving flows over its members' ports as the separate shares would. A step over
+    // N nodes of G GPUs then starts G − 1 + N − 1 flows per member instead of N·G − 1.
+    if (away_share > 0) {
+      const int per_node = platform_->gpus_per_node();
+      std::vector<std::pair<int, int>> to_node;  // (target GPU, members there), first seen order
+      std::vector<int> node_of_entry;
+      for (const int gp : away) {
+        const int n = platform_->node_of_gpu(gp);
+        const auto it = std::find(node_of_entry.begin(), node_of_entry.end(), n);
+        if (it == node_of_entry.end()) {
+          node_of_entry.push_back(n);
+          to_node.emplace_back(gp, 1);
+          continue;
+        }
+        auto& [target, members] = to_node[static_cast<std::size_t>(it - node_of_entry.begin())];
+        ++members;
+        if (gp % per_node == self % per_node) target = gp;
+      }
+      for (const auto& [target, members] : to_node) {
+        flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(target), away_share * static_cast<std::uint64_t>(members)));
+      }
     }
     sg4::Comm::wait_all(flows);
   }

@@ -3,6 +3,12 @@
 // lowered once and simulated per iteration (each iteration forks one simulation process, as
 // every `oom simulate --engine simgrid` run does). Target: ≤ 1 s per step. Real time is what
 // counts: the simulation runs in the child, so the parent's CPU time misses most of it.
+// BM_ClusterStep: the same model's experts over 1 to 16 DGX H200 nodes (8 to 128 GPUs, two
+// sequences of 4K per GPU, the EP plan without residency), through both engines: how the
+// simulation's wall time grows with the GPUs (the counters give the ratio to the analytic engine).
+#include <map>
+#include <memory>
+
 #include <benchmark/benchmark.h>
 
 #include "costmodel/workload.h"
@@ -10,6 +16,7 @@
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/engine/analytic_evaluator.h"
 #include "sim/simgrid_engine.h"
 #include "tests/bench/default_step.h"
 
@@ -42,6 +49,49 @@ void BM_SimGridDefaultStepTimesOnly(benchmark::State& state) {
   state.counters["simulated_step_s"] = step_s;
 }
 BENCHMARK(BM_SimGridDefaultStepTimesOnly)->Unit(benchmark::kMillisecond)->MinTime(2.0)->UseRealTime();
+
+// Qwen3.6-35B-A3B on `nodes` nodes of h200-sxm-node, lowered once per node count.
+const oom::bench::DefaultStep& cluster_step(int nodes) {
+  static std::map<int, std::unique_ptr<DefaultStep>> steps;
+  auto& step = steps[nodes];
+  if (!step) {
+    oom::Workload w;
+    w.model = "qwen3.6-35b-a3b";
+    w.hardware = "h200-sxm-node";
+    w.nodes = nodes;
+    w.gpus = 8 * nodes;
+    w.global_batch = 2 * w.gpus;
+    w.seq_len = 4096;
+    oom::WorkloadContext ctx = oom::resolve_workload(w, "cluster workload");
+    oom::StepGraph g = oom::lower(oom::Plan{}, ctx);
+    oom::CalibratedDurationModel d(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
+    step = std::make_unique<DefaultStep>(DefaultStep{std::move(ctx), std::move(g), std::move(d)});
+  }
+  return *step;
+}
+
+void cluster_counters(benchmark::State& state, const DefaultStep& step, double step_s) {
+  state.counters["gpus"] = static_cast<double>(step.ctx.workload.gpus);
+  state.counters["stages"] = static_cast<double>(step.graph.stages.size());
+  state.counters["simulated_step_s"] = step_s;
+}
+
+void BM_ClusterStepSimGrid(benchmark::State& state) {
+  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)));
+  const oom::sim::SimGridEngine engine;
+  double step_s = 0;
+  for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
+  cluster_counters(state, step, step_s);
+}
+BENCHMARK(BM_ClusterStepSimGrid)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ClusterStepAnalytic(benchmark::State& state) {
+  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)));
+  double step_s = 0;
+  for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
+  cluster_counters(state, step, step_s);
+}
+BENCHMARK(BM_ClusterStepAnalytic)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
