@@ -79,6 +79,22 @@ Bytes WorkloadContext::host_budget_bytes() const {
   return total;
 }
 
+std::vector<Bytes> WorkloadContext::host_budget_bytes_per_numa() const {
+  Bytes capacity = 0;
+  for (const NumaSpec& n : hardware.numa) capacity += n.dram_bytes;
+  std::vector<Bytes> out;
+  for (int n = 0; n < hardware.host_numa_count(workload.gpus); ++n) {
+    const Bytes dram = hardware.numa_spec(n).dram_bytes;
+    if (!workload.host_budget_gib) {
+      out.push_back(dram);
+    } else {
+      const double share = capacity > 0 ? static_cast<double>(dram) / static_cast<double>(capacity) : 0.0;
+      out.push_back(static_cast<Bytes>(static_cast<double>(host_budget_bytes()) * share));
+    }
+  }
+  return out;
+}
+
 WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
   WorkloadContext c{w, {}, {}};
   const nlohmann::json j = workload_to_json(w);

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,10 @@ struct WorkloadContext {
   // else the node's DRAM.
   Bytes gpu_budget_bytes() const;
   Bytes host_budget_bytes() const;
+  // Per host NUMA node of the nodes the ranks occupy (HardwareSpec::ranks_per_numa's numbering):
+  // the NUMA node's DRAM, or with a workload budget each node's budget split over its NUMA nodes
+  // in proportion to their DRAM.
+  std::vector<Bytes> host_budget_bytes_per_numa() const;
 };
 
 // Loads the model and hardware the workload names (repeated over `nodes` when set) and checks:

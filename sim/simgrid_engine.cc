@@ -191,23 +191,21 @@ class Simulation {
     // the node's arriving flows over its members' ports as the separate shares would. A step over
     // N nodes of G GPUs then starts G − 1 + N − 1 flows per member instead of N·G − 1.
     if (away_share > 0) {
+      struct RemoteNode {
+        int node, target;
+        std::uint64_t members;
+      };
       const int per_node = platform_->gpus_per_node();
-      std::vector<std::pair<int, int>> to_node;  // (target GPU, members there), first seen order
-      std::vector<int> node_of_entry;
+      std::vector<RemoteNode> remote;  // in the order the peers name them
       for (const int gp : away) {
         const int n = platform_->node_of_gpu(gp);
-        const auto it = std::find(node_of_entry.begin(), node_of_entry.end(), n);
-        if (it == node_of_entry.end()) {
-          node_of_entry.push_back(n);
-          to_node.emplace_back(gp, 1);
-          continue;
-        }
-        auto& [target, members] = to_node[static_cast<std::size_t>(it - node_of_entry.begin())];
-        ++members;
-        if (gp % per_node == self % per_node) target = gp;
+        auto it = std::find_if(remote.begin(), remote.end(), [n](const RemoteNode& x) { return x.node == n; });
+        if (it == remote.end()) it = remote.insert(remote.end(), RemoteNode{n, gp, 0});
+        ++it->members;
+        if (gp % per_node == self % per_node) it->target = gp;
       }
-      for (const auto& [target, members] : to_node) {
-        flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(target), away_share * static_cast<std::uint64_t>(members)));
+      for (const RemoteNode& x : remote) {
+        flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(x.target), away_share * x.members));
       }
     }
     sg4::Comm::wait_all(flows);

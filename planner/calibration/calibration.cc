@@ -113,16 +113,15 @@ Calibration load_calibration_file(const std::string& path, const HardwareSpec& h
 }
 
 Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
+  // The spec's own files, then (a cluster without calibrations of its own) its node's: same GPUs,
+  // links and sockets. Each name's file for the engine comes before its analytic one.
   std::error_code ec;
-  const std::string own = calibration_path(h.name, engine);
-  if (std::filesystem::is_regular_file(own, ec)) return load_calibration_file(own, h);
-  // A cluster without calibrations of its own takes its node's (same GPUs, links and sockets).
-  for (const std::string& name : {h.name, h.node_name}) {
-    if (name.empty()) continue;
-    if (const std::string own_engine = calibration_path(name, engine); name != h.name && std::filesystem::is_regular_file(own_engine, ec)) {
-      return load_calibration_file(own_engine, h);
+  std::vector<std::string> names{h.name};
+  if (!h.node_name.empty() && h.node_name != h.name) names.push_back(h.node_name);
+  for (const std::string& name : names) {
+    for (const std::string& path : {calibration_path(name, engine), calibration_path(name)}) {
+      if (std::filesystem::is_regular_file(path, ec)) return load_calibration_file(path, h);
     }
-    if (const std::string path = calibration_path(name); std::filesystem::is_regular_file(path, ec)) return load_calibration_file(path, h);
   }
   return default_calibration(h);
 }

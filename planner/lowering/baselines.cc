@@ -24,20 +24,6 @@ std::string gib(Bytes b) { return fmt::format("{:.1f} GiB", to_gib(b)); }
 
 }  // namespace
 
-std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx) {
-  const HardwareSpec& hw = ctx.hardware;
-  Bytes capacity = 0;
-  for (const auto& n : hw.numa) capacity += n.dram_bytes;
-  // Each node's budget split over its NUMA nodes in proportion to their DRAM.
-  const auto per_node = static_cast<double>(ctx.host_budget_bytes());
-  std::vector<Bytes> out;
-  for (int n = 0; n < hw.host_numa_count(ctx.workload.gpus); ++n) {
-    const auto dram = static_cast<double>(hw.numa_spec(n).dram_bytes);
-    out.push_back(capacity > 0 ? static_cast<Bytes>(per_node * dram / static_cast<double>(capacity)) : 0);
-  }
-  return out;
-}
-
 std::string_view baseline_system_name(BaselineSystem s) {
   switch (s) {
     case BaselineSystem::kFsdp2Offload: return "fsdp2-offload";
@@ -185,7 +171,7 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     }
     out.host_bytes_per_numa.push_back(bytes);
   }
-  out.host_budget_per_numa = baseline_host_budgets(ctx);
+  out.host_budget_per_numa = ctx.host_budget_bytes_per_numa();
   return out;
 }
 

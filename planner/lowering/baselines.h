@@ -54,8 +54,6 @@ std::optional<BaselineSystem> baseline_system_from_name(std::string_view name);
 std::vector<BaselineSystem> all_baseline_systems();
 // Every system a study may name: all_baseline_systems(), Megatron-LM and KT-FT.
 std::vector<BaselineSystem> known_baseline_systems();
-// Host budget of each NUMA node of the first node: the workload's host budget split by capacity.
-std::vector<Bytes> baseline_host_budgets(const WorkloadContext& ctx);
 
 // How a system runs a step, as the lowering and the memory estimate read it.
 struct BaselineTraits {

@@ -70,7 +70,7 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
     }
     out.host_bytes_per_numa.push_back(bytes);
   }
-  out.host_budget_per_numa = baseline_host_budgets(ctx);
+  out.host_budget_per_numa = ctx.host_budget_bytes_per_numa();
   return out;
 }
 

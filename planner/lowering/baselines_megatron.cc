@@ -118,7 +118,7 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
     const Bytes r = ranks_on[n];
     out.host_bytes_per_numa.push_back(r > 0 ? kHostBytesPerParam * params.total() * r / P + r * k.host_process_bytes : 0);
   }
-  out.host_budget_per_numa = baseline_host_budgets(ctx);
+  out.host_budget_per_numa = ctx.host_budget_bytes_per_numa();
   return out;
 }
 

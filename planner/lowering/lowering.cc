@@ -51,7 +51,7 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
       b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)) {
   P_ = ctx.workload.gpus;
   ep_ = plan.path == ExpertPath::kEp;
-  if (!ep_) check_local_on_one_node(ctx, "");
+  if (!ep_) check_local_on_one_node(ctx);
   layers_ = options.decoder_layers > 0 ? std::min(options.decoder_layers, m_.layers) : m_.layers;
   seqs_ = ctx.workload.seqs_per_gpu();
   S_ = ctx.workload.seq_len;

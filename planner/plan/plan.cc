@@ -215,11 +215,11 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
   }
 }
 
-void check_local_on_one_node(const WorkloadContext& ctx, const std::string& file) {
+void check_local_on_one_node(const WorkloadContext& ctx) {
   const HardwareSpec& h = ctx.hardware;
   const int nodes = h.nodes_used(ctx.workload.gpus);
   if (nodes <= 1) return;
-  throw InputError(file, "gpus", std::to_string(ctx.workload.gpus),
+  throw InputError("", "gpus", std::to_string(ctx.workload.gpus),
                    fmt::format("the Local path sums every rank's gradients in one node's host memory: its ranks must fit on "
                                "one node of {} ({} GPUs), not {} nodes; plan the ep path (oom plan --path ep)",
                                h.name, h.gpus_per_node, nodes));

@@ -114,8 +114,8 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
                    const std::string& path = "");
 
 // The Local path sums every rank's gradients in one node's host memory: its ranks must fit on one
-// node of the hardware. Throws InputError naming `file` and "gpus" when the workload spans nodes.
-void check_local_on_one_node(const WorkloadContext& ctx, const std::string& file);
+// node of the hardware. Throws InputError naming "gpus" when the workload spans nodes.
+void check_local_on_one_node(const WorkloadContext& ctx);
 
 // The schedules of `f` that apply to `p` on this model and workload (what validate_plan accepts):
 // PipelinedLLEP only on the EP path over 2+ GPUs, Ring-DTP over 2+ GPUs that split the vocabulary

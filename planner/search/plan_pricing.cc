@@ -14,20 +14,8 @@ namespace oom {
 Budgets workload_budgets(const WorkloadContext& ctx) {
   Budgets b;
   b.gpu_bytes = ctx.gpu_budget_bytes();
-  const HardwareSpec& hw = ctx.hardware;
-  Bytes capacity = 0;
-  for (const NumaSpec& n : hw.numa) capacity += n.dram_bytes;
-  for (int n = 0; n < hw.host_numa_count(ctx.workload.gpus); ++n) {
-    const NumaSpec& numa = hw.numa_spec(n);
-    if (!ctx.workload.host_budget_gib) {
-      b.numa_bytes.push_back(numa.dram_bytes);
-    } else {
-      // Each node's budget split over its NUMA nodes in proportion to their DRAM.
-      const double share = capacity > 0 ? static_cast<double>(numa.dram_bytes) / static_cast<double>(capacity) : 0.0;
-      b.numa_bytes.push_back(static_cast<Bytes>(static_cast<double>(ctx.host_budget_bytes()) * share));
-    }
-    b.numa_names.push_back("host " + hw.numa_label(n));
-  }
+  b.numa_bytes = ctx.host_budget_bytes_per_numa();
+  for (std::size_t n = 0; n < b.numa_bytes.size(); ++n) b.numa_names.push_back("host " + ctx.hardware.numa_label(static_cast<int>(n)));
   return b;
 }
 
