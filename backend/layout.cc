@@ -1,5 +1,7 @@
 #include "backend/layout.h"
 
+#include <fmt/format.h>
+
 #include "costmodel/input_error.h"
 
 namespace oom::backend {
@@ -65,8 +67,23 @@ BlockLayout outer_layout(const ModelSpec& s) {
   return b.take();
 }
 
+void check_backend_model(const ModelSpec& s) {
+  // DeepSeek-V3 style decoders are modelled by the cost model and the engines (oom plan, simulate,
+  // memory, whatif); the LibTorch decoder does not implement them.
+  const auto refuse = [&](const std::string& field, const std::string& value, const std::string& what) {
+    throw InputError(s.name, field, value, what + " is not implemented in the LibTorch backend (oom plan, simulate and memory model it)");
+  };
+  if (s.count(LayerKind::kLatentAttention) > 0) refuse("kv_lora_rank", std::to_string(s.latent_attention.kv_lora_rank), "latent attention (MLA)");
+  if (s.first_dense_layers > 0) refuse("first_k_dense_replace", std::to_string(s.first_dense_layers), "a dense first layer");
+  if (s.moe.shared_expert_intermediate > 0 && !s.moe.shared_expert_gate) refuse("shared_expert_gate", "false", "an ungated shared expert");
+  if (s.moe.scoring != "softmax") refuse("scoring_func", s.moe.scoring, "sigmoid routing");
+  if (s.moe.groups > 1) refuse("n_group", std::to_string(s.moe.groups), "group-limited routing");
+  if (s.moe.routed_scaling != 1.0) refuse("routed_scaling_factor", fmt::format("{}", s.moe.routed_scaling), "a routed scaling factor");
+}
+
 BlockLayout decoder_layout(const ModelSpec& s, int layer) {
   OOM_ASSERT(layer >= 0 && layer < s.layers, "layer index out of range");
+  check_backend_model(s);
   const std::int64_t h = s.hidden;
   const LayerKind kind = s.layer_kinds[static_cast<std::size_t>(layer)];
   Builder b("layer." + std::to_string(layer));

@@ -51,6 +51,10 @@ struct ModelLayout {
 };
 
 // The layout of `spec`; its per-block totals equal costmodel::model_params (tested).
+// Throws InputError naming the field when the decoder has a feature the LibTorch backend does not
+// implement (latent attention, dense first layers, ungated shared experts, sigmoid or grouped
+// routing, a routed scaling factor); decoder_layout and so every backend path calls it.
+void check_backend_model(const ModelSpec& spec);
 ModelLayout model_layout(const ModelSpec& spec);
 BlockLayout decoder_layout(const ModelSpec& spec, int layer);
 BlockLayout outer_layout(const ModelSpec& spec);

@@ -27,7 +27,9 @@ nlohmann::json model_json(const ModelSpec& m) {
   j["vocab"] = m.vocab;
   j["layer_kinds"] = {{"full_attention", m.count(LayerKind::kFullAttention)},
                       {"sliding_attention", m.count(LayerKind::kSlidingAttention)},
-                      {"linear_attention", m.count(LayerKind::kLinearAttention)}};
+                      {"linear_attention", m.count(LayerKind::kLinearAttention)},
+                      {"latent_attention", m.count(LayerKind::kLatentAttention)}};
+  j["dense_layers"] = m.first_dense_layers;
   j["experts"] = m.moe.experts;
   j["top_k"] = m.moe.top_k;
   j["total_params"] = p.total();
@@ -58,6 +60,11 @@ std::string attention_text(const AttentionSpec& a) {
   if (a.output_gate) s += ", output gate";
   if (a.k_eq_v) s += ", V = K";
   if (a.window_tokens > 0) s += fmt::format(", window {}", a.window_tokens);
+  if (a.latent()) {
+    s = fmt::format("{} heads, Q/K head dim {} ({} rotated), V head dim {}, KV latent {}", a.heads, a.head_dim, a.rope_head_dim,
+                    a.value_dim(), a.kv_lora_rank);
+    s += a.q_lora_rank > 0 ? fmt::format(", Q latent {}", a.q_lora_rank) : std::string(", no Q latent");
+  }
   return s;
 }
 
@@ -66,19 +73,27 @@ std::string model_text(const ModelSpec& m) {
   const LayerParams sum = p.layer_sum();
   std::string out;
   out += fmt::format("{} ({})\n", m.name, m.model_type);
-  out += fmt::format("  layers {}: {} full attention, {} sliding attention, {} Gated DeltaNet\n", m.layers,
+  out += fmt::format("  layers {}: {} full attention, {} sliding attention, {} Gated DeltaNet, {} latent attention\n", m.layers,
                      m.count(LayerKind::kFullAttention), m.count(LayerKind::kSlidingAttention),
-                     m.count(LayerKind::kLinearAttention));
+                     m.count(LayerKind::kLinearAttention), m.count(LayerKind::kLatentAttention));
   out += fmt::format("  hidden {}, vocab {}, embeddings {}\n", m.hidden, m.vocab, m.tied_embeddings ? "tied" : "untied");
   if (m.count(LayerKind::kFullAttention) > 0) out += "  full attention: " + attention_text(m.full_attention) + "\n";
   if (m.count(LayerKind::kSlidingAttention) > 0) out += "  sliding attention: " + attention_text(m.sliding_attention) + "\n";
+  if (m.count(LayerKind::kLatentAttention) > 0) out += "  latent attention: " + attention_text(m.latent_attention) + "\n";
   if (m.count(LayerKind::kLinearAttention) > 0) {
     out += fmt::format("  Gated DeltaNet: {} key heads × {}, {} value heads × {}, conv {}\n", m.gdn.key_heads,
                        m.gdn.key_head_dim, m.gdn.value_heads, m.gdn.value_head_dim, m.gdn.conv_kernel);
   }
   out += fmt::format("  experts {} (top-{}), expert intermediate {}", m.moe.experts, m.moe.top_k, m.moe.expert_intermediate);
   if (m.moe.shared_expert_intermediate > 0) out += fmt::format(", shared expert {}", m.moe.shared_expert_intermediate);
+  if (m.moe.shared_expert_intermediate > 0 && !m.moe.shared_expert_gate) out += " (ungated)";
   if (m.moe.dense_intermediate > 0) out += fmt::format(", dense MLP {}", m.moe.dense_intermediate);
+  if (m.moe.scoring != "softmax" || m.moe.groups > 1) {
+    out += fmt::format("; {} routing, top-{} of {} groups, scale {}", m.moe.scoring, m.moe.topk_groups, m.moe.groups, m.moe.routed_scaling);
+  }
+  if (m.first_dense_layers > 0) {
+    out += fmt::format("\n  first {} layers dense: MLP intermediate {}", m.first_dense_layers, m.dense_layer.dense_intermediate);
+  }
   out += "\n  parameters:\n";
   out += fmt::format("    {:<28} {:>12}\n", "embedding", millions(p.embedding));
   out += fmt::format("    {:<28} {:>12}\n", "lm head", millions(p.lm_head));

@@ -13,12 +13,14 @@ double causal_pairs(std::int64_t s, std::int64_t w) {
 }
 
 Flops attention_projection_flops(const AttentionSpec& a, std::int64_t h, std::int64_t tokens) {
-  const double proj_params = static_cast<double>(attention_params(a, h) - (a.qk_norm ? 2 * a.head_dim : 0));
+  // Every parameter but the norms' is one multiply-accumulate per token (MLA's latents included).
+  const std::int64_t norms = a.latent() ? a.q_lora_rank + a.kv_lora_rank : a.qk_norm ? 2 * a.head_dim : 0;
+  const double proj_params = static_cast<double>(attention_params(a, h) - norms);
   return 2.0 * static_cast<double>(tokens) * proj_params;
 }
 
 Eq1Flops attention_core_flops(const AttentionSpec& a, std::int64_t batch, std::int64_t s) {
-  const double per_pair = 4.0 * a.heads * a.head_dim;  // QKᵀ (2·d) + PV (2·d) per head
+  const double per_pair = 2.0 * a.heads * (a.head_dim + a.value_dim());  // QKᵀ (2·d) + PV (2·d_v) per head
   const double B = static_cast<double>(batch), S = static_cast<double>(s);
   Eq1Flops f;
   if (a.window_tokens <= 0 || a.window_tokens >= s) {
@@ -48,16 +50,18 @@ Flops gdn_core_flops(const GdnSpec& g, std::int64_t tokens) {
   return static_cast<double>(tokens) * g.value_heads * per_token_head;
 }
 
-MoeFlops moe_flops(const ModelSpec& m, std::int64_t tokens) {
+MoeFlops moe_flops(const ModelSpec& m, int layer, std::int64_t tokens) {
   const double T = static_cast<double>(tokens), h = m.hidden;
+  const MoeSpec& moe = m.layer_moe(layer);
   MoeFlops f;
-  f.router = 2.0 * T * h * m.moe.experts;
-  f.routed_experts = 2.0 * T * m.moe.top_k * static_cast<double>(expert_params(m));
-  if (m.moe.shared_expert_intermediate > 0) {
-    f.shared_expert = 2.0 * T * (static_cast<double>(swiglu_params(m.hidden, m.moe.shared_expert_intermediate)) + h);
+  f.router = 2.0 * T * h * moe.experts;
+  f.routed_experts = 2.0 * T * moe.top_k * static_cast<double>(swiglu_params(m.hidden, moe.expert_intermediate));
+  if (moe.shared_expert_intermediate > 0) {
+    f.shared_expert = 2.0 * T * (static_cast<double>(swiglu_params(m.hidden, moe.shared_expert_intermediate)) +
+                                 (moe.shared_expert_gate ? h : 0.0));
   }
-  if (m.moe.dense_intermediate > 0) {
-    f.dense_mlp = 2.0 * T * static_cast<double>(swiglu_params(m.hidden, m.moe.dense_intermediate));
+  if (moe.dense_intermediate > 0) {
+    f.dense_mlp = 2.0 * T * static_cast<double>(swiglu_params(m.hidden, moe.dense_intermediate));
   }
   return f;
 }
@@ -79,10 +83,10 @@ LayerFlops layer_flops(const ModelSpec& m, int layer, std::int64_t batch, std::i
   } else {
     const AttentionSpec& a = m.attention(kind);
     f.mixing_projection = attention_projection_flops(a, m.hidden, tokens);
-    f.mixing_output = 2.0 * static_cast<double>(tokens) * a.heads * a.head_dim * static_cast<double>(m.hidden);
+    f.mixing_output = 2.0 * static_cast<double>(tokens) * a.heads * a.value_dim() * static_cast<double>(m.hidden);
     f.mixing_core = attention_core_flops(m.attention(kind), batch, s);
   }
-  f.moe = moe_flops(m, tokens);
+  f.moe = moe_flops(m, layer, tokens);
   return f;
 }
 

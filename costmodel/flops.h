@@ -39,7 +39,7 @@ double causal_pairs(std::int64_t seq_len, std::int64_t window_tokens);
 
 // Q/K/V/gate/O projections of one attention layer for `tokens` tokens.
 Flops attention_projection_flops(const AttentionSpec& a, std::int64_t hidden, std::int64_t tokens);
-// Scores QKᵀ and values PV: 4·heads·d per pair; the S²/2 part is quadratic, the rest linear.
+// Scores QKᵀ and values PV: 2·heads·(d + d_v) per pair; the S²/2 part is quadratic, the rest linear.
 Eq1Flops attention_core_flops(const AttentionSpec& a, std::int64_t batch, std::int64_t seq_len);
 // in/out projections and the conv of one GDN layer for `tokens` tokens.
 Flops gdn_projection_flops(const GdnSpec& g, std::int64_t hidden, std::int64_t tokens);
@@ -55,7 +55,8 @@ struct MoeFlops {
   Flops dense_mlp = 0;
   Flops total() const { return router + routed_experts + shared_expert + dense_mlp; }
 };
-MoeFlops moe_flops(const ModelSpec& m, std::int64_t tokens);
+// Of decoder `layer` (a dense first layer has its MLP as dense_mlp and nothing else).
+MoeFlops moe_flops(const ModelSpec& m, int layer, std::int64_t tokens);
 
 // Forward FLOPs of decoder `layer` by sublayer.
 struct LayerFlops {

@@ -15,7 +15,7 @@ Bytes boundary_bytes(std::int64_t L, std::int64_t B, std::int64_t S, std::int64_
 
 Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t B, std::int64_t S) {
   const std::int64_t tokens = B * S;
-  return tokens * a.heads * a.head_dim * kBf16Bytes  // O   [B·S, heads·d] BF16
+  return tokens * a.heads * a.value_dim() * kBf16Bytes  // O   [B·S, heads·d_v] BF16
          + tokens * a.heads * kFp32Bytes;            // LSE [B·S, heads]   FP32
 }
 
@@ -44,6 +44,16 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t h, std::in
   const std::int64_t live_q = head_group > 0 ? std::min<std::int64_t>(head_group, a.heads) : a.heads;
   Bytes bytes = 0;
   bytes += T * h * kBf16Bytes;                                   // normed input [T, h]
+  if (a.latent()) {
+    // The latents before and after their norms: c_q [T, r_q] ×2, kv_a's output [T, r_kv + d_rope]
+    // and the normed c_kv [T, r_kv]; per-head K [T, heads·d] and V [T, heads·d_v] from kv_b.
+    bytes += T * (2 * std::int64_t{a.q_lora_rank} + 2 * a.kv_lora_rank + a.rope_head_dim) * kBf16Bytes;
+    bytes += T * a.heads * (d + a.value_dim()) * kBf16Bytes;
+    bytes += T * live_q * d * kBf16Bytes;                        // Q of the live head group [T, g·d]
+    bytes += T * live_q * kFp32Bytes;                            // LSE of the live group [T, g] FP32
+    bytes += T * a.heads * a.value_dim() * kBf16Bytes;           // O, all heads [T, heads·d_v]
+    return bytes;
+  }
   bytes += T * a.kv_heads * d * kBf16Bytes * (a.k_eq_v ? 1 : 2);  // K, V [T, kv·d] (shared by all groups)
   bytes += T * live_q * d * kBf16Bytes;                          // Q of the live head group [T, g·d]
   bytes += a.output_gate ? T * live_q * d * kBf16Bytes : 0;      // output gate [T, g·d]
@@ -66,43 +76,46 @@ Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, 
   return bytes;
 }
 
-Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t T) {
-  const std::int64_t h = m.hidden, k = m.moe.top_k;
+Bytes moe_activation_bytes(const ModelSpec& m, int layer, std::int64_t T) {
+  const MoeSpec& moe = m.layer_moe(layer);
+  const std::int64_t h = m.hidden, k = moe.top_k;
   Bytes bytes = 0;
   bytes += T * h * kBf16Bytes;                         // normed input [T, h]
-  bytes += T * m.moe.experts * kFp32Bytes;             // router logits [T, E] FP32
+  bytes += T * moe.experts * kFp32Bytes;               // router logits [T, E] FP32
   bytes += T * k * (kFp32Bytes + 8);                   // top-k weights FP32 + indices int64 [T, k]
-  bytes += moe_assignment_bytes(m, T * k);             // dispatched copies, expert intermediates
-  bytes += T * 3 * m.moe.shared_expert_intermediate * kBf16Bytes;  // shared expert [T, I_s] ×3
-  bytes += T * 3 * m.moe.dense_intermediate * kBf16Bytes;          // dense MLP [T, I_d] ×3
+  bytes += moe_assignment_bytes(m, layer, T * k);      // dispatched copies, expert intermediates
+  bytes += T * 3 * moe.shared_expert_intermediate * kBf16Bytes;  // shared expert [T, I_s] ×3
+  bytes += T * 3 * moe.dense_intermediate * kBf16Bytes;          // dense MLP [T, I_d] ×3
   return bytes;
 }
 
 Bytes moe_input_grad_bytes(const ModelSpec& m, std::int64_t T) { return T * m.hidden * kBf16Bytes; }
 
-Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t T, int ranks, double largest_share) {
-  const auto rows = static_cast<std::int64_t>(std::ceil(static_cast<double>(T * m.moe.top_k * ranks) * largest_share));
-  return rows * 3 * std::int64_t{m.moe.expert_intermediate} * kBf16Bytes;  // d gate, d up, d activation [rows, I] ×3
+Bytes expert_grad_workspace_bytes(const ModelSpec& m, int layer, std::int64_t T, int ranks, double largest_share) {
+  const MoeSpec& moe = m.layer_moe(layer);
+  const auto rows = static_cast<std::int64_t>(std::ceil(static_cast<double>(T * moe.top_k * ranks) * largest_share));
+  return rows * 3 * std::int64_t{moe.expert_intermediate} * kBf16Bytes;  // d gate, d up, d activation [rows, I] ×3
 }
 
-Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t A) {
-  const std::int64_t h = m.hidden, I = m.moe.expert_intermediate;
+Bytes moe_assignment_bytes(const ModelSpec& m, int layer, std::int64_t A) {
+  const std::int64_t h = m.hidden, I = m.layer_moe(layer).expert_intermediate;
   return A * h * kBf16Bytes       // dispatched tokens [A, h]
          + A * 3 * I * kBf16Bytes  // gate, up, activation [A, I] ×3
          + A * h * kBf16Bytes;     // expert outputs [A, h]
 }
 
-Bytes moe_activation_bytes_at_load(const ModelSpec& m, std::int64_t T, double load) {
-  return moe_activation_bytes(m, T) + static_cast<Bytes>((load - 1.0) * static_cast<double>(moe_assignment_bytes(m, T * m.moe.top_k)));
+Bytes moe_activation_bytes_at_load(const ModelSpec& m, int layer, std::int64_t T, double load) {
+  const Bytes assigned = moe_assignment_bytes(m, layer, T * m.layer_moe(layer).top_k);
+  return moe_activation_bytes(m, layer, T) + static_cast<Bytes>((load - 1.0) * static_cast<double>(assigned));
 }
 
-Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, std::int64_t c, double load) {
-  const Bytes each = a2a_buffer_bytes(m, c) / 2;
+Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, int layer, std::int64_t c, double load) {
+  const Bytes each = a2a_buffer_bytes(m, layer, c) / 2;
   return each + static_cast<Bytes>(static_cast<double>(each) * load);
 }
 
-Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t c) {
-  return 2 * std::int64_t{m.moe.top_k} * c * m.hidden * kBf16Bytes;  // send + receive [k·c, h]
+Bytes a2a_buffer_bytes(const ModelSpec& m, int layer, std::int64_t c) {
+  return 2 * std::int64_t{m.layer_moe(layer).top_k} * c * m.hidden * kBf16Bytes;  // send + receive [k·c, h]
 }
 
 Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t T) {

@@ -26,7 +26,7 @@ Bytes gradient_bytes(ParamCount params);         // 2·P
 // Decoder boundaries (inputs of checkpointed decoders): 2·L·B·S·h bytes for L BF16 boundaries.
 Bytes boundary_bytes(std::int64_t boundaries, std::int64_t batch, std::int64_t seq_len, std::int64_t hidden);
 
-// Attention output O [B·S × heads·d] BF16 and its log-sum-exp [B·S × heads] FP32 for one layer.
+// Attention output O [B·S × heads·d_v] BF16 and its log-sum-exp [B·S × heads] FP32 for one layer.
 Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t batch, std::int64_t seq_len);
 
 // Eq. 4: GDN chunk-boundary states 4·B·(⌈S/C⌉−1)·H_v·d_k·d_v bytes for sequence chunk C.
@@ -55,26 +55,26 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, st
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t hidden, std::int64_t seqs, std::int64_t seq_len,
                            std::int64_t chunk_tokens);
 // Activations saved by the MoE sublayer for `tokens` tokens (routing, dispatched copies, expert
-// intermediates, shared expert and dense MLP) = the per-token part + the per-assignment part of
-// its k·tokens token–expert assignments.
-Bytes moe_activation_bytes(const ModelSpec& m, std::int64_t tokens);
+// intermediates, shared expert and dense MLP) of decoder `layer` = the per-token part + the
+// per-assignment part of its k·tokens token–expert assignments (none in a dense first layer).
+Bytes moe_activation_bytes(const ModelSpec& m, int layer, std::int64_t tokens);
 // The MoE backward's gradient buffers besides the all-to-all buffers: the normalized input's
 // gradient [T, h] BF16, summed from the router's, the experts' and the dense branches' backward
 // until the norm's; and, while one expert's backward runs, the gradients of its rows' gate, up and
 // activation [rows, I] ×3 BF16, for the largest expert: `largest_share` of the k·tokens
 // assignments of each of the `ranks` ranks whose tokens it receives (1 without EP).
 Bytes moe_input_grad_bytes(const ModelSpec& m, std::int64_t tokens);
-Bytes expert_grad_workspace_bytes(const ModelSpec& m, std::int64_t tokens, int ranks, double largest_share);
+Bytes expert_grad_workspace_bytes(const ModelSpec& m, int layer, std::int64_t tokens, int ranks, double largest_share);
 // The part that lives where the assignments are processed (the receiving rank under EP):
 // dispatched copies, expert gate/up/activation and outputs, per assignment.
-Bytes moe_assignment_bytes(const ModelSpec& m, std::int64_t assignments);
+Bytes moe_assignment_bytes(const ModelSpec& m, int layer, std::int64_t assignments);
 // moe_activation_bytes on a rank that processes `load` times the mean share of the assignments
 // (skewed routing under expert parallelism; 1 = balanced).
-Bytes moe_activation_bytes_at_load(const ModelSpec& m, std::int64_t tokens, double load);
+Bytes moe_activation_bytes_at_load(const ModelSpec& m, int layer, std::int64_t tokens, double load);
 // Send + receive buffers of one EP dispatch round of `chunk_tokens` tokens: 2·k·c·h BF16.
-Bytes a2a_buffer_bytes(const ModelSpec& m, std::int64_t chunk_tokens);
+Bytes a2a_buffer_bytes(const ModelSpec& m, int layer, std::int64_t chunk_tokens);
 // The same on a rank that receives `load` times the mean: its send half, and `load` receive halves.
-Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, std::int64_t chunk_tokens, double load);
+Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, int layer, std::int64_t chunk_tokens, double load);
 // Logits workspace of the vocabulary projection for `tokens` tokens at once: BF16 logits and
 // their FP32 softmax gradient.
 Bytes logits_workspace_bytes(const ModelSpec& m, std::int64_t tokens);

@@ -23,6 +23,8 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 bool is_qwen_hybrid(const std::string& t) { return starts_with(t, "qwen3_5") || starts_with(t, "qwen3_next"); }
 bool is_gemma(const std::string& t) { return starts_with(t, "gemma"); }
 bool is_gemma4(const std::string& t) { return starts_with(t, "gemma4"); }
+// DeepSeek-V2/V3 and Kimi-K2 (DeepseekV3ForCausalLM): latent attention, ungated shared experts.
+bool is_deepseek(const std::string& t) { return starts_with(t, "deepseek") || starts_with(t, "kimi"); }
 
 int dim(const JsonReader& r, const std::string& key) { return static_cast<int>(r.integer(key, 1, kMaxDim)); }
 int dim_or(const JsonReader& r, const std::string& key, int fallback) {
@@ -42,13 +44,19 @@ double params_upper_bound(const ModelSpec& s) {
     const double q = static_cast<double>(a->heads) * a->head_dim, kv = static_cast<double>(a->kv_heads) * a->head_dim;
     mixing = std::max(mixing, h * (3 * q + 2 * kv) + 2.0 * a->head_dim);
   }
+  const AttentionSpec& la = s.latent_attention;
+  const double qw = static_cast<double>(la.heads) * la.head_dim, qr = std::max(1, la.q_lora_rank);
+  mixing = std::max(mixing, (h + qw) * qr + qw * h + h * (la.kv_lora_rank + la.rope_head_dim) +
+                                static_cast<double>(la.kv_lora_rank) * la.heads * (la.head_dim + la.value_dim()) +
+                                static_cast<double>(la.heads) * la.value_dim() * h + la.kv_lora_rank + qr);
   const GdnSpec& g = s.gdn;
   const double kd = static_cast<double>(g.key_heads) * g.key_head_dim, vd = static_cast<double>(g.value_heads) * g.value_head_dim;
   mixing = std::max(mixing, h * (2 * kd + 3 * vd + 2.0 * g.value_heads) + (2 * kd + vd) * g.conv_kernel +
                                 2.0 * g.value_heads + g.value_head_dim);
   const MoeSpec& m = s.moe;
   const double moe = h * m.experts * (1 + 3.0 * m.expert_intermediate) +
-                     3 * h * (static_cast<double>(m.shared_expert_intermediate) + m.dense_intermediate) + 3 * h;
+                     3 * h * (static_cast<double>(m.shared_expert_intermediate) + m.dense_intermediate +
+                              s.dense_layer.dense_intermediate) + 3 * h;
   return static_cast<double>(s.layers) * (mixing + moe) + 2 * static_cast<double>(s.vocab) * h + h;
 }
 
@@ -58,11 +66,12 @@ LayerKind parse_layer_kind(const JsonReader& r, const std::string& key, std::siz
     return LayerKind::kSlidingAttention;
   }
   if (s == "linear_attention") return LayerKind::kLinearAttention;
+  if (s == "latent_attention") return LayerKind::kLatentAttention;
   r.fail_value(fmt::format("{}[{}]", r.field(key), i), s,
-               "unknown layer type (expected full_attention, sliding_attention or linear_attention)");
+               "unknown layer type (expected full_attention, sliding_attention, linear_attention or latent_attention)");
 }
 
-std::vector<LayerKind> read_layer_kinds(const JsonReader& r, int layers, bool has_window) {
+std::vector<LayerKind> read_layer_kinds(const JsonReader& r, int layers, bool has_window, bool latent) {
   std::vector<LayerKind> kinds;
   if (r.has("layer_types")) {
     const auto names = r.string_list("layer_types");
@@ -86,7 +95,9 @@ std::vector<LayerKind> read_layer_kinds(const JsonReader& r, int layers, bool ha
     }
     return kinds;
   }
-  kinds.assign(layers, has_window ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+  kinds.assign(layers, latent       ? LayerKind::kLatentAttention
+                       : has_window ? LayerKind::kSlidingAttention
+                                    : LayerKind::kFullAttention);
   return kinds;
 }
 
@@ -97,12 +108,14 @@ std::string_view layer_kind_name(LayerKind kind) {
     case LayerKind::kFullAttention: return "full_attention";
     case LayerKind::kSlidingAttention: return "sliding_attention";
     case LayerKind::kLinearAttention: return "linear_attention";
+    case LayerKind::kLatentAttention: return "latent_attention";
   }
   return "unknown";
 }
 
 const AttentionSpec& ModelSpec::attention(LayerKind kind) const {
   OOM_ASSERT(kind != LayerKind::kLinearAttention, "linear attention layers have no softmax attention");
+  if (kind == LayerKind::kLatentAttention) return latent_attention;
   return kind == LayerKind::kSlidingAttention ? sliding_attention : full_attention;
 }
 
@@ -227,6 +240,44 @@ void read_gemma4(const JsonReader& r, ModelSpec& s, const AttentionSpec& attn) {
   s.router_aux_loss_coef = 0.0;  // Gemma4ForCausalLM adds no load-balancing loss
 }
 
+// Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2): the latent ranks and per-head widths.
+AttentionSpec read_latent_attention(const JsonReader& r, int heads) {
+  AttentionSpec a;
+  a.heads = heads;
+  a.kv_heads = heads;
+  a.q_lora_rank = r.has("q_lora_rank") && r.raw()["q_lora_rank"].is_null() ? 0
+                                                                             : static_cast<int>(r.integer_or("q_lora_rank", 0, 0, kMaxDim));
+  a.kv_lora_rank = dim(r, "kv_lora_rank");
+  a.rope_head_dim = dim(r, "qk_rope_head_dim");
+  a.head_dim = dim(r, "qk_nope_head_dim") + a.rope_head_dim;
+  a.v_head_dim = dim(r, "v_head_dim");
+  if (r.boolean_or("attention_bias", false)) r.fail("attention_bias", "projection biases are not implemented");
+  return a;
+}
+
+// DeepSeek-V3 style experts: n_routed_experts, n_shared_experts of moe_intermediate_size each, no
+// shared-expert gate, the first first_k_dense_replace layers dense, grouped (sigmoid) routing.
+void read_deepseek_moe(const JsonReader& r, ModelSpec& s) {
+  MoeSpec& m = s.moe;
+  if (const auto freq = r.integer_or("moe_layer_freq", 1, 1, kMaxDim); freq != 1) {
+    r.fail_value(r.field("moe_layer_freq"), freq, "only every layer after first_k_dense_replace being MoE (1) is implemented");
+  }
+  if (r.has("n_shared_experts") && !r.raw()["n_shared_experts"].is_null()) {
+    m.shared_expert_intermediate = static_cast<int>(r.integer("n_shared_experts", 0, 64) * m.expert_intermediate);
+  }
+  s.first_dense_layers = static_cast<int>(r.integer_or("first_k_dense_replace", 0, 0, s.layers - 1));
+  if (s.first_dense_layers > 0) s.dense_layer.dense_intermediate = dim(r, "intermediate_size");
+  m.scoring = r.has("scoring_func") ? r.one_of("scoring_func", {"softmax", "sigmoid"}) : "softmax";
+  m.groups = dim_or(r, "n_group", 1);
+  m.topk_groups = static_cast<int>(r.integer_or("topk_group", 1, 1, m.groups));
+  if (m.experts % m.groups != 0) r.fail_value(r.field("n_group"), m.groups, fmt::format("must divide the {} routed experts", m.experts));
+  if (m.top_k > m.topk_groups * (m.experts / m.groups)) {
+    r.fail_value(r.field("topk_group"), m.topk_groups,
+                 fmt::format("{} groups of {} experts hold fewer than the {} experts per token", m.topk_groups, m.experts / m.groups, m.top_k));
+  }
+  m.routed_scaling = r.number_or("routed_scaling_factor", 1.0, 1e-6, 1e6);
+}
+
 }  // namespace
 
 ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::string& file, const std::string& name) {
@@ -283,7 +334,9 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
 
   // Mixtral keeps one window for every layer; models with layer types name which slide.
   const bool explicit_kinds = r.has("layer_types") || r.has("full_attention_interval") || r.has("sliding_window_pattern");
-  s.layer_kinds = read_layer_kinds(r, s.layers, window > 0 && !explicit_kinds);
+  const bool latent = r.has("kv_lora_rank");
+  s.layer_kinds = read_layer_kinds(r, s.layers, window > 0 && !explicit_kinds, latent);
+  if (latent || s.count(LayerKind::kLatentAttention) > 0) s.latent_attention = read_latent_attention(r, attn.heads);
   if (s.count(LayerKind::kSlidingAttention) > 0 && window == 0) {
     r.fail("sliding_window", "sliding_attention layers need a window");
   }
@@ -304,7 +357,9 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   // uses intermediate_size for the dense MLP beside the experts; Qwen's intermediate_size is for
   // dense-only layers, which the models here do not have.
   MoeSpec& m = s.moe;
-  m.experts = r.has("num_experts") ? dim(r, "num_experts") : dim(r, "num_local_experts");
+  m.experts = r.has("num_experts")        ? dim(r, "num_experts")
+              : r.has("n_routed_experts") ? dim(r, "n_routed_experts")
+                                          : dim(r, "num_local_experts");
   const char* topk_key = r.has("num_experts_per_tok") ? "num_experts_per_tok" : "top_k_experts";
   m.top_k = static_cast<int>(r.integer(topk_key, 1, m.experts));
   if (r.has("moe_intermediate_size")) {
@@ -319,6 +374,8 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   }
   m.shared_expert_intermediate = static_cast<int>(r.integer_or("shared_expert_intermediate_size", 0, 0, kMaxDim));
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  m.shared_expert_gate = r.boolean_or("shared_expert_gate", !is_deepseek(type));
+  if (is_deepseek(type) || r.has("first_k_dense_replace") || r.has("n_shared_experts")) read_deepseek_moe(r, s);
   if (const double params = params_upper_bound(s); params > kMaxParams) {
     r.fail("hidden_size", fmt::format("with these dimensions the model has up to {:.3g} parameters, more than the "
                                       "{:.3g} supported", params, kMaxParams));
@@ -378,12 +435,27 @@ nlohmann::json model_spec_to_hf_config(const ModelSpec& s) {
     j["linear_value_head_dim"] = s.gdn.value_head_dim;
     j["linear_conv_kernel_dim"] = s.gdn.conv_kernel;
   }
+  if (s.count(LayerKind::kLatentAttention) > 0) {
+    const AttentionSpec& la = s.latent_attention;
+    j["q_lora_rank"] = la.q_lora_rank;
+    j["kv_lora_rank"] = la.kv_lora_rank;
+    j["qk_rope_head_dim"] = la.rope_head_dim;
+    j["qk_nope_head_dim"] = la.head_dim - la.rope_head_dim;
+    j["v_head_dim"] = la.value_dim();
+  }
   j["num_experts"] = s.moe.experts;
   j["num_experts_per_tok"] = s.moe.top_k;
   j["moe_intermediate_size"] = s.moe.expert_intermediate;
   j["shared_expert_intermediate_size"] = s.moe.shared_expert_intermediate;
   if (s.moe.dense_intermediate > 0) j["dense_mlp_intermediate_size"] = s.moe.dense_intermediate;
   j["norm_topk_prob"] = s.moe.norm_topk_prob;
+  j["shared_expert_gate"] = s.moe.shared_expert_gate;
+  j["first_k_dense_replace"] = s.first_dense_layers;
+  if (s.first_dense_layers > 0) j["intermediate_size"] = s.dense_layer.dense_intermediate;
+  j["scoring_func"] = s.moe.scoring;
+  j["n_group"] = s.moe.groups;
+  j["topk_group"] = s.moe.topk_groups;
+  j["routed_scaling_factor"] = s.moe.routed_scaling;
   return j;
 }
 

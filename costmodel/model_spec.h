@@ -1,9 +1,12 @@
 // ModelSpec: the dimensions of a Mixture-of-Experts decoder, read from a Hugging Face config.
 //
 // Covers the layer kinds of the models we train: full causal attention (GQA, optional output
-// gate), sliding-window causal attention, and Gated DeltaNet linear attention ("linear_attention"),
-// each followed by a MoE block of routed SwiGLU experts with an optional shared expert and an
-// optional dense MLP beside the experts (Gemma 4). Gemma 4's global layers have their own KV head
+// gate), sliding-window causal attention, Gated DeltaNet linear attention ("linear_attention") and
+// Multi-head Latent Attention ("latent_attention", DeepSeek-V3 / Kimi-K2: queries and keys/values
+// through low-rank latents, a decoupled RoPE key shared by all heads), each followed by a MoE block
+// of routed SwiGLU experts with an optional shared expert and an optional dense MLP beside the
+// experts (Gemma 4) -- or, in the first `first_dense_layers` layers (DeepSeek's
+// first_k_dense_replace), by a dense SwiGLU MLP alone. Gemma 4's global layers have their own KV head
 // count and head dim and may reuse K as V. Plain value type; the loaders validate every field.
 #pragma once
 
@@ -16,9 +19,10 @@
 
 namespace oom {
 
-enum class LayerKind { kFullAttention, kSlidingAttention, kLinearAttention };
+enum class LayerKind { kFullAttention, kSlidingAttention, kLinearAttention, kLatentAttention };
 
-// "full_attention", "sliding_attention", "linear_attention" (the Hugging Face layer_types names).
+// "full_attention", "sliding_attention", "linear_attention" (the Hugging Face layer_types names),
+// "latent_attention".
 std::string_view layer_kind_name(LayerKind kind);
 
 // Softmax attention of one layer kind.
@@ -36,6 +40,17 @@ struct AttentionSpec {
   bool rope_proportional = false;     // "proportional": head_dim/2 frequencies θ^(−2i/head_dim), the
                                       // first ⌊factor·head_dim/2⌋ rotating, the rest 0 (unrotated)
   double rope_partial_factor = 1.0;   // the rotated fraction of a proportional RoPE
+  // Multi-head Latent Attention (kv_lora_rank > 0): head_dim is the query/key width per head
+  // (qk_nope_head_dim + qk_rope_head_dim), kv_heads = heads (the latent expands to per-head K, V).
+  // Q = q_b(norm(q_a(x))) when q_lora_rank > 0, else q_proj(x); [c_kv, k_rope] = kv_a(x);
+  // [k_nope, v] = kv_b(norm(c_kv)); k_rope (rope_head_dim wide) is shared by every head.
+  int v_head_dim = 0;       // per-head value width; 0 = head_dim
+  int q_lora_rank = 0;      // 0 = queries straight from the hidden state
+  int kv_lora_rank = 0;     // > 0: latent attention
+  int rope_head_dim = 0;    // rotated part of head_dim (qk_rope_head_dim)
+
+  bool latent() const { return kv_lora_rank > 0; }
+  int value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 
   bool operator==(const AttentionSpec&) const = default;
 };
@@ -60,6 +75,14 @@ struct MoeSpec {
   int shared_expert_intermediate = 0;  // 0 = no shared expert
   int dense_intermediate = 0;          // 0 = no dense MLP beside the experts
   bool norm_topk_prob = true;          // renormalize the top-k routing weights
+  bool shared_expert_gate = true;      // a sigmoid gate [h → 1] scales the shared expert (Qwen); DeepSeek has none
+  // Routing: "softmax" over the experts' logits, or "sigmoid" scores (DeepSeek-V3's noaux_tc,
+  // whose selection bias is a buffer, not a parameter); top-k within the best `topk_groups` of
+  // `groups` expert groups; the weights scaled by routed_scaling.
+  std::string scoring = "softmax";
+  int groups = 1;
+  int topk_groups = 1;
+  double routed_scaling = 1.0;
 
   bool operator==(const MoeSpec&) const = default;
 };
@@ -89,8 +112,11 @@ struct ModelSpec {
   std::vector<LayerKind> layer_kinds;  // one per decoder layer
   AttentionSpec full_attention;        // used by kFullAttention layers
   AttentionSpec sliding_attention;     // used by kSlidingAttention layers
+  AttentionSpec latent_attention;      // used by kLatentAttention layers
   GdnSpec gdn;                         // used by kLinearAttention layers
-  MoeSpec moe;
+  MoeSpec moe;                         // the MoE layers' block
+  int first_dense_layers = 0;          // layers [0, n) have a dense MLP instead (first_k_dense_replace)
+  MoeSpec dense_layer;                 // their block: no experts, dense_intermediate = intermediate_size
   std::int64_t max_position = 0;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 1.0;
@@ -112,6 +138,10 @@ struct ModelSpec {
   bool zero_centered_norm() const;
 
   const AttentionSpec& attention(LayerKind kind) const;
+  // Whether decoder `layer` has routed experts, and its FFN block (moe, or dense_layer).
+  bool moe_layer(int layer) const { return layer >= first_dense_layers; }
+  const MoeSpec& layer_moe(int layer) const { return moe_layer(layer) ? moe : dense_layer; }
+  int moe_layers() const { return layers - first_dense_layers; }
   int count(LayerKind kind) const;
   bool operator==(const ModelSpec&) const = default;
 };
@@ -123,7 +153,11 @@ struct ModelSpec {
 // refused with an InputError naming the field: per-layer inputs (hidden_size_per_layer_input ≠ 0,
 // 256 when absent), KV sharing (num_kv_shared_layers ≠ 0), attention_bias, bidirectional
 // attention over all tokens, a model without the MoE block (enable_moe_block false), and RoPE
-// types other than default/proportional.
+// types other than default/proportional. DeepSeek-V3 style configs (kv_lora_rank, n_routed_experts,
+// n_shared_experts, first_k_dense_replace, scoring_func, n_group, topk_group) give latent
+// attention layers, shared experts without a gate and dense first layers; moe_layer_freq ≠ 1 and
+// attention_bias are refused. Multi-token-prediction modules (num_nextn_predict_layers) are not
+// part of the decoder transformers builds and are not counted.
 ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::string& file,
                                     const std::string& name);
 

@@ -8,7 +8,28 @@ ParamCount swiglu_params(std::int64_t hidden, std::int64_t intermediate) {
   return 3 * hidden * intermediate;  // gate [h × I] + up [h × I] + down [I × h]
 }
 
+namespace {
+
+ParamCount latent_attention_params(const AttentionSpec& a, std::int64_t h) {
+  const std::int64_t q_width = std::int64_t{a.heads} * a.head_dim;
+  const std::int64_t nope = a.head_dim - a.rope_head_dim;
+  ParamCount p = 0;
+  if (a.q_lora_rank > 0) {
+    p += h * a.q_lora_rank + a.q_lora_rank;  // q_a_proj [h × r_q], q_a_layernorm [r_q]
+    p += std::int64_t{a.q_lora_rank} * q_width;  // q_b_proj [r_q × heads·d_qk]
+  } else {
+    p += h * q_width;  // q_proj [h × heads·d_qk]
+  }
+  p += h * (a.kv_lora_rank + a.rope_head_dim) + a.kv_lora_rank;               // kv_a_proj_with_mqa, kv_a_layernorm
+  p += std::int64_t{a.kv_lora_rank} * a.heads * (nope + a.value_dim());      // kv_b_proj
+  p += std::int64_t{a.heads} * a.value_dim() * h;                            // o_proj [heads·d_v × h]
+  return p;
+}
+
+}  // namespace
+
 ParamCount attention_params(const AttentionSpec& a, std::int64_t h) {
+  if (a.latent()) return latent_attention_params(a, h);
   const std::int64_t q_width = std::int64_t{a.heads} * a.head_dim;
   const std::int64_t kv_width = std::int64_t{a.kv_heads} * a.head_dim;
   ParamCount p = 0;
@@ -41,18 +62,19 @@ LayerParams layer_params(const ModelSpec& m, int layer) {
   LayerParams p;
   p.mixing = kind == LayerKind::kLinearAttention ? gdn_params(m.gdn, h) : attention_params(m.attention(kind), h);
   p.norms = 2 * h;                                           // input + post-attention RMSNorm
-  p.router = h * m.moe.experts;                              // [h × E]
+  const MoeSpec& moe = m.layer_moe(layer);
+  p.router = h * moe.experts;                                // [h × E]
   if (m.gemma4()) {
     // Input, post-attention, pre/post dense MLP, pre/post experts and post-FFN RMSNorms [h], and
     // the layer scalar [1]; the router's input scale [h] and per-expert scales [E].
     p.norms = 7 * h + 1;
-    p.router = h * m.moe.experts + h + m.moe.experts;
+    p.router = h * moe.experts + h + moe.experts;
   }
-  p.routed_experts = std::int64_t{m.moe.experts} * expert_params(m);
-  if (m.moe.shared_expert_intermediate > 0) {
-    p.shared_expert = swiglu_params(h, m.moe.shared_expert_intermediate) + h;  // + gate [h × 1]
+  p.routed_experts = std::int64_t{moe.experts} * swiglu_params(h, moe.expert_intermediate);
+  if (moe.shared_expert_intermediate > 0) {
+    p.shared_expert = swiglu_params(h, moe.shared_expert_intermediate) + (moe.shared_expert_gate ? h : 0);  // + gate [h × 1]
   }
-  if (m.moe.dense_intermediate > 0) p.dense_mlp = swiglu_params(h, m.moe.dense_intermediate);
+  if (moe.dense_intermediate > 0) p.dense_mlp = swiglu_params(h, moe.dense_intermediate);
   return p;
 }
 
@@ -62,7 +84,7 @@ ModelParams model_params(const ModelSpec& m) {
   mp.lm_head = m.tied_embeddings ? 0 : std::int64_t{m.vocab} * m.hidden;
   mp.final_norm = m.hidden;
   for (int l = 0; l < m.layers; ++l) mp.layers.push_back(layer_params(m, l));
-  mp.active_per_token_experts = std::int64_t{m.layers} * m.moe.top_k * expert_params(m);
+  mp.active_per_token_experts = std::int64_t{m.moe_layers()} * m.moe.top_k * expert_params(m);
   return mp;
 }
 

@@ -5,7 +5,11 @@
 // O [heads·d × h], Q/K norms [d] each; Gated DeltaNet in_proj_qkvz [h × (2·key_dim + 2·value_dim)],
 // in_proj_ba [h × 2·value_heads], depthwise conv [(2·key_dim + value_dim) × kernel], dt_bias and
 // A_log [value_heads], gated norm [value_head_dim], out_proj [value_dim × h]; router [h × E];
-// each SwiGLU expert 3·h·I; shared expert 3·h·I_s + its gate [h × 1]; dense MLP 3·h·I_d;
+// each SwiGLU expert 3·h·I; shared expert 3·h·I_s + its gate [h × 1] (none in DeepSeek-V3);
+// dense MLP 3·h·I_d (beside the experts, or alone in DeepSeek's first dense layers); latent
+// attention (MLA) q_a [h × r_q], its norm [r_q], q_b [r_q × heads·d_qk] (or q_proj [h × heads·d_qk]
+// without r_q), kv_a [h × (r_kv + d_rope)], its norm [r_kv], kv_b [r_kv × heads·(d_nope + d_v)],
+// O [heads·d_v × h];
 // two RMSNorms [h] per layer, a final norm [h], embeddings [vocab × h] and an LM head unless tied.
 // "Active" counts what one token touches: everything but the routed experts, plus top_k of them.
 #pragma once
@@ -44,7 +48,7 @@ struct ModelParams {
   ParamCount active() const;  // per token
   // Sums over layers by component.
   LayerParams layer_sum() const;
-  ParamCount active_per_token_experts = 0;  // top_k · 3·h·I summed over layers
+  ParamCount active_per_token_experts = 0;  // top_k · 3·h·I summed over the MoE layers
 };
 
 ParamCount swiglu_params(std::int64_t hidden, std::int64_t intermediate);  // 3·h·I

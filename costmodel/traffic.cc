@@ -18,6 +18,13 @@ Bytes mixing_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {
   } else {
     const AttentionSpec& a = m.attention(kind);
     const std::int64_t q = std::int64_t{a.heads} * a.head_dim, kv = std::int64_t{a.kv_heads} * a.head_dim;
+    if (a.latent()) {
+      // The latents' RMSNorms; RoPE of the rotated query part and of the shared rotated key; the
+      // rotated key broadcast beside each head's unrotated key (read both, write the K heads).
+      const std::int64_t rope_q = std::int64_t{a.heads} * a.rope_head_dim;
+      per_token += norm(a.q_lora_rank) + norm(a.kv_lora_rank) + 2 * (rope_q + a.rope_head_dim) + 2 * kv;
+      return per_token * tokens * kBf16Bytes;
+    }
     per_token += 2 * (q + kv);                                      // RoPE
     if (a.qk_norm) per_token += norm(q) + norm(kv);                 // q/k RMSNorm
     if (m.gemma4()) per_token += norm(kv) + norm(h);                // v RMSNorm, post-attention norm
@@ -26,8 +33,9 @@ Bytes mixing_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {
   return per_token * tokens * kBf16Bytes;
 }
 
-MoeTraffic moe_hbm_bytes(const ModelSpec& m, std::int64_t tokens) {
-  const std::int64_t h = m.hidden, k = m.moe.top_k;
+MoeTraffic moe_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {
+  const MoeSpec& moe = m.layer_moe(layer);
+  const std::int64_t h = m.hidden, k = moe.top_k;
   // Gemma 4 normalizes the experts' and the dense MLP's inputs apart and the router's input once
   // more, then scales it (read two, write one).
   const std::int64_t input_norms = m.gemma4() ? 3 * norm(h) + 3 * h : norm(h);
@@ -35,10 +43,10 @@ MoeTraffic moe_hbm_bytes(const ModelSpec& m, std::int64_t tokens) {
   // the layer's output (layer_scalar).
   const std::int64_t output_norms = m.gemma4() ? 3 * norm(h) + 3 * h + 2 * h : 0;
   MoeTraffic t;
-  t.pre = tokens * ((input_norms + 2 * k * h + 3 * std::int64_t{m.moe.shared_expert_intermediate} +
-                     3 * std::int64_t{m.moe.dense_intermediate}) * kBf16Bytes +
-                    2 * std::int64_t{m.moe.experts} * kFp32Bytes);
-  t.experts = tokens * 3 * k * std::int64_t{m.moe.expert_intermediate} * kBf16Bytes;
+  t.pre = tokens * ((input_norms + 2 * k * h + 3 * std::int64_t{moe.shared_expert_intermediate} +
+                     3 * std::int64_t{moe.dense_intermediate}) * kBf16Bytes +
+                    2 * std::int64_t{moe.experts} * kFp32Bytes);
+  t.experts = tokens * 3 * k * std::int64_t{moe.expert_intermediate} * kBf16Bytes;
   t.combine = tokens * (k * h + h + 3 * h + output_norms) * kBf16Bytes;
   return t;
 }

@@ -51,7 +51,7 @@ struct MoeTraffic {
   Bytes combine = 0;  // weighted un-permutation and the residual add
   Bytes total() const { return pre + experts + combine; }
 };
-MoeTraffic moe_hbm_bytes(const ModelSpec& m, std::int64_t tokens);
+MoeTraffic moe_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens);
 
 // HBM bytes of the LM head's cross-entropy for `tokens` tokens: FP32 logits written and read back
 // by the log-sum-exp in the forward; read again and a BF16 gradient written in the backward. A

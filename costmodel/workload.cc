@@ -20,15 +20,17 @@ constexpr double kMaxStepBytes = 1125899906842624.0;  // 2^50
 // plus the GDN states, which are at most one per token.
 double bytes_per_token_bound(const ModelSpec& m) {
   double attention = 0;
-  for (const AttentionSpec* a : {&m.full_attention, &m.sliding_attention}) {
-    attention = std::max(attention, 4.0 * (static_cast<double>(a->heads) + a->kv_heads) * a->head_dim + 4.0 * a->heads);
+  for (const AttentionSpec* a : {&m.full_attention, &m.sliding_attention, &m.latent_attention}) {
+    attention = std::max(attention, 4.0 * (static_cast<double>(a->heads) + a->kv_heads) * (a->head_dim + a->value_dim()) +
+                                        4.0 * a->heads + 4.0 * (a->q_lora_rank + a->kv_lora_rank + a->rope_head_dim));
   }
   const GdnSpec& g = m.gdn;
   const double gdn = 4.0 * (g.key_dim() + g.value_dim() + g.value_heads) +
                      static_cast<double>(g.value_heads) * g.key_head_dim * g.value_head_dim;
   const MoeSpec& e = m.moe;
   const double moe = static_cast<double>(m.hidden) * (e.top_k + 4) + e.experts + 3.0 * e.top_k * e.expert_intermediate +
-                     3.0 * (static_cast<double>(e.shared_expert_intermediate) + e.dense_intermediate) + e.top_k;
+                     3.0 * (static_cast<double>(e.shared_expert_intermediate) + e.dense_intermediate +
+                            m.dense_layer.dense_intermediate) + e.top_k;
   return 16.0 * (static_cast<double>(m.vocab) + static_cast<double>(m.layers) * (attention + gdn + moe));
 }
 

@@ -56,7 +56,7 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
     }
     weights_per_pass += working_weight_bytes(lp.common() + experts);
     grads += gradient_bytes(lp.common() + (ep ? experts : lp.routed_experts / P));
-    if (ep && P > 1) {
+    if (ep && P > 1 && m.moe_layer(l)) {
       const int passes = plan.is_moe_retained(l) ? 2 : 3;  // forward, (replay), backward
       c.a2a_bytes += passes * ep_a2a_bytes(m.moe.top_k, N, m.hidden, kBf16Bytes, P);
     }

@@ -131,7 +131,7 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total()
                                                  : (m.tied_embeddings ? params.final_norm : head);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // input, next input, running hidden gradient
-                    + mixing_activations(m, l, b, S) + moe_activation_bytes(m, T) + tied_table
+                    + mixing_activations(m, l, b, S) + moe_activation_bytes(m, l, T) + tied_table
                     + t.grad_bytes_per_param * (params.layers[static_cast<std::size_t>(l)].total() + draining);
     if (w > work) {
       work = w;

@@ -258,7 +258,8 @@ class KtFtLowering {
     };
     auto moe = [&] {
       gpu(what(StagePart::kMoe, backward ? StageOp::kRouterSharedBwd : StageOp::kRouterShared), OpKind::kGemm, phase, l,
-          ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj, traffic(moe_hbm_bytes(m_, tokens()).pre));
+          ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj, traffic(moe_hbm_bytes(m_, l, tokens()).pre));
+      if (!m_.moe_layer(l)) return;  // a dense layer: no experts on the host
       // The hidden states (or their gradient) to the host, the experts on the socket's cores, back.
       const PerRank out = each(what(StagePart::kExperts, backward ? StageOp::kGradD2h : StageOp::kInputD2h), OpKind::kD2h, phase, l,
                                [&](int r) { return rr(r).d2h; }, 0, boundary(), 0, {}, last_);

@@ -73,8 +73,9 @@ std::vector<std::vector<double>> ep_loads(const WorkloadContext& ctx, int ep) {
 
 // Routed activations and all-to-all buffers of `tokens` tokens on a rank receiving `load` times
 // the mean share.
-Bytes moe_bytes_at_load(const ModelSpec& m, std::int64_t tokens, double load) {
-  return moe_activation_bytes_at_load(m, tokens, load) + a2a_buffer_bytes_at_load(m, tokens, load);
+Bytes moe_bytes_at_load(const ModelSpec& m, int layer, std::int64_t tokens, double load) {
+  if (!m.moe_layer(layer)) return moe_activation_bytes(m, layer, tokens);
+  return moe_activation_bytes_at_load(m, layer, tokens, load) + a2a_buffer_bytes_at_load(m, layer, tokens, load);
 }
 
 ParamCount rank_params(const Split& s, const MegatronSetup& setup) {
@@ -100,7 +101,7 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
     // The rank receiving the largest share under skewed routing sets the peak.
     const double load = max_load(loads[static_cast<std::size_t>(l)]);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // gathered input, output, running gradient
-                    + mixing_activations(m, l, b, S) / t + moe_bytes_at_load(m, T / t, load);
+                    + mixing_activations(m, l, b, S) / t + moe_bytes_at_load(m, l, T / t, load);
     if (w > work) {
       work = w;
       out.gpu_peak_at = fmt::format("decoder {} ({}) recompute and backward, TP {}, micro-batch of {} sequences", l,
@@ -294,7 +295,7 @@ class MegatronLowering {
     const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
     // Memory-bound kernels: sequence parallelism gives each rank of the TP group 1/t of the tokens.
     const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward / t_; };
-    const MoeTraffic moe_bytes = moe_hbm_bytes(m_, tokens());
+    const MoeTraffic moe_bytes = moe_hbm_bytes(m_, l, tokens());
     auto mixing = [&] {
       tp_exchange(what(StagePart::kMixing, StageOp::kAllGather), OpKind::kAllGather, phase, l);
       const PerRank p = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, op(StageOp::kProj)), OpKind::kGemm, phase, l, ratio * f.mixing_projection / t_, proj,
@@ -308,6 +309,10 @@ class MegatronLowering {
       tp_exchange(what(StagePart::kMoe, StageOp::kAllGather), OpKind::kAllGather, phase, l);
       compute(what(StagePart::kMoe, op(StageOp::kRouterShared)), OpKind::kGemm, phase, l, ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp) / t_, proj,
               traffic(moe_bytes.pre + moe_bytes.combine));
+      if (!m_.moe_layer(l)) {  // a dense layer: its MLP is the GEMM above
+        tp_exchange(what(StagePart::kMoe, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l);
+        return;
+      }
       if (s_.expert_parallel > 1) skewed(collective(what(StagePart::kMoe, StageOp::kDispatch), OpKind::kAllToAll, phase, l, a2a, last_, false), l, false);
       skewed(compute(what(StagePart::kMoe, op(StageOp::kExperts)), OpKind::kExpertGemm, phase, l, ratio * f.moe.routed_experts / t_, experts,
                      traffic(moe_bytes.experts)),
@@ -348,7 +353,7 @@ class MegatronLowering {
     const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
     const Bytes mix = kind == LayerKind::kLinearAttention ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
                                                           : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
-    return mix / t_ + moe_bytes_at_load(m_, tokens() / t_, max_load(loads_[static_cast<std::size_t>(l)]));
+    return mix / t_ + moe_bytes_at_load(m_, l, tokens() / t_, max_load(loads_[static_cast<std::size_t>(l)]));
   }
 
   void decoder_forward(int l) {

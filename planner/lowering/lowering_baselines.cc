@@ -160,7 +160,7 @@ class BaselineLowering {
     proj.k = m_.hidden;
     proj.seqs = seqs_;
     proj.seq_len = S_;
-    const MoeTraffic t = moe_hbm_bytes(m_, T);
+    const MoeTraffic t = moe_hbm_bytes(m_, l, T);
     PerRank x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l, f.mixing_projection,
                         mixing_hbm_bytes(m_, l, T), proj, deps);
     first = x;
@@ -184,6 +184,7 @@ class BaselineLowering {
     dense.k = m_.hidden;
     x = compute(what(StagePart::kMoe, StageOp::kRouterShared), OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
                 dense, {x});
+    if (!m_.moe_layer(l)) return compute(what(StagePart::kMoe, StageOp::kCombine), OpKind::kElementwise, phase, l, 0, t.combine, dense, {x});
     OpShape experts;
     experts.tokens = T * m_.moe.top_k;
     experts.k = m_.hidden;
@@ -196,7 +197,7 @@ class BaselineLowering {
     const Bytes mix = kind == LayerKind::kLinearAttention
                           ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
                           : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
-    return mix + moe_activation_bytes(m_, seqs_ * S_);
+    return mix + moe_activation_bytes(m_, l, seqs_ * S_);
   }
 
   void embedding_forward() {
@@ -265,18 +266,22 @@ class BaselineLowering {
     const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
     const LayerFlops f = layer_flops(m_, l, seqs_, S_);
     const std::int64_t T = seqs_ * S_;
-    const MoeTraffic t = moe_hbm_bytes(m_, T);
-    OpShape experts;
-    experts.tokens = T * m_.moe.top_k;
-    experts.k = m_.hidden;
-    experts.experts = m_.moe.experts;
-    PerRank x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd), OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
-                        kMemoryBackwardRatio * (t.experts + t.combine), experts, {recomputed});
+    const MoeTraffic t = moe_hbm_bytes(m_, l, T);
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
+    PerRank x = recomputed;
+    if (m_.moe_layer(l)) {
+      OpShape experts;
+      experts.tokens = T * m_.moe.top_k;
+      experts.k = m_.hidden;
+      experts.experts = m_.moe.experts;
+      x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd), OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
+                  kMemoryBackwardRatio * (t.experts + t.combine), experts, {recomputed});
+    }
     x = compute(what(StagePart::kMoe, StageOp::kRouterSharedBwd), OpKind::kGemm, Phase::kBackward, l,
-                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), kMemoryBackwardRatio * t.pre, dense, {x});
+                kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp),
+                kMemoryBackwardRatio * (m_.moe_layer(l) ? t.pre : t.pre + t.combine), dense, {x});
     OpShape core;
     core.seqs = seqs_;
     core.seq_len = S_;

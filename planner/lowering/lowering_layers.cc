@@ -47,7 +47,7 @@ OpShape gdn_core_shape(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_len
 OpShape output_projection_shape(const ModelSpec& m, LayerKind kind, std::int64_t tokens) {
   OpShape s;
   s.tokens = tokens;
-  s.k = is_attention(kind) ? std::int64_t{m.attention(kind).heads} * m.attention(kind).head_dim : m.gdn.value_dim();
+  s.k = is_attention(kind) ? std::int64_t{m.attention(kind).heads} * m.attention(kind).value_dim() : m.gdn.value_dim();
   return s;
 }
 
@@ -119,8 +119,8 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
 
 Bytes Lowering::moe_activation_on_rank(std::int64_t tokens, int l, int r) const {
   // The routed part lives where the assignments are processed: the receiving rank's share.
-  if (!ep_ || P_ == 1) return moe_activation_bytes(m_, tokens);
-  return moe_activation_bytes_at_load(m_, tokens, rank_load(l)[static_cast<std::size_t>(r)]);
+  if (!ep_ || P_ == 1 || !m_.moe_layer(l)) return moe_activation_bytes(m_, l, tokens);
+  return moe_activation_bytes_at_load(m_, l, tokens, rank_load(l)[static_cast<std::size_t>(r)]);
 }
 
 namespace {
@@ -139,8 +139,8 @@ std::vector<Bytes> a2a_bytes_per_rank(const ModelSpec& m, std::int64_t tokens, i
 
 Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t tokens, const WindowUse& w,
                                                const PerRank& input, int chunk) {
-  const MoeFlops f = moe_flops(m_, tokens);
-  const MoeTraffic t = moe_hbm_bytes(m_, tokens);
+  const MoeFlops f = moe_flops(m_, l, tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, l, tokens);
   OpShape dense;
   dense.tokens = tokens;
   dense.k = m_.hidden;
@@ -149,20 +149,27 @@ Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t 
   round.chunk = chunk;
   round.pre = compute_all(what(StagePart::kMoe, StageOp::kRouterShared).at_chunk(chunk), OpKind::kGemm, phase, l,
                           f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
-  if (!ep_ || P_ == 1) return round;
+  if (!ep_ || P_ == 1 || !m_.moe_layer(l)) return round;
   const std::vector<double>& load = rank_load(l);
   round.dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aDispatch).at_chunk(chunk), OpKind::kAllToAll, phase, l,
                                    a2a_bytes_per_rank(m_, tokens, P_, load), round.pre);
   for (int r = 0; r < P_; ++r) {
-    gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]),
+    gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]),
               false, MemoryUse::kDispatch);
   }
   return round;
 }
 
 PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, const WindowUse& w) {
-  const MoeFlops f = moe_flops(m_, round.tokens);
-  const MoeTraffic t = moe_hbm_bytes(m_, round.tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, l, round.tokens);
+  if (!m_.moe_layer(l)) {
+    // A dense layer: its MLP ran with the router's GEMMs; the residual add is left.
+    OpShape add;
+    add.tokens = round.tokens;
+    return compute_all(what(StagePart::kMoe, StageOp::kCombine).at_chunk(round.chunk), OpKind::kElementwise, phase, l, 0, t.combine,
+                       add, {round.pre});
+  }
+  const MoeFlops f = moe_flops(m_, l, round.tokens);
   OpShape experts;
   experts.tokens = round.tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
   experts.k = m_.hidden;
@@ -179,7 +186,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
   const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aReturn).at_chunk(chunk), OpKind::kAllToAll, phase, l,
                                       a2a_bytes_per_rank(m_, round.tokens, P_, load), exp);
   for (int r = 0; r < P_; ++r) {
-    gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, round.tokens, load[static_cast<std::size_t>(r)]),
+    gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, round.tokens, load[static_cast<std::size_t>(r)]),
              MemoryUse::kDispatch);
   }
   OpShape combine;
@@ -239,7 +246,7 @@ Bytes Lowering::llep_gradient_bytes(int l, int r) const {
 
 std::vector<Bytes> Lowering::llep_exchange_bytes(int l) const {
   const LlepBalance& b = routing_[static_cast<std::size_t>(l)];
-  if (!llep_ || b.spilled_experts == 0) return {};
+  if (!llep_ || b.spilled_experts == 0 || !m_.moe_layer(l)) return {};
   // Each rank sends the experts it lends and receives those it fetches (or their gradients back).
   std::vector<Bytes> bytes;
   for (int r = 0; r < P_; ++r) {
@@ -282,8 +289,22 @@ PerRank Lowering::moe_forward_chunk(int l, Phase phase, std::int64_t tokens, con
 }
 
 PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& ready, int chunk, const PerRank& fetched) {
-  const MoeFlops f = moe_flops(m_, tokens);
-  const MoeTraffic t = moe_hbm_bytes(m_, tokens);
+  const MoeFlops f = moe_flops(m_, l, tokens);
+  const MoeTraffic t = moe_hbm_bytes(m_, l, tokens);
+  const Bytes input_grad = moe_input_grad_bytes(m_, tokens);
+  OpShape dense;
+  dense.tokens = tokens;
+  dense.k = m_.hidden;
+  if (!m_.moe_layer(l)) {
+    // A dense layer: the MLP's backward alone.
+    const PerRank out = compute_all(what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(chunk), OpKind::kGemm, Phase::kBackward, l,
+                                    kMatmulBackwardRatio * f.dense_mlp, kMemoryBackwardRatio * (t.pre + t.combine), dense, {ready});
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(out[static_cast<std::size_t>(r)], r, input_grad, false, MemoryUse::kDispatch);
+      gpu_free(out[static_cast<std::size_t>(r)], r, input_grad, MemoryUse::kDispatch);
+    }
+    return out;
+  }
   OpShape experts;
   experts.tokens = tokens * m_.moe.top_k;
   experts.k = m_.hidden;
@@ -292,8 +313,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   const std::vector<double> balanced(static_cast<std::size_t>(P_), 1.0);
   const std::vector<double>& load = over_ranks ? rank_load(l) : balanced;
   // The normalized input's gradient, from the first backward that adds into it (the router's,
-  // through the routing weights, at the gradient dispatch) to the norm's backward.
-  const Bytes input_grad = moe_input_grad_bytes(m_, tokens);
+  // through the routing weights, at the gradient dispatch) to the norm's backward: input_grad.
   PerRank exp;
   if (over_ranks) {
     const PerRank dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aGradDispatch).at_chunk(chunk), OpKind::kAllToAll,
@@ -302,7 +322,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
                          kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
                          {dispatch, fetched});
     for (int r = 0; r < P_; ++r) {
-      const Bytes buffers = a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]);
+      const Bytes buffers = a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]);
       gpu_alloc(dispatch[static_cast<std::size_t>(r)], r, buffers + input_grad, false, MemoryUse::kDispatch);
     }
   } else {
@@ -312,7 +332,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   }
   // The expert backward's activation gradients, one expert's rows at a time: the largest expert's
   // (its share of every rank's assignments under EP).
-  const Bytes work = expert_grad_workspace_bytes(m_, tokens, ep_ ? P_ : 1, largest_share_[static_cast<std::size_t>(l)]);
+  const Bytes work = expert_grad_workspace_bytes(m_, l, tokens, ep_ ? P_ : 1, largest_share_[static_cast<std::size_t>(l)]);
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(exp[static_cast<std::size_t>(r)], r, work, false, MemoryUse::kDispatch);
     gpu_free(exp[static_cast<std::size_t>(r)], r, work, MemoryUse::kDispatch);
@@ -321,13 +341,10 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     exp = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll, Phase::kBackward, l,
                           a2a_bytes_per_rank(m_, tokens, P_, load), exp);
     for (int r = 0; r < P_; ++r) {
-      gpu_free(exp[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, tokens, load[static_cast<std::size_t>(r)]),
+      gpu_free(exp[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]),
                MemoryUse::kDispatch);
     }
   }
-  OpShape dense;
-  dense.tokens = tokens;
-  dense.k = m_.hidden;
   const PerRank out = compute_all(what(StagePart::kMoe, StageOp::kRouterSharedBwd).at_chunk(chunk), OpKind::kGemm, Phase::kBackward, l,
                                   kMatmulBackwardRatio * (f.router + f.shared_expert + f.dense_mlp),
                                   kMemoryBackwardRatio * (t.pre + t.combine), dense, {exp});

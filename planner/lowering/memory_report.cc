@@ -65,7 +65,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   Bytes llep_weights = 0, llep_grads = 0;
   if (ep) {
     const std::vector<LlepBalance> routing = ep_layer_balance(w.routing, m.moe.experts, m.layers, P, llep);
-    for (int l = 0; l < m.layers; ++l) {
+    for (int l = m.first_dense_layers; l < m.layers; ++l) {
       const LlepBalance& b = routing[static_cast<std::size_t>(l)];
       load = std::max(load, max_load(b.loads));
       const int most = *std::max_element(b.fetched.begin(), b.fetched.end());
@@ -76,8 +76,8 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
       }
     }
   }
-  const auto moe_on_worst_rank = [&](std::int64_t tokens) {
-    return ep && P > 1 ? moe_activation_bytes_at_load(m, tokens, load) : moe_activation_bytes(m, tokens);
+  const auto moe_on_worst_rank = [&](int l, std::int64_t tokens) {
+    return ep && P > 1 && m.moe_layer(l) ? moe_activation_bytes_at_load(m, l, tokens, load) : moe_activation_bytes(m, l, tokens);
   };
 
   MemoryReport report;
@@ -93,8 +93,9 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   // M_keep: MoE backward tensors of retained layers, boundaries held on the GPU.
   const std::int64_t moe_tokens_live =
       ep ? std::min(plan.routing_chunk_tokens, N) : (plan.split.moe_chunk_tokens > 0 ? std::min(plan.split.moe_chunk_tokens, live_tokens) : live_tokens);
-  add(gpu.keep, fmt::format("MoE-retained activations, {} layers", plan.moe_retained_layers.size()),
-      static_cast<Bytes>(plan.moe_retained_layers.size()) * moe_on_worst_rank(N));
+  Bytes retained = 0;
+  for (int l : plan.moe_retained_layers) retained += moe_on_worst_rank(l, N);
+  add(gpu.keep, fmt::format("MoE-retained activations, {} layers", plan.moe_retained_layers.size()), retained);
   add(gpu.keep, fmt::format("boundaries held on GPU, {} layers", plan.boundaries.gpu_held.size()),
       boundary_bytes(static_cast<std::int64_t>(plan.boundaries.gpu_held.size()), seqs, S, m.hidden));
 
@@ -113,11 +114,11 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     add(ph.items, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
     if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
-    if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(moe_tokens_live));
-    if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, moe_tokens_live, load));
+    if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(l, moe_tokens_live));
+    if (ep && P > 1 && m.moe_layer(l)) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
     add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",
         moe_input_grad_bytes(m, moe_tokens_live) +
-            expert_grad_workspace_bytes(m, moe_tokens_live, ep ? P : 1, largest_expert_share(w.routing, m.moe.experts, l)));
+            expert_grad_workspace_bytes(m, l, moe_tokens_live, ep ? P : 1, largest_expert_share(w.routing, m.moe.experts, l)));
     add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
     add(ph.items, "LLEP fetched experts' gradients", llep_grads);
     if (any_regenerated) {

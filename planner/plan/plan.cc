@@ -177,7 +177,7 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
   // A head group partitions the query heads of each KV group of every attention kind.
   const int g = p.split.attention_head_group;
   if (g > 0) {
-    for (LayerKind kind : {LayerKind::kFullAttention, LayerKind::kSlidingAttention}) {
+    for (LayerKind kind : {LayerKind::kFullAttention, LayerKind::kSlidingAttention, LayerKind::kLatentAttention}) {
       if (m.count(kind) == 0) continue;
       const AttentionSpec& a = m.attention(kind);
       const int per_group = a.heads / a.kv_heads;

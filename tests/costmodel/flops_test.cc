@@ -53,11 +53,34 @@ TEST(Flops, AtEqualTokensAttentionStillDependsOnSequenceLength) {
 
 TEST(Flops, MoeCountsRouterTopKExpertsSharedAndDense) {
   const ModelSpec m = load_model_spec("tiny-moe");  // h 64, E 8, k 2, I 32, shared 32, dense 48
-  const MoeFlops f = moe_flops(m, 10);
+  const MoeFlops f = moe_flops(m, 0, 10);
   EXPECT_DOUBLE_EQ(f.router, 2.0 * 10 * 64 * 8);
   EXPECT_DOUBLE_EQ(f.routed_experts, 2.0 * 10 * 2 * (3 * 64 * 32));
   EXPECT_DOUBLE_EQ(f.shared_expert, 2.0 * 10 * (3 * 64 * 32 + 64));
   EXPECT_DOUBLE_EQ(f.dense_mlp, 2.0 * 10 * (3 * 64 * 48));
+}
+
+TEST(Flops, LatentAttentionScoresOverQkWidthAndValuesOverVWidth) {
+  const ModelSpec m = load_model_spec("deepseek-v3");
+  const AttentionSpec& a = m.latent_attention;
+  // 2·heads·(d_qk + d_v) = 2·128·(192 + 128) FLOPs per query–key pair.
+  EXPECT_DOUBLE_EQ(attention_core_flops(a, 1, 4).total(), 2.0 * 128 * (192 + 128) * causal_pairs(4, 0));
+  // Projections: one multiply-accumulate per weight but the two latent norms'.
+  EXPECT_DOUBLE_EQ(attention_projection_flops(a, m.hidden, 10), 2.0 * 10 * (187'107'328 - 1536 - 512));
+  const LayerFlops f = layer_flops(m, 0, 1, 10);
+  EXPECT_DOUBLE_EQ(f.mixing_output, 2.0 * 10 * 128 * 128 * 7168);  // o_proj reads heads·d_v
+}
+
+TEST(Flops, DenseFirstLayersRunTheirMlpAndNoExperts) {
+  const ModelSpec m = load_model_spec("deepseek-v3");
+  const MoeFlops dense = moe_flops(m, 0, 10);
+  EXPECT_DOUBLE_EQ(dense.dense_mlp, 2.0 * 10 * 3 * 7168 * 18432);
+  EXPECT_DOUBLE_EQ(dense.router + dense.routed_experts + dense.shared_expert, 0.0);
+  const MoeFlops moe = moe_flops(m, 3, 10);
+  EXPECT_DOUBLE_EQ(moe.routed_experts, 2.0 * 10 * 8 * 3 * 7168 * 2048);
+  EXPECT_DOUBLE_EQ(moe.shared_expert, 2.0 * 10 * 3 * 7168 * 2048);  // no gate
+  EXPECT_DOUBLE_EQ(moe.router, 2.0 * 10 * 7168 * 256);
+  EXPECT_DOUBLE_EQ(moe.dense_mlp, 0.0);
 }
 
 TEST(Flops, GdnRecurrenceIsLinearInTokens) {

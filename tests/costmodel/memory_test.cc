@@ -68,7 +68,27 @@ TEST(Memory, AttentionHeadGroupsShrinkOnlyTheQuerySide) {
 TEST(Memory, MoeActivationsByHand) {
   const ModelSpec m = load_model_spec("tiny-moe");  // h 64, E 8, k 2, I 32, shared 32, dense 48
   const std::int64_t per_token = 64 * 2 + 8 * 4 + 2 * 12 + 2 * 64 * 2 + 2 * 3 * 32 * 2 + 2 * 64 * 2 + 3 * 32 * 2 + 3 * 48 * 2;
-  EXPECT_EQ(moe_activation_bytes(m, 10), 10 * per_token);
+  EXPECT_EQ(moe_activation_bytes(m, 0, 10), 10 * per_token);
+}
+
+TEST(Memory, LatentAttentionActivationsByHand) {
+  const ModelSpec m = load_model_spec("kimi-k2");
+  const AttentionSpec& a = m.latent_attention;  // 64 heads, d_qk 192, d_v 128, r_q 1536, r_kv 512, rope 64
+  const std::int64_t per_token = 7168 * 2                 // normed input
+                                 + (2 * 1536 + 2 * 512 + 64) * 2  // latents before and after their norms
+                                 + 64 * (192 + 128) * 2    // per-head K and V
+                                 + 64 * 192 * 2 + 64 * 4   // Q, LSE
+                                 + 64 * 128 * 2;           // O
+  EXPECT_EQ(attention_activation_bytes(a, m.hidden, 2, 5, 0), 10 * per_token);
+  EXPECT_EQ(attention_result_bytes(a, 2, 5), 10LL * (64 * 128 * 2 + 64 * 4));
+}
+
+TEST(Memory, DenseFirstLayerHoldsItsMlpAndNoRoutedActivations) {
+  const ModelSpec m = load_model_spec("kimi-k2");
+  EXPECT_EQ(moe_activation_bytes(m, 0, 10), 10LL * (7168 * 2 + 3 * 18432 * 2));
+  EXPECT_EQ(a2a_buffer_bytes(m, 0, 10), 0);
+  EXPECT_EQ(a2a_buffer_bytes(m, 1, 10), 2LL * 8 * 10 * 7168 * 2);
+  EXPECT_GT(moe_activation_bytes(m, 1, 10), moe_activation_bytes(m, 0, 10));
 }
 
 TEST(Memory, Eq2AddsHeadroomAsAFractionOfTheRest) {

@@ -169,8 +169,68 @@ TEST(ModelSpec, UnknownLayerTypeNamesTheFieldAndIndex) {
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
               "cfg.json: field 'layer_types[2]': value \"mamba\": unknown layer type (expected full_attention, "
-              "sliding_attention or linear_attention)");
+              "sliding_attention, linear_attention or latent_attention)");
   }
+}
+
+TEST(ModelSpec, DeepSeekV3HasLatentAttentionDenseFirstLayersAndGroupedSigmoidRouting) {
+  const ModelSpec m = load_model_spec("deepseek-v3");
+  EXPECT_EQ(m.count(LayerKind::kLatentAttention), 61);
+  const AttentionSpec& a = m.attention(LayerKind::kLatentAttention);
+  EXPECT_TRUE(a.latent());
+  EXPECT_EQ(a.heads, 128);
+  EXPECT_EQ(a.kv_heads, 128);
+  EXPECT_EQ(a.head_dim, 192);  // qk_nope 128 + qk_rope 64
+  EXPECT_EQ(a.rope_head_dim, 64);
+  EXPECT_EQ(a.value_dim(), 128);
+  EXPECT_EQ(a.q_lora_rank, 1536);
+  EXPECT_EQ(a.kv_lora_rank, 512);
+  EXPECT_EQ(m.first_dense_layers, 3);
+  EXPECT_FALSE(m.moe_layer(2));
+  EXPECT_TRUE(m.moe_layer(3));
+  EXPECT_EQ(m.moe_layers(), 58);
+  EXPECT_EQ(m.layer_moe(0).experts, 0);
+  EXPECT_EQ(m.layer_moe(0).dense_intermediate, 18432);
+  EXPECT_EQ(m.layer_moe(3).experts, 256);
+  EXPECT_EQ(m.moe.shared_expert_intermediate, 2048);  // one shared expert of moe_intermediate_size
+  EXPECT_FALSE(m.moe.shared_expert_gate);
+  EXPECT_EQ(m.moe.scoring, "sigmoid");
+  EXPECT_EQ(m.moe.groups, 8);
+  EXPECT_EQ(m.moe.topk_groups, 4);
+  EXPECT_DOUBLE_EQ(m.moe.routed_scaling, 2.5);
+  EXPECT_EQ(m.rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(m.rope_scaling.factor, 40.0);
+  // A q_lora_rank of null (DeepSeek-V2-Lite) projects queries straight from the hidden state.
+  nlohmann::json j = model_spec_to_hf_config(m);
+  j["q_lora_rank"] = nullptr;
+  EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", "x").latent_attention.q_lora_rank, 0);
+}
+
+TEST(ModelSpec, DeepSeekFieldsOutsideTheModelAreRefusedByField) {
+  const nlohmann::json base = model_spec_to_hf_config(load_model_spec("kimi-k2"));
+  const auto refused = [&](const char* key, const nlohmann::json& value, const std::string& needle) {
+    nlohmann::json j = base;
+    j[key] = value;
+    try {
+      model_spec_from_hf_config(j, "cfg.json", "x");
+      ADD_FAILURE() << key << " accepted";
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("field '") + key + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+    }
+  };
+  refused("moe_layer_freq", 2, "only every layer");
+  refused("n_group", 5, "must divide the 384 routed experts");
+  refused("topk_group", 0, "");
+  refused("attention_bias", true, "biases");
+  refused("first_k_dense_replace", 61, "");
+  refused("scoring_func", "softplus", "");
+  nlohmann::json j = base;
+  j["n_group"] = 8;
+  j["topk_group"] = 1;
+  j["num_experts_per_tok"] = 49;  // more than one group of 48 holds
+  EXPECT_THROW(model_spec_from_hf_config(j, "cfg.json", "x"), InputError);
 }
 
 TEST(ModelSpec, TopKLargerThanExpertsIsRejected) {

@@ -49,6 +49,42 @@ TEST(Params, Qwen3Coder480bIs480BTotalAnd35BActive) {
   EXPECT_EQ(p.layers[0].routed_experts, 160LL * 3 * 6144 * 2560);
 }
 
+// DeepSeek-V3: 671B total, 37B activated (its model card; the 685B checkpoint adds the 14B
+// multi-token-prediction module, which is not part of the decoder). Hand count of one layer:
+// MLA q_a 7168·1536 + 1536 + q_b 1536·128·192 + kv_a 7168·576 + 512 + kv_b 512·128·256 +
+// o 128·128·7168 = 187,107,328; three dense layers of 3·7168·18432; 58 MoE layers of 256 experts
+// of 3·7168·2048, one ungated shared expert and a 256 × 7168 router.
+TEST(Params, DeepSeekV3Is671BTotalAnd37BActive) {
+  const ModelSpec m = load_model_spec("deepseek-v3");
+  const ModelParams p = model_params(m);
+  EXPECT_LT(rel(p.total(), 671e9), 0.005) << p.total();
+  EXPECT_LT(rel(p.active(), 37e9), 0.02) << p.active();
+  EXPECT_EQ(p.layers[0].mixing, 187'107'328);
+  EXPECT_EQ(p.layers[0].dense_mlp, 3LL * 7168 * 18432);
+  EXPECT_EQ(p.layers[0].routed_experts, 0);
+  EXPECT_EQ(p.layers[0].router, 0);
+  EXPECT_EQ(p.layers[3].dense_mlp, 0);
+  EXPECT_EQ(p.layers[3].routed_experts, 256LL * 3 * 7168 * 2048);
+  EXPECT_EQ(p.layers[3].shared_expert, 3LL * 7168 * 2048);  // no gate
+  EXPECT_EQ(p.layers[3].router, 256LL * 7168);
+  EXPECT_EQ(p.total(), 61LL * (187'107'328 + 2 * 7168) + 3LL * 3 * 7168 * 18432 +
+                           58LL * (256LL * 7168 + 257LL * 3 * 7168 * 2048) + 2LL * 129280 * 7168 + 7168);
+}
+
+// Kimi-K2: 1.04T total, 32.6B activated (its technical report; the model card rounds to 1T and
+// 32B). DeepSeek-V3's decoder with 64 heads, 384 experts and one dense layer: 1.026T counted,
+// 1.3% under the report's figure.
+TEST(Params, KimiK2IsAbout1point04TTotalAnd32point6BActive) {
+  const ModelParams p = model_params(load_model_spec("kimi-k2"));
+  EXPECT_LT(rel(p.total(), 1.04e12), 0.02) << p.total();
+  EXPECT_LT(rel(p.active(), 32.6e9), 0.02) << p.active();
+  // MLA with 64 heads: q_a 11,010,048 + 1536 + q_b 1536·64·192 + kv_a 7168·576 + 512 + kv_b
+  // 512·64·256 + o 64·128·7168.
+  EXPECT_EQ(p.layers[0].mixing, 11'010'048 + 1536 + 18'874'368 + 4'128'768 + 512 + 8'388'608 + 58'720'256);
+  EXPECT_EQ(p.layers[1].routed_experts, 384LL * 3 * 7168 * 2048);
+  EXPECT_EQ(p.active_per_token_experts, 60LL * 8 * 3 * 7168 * 2048);
+}
+
 TEST(Params, Qwen36BackboneIsWithin3PercentOf35B) {
   // The published 35B also counts the vision tower (~0.4B) and the multi-token-prediction layer;
   // the language backbone modelled here is 34.66B.

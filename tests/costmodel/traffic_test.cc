@@ -36,14 +36,14 @@ TEST(Traffic, GdnMixingCountsConvNormsAndGates) {
 
 TEST(Traffic, MoeCountsRouterPermutationAndActivations) {
   ModelSpec m = model();
-  const MoeTraffic t = moe_hbm_bytes(m, 10);
+  const MoeTraffic t = moe_hbm_bytes(m, 0, 10);
   EXPECT_EQ(t.pre, 10 * ((2 * 64 + 2 * 2 * 64 + 3 * 16) * kBf16Bytes + 2 * 8 * kFp32Bytes));
   EXPECT_EQ(t.experts, 10 * 3 * 2 * 32 * kBf16Bytes);
   EXPECT_EQ(t.combine, 10 * (2 * 64 + 64 + 3 * 64) * kBf16Bytes);
   EXPECT_EQ(t.total(), t.pre + t.experts + t.combine);
   // More experts per token move more bytes through the permutation and the activation.
   m.moe.top_k = 4;
-  const MoeTraffic wider = moe_hbm_bytes(m, 10);
+  const MoeTraffic wider = moe_hbm_bytes(m, 0, 10);
   EXPECT_GT(wider.pre, t.pre);
   EXPECT_EQ(wider.experts, 2 * t.experts);
   EXPECT_GT(wider.combine, t.combine);
@@ -58,13 +58,13 @@ TEST(Traffic, LossMovesFp32LogitsTwiceForwardAndOnceBack) {
 TEST(Traffic, Gemma4CountsItsSandwichNormsAndTheLogitSoftcap) {
   ModelSpec m = model();
   const Bytes mixing = mixing_hbm_bytes(m, 0, 10);
-  const MoeTraffic plain = moe_hbm_bytes(m, 10);
+  const MoeTraffic plain = moe_hbm_bytes(m, 0, 10);
   const Bytes loss_fwd = loss_forward_hbm_bytes(m, 3), loss_bwd = loss_backward_hbm_bytes(m, 3);
   m.model_type = "gemma4_text";
   ASSERT_TRUE(m.gemma4());
   // The v norm over the KV heads and the post-attention norm.
   EXPECT_EQ(mixing_hbm_bytes(m, 0, 10), mixing + 10 * (2 * 32 + 2 * 64) * kBf16Bytes);
-  const MoeTraffic g = moe_hbm_bytes(m, 10);
+  const MoeTraffic g = moe_hbm_bytes(m, 0, 10);
   // Three input norms and the router's scale (9·h) instead of one norm (2·h); three output norms,
   // their sum and the layer scalar (11·h).
   EXPECT_EQ(g.pre, plain.pre + 10 * 7 * 64 * kBf16Bytes);

@@ -135,6 +135,13 @@ std::vector<Case> cases() {
                model_show(), M, "hidden_size", "16777216", "parameters"});
   c.push_back({"model_unknown_layer_type", {{"m.json", model_with([](json& j) { j["layer_types"][2] = "mamba"; })}},
                model_show(), M, "layer_types[2]", "\"mamba\"", "unknown layer type"});
+  const auto deepseek_with = [](const std::function<void(json&)>& edit) { return edited("configs/models/kimi-k2.json", edit); };
+  c.push_back({"model_moe_layer_freq", {{"m.json", deepseek_with([](json& j) { j["moe_layer_freq"] = 2; })}}, model_show(), M,
+               "moe_layer_freq", "2", "only every layer"});
+  c.push_back({"model_expert_groups_uneven", {{"m.json", deepseek_with([](json& j) { j["n_group"] = 7; })}}, model_show(), M,
+               "n_group", "7", "must divide the 384 routed experts"});
+  c.push_back({"model_latent_rank_negative", {{"m.json", deepseek_with([](json& j) { j["kv_lora_rank"] = -512; })}}, model_show(), M,
+               "kv_lora_rank", "-512", "range"});
   c.push_back({"model_layer_types_count", {{"m.json", model_with([](json& j) { j["layer_types"].erase(0); })}},
                model_show(), M, "layer_types", "[\"sliding_attention\"", "entries"});
   c.push_back({"model_kv_heads_not_dividing", {{"m.json", model_with([](json& j) { j["num_key_value_heads"] = 3; })}},
