@@ -359,7 +359,7 @@ StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, con
   OOM_ASSERT(setup.micro_batch_seqs >= 1 && setup.accumulation_steps >= 1, "a micro-batch of at least one sequence");
   KtFtLowering l(setup, ctx, options);
   StepGraph g = l.run();
-  OOM_ASSERT(check_step_graph(g).empty(), "KT-FT lowering produced a malformed StepGraph");
+  OOM_ASSERT(check_step_graph(g, false).empty(), "KT-FT lowering produced a malformed StepGraph");
   return g;
 }
 

@@ -539,7 +539,7 @@ StepGraph lower(const Plan& plan, const WorkloadContext& ctx, const LoweringOpti
   OOM_ASSERT(ctx.workload.gpus >= 1, "at least one GPU");
   lowering::Lowering l(plan, ctx, options);
   StepGraph g = l.run();
-  OOM_ASSERT(check_step_graph(g).empty(), "lowering produced a malformed StepGraph");
+  OOM_ASSERT(check_step_graph(g, false).empty(), "lowering produced a malformed StepGraph");
   return g;
 }
 

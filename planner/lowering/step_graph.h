@@ -204,7 +204,10 @@ class StepGraphBuilder {
 
 // Checks the invariants above (ids, dependency order, each stage in exactly its resource's order
 // and in increasing id, unique keys, names and copies that agree with the keys). Returns an empty string when the graph is well formed, else the first problem.
-std::string check_step_graph(const StepGraph& g);
+// `keys` false leaves out the names' agreement with the keys and their uniqueness, which
+// StepGraphBuilder::add keeps by construction (it names each stage from its key and numbers
+// repeats): the check the lowerings run on every graph they build, a plan search's included.
+std::string check_step_graph(const StepGraph& g, bool keys = true);
 
 struct LoweringOptions {
   MemoryConstants memory;  // M_0, ε, host process bytes, loss chunk
