@@ -71,7 +71,8 @@ Bytes moe_assignment_bytes(const ModelSpec& m, int layer, std::int64_t assignmen
 // moe_activation_bytes on a rank that processes `load` times the mean share of the assignments
 // (skewed routing under expert parallelism; 1 = balanced).
 Bytes moe_activation_bytes_at_load(const ModelSpec& m, int layer, std::int64_t tokens, double load);
-// Send + receive buffers of one EP dispatch round of `chunk_tokens` tokens: 2·k·c·h BF16.
+// Send + receive buffers of one EP dispatch round of `chunk_tokens` tokens: 2·k·c·h BF16 (0 in a
+// dense first layer, whose k is 0; so are the routed parts of the *_at_load sizes).
 Bytes a2a_buffer_bytes(const ModelSpec& m, int layer, std::int64_t chunk_tokens);
 // The same on a rank that receives `load` times the mean: its send half, and `load` receive halves.
 Bytes a2a_buffer_bytes_at_load(const ModelSpec& m, int layer, std::int64_t chunk_tokens, double load);

@@ -56,9 +56,9 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
     }
     weights_per_pass += working_weight_bytes(lp.common() + experts);
     grads += gradient_bytes(lp.common() + (ep ? experts : lp.routed_experts / P));
-    if (ep && P > 1 && m.moe_layer(l)) {
+    if (ep && P > 1) {
       const int passes = plan.is_moe_retained(l) ? 2 : 3;  // forward, (replay), backward
-      c.a2a_bytes += passes * ep_a2a_bytes(m.moe.top_k, N, m.hidden, kBf16Bytes, P);
+      c.a2a_bytes += passes * ep_a2a_bytes(m.layer_moe(l).top_k, N, m.hidden, kBf16Bytes, P);
     }
     if (plan.keep_attention_results && m.layer_kinds[l] != LayerKind::kLinearAttention) {
       c.activation_offload_bytes += 2 * attention_result_bytes(m.attention(m.layer_kinds[l]), B, S);  // save + load

@@ -74,7 +74,6 @@ std::vector<std::vector<double>> ep_loads(const WorkloadContext& ctx, int ep) {
 // Routed activations and all-to-all buffers of `tokens` tokens on a rank receiving `load` times
 // the mean share.
 Bytes moe_bytes_at_load(const ModelSpec& m, int layer, std::int64_t tokens, double load) {
-  if (!m.moe_layer(layer)) return moe_activation_bytes(m, layer, tokens);
   return moe_activation_bytes_at_load(m, layer, tokens, load) + a2a_buffer_bytes_at_load(m, layer, tokens, load);
 }
 

@@ -119,7 +119,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
 
 Bytes Lowering::moe_activation_on_rank(std::int64_t tokens, int l, int r) const {
   // The routed part lives where the assignments are processed: the receiving rank's share.
-  if (!ep_ || P_ == 1 || !m_.moe_layer(l)) return moe_activation_bytes(m_, l, tokens);
+  if (!ep_ || P_ == 1) return moe_activation_bytes(m_, l, tokens);
   return moe_activation_bytes_at_load(m_, l, tokens, rank_load(l)[static_cast<std::size_t>(r)]);
 }
 

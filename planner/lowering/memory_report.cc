@@ -77,7 +77,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     }
   }
   const auto moe_on_worst_rank = [&](int l, std::int64_t tokens) {
-    return ep && P > 1 && m.moe_layer(l) ? moe_activation_bytes_at_load(m, l, tokens, load) : moe_activation_bytes(m, l, tokens);
+    return ep && P > 1 ? moe_activation_bytes_at_load(m, l, tokens, load) : moe_activation_bytes(m, l, tokens);
   };
 
   MemoryReport report;
@@ -115,7 +115,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
     if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(l, moe_tokens_live));
-    if (ep && P > 1 && m.moe_layer(l)) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
+    if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
     add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",
         moe_input_grad_bytes(m, moe_tokens_live) +
             expert_grad_workspace_bytes(m, l, moe_tokens_live, ep ? P : 1, largest_expert_share(w.routing, m.moe.experts, l)));
