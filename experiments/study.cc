@@ -405,11 +405,16 @@ std::string study_table_text(const StudyResult& r) {
     }
     out += line + "\n";
   }
-  // Reasons, once each: why no plan fits, why each baseline ran out of memory.
+  // Reasons, once each: why no plan fits, why each baseline ran out of memory or how it was wrapped to fit.
   for (const auto& row : r.rows) {
     if (!row.plan) out += fmt::format("  {}: no plan fits: {}\n", row.label(), row.infeasible);
     for (const auto& b : row.baselines) {
       if (!b.fits()) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.oom->message());
+      if (b.fits() && b.setup && b.setup->expert_units > 1) {
+        out += fmt::format("  {}: {}: experts wrapped in {} units per decoder (a whole decoder does not fit), micro-batch of {} x {}\n",
+                           row.label(), baseline_system_name(b.system), b.setup->expert_units, b.setup->micro_batch_seqs,
+                           b.setup->accumulation_steps);
+      }
     }
   }
   // Published baseline points, one line each.

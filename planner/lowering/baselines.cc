@@ -103,6 +103,27 @@ std::string OutOfMemory::message() const {
   return fmt::format("{} out of memory: {} needed > {} available at {}", what, gib(needed_bytes), gib(available_bytes), where);
 }
 
+DecoderUnits decoder_units(const LayerParams& layer, int expert_units) {
+  DecoderUnits u;
+  if (expert_units <= 1 || layer.routed_experts == 0) {
+    u.outer = layer.total();
+    return u;
+  }
+  u.outer = layer.common();
+  u.expert_unit = layer.routed_experts / expert_units;
+  u.expert_units = expert_units;
+  return u;
+}
+
+std::vector<int> expert_unit_options(BaselineSystem s, const ModelSpec& m, int gpus) {
+  std::vector<int> out = {1};
+  if (!baseline_traits(s, gpus).sharded_params || m.moe_layers() == 0) return out;
+  for (int u = 2; u <= m.moe.experts; ++u) {
+    if (m.moe.experts % u == 0) out.push_back(u);
+  }
+  return out;
+}
+
 BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
   const ModelSpec& m = ctx.model;
   const HardwareSpec& hw = ctx.hardware;
@@ -111,29 +132,44 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   const BaselineTraits t = baseline_traits(setup.system, P);
   const ModelParams params = model_params(m);
   const ParamCount head = (params.lm_head > 0 ? params.lm_head : params.embedding) + params.final_norm;
-  ParamCount largest = std::max(params.embedding, head);
-  for (const auto& l : params.layers) largest = std::max(largest, l.total());
-  const ParamCount shard = t.sharded_params ? (largest + P - 1) / P : largest;
+  std::vector<DecoderUnits> units;
+  for (const auto& l : params.layers) units.push_back(decoder_units(l, t.sharded_params ? setup.expert_units : 1));
+  ParamCount largest = std::max(params.embedding, head), largest_unit = 0;
+  for (const auto& u : units) {
+    largest = std::max(largest, u.outer);
+    largest_unit = std::max(largest_unit, u.expert_unit);
+  }
+  const ParamCount shard = t.sharded_params ? (std::max(largest, largest_unit) + P - 1) / P : largest;
 
   BaselineMemory out;
-  // GPU: M_0, the two-slot window of unsharded BF16 layers, the staging of the copied shards, then
-  // the largest workset (one decoder's backward or the loss).
+  // GPU: M_0, the two-slot windows of unsharded BF16 units (decoders, and expert units when the
+  // experts are apart), the staging of the copied shards, then the largest workset (one decoder's
+  // backward or the loss).
   const Bytes fixed = k.gpu_fixed_bytes;
-  const Bytes window = 2 * working_weight_bytes(largest);
-  const Bytes staging = t.sharded_params && P > 1 ? 2 * t.h2d_bytes_per_param * shard : 0;
+  out.window_bytes = 2 * working_weight_bytes(largest) + 2 * working_weight_bytes(largest_unit);
+  out.staging_bytes = t.sharded_params && P > 1 ? 2 * t.h2d_bytes_per_param * shard : 0;
   Bytes work = 0;
   // A tied table's gradient is held from the head's backward to the embeddings' (one gradient).
   const Bytes tied_table = m.tied_embeddings ? t.grad_bytes_per_param * params.embedding : 0;
-  for (int l = 0; l < m.layers; ++l) {
-    // Two gradient buffers: decoder l's and, still draining, the one before it in backward order
-    // (decoder l+1's, or the head's before the last decoder); the next checkpoint may already be
+  // Gradients take two GPU buffers in turn, in backward order: the head's, then per decoder its
+  // expert units' (last first) and its outer unit's, then the embedding's. While one is written the
+  // one before it may still be draining.
+  ParamCount before = m.tied_embeddings ? params.final_norm : head;
+  for (int l = m.layers - 1; l >= 0; --l) {
+    const DecoderUnits& u = units[static_cast<std::size_t>(l)];
+    ParamCount pair = 0;
+    ParamCount prev = before;
+    for (int e = 0; e < u.expert_units; ++e) {
+      pair = std::max(pair, u.expert_unit + prev);
+      prev = u.expert_unit;
+    }
+    pair = std::max(pair, u.outer + prev);
+    before = u.outer;
+    // Input, next input and the running hidden gradient; the next checkpoint may already be
     // loaded beside this one.
-    const ParamCount draining = l + 1 < m.layers ? params.layers[static_cast<std::size_t>(l + 1)].total()
-                                                 : (m.tied_embeddings ? params.final_norm : head);
-    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // input, next input, running hidden gradient
-                    + mixing_activations(m, l, b, S) + moe_activation_bytes(m, l, T) + tied_table
-                    + t.grad_bytes_per_param * (params.layers[static_cast<std::size_t>(l)].total() + draining);
-    if (w > work) {
+    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) + moe_activation_bytes(m, l, T) + tied_table +
+                    t.grad_bytes_per_param * pair;
+    if (w >= work) {
       work = w;
       out.gpu_peak_at = fmt::format("decoder {} ({}) backward, micro-batch of {} sequences", l,
                                     layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]), b);
@@ -147,12 +183,13 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   }
   // The embedding's gradient, written by the scatter while decoder 0's may still be draining, beside
   // the running hidden gradient the scatter reads.
-  const Bytes embedding = boundary_bytes(1, b, S, m.hidden) + t.grad_bytes_per_param * (params.embedding + params.layers.front().total());
+  const Bytes embedding = boundary_bytes(1, b, S, m.hidden) + t.grad_bytes_per_param * (params.embedding + before);
   if (embedding > work) {
     work = embedding;
     out.gpu_peak_at = fmt::format("embedding backward, micro-batch of {} sequences", b);
   }
-  out.gpu_peak_bytes = eq2_gpu_peak(fixed, 0, 0, window + staging + work, k.gpu_headroom_fraction).total();
+  if (t.sharded_params && setup.expert_units > 1) out.gpu_peak_at += fmt::format(", experts in {} units", setup.expert_units);
+  out.gpu_peak_bytes = eq2_gpu_peak(fixed, 0, 0, out.window_bytes + out.staging_bytes + work, k.gpu_headroom_fraction).total();
 
   // Host, per NUMA node: the state split over the nodes in use by ranks, then per-rank items.
   const std::vector<int> ranks_on = hw.ranks_per_numa(P);
@@ -193,26 +230,29 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
   const Bytes gpu_budget = ctx.gpu_budget_bytes();
   BaselineFit fit;
   std::optional<OutOfMemory> gpu_oom, host_oom;
+  const std::vector<int> units = expert_unit_options(s, ctx.model, ctx.workload.gpus);
   for (const std::int64_t mb : candidates) {
-    BaselineSetup setup{s, mb, static_cast<int>(seqs / mb)};
-    const BaselineMemory mem = baseline_static_memory(setup, ctx, k);
-    if (mem.gpu_peak_bytes > gpu_budget) {
-      gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
-      continue;
-    }
-    bool host_fits = true;
-    for (std::size_t n = 0; n < mem.host_bytes_per_numa.size() && host_fits; ++n) {
-      if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
-        host_oom = OutOfMemory{"host", static_cast<int>(n),
-                               fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
-                                           t.host_bytes_per_param, mb),
-                               mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
-        host_fits = false;
+    for (const int u : units) {
+      BaselineSetup setup{s, mb, static_cast<int>(seqs / mb), u};
+      const BaselineMemory mem = baseline_static_memory(setup, ctx, k);
+      if (mem.gpu_peak_bytes > gpu_budget) {
+        gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
+        continue;
       }
+      bool host_fits = true;
+      for (std::size_t n = 0; n < mem.host_bytes_per_numa.size() && host_fits; ++n) {
+        if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
+          host_oom = OutOfMemory{"host", static_cast<int>(n),
+                                 fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
+                                             t.host_bytes_per_param, mb),
+                                 mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
+          host_fits = false;
+        }
+      }
+      if (!host_fits) continue;  // finer units pin smaller copy buffers; a smaller micro-batch offloads fewer checkpoints
+      fit.setup = setup;
+      return fit;
     }
-    if (!host_fits) continue;  // a smaller micro-batch offloads fewer checkpoints
-    fit.setup = setup;
-    return fit;
   }
   // The GPU fitted at some micro-batch but the host never did: host out of memory; else the GPU
   // at the smallest micro-batch allowed.
@@ -292,6 +332,7 @@ nlohmann::json baseline_result_to_json(const BaselineResult& r) {
   j["host_gib"] = host > 0 ? nlohmann::json(to_gib(host)) : nlohmann::json(nullptr);
   j["micro_batch_seqs"] = r.setup ? nlohmann::json(r.setup->micro_batch_seqs) : nlohmann::json(nullptr);
   j["accumulation_steps"] = r.setup ? nlohmann::json(r.setup->accumulation_steps) : nlohmann::json(nullptr);
+  j["expert_units"] = r.setup ? nlohmann::json(r.setup->expert_units) : nlohmann::json(nullptr);
   if (r.oom) {
     j["oom"] = {{"space", r.oom->space},
                 {"device", r.oom->device},

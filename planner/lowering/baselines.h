@@ -19,6 +19,17 @@
 // Every system computes the whole expert bank of a layer on each GPU over its own tokens (no
 // expert parallelism) and checkpoints every decoder with its input on the host.
 //
+// Units of the sharded systems. FSDP2 all-gathers, frees and reduce-scatters per fully_shard()
+// module, and a tuned FSDP2 wraps a MoE decoder too large for one unit as several: the decoder's
+// other parameters as one unit and its routed experts as units of their own (each expert module
+// may be fully_shard()-ed: torch.distributed.fsdp.fully_shard documentation, "nested" modules).
+// ZeRO-3 fetches and releases per submodule (its prefetch bucket bounds what is live). Both are
+// modelled by `expert_units`: a MoE decoder's routed experts form that many units of equal expert
+// count, each delivered (H2D, all-gather) for its slice of the expert computation, in the forward,
+// in the recompute and in the backward, with its own gradient reduce-scatter and D2H; the
+// decoder's other parameters stay one unit, held through the decoder. configure_baseline() picks
+// the fewest units that fit (1 keeps the decoder whole, the wrapping of every recorded run).
+//
 // A baseline that does not fit answers out-of-memory with where (GPU or host NUMA node, the phase
 // or the item) and the numbers, never a step time. Units: bytes, seconds. Pure functions of their
 // arguments; thread-safe.
@@ -32,6 +43,7 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/memory.h"
+#include "costmodel/params.h"
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/step_engine.h"
@@ -76,11 +88,29 @@ struct BaselineSetup {
   BaselineSystem system = BaselineSystem::kFsdp2Offload;
   std::int64_t micro_batch_seqs = 1;
   int accumulation_steps = 1;
+  // Units a MoE decoder's routed experts are wrapped in (a divisor of the experts; sharded
+  // systems only): 1, the whole decoder is one unit.
+  int expert_units = 1;
 };
+
+// The parameters of one decoder's units under `expert_units`: the unit delivered for the whole
+// decoder (all of it, or its non-expert parameters when the experts form units of their own) and
+// one expert unit (0 when the experts are not apart).
+struct DecoderUnits {
+  ParamCount outer = 0;
+  ParamCount expert_unit = 0;
+  int expert_units = 0;  // 0 when the experts are not apart
+};
+DecoderUnits decoder_units(const LayerParams& layer, int expert_units);
+// The expert-unit counts a system may use on a model, fewest first: {1}, or for a sharded system on
+// a MoE model every divisor of the expert count.
+std::vector<int> expert_unit_options(BaselineSystem s, const ModelSpec& m, int gpus);
 
 // Static memory of a setup: the Eq. 2 GPU peak with where it peaks, and host bytes per NUMA node.
 struct BaselineMemory {
   Bytes gpu_peak_bytes = 0;
+  Bytes window_bytes = 0;   // the unsharded BF16 weight slots (two per window: decoders, expert units)
+  Bytes staging_bytes = 0;  // the copied shards' staging
   std::string gpu_peak_at;             // e.g. "decoder 3 (full_attention) backward"
   std::vector<Bytes> host_bytes_per_numa;
   std::vector<Bytes> host_budget_per_numa;
@@ -102,8 +132,9 @@ struct OutOfMemory {
 };
 
 // Chooses the largest micro-batch (a divisor of the sequences per GPU; only the whole per-GPU
-// batch when the system does not accumulate) whose static GPU peak fits the workload's GPU budget
-// and whose host bytes fit every NUMA node's share of the host budget. Returns the setup, or the
+// batch when the system does not accumulate), and at it the fewest expert units
+// (expert_unit_options()), whose static GPU peak fits the workload's GPU budget and whose host
+// bytes fit every NUMA node's share of the host budget. Returns the setup, or the
 // out-of-memory that stops it: the host (first NUMA node over budget) when some micro-batch fitted
 // the GPU, else the GPU at the smallest micro-batch allowed.
 struct BaselineFit {

@@ -10,6 +10,13 @@
 // GPU gradient buffers: a decoder's backward waits until the buffer two before it (the head's, or
 // a decoder's) has drained. The optimizer runs per layer during the backward (MegaTrain) or, after the
 // backward of the last micro-batch, as one CPU Adam pass over the rank's shard (FSDP2, ZeRO).
+// With the routed experts in units of their own (BaselineSetup::expert_units > 1) the decoder's
+// window holds its other parameters through the decoder, and the expert units pass a second
+// two-slot window, one delivery per slice of the expert computation in the forward, the recompute
+// and the backward (a unit is resharded after its recomputed forward, as after any forward, so the
+// backward gathers it again: one pass over the experts more than the whole-decoder wrapping, which
+// stays gathered from the recompute through the backward); each unit's gradient takes its turn in
+// the gradient buffers.
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -49,7 +56,8 @@ class BaselineLowering {
       r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/false));
     }
     none_.assign(static_cast<std::size_t>(P_), -1);
-    slot_last_[0] = slot_last_[1] = none_;
+    decoders_.last[0] = decoders_.last[1] = none_;
+    experts_.last[0] = experts_.last[1] = none_;
     last_compute_ = none_;
     last_d2h_ = none_;
   }
@@ -57,11 +65,7 @@ class BaselineLowering {
   StepGraph run() {
     const BaselineMemory mem = baseline_static_memory(setup_, ctx_, k_);
     StepGraph& g = b_.graph();
-    ParamCount largest = std::max(params_.embedding, head_params());
-    for (const auto& l : params_.layers) largest = std::max(largest, l.total());
-    const ParamCount shard = t_.sharded_params ? (largest + P_ - 1) / P_ : largest;
-    const Bytes staging = t_.sharded_params && P_ > 1 ? 2 * t_.h2d_bytes_per_param * shard : 0;
-    for (auto& b : g.gpu_base_bytes) b = k_.gpu_fixed_bytes + 2 * working_weight_bytes(largest) + staging;
+    for (auto& b : g.gpu_base_bytes) b = k_.gpu_fixed_bytes + mem.window_bytes + mem.staging_bytes;
     // Host: the static footprint less the checkpoints, which the stages allocate and free.
     const std::vector<int> ranks_on = ctx_.hardware.ranks_per_numa(P_);
     for (std::size_t n = 0; n < g.numa_base_bytes.size() && n < mem.host_bytes_per_numa.size(); ++n) {
@@ -115,11 +119,14 @@ class BaselineLowering {
     PerRank out(static_cast<std::size_t>(P_));
     std::vector<int> peers;
     for (int r = 0; r < P_; ++r) peers.push_back(r);
+    // Every member waits for every member's input: the distinct inputs, gathered once.
+    Stage members;
+    for (int q = 0; q < P_; ++q) dep(members, inputs, q);
     for (int r = 0; r < P_; ++r) {
       Stage s = make(what, op, phase, rr(r).fabric, r, layer);
       s.bytes = bytes;
       s.peers = peers;
-      for (int q = 0; q < P_; ++q) dep(s, inputs, q);
+      s.deps = members.deps;
       out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
     }
     return out;
@@ -136,16 +143,29 @@ class BaselineLowering {
     return out;
   }
 
+  // A two-slot window of unsharded units: a use's copy waits for the last consumer of the use two
+  // before it.
+  struct Window {
+    int uses = 0;
+    PerRank last[2];
+  };
+
   // One window use: the rank's copy (and the all-gather of the others' shards). Returns what
-  // compute waits for and the slot to release.
-  std::pair<PerRank, int> deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
-    const int slot = uses_++ % 2;
+  // compute waits for and the slot to release (window.last[slot] = its last consumer).
+  std::pair<PerRank, int> deliver(Window& window, Phase phase, int layer, ParamCount params, StageWhat unit) {
+    const int slot = window.uses++ % 2;
     const ParamCount copied = t_.sharded_params ? params / P_ : params;
-    PerRank ready = copy(what(part, StageOp::kH2d), OpKind::kH2d, phase, layer, t_.h2d_bytes_per_param * copied, {slot_last_[slot]});
+    PerRank ready = copy(unit.with(StageOp::kH2d), OpKind::kH2d, phase, layer, t_.h2d_bytes_per_param * copied, {window.last[slot]});
     if (t_.sharded_params && P_ > 1) {
-      ready = collective(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, working_weight_bytes(params - copied), ready);
+      ready = collective(unit.with(StageOp::kAllGather), OpKind::kAllGather, phase, layer, working_weight_bytes(params - copied), ready);
     }
     return {ready, slot};
+  }
+  std::pair<PerRank, int> deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
+    return deliver(decoders_, phase, layer, params, what(part, StageOp::kH2d));
+  }
+  DecoderUnits units(int l) const {
+    return decoder_units(params_.layers[static_cast<std::size_t>(l)], t_.sharded_params ? setup_.expert_units : 1);
   }
 
   // Forward (or recompute) of decoder l: mixing then MoE with the whole expert bank. Returns the last stage.
@@ -185,11 +205,28 @@ class BaselineLowering {
     x = compute(what(StagePart::kMoe, StageOp::kRouterShared), OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
                 dense, {x});
     if (!m_.moe_layer(l)) return compute(what(StagePart::kMoe, StageOp::kCombine), OpKind::kElementwise, phase, l, 0, t.combine, dense, {x});
+    const DecoderUnits u = units(l);
+    if (u.expert_units == 0) {
+      OpShape experts;
+      experts.tokens = T * m_.moe.top_k;
+      experts.k = m_.hidden;
+      experts.experts = m_.moe.experts;
+      return compute(what(StagePart::kMoe, StageOp::kExperts), OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
+    }
+    // Expert units in order, each over the tokens routed to its experts once it is delivered.
+    const int U = u.expert_units;
     OpShape experts;
-    experts.tokens = T * m_.moe.top_k;
+    experts.tokens = T * m_.moe.top_k / U;
     experts.k = m_.hidden;
-    experts.experts = m_.moe.experts;
-    return compute(what(StagePart::kMoe, StageOp::kExperts), OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
+    experts.experts = m_.moe.experts / U;
+    const PerRank routed = x;
+    for (int e = 0; e < U; ++e) {
+      const auto [ready, slot] = deliver(experts_, phase, l, u.expert_unit, what(StagePart::kExperts, StageOp::kH2d).at_bucket(e));
+      x = compute(what(StagePart::kMoe, StageOp::kExperts).at_bucket(e), OpKind::kExpertGemm, phase, l, f.moe.routed_experts / U,
+                  t.experts / U + (e + 1 == U ? t.combine : 0), experts, {routed, ready, x});
+      experts_.last[slot] = x;
+    }
+    return x;
   }
 
   Bytes activations(int l) const {
@@ -206,11 +243,11 @@ class BaselineLowering {
     shape.tokens = seqs_ * S_;
     const PerRank gather = compute(what(StagePart::kEmbedding, StageOp::kGather), OpKind::kElementwise, Phase::kForward, -1, 0,
                                    boundary_bytes(1, seqs_, S_, m_.hidden), shape, {ready, last_compute_});
-    slot_last_[slot] = gather;
+    decoders_.last[slot] = gather;
   }
 
   void decoder_forward(int l) {
-    const auto [ready, slot] = deliver(Phase::kForward, l, params_.layers[static_cast<std::size_t>(l)].total());
+    const auto [ready, slot] = deliver(Phase::kForward, l, units(l).outer);
     // Activation offload: the decoder's input goes to the host for the backward.
     const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
     const PerRank save = copy(what(StagePart::kBoundary, StageOp::kD2h), OpKind::kD2h, Phase::kForward, l, boundary, {last_compute_});
@@ -222,7 +259,7 @@ class BaselineLowering {
     const Bytes act = activations(l);
     gpu(first, act, false);
     gpu(out, -act, true);
-    slot_last_[slot] = out;
+    decoders_.last[slot] = out;
   }
 
   void head() {
@@ -244,7 +281,7 @@ class BaselineLowering {
     gpu(bwd, logits + t_.grad_bytes_per_param * head, false);
     gpu(bwd, -logits, true);
     gpu(bwd, boundary_bytes(1, seqs_, S_, m_.hidden), true);  // running gradient of the hidden states
-    slot_last_[slot] = bwd;
+    decoders_.last[slot] = bwd;
     // A tied head is the embedding table: its gradient, started here, is completed by the
     // embeddings' backward and leaves with it (one reduce-scatter or D2H, one update); the head's
     // own group is the final norm.
@@ -252,16 +289,20 @@ class BaselineLowering {
   }
 
   void decoder_backward(int l) {
-    const ParamCount p = params_.layers[static_cast<std::size_t>(l)].total();
+    const DecoderUnits u = units(l);
+    const ParamCount p = u.outer;  // the whole decoder, or its parameters outside the expert units
     const auto [ready, slot] = deliver(Phase::kBackward, l, p);
     const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
     const PerRank load = copy(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, l, boundary, {checkpoints_.at(l)});
     gpu(load, boundary, false);
-    const std::vector<PerRank> gate = with_free_gradient_buffer({ready, load, last_compute_});
+    // Whole decoder: its gradient buffer is taken when the recompute starts. With expert units each
+    // unit's gradient, then the outer unit's, takes its buffer when its backward starts.
+    const bool apart = u.expert_units > 0;
+    const std::vector<PerRank> gate = apart ? std::vector<PerRank>{ready, load, last_compute_} : with_free_gradient_buffer({ready, load, last_compute_});
     PerRank first;
     const PerRank recomputed = decoder_compute(l, Phase::kRecompute, gate, first);
     const Bytes act = activations(l);
-    gpu(first, act + t_.grad_bytes_per_param * p, false);  // recompute activations and the gradient buffer
+    gpu(first, act + (apart ? 0 : t_.grad_bytes_per_param * p), false);  // recompute activations (and the gradient buffer)
 
     const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
     const LayerFlops f = layer_flops(m_, l, seqs_, S_);
@@ -271,7 +312,23 @@ class BaselineLowering {
     dense.tokens = T;
     dense.k = m_.hidden;
     PerRank x = recomputed;
-    if (m_.moe_layer(l)) {
+    if (apart) {
+      // Expert units last to first: delivered again, backward over their slice, gradient out.
+      const int U = u.expert_units;
+      OpShape experts;
+      experts.tokens = T * m_.moe.top_k / U;
+      experts.k = m_.hidden;
+      experts.experts = m_.moe.experts / U;
+      for (int e = U - 1; e >= 0; --e) {
+        const auto [unit_ready, unit_slot] = deliver(experts_, Phase::kBackward, l, u.expert_unit, what(StagePart::kExperts, StageOp::kH2d).at_bucket(e));
+        x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd).at_bucket(e), OpKind::kExpertGemm, Phase::kBackward, l,
+                    kMatmulBackwardRatio * f.moe.routed_experts / U, kMemoryBackwardRatio * (t.experts / U + (e + 1 == U ? t.combine : 0)),
+                    experts, with_free_gradient_buffer({x, unit_ready}));
+        gpu(x, t_.grad_bytes_per_param * u.expert_unit, false);
+        experts_.last[unit_slot] = x;
+        gradients(l, what(StagePart::kExperts, StageOp::kGradD2h).at_bucket(e), u.expert_unit, x);
+      }
+    } else if (m_.moe_layer(l)) {
       OpShape experts;
       experts.tokens = T * m_.moe.top_k;
       experts.k = m_.hidden;
@@ -281,7 +338,8 @@ class BaselineLowering {
     }
     x = compute(what(StagePart::kMoe, StageOp::kRouterSharedBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp),
-                kMemoryBackwardRatio * (m_.moe_layer(l) ? t.pre : t.pre + t.combine), dense, {x});
+                kMemoryBackwardRatio * (m_.moe_layer(l) ? t.pre : t.pre + t.combine), dense, apart ? with_free_gradient_buffer({x}) : std::vector<PerRank>{x});
+    if (apart) gpu(x, t_.grad_bytes_per_param * p, false);  // the outer unit's gradient buffer
     OpShape core;
     core.seqs = seqs_;
     core.seq_len = S_;
@@ -305,8 +363,8 @@ class BaselineLowering {
                 kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, {x});
     gpu(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
-    slot_last_[slot] = x;
-    gradients(l, StagePart::kLayer, p, x);
+    decoders_.last[slot] = x;
+    gradients(l, what(apart ? StagePart::kCommon : StagePart::kLayer, StageOp::kGradD2h), p, x);
   }
 
   void embedding_backward() {
@@ -332,18 +390,21 @@ class BaselineLowering {
   // The gradients of one parameter group (held on the GPU from `ready` on) to the host; summed
   // there over micro-batches or ranks; updated per layer when the optimizer overlaps the backward.
   void gradients(int layer, StagePart part, ParamCount params, const PerRank& ready) {
+    gradients(layer, what(part, StageOp::kGradD2h), params, ready);
+  }
+  void gradients(int layer, const StageWhat& group, ParamCount params, const PerRank& ready) {
     const Bytes on_gpu = t_.grad_bytes_per_param * params;
     PerRank after = ready;
     ParamCount sent = params;
     if (t_.sharded_params && P_ > 1) {
-      after = collective(what(part, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
+      after = collective(group.with(StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
                          on_gpu * (P_ - 1) / P_, ready);
       sent = params / P_;
     }
     std::vector<PerRank> deps = {after};
     const int index = grads_sent_++;
     if (!t_.sharded_params && index >= 2) deps.push_back(slot_consumers_[static_cast<std::size_t>(index - 2)]);  // two CPU slots
-    const PerRank d2h = copy(what(part, StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
+    const PerRank d2h = copy(group.with(StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
     gpu(d2h, -on_gpu, true);
     // Every gradient takes its turn in the two GPU gradient buffers: the head's, each decoder's, the
     // embedding's.
@@ -356,7 +417,7 @@ class BaselineLowering {
       // or its shard for the micro-batches after the first).
       PerRank acc(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(what(part, StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
+        Stage s = make(group.with(StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = sent;
         s.bytes = gradient_bytes(sent);
         dep(s, d2h, r);
@@ -369,22 +430,22 @@ class BaselineLowering {
       // Each rank updates 1/P of the group once every rank's partial is summed.
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(what(part, StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
+        Stage s = make(group.with(StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = params / P_;
         s.bytes = canonical_state_bytes(params / P_);
         for (int q = 0; q < P_; ++q) dep(s, consumed, q);
         upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
       }
-      publish(part, layer, params / P_, upd);
+      publish(group, layer, params / P_, upd);
     } else if (last_micro()) {
-      pending_updates_.push_back({layer, part, params, consumed});
+      pending_updates_.push_back({layer, group, params, consumed});
     }
   }
 
-  void publish(StagePart part, int layer, ParamCount params, const PerRank& upd) {
+  void publish(const StageWhat& group, int layer, ParamCount params, const PerRank& upd) {
     if (!t_.publishes_bf16) return;
     for (int r = 0; r < P_; ++r) {
-      Stage s = make(what(part, StageOp::kPublish), OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
+      Stage s = make(group.with(StageOp::kPublish), OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
       s.params = params;
       s.bytes = working_weight_bytes(params);
       dep(s, upd, r);
@@ -398,21 +459,21 @@ class BaselineLowering {
     for (const auto& u : pending_updates_) {
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
-        Stage s = make(what(u.part, StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
+        Stage s = make(u.group.with(StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
         s.params = u.params / P_;
         s.bytes = canonical_state_bytes(u.params / P_);
         dep(s, u.ready, r);
         if (first) dep(s, last_d2h_, r);  // the step begins when the rank's backward is done
         upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
       }
-      publish(u.part, u.layer, u.params / P_, upd);
+      publish(u.group, u.layer, u.params / P_, upd);
       first = false;
     }
   }
 
   struct PendingUpdate {
     int layer;
-    StagePart part;
+    StageWhat group;
     ParamCount params;
     PerRank ready;
   };
@@ -429,8 +490,7 @@ class BaselineLowering {
   const int layers_;
   std::vector<Ranks> r_;
   PerRank none_, last_compute_, last_d2h_;
-  PerRank slot_last_[2];
-  int uses_ = 0;
+  Window decoders_, experts_;  // the decoders' (or outer units') window and the expert units'
   int micro_ = 0;
   int grads_sent_ = 0;
   std::vector<PerRank> slot_consumers_;  // per gradient sent: the stage that freed its CPU slot

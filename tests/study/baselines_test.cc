@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
 #include "planner/calibration/calibration.h"
@@ -186,6 +188,88 @@ TEST(RunBaseline, FitsAtFourKWithAStepTimeAndThroughput) {
 TEST(RunBaseline, UnknownEngineIsBadInput) {
   const WorkloadContext ctx = context("tiny-moe", 2, 4, 256);
   EXPECT_THROW(run_baseline(BaselineSystem::kZeroOffload, ctx, StepEngines(), "warp-drive", default_calibration(ctx.hardware)), InputError);
+}
+
+
+// Expert units change the granularity of delivery and gradient exchange only: the FLOPs, the bytes
+// reduce-scattered and the parameters updated are those of the whole-decoder wrapping, the
+// units' windows and gradient buffers are smaller, and the executed peak stays within the estimate.
+TEST(LowerBaseline, ExpertUnitsSplitTheSameWorkAndShrinkTheWindow) {
+  const WorkloadContext ctx = context("tiny-moe", 2, 4, 256);
+  const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), 2);
+  auto bytes_of = [](const StepGraph& g, OpKind op) {
+    Bytes b = 0;
+    for (const auto& s : g.stages) b += s.op == op ? s.bytes : 0;
+    return b;
+  };
+  auto updated = [](const StepGraph& g) {
+    ParamCount p = 0;
+    for (const auto& s : g.stages) p += s.op == OpKind::kTorchCpuAdamW ? s.params : 0;
+    return p;
+  };
+  const BaselineSetup whole{BaselineSystem::kFsdp2Offload, 4, 1, 1};
+  const StepGraph g1 = lower_baseline(whole, ctx);
+  const BaselineMemory m1 = baseline_static_memory(whole, ctx);
+  for (const int units : {2, 4, 8}) {
+    const BaselineSetup setup{BaselineSystem::kFsdp2Offload, 4, 1, units};
+    const StepGraph g = lower_baseline(setup, ctx);
+    EXPECT_EQ(check_step_graph(g), "") << units;
+    EXPECT_NEAR(total_flops(g) / total_flops(g1), 1.0, 1e-9) << units;
+    // Three passes (forward, recompute, backward) per unit instead of per decoder.
+    const int moe_layers = ctx.model.moe_layers();
+    EXPECT_EQ(count_kind(g, OpKind::kAllGather), count_kind(g1, OpKind::kAllGather) + 3 * moe_layers * units * ctx.workload.gpus) << units;
+    // The whole decoder is gathered once for its recompute and backward; an expert unit, resharded
+    // after its recomputed forward, once more: one more pass over the experts.
+    Bytes expert_pass = 0;
+    for (const auto& l : model_params(ctx.model).layers) expert_pass += working_weight_bytes(l.routed_experts - l.routed_experts / ctx.workload.gpus);
+    EXPECT_NEAR(static_cast<double>(bytes_of(g, OpKind::kAllGather)) / (bytes_of(g1, OpKind::kAllGather) + ctx.workload.gpus * expert_pass), 1.0, 0.01)
+        << units;
+    EXPECT_NEAR(static_cast<double>(bytes_of(g, OpKind::kReduceScatter)) / bytes_of(g1, OpKind::kReduceScatter), 1.0, 0.01) << units;
+    EXPECT_NEAR(static_cast<double>(updated(g)) / updated(g1), 1.0, 0.01) << units;
+    EXPECT_EQ(count_kind(g, OpKind::kTorchCpuAdamW), count_kind(g1, OpKind::kTorchCpuAdamW) + moe_layers * units * ctx.workload.gpus);
+    const BaselineMemory m = baseline_static_memory(setup, ctx);
+    EXPECT_LT(m.window_bytes, m1.window_bytes) << units;
+    EXPECT_LT(m.gpu_peak_bytes, m1.gpu_peak_bytes) << units;
+    EXPECT_NE(m.gpu_peak_at.find(fmt::format("experts in {} units", units)), std::string::npos) << m.gpu_peak_at;
+    const Trace t = AnalyticEngine().execute(g, durations);
+    const Bytes peak = *std::max_element(t.gpu_peak_bytes.begin(), t.gpu_peak_bytes.end());
+    EXPECT_LE(peak, m.gpu_peak_bytes) << units;
+    EXPECT_GE(peak, m.gpu_peak_bytes * 7 / 10) << units;
+  }
+}
+
+TEST(ConfigureBaseline, ExpertUnitsOnlyWhenTheWholeDecoderDoesNotFit) {
+  // The recorded scale: one unit per decoder fits, the wrapping the records ran with.
+  const WorkloadContext small = context("qwen3.6-35b-a3b", 4, 32, 4096);
+  for (const auto s : all_baseline_systems()) {
+    const BaselineFit fit = configure_baseline(s, small);
+    ASSERT_TRUE(fit.setup) << fit.oom->message();
+    EXPECT_EQ(fit.setup->expert_units, 1) << baseline_system_name(s);
+  }
+  EXPECT_EQ(expert_unit_options(BaselineSystem::kMegaTrain, small.model, 4), std::vector<int>{1});
+  const std::vector<int> fsdp = expert_unit_options(BaselineSystem::kFsdp2Offload, small.model, 4);
+  EXPECT_EQ(fsdp.front(), 1);
+  for (const int u : fsdp) EXPECT_EQ(small.model.moe.experts % u, 0);
+  // Kimi-K2 over twelve nodes: one 17B-parameter decoder's BF16 window and FP32 gradients do not
+  // fit a 141 GB GPU; the fewest expert units that do.
+  Workload w;
+  w.model = "kimi-k2";
+  w.hardware = "h200-sxm-12node";
+  w.gpus = 96;
+  w.global_batch = 96;
+  w.seq_len = 4096;
+  const WorkloadContext big = resolve_workload(w, "test");
+  const BaselineFit fit = configure_baseline(BaselineSystem::kFsdp2Offload, big);
+  ASSERT_TRUE(fit.setup) << fit.oom->message();
+  const int u = fit.setup->expert_units;
+  EXPECT_GT(u, 1);
+  EXPECT_GT(baseline_static_memory({BaselineSystem::kFsdp2Offload, 1, 1, 1}, big).gpu_peak_bytes, big.gpu_budget_bytes());
+  const std::vector<int> options = expert_unit_options(BaselineSystem::kFsdp2Offload, big.model, 96);
+  const auto at = std::find(options.begin(), options.end(), u);
+  ASSERT_NE(at, options.end());
+  ASSERT_NE(at, options.begin());
+  EXPECT_GT(baseline_static_memory({BaselineSystem::kFsdp2Offload, 1, 1, *(at - 1)}, big).gpu_peak_bytes, big.gpu_budget_bytes());
+  EXPECT_LE(baseline_static_memory(*fit.setup, big).gpu_peak_bytes, big.gpu_budget_bytes());
 }
 
 }  // namespace
