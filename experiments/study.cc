@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 #include "experiments/published.h"
@@ -43,7 +44,7 @@ std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key,
 }
 
 StudySweep sweep_from_json(const JsonReader& r) {
-  r.reject_unknown_keys({"name", "models", "hardware", "gpus", "global_batch", "seqs_per_gpu", "seq_len",
+  r.reject_unknown_keys({"name", "models", "hardware", "nodes", "gpus", "global_batch", "seqs_per_gpu", "seq_len",
                          "gpu_budget_gib", "host_budget_gib", "yarn_factor", "routing", "systems"});
   StudySweep s;
   s.name = r.string("name");
@@ -51,7 +52,13 @@ StudySweep sweep_from_json(const JsonReader& r) {
   if (s.models.empty()) r.fail("models", "expected a non-empty list");
   s.hardware = r.string_list("hardware");
   if (s.hardware.empty()) r.fail("hardware", "expected a non-empty list");
-  for (const std::int64_t g : non_empty(r, "gpus", 1)) s.gpus.push_back(static_cast<int>(std::min<std::int64_t>(g, 65536)));
+  if (r.has("nodes")) {
+    for (const std::int64_t n : non_empty(r, "nodes", 1)) s.nodes.push_back(static_cast<int>(std::min<std::int64_t>(n, 65536)));
+  }
+  // Without "gpus", a sweep over node counts uses every GPU of the nodes (expand_study).
+  if (s.nodes.empty() || r.has("gpus")) {
+    for (const std::int64_t g : non_empty(r, "gpus", 1)) s.gpus.push_back(static_cast<int>(std::min<std::int64_t>(g, 65536)));
+  }
   const bool batch = r.has("global_batch"), per_gpu = r.has("seqs_per_gpu");
   if (batch == per_gpu) r.fail(batch ? "seqs_per_gpu" : "global_batch", "give exactly one of global_batch and seqs_per_gpu");
   if (batch) s.global_batch = non_empty(r, "global_batch", 1);
@@ -205,7 +212,8 @@ Bytes StudyPlan::host_bytes() const { return sum(host_bytes_per_numa); }
 
 std::string StudyRow::label() const {
   const Workload& w = study_case.workload;
-  std::string s = fmt::format("{} {} x{} B={} S={}", w.model, w.hardware, w.gpus, w.global_batch, tokens_text(w.seq_len));
+  std::string s = w.nodes ? fmt::format("{} {}*{} x{} B={} S={}", w.model, w.hardware, *w.nodes, w.gpus, w.global_batch, tokens_text(w.seq_len))
+                          : fmt::format("{} {} x{} B={} S={}", w.model, w.hardware, w.gpus, w.global_batch, tokens_text(w.seq_len));
   if (w.gpu_budget_gib) s += fmt::format(" gpu<={:g}GiB", *w.gpu_budget_gib);
   if (w.host_budget_gib) s += fmt::format(" host<={:g}GiB", *w.host_budget_gib);
   if (!(study_case.system == PlanVariant{})) s += " [" + plan_variant_name(study_case.system) + "]";
@@ -247,9 +255,11 @@ nlohmann::json study_to_json(const StudySpec& s) {
   for (const auto b : s.baselines) baselines.push_back(std::string(baseline_system_name(b)));
   nlohmann::json sweeps = nlohmann::json::array();
   for (const auto& w : s.sweeps) {
-    nlohmann::json j = {{"name", w.name}, {"models", w.models}, {"hardware", w.hardware}, {"gpus", w.gpus},
+    nlohmann::json j = {{"name", w.name}, {"models", w.models}, {"hardware", w.hardware},
                         {"seq_len", w.seq_len}, {"gpu_budget_gib", budgets_to_json(w.gpu_budget_gib)},
                         {"host_budget_gib", budgets_to_json(w.host_budget_gib)}};
+    if (!w.nodes.empty()) j["nodes"] = w.nodes;
+    if (!w.gpus.empty()) j["gpus"] = w.gpus;
     if (!w.global_batch.empty()) j["global_batch"] = w.global_batch;
     if (!w.seqs_per_gpu.empty()) j["seqs_per_gpu"] = w.seqs_per_gpu;
     if (w.yarn_factor) j["yarn_factor"] = *w.yarn_factor;
@@ -293,7 +303,16 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
   for (const auto& w : s.sweeps) {
     for (const auto& model : w.models) {
       for (const auto& hw : w.hardware) {
-        for (const int gpus : w.gpus) {
+        // (nodes, GPUs) of this hardware: the sweep's GPU counts on each node count (or on the
+        // hardware's own), or every GPU of each node count.
+        std::vector<std::pair<std::optional<int>, int>> sizes;
+        const std::vector<std::optional<int>> node_counts =
+            w.nodes.empty() ? std::vector<std::optional<int>>{std::nullopt} : std::vector<std::optional<int>>(w.nodes.begin(), w.nodes.end());
+        for (const std::optional<int> nodes : node_counts) {
+          if (w.gpus.empty()) sizes.emplace_back(nodes, *nodes * load_hardware_spec(hw).gpus_per_node);
+          for (const int gpus : w.gpus) sizes.emplace_back(nodes, gpus);
+        }
+        for (const auto& [nodes, gpus] : sizes) {
           std::vector<std::int64_t> batches = w.global_batch;
           if (batches.empty()) {
             for (const std::int64_t per : w.seqs_per_gpu) batches.push_back(per * gpus);
@@ -305,6 +324,7 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
                   Workload wl;
                   wl.model = model;
                   wl.hardware = hw;
+                  wl.nodes = nodes;
                   wl.gpus = gpus;
                   wl.global_batch = b;
                   wl.seq_len = S;

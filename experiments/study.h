@@ -11,6 +11,8 @@
 //    "sweeps": [{"name": "batch", "models": ["qwen3.6-35b-a3b"], "hardware": ["h100-sxm-node"],
 //                "gpus": [4], "global_batch": [16, 32], "seq_len": [4096],
 //                "gpu_budget_gib": [null], "host_budget_gib": [null, 512]}]}
+// A sweep may also list "nodes" (node counts of each hardware, e.g. [1, 2, 4, 12] of
+// "h200-sxm-node"), and then leave out "gpus" to use every GPU of the nodes: a scaling study.
 // Paper studies (experiments/paper/) also name the figure or table they reproduce ("figure":
 // "OOM Figure 5a") and may ask for other OOM plans than the search's ("systems" of a sweep, each
 // a PlanVariant, default ["search"]): "search", "search:ep", "search:local" (the plan search over
@@ -66,6 +68,9 @@ struct StudySweep {
   std::string name;
   std::vector<std::string> models;
   std::vector<std::string> hardware;
+  // Node counts of each hardware (Workload::nodes: its node spec repeated); empty: the hardware's
+  // own. With nodes, "gpus" may be left out: every GPU of the nodes.
+  std::vector<int> nodes;
   std::vector<int> gpus;
   std::vector<std::int64_t> global_batch;  // either this ...
   std::vector<std::int64_t> seqs_per_gpu;  // ... or this is non-empty

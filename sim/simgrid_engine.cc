@@ -410,6 +410,7 @@ SimGridEngine::SimGridEngine(HardwareSpec hardware, std::optional<Calibration> c
     : hardware_(std::move(hardware)), calibration_(std::move(calibration)) {}
 
 StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel& durations) const {
+  OOM_ASSERT(g.ranks_emitted == 0, "the SimGrid engine routes every member's traffic: it runs graphs with every rank's stages");
   const auto* calibrated = dynamic_cast<const CalibratedDurationModel*>(&durations);
   const HardwareSpec* hw = hardware_ ? &*hardware_ : calibrated ? &calibrated->hardware() : nullptr;
   if (hw == nullptr) {

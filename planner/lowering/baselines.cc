@@ -260,7 +260,7 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
   return fit;
 }
 
-BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
+BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k, bool symmetric_nodes) {
   if (s == BaselineSystem::kMegatronLm || s == BaselineSystem::kKtFt) {
     throw InputError("", "system", std::string(baseline_system_name(s)), "lowered apart from the offload baselines (no single step graph here)");
   }
@@ -271,6 +271,7 @@ BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, 
   if (!fit.setup) return out;
   LoweringOptions options;
   options.memory = k;
+  options.symmetric_nodes = symmetric_nodes;
   out.graph = lower_baseline(*fit.setup, ctx, options);
   return out;
 }
@@ -300,7 +301,8 @@ BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const 
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;
   r.system = s;
-  const BaselineGraph lowered = baseline_step_graph(s, ctx, k);
+  // The analytic engine runs one node's stages when the nodes are alike; SimGrid routes every rank's.
+  const BaselineGraph lowered = baseline_step_graph(s, ctx, k, e->name() == "analytic");
   if (!lowered.setup) {
     r.oom = lowered.oom;
     return r;

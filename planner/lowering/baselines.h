@@ -155,7 +155,10 @@ struct BaselineGraph {
   std::optional<OutOfMemory> oom;
   StepGraph graph;
 };
-BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& constants = {});
+// `symmetric_nodes`: one node's stages when the nodes are alike (LoweringOptions::symmetric_nodes;
+// for the analytic engine only).
+BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& constants = {},
+                                  bool symmetric_nodes = false);
 
 // A baseline predicted on a workload: a step time, or out-of-memory.
 struct BaselineResult {

@@ -23,7 +23,68 @@ void append(std::vector<StageId>& to, const PerRank& from, int rank) {
   if (s >= 0 && std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
 }
 
+// Whether every node of the step runs the same schedule: whole nodes, more than one, every rank
+// of every decoder with the same routing load and LLEP exchange, no Ring-DTP head (its ring
+// crosses the nodes in one direction), and each node at the same largest latency and smallest
+// sustained rate from the others (what the duration model prices a collective over all of them by).
+bool nodes_run_alike(const Plan& plan, const WorkloadContext& ctx, const std::vector<LlepBalance>& routing) {
+  if (!whole_nodes_alike(ctx.hardware, ctx.workload.gpus) || plan.flat.ring_dtp(ctx.workload.gpus)) return false;
+  for (const LlepBalance& b : routing) {
+    for (std::size_t r = 1; r < b.loads.size(); ++r) {
+      if (b.loads[r] != b.loads[0]) return false;
+    }
+    for (std::size_t r = 1; r < b.fetched.size(); ++r) {
+      if (b.fetched[r] != b.fetched[0] || b.lent[r] != b.lent[0]) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+bool whole_nodes_alike(const HardwareSpec& h, int P) {
+  const int G = h.gpus_per_node;
+  if (G <= 0 || P <= G || P % G != 0) return false;
+  const int nodes = P / G;
+  auto view = [&](int node) {
+    Seconds latency = 0;
+    BytesPerS rate = h.network.per_node_Bps();
+    for (int other = 0; other < nodes; ++other) {
+      if (other == node) continue;
+      latency = std::max(latency, h.network.latency_between(node, other));
+      rate = std::min(rate, h.network.sustained_Bps(node, other));
+    }
+    return std::make_pair(latency, rate);
+  };
+  const auto first = view(0);
+  for (int node = 1; node < nodes; ++node) {
+    if (view(node) != first) return false;
+  }
+  return true;
+}
+
+std::size_t Lowering::KeyHash::operator()(const StageKey& k) const {
+  std::size_t h = 0;
+  for (const int v : {k.rank, static_cast<int>(k.phase), k.micro_batch, k.decoder, static_cast<int>(k.part), k.sub_batch, k.repeat,
+                      k.chunk, k.head_group, k.ring_step, k.bucket, static_cast<int>(k.op)}) {
+    h = h * 1000003u ^ static_cast<std::size_t>(v + 7);
+  }
+  return h;
+}
+
+StageId Lowering::add(Stage s) {
+  if (emit_ >= P_) return b_.add(std::move(s));
+  StageKey k = s.key;
+  if (k.rank < emit_) {
+    const StageId id = b_.add(std::move(s));
+    representative_[k] = id;  // the latest stage of the key: a repeat replaces the earlier one
+    return id;
+  }
+  k.rank %= emit_;
+  const auto it = representative_.find(k);
+  OOM_ASSERT(it != representative_.end(), "a mirrored rank's stage before its representative's");
+  return it->second;
+}
 
 RankResources add_rank_resources(StepGraphBuilder& b, const HardwareSpec& h, int rank, int ranks,
                                  bool expert_grad_stream) {
@@ -66,6 +127,7 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   llep_ = ep_ && P_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
   routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? P_ : 1, llep_);
   for (int l = 0; l < layers_; ++l) largest_share_.push_back(largest_expert_share(ctx.workload.routing, m_.moe.experts, l));
+  emit_ = options.symmetric_nodes && ep_ && nodes_run_alike(plan, ctx, routing_) ? ctx.hardware.gpus_per_node : P_;
 }
 
 ParamCount Lowering::expert_params_on_gpu(int layer) const {
@@ -122,6 +184,10 @@ PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int
                                                                            : OperatorPass::kForward;
   const std::int64_t ops = backend_operators(m_, layer, what.part, what.op, pass, shape, sub_batch_ <= 0);
   for (int r = 0; r < P_; ++r) {
+    if (r >= emit_) {
+      out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
+      continue;
+    }
     Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].compute, r, layer);
     s.flops = flops;
     s.bytes = bytes;
@@ -139,11 +205,18 @@ PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, 
   PerRank out(static_cast<std::size_t>(P_));
   std::vector<int> peers;
   for (int r = 0; r < P_; ++r) peers.push_back(r);
+  // Every member waits for every member's input: the distinct inputs, gathered once.
+  std::vector<StageId> members;
+  for (int q = 0; q < P_; ++q) append(members, inputs, q);
   for (int r = 0; r < P_; ++r) {
+    if (r >= emit_) {
+      out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
+      continue;
+    }
     Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
     s.bytes = bytes_per_rank;
     s.peers = peers;
-    for (int q = 0; q < P_; ++q) append(s.deps, inputs, q);
+    s.deps = members;
     out[static_cast<std::size_t>(r)] = add(std::move(s));
   }
   return out;
@@ -152,7 +225,7 @@ PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, 
 PerRank Lowering::collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
                                   const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs) {
   PerRank out = collective_all(what, op, phase, layer, 0, inputs);
-  for (int r = 0; r < P_; ++r) {
+  for (int r = 0; r < emit_; ++r) {  // the emitted members (the others are theirs)
     b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])].bytes = bytes_of_rank[static_cast<std::size_t>(r)];
   }
   return out;
@@ -161,7 +234,7 @@ PerRank Lowering::collective_each(const StageWhat& what, OpKind op, Phase phase,
 PerRank Lowering::compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                                  OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps) {
   PerRank out = compute_all(what, op, phase, layer, flops, bytes, shape, deps);
-  for (int r = 0; r < P_; ++r) {
+  for (int r = 0; r < emit_; ++r) {  // the emitted ranks (the others are theirs)
     const double f = load[static_cast<std::size_t>(r)];
     Stage& s = b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])];
     s.flops = flops * f;
@@ -268,17 +341,21 @@ PerRank Lowering::host_accumulate(const StageWhat& what, int layer, ParamCount p
 PerRank Lowering::update_and_publish(StagePart part, int bucket, int layer, ParamCount params,
                                      const std::vector<PerRank>& ready, bool after_every_rank) {
   PerRank upd(static_cast<std::size_t>(P_));
+  std::vector<StageId> every_rank;  // after_every_rank: the distinct ready stages of all ranks, gathered once
+  if (after_every_rank) {
+    for (const auto& d : ready) {
+      for (int q = 0; q < P_; ++q) append(every_rank, d, q);
+    }
+  }
   for (int r = 0; r < P_; ++r) {
     const auto& rr = r_[static_cast<std::size_t>(r)];
     Stage s = make(what(part, StageOp::kCpuAdamW).at_bucket(bucket), OpKind::kCpuAdamW, Phase::kOptimizer, rr.cpu, r, layer);
     s.params = params;
     s.bytes = canonical_state_bytes(params);
-    for (const auto& d : ready) {
-      if (after_every_rank) {
-        for (int q = 0; q < P_; ++q) append(s.deps, d, q);
-      } else {
-        append(s.deps, d, r);
-      }
+    if (after_every_rank) {
+      s.deps = every_rank;
+    } else {
+      for (const auto& d : ready) append(s.deps, d, r);
     }
     upd[static_cast<std::size_t>(r)] = add(std::move(s));
     // Weight publication: BF16 staging of the updated masters for the next step's copies.
@@ -530,6 +607,7 @@ StepGraph Lowering::run() {
   embedding_backward();
   // The two window slots are allocated once, each sized for the largest parameter group.
   for (auto& b : b_.graph().gpu_base_bytes) b += 2 * window_slot_bytes_;
+  b_.graph().ranks_emitted = emit_ < P_ ? emit_ : 0;
   return b_.take();
 }
 

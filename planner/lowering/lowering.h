@@ -22,6 +22,7 @@
 #include <array>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "costmodel/flops.h"
@@ -38,6 +39,12 @@ struct RankResources {
   ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
   int numa = 0;
 };
+
+// Whether `gpus` ranks fill whole nodes of `h`, more than one, each node at the same largest
+// latency and smallest sustained rate from the others (what the duration model prices a
+// collective over all of them by): the condition, besides identical work per rank, for one node's
+// stages to stand for every node's (LoweringOptions::symmetric_nodes).
+bool whole_nodes_alike(const HardwareSpec& h, int gpus);
 
 // Adds rank `rank`'s resources (of `ranks`) to `b`: its compute stream, H2D and D2H engines, the
 // expert-gradient D2H stream when `expert_grad_stream` (else expert_d2h stays 0), its fabric port,
@@ -78,7 +85,9 @@ class Lowering {
  private:
   // --- building blocks (lowering.cc) ---
   Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const;
-  StageId add(Stage s) { return b_.add(std::move(s)); }
+  // Adds a stage of an emitted rank; a stage of another rank (symmetric_nodes) is its
+  // representative's, rank r mod emit_'s stage with the same key, added before it in lock step.
+  StageId add(Stage s);
   void gpu_alloc(StageId s, int rank, Bytes bytes, bool at_end = false, MemoryUse use = MemoryUse::kOther);
   void gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use = MemoryUse::kOther);  // at the stage's end
   void host_alloc(StageId s, int rank, Bytes bytes, bool at_end = true);
@@ -187,6 +196,11 @@ class Lowering {
   StepGraphBuilder b_;
   std::vector<RankResources> r_;
   int P_ = 1;
+  int emit_ = 1;  // ranks whose stages are emitted: P_, or one node's under symmetric_nodes
+  struct KeyHash {
+    std::size_t operator()(const StageKey& k) const;
+  };
+  std::unordered_map<StageKey, StageId, KeyHash> representative_;  // emitted stages by key (symmetric_nodes)
   bool ep_ = true;
   int layers_ = 0;  // decoders lowered
   std::int64_t seqs_ = 1, S_ = 1, N_ = 1;

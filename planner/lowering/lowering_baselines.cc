@@ -51,7 +51,11 @@ class BaselineLowering {
         P_(ctx.workload.gpus),
         S_(ctx.workload.seq_len),
         seqs_(setup.micro_batch_seqs),
-        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
+        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers),
+        // Every rank runs the same schedule (no expert parallelism): one node's stages stand for
+        // every node's when the nodes are alike (LoweringOptions::symmetric_nodes).
+        emit_(options.symmetric_nodes && lowering::whole_nodes_alike(ctx.hardware, ctx.workload.gpus) ? ctx.hardware.gpus_per_node
+                                                                                                       : ctx.workload.gpus) {
     for (int r = 0; r < P_; ++r) {
       r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/false));
     }
@@ -81,6 +85,7 @@ class BaselineLowering {
       embedding_backward();
     }
     if (!t_.optimizer_overlaps_backward) optimizer_after_backward();
+    g.ranks_emitted = emit_ < P_ ? emit_ : 0;
     return b_.take();
   }
 
@@ -104,6 +109,10 @@ class BaselineLowering {
                   const std::vector<PerRank>& deps) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
+      if (r >= emit_) {
+        out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
+        continue;
+      }
       Stage s = make(what, op, phase, rr(r).compute, r, layer);
       s.flops = flops;
       s.bytes = bytes;
@@ -123,6 +132,10 @@ class BaselineLowering {
     Stage members;
     for (int q = 0; q < P_; ++q) dep(members, inputs, q);
     for (int r = 0; r < P_; ++r) {
+      if (r >= emit_) {
+        out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
+        continue;
+      }
       Stage s = make(what, op, phase, rr(r).fabric, r, layer);
       s.bytes = bytes;
       s.peers = peers;
@@ -135,6 +148,10 @@ class BaselineLowering {
   PerRank copy(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
     PerRank out(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
+      if (r >= emit_) {
+        out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
+        continue;
+      }
       Stage s = make(what, op, phase, op == OpKind::kH2d ? rr(r).h2d : rr(r).d2h, r, layer);
       s.bytes = bytes;
       for (const auto& d : deps) dep(s, d, r);
@@ -417,6 +434,10 @@ class BaselineLowering {
       // or its shard for the micro-batches after the first).
       PerRank acc(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
+        if (r >= emit_) {
+          acc[static_cast<std::size_t>(r)] = acc[static_cast<std::size_t>(r % emit_)];  // its representative's
+          continue;
+        }
         Stage s = make(group.with(StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = sent;
         s.bytes = gradient_bytes(sent);
@@ -430,6 +451,10 @@ class BaselineLowering {
       // Each rank updates 1/P of the group once every rank's partial is summed.
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
+        if (r >= emit_) {
+          upd[static_cast<std::size_t>(r)] = upd[static_cast<std::size_t>(r % emit_)];  // its representative's
+          continue;
+        }
         Stage s = make(group.with(StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = params / P_;
         s.bytes = canonical_state_bytes(params / P_);
@@ -445,6 +470,7 @@ class BaselineLowering {
   void publish(const StageWhat& group, int layer, ParamCount params, const PerRank& upd) {
     if (!t_.publishes_bf16) return;
     for (int r = 0; r < P_; ++r) {
+      if (r >= emit_) continue;  // its representative publishes
       Stage s = make(group.with(StageOp::kPublish), OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
       s.params = params;
       s.bytes = working_weight_bytes(params);
@@ -459,6 +485,10 @@ class BaselineLowering {
     for (const auto& u : pending_updates_) {
       PerRank upd(static_cast<std::size_t>(P_));
       for (int r = 0; r < P_; ++r) {
+        if (r >= emit_) {
+          upd[static_cast<std::size_t>(r)] = upd[static_cast<std::size_t>(r % emit_)];  // its representative's
+          continue;
+        }
         Stage s = make(u.group.with(StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
         s.params = u.params / P_;
         s.bytes = canonical_state_bytes(u.params / P_);
@@ -488,6 +518,7 @@ class BaselineLowering {
   const int P_;
   const std::int64_t S_, seqs_;
   const int layers_;
+  const int emit_;  // ranks whose stages are emitted: P_, or one node's
   std::vector<Ranks> r_;
   PerRank none_, last_compute_, last_d2h_;
   Window decoders_, experts_;  // the decoders' (or outer units') window and the expert units'

@@ -178,6 +178,12 @@ struct StepGraph {
   std::vector<Bytes> gpu_base_bytes;
   std::vector<Bytes> numa_base_bytes;
   double gpu_headroom_fraction = 0;  // ε of Eq. 2, added to each GPU's peak by the executors
+  // 0: every rank has its stages. R > 0: only ranks 0..R−1 (the first node) do; every other rank r
+  // runs rank r mod R's schedule at the same times (LoweringOptions::symmetric_nodes), and the
+  // stages of ranks 0..R−1 carry the memory events of every rank, so every GPU's and NUMA node's
+  // peak is its own. The analytic engine runs such a graph; the SimGrid engine, which routes each
+  // member's traffic, refuses it.
+  int ranks_emitted = 0;
 
   const Stage& stage(StageId id) const { return stages.at(static_cast<std::size_t>(id)); }
   const Resource& resource(ResourceId id) const { return resources.at(static_cast<std::size_t>(id)); }
@@ -214,6 +220,11 @@ struct LoweringOptions {
   // Lower only the first `decoder_layers` decoders (0 = all): the short executions of
   // Configure-then-Compare run one and two repeating units.
   int decoder_layers = 0;
+  // Emit the stages of one node's ranks only when every node runs the same schedule (whole nodes,
+  // more than one; every rank's routing load and LLEP exchange equal; every node the same distance
+  // from the others; no Ring-DTP head): StepGraph::ranks_emitted. The plan search prices with it;
+  // the step time and every peak equal the full graph's (tests/planner/symmetric_lowering_test.cc).
+  bool symmetric_nodes = false;
 };
 
 // Lowers one training step of `plan` on the workload (reference §2–§5, the runtime rules of §3)

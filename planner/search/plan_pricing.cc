@@ -76,6 +76,7 @@ StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const {
   LoweringOptions options;
   options.memory = constants_;
   options.decoder_layers = decoder_layers;
+  options.symmetric_nodes = true;  // evaluated analytically: one node's stages when every node runs alike
   return lower(plan, ctx_, options);
 }
 

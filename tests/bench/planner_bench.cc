@@ -3,10 +3,14 @@
 //   BM_EpSearch/32: a complete EP search at global batch 32, 4K context — ≤ 0.5 s;
 //   BM_LocalPriceCandidate: the boundary DP of one partition candidate at 512K — ≤ 20 µs;
 //   BM_LocalMenu512K: the whole Local partition menu at 512K — ≤ 30 s (aim: a few seconds);
-//   BM_SearchPlanAuto: EP + Local + Configure-then-Compare at batch 32, 4K (a what-if point).
+//   BM_SearchPlanAuto: EP + Local + Configure-then-Compare at batch 32, 4K (a what-if point);
+//   BM_PriceClusterPlan/nodes/symmetric: one plan search candidate on 2 to 12 DGX H200 nodes
+//     (lowering and analytic evaluation, every rank's stages or one node's: the ratio is what
+//     LoweringOptions::symmetric_nodes saves the plan search).
 // Counters report the search sizes (enumerated, memory-feasible, priced plans, DP labels).
 #include <benchmark/benchmark.h>
 
+#include "planner/engine/analytic_evaluator.h"
 #include "planner/search/ep_planner.h"
 #include "planner/search/local_planner.h"
 #include "planner/search/plan_search.h"
@@ -107,6 +111,41 @@ void BM_SearchPlanAuto(benchmark::State& state) {
   state.counters["step_s"] = r.chosen.predicted_step_s;
 }
 BENCHMARK(BM_SearchPlanAuto)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond);
+
+
+// One EP candidate of Qwen3.6-35B-A3B on `nodes` DGX H200 nodes (two 4K sequences per GPU, three
+// resident layers), lowered and evaluated as PlanPricer::price does, with every rank's stages
+// (symmetric 0) or one node's (1).
+void BM_PriceClusterPlan(benchmark::State& state) {
+  const int nodes = static_cast<int>(state.range(0));
+  oom::Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = "h200-sxm-node";
+  w.nodes = nodes;
+  w.gpus = 8 * nodes;
+  w.global_batch = 2 * w.gpus;
+  w.seq_len = 4096;
+  const oom::WorkloadContext ctx = oom::resolve_workload(w, "bench");
+  oom::Plan plan;
+  plan.resident_layers = oom::contiguous_resident_set(ctx.model.layers, 3);
+  oom::LoweringOptions o;
+  o.symmetric_nodes = state.range(1) != 0;
+  const oom::CalibratedDurationModel durations(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
+  double step_s = 0;
+  std::size_t stages = 0;
+  for (auto _ : state) {
+    const oom::StepGraph g = oom::lower(plan, ctx, o);
+    const oom::StageTimes t = oom::analytic_step_times(g, durations);
+    const oom::MemoryPeaks m = oom::memory_peaks(g, t, false);
+    benchmark::DoNotOptimize(m.gpu_peak_bytes.data());
+    step_s = t.step_s;
+    stages = g.stages.size();
+  }
+  state.counters["gpus"] = static_cast<double>(ctx.workload.gpus);
+  state.counters["stages"] = static_cast<double>(stages);
+  state.counters["step_s"] = step_s;
+}
+BENCHMARK(BM_PriceClusterPlan)->ArgsProduct({{2, 4, 12}, {0, 1}})->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -447,6 +447,8 @@ std::vector<Case> cases() {
                S, "baselines[0]", "\"deepspeed\"", "unknown baseline"});
   c.push_back({"whatif_negative_context", {{"s.json", study_with([](json& j) { j["sweeps"][0]["seq_len"] = {-4096}; })}},
                whatif, S, "sweeps[0].seq_len[0]", "-4096", "range"});
+  c.push_back({"whatif_zero_nodes", {{"s.json", study_with([](json& j) { j["sweeps"][0]["nodes"] = {0}; })}},
+               whatif, S, "sweeps[0].nodes[0]", "0", "range"});
   c.push_back({"whatif_truncated_study", {{"s.json", R"({"name": "x", "sweeps": [{"models": ["qwen3.6-35b-a3b"])"}}, whatif,
                S, "sweeps[0].models", "\"qwen3.6", "malformed JSON"});
   c.push_back({"whatif_unknown_system", {{"s.json", study_with([](json& j) { j["sweeps"][0]["systems"] = {"search", "ep:R2"}; })}},

@@ -203,6 +203,38 @@ TEST(StudyFile, SystemsExpandEveryWorkloadOnceEachAndRoundTrip) {
   }
 }
 
+// A sweep over node counts: each node count of the hardware, every GPU of the nodes unless the
+// sweep lists GPU counts; the nodes round-trip and name the row.
+TEST(StudyFile, NodeCountsSweepEveryGpuOfTheNodes) {
+  nlohmann::json j = small_study();
+  auto& sweep = j["sweeps"][0];
+  sweep["hardware"] = {"h200-sxm-node"};
+  sweep["nodes"] = {1, 2, 12};
+  sweep.erase("gpus");
+  sweep.erase("global_batch");
+  sweep["seqs_per_gpu"] = {1};
+  const StudySpec s = study_from_json(j, "s.json");
+  EXPECT_EQ(study_to_json(study_from_json(study_to_json(s), "again.json")), study_to_json(s));
+  std::vector<std::pair<int, int>> sizes;
+  for (const auto& c : expand_study(s)) {
+    ASSERT_TRUE(c.workload.nodes.has_value());
+    if (sizes.empty() || sizes.back() != std::make_pair(*c.workload.nodes, c.workload.gpus)) sizes.emplace_back(*c.workload.nodes, c.workload.gpus);
+    EXPECT_NO_THROW(resolve_workload(c.workload, "s.json"));
+  }
+  EXPECT_EQ(sizes, (std::vector<std::pair<int, int>>{{1, 8}, {2, 16}, {12, 96}}));
+  StudyRow row;
+  row.study_case = expand_study(s).back();
+  EXPECT_NE(row.label().find("h200-sxm-node*12 x96"), std::string::npos) << row.label();
+  // Listed GPU counts apply on each node count.
+  sweep["gpus"] = {4};
+  const auto cases = expand_study(study_from_json(j, "s.json"));
+  for (const auto& c : cases) EXPECT_EQ(c.workload.gpus, 4);
+  // Without nodes, "gpus" is required.
+  sweep.erase("nodes");
+  sweep.erase("gpus");
+  EXPECT_THROW(study_from_json(j, "s.json"), InputError);
+}
+
 TEST(RunStudy, EachSystemGetsItsOwnRowAndTheBaselinesRunOncePerWorkload) {
   nlohmann::json j = small_study();
   j["sweeps"][0]["systems"] = {"base", "search"};

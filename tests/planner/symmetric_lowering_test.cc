@@ -1,0 +1,150 @@
+// LoweringOptions::symmetric_nodes: one node's stages stand for every node's when every node runs
+// the same schedule. Checked against the full graph on 2- and 4-node clusters: the same analytic
+// step time and the same peak on every GPU and every NUMA node of every node, for plans with and
+// without resident and retained layers, PipelinedLLEP, SCO and the streamed optimizer; and the
+// cases that are not symmetric (skewed routing, Ring-DTP, one node, a partial node) get every
+// rank's stages.
+#include <gtest/gtest.h>
+
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/baselines.h"
+#include "planner/lowering/step_graph.h"
+#include "planner/search/ep_planner.h"
+#include "planner/search/plan_pricing.h"
+
+namespace oom {
+namespace {
+
+WorkloadContext cluster(const std::string& model, int nodes, int gpus, const nlohmann::json& routing = nullptr) {
+  Workload w;
+  w.model = model;
+  w.hardware = "h200-sxm-node";
+  w.nodes = nodes;
+  w.gpus = gpus;
+  w.global_batch = 2 * gpus;
+  w.seq_len = 4096;
+  if (!routing.is_null()) w.routing = routing_from_json(routing, "test", "routing");
+  return resolve_workload(w, "test");
+}
+
+Plan ep_plan(const ModelSpec& m, bool flat) {
+  Plan p;
+  p.path = ExpertPath::kEp;
+  p.resident_layers = contiguous_resident_set(m.layers, 3);
+  p.moe_retained_layers = retained_set(m.layers, 2);
+  p.routing_chunk_tokens = 4096;
+  if (flat) {
+    p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
+    p.flat.selective_checkpoint_offload = true;
+    p.flat.optimizer_bucket_mib = 64;
+  }
+  return p;
+}
+
+struct Evaluated {
+  StepGraph graph;
+  Seconds step_s = 0;
+  MemoryPeaks peaks;
+};
+
+Evaluated evaluate(const Plan& plan, const WorkloadContext& ctx, bool symmetric, int layers) {
+  LoweringOptions o;
+  o.symmetric_nodes = symmetric;
+  o.decoder_layers = layers;
+  Evaluated e;
+  e.graph = lower(plan, ctx, o);
+  const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
+  const StageTimes t = analytic_step_times(e.graph, durations);
+  e.step_s = t.step_s;
+  e.peaks = memory_peaks(e.graph, t, false);
+  return e;
+}
+
+TEST(SymmetricLowering, OneNodesStagesGiveTheFullGraphsStepAndEveryPeak) {
+  for (const int nodes : {2, 4}) {
+    const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    for (const bool flat : {false, true}) {
+      const Plan plan = ep_plan(ctx.model, flat);
+      const Evaluated full = evaluate(plan, ctx, false, 6);
+      const Evaluated sym = evaluate(plan, ctx, true, 6);
+      EXPECT_EQ(full.graph.ranks_emitted, 0);
+      EXPECT_EQ(sym.graph.ranks_emitted, 8) << nodes;
+      EXPECT_EQ(check_step_graph(sym.graph), "");
+      // One node's stages, every rank's memory events.
+      EXPECT_EQ(sym.graph.stages.size() * static_cast<std::size_t>(nodes), full.graph.stages.size()) << nodes << " " << flat;
+      for (const Stage& s : sym.graph.stages) EXPECT_LT(s.gpu, 8);
+      EXPECT_NEAR(sym.step_s / full.step_s, 1.0, 1e-12) << nodes << " " << flat;
+      ASSERT_EQ(sym.peaks.gpu_peak_bytes.size(), full.peaks.gpu_peak_bytes.size());
+      for (std::size_t g = 0; g < full.peaks.gpu_peak_bytes.size(); ++g) {
+        EXPECT_EQ(sym.peaks.gpu_peak_bytes[g], full.peaks.gpu_peak_bytes[g]) << "GPU " << g << " of " << nodes << " nodes, flat " << flat;
+      }
+      ASSERT_EQ(sym.peaks.numa_peak_bytes.size(), full.peaks.numa_peak_bytes.size());
+      for (std::size_t n = 0; n < full.peaks.numa_peak_bytes.size(); ++n) {
+        EXPECT_GT(sym.peaks.numa_peak_bytes[n], full.graph.numa_base_bytes[n]) << "NUMA " << n;
+        EXPECT_EQ(sym.peaks.numa_peak_bytes[n], full.peaks.numa_peak_bytes[n]) << "NUMA " << n << " of " << nodes << " nodes, flat " << flat;
+      }
+    }
+  }
+}
+
+TEST(SymmetricLowering, LatentAttentionAndDenseFirstLayersToo) {
+  const WorkloadContext ctx = cluster("kimi-k2", 2, 16);
+  const Plan plan = ep_plan(ctx.model, true);
+  const Evaluated full = evaluate(plan, ctx, false, 3);
+  const Evaluated sym = evaluate(plan, ctx, true, 3);
+  EXPECT_EQ(sym.graph.ranks_emitted, 8);
+  EXPECT_NEAR(sym.step_s / full.step_s, 1.0, 1e-12);
+  EXPECT_EQ(sym.peaks.gpu_peak_bytes, full.peaks.gpu_peak_bytes);
+  EXPECT_EQ(sym.peaks.numa_peak_bytes, full.peaks.numa_peak_bytes);
+}
+
+TEST(SymmetricLowering, RanksThatDoNotRunAlikeGetTheirOwnStages) {
+  const nlohmann::json skew = {{"kind", "zipf"}, {"skew", 1.2}};
+  const WorkloadContext skewed = cluster("qwen3.6-35b-a3b", 2, 16, skew);
+  EXPECT_EQ(evaluate(ep_plan(skewed.model, true), skewed, true, 2).graph.ranks_emitted, 0) << "skewed routing loads ranks unevenly";
+  const WorkloadContext two = cluster("qwen3.6-35b-a3b", 2, 16);
+  Plan ring = ep_plan(two.model, false);
+  ring.flat.vocab_projection = VocabProjection::kRingDtp;
+  EXPECT_EQ(evaluate(ring, two, true, 2).graph.ranks_emitted, 0) << "Ring-DTP's ring crosses the nodes one way";
+  const WorkloadContext one = cluster("qwen3.6-35b-a3b", 1, 8);
+  EXPECT_EQ(evaluate(ep_plan(one.model, false), one, true, 2).graph.ranks_emitted, 0) << "one node";
+  const WorkloadContext partial = cluster("qwen3.6-35b-a3b", 2, 16);
+  EXPECT_EQ(PlanPricer(partial, load_calibration_for(partial.hardware)).lower_plan(ep_plan(partial.model, false), 2).ranks_emitted, 8)
+      << "the plan search prices with one node's stages";
+}
+
+
+// The offload baselines run the same schedule on every rank: one node's stages on whole alike nodes.
+TEST(SymmetricLowering, BaselinesToo) {
+  for (const int nodes : {2, 4}) {
+    const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
+    for (const auto s : all_baseline_systems()) {
+      const BaselineSetup setup{s, 2, 1, s == BaselineSystem::kMegaTrain ? 1 : 4};
+      LoweringOptions full_options, sym_options;
+      full_options.decoder_layers = sym_options.decoder_layers = 4;
+      sym_options.symmetric_nodes = true;
+      const StepGraph full = lower_baseline(setup, ctx, full_options);
+      const StepGraph sym = lower_baseline(setup, ctx, sym_options);
+      EXPECT_EQ(full.ranks_emitted, 0);
+      EXPECT_EQ(sym.ranks_emitted, 8);
+      EXPECT_EQ(check_step_graph(sym), "");
+      EXPECT_EQ(sym.stages.size() * static_cast<std::size_t>(nodes), full.stages.size()) << baseline_system_name(s);
+      const StageTimes tf = analytic_step_times(full, durations), ts = analytic_step_times(sym, durations);
+      EXPECT_NEAR(ts.step_s / tf.step_s, 1.0, 1e-12) << baseline_system_name(s) << " on " << nodes << " nodes";
+      const MemoryPeaks mf = memory_peaks(full, tf, false), ms = memory_peaks(sym, ts, false);
+      EXPECT_EQ(ms.gpu_peak_bytes, mf.gpu_peak_bytes) << baseline_system_name(s);
+      EXPECT_EQ(ms.numa_peak_bytes, mf.numa_peak_bytes) << baseline_system_name(s);
+    }
+  }
+  // run_baseline() lowers them so for the analytic engine: the same result as a full graph's.
+  const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", 2, 16);
+  const BaselineGraph sym = baseline_step_graph(BaselineSystem::kFsdp2Offload, ctx, {}, true);
+  ASSERT_TRUE(sym.setup);
+  EXPECT_EQ(sym.graph.ranks_emitted, 8);
+  EXPECT_EQ(baseline_step_graph(BaselineSystem::kFsdp2Offload, ctx).graph.ranks_emitted, 0);
+}
+
+}  // namespace
+}  // namespace oom
