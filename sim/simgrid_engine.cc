@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -26,6 +27,8 @@ namespace oom::sim {
 namespace {
 
 constexpr Seconds kTimingPrecision_s = 1e-9;
+// Any multiple of the GPUs and nodes of a cluster: the pairwise rotation's modulus.
+constexpr int kRotation = 1 << 24;
 
 std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
 
@@ -58,10 +61,16 @@ class Simulation {
     // A semaphore for every stage that a stage of another resource waits for, released once per
     // waiting edge: the simulated CUDA event.
     releases_.assign(n, 0);
+    plan_joins();
     for (const Stage& s : g_.stages) {
+      if (join_of_[at(s.id)] >= 0) continue;  // its join acquires them
       for (const StageId u : s.deps) {
         if (g_.stage(u).resource != s.resource) ++releases_[at(u)];
       }
+    }
+    for (Join& j : joins_) {
+      for (const StageId u : j.deps) ++releases_[at(u)];
+      j.ready = sg4::Semaphore::create(0);
     }
     events_.resize(n);
     for (std::size_t v = 0; v < n; ++v) {
@@ -114,11 +123,64 @@ class Simulation {
     for (const StageId v : r.order) run_stage(g_.stage(v), r);
   }
 
-  void run_stage(const Stage& s, const Resource& r) {
-    for (const StageId u : s.deps) {
-      if (g_.stage(u).resource != s.resource) events_[at(u)]->acquire();
+  // Stages that wait for the same many stages of other resources (the members of a collective,
+  // each waiting for every member's input) wait through one join: the first to arrive acquires the
+  // inputs once and releases the others, who wait for it alone. Same times; P acquisitions per
+  // collective instead of P² simulated waits.
+  struct Join {
+    std::vector<StageId> deps;  // the stages of other resources waited for
+    int waiters = 0;
+    bool started = false;
+    sg4::SemaphorePtr ready;
+  };
+  static constexpr std::size_t kJoinMinDeps = 4;
+
+  void plan_joins() {
+    join_of_.assign(g_.stages.size(), -1);
+    std::map<std::vector<StageId>, int> by_deps;
+    std::vector<std::vector<StageId>> cross(g_.stages.size());
+    for (const Stage& s : g_.stages) {
+      auto& c = cross[at(s.id)];
+      for (const StageId u : s.deps) {
+        if (g_.stage(u).resource != s.resource) c.push_back(u);
+      }
+      if (c.size() < kJoinMinDeps) continue;
+      const auto [it, added] = by_deps.emplace(c, static_cast<int>(joins_.size()));
+      if (added) joins_.push_back(Join{c, 0, false, nullptr});
+      ++joins_[static_cast<std::size_t>(it->second)].waiters;
+      join_of_[at(s.id)] = it->second;
     }
+    // A join of one stage is that stage's own waits.
+    std::vector<int> index(joins_.size(), -1);
+    std::vector<Join> kept;
+    for (std::size_t j = 0; j < joins_.size(); ++j) {
+      if (joins_[j].waiters > 1) {
+        index[j] = static_cast<int>(kept.size());
+        kept.push_back(std::move(joins_[j]));
+      }
+    }
+    joins_ = std::move(kept);
+    for (int& j : join_of_) {
+      if (j >= 0) j = index[static_cast<std::size_t>(j)];
+    }
+  }
+
+  void run_stage(const Stage& s, const Resource& r) {
     const std::size_t v = at(s.id);
+    if (const int j = join_of_[v]; j >= 0) {
+      Join& join = joins_[static_cast<std::size_t>(j)];
+      if (!join.started) {
+        join.started = true;
+        for (const StageId u : join.deps) events_[at(u)]->acquire();
+        for (int i = 1; i < join.waiters; ++i) join.ready->release();
+      } else {
+        join.ready->acquire();
+      }
+    } else {
+      for (const StageId u : s.deps) {
+        if (g_.stage(u).resource != s.resource) events_[at(u)]->acquire();
+      }
+    }
     start_s[v] = sg4::Engine::get_clock();
     const StageCost& c = costs_[v];
     // SimGrid times are accurate to 1 ns ("precision/timing"); shorter waits are not simulated.
@@ -161,6 +223,14 @@ class Simulation {
   // channel per NIC), whose inter-node hops carry, over all channels, what one member sends: each
   // member sends 1/(its node's members) of its bytes to the members on other nodes, the rest to
   // its node's members (the duration model's ring, planner/engine/duration_model.h).
+  // Within one node every share is in flight at once. Across nodes the shares go as two chains of
+  // flows at once, one over the node's fabric and one through the NICs, each a pairwise exchange:
+  // step k sends to the k-th next member (or node) after this one, so that in every step each port
+  // sends one share and receives one. On an NVSwitch fabric and rail-paired NICs a port carries the
+  // same bytes at the same rate as with every share in flight together, and the simulation holds
+  // two flows per member instead of one per peer (SimGrid 3.32's cost of ending a flow grows with
+  // the flows alive: a 96-GPU step has some 1,700 in flight per all-to-all). One node keeps the
+  // concurrent shares, which PCIe peer fabrics (shared switches and root complex) need.
   void collective(const Stage& s, const Resource& r, Seconds alone_s) {
     const int self = global_gpu(r.gpu);
     const int node = platform_->node_of_gpu(self);
@@ -181,34 +251,57 @@ class Simulation {
     const double away_bytes = ring ? bytes / static_cast<double>(here.size() + 1) : bytes * static_cast<double>(away.size()) / others;
     const std::uint64_t here_share = here.empty() ? 0 : flow_bytes((bytes - away_bytes) / static_cast<double>(here.size()));
     const std::uint64_t away_share = away.empty() ? 0 : flow_bytes(away_bytes / static_cast<double>(away.size()));
-    std::vector<sg4::CommPtr> flows;
-    flows.reserve(here.size() + away.size());
-    for (const int gp : here) {
-      if (here_share > 0) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(gp), here_share));
+    struct Send {
+      int order;  // steps after this member (pairwise rotation)
+      int target;
+      std::uint64_t bytes;
+    };
+    std::vector<Send> fabric, network;
+    if (here_share > 0) {
+      for (const int gp : here) fabric.push_back({(gp - self + kRotation) % kRotation, gp, here_share});
     }
     // The shares for one remote node cross the same NIC links: one flow per remote node, to its
     // member of this member's local index where there is one (as rails pair them), which spreads
-    // the node's arriving flows over its members' ports as the separate shares would. A step over
-    // N nodes of G GPUs then starts G − 1 + N − 1 flows per member instead of N·G − 1.
+    // the node's arriving flows over its members' ports as the separate shares would.
     if (away_share > 0) {
-      struct RemoteNode {
-        int node, target;
-        std::uint64_t members;
-      };
       const int per_node = platform_->gpus_per_node();
-      std::vector<RemoteNode> remote;  // in the order the peers name them
       for (const int gp : away) {
         const int n = platform_->node_of_gpu(gp);
-        auto it = std::find_if(remote.begin(), remote.end(), [n](const RemoteNode& x) { return x.node == n; });
-        if (it == remote.end()) it = remote.insert(remote.end(), RemoteNode{n, gp, 0});
-        ++it->members;
+        auto it = std::find_if(network.begin(), network.end(), [&](const Send& x) { return platform_->node_of_gpu(x.target) == n; });
+        if (it == network.end()) it = network.insert(network.end(), Send{(n - node + kRotation) % kRotation, gp, 0});
+        it->bytes += away_share;
         if (gp % per_node == self % per_node) it->target = gp;
       }
-      for (const RemoteNode& x : remote) {
-        flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(x.target), away_share * x.members));
-      }
     }
-    sg4::Comm::wait_all(flows);
+    auto by_order = [](const Send& a, const Send& b) { return a.order < b.order; };
+    std::sort(fabric.begin(), fabric.end(), by_order);
+    std::sort(network.begin(), network.end(), by_order);
+    std::vector<sg4::CommPtr> flows;
+    if (network.empty()) {
+      for (const Send& x : fabric) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(x.target), x.bytes));
+      sg4::Comm::wait_all(flows);
+      return;
+    }
+    // Two chains in flight: start the next send of a chain when its previous one ends.
+    std::vector<int> chain_of;  // per flow in `flows`: 0 fabric, 1 network
+    std::size_t next[2] = {0, 0};
+    const std::vector<Send>* chains[2] = {&fabric, &network};
+    auto start = [&](int c) {
+      const std::vector<Send>& sends = *chains[c];
+      if (next[c] >= sends.size()) return;
+      const Send& x = sends[next[c]++];
+      flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(x.target), x.bytes));
+      chain_of.push_back(c);
+    };
+    start(0);
+    start(1);
+    while (!flows.empty()) {
+      const auto i = static_cast<std::size_t>(sg4::Comm::wait_any(flows));
+      const int c = chain_of[i];
+      flows.erase(flows.begin() + static_cast<std::ptrdiff_t>(i));
+      chain_of.erase(chain_of.begin() + static_cast<std::ptrdiff_t>(i));
+      start(c);
+    }
   }
 
   // Arithmetic on every core of the socket, and the task's DRAM traffic at no more than the rate
@@ -241,6 +334,8 @@ class Simulation {
   std::unique_ptr<Platform> platform_;
   std::vector<int> releases_;
   std::vector<sg4::SemaphorePtr> events_;
+  std::vector<Join> joins_;
+  std::vector<int> join_of_;  // per stage: its join, or −1
   std::vector<char> done_;
 };
 
