@@ -17,6 +17,19 @@ struct DefaultStep {
   CalibratedDurationModel durations;
 };
 
+// The default model's experts over `nodes` DGX H200 nodes, two 4K sequences per GPU: the cluster
+// benchmarks' workload.
+inline WorkloadContext cluster_workload(int nodes) {
+  Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = "h200-sxm-node";
+  w.nodes = nodes;
+  w.gpus = 8 * nodes;
+  w.global_batch = 2 * w.gpus;
+  w.seq_len = 4096;
+  return resolve_workload(w, "cluster workload");
+}
+
 inline const DefaultStep& default_step() {
   static const DefaultStep step = [] {
     WorkloadContext ctx = resolve_workload(default_workload(), "default workload");

@@ -14,6 +14,7 @@
 #include "planner/search/ep_planner.h"
 #include "planner/search/local_planner.h"
 #include "planner/search/plan_search.h"
+#include "tests/bench/default_step.h"
 
 namespace {
 
@@ -117,15 +118,7 @@ BENCHMARK(BM_SearchPlanAuto)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond);
 // resident layers), lowered and evaluated as PlanPricer::price does, with every rank's stages
 // (symmetric 0) or one node's (1).
 void BM_PriceClusterPlan(benchmark::State& state) {
-  const int nodes = static_cast<int>(state.range(0));
-  oom::Workload w;
-  w.model = "qwen3.6-35b-a3b";
-  w.hardware = "h200-sxm-node";
-  w.nodes = nodes;
-  w.gpus = 8 * nodes;
-  w.global_batch = 2 * w.gpus;
-  w.seq_len = 4096;
-  const oom::WorkloadContext ctx = oom::resolve_workload(w, "bench");
+  const oom::WorkloadContext ctx = oom::bench::cluster_workload(static_cast<int>(state.range(0)));
   oom::Plan plan;
   plan.resident_layers = oom::contiguous_resident_set(ctx.model.layers, 3);
   oom::LoweringOptions o;

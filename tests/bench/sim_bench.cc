@@ -55,14 +55,7 @@ const oom::bench::DefaultStep& cluster_step(int nodes) {
   static std::map<int, std::unique_ptr<DefaultStep>> steps;
   auto& step = steps[nodes];
   if (!step) {
-    oom::Workload w;
-    w.model = "qwen3.6-35b-a3b";
-    w.hardware = "h200-sxm-node";
-    w.nodes = nodes;
-    w.gpus = 8 * nodes;
-    w.global_batch = 2 * w.gpus;
-    w.seq_len = 4096;
-    oom::WorkloadContext ctx = oom::resolve_workload(w, "cluster workload");
+    oom::WorkloadContext ctx = oom::bench::cluster_workload(nodes);
     oom::StepGraph g = oom::lower(oom::Plan{}, ctx);
     oom::CalibratedDurationModel d(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
     step = std::make_unique<DefaultStep>(DefaultStep{std::move(ctx), std::move(g), std::move(d)});

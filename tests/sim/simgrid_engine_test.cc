@@ -440,66 +440,62 @@ TEST(SimGridEngineTest, EachNodesRanksCopyThroughTheirOwnNodesDram) {
   EXPECT_NEAR(engine.execute(copies({2, 3}), RoundNumbers()).step_s, 0.2, 1e-9);
 }
 
-TEST(SimGridEngineTest, CollectivesAcrossNodesAgreeWithTheDurationModel) {
-  // Two nodes of two GPUs (100 GB/s ports), a 40 GB/s NIC link per node. Each of the four ranks
-  // all-gathers 2 GB as a ring: every node's NICs carry what one member sends, 2 GB at 40 GB/s;
-  // an all-to-all of 3 GB sends 2 GB of each member to the other node, 4 GB per node: 0.1 s.
+// `nodes` nodes of two GPUs (100 GB/s ports), a 40 GB/s NIC link per node: each rank's
+// all-gather of `gather` bytes and all-to-all of `a2a` bytes, simulated and priced analytically.
+struct CrossNodeSteps {
+  double gather_sim, gather_ana, a2a_sim, a2a_ana;
+};
+CrossNodeSteps cross_node_collectives(int nodes, Bytes gather, Bytes a2a) {
   HardwareSpec h = tiny_hardware(1, 1e12);
-  h.nodes = 2;
+  h.nodes = nodes;
   h.network.nics = 1;
   h.network.nic_Bps = 40e9;
   Calibration c = default_calibration(h);
   c.fabric_efficiency = 1.0;
   c.collective_overhead_s = 0;
-  const CalibratedDurationModel durations(h, c, 4);
+  const int P = 2 * nodes;
+  const CalibratedDurationModel durations(h, c, P);
+  std::vector<int> numa, peers;
+  for (int i = 0; i < P; ++i) {
+    numa.push_back(i / 2);
+    peers.push_back(i);
+  }
+  CrossNodeSteps out{};
   for (const OpKind op : {OpKind::kAllGather, OpKind::kAllToAll}) {
-    StepGraphBuilder b(4, 2);
-    const auto r = add_ranks(b, 4, {0, 0, 1, 1});
-    for (int i = 0; i < 4; ++i) {
+    StepGraphBuilder b(P, nodes);
+    const auto r = add_ranks(b, P, numa);
+    for (int i = 0; i < P; ++i) {
       Stage st = stage(fmt::format("g{}.fwd.L0.moe.a2a_dispatch", i), op, r[static_cast<std::size_t>(i)].fabric, i);
-      st.bytes = op == OpKind::kAllGather ? 2 * kGB : 3 * kGB;
-      st.peers = {0, 1, 2, 3};
+      st.bytes = op == OpKind::kAllGather ? gather : a2a;
+      st.peers = peers;
       b.add(st);
     }
     const StepGraph g = b.take();
     const double sim = SimGridEngine(h).execute(g, durations).step_s;
     const double ana = AnalyticEngine().execute(g, durations).step_s;
-    EXPECT_NEAR(ana, op == OpKind::kAllGather ? 0.05 : 0.1, 1e-9);
-    EXPECT_NEAR(sim, ana, 0.01 * ana) << (op == OpKind::kAllGather ? "all-gather" : "all-to-all");
+    (op == OpKind::kAllGather ? out.gather_sim : out.a2a_sim) = sim;
+    (op == OpKind::kAllGather ? out.gather_ana : out.a2a_ana) = ana;
   }
+  return out;
 }
 
-
-// Across four nodes a member's shares go as pairwise chains (fabric, NICs): each step every NIC
-// link carries one share per member of its node, so the all-to-all still takes what the node's
-// NICs need for all its off-node bytes. Two GPUs per node, 40 GB/s per node: each member sends
-// 3 GB to the six members off its node, 6 GB per node: 0.15 s.
-TEST(SimGridEngineTest, PairwiseChainsAcrossFourNodesAgreeWithTheDurationModel) {
-  HardwareSpec h = tiny_hardware(1, 1e12);
-  h.nodes = 4;
-  h.network.nics = 1;
-  h.network.nic_Bps = 40e9;
-  Calibration c = default_calibration(h);
-  c.fabric_efficiency = 1.0;
-  c.collective_overhead_s = 0;
-  const CalibratedDurationModel durations(h, c, 8);
-  for (const OpKind op : {OpKind::kAllGather, OpKind::kAllToAll}) {
-    StepGraphBuilder b(8, 4);
-    const auto r = add_ranks(b, 8, {0, 0, 1, 1, 2, 2, 3, 3});
-    for (int i = 0; i < 8; ++i) {
-      Stage st = stage(fmt::format("g{}.fwd.L0.moe.a2a_dispatch", i), op, r[static_cast<std::size_t>(i)].fabric, i);
-      st.bytes = op == OpKind::kAllGather ? 2 * kGB : 7 * kGB / 2;
-      st.peers = {0, 1, 2, 3, 4, 5, 6, 7};
-      b.add(st);
-    }
-    const StepGraph g = b.take();
-    const double sim = SimGridEngine(h).execute(g, durations).step_s;
-    const double ana = AnalyticEngine().execute(g, durations).step_s;
-    if (op == OpKind::kAllToAll) {
-      EXPECT_NEAR(ana, 0.15, 1e-9);
-    }
-    EXPECT_NEAR(sim, ana, 0.02 * ana) << (op == OpKind::kAllGather ? "all-gather" : "all-to-all");
-  }
+TEST(SimGridEngineTest, CollectivesAcrossNodesAgreeWithTheDurationModel) {
+  // Two nodes: each of the four ranks all-gathers 2 GB as a ring: every node's NICs carry what one
+  // member sends, 2 GB at 40 GB/s; an all-to-all of 3 GB sends 2 GB of each member to the other
+  // node, 4 GB per node: 0.1 s.
+  const CrossNodeSteps two = cross_node_collectives(2, 2 * kGB, 3 * kGB);
+  EXPECT_NEAR(two.gather_ana, 0.05, 1e-9);
+  EXPECT_NEAR(two.a2a_ana, 0.1, 1e-9);
+  EXPECT_NEAR(two.gather_sim, two.gather_ana, 0.01 * two.gather_ana);
+  EXPECT_NEAR(two.a2a_sim, two.a2a_ana, 0.01 * two.a2a_ana);
+  // Four nodes: a member's shares go as pairwise chains (fabric, NICs), each step every NIC link
+  // carrying one share per member of its node, so the all-to-all still takes what the node's NICs
+  // need for all its off-node bytes: 3 GB of each member to the six members off its node, 6 GB per
+  // node: 0.15 s.
+  const CrossNodeSteps four = cross_node_collectives(4, 2 * kGB, 7 * kGB / 2);
+  EXPECT_NEAR(four.a2a_ana, 0.15, 1e-9);
+  EXPECT_NEAR(four.gather_sim, four.gather_ana, 0.02 * four.gather_ana);
+  EXPECT_NEAR(four.a2a_sim, four.a2a_ana, 0.02 * four.a2a_ana);
 }
 
 }  // namespace
