@@ -212,8 +212,8 @@ Bytes StudyPlan::host_bytes() const { return sum(host_bytes_per_numa); }
 
 std::string StudyRow::label() const {
   const Workload& w = study_case.workload;
-  std::string s = w.nodes ? fmt::format("{} {}*{} x{} B={} S={}", w.model, w.hardware, *w.nodes, w.gpus, w.global_batch, tokens_text(w.seq_len))
-                          : fmt::format("{} {} x{} B={} S={}", w.model, w.hardware, w.gpus, w.global_batch, tokens_text(w.seq_len));
+  const std::string nodes = w.nodes ? fmt::format("*{}", *w.nodes) : std::string();
+  std::string s = fmt::format("{} {}{} x{} B={} S={}", w.model, w.hardware, nodes, w.gpus, w.global_batch, tokens_text(w.seq_len));
   if (w.gpu_budget_gib) s += fmt::format(" gpu<={:g}GiB", *w.gpu_budget_gib);
   if (w.host_budget_gib) s += fmt::format(" host<={:g}GiB", *w.host_budget_gib);
   if (!(study_case.system == PlanVariant{})) s += " [" + plan_variant_name(study_case.system) + "]";

@@ -138,9 +138,8 @@ class Simulation {
   void plan_joins() {
     join_of_.assign(g_.stages.size(), -1);
     std::map<std::vector<StageId>, int> by_deps;
-    std::vector<std::vector<StageId>> cross(g_.stages.size());
     for (const Stage& s : g_.stages) {
-      auto& c = cross[at(s.id)];
+      std::vector<StageId> c;
       for (const StageId u : s.deps) {
         if (g_.stage(u).resource != s.resource) c.push_back(u);
       }

@@ -178,48 +178,43 @@ void Lowering::host_free(StageId s, int rank, Bytes bytes) {
 
 PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                               const OpShape& shape, const std::vector<PerRank>& deps) {
-  PerRank out(static_cast<std::size_t>(P_));
   const OperatorPass pass = phase == Phase::kBackward ? OperatorPass::kBackward
                             : replaying_ || what.op == StageOp::kCoreRefwd ? OperatorPass::kReplay
                                                                            : OperatorPass::kForward;
   const std::int64_t ops = backend_operators(m_, layer, what.part, what.op, pass, shape, sub_batch_ <= 0);
-  for (int r = 0; r < P_; ++r) {
-    if (r >= emit_) {
-      out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
-      continue;
-    }
-    Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].compute, r, layer);
-    s.flops = flops;
-    s.bytes = bytes;
-    s.shape = shape;
-    s.ops = ops;
-    for (const auto& d : deps) append(s.deps, d, r);
-    out[static_cast<std::size_t>(r)] = add(std::move(s));
-  }
+  const PerRank out = stages_per_rank(
+      P_, emit_,
+      [&](int r) {
+        Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].compute, r, layer);
+        s.flops = flops;
+        s.bytes = bytes;
+        s.shape = shape;
+        s.ops = ops;
+        for (const auto& d : deps) append(s.deps, d, r);
+        return s;
+      },
+      [&](Stage s) { return add(std::move(s)); });
   last_compute_ = out;
   return out;
 }
 
 PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
                                  const PerRank& inputs) {
-  PerRank out(static_cast<std::size_t>(P_));
   std::vector<int> peers;
   for (int r = 0; r < P_; ++r) peers.push_back(r);
   // Every member waits for every member's input: the distinct inputs, gathered once.
   std::vector<StageId> members;
   for (int q = 0; q < P_; ++q) append(members, inputs, q);
-  for (int r = 0; r < P_; ++r) {
-    if (r >= emit_) {
-      out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
-      continue;
-    }
-    Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
-    s.bytes = bytes_per_rank;
-    s.peers = peers;
-    s.deps = members;
-    out[static_cast<std::size_t>(r)] = add(std::move(s));
-  }
-  return out;
+  return stages_per_rank(
+      P_, emit_,
+      [&](int r) {
+        Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
+        s.bytes = bytes_per_rank;
+        s.peers = peers;
+        s.deps = members;
+        return s;
+      },
+      [&](Stage s) { return add(std::move(s)); });
 }
 
 PerRank Lowering::collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,

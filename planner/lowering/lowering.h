@@ -70,6 +70,18 @@ inline void add_dep_once(Stage& s, const PerRank& from, int r) {
   if (d >= 0 && std::find(s.deps.begin(), s.deps.end(), d) == s.deps.end()) s.deps.push_back(d);
 }
 
+// One stage per rank of `ranks`: `make_stage(r)` handed to `add` for the emitted ranks 0..emit−1;
+// every other rank r takes its representative's, rank r mod emit (LoweringOptions::symmetric_nodes;
+// emit = ranks: every rank's own).
+template <class Make, class Add>
+PerRank stages_per_rank(int ranks, int emit, Make make_stage, Add add) {
+  PerRank out(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    out[static_cast<std::size_t>(r)] = r < emit ? add(make_stage(r)) : out[static_cast<std::size_t>(r % emit)];
+  }
+  return out;
+}
+
 // What a window use made available: the copies compute must wait for.
 struct WindowUse {
   PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied

@@ -105,59 +105,47 @@ class BaselineLowering {
     for (int r = 0; r < P_; ++r) mem(s[static_cast<std::size_t>(r)], MemorySpace::kGpu, r, bytes, at_end);
   }
 
+  // One stage per rank made by `make_stage(r)`: the emitted ranks' own, the others' their representatives'.
+  template <class Make>
+  PerRank each_rank(Make make_stage) {
+    return lowering::stages_per_rank(P_, emit_, make_stage, [this](Stage s) { return b_.add(std::move(s)); });
+  }
+
   PerRank compute(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes, const OpShape& shape,
                   const std::vector<PerRank>& deps) {
-    PerRank out(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) {
-      if (r >= emit_) {
-        out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
-        continue;
-      }
+    last_compute_ = each_rank([&](int r) {
       Stage s = make(what, op, phase, rr(r).compute, r, layer);
       s.flops = flops;
       s.bytes = bytes;
       s.shape = shape;
       for (const auto& d : deps) dep(s, d, r);
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
-    }
-    last_compute_ = out;
-    return out;
+      return s;
+    });
+    return last_compute_;
   }
 
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
-    PerRank out(static_cast<std::size_t>(P_));
     std::vector<int> peers;
     for (int r = 0; r < P_; ++r) peers.push_back(r);
     // Every member waits for every member's input: the distinct inputs, gathered once.
     Stage members;
     for (int q = 0; q < P_; ++q) dep(members, inputs, q);
-    for (int r = 0; r < P_; ++r) {
-      if (r >= emit_) {
-        out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
-        continue;
-      }
+    return each_rank([&](int r) {
       Stage s = make(what, op, phase, rr(r).fabric, r, layer);
       s.bytes = bytes;
       s.peers = peers;
       s.deps = members.deps;
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
-    }
-    return out;
+      return s;
+    });
   }
 
   PerRank copy(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
-    PerRank out(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) {
-      if (r >= emit_) {
-        out[static_cast<std::size_t>(r)] = out[static_cast<std::size_t>(r % emit_)];  // its representative's
-        continue;
-      }
+    return each_rank([&](int r) {
       Stage s = make(what, op, phase, op == OpKind::kH2d ? rr(r).h2d : rr(r).d2h, r, layer);
       s.bytes = bytes;
       for (const auto& d : deps) dep(s, d, r);
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(s));
-    }
-    return out;
+      return s;
+    });
   }
 
   // A two-slot window of unsharded units: a use's copy waits for the last consumer of the use two
@@ -180,6 +168,14 @@ class BaselineLowering {
   }
   std::pair<PerRank, int> deliver(Phase phase, int layer, ParamCount params, StagePart part = StagePart::kWeights) {
     return deliver(decoders_, phase, layer, params, what(part, StageOp::kH2d));
+  }
+  // The expert GEMM over one of `units` equal expert units: its experts and the tokens routed to them.
+  OpShape expert_shape(int units) const {
+    OpShape shape;
+    shape.tokens = seqs_ * S_ * m_.moe.top_k / units;
+    shape.k = m_.hidden;
+    shape.experts = m_.moe.experts / units;
+    return shape;
   }
   DecoderUnits units(int l) const {
     return decoder_units(params_.layers[static_cast<std::size_t>(l)], t_.sharded_params ? setup_.expert_units : 1);
@@ -224,18 +220,12 @@ class BaselineLowering {
     if (!m_.moe_layer(l)) return compute(what(StagePart::kMoe, StageOp::kCombine), OpKind::kElementwise, phase, l, 0, t.combine, dense, {x});
     const DecoderUnits u = units(l);
     if (u.expert_units == 0) {
-      OpShape experts;
-      experts.tokens = T * m_.moe.top_k;
-      experts.k = m_.hidden;
-      experts.experts = m_.moe.experts;
-      return compute(what(StagePart::kMoe, StageOp::kExperts), OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine, experts, {x});
+      return compute(what(StagePart::kMoe, StageOp::kExperts), OpKind::kExpertGemm, phase, l, f.moe.routed_experts, t.experts + t.combine,
+                     expert_shape(1), {x});
     }
     // Expert units in order, each over the tokens routed to its experts once it is delivered.
     const int U = u.expert_units;
-    OpShape experts;
-    experts.tokens = T * m_.moe.top_k / U;
-    experts.k = m_.hidden;
-    experts.experts = m_.moe.experts / U;
+    const OpShape experts = expert_shape(U);
     const PerRank routed = x;
     for (int e = 0; e < U; ++e) {
       const auto [ready, slot] = deliver(experts_, phase, l, u.expert_unit, what(StagePart::kExperts, StageOp::kH2d).at_bucket(e));
@@ -332,10 +322,7 @@ class BaselineLowering {
     if (apart) {
       // Expert units last to first: delivered again, backward over their slice, gradient out.
       const int U = u.expert_units;
-      OpShape experts;
-      experts.tokens = T * m_.moe.top_k / U;
-      experts.k = m_.hidden;
-      experts.experts = m_.moe.experts / U;
+      const OpShape experts = expert_shape(U);
       for (int e = U - 1; e >= 0; --e) {
         const auto [unit_ready, unit_slot] = deliver(experts_, Phase::kBackward, l, u.expert_unit, what(StagePart::kExperts, StageOp::kH2d).at_bucket(e));
         x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd).at_bucket(e), OpKind::kExpertGemm, Phase::kBackward, l,
@@ -346,12 +333,8 @@ class BaselineLowering {
         gradients(l, what(StagePart::kExperts, StageOp::kGradD2h).at_bucket(e), u.expert_unit, x);
       }
     } else if (m_.moe_layer(l)) {
-      OpShape experts;
-      experts.tokens = T * m_.moe.top_k;
-      experts.k = m_.hidden;
-      experts.experts = m_.moe.experts;
       x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd), OpKind::kExpertGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.moe.routed_experts,
-                  kMemoryBackwardRatio * (t.experts + t.combine), experts, {recomputed});
+                  kMemoryBackwardRatio * (t.experts + t.combine), expert_shape(1), {recomputed});
     }
     x = compute(what(StagePart::kMoe, StageOp::kRouterSharedBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp),
@@ -432,35 +415,24 @@ class BaselineLowering {
     if (host_sum) {
       // FP32 sum on the host: each rank adds what it received (its partial of the whole group,
       // or its shard for the micro-batches after the first).
-      PerRank acc(static_cast<std::size_t>(P_));
-      for (int r = 0; r < P_; ++r) {
-        if (r >= emit_) {
-          acc[static_cast<std::size_t>(r)] = acc[static_cast<std::size_t>(r % emit_)];  // its representative's
-          continue;
-        }
+      consumed = each_rank([&](int r) {
         Stage s = make(group.with(StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = sent;
         s.bytes = gradient_bytes(sent);
         dep(s, d2h, r);
-        acc[static_cast<std::size_t>(r)] = b_.add(std::move(s));
-      }
-      consumed = acc;
+        return s;
+      });
     }
     slot_consumers_.push_back(consumed);
     if (t_.optimizer_overlaps_backward && last_micro()) {
       // Each rank updates 1/P of the group once every rank's partial is summed.
-      PerRank upd(static_cast<std::size_t>(P_));
-      for (int r = 0; r < P_; ++r) {
-        if (r >= emit_) {
-          upd[static_cast<std::size_t>(r)] = upd[static_cast<std::size_t>(r % emit_)];  // its representative's
-          continue;
-        }
+      const PerRank upd = each_rank([&](int r) {
         Stage s = make(group.with(StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, layer);
         s.params = params / P_;
         s.bytes = canonical_state_bytes(params / P_);
         for (int q = 0; q < P_; ++q) dep(s, consumed, q);
-        upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
-      }
+        return s;
+      });
       publish(group, layer, params / P_, upd);
     } else if (last_micro()) {
       pending_updates_.push_back({layer, group, params, consumed});
@@ -469,33 +441,27 @@ class BaselineLowering {
 
   void publish(const StageWhat& group, int layer, ParamCount params, const PerRank& upd) {
     if (!t_.publishes_bf16) return;
-    for (int r = 0; r < P_; ++r) {
-      if (r >= emit_) continue;  // its representative publishes
+    each_rank([&](int r) {
       Stage s = make(group.with(StageOp::kPublish), OpKind::kHostPrep, Phase::kOptimizer, rr(r).prep, r, layer);
       s.params = params;
       s.bytes = working_weight_bytes(params);
       dep(s, upd, r);
-      b_.add(std::move(s));
-    }
+      return s;
+    });
   }
 
   // One CPU Adam pass over the rank's shard after the backward has finished (optimizer.step()).
   void optimizer_after_backward() {
     bool first = true;
     for (const auto& u : pending_updates_) {
-      PerRank upd(static_cast<std::size_t>(P_));
-      for (int r = 0; r < P_; ++r) {
-        if (r >= emit_) {
-          upd[static_cast<std::size_t>(r)] = upd[static_cast<std::size_t>(r % emit_)];  // its representative's
-          continue;
-        }
+      const PerRank upd = each_rank([&](int r) {
         Stage s = make(u.group.with(StageOp::kCpuAdamW), t_.optimizer, Phase::kOptimizer, rr(r).cpu, r, u.layer);
         s.params = u.params / P_;
         s.bytes = canonical_state_bytes(u.params / P_);
         dep(s, u.ready, r);
         if (first) dep(s, last_d2h_, r);  // the step begins when the rank's backward is done
-        upd[static_cast<std::size_t>(r)] = b_.add(std::move(s));
-      }
+        return s;
+      });
       publish(u.group, u.layer, u.params / P_, upd);
       first = false;
     }
