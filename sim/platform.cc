@@ -159,20 +159,26 @@ Platform::Platform(const HardwareSpec& h, const PlatformRates& rates, const Plat
                    ->set_latency(peer_latency)
                    ->seal();
   }
+  // Within a node every pair of GPUs has its route; across nodes a GPU reaches the network through
+  // its port and its node's NICs (P·gpus_per_node + 2P routes, not P²).
+  if (nodes_ > 1) {
+    network_ = zone->create_host("network", 1.0)->seal();
+    for (int g = 0; g < total_gpus(); ++g) {
+      const std::size_t nic = at(node_of_gpu(g));
+      route(gpus_[at(g)], network_, {sg4::LinkInRoute(ports[at(g)], Direction::UP), sg4::LinkInRoute(nics[nic], Direction::UP)});
+      route(network_, gpus_[at(g)], {sg4::LinkInRoute(nics[nic], Direction::DOWN), sg4::LinkInRoute(ports[at(g)], Direction::DOWN)});
+    }
+  }
   for (int a = 0; a < total_gpus(); ++a) {
-    for (int b = 0; b < total_gpus(); ++b) {
+    const int na = node_of_gpu(a);
+    for (int b = na * gpus_per_node_; b < (na + 1) * gpus_per_node_; ++b) {
       if (a == b) continue;
-      const int na = node_of_gpu(a);
-      const int nb = node_of_gpu(b);
       std::vector<sg4::LinkInRoute> links{sg4::LinkInRoute(ports[at(a)], Direction::UP)};
-      if (na != nb) {
-        links.emplace_back(nics[at(na)], Direction::UP);
-        links.emplace_back(nics[at(nb)], Direction::DOWN);
-      } else if (h.fabric.kind == FabricKind::kNvlink) {
+      if (h.fabric.kind == FabricKind::kNvlink) {
         links.emplace_back(switches[at(na)]);
       } else {
         const std::size_t sa = at(na * numa_per_node_ + numa_of_gpu(a));
-        const std::size_t sb = at(nb * numa_per_node_ + numa_of_gpu(b));
+        const std::size_t sb = at(na * numa_per_node_ + numa_of_gpu(b));
         links.emplace_back(pcie_[at(a)], Direction::DOWN);
         links.emplace_back(bridges[sa]);
         links.emplace_back(peer_hop);

@@ -18,13 +18,17 @@
 //     sockets' bridges and a "peer_path" hop carrying the peer latency, so peer traffic competes
 //     with host copies;
 //   - for multi-node specs a split-duplex NIC link "node<n>.nic" per node (UP send, DOWN receive)
-//     at the node's NIC rate (NetworkSpec::per_node_Bps: its NICs as one link; switches are not
-//     links yet); GPUs of different nodes talk through their nodes' NICs. The graph's host NUMA
-//     nodes count over the cluster (node·numa_per_node + socket): memory(node, socket) takes the
-//     socket within the node.
+//     at the node's NIC rate (NetworkSpec::per_node_Bps: its NICs as one link) and a "network"
+//     host beyond them standing for the switches, which are non-blocking (the spec's
+//     oversubscription is not modelled here): a GPU sends to the other nodes as a flow to the
+//     network [port UP, nic UP] and receives as a flow from it [nic DOWN, port DOWN], so a
+//     collective has a flow per member and direction instead of one per pair of nodes. The graph's
+//     host NUMA nodes count over the cluster (node·numa_per_node + socket): memory(node, socket)
+//     takes the socket within the node.
 // Routes: mem(n,s) → gpu: [dram, bridge, pcie UP]; gpu → mem(n,s): [pcie DOWN, bridge, dram]
 // (a buffer on another socket of the node also crosses the GPU's own socket's bridge);
-// cpu(n,s) → mem(n,s): [dram]; gpu a → gpu b as above. Latencies add along a route.
+// cpu(n,s) → mem(n,s): [dram]; gpu a → gpu b of the same node as above; gpu ↔ network. Latencies
+// add along a route.
 //
 // Units: bytes/s for links, FLOP/s for GPU hosts, parameters/s for CPU cores, seconds.
 // Assumptions: each GPU's host traffic uses the DRAM of the socket its PCIe link hangs off; the
@@ -92,6 +96,8 @@ class Platform {
   int numa_of_gpu(int g) const;
   sg4::Host* memory(int node, int numa) const;
   sg4::Host* socket(int node, int numa) const;
+  // Multi-node specs: the host beyond every node's NICs (nullptr on one node).
+  sg4::Host* network() const { return network_; }
   // The links (for tests and reports).
   const sg4::Link* dram_link(int node, int numa) const;
   const sg4::Link* h2d_link(int g) const;  // the UP direction of gpu<g>.pcie
@@ -105,6 +111,7 @@ class Platform {
   std::vector<sg4::Host*> gpus_;
   std::vector<sg4::Host*> memories_;  // node-major
   std::vector<sg4::Host*> sockets_;
+  sg4::Host* network_ = nullptr;
   std::vector<const sg4::Link*> dram_;
   std::vector<sg4::SplitDuplexLink*> pcie_;
 };

@@ -222,84 +222,75 @@ class Simulation {
   // channel per NIC), whose inter-node hops carry, over all channels, what one member sends: each
   // member sends 1/(its node's members) of its bytes to the members on other nodes, the rest to
   // its node's members (the duration model's ring, planner/engine/duration_model.h).
-  // Within one node every share is in flight at once. Across nodes the shares go as two chains of
-  // flows at once, one over the node's fabric and one through the NICs, each a pairwise exchange:
-  // step k sends to the k-th next member (or node) after this one, so that in every step each port
-  // sends one share and receives one. On an NVSwitch fabric and rail-paired NICs a port carries the
-  // same bytes at the same rate as with every share in flight together, and the simulation holds
-  // two flows per member instead of one per peer (SimGrid 3.32's cost of ending a flow grows with
-  // the flows alive: a 96-GPU step has some 1,700 in flight per all-to-all). One node keeps the
-  // concurrent shares, which PCIe peer fabrics (shared switches and root complex) need.
+  // Within one node every share is in flight at once (PCIe peer fabrics need the concurrency:
+  // shared switches and root complex). Across nodes the node's shares go as a chain over the
+  // fabric, a pairwise exchange (step k sends to the k-th next member, so that in every step each
+  // port sends one share and receives one: on an NVSwitch a port carries the same bytes at the
+  // same rate as with every share in flight), and the shares for the other nodes as one flow to
+  // the network and one from it, through the node's NICs: what the member sends and, the exchange
+  // being even, what it receives. The simulation then holds three flows per member, however many
+  // nodes (SimGrid 3.32's cost of ending a flow grows with the flows alive).
   void collective(const Stage& s, const Resource& r, Seconds alone_s) {
     const int self = global_gpu(r.gpu);
-    const int node = platform_->node_of_gpu(self);
-    std::vector<int> here, away;  // the other members on this node and on other nodes
-    for (const int p : s.peers) {
-      const int gp = global_gpu(p);
-      if (gp == self) continue;
-      std::vector<int>& to = platform_->node_of_gpu(gp) == node ? here : away;
-      if (std::find(to.begin(), to.end(), gp) == to.end()) to.push_back(gp);
+    std::vector<int> here;  // the other members on this node (global GPUs)
+    int away = 0;           // the members on other nodes
+    const int per_node = platform_->gpus_per_node(), node_rank = r.gpu / per_node;  // ranks fill nodes in order
+    const int first = s.peers.empty() ? 0 : s.peers.front(), last = s.peers.empty() ? 0 : s.peers.back();
+    if (!s.peers.empty() && last - first + 1 == static_cast<int>(s.peers.size()) && first <= r.gpu && r.gpu <= last) {
+      // Consecutive ranks (a collective over all of them): this node's run of them.
+      const int lo = std::max(first, node_rank * per_node), hi = std::min(last, node_rank * per_node + per_node - 1);
+      for (int q = lo; q <= hi; ++q) {
+        if (q != r.gpu) here.push_back(global_gpu(q));
+      }
+      away = static_cast<int>(s.peers.size()) - (hi - lo + 1);
+    } else {
+      for (const int p : s.peers) {
+        if (p == r.gpu) continue;
+        if (p / per_node == node_rank) here.push_back(global_gpu(p));
+        else ++away;
+      }
     }
-    if (here.empty() && away.empty()) {
+    if (here.empty() && away == 0) {
       if (alone_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(alone_s);
       return;
     }
     const double bytes = alone_s * rates_.fabric_Bps;
-    const bool ring = s.op != OpKind::kAllToAll && !away.empty();
-    const double others = static_cast<double>(here.size() + away.size());
-    const double away_bytes = ring ? bytes / static_cast<double>(here.size() + 1) : bytes * static_cast<double>(away.size()) / others;
+    const bool ring = s.op != OpKind::kAllToAll && away > 0;
+    const double others = static_cast<double>(here.size()) + away;
+    const double away_bytes = ring ? bytes / static_cast<double>(here.size() + 1) : bytes * away / others;
     const std::uint64_t here_share = here.empty() ? 0 : flow_bytes((bytes - away_bytes) / static_cast<double>(here.size()));
-    const std::uint64_t away_share = away.empty() ? 0 : flow_bytes(away_bytes / static_cast<double>(away.size()));
-    struct Send {
-      int order;  // steps after this member (pairwise rotation)
-      int target;
-      std::uint64_t bytes;
-    };
-    std::vector<Send> fabric, network;
-    if (here_share > 0) {
-      for (const int gp : here) fabric.push_back({(gp - self + kRotation) % kRotation, gp, here_share});
-    }
-    // The shares for one remote node cross the same NIC links: one flow per remote node, to its
-    // member of this member's local index where there is one (as rails pair them), which spreads
-    // the node's arriving flows over its members' ports as the separate shares would.
-    if (away_share > 0) {
-      const int per_node = platform_->gpus_per_node();
-      for (const int gp : away) {
-        const int n = platform_->node_of_gpu(gp);
-        auto it = std::find_if(network.begin(), network.end(), [&](const Send& x) { return platform_->node_of_gpu(x.target) == n; });
-        if (it == network.end()) it = network.insert(network.end(), Send{(n - node + kRotation) % kRotation, gp, 0});
-        it->bytes += away_share;
-        if (gp % per_node == self % per_node) it->target = gp;
-      }
-    }
-    auto by_order = [](const Send& a, const Send& b) { return a.order < b.order; };
-    std::sort(fabric.begin(), fabric.end(), by_order);
-    std::sort(network.begin(), network.end(), by_order);
-    std::vector<sg4::CommPtr> flows;
-    if (network.empty()) {
-      for (const Send& x : fabric) flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(x.target), x.bytes));
+    sg4::Host* gpu = platform_->gpu(self);
+    if (away == 0) {
+      std::vector<sg4::CommPtr> flows;
+      for (const int gp : here) flows.push_back(sg4::Comm::sendto_async(gpu, platform_->gpu(gp), here_share));
       sg4::Comm::wait_all(flows);
       return;
     }
-    // Two chains in flight: start the next send of a chain when its previous one ends.
-    std::vector<int> chain_of;  // per flow in `flows`: 0 fabric, 1 network
-    std::size_t next[2] = {0, 0};
-    const std::vector<Send>* chains[2] = {&fabric, &network};
-    auto start = [&](int c) {
-      const std::vector<Send>& sends = *chains[c];
-      if (next[c] >= sends.size()) return;
-      const Send& x = sends[next[c]++];
-      flows.push_back(sg4::Comm::sendto_async(platform_->gpu(self), platform_->gpu(x.target), x.bytes));
-      chain_of.push_back(c);
+    std::vector<sg4::CommPtr> flows;
+    const std::uint64_t network = flow_bytes(away_bytes);
+    if (network > 0) {
+      flows.push_back(sg4::Comm::sendto_async(gpu, platform_->network(), network));
+      flows.push_back(sg4::Comm::sendto_async(platform_->network(), gpu, network));
+    }
+    // The fabric chain: the k-th next member of the node in step k.
+    std::sort(here.begin(), here.end(), [&](int a, int b) { return (a - self + kRotation) % kRotation < (b - self + kRotation) % kRotation; });
+    std::size_t next = 0;
+    std::size_t chain = flows.size();  // the index of the chain's flow in `flows`, when it has one
+    auto start_chain = [&] {
+      if (here_share == 0 || next >= here.size()) return false;
+      flows.push_back(sg4::Comm::sendto_async(gpu, platform_->gpu(here[next++]), here_share));
+      chain = flows.size() - 1;
+      return true;
     };
-    start(0);
-    start(1);
+    bool chained = start_chain();
     while (!flows.empty()) {
       const auto i = static_cast<std::size_t>(sg4::Comm::wait_any(flows));
-      const int c = chain_of[i];
       flows.erase(flows.begin() + static_cast<std::ptrdiff_t>(i));
-      chain_of.erase(chain_of.begin() + static_cast<std::ptrdiff_t>(i));
-      start(c);
+      if (chained && i == chain) {
+        chained = start_chain();
+      } else if (chained && i < chain) {
+        --chain;
+      }
     }
   }
 

@@ -73,6 +73,7 @@ std::string format_stage_key(const StageKey& k) {
   index("s", k.ring_step);
   index("b", k.bucket);
   fmt::format_to(std::back_inserter(out), ".{}", stage_op_name(k.op));
+  if (k.join) out += ".join";
   return out;
 }
 
@@ -84,8 +85,12 @@ std::optional<StageKey> parse_stage_key(std::string_view text) {
     if (dot == std::string_view::npos) break;
     from = dot + 1;
   }
-  if (t.size() < 4) return std::nullopt;
   StageKey k;
+  if (t.size() > 4 && t.back() == "join") {
+    k.join = true;
+    t.pop_back();
+  }
+  if (t.size() < 4) return std::nullopt;
   const auto rank = indexed(t[0], "g");
   const int phase = index_of(kPhaseNames, t[1]);
   if (!rank || phase < 0) return std::nullopt;

@@ -6,11 +6,12 @@
 // of the update pipeline, the sub-batch, the repeat (the same work done again in one phase: a
 // decoder's forward repeated to regenerate several boundaries), the chunk (MoE routing round or GDN
 // sequence chunk), the attention head group, the ring step (Ring-DTP), the gradient bucket, and
-// the operator. Indices that do not apply are −1.
+// the operator. Indices that do not apply are −1. A collective across nodes is preceded by its
+// join, the instant every member's input is ready: the collective's key with ".join" after it.
 //
 // The key has exactly one text form, written by format_stage_key() and read by parse_stage_key():
 //
-//   g<rank>.<phase>[.mb<m>][.L<decoder>].<part>[.sb<s>][.r<k>][.c<chunk>][.h<group>][.s<step>][.b<bucket>].<op>
+//   g<rank>.<phase>[.mb<m>][.L<decoder>].<part>[.sb<s>][.r<k>][.c<chunk>][.h<group>][.s<step>][.b<bucket>].<op>[.join]
 //
 // e.g. "g0.fwd.L3.moe.c1.experts", "g2.bwd.L0.attn.h1.core_bwd", "g0.opt.lm_head.b0.cpu_adamw".
 // That text is the stage name of a Trace (DESIGN.md "Trace"); no other code builds or takes apart
@@ -115,6 +116,7 @@ struct StageKey {
   int ring_step = -1;    // "s<k>": Ring-DTP step
   int bucket = -1;       // "b<b>": gradient bucket of a streamed update
   StageOp op = StageOp::kProj;
+  bool join = false;     // "join": the join before the collective keyed by the rest (its first member's)
   bool operator==(const StageKey&) const = default;
 };
 
@@ -124,6 +126,6 @@ std::string format_stage_key(const StageKey& k);
 // nullopt for anything else.
 std::optional<StageKey> parse_stage_key(std::string_view text);
 // What readers of traces say of a stage name parse_stage_key() refuses.
-inline constexpr const char* kNotAStageKey = "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>)";
+inline constexpr const char* kNotAStageKey = "is not a stage key (g<rank>.<phase>[.L<decoder>].<part>[...].<op>[.join])";
 
 }  // namespace oom

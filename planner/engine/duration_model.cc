@@ -73,14 +73,30 @@ void CalibratedDurationModel::collective_cost(const Stage& s, StageCost& out) co
   int on_node = 0, off_node = 0;
   Seconds network_latency = 0;
   BytesPerS network = h.network.per_node_Bps();
-  for (const int p : s.peers) {
-    const int other = p / h.gpus_per_node;
-    if (other == node) {
-      ++on_node;  // this member too
-    } else {
-      ++off_node;
-      network_latency = std::max(network_latency, h.network.latency_between(node, other));
-      network = std::min(network, h.network.sustained_Bps(node, other));
+  auto reach = [&](int other) {
+    network_latency = std::max(network_latency, h.network.latency_between(node, other));
+    network = std::min(network, h.network.sustained_Bps(node, other));
+  };
+  const int first = s.peers.empty() ? 0 : s.peers.front(), last = s.peers.empty() ? 0 : s.peers.back();
+  if (!s.peers.empty() && last - first + 1 == static_cast<int>(s.peers.size()) && first <= s.gpu && s.gpu <= last) {
+    // Consecutive ranks (every lowering's collective over all ranks): counted per node. Leaves
+    // and pods are runs of consecutive nodes, so the farthest node of the run is its first or its
+    // last, and the nearest other node is next to this one.
+    const int per_node = h.gpus_per_node, n0 = first / per_node, n1 = last / per_node;
+    on_node = std::min(last, (node + 1) * per_node - 1) - std::max(first, node * per_node) + 1;
+    off_node = static_cast<int>(s.peers.size()) - on_node;
+    for (const int other : {n0, n1, node - 1, node + 1}) {
+      if (other != node && other >= n0 && other <= n1) reach(other);
+    }
+  } else {
+    for (const int p : s.peers) {
+      const int other = p / h.gpus_per_node;
+      if (other == node) {
+        ++on_node;  // this member too
+      } else {
+        ++off_node;
+        reach(other);
+      }
     }
   }
   if (off_node == 0) {

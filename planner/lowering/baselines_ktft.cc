@@ -191,11 +191,15 @@ class KtFtLowering {
     PerRank out(static_cast<std::size_t>(P_));
     std::vector<int> peers(static_cast<std::size_t>(P_));
     for (int q = 0; q < P_; ++q) peers[static_cast<std::size_t>(q)] = q;
+    const std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
+                                                                  make(what, op, phase, rr(0).fabric, 0, layer),
+                                                                  [&](Stage s) { return b_.add(std::move(s)); });
     for (int r = 0; r < P_; ++r) {
       Stage st = make(what, op, phase, rr(r).fabric, r, layer);
       st.bytes = bytes;
       st.peers = peers;
-      for (int q = 0; q < P_; ++q) dep(st, inputs, q);
+      st.deps = waits;
+      dep(st, inputs, r);
       out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
     }
     return out;

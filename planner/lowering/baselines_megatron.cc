@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -240,6 +241,7 @@ class MegatronLowering {
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs,
                      bool data_parallel_group) {
     PerRank out(static_cast<std::size_t>(P_));
+    std::map<int, std::vector<StageId>> waits;  // per group (its first member): what its members wait for
     for (int r = 0; r < P_; ++r) {
       std::vector<int> peers;
       for (int q = 0; q < P_; ++q) {
@@ -248,10 +250,17 @@ class MegatronLowering {
                                                                            : q / t_ == r / t_);
         if (member) peers.push_back(q);
       }
+      const int first = peers.front();  // r itself when the group is new (ranks in order)
+      if (first == r) {
+        waits[first] = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
+                                                  make(what, op, phase, rr(r).fabric, r, layer),
+                                                  [&](Stage s) { return b_.add(std::move(s)); });
+      }
       Stage st = make(what, op, phase, rr(r).fabric, r, layer);
       st.bytes = bytes;
       st.peers = peers;
-      for (const int q : peers) dep(st, inputs, q);
+      st.deps = waits.at(first);
+      dep(st, inputs, r);
       out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
     }
     last_ = out;

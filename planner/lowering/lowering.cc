@@ -66,7 +66,7 @@ bool whole_nodes_alike(const HardwareSpec& h, int P) {
 std::size_t Lowering::KeyHash::operator()(const StageKey& k) const {
   std::size_t h = 0;
   for (const int v : {k.rank, static_cast<int>(k.phase), k.micro_batch, k.decoder, static_cast<int>(k.part), k.sub_batch, k.repeat,
-                      k.chunk, k.head_group, k.ring_step, k.bucket, static_cast<int>(k.op)}) {
+                      k.chunk, k.head_group, k.ring_step, k.bucket, static_cast<int>(k.op), static_cast<int>(k.join)}) {
     h = h * 1000003u ^ static_cast<std::size_t>(v + 7);
   }
   return h;
@@ -202,16 +202,18 @@ PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, 
                                  const PerRank& inputs) {
   std::vector<int> peers;
   for (int r = 0; r < P_; ++r) peers.push_back(r);
-  // Every member waits for every member's input: the distinct inputs, gathered once.
-  std::vector<StageId> members;
-  for (int q = 0; q < P_; ++q) append(members, inputs, q);
+  // Every member waits for every member's input (gathered once, or through a join across nodes).
+  const std::vector<StageId> waits = collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
+                                                      make(what, op, phase, r_.front().fabric, 0, layer),
+                                                      [&](Stage s) { return add(std::move(s)); });
   return stages_per_rank(
       P_, emit_,
       [&](int r) {
         Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
         s.bytes = bytes_per_rank;
         s.peers = peers;
-        s.deps = members;
+        s.deps = waits;
+        add_dep_once(s, inputs, r);
         return s;
       },
       [&](Stage s) { return add(std::move(s)); });

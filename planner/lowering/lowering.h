@@ -82,6 +82,36 @@ PerRank stages_per_rank(int ranks, int emit, Make make_stage, Add add) {
   return out;
 }
 
+// What every member of a collective waits for, given each member q's input `inputs[q]` (−1 or
+// absent: none); each member also waits for its own rank's input (add_dep_once). Members on one
+// node wait for the distinct inputs themselves, which keeps every single-node graph as it was.
+// Across nodes (rank r on node r / gpus_per_node) they wait for one join: a zero-work stage, made
+// from `first` (the first member's stage) with ".join" in its key, that waits for the inputs. A
+// collective then adds P dependencies instead of P², so a step's graph grows linearly with its
+// GPUs. `add` adds a stage and returns its id.
+template <class Add>
+std::vector<StageId> collective_waits(int gpus_per_node, const std::vector<int>& peers, const PerRank& inputs, Stage first,
+                                      Add add) {
+  std::vector<StageId> waits;
+  if (inputs.empty() || peers.empty()) return waits;
+  const int per_node = std::max(1, gpus_per_node);
+  const bool across = std::any_of(peers.begin(), peers.end(), [&](int q) { return q / per_node != peers.front() / per_node; });
+  for (const int q : peers) {
+    const StageId d = inputs[static_cast<std::size_t>(q)];
+    if (d >= 0 && (across || std::find(waits.begin(), waits.end(), d) == waits.end())) waits.push_back(d);
+  }
+  if (!across) return waits;
+  std::sort(waits.begin(), waits.end());
+  waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+  first.key.join = true;
+  first.op = OpKind::kSync;
+  first.flops = 0;
+  first.bytes = 0;
+  first.peers.clear();
+  first.deps = std::move(waits);
+  return {add(std::move(first))};
+}
+
 // What a window use made available: the copies compute must wait for.
 struct WindowUse {
   PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied

@@ -127,14 +127,16 @@ class BaselineLowering {
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
     std::vector<int> peers;
     for (int r = 0; r < P_; ++r) peers.push_back(r);
-    // Every member waits for every member's input: the distinct inputs, gathered once.
-    Stage members;
-    for (int q = 0; q < P_; ++q) dep(members, inputs, q);
+    // Every member waits for every member's input (gathered once, or through a join across nodes).
+    const std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
+                                                                  make(what, op, phase, rr(0).fabric, 0, layer),
+                                                                  [&](Stage s) { return b_.add(std::move(s)); });
     return each_rank([&](int r) {
       Stage s = make(what, op, phase, rr(r).fabric, r, layer);
       s.bytes = bytes;
       s.peers = peers;
-      s.deps = members.deps;
+      s.deps = waits;
+      lowering::add_dep_once(s, inputs, r);
       return s;
     });
   }

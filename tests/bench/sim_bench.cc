@@ -6,8 +6,12 @@
 // BM_ClusterStep: the same model's experts over 1 to 16 DGX H200 nodes (8 to 128 GPUs, two
 // sequences of 4K per GPU, the EP plan without residency), through both engines: how the
 // simulation's wall time grows with the GPUs (the counters give the ratio to the analytic engine).
+// Expert parallelism over all GPUs stops at 32 nodes (256 experts). BM_ClusterFsdp2Step: FSDP2
+// with CPU offload of the same workload, which runs at any scale, over 1 to 96 nodes (8 to 768
+// GPUs): its stages grow linearly with the GPUs, and so should the wall time.
 #include <map>
 #include <memory>
+#include <stdexcept>
 
 #include <benchmark/benchmark.h>
 
@@ -17,6 +21,7 @@
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/engine/analytic_evaluator.h"
+#include "planner/lowering/baselines.h"
 #include "sim/simgrid_engine.h"
 #include "tests/bench/default_step.h"
 
@@ -76,7 +81,7 @@ void BM_ClusterStepSimGrid(benchmark::State& state) {
   for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterStepSimGrid)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClusterStepSimGrid)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ClusterStepAnalytic(benchmark::State& state) {
   const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)));
@@ -84,7 +89,38 @@ void BM_ClusterStepAnalytic(benchmark::State& state) {
   for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterStepAnalytic)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClusterStepAnalytic)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// FSDP2 with CPU offload as configure_baseline() sets it up on `nodes` nodes: the full graph.
+const oom::bench::DefaultStep& fsdp2_step(int nodes) {
+  static std::map<int, std::unique_ptr<DefaultStep>> steps;
+  auto& step = steps[nodes];
+  if (!step) {
+    oom::WorkloadContext ctx = oom::bench::cluster_workload(nodes);
+    oom::BaselineGraph b = oom::baseline_step_graph(oom::BaselineSystem::kFsdp2Offload, ctx);
+    if (!b.setup) throw std::runtime_error("FSDP2 does not fit the cluster workload");
+    oom::CalibratedDurationModel d(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
+    step = std::make_unique<DefaultStep>(DefaultStep{std::move(ctx), std::move(b.graph), std::move(d)});
+  }
+  return *step;
+}
+
+void BM_ClusterFsdp2StepSimGrid(benchmark::State& state) {
+  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)));
+  const oom::sim::SimGridEngine engine;
+  double step_s = 0;
+  for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
+  cluster_counters(state, step, step_s);
+}
+BENCHMARK(BM_ClusterFsdp2StepSimGrid)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Arg(96)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ClusterFsdp2StepAnalytic(benchmark::State& state) {
+  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)));
+  double step_s = 0;
+  for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
+  cluster_counters(state, step, step_s);
+}
+BENCHMARK(BM_ClusterFsdp2StepAnalytic)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Arg(96)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -2,6 +2,9 @@
 // calibration constants as documented, sockets are shared fairly between the ranks on them.
 #include "planner/engine/duration_model.h"
 
+#include <algorithm>
+#include <utility>
+
 #include <gtest/gtest.h>
 
 namespace oom {
@@ -283,6 +286,43 @@ TEST(CalibratedDurationModel, MembersOnOtherNodesAreReachedThroughTheNics) {
   h.network.switch_latency_s = 1e-6;
   const CalibratedDurationModel spine(h, c, 8);
   EXPECT_NEAR(spine.duration_s(s, g), 1e-4 + 3 * 2e-6 + 4 * 7e-6 + 7e9 / 25e9, 1e-12);
+}
+
+TEST(CalibratedDurationModel, ConsecutiveMembersArePricedAsAnyOtherOrderOfThem) {
+  // Eight nodes of four GPUs on a fat tree (two nodes per leaf, two leaves per pod, oversubscribed
+  // tiers): a collective over consecutive ranks is counted per node; listing the same members in
+  // another order takes the member-by-member count. Both give the same duration for every member
+  // and every run of members.
+  HardwareSpec h = two_socket_node();
+  h.nodes = 8;
+  h.network.nics = 2;
+  h.network.nic_Bps = 25e9;
+  h.network.latency_s = 5e-6;
+  h.network.switch_latency_s = 1e-6;
+  h.network.topology = NetworkTopology::kFatTree;
+  h.network.nodes_per_leaf = 2;
+  h.network.leaves_per_pod = 2;
+  h.network.oversubscription = 2;
+  h.network.core_oversubscription = 1.5;
+  StepGraphBuilder b(32, 16);
+  const ResourceId fabric = b.add_resource(ResourceKind::kFabric, "gpu0.fabric", 0, -1);
+  const StepGraph g = b.take();
+  const CalibratedDurationModel m(h, default_calibration(h), 32);
+  for (const auto& [first, last] : {std::pair{0, 31}, {4, 27}, {13, 18}, {8, 11}, {6, 9}}) {
+    for (int gpu = first; gpu <= last; ++gpu) {
+      for (const OpKind op : {OpKind::kAllToAll, OpKind::kAllGather}) {
+        Stage s;
+        s.resource = fabric;
+        s.gpu = gpu;
+        s.op = op;
+        s.bytes = 1'000'000'000;
+        for (int q = first; q <= last; ++q) s.peers.push_back(q);
+        const Seconds consecutive = m.duration_s(s, g);
+        std::reverse(s.peers.begin(), s.peers.end());
+        EXPECT_DOUBLE_EQ(m.duration_s(s, g), consecutive) << first << "-" << last << " gpu " << gpu;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,10 @@
 // without resident and retained layers, PipelinedLLEP, SCO and the streamed optimizer; and the
 // cases that are not symmetric (skewed routing, Ring-DTP, one node, a partial node) get every
 // rank's stages.
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "planner/engine/analytic_evaluator.h"
@@ -48,6 +52,13 @@ struct Evaluated {
   MemoryPeaks peaks;
 };
 
+// Stages that are not a collective's join (a graph has one join per collective across nodes,
+// with or without the other nodes' stages).
+std::size_t work_stages(const StepGraph& g) {
+  return static_cast<std::size_t>(std::count_if(g.stages.begin(), g.stages.end(), [](const Stage& s) { return !s.key.join; }));
+}
+std::size_t joins(const StepGraph& g) { return g.stages.size() - work_stages(g); }
+
 Evaluated evaluate(const Plan& plan, const WorkloadContext& ctx, bool symmetric, int layers) {
   LoweringOptions o;
   o.symmetric_nodes = symmetric;
@@ -72,7 +83,9 @@ TEST(SymmetricLowering, OneNodesStagesGiveTheFullGraphsStepAndEveryPeak) {
       EXPECT_EQ(sym.graph.ranks_emitted, 8) << nodes;
       EXPECT_EQ(check_step_graph(sym.graph), "");
       // One node's stages, every rank's memory events.
-      EXPECT_EQ(sym.graph.stages.size() * static_cast<std::size_t>(nodes), full.graph.stages.size()) << nodes << " " << flat;
+      EXPECT_EQ(work_stages(sym.graph) * static_cast<std::size_t>(nodes), work_stages(full.graph)) << nodes << " " << flat;
+      EXPECT_EQ(joins(sym.graph), joins(full.graph));
+      EXPECT_GT(joins(full.graph), 0u);
       for (const Stage& s : sym.graph.stages) EXPECT_LT(s.gpu, 8);
       EXPECT_NEAR(sym.step_s / full.step_s, 1.0, 1e-12) << nodes << " " << flat;
       ASSERT_EQ(sym.peaks.gpu_peak_bytes.size(), full.peaks.gpu_peak_bytes.size());
@@ -130,7 +143,8 @@ TEST(SymmetricLowering, BaselinesToo) {
       EXPECT_EQ(full.ranks_emitted, 0);
       EXPECT_EQ(sym.ranks_emitted, 8);
       EXPECT_EQ(check_step_graph(sym), "");
-      EXPECT_EQ(sym.stages.size() * static_cast<std::size_t>(nodes), full.stages.size()) << baseline_system_name(s);
+      EXPECT_EQ(work_stages(sym) * static_cast<std::size_t>(nodes), work_stages(full)) << baseline_system_name(s);
+      EXPECT_EQ(joins(sym), joins(full)) << baseline_system_name(s);
       const StageTimes tf = analytic_step_times(full, durations), ts = analytic_step_times(sym, durations);
       EXPECT_NEAR(ts.step_s / tf.step_s, 1.0, 1e-12) << baseline_system_name(s) << " on " << nodes << " nodes";
       const MemoryPeaks mf = memory_peaks(full, tf, false), ms = memory_peaks(sym, ts, false);
@@ -144,6 +158,73 @@ TEST(SymmetricLowering, BaselinesToo) {
   ASSERT_TRUE(sym.setup);
   EXPECT_EQ(sym.graph.ranks_emitted, 8);
   EXPECT_EQ(baseline_step_graph(BaselineSystem::kFsdp2Offload, ctx).graph.ranks_emitted, 0);
+}
+
+// Across nodes a collective's members wait for one join of every member's input (P dependencies
+// instead of P²), and no longer than they did without it: each member starts when every member's
+// input and its own port's previous stage are done.
+void expect_joins_add_no_wait(const StepGraph& g, const DurationModel& durations, const std::string& what) {
+  std::vector<StageId> previous(g.stages.size(), -1);
+  for (const Resource& r : g.resources) {
+    for (std::size_t i = 1; i < r.order.size(); ++i) previous[static_cast<std::size_t>(r.order[i])] = r.order[i - 1];
+  }
+  const StageTimes t = analytic_step_times(g, durations);
+  std::size_t edges = 0, members = 0, joined = 0;
+  for (const Stage& s : g.stages) {
+    edges += s.deps.size();
+    if (s.key.join) {
+      ++joined;
+      EXPECT_EQ(s.op, OpKind::kSync) << s.name;
+      EXPECT_EQ(s.flops + static_cast<double>(s.bytes), 0.0) << s.name;
+      continue;
+    }
+    if (s.peers.empty() || s.deps.empty()) continue;
+    ++members;
+    ASSERT_LE(s.deps.size(), 2u) << s.name;
+    const Stage& join = g.stage(s.deps.front());
+    ASSERT_TRUE(join.key.join) << s.name;
+    EXPECT_EQ(join.key.op, s.key.op) << s.name;
+    Seconds ready = previous[static_cast<std::size_t>(s.id)] >= 0 ? t.finish_s[static_cast<std::size_t>(previous[static_cast<std::size_t>(s.id)])] : 0.0;
+    for (const StageId d : join.deps) ready = std::max(ready, t.finish_s[static_cast<std::size_t>(d)]);
+    for (const StageId d : s.deps) {
+      if (d != join.id) ready = std::max(ready, t.finish_s[static_cast<std::size_t>(d)]);
+    }
+    EXPECT_NEAR(t.start_s[static_cast<std::size_t>(s.id)], ready, 1e-12 * std::max(1.0, ready)) << what << ": " << s.name;
+  }
+  EXPECT_GT(members, 0u) << what;
+  EXPECT_GT(joined, 0u) << what;
+  EXPECT_LE(edges, 3 * g.stages.size()) << what;
+}
+
+TEST(CollectiveJoins, AcrossNodesMembersWaitThroughOneJoinAndNoLonger) {
+  for (const int nodes : {2, 4}) {
+    const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
+    for (const bool flat : {false, true}) {
+      LoweringOptions o;
+      o.decoder_layers = 4;
+      expect_joins_add_no_wait(lower(ep_plan(ctx.model, flat), ctx, o), durations, fmt::format("EP on {} nodes, flat {}", nodes, flat));
+    }
+    LoweringOptions o;
+    o.decoder_layers = 4;
+    expect_joins_add_no_wait(lower_baseline(BaselineSetup{BaselineSystem::kFsdp2Offload, 2, 1, 4}, ctx, o), durations,
+                             fmt::format("FSDP2 on {} nodes", nodes));
+  }
+}
+
+TEST(CollectiveJoins, OneNodesCollectivesKeepEveryInput) {
+  const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", 1, 8);
+  LoweringOptions o;
+  o.decoder_layers = 2;
+  const StepGraph g = lower(ep_plan(ctx.model, false), ctx, o);
+  EXPECT_EQ(joins(g), 0u);
+  std::size_t members = 0;
+  for (const Stage& s : g.stages) {
+    if (s.peers.empty() || s.deps.empty()) continue;
+    ++members;
+    EXPECT_EQ(s.deps.size(), 8u) << s.name;  // every member's input
+  }
+  EXPECT_GT(members, 0u);
 }
 
 }  // namespace

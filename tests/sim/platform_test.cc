@@ -129,18 +129,23 @@ TEST(PlatformTest, PciePeerPathsCrossBothPcieLinksAndBridges) {
 TEST(PlatformTest, NodesTalkThroughTheirNics) {
   const HardwareSpec h = load_hardware_spec("h100-sxm-2node");
   const json r = with_platform(h, {}, [&](Platform& p) {
-    return json{{"gpus", p.total_gpus()}, {"route", route(p.gpu(1), p.gpu(9))}, {"h2d", route(p.memory(1, 0), p.gpu(9))}};
+    return json{{"gpus", p.total_gpus()},
+                {"out", route(p.gpu(1), p.network())},
+                {"in", route(p.network(), p.gpu(9))},
+                {"h2d", route(p.memory(1, 0), p.gpu(9))}};
   });
   EXPECT_EQ(r["gpus"], 16);
-  EXPECT_EQ(r["route"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP", "node1.nic_DOWN", "gpu9.fabric_DOWN"}));
-  EXPECT_DOUBLE_EQ(r["route"]["latency_s"].get<double>(), 5e-6);
+  EXPECT_EQ(r["out"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP"}));
+  EXPECT_EQ(r["in"]["links"], json({"node1.nic_DOWN", "gpu9.fabric_DOWN"}));
+  // NIC to NIC: half the latency out of one node, half into the other.
+  EXPECT_DOUBLE_EQ(r["out"]["latency_s"].get<double>() + r["in"]["latency_s"].get<double>(), 5e-6);
   EXPECT_EQ(r["h2d"]["links"], json({"node1.dram0", "node1.bridge0", "pcie_switch4_UP", "gpu9.pcie_UP"}));
 }
 
 TEST(PlatformTest, LatenciesCanBeLeftOffTheLinks) {
   const HardwareSpec h = load_hardware_spec("h100-sxm-2node");
   const json r = with_platform(h, kNoLatency, [&](Platform& p) {
-    return json{{"h2d", route(p.memory(0, 0), p.gpu(0))}, {"net", route(p.gpu(0), p.gpu(8))}, {"nv", route(p.gpu(0), p.gpu(1))}};
+    return json{{"h2d", route(p.memory(0, 0), p.gpu(0))}, {"net", route(p.gpu(0), p.network())}, {"nv", route(p.gpu(0), p.gpu(1))}};
   });
   EXPECT_EQ(r["h2d"]["latency_s"].get<double>(), 0.0);
   EXPECT_EQ(r["net"]["latency_s"].get<double>(), 0.0);
@@ -205,10 +210,13 @@ TEST(PlatformTest, FlowsIntoOneGpuShareItsFabricPort) {
 TEST(PlatformTest, FlowsBetweenNodesShareTheNics) {
   const HardwareSpec h = load_hardware_spec("h100-sxm-2node");
   const json r = with_platform(h, kNoLatency, [&](Platform& p) {
-    return json(finish_times({{p.gpu(0), p.gpu(8), 36'000'000'000ULL}, {p.gpu(1), p.gpu(9), 36'000'000'000ULL}}));
+    return json(finish_times({{p.gpu(0), p.network(), 36'000'000'000ULL},
+                              {p.gpu(1), p.network(), 36'000'000'000ULL},
+                              {p.network(), p.gpu(9), 18'000'000'000ULL}}));
   });
   EXPECT_NEAR(r[0].get<double>(), 0.2, 1e-9);  // 72 GB over node0's 360 GB/s NIC
   EXPECT_NEAR(r[1].get<double>(), 0.2, 1e-9);
+  EXPECT_NEAR(r[2].get<double>(), 0.05, 1e-9);  // node1's NIC, the other way, alone
 }
 
 TEST(PlatformTest, ASocketsCoresTogetherRunAtItsAdamwRate) {

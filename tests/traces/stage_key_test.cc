@@ -33,6 +33,9 @@ TEST(StageKey, TextFormPutsIndicesBetweenPartAndOperator) {
   k = key(3, Phase::kForward, -1, StagePart::kLmHead, StageOp::kPass);
   k.ring_step = 2;
   EXPECT_EQ(format_stage_key(k), "g3.fwd.lm_head.s2.pass");
+  k = key(8, Phase::kBackward, 4, StagePart::kMoe, StageOp::kA2aGradDispatch);
+  k.join = true;
+  EXPECT_EQ(format_stage_key(k), "g8.bwd.L4.moe.a2a_grad_dispatch.join");
 }
 
 TEST(StageKey, EveryPartOperatorAndIndexRoundTrips) {
@@ -54,6 +57,7 @@ TEST(StageKey, EveryPartOperatorAndIndexRoundTrips) {
         k.ring_step = index();
         k.bucket = index();
         k.op = static_cast<StageOp>(o);
+        k.join = rng() % 4 == 0;
         const std::string text = format_stage_key(k);
         const auto back = parse_stage_key(text);
         ASSERT_TRUE(back.has_value()) << text;
@@ -79,7 +83,9 @@ TEST(StageKey, AnythingButTheTextFormIsRejected) {
                            "g0.forward.attn.proj", "g0.fwd.L3.attention.proj", "g0.fwd.L3.attn.projection",
                            "g0.fwd.L3.attn.proj.", "g0.fwd..attn.proj", "g0.fwd.L.attn.proj", "g0.fwd.Lx.attn.proj",
                            "g0.fwd.L3.attn.proj.proj", "g0.fwd.L3.L4.attn.proj", "g0.fwd.L99999999999.attn.proj",
-                           "g0.opt.L0.adamw", "g0.fwd.L3.mb1.attn.proj"}) {
+                           "g0.opt.L0.adamw", "g0.fwd.L3.mb1.attn.proj",
+                           "g0.fwd.attn.join", "g0.fwd.L3.moe.a2a_dispatch.join.join", "g0.fwd.L3.moe.join.a2a_dispatch",
+                           "g0.fwd.L3.moe.a2a_dispatch.Join"}) {
     EXPECT_FALSE(parse_stage_key(text).has_value()) << text;
   }
 }
