@@ -27,7 +27,7 @@ namespace {
 struct SimulateArgs {
   std::string workload_path, plan_path, engine = "analytic", trace_path, output, calibration_path;
   std::optional<int> nodes;
-  bool json = false;
+  bool json = false, every_rank = false;
 };
 
 struct ValidateArgs {
@@ -90,6 +90,8 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
   s->add_option("--calibration", sim->calibration_path,
                 "Calibration JSON (default: configs/calibration/<hardware>.<engine>.json, else <hardware>.json, when present; else uncalibrated)");
+  s->add_flag("--every-rank", sim->every_rank,
+              "Lower every rank's stages even when every node runs the same schedule (by default one node's stand for all: same step and peaks)");
   s->add_flag("--json", sim->json, "Print one JSON object");
   s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
   s->callback([=] {
@@ -100,7 +102,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
     const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware, sim->engine)
                                                                   : load_calibration_file(sim->calibration_path, ctx.hardware);
-    const SimulationResult r = simulate_plan(plan, ctx, engines, sim->engine, calibration);
+    const SimulationResult r = simulate_plan(plan, ctx, engines, sim->engine, calibration, sim->every_rank);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
     if (sim->json) {
       nlohmann::json j = simulation_to_json(r);

@@ -8,7 +8,8 @@ Usage:
 Reads Google Benchmark's JSON (each run's real time and its `gpus` and `stages` counters) and
 draws, per benchmark family (BM_ClusterStep*: expert parallelism; BM_ClusterFsdp2Step*: FSDP2),
 the wall time of one simulated step against the GPUs on log-log axes, with the line of linear
-growth in the stages through each family's first point. Prints the table it plots, with the
+growth in the stages through each family's first point. A second benchmark argument of 1 (one
+node's stages standing for every node's) makes its own family. Prints the table it plots, with the
 growth of time and of stages from the first point. The PNG is written atomically.
 """
 import argparse
@@ -26,7 +27,12 @@ def load_runs(path):
     for b in data.get("benchmarks", []):
         if b.get("run_type", "iteration") != "iteration":
             continue
-        name = b["name"].split("/")[0]
+        parts = b["name"].split("/")
+        name = parts[0]
+        if len(parts) > 2 and parts[2] == "1":
+            name += " (one node's stages)"
+        elif len(parts) > 2 and parts[2] == "0":
+            name += " (every rank's)"
         if "gpus" not in b or "stages" not in b:
             continue
         unit = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]

@@ -160,13 +160,41 @@ Platform::Platform(const HardwareSpec& h, const PlatformRates& rates, const Plat
                    ->seal();
   }
   // Within a node every pair of GPUs has its route; across nodes a GPU reaches the network through
-  // its port and its node's NICs (P·gpus_per_node + 2P routes, not P²).
+  // its port and its node's NICs (P·gpus_per_node + 2P routes per tier, not P²). Traffic that
+  // leaves the node's leaf also crosses the node's share of its leaf's uplinks, and traffic that
+  // leaves its pod the node's share of the pod's uplinks to the core: with every node sending
+  // across a tier at once, each gets the NICs' rate over the oversubscription of each tier it
+  // crosses (NetworkSpec::sustained_Bps), and no link is shared between nodes.
   if (nodes_ > 1) {
-    network_ = zone->create_host("network", 1.0)->seal();
-    for (int g = 0; g < total_gpus(); ++g) {
-      const std::size_t nic = at(node_of_gpu(g));
-      route(gpus_[at(g)], network_, {sg4::LinkInRoute(ports[at(g)], Direction::UP), sg4::LinkInRoute(nics[nic], Direction::UP)});
-      route(network_, gpus_[at(g)], {sg4::LinkInRoute(nics[nic], Direction::DOWN), sg4::LinkInRoute(ports[at(g)], Direction::DOWN)});
+    const NetworkSpec& net = h.network;
+    int tiers = 1;
+    if (net.topology != NetworkTopology::kSingleSwitch && net.leaf_of_node(nodes_ - 1) != net.leaf_of_node(0)) tiers = 2;
+    if (net.topology == NetworkTopology::kFatTree && net.pod_of_node(nodes_ - 1) != net.pod_of_node(0)) tiers = 3;
+    std::vector<std::vector<sg4::SplitDuplexLink*>> uplinks(static_cast<std::size_t>(tiers));
+    double rate = rates.network_Bps;
+    for (int t = 1; t < tiers; ++t) {
+      rate /= t == 1 ? std::max(1.0, net.oversubscription) : std::max(1.0, net.core_oversubscription);
+      for (int n = 0; n < nodes_; ++n) {
+        auto* up = zone->create_split_duplex_link(fmt::format("node{}.{}", n, t == 1 ? "spine" : "core"), rate);
+        if (lat) up->set_latency(net.switch_latency_s);  // two more switches per tier, one each way
+        up->seal();
+        uplinks[at(t)].push_back(up);
+      }
+    }
+    for (int t = 0; t < tiers; ++t) {
+      sg4::Host* beyond = zone->create_host(t == 0 ? "network" : t == 1 ? "spine" : "core", 1.0)->seal();
+      networks_.push_back(beyond);
+      for (int g = 0; g < total_gpus(); ++g) {
+        const std::size_t n = at(node_of_gpu(g));
+        std::vector<sg4::LinkInRoute> out{sg4::LinkInRoute(ports[at(g)], Direction::UP), sg4::LinkInRoute(nics[n], Direction::UP)};
+        std::vector<sg4::LinkInRoute> in;
+        for (int u = t; u >= 1; --u) in.emplace_back(uplinks[at(u)][n], Direction::DOWN);
+        in.emplace_back(nics[n], Direction::DOWN);
+        in.emplace_back(ports[at(g)], Direction::DOWN);
+        for (int u = 1; u <= t; ++u) out.emplace_back(uplinks[at(u)][n], Direction::UP);
+        route(gpus_[at(g)], beyond, out);
+        route(beyond, gpus_[at(g)], in);
+      }
     }
   }
   for (int a = 0; a < total_gpus(); ++a) {
@@ -195,6 +223,12 @@ Platform::Platform(const HardwareSpec& h, const PlatformRates& rates, const Plat
 int Platform::numa_of_gpu(int g) const { return gpu_numa_.at(at(g % gpus_per_node_)); }
 
 sg4::Host* Platform::gpu(int g) const { return gpus_.at(at(g)); }
+
+sg4::Host* Platform::network(int switches) const {
+  if (networks_.empty()) return nullptr;
+  const int tier = switches >= 5 ? 2 : switches >= 3 ? 1 : 0;
+  return networks_.at(at(std::min(tier, static_cast<int>(networks_.size()) - 1)));
+}
 
 sg4::Host* Platform::memory(int node, int numa) const { return memories_.at(at(node * numa_per_node_ + numa)); }
 

@@ -19,10 +19,13 @@
 //     with host copies;
 //   - for multi-node specs a split-duplex NIC link "node<n>.nic" per node (UP send, DOWN receive)
 //     at the node's NIC rate (NetworkSpec::per_node_Bps: its NICs as one link) and a "network"
-//     host beyond them standing for the switches, which are non-blocking (the spec's
-//     oversubscription is not modelled here): a GPU sends to the other nodes as a flow to the
+//     host beyond them standing for the switches: a GPU sends to the other nodes as a flow to the
 //     network [port UP, nic UP] and receives as a flow from it [nic DOWN, port DOWN], so a
-//     collective has a flow per member and direction instead of one per pair of nodes. The graph's
+//     collective has a flow per member and direction instead of one per pair of nodes. Leaf–spine
+//     and fat-tree specs whose nodes span several leaves (pods) add per node a "node<n>.spine"
+//     (and "node<n>.core") link, the node's share of its leaf's (pod's) uplinks at the NIC rate
+//     over each tier's oversubscription, and a "spine" ("core") host beyond it. No link is shared
+//     between nodes. The graph's
 //     host NUMA nodes count over the cluster (node·numa_per_node + socket): memory(node, socket)
 //     takes the socket within the node.
 // Routes: mem(n,s) → gpu: [dram, bridge, pcie UP]; gpu → mem(n,s): [pcie DOWN, bridge, dram]
@@ -96,8 +99,10 @@ class Platform {
   int numa_of_gpu(int g) const;
   sg4::Host* memory(int node, int numa) const;
   sg4::Host* socket(int node, int numa) const;
-  // Multi-node specs: the host beyond every node's NICs (nullptr on one node).
-  sg4::Host* network() const { return network_; }
+  // Multi-node specs: the host beyond every node's NICs that traffic crossing `switches` switches
+  // (NetworkSpec::switches_between: 1 under one leaf, 3 across the spine, 5 across a fat tree's
+  // core) reaches; nullptr on one node.
+  sg4::Host* network(int switches = 1) const;
   // The links (for tests and reports).
   const sg4::Link* dram_link(int node, int numa) const;
   const sg4::Link* h2d_link(int g) const;  // the UP direction of gpu<g>.pcie
@@ -111,7 +116,7 @@ class Platform {
   std::vector<sg4::Host*> gpus_;
   std::vector<sg4::Host*> memories_;  // node-major
   std::vector<sg4::Host*> sockets_;
-  sg4::Host* network_ = nullptr;
+  std::vector<sg4::Host*> networks_;  // beyond the NICs; beyond the spine links; beyond the core links
   std::vector<const sg4::Link*> dram_;
   std::vector<sg4::SplitDuplexLink*> pcie_;
 };

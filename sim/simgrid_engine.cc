@@ -227,13 +227,15 @@ class Simulation {
   // fabric, a pairwise exchange (step k sends to the k-th next member, so that in every step each
   // port sends one share and receives one: on an NVSwitch a port carries the same bytes at the
   // same rate as with every share in flight), and the shares for the other nodes as one flow to
-  // the network and one from it, through the node's NICs: what the member sends and, the exchange
-  // being even, what it receives. The simulation then holds three flows per member, however many
-  // nodes (SimGrid 3.32's cost of ending a flow grows with the flows alive).
+  // the network and one from it, through the node's NICs (and its shares of the uplinks of each
+  // tier the farthest member is beyond): what the member sends and, the exchange being even, what
+  // it receives. The simulation then holds three flows per member, however many nodes (SimGrid
+  // 3.32's cost of ending a flow grows with the flows alive).
   void collective(const Stage& s, const Resource& r, Seconds alone_s) {
     const int self = global_gpu(r.gpu);
     std::vector<int> here;  // the other members on this node (global GPUs)
     int away = 0;           // the members on other nodes
+    int switches = 1;       // the most switches to one of them (NetworkSpec::switches_between)
     const int per_node = platform_->gpus_per_node(), node_rank = r.gpu / per_node;  // ranks fill nodes in order
     const int first = s.peers.empty() ? 0 : s.peers.front(), last = s.peers.empty() ? 0 : s.peers.back();
     if (!s.peers.empty() && last - first + 1 == static_cast<int>(s.peers.size()) && first <= r.gpu && r.gpu <= last) {
@@ -243,11 +245,17 @@ class Simulation {
         if (q != r.gpu) here.push_back(global_gpu(q));
       }
       away = static_cast<int>(s.peers.size()) - (hi - lo + 1);
+      // Leaves and pods are runs of consecutive nodes: the farthest node is the first or the last.
+      for (const int other : {first / per_node, last / per_node}) switches = std::max(switches, hw_.network.switches_between(node_rank, other));
     } else {
       for (const int p : s.peers) {
         if (p == r.gpu) continue;
-        if (p / per_node == node_rank) here.push_back(global_gpu(p));
-        else ++away;
+        if (p / per_node == node_rank) {
+          here.push_back(global_gpu(p));
+        } else {
+          ++away;
+          switches = std::max(switches, hw_.network.switches_between(node_rank, p / per_node));
+        }
       }
     }
     if (here.empty() && away == 0) {
@@ -269,8 +277,11 @@ class Simulation {
     std::vector<sg4::CommPtr> flows;
     const std::uint64_t network = flow_bytes(away_bytes);
     if (network > 0) {
-      flows.push_back(sg4::Comm::sendto_async(gpu, platform_->network(), network));
-      flows.push_back(sg4::Comm::sendto_async(platform_->network(), gpu, network));
+      // Through the farthest tier its shares cross, as the duration model prices them (its
+      // sustained rate over every off-node peer).
+      sg4::Host* beyond = platform_->network(switches);
+      flows.push_back(sg4::Comm::sendto_async(gpu, beyond, network));
+      flows.push_back(sg4::Comm::sendto_async(beyond, gpu, network));
     }
     // The fabric chain: the k-th next member of the node in step k.
     std::sort(here.begin(), here.end(), [&](int a, int b) { return (a - self + kRotation) % kRotation < (b - self + kRotation) % kRotation; });
@@ -495,7 +506,10 @@ SimGridEngine::SimGridEngine(HardwareSpec hardware, std::optional<Calibration> c
     : hardware_(std::move(hardware)), calibration_(std::move(calibration)) {}
 
 StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel& durations) const {
-  OOM_ASSERT(g.ranks_emitted == 0, "the SimGrid engine routes every member's traffic: it runs graphs with every rank's stages");
+  // A graph of one node's stages (StepGraph::ranks_emitted) simulates that node alone: its members
+  // reach the other nodes through its own NICs and the network beyond them, which no other
+  // node's flow shares (the platform's network is non-blocking), so every other node would run
+  // the same flows at the same times.
   const auto* calibrated = dynamic_cast<const CalibratedDurationModel*>(&durations);
   const HardwareSpec* hw = hardware_ ? &*hardware_ : calibrated ? &calibrated->hardware() : nullptr;
   if (hw == nullptr) {

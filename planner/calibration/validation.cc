@@ -157,19 +157,22 @@ StepBreakdown step_breakdown(const Trace& t, int gpu) {
 }
 
 SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                               const Calibration& calibration) {
+                               const Calibration& calibration, bool every_rank) {
   const auto e = engines.make(engine);
   if (!e) {
     std::string known;
     for (const auto& n : engines.names()) known += (known.empty() ? "" : ", ") + n;
     throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine (known: " + known + ")");
   }
-  const StepGraph g = lower(plan, ctx);
+  LoweringOptions options;
+  options.symmetric_nodes = !every_rank;
+  const StepGraph g = lower(plan, ctx, options);
   const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
   SimulationResult r;
   r.trace = e->execute(g, durations);
   r.breakdown = step_breakdown(r.trace, 0);
   r.stages = g.stages.size();
+  r.ranks_emitted = g.ranks_emitted;
   const StageTimes times = times_of_trace(r.trace);
   const auto worst = std::max_element(r.trace.gpu_peak_bytes.begin(), r.trace.gpu_peak_bytes.end());
   const int gpu = worst == r.trace.gpu_peak_bytes.end() ? 0 : static_cast<int>(worst - r.trace.gpu_peak_bytes.begin());
@@ -187,6 +190,7 @@ nlohmann::json simulation_to_json(const SimulationResult& r) {
   return {{"engine", r.trace.engine},
           {"step_s", r.trace.step_s},
           {"stages", r.stages},
+          {"ranks_emitted", r.ranks_emitted},
           {"gpu_peak_gib", gpus},
           {"numa_host_gib", numa},
           {"breakdown", {{"compute_s", b.compute_s},
@@ -200,7 +204,9 @@ nlohmann::json simulation_to_json(const SimulationResult& r) {
 }
 
 std::string simulation_text(const SimulationResult& r) {
-  std::string out = fmt::format("Step time ({} engine, {} stages): {:.3f} s\n", r.trace.engine, r.stages, r.trace.step_s);
+  const std::string of = r.ranks_emitted > 0 ? fmt::format(" of {} ranks standing for all {}", r.ranks_emitted, r.trace.gpu_peak_bytes.size())
+                                             : std::string();
+  std::string out = fmt::format("Step time ({} engine, {} stages{}): {:.3f} s\n", r.trace.engine, r.stages, of, r.trace.step_s);
   const StepBreakdown& b = r.breakdown;
   out += fmt::format("  compute               {:9.3f} s\n", b.compute_s);
   out += fmt::format("  exposed A2A/collective{:9.3f} s\n", b.exposed_collective_s);

@@ -56,14 +56,17 @@ struct SimulationResult {
   Trace trace;
   StepBreakdown breakdown;
   std::size_t stages = 0;
+  int ranks_emitted = 0;                      // StepGraph::ranks_emitted: one node's ranks stand for every node's (0: all ranks)
   PeakComposition peak;                       // the GPU with the largest peak, by memory use
   BindingPeak binding;                        // which of FLAT's four peaks binds, and what bounds it
   std::array<Bytes, kMemoryUses> use_peaks{};  // each use's own peak over the step
 };
 
-// Throws InputError when `engines` offers no `engine` (naming the engines it offers).
+// Lowers one node's stages when every node runs the same schedule (LoweringOptions::
+// symmetric_nodes: the same step time and peaks) unless `every_rank`, which a trace of every
+// rank's stages needs. Throws InputError when `engines` offers no `engine` (naming the engines it offers).
 SimulationResult simulate_plan(const Plan& plan, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                               const Calibration& calibration);
+                               const Calibration& calibration, bool every_rank = false);
 nlohmann::json simulation_to_json(const SimulationResult& r);
 std::string simulation_text(const SimulationResult& r);
 

@@ -301,8 +301,8 @@ BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const 
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
   BaselineResult r;
   r.system = s;
-  // The analytic engine runs one node's stages when the nodes are alike; SimGrid routes every rank's.
-  const BaselineGraph lowered = baseline_step_graph(s, ctx, k, e->name() == "analytic");
+  // One node's stages when the nodes are alike: both engines run them (StepGraph::ranks_emitted).
+  const BaselineGraph lowered = baseline_step_graph(s, ctx, k, true);
   if (!lowered.setup) {
     r.oom = lowered.oom;
     return r;

@@ -181,8 +181,8 @@ struct StepGraph {
   // 0: every rank has its stages. R > 0: only ranks 0..R−1 (the first node) do; every other rank r
   // runs rank r mod R's schedule at the same times (LoweringOptions::symmetric_nodes), and the
   // stages of ranks 0..R−1 carry the memory events of every rank, so every GPU's and NUMA node's
-  // peak is its own. The analytic engine runs such a graph; the SimGrid engine, which routes each
-  // member's traffic, refuses it.
+  // peak is its own. Both engines run such a graph (the SimGrid engine simulates the one node, whose
+  // traffic to the others crosses only its own NICs).
   int ranks_emitted = 0;
 
   const Stage& stage(StageId id) const { return stages.at(static_cast<std::size_t>(id)); }

@@ -71,7 +71,7 @@ class PlanPricer {
   PricedPlan price(const Plan& plan, int decoder_layers = 0) const;
   // The lowered graph and the stage prices price() uses, for planners that read stage detail.
   // When every node runs the same schedule it holds one node's stages (StepGraph::ranks_emitted,
-  // LoweringOptions::symmetric_nodes): for the analytic evaluator, not the SimGrid engine.
+  // LoweringOptions::symmetric_nodes), which both engines run.
   StepGraph lower_plan(const Plan& plan, int decoder_layers = 0) const;
   const DurationModel& durations() const { return durations_; }
   const WorkloadContext& context() const { return ctx_; }

@@ -8,9 +8,11 @@
 // simulation's wall time grows with the GPUs (the counters give the ratio to the analytic engine).
 // Expert parallelism over all GPUs stops at 32 nodes (256 experts). BM_ClusterFsdp2Step: FSDP2
 // with CPU offload of the same workload, which runs at any scale, over 1 to 96 nodes (8 to 768
-// GPUs): its stages grow linearly with the GPUs, and so should the wall time.
+// GPUs): its stages grow linearly with the GPUs. The second argument 1 lowers one node's stages
+// standing for every node's (both engines run them: the same step; the counters say so).
 #include <map>
 #include <memory>
+#include <utility>
 #include <stdexcept>
 
 #include <benchmark/benchmark.h>
@@ -55,13 +57,16 @@ void BM_SimGridDefaultStepTimesOnly(benchmark::State& state) {
 }
 BENCHMARK(BM_SimGridDefaultStepTimesOnly)->Unit(benchmark::kMillisecond)->MinTime(2.0)->UseRealTime();
 
-// Qwen3.6-35B-A3B on `nodes` nodes of h200-sxm-node, lowered once per node count.
-const oom::bench::DefaultStep& cluster_step(int nodes) {
-  static std::map<int, std::unique_ptr<DefaultStep>> steps;
-  auto& step = steps[nodes];
+// Qwen3.6-35B-A3B on `nodes` nodes of h200-sxm-node, lowered once per node count: every rank's
+// stages, or (`one_node`) one node's standing for all (LoweringOptions::symmetric_nodes).
+const oom::bench::DefaultStep& cluster_step(int nodes, bool one_node) {
+  static std::map<std::pair<int, bool>, std::unique_ptr<DefaultStep>> steps;
+  auto& step = steps[{nodes, one_node}];
   if (!step) {
     oom::WorkloadContext ctx = oom::bench::cluster_workload(nodes);
-    oom::StepGraph g = oom::lower(oom::Plan{}, ctx);
+    oom::LoweringOptions options;
+    options.symmetric_nodes = one_node;
+    oom::StepGraph g = oom::lower(oom::Plan{}, ctx, options);
     oom::CalibratedDurationModel d(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
     step = std::make_unique<DefaultStep>(DefaultStep{std::move(ctx), std::move(g), std::move(d)});
   }
@@ -75,29 +80,30 @@ void cluster_counters(benchmark::State& state, const DefaultStep& step, double s
 }
 
 void BM_ClusterStepSimGrid(benchmark::State& state) {
-  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)));
+  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)), state.range(1) != 0);
   const oom::sim::SimGridEngine engine;
   double step_s = 0;
   for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterStepSimGrid)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClusterStepSimGrid)->ArgsProduct({{1, 2, 4, 8, 16, 32}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ClusterStepAnalytic(benchmark::State& state) {
-  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)));
+  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)), state.range(1) != 0);
   double step_s = 0;
   for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterStepAnalytic)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClusterStepAnalytic)->ArgsProduct({{1, 2, 4, 8, 16, 32}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// FSDP2 with CPU offload as configure_baseline() sets it up on `nodes` nodes: the full graph.
-const oom::bench::DefaultStep& fsdp2_step(int nodes) {
-  static std::map<int, std::unique_ptr<DefaultStep>> steps;
-  auto& step = steps[nodes];
+// FSDP2 with CPU offload as configure_baseline() sets it up on `nodes` nodes: every rank's stages
+// or one node's.
+const oom::bench::DefaultStep& fsdp2_step(int nodes, bool one_node) {
+  static std::map<std::pair<int, bool>, std::unique_ptr<DefaultStep>> steps;
+  auto& step = steps[{nodes, one_node}];
   if (!step) {
     oom::WorkloadContext ctx = oom::bench::cluster_workload(nodes);
-    oom::BaselineGraph b = oom::baseline_step_graph(oom::BaselineSystem::kFsdp2Offload, ctx);
+    oom::BaselineGraph b = oom::baseline_step_graph(oom::BaselineSystem::kFsdp2Offload, ctx, {}, one_node);
     if (!b.setup) throw std::runtime_error("FSDP2 does not fit the cluster workload");
     oom::CalibratedDurationModel d(ctx.hardware, oom::load_calibration_for(ctx.hardware), ctx.workload.gpus);
     step = std::make_unique<DefaultStep>(DefaultStep{std::move(ctx), std::move(b.graph), std::move(d)});
@@ -106,21 +112,21 @@ const oom::bench::DefaultStep& fsdp2_step(int nodes) {
 }
 
 void BM_ClusterFsdp2StepSimGrid(benchmark::State& state) {
-  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)));
+  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)), state.range(1) != 0);
   const oom::sim::SimGridEngine engine;
   double step_s = 0;
   for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterFsdp2StepSimGrid)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Arg(96)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClusterFsdp2StepSimGrid)->ArgsProduct({{1, 2, 4, 8, 16, 32, 96}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ClusterFsdp2StepAnalytic(benchmark::State& state) {
-  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)));
+  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)), state.range(1) != 0);
   double step_s = 0;
   for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterFsdp2StepAnalytic)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Arg(96)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClusterFsdp2StepAnalytic)->ArgsProduct({{1, 2, 4, 8, 16, 32, 96}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

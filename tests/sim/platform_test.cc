@@ -142,6 +142,26 @@ TEST(PlatformTest, NodesTalkThroughTheirNics) {
   EXPECT_EQ(r["h2d"]["links"], json({"node1.dram0", "node1.bridge0", "pcie_switch4_UP", "gpu9.pcie_UP"}));
 }
 
+TEST(PlatformTest, TrafficBeyondTheLeafCrossesTheNodesShareOfItsUplinks) {
+  // Four nodes of the H100 node, two per leaf, 2:1 oversubscribed: beyond the leaf a GPU's flows
+  // also cross its node's share of the leaf's uplinks (half the NICs' rate), one more switch each way.
+  HardwareSpec h = load_hardware_spec("h100-sxm-2node");
+  h.nodes = 4;
+  h.network.topology = NetworkTopology::kLeafSpine;
+  h.network.nodes_per_leaf = 2;
+  h.network.oversubscription = 2;
+  h.network.switch_latency_s = 1e-6;
+  const json r = with_platform(h, {}, [&](Platform& p) {
+    return json{{"leaf", route(p.gpu(1), p.network(1))}, {"out", route(p.gpu(1), p.network(3))}, {"in", route(p.network(3), p.gpu(17))},
+                {"same", p.network(5) == p.network(3)}};
+  });
+  EXPECT_EQ(r["leaf"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP"}));
+  EXPECT_EQ(r["out"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP", "node0.spine_UP"}));
+  EXPECT_EQ(r["in"]["links"], json({"node2.spine_DOWN", "node2.nic_DOWN", "gpu17.fabric_DOWN"}));
+  EXPECT_NEAR(r["out"]["latency_s"].get<double>() + r["in"]["latency_s"].get<double>(), 5e-6 + 2e-6, 1e-15);
+  EXPECT_TRUE(r["same"].get<bool>()) << "no core tier on a leaf-spine";
+}
+
 TEST(PlatformTest, LatenciesCanBeLeftOffTheLinks) {
   const HardwareSpec h = load_hardware_spec("h100-sxm-2node");
   const json r = with_platform(h, kNoLatency, [&](Platform& p) {

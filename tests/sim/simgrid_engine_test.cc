@@ -445,9 +445,10 @@ TEST(SimGridEngineTest, EachNodesRanksCopyThroughTheirOwnNodesDram) {
 struct CrossNodeSteps {
   double gather_sim, gather_ana, a2a_sim, a2a_ana;
 };
-CrossNodeSteps cross_node_collectives(int nodes, Bytes gather, Bytes a2a) {
+CrossNodeSteps cross_node_collectives(int nodes, Bytes gather, Bytes a2a, const NetworkSpec* network = nullptr) {
   HardwareSpec h = tiny_hardware(1, 1e12);
   h.nodes = nodes;
+  if (network != nullptr) h.network = *network;
   h.network.nics = 1;
   h.network.nic_Bps = 40e9;
   Calibration c = default_calibration(h);
@@ -488,14 +489,38 @@ TEST(SimGridEngineTest, CollectivesAcrossNodesAgreeWithTheDurationModel) {
   EXPECT_NEAR(two.a2a_ana, 0.1, 1e-9);
   EXPECT_NEAR(two.gather_sim, two.gather_ana, 0.01 * two.gather_ana);
   EXPECT_NEAR(two.a2a_sim, two.a2a_ana, 0.01 * two.a2a_ana);
-  // Four nodes: a member's shares go as pairwise chains (fabric, NICs), each step every NIC link
-  // carrying one share per member of its node, so the all-to-all still takes what the node's NICs
-  // need for all its off-node bytes: 3 GB of each member to the six members off its node, 6 GB per
-  // node: 0.15 s.
+  // Four nodes: a member's shares for its node go as a pairwise chain over the fabric, those for
+  // the other nodes as one flow each way through its node's NICs, so the all-to-all takes what the
+  // node's NICs need for all its off-node bytes: 3 GB of each member to the six members off its
+  // node, 6 GB per node: 0.15 s.
   const CrossNodeSteps four = cross_node_collectives(4, 2 * kGB, 7 * kGB / 2);
   EXPECT_NEAR(four.a2a_ana, 0.15, 1e-9);
   EXPECT_NEAR(four.gather_sim, four.gather_ana, 0.02 * four.gather_ana);
   EXPECT_NEAR(four.a2a_sim, four.a2a_ana, 0.02 * four.a2a_ana);
+}
+
+TEST(SimGridEngineTest, OversubscribedTiersSlowCollectivesInBothEngines) {
+  // Four nodes, two per leaf, leaf uplinks 2:1 oversubscribed: a member's off-node shares reach
+  // the node beyond the spine, so both engines send them at half the NICs' rate (0.3 s for the
+  // all-to-all above). Eight nodes on a fat tree (two per leaf, two leaves per pod, the pods' core
+  // uplinks 3:2 oversubscribed too): a third of that again.
+  NetworkSpec spine;
+  spine.topology = NetworkTopology::kLeafSpine;
+  spine.nodes_per_leaf = 2;
+  spine.oversubscription = 2;
+  const CrossNodeSteps four = cross_node_collectives(4, 2 * kGB, 7 * kGB / 2, &spine);
+  EXPECT_NEAR(four.a2a_ana, 0.3, 1e-9);
+  EXPECT_NEAR(four.a2a_sim, four.a2a_ana, 0.02 * four.a2a_ana);
+  EXPECT_NEAR(four.gather_sim, four.gather_ana, 0.02 * four.gather_ana);
+  NetworkSpec tree = spine;
+  tree.topology = NetworkTopology::kFatTree;
+  tree.leaves_per_pod = 2;
+  tree.core_oversubscription = 1.5;
+  const CrossNodeSteps eight = cross_node_collectives(8, 2 * kGB, 15 * kGB / 2, &tree);
+  // 7 GB of each member's 7.5 GB leave the node (14 of 15 peers), 14 GB per node at 40/3 GB/s.
+  EXPECT_NEAR(eight.a2a_ana, 14.0 / (40.0 / 3), 1e-9);
+  EXPECT_NEAR(eight.a2a_sim, eight.a2a_ana, 0.02 * eight.a2a_ana);
+  EXPECT_NEAR(eight.gather_sim, eight.gather_ana, 0.02 * eight.gather_ana);
 }
 
 }  // namespace

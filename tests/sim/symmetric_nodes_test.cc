@@ -1,0 +1,101 @@
+// The SimGrid engine on one node's stages (LoweringOptions::symmetric_nodes): a node's traffic to
+// the others crosses only its own NICs, so simulating node 0 alone gives the whole cluster's step.
+// Checked against the full simulation on 2 and 4 nodes: the same step time, every stage of node
+// 0 at the same times, and every GPU's and NUMA node's peak, for an EP plan with resident and
+// retained layers (with and without PipelinedLLEP, SCO and the streamed optimizer) and for FSDP2.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/baselines.h"
+#include "planner/lowering/step_graph.h"
+#include "planner/search/ep_planner.h"
+#include "sim/simgrid_engine.h"
+#include "traces/trace.h"
+
+namespace oom {
+namespace {
+
+WorkloadContext cluster(int nodes) {
+  Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = "h200-sxm-node";
+  w.nodes = nodes;
+  w.gpus = 8 * nodes;
+  w.global_batch = 2 * w.gpus;
+  w.seq_len = 4096;
+  return resolve_workload(w, "test");
+}
+
+Plan ep_plan(const ModelSpec& m, bool flat) {
+  Plan p;
+  p.path = ExpertPath::kEp;
+  p.resident_layers = contiguous_resident_set(m.layers, 2);
+  p.moe_retained_layers = retained_set(m.layers, 1);
+  p.routing_chunk_tokens = 4096;
+  if (flat) {
+    p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
+    p.flat.selective_checkpoint_offload = true;
+    p.flat.optimizer_bucket_mib = 64;
+  }
+  return p;
+}
+
+void expect_same_simulation(const StepGraph& full, const StepGraph& sym, const WorkloadContext& ctx, const std::string& what) {
+  ASSERT_EQ(full.ranks_emitted, 0) << what;
+  ASSERT_EQ(sym.ranks_emitted, 8) << what;
+  const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
+  const sim::SimGridEngine engine;
+  const Trace tf = engine.execute(full, durations);
+  const Trace ts = engine.execute(sym, durations);
+  EXPECT_GT(ts.step_s, 0.0) << what;
+  EXPECT_NEAR(ts.step_s / tf.step_s, 1.0, 1e-9) << what;
+  // Node 0's stages at the same times in both runs.
+  std::map<std::string, const TraceStage*> by_name;
+  for (const TraceStage& s : tf.stages) by_name.emplace(s.name, &s);
+  std::size_t matched = 0;
+  for (const TraceStage& s : ts.stages) {
+    const auto it = by_name.find(s.name);
+    ASSERT_NE(it, by_name.end()) << what << ": " << s.name;
+    EXPECT_NEAR(s.start_s, it->second->start_s, 1e-9 * std::max(1.0, tf.step_s)) << what << ": " << s.name;
+    EXPECT_NEAR(s.duration_s(), it->second->duration_s(), 1e-9 * std::max(1.0, tf.step_s)) << what << ": " << s.name;
+    ++matched;
+  }
+  EXPECT_EQ(matched, ts.stages.size());
+  ASSERT_EQ(ts.gpu_peak_bytes.size(), tf.gpu_peak_bytes.size()) << what;
+  EXPECT_EQ(ts.gpu_peak_bytes, tf.gpu_peak_bytes) << what;
+  EXPECT_EQ(ts.numa_peak_bytes, tf.numa_peak_bytes) << what;
+}
+
+TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterEp) {
+  for (const int nodes : {2, 4}) {
+    const WorkloadContext ctx = cluster(nodes);
+    for (const bool flat : {false, true}) {
+      LoweringOptions full_options, sym_options;
+      full_options.decoder_layers = sym_options.decoder_layers = 4;
+      sym_options.symmetric_nodes = true;
+      const Plan plan = ep_plan(ctx.model, flat);
+      expect_same_simulation(lower(plan, ctx, full_options), lower(plan, ctx, sym_options), ctx,
+                             "EP on " + std::to_string(nodes) + " nodes, flat " + std::to_string(flat));
+    }
+  }
+}
+
+TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterFsdp2) {
+  for (const int nodes : {2, 4}) {
+    const WorkloadContext ctx = cluster(nodes);
+    LoweringOptions full_options, sym_options;
+    full_options.decoder_layers = sym_options.decoder_layers = 4;
+    sym_options.symmetric_nodes = true;
+    const BaselineSetup setup{BaselineSystem::kFsdp2Offload, 2, 1, 4};
+    expect_same_simulation(lower_baseline(setup, ctx, full_options), lower_baseline(setup, ctx, sym_options), ctx,
+                           "FSDP2 on " + std::to_string(nodes) + " nodes");
+  }
+}
+
+}  // namespace
+}  // namespace oom
