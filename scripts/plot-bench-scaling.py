@@ -19,6 +19,10 @@ import sys
 import tempfile
 from collections import defaultdict
 
+# scripts/ holds tokenize.py, which would shadow the standard module matplotlib imports.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
 
 def load_runs(path):
     with open(path) as f:
@@ -65,6 +69,10 @@ def main():
         (line,) = ax.plot(gpus, wall, "o-", label=name.replace("BM_", ""))
         ax.plot(gpus, [t0 * s / s0 for _, s, _ in runs], ":", color=line.get_color(), alpha=0.6)
     ax.set_xscale("log", base=2)
+    ticks = sorted({g for runs in families.values() for g, _, _ in runs})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(g) for g in ticks])
+    ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("GPUs (8 per node)")
     ax.set_ylabel("wall time of one simulated step (s, one core)")

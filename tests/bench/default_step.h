@@ -8,6 +8,7 @@
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/step_graph.h"
+#include "tests/common/cluster_workload.h"
 
 namespace oom::bench {
 
@@ -19,16 +20,7 @@ struct DefaultStep {
 
 // The default model's experts over `nodes` DGX H200 nodes, two 4K sequences per GPU: the cluster
 // benchmarks' workload.
-inline WorkloadContext cluster_workload(int nodes) {
-  Workload w;
-  w.model = "qwen3.6-35b-a3b";
-  w.hardware = "h200-sxm-node";
-  w.nodes = nodes;
-  w.gpus = 8 * nodes;
-  w.global_batch = 2 * w.gpus;
-  w.seq_len = 4096;
-  return resolve_workload(w, "cluster workload");
-}
+inline WorkloadContext cluster_workload(int nodes) { return test_support::cluster_workload("qwen3.6-35b-a3b", nodes); }
 
 inline const DefaultStep& default_step() {
   static const DefaultStep step = [] {

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -39,6 +41,34 @@ TEST(SimulateCommand, JsonReportAndPerfettoTrace) {
   for (const auto& e : chrome["traceEvents"]) complete += e["ph"] == "X" ? 1 : 0;
   EXPECT_GT(complete, 1000);
   std::filesystem::remove(trace);
+}
+
+TEST(SimulateCommand, OneNodesStagesStandForEveryNodesUnlessEveryRankIsAsked) {
+  // The default plan on two DGX H200 nodes: by default one node's stages (8 ranks) stand for the
+  // 16; --every-rank lowers all of them. Same step time and the same 16 GPU peaks, both engines.
+  const std::string workload = temp_path("two-nodes.json");
+  {
+    std::ofstream out(workload);
+    out << R"({"model": "qwen3.6-35b-a3b", "hardware": "h200-sxm-node", "nodes": 2, "gpus": 16, "global_batch": 32, "seq_len": 4096})";
+  }
+  for (const std::string engine : {"analytic", "simgrid"}) {
+    std::vector<std::string> args{"simulate", "--workload", workload, "--plan", kSource + "/experiments/default/plan-r23.json",
+                                  "--engine", engine, "--json"};
+    const Result one = oom(args);
+    args.push_back("--every-rank");
+    const Result every = oom(args);
+    ASSERT_EQ(one.code, 0) << one.err;
+    ASSERT_EQ(every.code, 0) << every.err;
+    const auto a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(every.out);
+    EXPECT_EQ(a["ranks_emitted"], 8) << engine;
+    EXPECT_EQ(b["ranks_emitted"], 0) << engine;
+    EXPECT_GT(b["stages"].get<int>(), a["stages"].get<int>() * 3 / 2) << engine;
+    EXPECT_NEAR(a["step_s"].get<double>(), b["step_s"].get<double>(), 1e-9 * b["step_s"].get<double>()) << engine;
+    EXPECT_EQ(a["gpu_peak_gib"], b["gpu_peak_gib"]) << engine;
+    EXPECT_EQ(a["gpu_peak_gib"].size(), 16u) << engine;
+    EXPECT_EQ(a["numa_host_gib"], b["numa_host_gib"]) << engine;
+  }
+  std::filesystem::remove(workload);
 }
 
 TEST(SimulateCommand, UnknownEngineIsBadInputNamingTheOption) {

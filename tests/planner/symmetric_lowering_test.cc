@@ -15,36 +15,15 @@
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/search/ep_planner.h"
+#include "tests/common/cluster_workload.h"
 #include "planner/search/plan_pricing.h"
 
 namespace oom {
 namespace {
 
-WorkloadContext cluster(const std::string& model, int nodes, int gpus, const nlohmann::json& routing = nullptr) {
-  Workload w;
-  w.model = model;
-  w.hardware = "h200-sxm-node";
-  w.nodes = nodes;
-  w.gpus = gpus;
-  w.global_batch = 2 * gpus;
-  w.seq_len = 4096;
-  if (!routing.is_null()) w.routing = routing_from_json(routing, "test", "routing");
-  return resolve_workload(w, "test");
-}
+using test_support::cluster_workload;
 
-Plan ep_plan(const ModelSpec& m, bool flat) {
-  Plan p;
-  p.path = ExpertPath::kEp;
-  p.resident_layers = contiguous_resident_set(m.layers, 3);
-  p.moe_retained_layers = retained_set(m.layers, 2);
-  p.routing_chunk_tokens = 4096;
-  if (flat) {
-    p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
-    p.flat.selective_checkpoint_offload = true;
-    p.flat.optimizer_bucket_mib = 64;
-  }
-  return p;
-}
+Plan ep_plan(const ModelSpec& m, bool flat) { return test_support::cluster_ep_plan(m, 3, 2, flat); }
 
 struct Evaluated {
   StepGraph graph;
@@ -74,7 +53,7 @@ Evaluated evaluate(const Plan& plan, const WorkloadContext& ctx, bool symmetric,
 
 TEST(SymmetricLowering, OneNodesStagesGiveTheFullGraphsStepAndEveryPeak) {
   for (const int nodes : {2, 4}) {
-    const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", nodes, 8 * nodes);
     for (const bool flat : {false, true}) {
       const Plan plan = ep_plan(ctx.model, flat);
       const Evaluated full = evaluate(plan, ctx, false, 6);
@@ -102,7 +81,7 @@ TEST(SymmetricLowering, OneNodesStagesGiveTheFullGraphsStepAndEveryPeak) {
 }
 
 TEST(SymmetricLowering, LatentAttentionAndDenseFirstLayersToo) {
-  const WorkloadContext ctx = cluster("kimi-k2", 2, 16);
+  const WorkloadContext ctx = cluster_workload("kimi-k2", 2, 16);
   const Plan plan = ep_plan(ctx.model, true);
   const Evaluated full = evaluate(plan, ctx, false, 3);
   const Evaluated sym = evaluate(plan, ctx, true, 3);
@@ -114,15 +93,15 @@ TEST(SymmetricLowering, LatentAttentionAndDenseFirstLayersToo) {
 
 TEST(SymmetricLowering, RanksThatDoNotRunAlikeGetTheirOwnStages) {
   const nlohmann::json skew = {{"kind", "zipf"}, {"skew", 1.2}};
-  const WorkloadContext skewed = cluster("qwen3.6-35b-a3b", 2, 16, skew);
+  const WorkloadContext skewed = cluster_workload("qwen3.6-35b-a3b", 2, 16, skew);
   EXPECT_EQ(evaluate(ep_plan(skewed.model, true), skewed, true, 2).graph.ranks_emitted, 0) << "skewed routing loads ranks unevenly";
-  const WorkloadContext two = cluster("qwen3.6-35b-a3b", 2, 16);
+  const WorkloadContext two = cluster_workload("qwen3.6-35b-a3b", 2, 16);
   Plan ring = ep_plan(two.model, false);
   ring.flat.vocab_projection = VocabProjection::kRingDtp;
   EXPECT_EQ(evaluate(ring, two, true, 2).graph.ranks_emitted, 0) << "Ring-DTP's ring crosses the nodes one way";
-  const WorkloadContext one = cluster("qwen3.6-35b-a3b", 1, 8);
+  const WorkloadContext one = cluster_workload("qwen3.6-35b-a3b", 1, 8);
   EXPECT_EQ(evaluate(ep_plan(one.model, false), one, true, 2).graph.ranks_emitted, 0) << "one node";
-  const WorkloadContext partial = cluster("qwen3.6-35b-a3b", 2, 16);
+  const WorkloadContext partial = cluster_workload("qwen3.6-35b-a3b", 2, 16);
   EXPECT_EQ(PlanPricer(partial, load_calibration_for(partial.hardware)).lower_plan(ep_plan(partial.model, false), 2).ranks_emitted, 8)
       << "the plan search prices with one node's stages";
 }
@@ -131,7 +110,7 @@ TEST(SymmetricLowering, RanksThatDoNotRunAlikeGetTheirOwnStages) {
 // The offload baselines run the same schedule on every rank: one node's stages on whole alike nodes.
 TEST(SymmetricLowering, BaselinesToo) {
   for (const int nodes : {2, 4}) {
-    const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", nodes, 8 * nodes);
     const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
     for (const auto s : all_baseline_systems()) {
       const BaselineSetup setup{s, 2, 1, s == BaselineSystem::kMegaTrain ? 1 : 4};
@@ -153,7 +132,7 @@ TEST(SymmetricLowering, BaselinesToo) {
     }
   }
   // run_baseline() lowers them so for the analytic engine: the same result as a full graph's.
-  const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", 2, 16);
+  const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", 2, 16);
   const BaselineGraph sym = baseline_step_graph(BaselineSystem::kFsdp2Offload, ctx, {}, true);
   ASSERT_TRUE(sym.setup);
   EXPECT_EQ(sym.graph.ranks_emitted, 8);
@@ -198,7 +177,7 @@ void expect_joins_add_no_wait(const StepGraph& g, const DurationModel& durations
 
 TEST(CollectiveJoins, AcrossNodesMembersWaitThroughOneJoinAndNoLonger) {
   for (const int nodes : {2, 4}) {
-    const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", nodes, 8 * nodes);
     const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
     for (const bool flat : {false, true}) {
       LoweringOptions o;
@@ -213,7 +192,7 @@ TEST(CollectiveJoins, AcrossNodesMembersWaitThroughOneJoinAndNoLonger) {
 }
 
 TEST(CollectiveJoins, OneNodesCollectivesKeepEveryInput) {
-  const WorkloadContext ctx = cluster("qwen3.6-35b-a3b", 1, 8);
+  const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", 1, 8);
   LoweringOptions o;
   o.decoder_layers = 2;
   const StepGraph g = lower(ep_plan(ctx.model, false), ctx, o);

@@ -13,37 +13,16 @@
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/step_graph.h"
-#include "planner/search/ep_planner.h"
 #include "sim/simgrid_engine.h"
+#include "tests/common/cluster_workload.h"
 #include "traces/trace.h"
 
 namespace oom {
 namespace {
 
-WorkloadContext cluster(int nodes) {
-  Workload w;
-  w.model = "qwen3.6-35b-a3b";
-  w.hardware = "h200-sxm-node";
-  w.nodes = nodes;
-  w.gpus = 8 * nodes;
-  w.global_batch = 2 * w.gpus;
-  w.seq_len = 4096;
-  return resolve_workload(w, "test");
-}
+using test_support::cluster_ep_plan;
 
-Plan ep_plan(const ModelSpec& m, bool flat) {
-  Plan p;
-  p.path = ExpertPath::kEp;
-  p.resident_layers = contiguous_resident_set(m.layers, 2);
-  p.moe_retained_layers = retained_set(m.layers, 1);
-  p.routing_chunk_tokens = 4096;
-  if (flat) {
-    p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
-    p.flat.selective_checkpoint_offload = true;
-    p.flat.optimizer_bucket_mib = 64;
-  }
-  return p;
-}
+WorkloadContext cluster(int nodes) { return test_support::cluster_workload("qwen3.6-35b-a3b", nodes); }
 
 void expect_same_simulation(const StepGraph& full, const StepGraph& sym, const WorkloadContext& ctx, const std::string& what) {
   ASSERT_EQ(full.ranks_emitted, 0) << what;
@@ -78,7 +57,7 @@ TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterEp) {
       LoweringOptions full_options, sym_options;
       full_options.decoder_layers = sym_options.decoder_layers = 4;
       sym_options.symmetric_nodes = true;
-      const Plan plan = ep_plan(ctx.model, flat);
+      const Plan plan = cluster_ep_plan(ctx.model, 2, 1, flat);
       expect_same_simulation(lower(plan, ctx, full_options), lower(plan, ctx, sym_options), ctx,
                              "EP on " + std::to_string(nodes) + " nodes, flat " + std::to_string(flat));
     }
