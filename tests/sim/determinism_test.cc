@@ -17,6 +17,7 @@
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "sim/simgrid_engine.h"
+#include "tests/common/cluster_workload.h"
 #include "traces/trace.h"
 
 namespace oom::sim {
@@ -29,8 +30,8 @@ struct Case {
 };
 
 // The default workload (Qwen3.6 on four H100s, EP plan R23), a Local plan with every split on a
-// small Qwen-like model on one H200, and the default workload under skewed routing with FLAT's
-// four schedules.
+// small Qwen-like model on one H200, the default workload under skewed routing with FLAT's
+// four schedules, and the default plan on two nodes (every rank's stages, and one node's).
 std::vector<Case> cases() {
   std::vector<Case> out;
   {
@@ -75,6 +76,18 @@ std::vector<Case> cases() {
     validate_plan(p, ctx.model, ctx.workload, "flat-skewed");
     StepGraph g = lower(p, ctx);
     out.push_back({"flat-skewed", std::move(ctx), std::move(g)});
+  }
+  {
+    // Two DGX H200 nodes: collectives across nodes through their joins and the network, and one
+    // node's stages standing for both (both engines run such graphs).
+    WorkloadContext ctx = test_support::cluster_workload("qwen3.6-35b-a3b", 2);
+    LoweringOptions o;
+    o.decoder_layers = 4;
+    StepGraph full = lower(default_plan(), ctx, o);
+    o.symmetric_nodes = true;
+    StepGraph one_node = lower(default_plan(), ctx, o);
+    out.push_back({"two-nodes", ctx, std::move(full)});
+    out.push_back({"two-nodes-one-node's-stages", std::move(ctx), std::move(one_node)});
   }
   return out;
 }
