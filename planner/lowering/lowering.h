@@ -88,7 +88,10 @@ PerRank stages_per_rank(int ranks, int emit, Make make_stage, Add add) {
 // Across nodes (rank r on node r / gpus_per_node) they wait for one join: a zero-work stage, made
 // from `first` (the first member's stage) with ".join" in its key, that waits for the inputs. A
 // collective then adds P dependencies instead of P², so a step's graph grows linearly with its
-// GPUs. `add` adds a stage and returns its id.
+// GPUs. The join follows the first member's previous stage on its port, so the members also wait
+// for that member's previous collective, as NCCL's collectives on one communicator follow each
+// other on every rank (the same times where members finish together: uniform routing, every
+// baseline). `add` adds a stage and returns its id.
 template <class Add>
 std::vector<StageId> collective_waits(int gpus_per_node, const std::vector<int>& peers, const PerRank& inputs, Stage first,
                                       Add add) {
