@@ -507,9 +507,9 @@ SimGridEngine::SimGridEngine(HardwareSpec hardware, std::optional<Calibration> c
 
 StageTimes SimGridEngine::simulate_times(const StepGraph& g, const DurationModel& durations) const {
   // A graph of one node's stages (StepGraph::ranks_emitted) simulates that node alone: its members
-  // reach the other nodes through its own NICs and the network beyond them, which no other
-  // node's flow shares (the platform's network is non-blocking), so every other node would run
-  // the same flows at the same times.
+  // reach the other nodes through its own NICs and its own shares of the tiers' uplinks, which no
+  // other node's flow crosses (sim/platform.h), so every other node would run the same flows at
+  // the same times.
   const auto* calibrated = dynamic_cast<const CalibratedDurationModel*>(&durations);
   const HardwareSpec* hw = hardware_ ? &*hardware_ : calibrated ? &calibrated->hardware() : nullptr;
   if (hw == nullptr) {
