@@ -106,11 +106,12 @@ StepEngines module_engines() {
 #endif
 }
 
-py::dict simulate(const StepEngines& engines, const py::dict& workload, const py::dict& plan_json, const std::string& engine) {
+py::dict simulate(const StepEngines& engines, const py::dict& workload, const py::dict& plan_json, const std::string& engine,
+                  bool every_rank) {
   const WorkloadContext ctx = context_of(workload);
   const Plan plan = plan_from_json(from_py(plan_json), "<python>", "plan");
   validate_plan(plan, ctx.model, ctx.workload, "<python>", "plan");
-  const SimulationResult r = simulate_plan(plan, ctx, engines, engine, load_calibration_for(ctx.hardware));
+  const SimulationResult r = simulate_plan(plan, ctx, engines, engine, load_calibration_for(ctx.hardware), every_rank);
   py::dict d = to_py(simulation_to_json(r));
   d["stages_table"] = stages_of(r.trace);
   d["trace"] = to_py(trace_to_json(r.trace));
@@ -154,10 +155,11 @@ PYBIND11_MODULE(oom, m) {
   m.def("calibration", [](const std::string& name) { return to_py(calibration_to_json(load_calibration_for(load_hardware_spec(name)))); },
         py::arg("hardware"), "The calibration constants of a hardware");
   m.def("engines", [engines] { return engines.names(); }, "The step engines this module offers");
-  m.def("simulate", [engines](const py::dict& workload, const py::dict& plan, const std::string& engine) {
-    return simulate(engines, workload, plan, engine);
-  }, py::arg("workload"), py::arg("plan"), py::arg("engine") = "analytic",
-     "Lower a plan and execute it: step time, peaks, breakdown, 'stages_table' (numpy start_s/end_s), 'trace'");
+  m.def("simulate", [engines](const py::dict& workload, const py::dict& plan, const std::string& engine, bool every_rank) {
+    return simulate(engines, workload, plan, engine, every_rank);
+  }, py::arg("workload"), py::arg("plan"), py::arg("engine") = "analytic", py::arg("every_rank") = false,
+     "Lower a plan and execute it: step time, peaks, breakdown, 'stages_table' (numpy start_s/end_s), 'trace'; "
+     "on alike nodes one node's stages stand for all ('ranks_emitted') unless every_rank");
   m.def("baseline", [engines](const std::string& system, const py::dict& workload, const std::string& engine) {
     return baseline(engines, system, workload, engine);
   }, py::arg("system"), py::arg("workload"), py::arg("engine") = "analytic",

@@ -36,6 +36,18 @@ assert isinstance(st["start_s"], np.ndarray) and len(st["start_s"]) == len(st["n
 assert np.all(st["end_s"] >= st["start_s"]) and abs(st["end_s"].max() - sim["step_s"]) < 1e-9
 chrome = oom.chrome_trace(sim["trace"])
 assert any(e["ph"] == "X" for e in chrome["traceEvents"])
+# Two alike nodes: one node's stages stand for both unless every_rank; the same step and peaks
+# (the published R23 plan: the search's plan above has a Ring-DTP head, whose ring crosses the
+# nodes one way, so it gets every rank's stages either way).
+two = {"model": "qwen3.6-35b-a3b", "hardware": "h200-sxm-node", "nodes": 2, "gpus": 16, "global_batch": 32, "seq_len": 4096}
+with open(os.path.join(src, "experiments", "default", "plan-r23.json")) as f:
+    r23 = json.load(f)
+assert oom.simulate(two, found["plan"])["ranks_emitted"] == 0
+one_node = oom.simulate(two, r23)
+every = oom.simulate(two, r23, every_rank=True)
+assert one_node["ranks_emitted"] == 8 and every["ranks_emitted"] == 0, (one_node["ranks_emitted"], every["ranks_emitted"])
+assert len(every["stages_table"]["name"]) > len(one_node["stages_table"]["name"])
+assert abs(one_node["step_s"] - every["step_s"]) <= 1e-9 * every["step_s"] and one_node["gpu_peak_gib"] == every["gpu_peak_gib"]
 
 # Baselines: a step at 4K, out-of-memory with where at 1M.
 b = oom.baseline("zero-offload", w)
