@@ -234,30 +234,11 @@ class Simulation {
   void collective(const Stage& s, const Resource& r, Seconds alone_s) {
     const int self = global_gpu(r.gpu);
     std::vector<int> here;  // the other members on this node (global GPUs)
-    int away = 0;           // the members on other nodes
-    int switches = 1;       // the most switches to one of them (NetworkSpec::switches_between)
-    const int per_node = platform_->gpus_per_node(), node_rank = r.gpu / per_node;  // ranks fill nodes in order
-    const int first = s.peers.empty() ? 0 : s.peers.front(), last = s.peers.empty() ? 0 : s.peers.back();
-    if (!s.peers.empty() && last - first + 1 == static_cast<int>(s.peers.size()) && first <= r.gpu && r.gpu <= last) {
-      // Consecutive ranks (a collective over all of them): this node's run of them.
-      const int lo = std::max(first, node_rank * per_node), hi = std::min(last, node_rank * per_node + per_node - 1);
-      for (int q = lo; q <= hi; ++q) {
-        if (q != r.gpu) here.push_back(global_gpu(q));
-      }
-      away = static_cast<int>(s.peers.size()) - (hi - lo + 1);
-      // Leaves and pods are runs of consecutive nodes: the farthest node is the first or the last.
-      for (const int other : {first / per_node, last / per_node}) switches = std::max(switches, hw_.network.switches_between(node_rank, other));
-    } else {
-      for (const int p : s.peers) {
-        if (p == r.gpu) continue;
-        if (p / per_node == node_rank) {
-          here.push_back(global_gpu(p));
-        } else {
-          ++away;
-          switches = std::max(switches, hw_.network.switches_between(node_rank, p / per_node));
-        }
-      }
-    }
+    const CollectiveReach reach = collective_reach(hw_, s.peers, r.gpu, [&](int q) { here.push_back(global_gpu(q)); });
+    const int away = reach.off_node;  // the members on other nodes
+    // The most switches to one of them (NetworkSpec::switches_between).
+    const int switches = reach.farthest_node < 0 ? 1
+                                                 : std::max(1, hw_.network.switches_between(r.gpu / hw_.gpus_per_node, reach.farthest_node));
     if (here.empty() && away == 0) {
       if (alone_s >= kTimingPrecision_s) sg4::this_actor::sleep_for(alone_s);
       return;

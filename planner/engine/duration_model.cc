@@ -70,34 +70,14 @@ void CalibratedDurationModel::collective_cost(const Stage& s, StageCost& out) co
   // Members on other nodes are reached through the NICs (ranks fill nodes in order: rank r on
   // node r / gpus_per_node, HardwareSpec::global_gpu_of_rank).
   const int node = std::max(0, s.gpu) / h.gpus_per_node;
-  int on_node = 0, off_node = 0;
+  int others_on_node = 0;
+  const CollectiveReach reach = collective_reach(h, s.peers, s.gpu, [&](int) { ++others_on_node; });
+  const int on_node = others_on_node + (reach.member ? 1 : 0), off_node = reach.off_node;  // on_node: this member too
   Seconds network_latency = 0;
   BytesPerS network = h.network.per_node_Bps();
-  auto reach = [&](int other) {
-    network_latency = std::max(network_latency, h.network.latency_between(node, other));
-    network = std::min(network, h.network.sustained_Bps(node, other));
-  };
-  const int first = s.peers.empty() ? 0 : s.peers.front(), last = s.peers.empty() ? 0 : s.peers.back();
-  if (!s.peers.empty() && last - first + 1 == static_cast<int>(s.peers.size()) && first <= s.gpu && s.gpu <= last) {
-    // Consecutive ranks (every lowering's collective over all ranks): counted per node. Leaves
-    // and pods are runs of consecutive nodes, so the farthest node of the run is its first or its
-    // last, and the nearest other node is next to this one.
-    const int per_node = h.gpus_per_node, n0 = first / per_node, n1 = last / per_node;
-    on_node = std::min(last, (node + 1) * per_node - 1) - std::max(first, node * per_node) + 1;
-    off_node = static_cast<int>(s.peers.size()) - on_node;
-    for (const int other : {n0, n1, node - 1, node + 1}) {
-      if (other != node && other >= n0 && other <= n1) reach(other);
-    }
-  } else {
-    for (const int p : s.peers) {
-      const int other = p / h.gpus_per_node;
-      if (other == node) {
-        ++on_node;  // this member too
-      } else {
-        ++off_node;
-        reach(other);
-      }
-    }
+  if (reach.farthest_node >= 0) {
+    network_latency = h.network.latency_between(node, reach.farthest_node);
+    network = std::min(network, h.network.sustained_Bps(node, reach.farthest_node));
   }
   if (off_node == 0) {
     out.fixed_s = c.collective_overhead_s + static_cast<double>(members - 1) * h.fabric.latency_s;

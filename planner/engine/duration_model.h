@@ -11,7 +11,9 @@
 // Thread-safety: cost() is const and may be called from several threads.
 #pragma once
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "costmodel/hardware_spec.h"
 #include "costmodel/units.h"
@@ -93,6 +95,54 @@ class DurationModel {
 //   (their latency per such peer; all-to-all sends the off-node share there, shared by the node's
 //   members; all-gather and reduce-scatter rings at the slower of fabric and the node's NICs);
 //   CPU work: params / (socket rate / ranks on the socket).
+// How member `rank` of a collective over `peers` reaches the other members on `h` (rank r on node
+// r / gpus_per_node, HardwareSpec::global_gpu_of_rank): `on_node(q)` is called for every other
+// member q on its node; the result counts the members on other nodes and names the farthest of
+// their nodes (the most switches away, −1 when none), whose latency and sustained rate pace the
+// member's off-node shares. Members of consecutive ranks (every lowering's collective over all
+// ranks) are counted per node, in O(gpus_per_node): leaves and pods are runs of consecutive nodes,
+// so the farthest node is the run's first or last. Both engines price a collective through it.
+struct CollectiveReach {
+  bool member = false;   // `rank` is among `peers`
+  int off_node = 0;      // members on other nodes
+  int farthest_node = -1;
+};
+template <class OnNode>
+CollectiveReach collective_reach(const HardwareSpec& h, const std::vector<int>& peers, int rank, OnNode on_node) {
+  CollectiveReach out;
+  if (peers.empty()) return out;
+  const int per_node = std::max(1, h.gpus_per_node), node = std::max(0, rank) / per_node;
+  auto reach = [&](int other) {
+    if (other != node && (out.farthest_node < 0 || h.network.switches_between(node, other) >
+                                                       h.network.switches_between(node, out.farthest_node))) {
+      out.farthest_node = other;
+    }
+  };
+  const int first = peers.front(), last = peers.back();
+  if (last - first + 1 == static_cast<int>(peers.size()) && first <= rank && rank <= last) {
+    out.member = true;
+    const int lo = std::max(first, node * per_node), hi = std::min(last, node * per_node + per_node - 1);
+    for (int q = lo; q <= hi; ++q) {
+      if (q != rank) on_node(q);
+    }
+    out.off_node = static_cast<int>(peers.size()) - (hi - lo + 1);
+    reach(first / per_node);
+    reach(last / per_node);
+    return out;
+  }
+  for (const int q : peers) {
+    if (q == rank) {
+      out.member = true;
+    } else if (q / per_node == node) {
+      on_node(q);
+    } else {
+      ++out.off_node;
+      reach(q / per_node);
+    }
+  }
+  return out;
+}
+
 class CalibratedDurationModel : public DurationModel {
  public:
   // `ranks` is the number of training ranks (to share sockets fairly).

@@ -79,20 +79,26 @@ void cluster_counters(benchmark::State& state, const DefaultStep& step, double s
   state.counters["simulated_step_s"] = step_s;
 }
 
-void BM_ClusterStepSimGrid(benchmark::State& state) {
-  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)), state.range(1) != 0);
+// One cluster step per iteration through each engine, with the counters of cluster_counters().
+void simulate_cluster(benchmark::State& state, const DefaultStep& step) {
   const oom::sim::SimGridEngine engine;
   double step_s = 0;
   for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
 }
-BENCHMARK(BM_ClusterStepSimGrid)->ArgsProduct({{1, 2, 4, 8, 16, 32}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
-
-void BM_ClusterStepAnalytic(benchmark::State& state) {
-  const DefaultStep& step = cluster_step(static_cast<int>(state.range(0)), state.range(1) != 0);
+void evaluate_cluster(benchmark::State& state, const DefaultStep& step) {
   double step_s = 0;
   for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
   cluster_counters(state, step, step_s);
+}
+
+void BM_ClusterStepSimGrid(benchmark::State& state) {
+  simulate_cluster(state, cluster_step(static_cast<int>(state.range(0)), state.range(1) != 0));
+}
+BENCHMARK(BM_ClusterStepSimGrid)->ArgsProduct({{1, 2, 4, 8, 16, 32}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ClusterStepAnalytic(benchmark::State& state) {
+  evaluate_cluster(state, cluster_step(static_cast<int>(state.range(0)), state.range(1) != 0));
 }
 BENCHMARK(BM_ClusterStepAnalytic)->ArgsProduct({{1, 2, 4, 8, 16, 32}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -112,19 +118,12 @@ const oom::bench::DefaultStep& fsdp2_step(int nodes, bool one_node) {
 }
 
 void BM_ClusterFsdp2StepSimGrid(benchmark::State& state) {
-  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)), state.range(1) != 0);
-  const oom::sim::SimGridEngine engine;
-  double step_s = 0;
-  for (auto _ : state) step_s = engine.simulate_times(step.graph, step.durations).step_s;
-  cluster_counters(state, step, step_s);
+  simulate_cluster(state, fsdp2_step(static_cast<int>(state.range(0)), state.range(1) != 0));
 }
 BENCHMARK(BM_ClusterFsdp2StepSimGrid)->ArgsProduct({{1, 2, 4, 8, 16, 32, 96}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ClusterFsdp2StepAnalytic(benchmark::State& state) {
-  const DefaultStep& step = fsdp2_step(static_cast<int>(state.range(0)), state.range(1) != 0);
-  double step_s = 0;
-  for (auto _ : state) step_s = oom::analytic_step_times(step.graph, step.durations).step_s;
-  cluster_counters(state, step, step_s);
+  evaluate_cluster(state, fsdp2_step(static_cast<int>(state.range(0)), state.range(1) != 0));
 }
 BENCHMARK(BM_ClusterFsdp2StepAnalytic)->ArgsProduct({{1, 2, 4, 8, 16, 32, 96}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -22,6 +22,16 @@ HardwareSpec two_socket_node() {
   return h;
 }
 
+// `nodes` of two_socket_node(), each with 2 NICs of 25 GB/s, 5 µs NIC to NIC under one switch.
+HardwareSpec two_socket_nodes(int nodes) {
+  HardwareSpec h = two_socket_node();
+  h.nodes = nodes;
+  h.network.nics = 2;
+  h.network.nic_Bps = 25e9;
+  h.network.latency_s = 5e-6;
+  return h;
+}
+
 struct Fixture {
   StepGraph g;
   ResourceId compute, h2d, cpu;
@@ -251,11 +261,7 @@ TEST(CalibratedDurationModel, CollectivesPayAFabricLatencyPerPeer) {
 TEST(CalibratedDurationModel, MembersOnOtherNodesAreReachedThroughTheNics) {
   // Two nodes of two_socket_node(), each with 2 NICs of 25 GB/s (50 GB/s per node) behind one
   // leaf, 5 µs NIC to NIC. Rank 0's collective over ranks 0-7: 3 peers on its node, 4 beyond it.
-  HardwareSpec h = two_socket_node();
-  h.nodes = 2;
-  h.network.nics = 2;
-  h.network.nic_Bps = 25e9;
-  h.network.latency_s = 5e-6;
+  HardwareSpec h = two_socket_nodes(2);
   StepGraphBuilder b(8, 4);
   const ResourceId fabric = b.add_resource(ResourceKind::kFabric, "gpu0.fabric", 0, -1);
   const StepGraph g = b.take();
@@ -293,11 +299,7 @@ TEST(CalibratedDurationModel, ConsecutiveMembersArePricedAsAnyOtherOrderOfThem) 
   // tiers): a collective over consecutive ranks is counted per node; listing the same members in
   // another order takes the member-by-member count. Both give the same duration for every member
   // and every run of members.
-  HardwareSpec h = two_socket_node();
-  h.nodes = 8;
-  h.network.nics = 2;
-  h.network.nic_Bps = 25e9;
-  h.network.latency_s = 5e-6;
+  HardwareSpec h = two_socket_nodes(8);
   h.network.switch_latency_s = 1e-6;
   h.network.topology = NetworkTopology::kFatTree;
   h.network.nodes_per_leaf = 2;
