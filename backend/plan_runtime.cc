@@ -33,6 +33,11 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
   }
+  if (plan.ep_replicas(ranks) > 1) {
+    throw InputError(file, "ep_group_gpus", std::to_string(plan.ep_group_gpus),
+                     fmt::format("this runtime runs one EP group of all {} ranks; groups that replicate expert shards are simulated only",
+                                 ranks));
+  }
   if (ranks != 1 && plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
   }

@@ -20,6 +20,7 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
   const ModelParams params = model_params(m);
   const bool ep = plan.path == ExpertPath::kEp;
   const int P = w.gpus;
+  const int E = plan.ep_group(P), D = plan.ep_replicas(P);  // EP groups: each shard on D replicas
   const std::int64_t B = w.seqs_per_gpu(), S = w.seq_len, N = w.tokens_per_gpu();
 
   StaticCost c;
@@ -47,7 +48,9 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
     const LayerParams& lp = params.layers[l];
     ParamCount experts = 0;
     if (ep) {
-      experts = plan.is_resident(l) ? 0 : lp.routed_experts / P;
+      // With replicas, each copies its 1/D of the shard and all-gathers the rest (forward, backward).
+      experts = plan.is_resident(l) ? 0 : lp.routed_experts / E / D;
+      if (D > 1 && !plan.is_resident(l)) c.allgather_bytes += 2 * working_weight_bytes(lp.routed_experts / E - experts);
     } else if (plan.param_transfer == ParamTransfer::kShard) {
       experts = lp.routed_experts / P;
       c.allgather_bytes += 2 * working_weight_bytes(lp.routed_experts - lp.routed_experts / P);
@@ -56,9 +59,9 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
     }
     weights_per_pass += working_weight_bytes(lp.common() + experts);
     grads += gradient_bytes(lp.common() + (ep ? experts : lp.routed_experts / P));
-    if (ep && P > 1) {
+    if (ep && E > 1) {
       const int passes = plan.is_moe_retained(l) ? 2 : 3;  // forward, (replay), backward
-      c.a2a_bytes += passes * ep_a2a_bytes(m.layer_moe(l).top_k, N, m.hidden, kBf16Bytes, P);
+      c.a2a_bytes += passes * ep_a2a_bytes(m.layer_moe(l).top_k, N, m.hidden, kBf16Bytes, E);
     }
     if (plan.keep_attention_results && m.layer_kinds[l] != LayerKind::kLinearAttention) {
       c.activation_offload_bytes += 2 * attention_result_bytes(m.attention(m.layer_kinds[l]), B, S);  // save + load
@@ -72,7 +75,7 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
 
   // Updates: resident shards on the GPU; the rest on the CPU, shared layers split over ranks.
   ParamCount resident = 0;
-  for (int l : plan.resident_layers) resident += params.layers[l].routed_experts / P;
+  for (int l : plan.resident_layers) resident += params.layers[l].routed_experts / E;
   c.gpu_updated_params = resident;
   c.cpu_updated_params = (params.total() - (ep ? resident * P : 0)) / P;
 

@@ -89,11 +89,15 @@ void CalibratedDurationModel::collective_cost(const Stage& s, StageCost& out) co
   // sends the off-node peers' shares through the NICs, which the node's members share.
   // All-gather and reduce-scatter run as rings (NCCL: a channel per NIC): every byte a member sends
   // travels its fabric port, and a node's inter-node hops carry, over all channels, what one
-  // member sends; the slower of fabric and node NICs paces the collective.
+  // member sends; the slower of fabric and the collective's NICs paces it. Every rank runs the same
+  // schedule, so a collective with fewer members on the node than its GPUs (the replicas of an EP
+  // shard, a strided data-parallel group) runs beside the others' and has their share of the
+  // node's NICs: on_node of gpus_per_node (with rail-optimized NICs, its members' own).
   const double off_share = static_cast<double>(off_node) / static_cast<double>(std::max(1, on_node - 1 + off_node));
+  const double nic_share = std::min(1.0, static_cast<double>(std::max(1, on_node)) / std::max(1, h.gpus_per_node));
   const double seconds_per_byte = s.op == OpKind::kAllToAll
                                       ? std::max((1 - off_share) / fabric, off_share * std::max(1, on_node) / network)
-                                      : std::max(1 / fabric, 1 / network);
+                                      : std::max(1 / fabric, 1 / (network * nic_share));
   // The fair share (the analytic engine's); alone on its port (exclusive_rate) the member runs at
   // the fabric's rate, and the SimGrid engine routes its off-node shares through the NIC links.
   out.rate = 1 / seconds_per_byte;

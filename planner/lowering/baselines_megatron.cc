@@ -243,13 +243,9 @@ class MegatronLowering {
     PerRank out(static_cast<std::size_t>(P_));
     std::map<int, std::vector<StageId>> waits;  // per group (its first member): what its members wait for
     for (int r = 0; r < P_; ++r) {
-      std::vector<int> peers;
-      for (int q = 0; q < P_; ++q) {
-        const bool member = data_parallel_group ? q % t_ == r % t_
-                                                : (op == OpKind::kAllToAll ? q / s_.expert_parallel == r / s_.expert_parallel
-                                                                           : q / t_ == r / t_);
-        if (member) peers.push_back(q);
-      }
+      const std::vector<int> peers = data_parallel_group      ? lowering::strided_members(P_, r, t_)
+                                     : op == OpKind::kAllToAll ? lowering::block_members(P_, r, s_.expert_parallel)
+                                                               : lowering::block_members(P_, r, t_);
       const int first = peers.front();  // r itself when the group is new (ranks in order)
       if (first == r) {
         waits[first] = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,

@@ -23,12 +23,52 @@ void append(std::vector<StageId>& to, const PerRank& from, int rank) {
   if (s >= 0 && std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
 }
 
+// The largest latency and smallest sustained rate from node `node` to the other nodes in `nodes`.
+std::pair<Seconds, BytesPerS> farthest_view(const HardwareSpec& h, int node, const std::vector<int>& nodes) {
+  Seconds latency = 0;
+  BytesPerS rate = h.network.per_node_Bps();
+  for (const int other : nodes) {
+    if (other == node) continue;
+    latency = std::max(latency, h.network.latency_between(node, other));
+    rate = std::min(rate, h.network.sustained_Bps(node, other));
+  }
+  return {latency, rate};
+}
+
+// Whether every node sees the members of its EP group (`group` consecutive ranks of `P`) and of
+// its shard's replica set (every group-th rank) as node 0 does: groups of whole nodes or within
+// one node, each the same latency and rate away.
+bool groups_alike(const HardwareSpec& h, int P, int group) {
+  const int G = h.gpus_per_node;
+  if (group == P) return true;
+  if (group % G != 0 && G % group != 0) return false;
+  const auto nodes_of = [&](const std::vector<int>& ranks) {
+    std::vector<int> nodes;
+    for (const int q : ranks) {
+      if (nodes.empty() || nodes.back() != q / G) nodes.push_back(q / G);
+    }
+    return nodes;
+  };
+  const auto view = [&](int node) {
+    const int rank = node * G;
+    return std::make_pair(farthest_view(h, node, nodes_of(block_members(P, rank, group))),
+                          farthest_view(h, node, nodes_of(strided_members(P, rank, group))));
+  };
+  const auto first = view(0);
+  for (int node = 1; node < P / G; ++node) {
+    if (view(node) != first) return false;
+  }
+  return true;
+}
+
 // Whether every node of the step runs the same schedule: whole nodes, more than one, every rank
 // of every decoder with the same routing load and LLEP exchange, no Ring-DTP head (its ring
 // crosses the nodes in one direction), and each node at the same largest latency and smallest
-// sustained rate from the others (what the duration model prices a collective over all of them by).
+// sustained rate from the others (what the duration model prices a collective over all of them by),
+// and from the other members of its EP group and replica set.
 bool nodes_run_alike(const Plan& plan, const WorkloadContext& ctx, const std::vector<LlepBalance>& routing) {
   if (!whole_nodes_alike(ctx.hardware, ctx.workload.gpus) || plan.flat.ring_dtp(ctx.workload.gpus)) return false;
+  if (!groups_alike(ctx.hardware, ctx.workload.gpus, plan.ep_group(ctx.workload.gpus))) return false;
   for (const LlepBalance& b : routing) {
     for (std::size_t r = 1; r < b.loads.size(); ++r) {
       if (b.loads[r] != b.loads[0]) return false;
@@ -46,19 +86,11 @@ bool whole_nodes_alike(const HardwareSpec& h, int P) {
   const int G = h.gpus_per_node;
   if (G <= 0 || P <= G || P % G != 0) return false;
   const int nodes = P / G;
-  auto view = [&](int node) {
-    Seconds latency = 0;
-    BytesPerS rate = h.network.per_node_Bps();
-    for (int other = 0; other < nodes; ++other) {
-      if (other == node) continue;
-      latency = std::max(latency, h.network.latency_between(node, other));
-      rate = std::min(rate, h.network.sustained_Bps(node, other));
-    }
-    return std::make_pair(latency, rate);
-  };
-  const auto first = view(0);
+  std::vector<int> all(static_cast<std::size_t>(nodes));
+  for (int n = 0; n < nodes; ++n) all[static_cast<std::size_t>(n)] = n;
+  const auto first = farthest_view(h, 0, all);
   for (int node = 1; node < nodes; ++node) {
-    if (view(node) != first) return false;
+    if (farthest_view(h, node, all) != first) return false;
   }
   return true;
 }
@@ -112,6 +144,8 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
       b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)) {
   P_ = ctx.workload.gpus;
   ep_ = plan.path == ExpertPath::kEp;
+  E_ = plan.ep_group(P_);
+  D_ = P_ / E_;
   if (!ep_) check_local_on_one_node(ctx);
   layers_ = options.decoder_layers > 0 ? std::min(options.decoder_layers, m_.layers) : m_.layers;
   seqs_ = ctx.workload.seqs_per_gpu();
@@ -124,20 +158,32 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   last_update_.assign(static_cast<std::size_t>(P_), -1);
   // Routing: each rank's share of a dispatch (skewed routing makes some ranks receive more);
   // PipelinedLLEP spills the excess to the least-loaded ranks.
-  llep_ = ep_ && P_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
-  routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? P_ : 1, llep_);
+  // Every EP group routes its own tokens alike: rank r has the balance of its place r mod E.
+  llep_ = ep_ && E_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? E_ : 1, llep_);
+  if (ep_ && D_ > 1) {
+    const auto tile = [&](auto& v) {
+      for (int r = E_; r < P_; ++r) v.push_back(v[static_cast<std::size_t>(r % E_)]);
+    };
+    for (LlepBalance& b : routing_) {
+      tile(b.loads);
+      tile(b.fetched);
+      tile(b.lent);
+    }
+  }
   for (int l = 0; l < layers_; ++l) largest_share_.push_back(largest_expert_share(ctx.workload.routing, m_.moe.experts, l));
   emit_ = options.symmetric_nodes && ep_ && nodes_run_alike(plan, ctx, routing_) ? ctx.hardware.gpus_per_node : P_;
 }
 
 ParamCount Lowering::expert_params_on_gpu(int layer) const {
   const ParamCount bank = params_.layers[static_cast<std::size_t>(layer)].routed_experts;
-  return ep_ ? bank / P_ : bank;
+  return ep_ ? bank / E_ : bank;
 }
 
 ParamCount Lowering::expert_params_h2d(int layer) const {
   const ParamCount bank = params_.layers[static_cast<std::size_t>(layer)].routed_experts;
-  if (ep_) return plan_.is_resident(layer) ? 0 : bank / P_;
+  // EP: the shard, or with replicas the 1/D of it this rank's host updates (the rest all-gathered).
+  if (ep_) return plan_.is_resident(layer) ? 0 : bank / E_ / D_;
   return plan_.param_transfer == ParamTransfer::kShard ? bank / P_ : bank;
 }
 
@@ -198,21 +244,45 @@ PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int
   return out;
 }
 
+std::vector<int> Lowering::members(Over over, int rank) const {
+  switch (over) {
+    case Over::kGroup: return block_members(P_, rank, E_);
+    case Over::kReplicas: return strided_members(P_, rank, E_);
+    default: return block_members(P_, rank, P_);
+  }
+}
+
+int Lowering::member_count(Over over) const {
+  switch (over) {
+    case Over::kNone: return 1;
+    case Over::kGroup: return E_;
+    case Over::kReplicas: return D_;
+    default: return P_;
+  }
+}
+
 PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
-                                 const PerRank& inputs) {
-  std::vector<int> peers;
-  for (int r = 0; r < P_; ++r) peers.push_back(r);
-  // Every member waits for every member's input (gathered once, or through a join across nodes).
-  const std::vector<StageId> waits = collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
-                                                      make(what, op, phase, r_.front().fabric, 0, layer),
-                                                      [&](Stage s) { return add(std::move(s)); });
+                                 const PerRank& inputs, Over over) {
+  // Per member set (keyed by its first member, the lowest rank): its members, and what every
+  // member waits for: every member's input, gathered once or through a join across nodes.
+  std::map<int, std::pair<std::vector<int>, std::vector<StageId>>> sets;
+  const auto first_member = [&](int r) { return over == Over::kGroup ? r / E_ * E_ : over == Over::kReplicas ? r % E_ : 0; };
   return stages_per_rank(
       P_, emit_,
       [&](int r) {
+        const int first = first_member(r);
+        auto it = sets.find(first);
+        if (it == sets.end()) {
+          std::vector<int> peers = members(over, r);
+          std::vector<StageId> waits = collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
+                                                        make(what, op, phase, r_[static_cast<std::size_t>(first)].fabric, first, layer),
+                                                        [&](Stage s) { return add(std::move(s)); });
+          it = sets.emplace(first, std::make_pair(std::move(peers), std::move(waits))).first;
+        }
         Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
         s.bytes = bytes_per_rank;
-        s.peers = peers;
-        s.deps = waits;
+        s.peers = it->second.first;
+        s.deps = it->second.second;
         add_dep_once(s, inputs, r);
         return s;
       },
@@ -220,8 +290,8 @@ PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, 
 }
 
 PerRank Lowering::collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
-                                  const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs) {
-  PerRank out = collective_all(what, op, phase, layer, 0, inputs);
+                                  const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs, Over over) {
+  PerRank out = collective_all(what, op, phase, layer, 0, inputs, over);
   for (int r = 0; r < emit_; ++r) {  // the emitted members (the others are theirs)
     b_.graph().stages[static_cast<std::size_t>(out[static_cast<std::size_t>(r)])].bytes = bytes_of_rank[static_cast<std::size_t>(r)];
   }
@@ -242,7 +312,7 @@ PerRank Lowering::compute_loaded(const StageWhat& what, OpKind op, Phase phase, 
 }
 
 WindowUse Lowering::deliver_weights(StagePart part, Phase phase, int layer, ParamCount common,
-                                    ParamCount expert_h2d, ParamCount expert_total, bool allgather) {
+                                    ParamCount expert_h2d, ParamCount expert_total, Over allgather) {
   WindowUse use;
   use.slot = window_uses_++ % 2;
   use.bytes = working_weight_bytes(common + expert_total);
@@ -262,10 +332,10 @@ WindowUse Lowering::deliver_weights(StagePart part, Phase phase, int layer, Para
     use.ready[static_cast<std::size_t>(r)] = copy;
     shard_copies[static_cast<std::size_t>(r)] = copy;
   }
-  if (allgather && P_ > 1) {
-    // Each rank receives the other ranks' shards: (P−1)/P of the bank.
+  if (member_count(allgather) > 1) {
+    // Each rank receives the other members' shards: (n−1)/n of what it holds.
     const Bytes received = working_weight_bytes(expert_total - expert_h2d);
-    use.ready = collective_all(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, received, shard_copies);
+    use.ready = collective_all(what(part, StageOp::kAllGather), OpKind::kAllGather, phase, layer, received, shard_copies, allgather);
     // The local shard is staged beside the slot until the all-gather has rebuilt the bank.
     for (int r = 0; r < P_; ++r) {
       gpu_alloc(shard_copies[static_cast<std::size_t>(r)], r, working_weight_bytes(expert_h2d));
@@ -280,13 +350,14 @@ void Lowering::release_window(const WindowUse& use, const PerRank& last) {
 }
 
 PerRank Lowering::reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
-                                 bool reduce, ParamCount& sent) {
+                                 Over reduce, ParamCount& sent) {
   sent = params_on_gpu;
-  if (!reduce || P_ == 1) return ready;
-  // Each rank sends (P−1)/P of its gradient and keeps the reduced 1/P.
-  sent = params_on_gpu / P_;
+  const int n = member_count(reduce);
+  if (n == 1) return ready;
+  // Each rank sends (n−1)/n of its gradient and keeps the reduced 1/n.
+  sent = params_on_gpu / n;
   return collective_all(what(part, StageOp::kReduceScatter), OpKind::kReduceScatter, Phase::kBackward, layer,
-                        gradient_bytes(params_on_gpu) * (P_ - 1) / P_, ready);
+                        gradient_bytes(params_on_gpu) * (n - 1) / n, ready, reduce);
 }
 
 PerRank Lowering::gradient_d2h(const StageWhat& what, int layer, Bytes bytes, Bytes freed, const PerRank& after,
@@ -313,7 +384,7 @@ PerRank Lowering::gradient_d2h(const StageWhat& what, int layer, Bytes bytes, By
 }
 
 void Lowering::gradients_to_host(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
-                                 bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
+                                 Over reduce, bool expert_kind, std::vector<PerRank>& d2h_out) {
   if (params_on_gpu <= 0) return;
   ParamCount sent = params_on_gpu;
   const PerRank after = reduce_scatter(part, layer, params_on_gpu, ready, reduce, sent);
@@ -388,7 +459,7 @@ void Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const Per
 }
 
 void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
-                                bool reduce, bool expert_kind, bool accumulate_partials,
+                                Over reduce, bool expert_kind, bool accumulate_partials,
                                 ParamCount update_params_per_rank) {
   if (params_on_gpu <= 0) return;
   ParamCount sent = params_on_gpu;
@@ -416,7 +487,7 @@ void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_
 
 void Lowering::embedding_forward() {
   // The embedding passes the window like a layer; the lookup is a gather on HBM.
-  const WindowUse w = deliver_weights(StagePart::kEmbedding, Phase::kForward, -1, params_.embedding, 0, 0, false);
+  const WindowUse w = deliver_weights(StagePart::kEmbedding, Phase::kForward, -1, params_.embedding, 0, 0, Over::kNone);
   OpShape shape;
   shape.tokens = N_;
   const PerRank gather = compute_all(what(StagePart::kEmbedding, StageOp::kGather), OpKind::kElementwise, Phase::kForward, -1, 0,
@@ -430,7 +501,7 @@ void Lowering::head_forward_backward() {
     return;
   }
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
-  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, head, 0, 0, false);
+  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, head, 0, 0, Over::kNone);
   const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
   const Bytes logits = logits_workspace_bytes(m_, chunk);
   OpShape shape;
@@ -463,11 +534,11 @@ void Lowering::head_forward_backward() {
   hidden_grad_alloc_ = bwd;
   release_window(w, bwd);
   if (streamed_optimizer()) {
-    stream_gradients(StagePart::kLmHead, -1, head_group, bwd, true, false, false, head_group / P_);
+    stream_gradients(StagePart::kLmHead, -1, head_group, bwd, Over::kAll, false, false, head_group / P_);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host(StagePart::kLmHead, -1, head_group, bwd, true, false, d2h);
+  gradients_to_host(StagePart::kLmHead, -1, head_group, bwd, Over::kAll, false, d2h);
   cpu_update(StagePart::kLmHead, -1, head_group / P_, d2h, false, 0);
 }
 
@@ -482,7 +553,7 @@ void Lowering::ring_head_forward_backward() {
   const ParamCount head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding);
   const ParamCount shard = head / P_ + params_.final_norm;
   const PerRank hidden = last_compute_;  // the last decoder's output: the block each rank starts with
-  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, shard, 0, 0, false);
+  const WindowUse w = deliver_weights(StagePart::kLmHead, Phase::kForward, -1, shard, 0, 0, Over::kNone);
   const RingDtpHops hops = ring_dtp_hops(m_, N_, P_);
   const bool weights_move = hops.weights_move;
   const std::int64_t chunk = plan_.flat.logits_block_tokens(N_);
@@ -554,11 +625,11 @@ void Lowering::ring_head_forward_backward() {
   release_window(w, last_compute_);
   // Each shard's gradient is complete on its owner: no reduce-scatter.
   if (streamed_optimizer()) {
-    stream_gradients(StagePart::kLmHead, -1, shard, last_compute_, false, false, false, shard);
+    stream_gradients(StagePart::kLmHead, -1, shard, last_compute_, Over::kNone, false, false, shard);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host(StagePart::kLmHead, -1, shard, last_compute_, false, false, d2h);
+  gradients_to_host(StagePart::kLmHead, -1, shard, last_compute_, Over::kNone, false, d2h);
   cpu_update(StagePart::kLmHead, -1, shard, d2h, false, 0);
 }
 
@@ -574,11 +645,11 @@ void Lowering::embedding_backward() {
     gpu_free(scatter[static_cast<std::size_t>(r)], r, boundary_bytes(1, live_seqs(), S_, m_.hidden), MemoryUse::kActivations);
   }
   if (streamed_optimizer()) {
-    stream_gradients(StagePart::kEmbedding, -1, params_.embedding, scatter, true, false, false, params_.embedding / P_);
+    stream_gradients(StagePart::kEmbedding, -1, params_.embedding, scatter, Over::kAll, false, false, params_.embedding / P_);
     return;
   }
   std::vector<PerRank> d2h;
-  gradients_to_host(StagePart::kEmbedding, -1, params_.embedding, scatter, true, false, d2h);
+  gradients_to_host(StagePart::kEmbedding, -1, params_.embedding, scatter, Over::kAll, false, d2h);
   cpu_update(StagePart::kEmbedding, -1, params_.embedding / P_, d2h, false, 0);
 }
 

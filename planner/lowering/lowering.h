@@ -34,6 +34,19 @@ namespace oom::lowering {
 
 using PerRank = std::vector<StageId>;  // one stage per rank (−1: none)
 
+// The members of rank `rank`'s group among `ranks` ranks: the block of `size` consecutive ranks it
+// falls in, or (strided) every rank with its residue modulo `stride`.
+inline std::vector<int> block_members(int ranks, int rank, int size) {
+  std::vector<int> out;
+  const int first = rank / size * size;
+  for (int q = first; q < std::min(ranks, first + size); ++q) out.push_back(q);
+  return out;
+}
+inline std::vector<int> strided_members(int ranks, int rank, int stride) {
+  std::vector<int> out;
+  for (int q = rank % stride; q < ranks; q += stride) out.push_back(q);
+  return out;
+}
 
 struct RankResources {
   ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
@@ -115,6 +128,11 @@ std::vector<StageId> collective_waits(int gpus_per_node, const std::vector<int>&
   return {add(std::move(first))};
 }
 
+// Which ranks a collective of the EP/Local lowering spans: none (no collective), every rank, the
+// rank's EP group (Plan::ep_group_gpus consecutive ranks), or the replicas of its expert shard
+// (the rank at its place in every EP group).
+enum class Over { kNone, kAll, kGroup, kReplicas };
+
 // What a window use made available: the copies compute must wait for.
 struct WindowUse {
   PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied
@@ -140,23 +158,30 @@ class Lowering {
   // A compute stage on every rank; `deps` per rank (may be empty), plus extra common deps.
   PerRank compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                       const OpShape& shape, const std::vector<PerRank>& deps);
-  // A collective on every rank's fabric port: member r depends on inputs[q] of every rank q.
+  // A collective on every rank's fabric port among the members `over` names: member r depends on
+  // inputs[q] of every member q (through a join across nodes, collective_waits).
   PerRank collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
-                         const PerRank& inputs);
+                         const PerRank& inputs, Over over = Over::kAll);
   // The same with each member's own bytes (uneven all-to-alls under skewed routing).
   PerRank collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
-                          const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs);
+                          const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs, Over over);
+  // The members of rank r's collective over `over` (not kNone), and how many there are.
+  std::vector<int> members(Over over, int rank) const;
+  int member_count(Over over) const;
   // A compute stage per rank with each rank's own FLOPs and bytes scaled by `load[r]`.
   PerRank compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                          OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps);
-  // Copies the weights of one window use (common params + expert params on this GPU).
+  // Copies the weights of one window use (common params + expert params on this GPU): each rank's
+  // H2D of `common` + `expert_h2d`, then, unless `allgather` is kNone, an all-gather among those
+  // members of the rest of `expert_total`.
   WindowUse deliver_weights(StagePart part, Phase phase, int layer, ParamCount common,
-                            ParamCount expert_h2d, ParamCount expert_total, bool allgather);
+                            ParamCount expert_h2d, ParamCount expert_total, Over allgather);
   // Marks `last` as the last consumer of `use` (frees the slot at its end).
   void release_window(const WindowUse& use, const PerRank& last);
-  // When `reduce` (and P > 1): the group's gradient reduce-scattered over the fabric, `sent` = the
-  // 1/P each rank keeps; else `ready` as it is and `sent` = the whole group.
-  PerRank reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready, bool reduce,
+  // Over the members `reduce` names (more than one): the group's gradient reduce-scattered over the
+  // fabric, `sent` = the 1/n each of the n members keeps; else `ready` as it is and `sent` = the
+  // whole group.
+  PerRank reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready, Over reduce,
                          ParamCount& sent);
   // The D2H of one gradient (the `index`-th of its kind): it waits for `after` and for the update
   // that freed its CPU gradient slot, and frees `freed` GPU bytes at its end.
@@ -168,9 +193,9 @@ class Lowering {
   PerRank update_and_publish(StagePart part, int bucket, int layer, ParamCount params,
                              const std::vector<PerRank>& ready, bool after_every_rank);
   // Gradients of one parameter group to the host and their CPU update and publication.
-  // `reduce` first reduce-scatters over the fabric (each rank then sends 1/P).
+  // `reduce` first reduce-scatters over those members (each rank then sends 1/n).
   void gradients_to_host(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
-                         bool reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
+                         Over reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
   void cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                   bool accumulate_partials, ParamCount partial_params);
   void gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready);
@@ -179,7 +204,7 @@ class Lowering {
   // partials are summed when `accumulate_partials`) and published as soon as it arrived.
   // `update_params_per_rank` is what each rank updates of the whole group.
   void stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,
-                        bool reduce, bool expert_kind, bool accumulate_partials, ParamCount update_params_per_rank);
+                        Over reduce, bool expert_kind, bool accumulate_partials, ParamCount update_params_per_rank);
   bool streamed_optimizer() const { return plan_.flat.optimizer_bucket_mib > 0; }
 
   // --- the step (lowering.cc: embedding, LM head; lowering_layers.cc: decoders) ---
@@ -216,7 +241,8 @@ class Lowering {
   // back to the owners (backward). Empty when nothing spills.
   PerRank llep_fetch(int layer, Phase phase, const PerRank& after);
   PerRank llep_gradient_return(int layer, const PerRank& after);
-  // Per-rank received load of decoder `layer`'s dispatch relative to the mean (1 = balanced).
+  // Per-rank received load of decoder `layer`'s dispatch relative to the mean (1 = balanced); every
+  // EP group routes alike, so rank r has the load of its place r mod E in its group.
   const std::vector<double>& rank_load(int layer) const { return routing_[static_cast<std::size_t>(layer)].loads; }
   Bytes moe_activation_on_rank(std::int64_t tokens, int layer, int rank) const;
   Bytes llep_expert_bytes(int layer) const;           // BF16 weights of one routed expert
@@ -230,6 +256,15 @@ class Lowering {
   ParamCount common_params(int layer) const { return params_.layers[static_cast<std::size_t>(layer)].common(); }
   ParamCount expert_params_on_gpu(int layer) const;
   ParamCount expert_params_h2d(int layer) const;  // 0 for resident EP shards
+  // How an expert shard reaches its replicas and its gradient leaves them: kReplicas when the EP
+  // groups replicate each shard (Plan::ep_group_gpus), else kNone.
+  Over expert_replicas() const { return ep_ && D_ > 1 ? Over::kReplicas : Over::kNone; }
+  // The all-gather that completes decoder `layer`'s expert weights in the window: over every rank
+  // (Local shard delivery), over the replicas (EP groups, a streamed shard), or none.
+  Over expert_allgather(int layer) const {
+    if (!ep_) return plan_.param_transfer == ParamTransfer::kShard ? Over::kAll : Over::kNone;
+    return plan_.is_resident(layer) ? Over::kNone : expert_replicas();
+  }
   std::int64_t live_seqs() const;                 // sequences processed at once (Local sub-batches)
   std::vector<std::int64_t> moe_chunks(std::int64_t tokens) const;
 
@@ -241,6 +276,8 @@ class Lowering {
   StepGraphBuilder b_;
   std::vector<RankResources> r_;
   int P_ = 1;
+  int E_ = 1;  // GPUs per EP group (P_ on the Local path and with one group)
+  int D_ = 1;  // EP groups: replicas of each expert shard
   int emit_ = 1;  // ranks whose stages are emitted: P_, or one node's under symmetric_nodes
   struct KeyHash {
     std::size_t operator()(const StageKey& k) const;

@@ -119,7 +119,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
 
 Bytes Lowering::moe_activation_on_rank(std::int64_t tokens, int l, int r) const {
   // The routed part lives where the assignments are processed: the receiving rank's share.
-  if (!ep_ || P_ == 1) return moe_activation_bytes(m_, l, tokens);
+  if (!ep_ || E_ == 1) return moe_activation_bytes(m_, l, tokens);
   return moe_activation_bytes_at_load(m_, l, tokens, rank_load(l)[static_cast<std::size_t>(r)]);
 }
 
@@ -149,10 +149,10 @@ Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t 
   round.chunk = chunk;
   round.pre = compute_all(what(StagePart::kMoe, StageOp::kRouterShared).at_chunk(chunk), OpKind::kGemm, phase, l,
                           f.router + f.shared_expert + f.dense_mlp, t.pre, dense, {input, w.ready});
-  if (!ep_ || P_ == 1 || !m_.moe_layer(l)) return round;
+  if (!ep_ || E_ == 1 || !m_.moe_layer(l)) return round;
   const std::vector<double>& load = rank_load(l);
   round.dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aDispatch).at_chunk(chunk), OpKind::kAllToAll, phase, l,
-                                   a2a_bytes_per_rank(m_, tokens, P_, load), round.pre);
+                                   a2a_bytes_per_rank(m_, tokens, E_, load), round.pre, Over::kGroup);
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]),
               false, MemoryUse::kDispatch);
@@ -173,7 +173,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
   OpShape experts;
   experts.tokens = round.tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
   experts.k = m_.hidden;
-  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
+  experts.experts = ep_ ? m_.moe.experts / E_ : m_.moe.experts;
   const int chunk = round.chunk;
   if (round.dispatch.empty()) {
     return compute_all(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
@@ -184,7 +184,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
   const PerRank exp = compute_loaded(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l,
                                      f.routed_experts, t.experts, experts, load, {round.dispatch, w.ready, round.fetched});
   const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aReturn).at_chunk(chunk), OpKind::kAllToAll, phase, l,
-                                      a2a_bytes_per_rank(m_, round.tokens, P_, load), exp);
+                                      a2a_bytes_per_rank(m_, round.tokens, E_, load), exp, Over::kGroup);
   for (int r = 0; r < P_; ++r) {
     gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, round.tokens, load[static_cast<std::size_t>(r)]),
              MemoryUse::kDispatch);
@@ -260,7 +260,7 @@ PerRank Lowering::llep_fetch(int l, Phase phase, const PerRank& after) {
   if (bytes.empty()) return {};
   // Helpers receive the spilled experts' BF16 weights from their owners over the fabric; in the
   // backward each with a zeroed gradient beside it, which the experts' backward adds into.
-  const PerRank out = collective_each(what(StagePart::kLlep, StageOp::kFetch), OpKind::kAllToAll, phase, l, bytes, after);
+  const PerRank out = collective_each(what(StagePart::kLlep, StageOp::kFetch), OpKind::kAllToAll, phase, l, bytes, after, Over::kGroup);
   for (int r = 0; r < P_; ++r) {
     const Bytes held = llep_weight_bytes(l, r) + (phase == Phase::kBackward ? llep_gradient_bytes(l, r) : 0);
     gpu_alloc(out[static_cast<std::size_t>(r)], r, held, false, MemoryUse::kDispatch);
@@ -274,7 +274,8 @@ PerRank Lowering::llep_gradient_return(int l, const PerRank& after) {
   // The spilled experts' BF16 gradients go back to their owners over the fabric; the expert
   // gradients' D2H waits for it. The owners' add (three passes over one expert's BF16 gradient
   // per helper, ~10 µs) is not priced, and it does not hold up the mixing backward.
-  const PerRank back = collective_each(what(StagePart::kLlep, StageOp::kGradReturn), OpKind::kAllToAll, Phase::kBackward, l, bytes, after);
+  const PerRank back =
+      collective_each(what(StagePart::kLlep, StageOp::kGradReturn), OpKind::kAllToAll, Phase::kBackward, l, bytes, after, Over::kGroup);
   for (int r = 0; r < P_; ++r) {
     gpu_free(back[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r) + llep_gradient_bytes(l, r), MemoryUse::kDispatch);
   }
@@ -308,8 +309,8 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   OpShape experts;
   experts.tokens = tokens * m_.moe.top_k;
   experts.k = m_.hidden;
-  experts.experts = ep_ ? m_.moe.experts / P_ : m_.moe.experts;
-  const bool over_ranks = ep_ && P_ > 1;
+  experts.experts = ep_ ? m_.moe.experts / E_ : m_.moe.experts;
+  const bool over_ranks = ep_ && E_ > 1;
   const std::vector<double> balanced(static_cast<std::size_t>(P_), 1.0);
   const std::vector<double>& load = over_ranks ? rank_load(l) : balanced;
   // The normalized input's gradient, from the first backward that adds into it (the router's,
@@ -317,7 +318,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   PerRank exp;
   if (over_ranks) {
     const PerRank dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aGradDispatch).at_chunk(chunk), OpKind::kAllToAll,
-                                             Phase::kBackward, l, a2a_bytes_per_rank(m_, tokens, P_, load), ready);
+                                             Phase::kBackward, l, a2a_bytes_per_rank(m_, tokens, E_, load), ready, Over::kGroup);
     exp = compute_loaded(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
                          kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
                          {dispatch, fetched});
@@ -332,14 +333,14 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   }
   // The expert backward's activation gradients, one expert's rows at a time: the largest expert's
   // (its share of every rank's assignments under EP).
-  const Bytes work = expert_grad_workspace_bytes(m_, l, tokens, ep_ ? P_ : 1, largest_share_[static_cast<std::size_t>(l)]);
+  const Bytes work = expert_grad_workspace_bytes(m_, l, tokens, ep_ ? E_ : 1, largest_share_[static_cast<std::size_t>(l)]);
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(exp[static_cast<std::size_t>(r)], r, work, false, MemoryUse::kDispatch);
     gpu_free(exp[static_cast<std::size_t>(r)], r, work, MemoryUse::kDispatch);
   }
   if (over_ranks) {
     exp = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll, Phase::kBackward, l,
-                          a2a_bytes_per_rank(m_, tokens, P_, load), exp);
+                          a2a_bytes_per_rank(m_, tokens, E_, load), exp, Over::kGroup);
     for (int r = 0; r < P_; ++r) {
       gpu_free(exp[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]),
                MemoryUse::kDispatch);
@@ -390,9 +391,8 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
 }
 
 void Lowering::decoder_forward(int l, Phase phase, bool original) {
-  const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
   const WindowUse w = deliver_weights(StagePart::kWeights, phase, l, common_params(l), expert_params_h2d(l),
-                                      expert_params_on_gpu(l), shard);
+                                      expert_params_on_gpu(l), expert_allgather(l));
   const PerRank input = last_compute_;
   const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
   if (original) {
@@ -499,12 +499,11 @@ PerRank Lowering::boundary_for_backward(int l) {
 void Lowering::decoder_backward(int l) {
   // A boundary on the host is loaded after the layer's weights (the weights prefetch into their
   // slot; the boundary waits for its buffer); a regenerated one is produced before them.
-  const bool shard = !ep_ && plan_.param_transfer == ParamTransfer::kShard;
   const bool load_after = plan_.boundaries.place(l) == BoundaryPolicy::Place::kHost;
   PerRank input;
   if (!load_after) input = boundary_for_backward(l);
   const WindowUse w = deliver_weights(StagePart::kWeights, Phase::kBackward, l, common_params(l), expert_params_h2d(l),
-                                      expert_params_on_gpu(l), shard);
+                                      expert_params_on_gpu(l), expert_allgather(l));
   if (load_after) input = boundary_for_backward(l);
   const bool retained = ep_ && plan_.is_moe_retained(l);
   const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
@@ -581,13 +580,13 @@ void Lowering::decoder_backward(int l) {
       if (plan_.is_resident(l)) {
         gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
       } else {
-        stream_gradients(StagePart::kExperts, l, experts, last_expert_bwd, false, true, false, experts);
+        stream_gradients(StagePart::kExperts, l, experts, last_expert_bwd, expert_replicas(), true, false, experts / D_);
       }
-      stream_gradients(StagePart::kCommon, l, common, x, true, false, false, common / P_);
+      stream_gradients(StagePart::kCommon, l, common, x, Over::kAll, false, false, common / P_);
     } else if (plan_.param_transfer == ParamTransfer::kShard) {
-      stream_gradients(StagePart::kLayer, l, group, x, true, false, false, group / P_);
+      stream_gradients(StagePart::kLayer, l, group, x, Over::kAll, false, false, group / P_);
     } else {
-      stream_gradients(StagePart::kLayer, l, group, x, false, false, true, group / P_);
+      stream_gradients(StagePart::kLayer, l, group, x, Over::kNone, false, true, group / P_);
     }
   } else if (ep_) {
     const bool resident = plan_.is_resident(l);
@@ -595,17 +594,18 @@ void Lowering::decoder_backward(int l) {
       // Resident shard: GPU AdamW and BF16 refresh on the owner; no H2D, D2H or CPU update.
       gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
     } else {
-      gradients_to_host(StagePart::kExperts, l, experts, last_expert_bwd, false, true, d2h);
+      // With replicas (EP groups), the shard's gradient is reduce-scattered over them first.
+      gradients_to_host(StagePart::kExperts, l, experts, last_expert_bwd, expert_replicas(), true, d2h);
     }
-    gradients_to_host(StagePart::kCommon, l, common, x, true, false, d2h);
-    cpu_update(StagePart::kLayer, l, common / P_ + (resident ? 0 : experts), d2h, false, 0);
+    gradients_to_host(StagePart::kCommon, l, common, x, Over::kAll, false, d2h);
+    cpu_update(StagePart::kLayer, l, common / P_ + (resident ? 0 : experts / D_), d2h, false, 0);
   } else if (plan_.param_transfer == ParamTransfer::kShard) {
     // Gradients reduced on the GPUs (the mirror of the shard all-gather); each rank updates 1/P.
-    gradients_to_host(StagePart::kLayer, l, common + experts, x, true, false, d2h);
+    gradients_to_host(StagePart::kLayer, l, common + experts, x, Over::kAll, false, d2h);
     cpu_update(StagePart::kLayer, l, (common + experts) / P_, d2h, false, 0);
   } else {
     // BF16 partials accumulated in FP32 in host memory, then each rank updates 1/P.
-    gradients_to_host(StagePart::kLayer, l, common + experts, x, false, false, d2h);
+    gradients_to_host(StagePart::kLayer, l, common + experts, x, Over::kNone, false, d2h);
     cpu_update(StagePart::kLayer, l, (common + experts) / P_, d2h, true, common + experts);
   }
   grad_buffer_frees_.push_back(pending_grad_frees_);

@@ -48,23 +48,24 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   const ModelParams params = model_params(m);
   const int P = w.gpus;
   const bool ep = plan.path == ExpertPath::kEp;
+  const int E = plan.ep_group(P), D = plan.ep_replicas(P);  // EP groups: each shard on D replicas
   const std::int64_t seqs = w.seqs_per_gpu(), S = w.seq_len, N = w.tokens_per_gpu();
   // Sequences and tokens live at once on one GPU (Local sub-batches hold complete sequences).
   const std::int64_t live_seqs = (!ep && plan.split.sub_batch_seqs > 0) ? plan.split.sub_batch_seqs : seqs;
   const std::int64_t live_tokens = live_seqs * S;
 
   // Expert parameters this GPU streams per layer: its shard (EP) or the whole bank (Local).
-  auto experts_on_gpu = [&](int l) { return ep ? params.layers[l].routed_experts / P : params.layers[l].routed_experts; };
+  auto experts_on_gpu = [&](int l) { return ep ? params.layers[l].routed_experts / E : params.layers[l].routed_experts; };
   ParamCount largest_layer = params.embedding;  // the LM head / embedding also passes the window
   for (int l = 0; l < m.layers; ++l) largest_layer = std::max(largest_layer, params.layers[l].common() + experts_on_gpu(l));
   const Bytes window = 2 * working_weight_bytes(largest_layer);  // two-slot parameter window
   // Skewed routing: the rank receiving the largest share holds that share of the routed
   // activations and the receive buffers (after PipelinedLLEP's rebalancing when the plan runs it).
-  const bool llep = ep && P > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  const bool llep = ep && E > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
   double load = 1.0;
   Bytes llep_weights = 0, llep_grads = 0;
   if (ep) {
-    const std::vector<LlepBalance> routing = ep_layer_balance(w.routing, m.moe.experts, m.layers, P, llep);
+    const std::vector<LlepBalance> routing = ep_layer_balance(w.routing, m.moe.experts, m.layers, E, llep);
     for (int l = m.first_dense_layers; l < m.layers; ++l) {
       const LlepBalance& b = routing[static_cast<std::size_t>(l)];
       load = std::max(load, max_load(b.loads));
@@ -77,7 +78,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     }
   }
   const auto moe_on_worst_rank = [&](int l, std::int64_t tokens) {
-    return ep && P > 1 ? moe_activation_bytes_at_load(m, l, tokens, load) : moe_activation_bytes(m, l, tokens);
+    return ep && E > 1 ? moe_activation_bytes_at_load(m, l, tokens, load) : moe_activation_bytes(m, l, tokens);
   };
 
   MemoryReport report;
@@ -110,15 +111,19 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     if (!ep && plan.param_transfer == ParamTransfer::kShard) {
       add(ph.items, "expert shard staging for AllGather (BF16)", working_weight_bytes(params.layers[l].routed_experts / P));
     }
+    if (ep && D > 1 && !plan.is_resident(l)) {
+      add(ph.items, fmt::format("expert shard slice staging for the replicas' AllGather (BF16, 1/{})", D),
+          working_weight_bytes(experts_on_gpu(l) / D));
+    }
     add(ph.items, "layer gradients (BF16)", gradient_bytes(params.layers[l].common() + experts_on_gpu(l)));
     add(ph.items, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
     if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
     if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(l, moe_tokens_live));
-    if (ep && P > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
+    if (ep && E > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
     add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",
         moe_input_grad_bytes(m, moe_tokens_live) +
-            expert_grad_workspace_bytes(m, l, moe_tokens_live, ep ? P : 1, largest_expert_share(w.routing, m.moe.experts, l)));
+            expert_grad_workspace_bytes(m, l, moe_tokens_live, ep ? E : 1, largest_expert_share(w.routing, m.moe.experts, l)));
     add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
     add(ph.items, "LLEP fetched experts' gradients", llep_grads);
     if (any_regenerated) {
@@ -164,7 +169,8 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     shared_streamed += params.layers[l].common();
     largest_common = std::max(largest_common, params.layers[l].common());
     if (ep) {
-      per_rank_streamed += plan.is_resident(l) ? 0 : params.layers[l].routed_experts / P;
+      // With replicas each rank's host keeps its 1/D slice of its shard's state.
+      per_rank_streamed += plan.is_resident(l) ? 0 : params.layers[l].routed_experts / E / D;
     } else {
       shared_streamed += params.layers[l].routed_experts;
     }

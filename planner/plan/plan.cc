@@ -47,7 +47,7 @@ std::string_view path_name(ExpertPath p) { return p == ExpertPath::kEp ? "ep" : 
 Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
   const JsonReader r(j, file, path);
   r.reject_unknown_keys({"version", "path", "resident_layers", "moe_retained_layers", "routing_chunk_tokens",
-                         "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
+                         "ep_group_gpus", "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
                          "keep_attention_results", "boundaries", "flat", "notes"});
   Plan p;
   p.version = static_cast<int>(r.integer("version", 1, 1));
@@ -55,6 +55,7 @@ Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std:
   p.resident_layers = to_int_vector(r.integer_list("resident_layers", 0, kMaxLayers));
   p.moe_retained_layers = to_int_vector(r.integer_list("moe_retained_layers", 0, kMaxLayers));
   p.routing_chunk_tokens = r.integer("routing_chunk_tokens", 1, kMaxTokens);
+  p.ep_group_gpus = static_cast<int>(r.integer_or("ep_group_gpus", 0, 0, 1 << 20));
   p.param_transfer = r.one_of("param_transfer", {"full", "shard"}) == "full" ? ParamTransfer::kFull : ParamTransfer::kShard;
   p.transfer_chunk_mib = r.integer("transfer_chunk_mib", 1, 1 << 20);
   p.cpu_grad_slots = static_cast<int>(r.integer("cpu_grad_slots", 1, 64));
@@ -111,6 +112,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["resident_layers"] = p.resident_layers;
   j["moe_retained_layers"] = p.moe_retained_layers;
   j["routing_chunk_tokens"] = p.routing_chunk_tokens;
+  if (p.ep_group_gpus != 0) j["ep_group_gpus"] = p.ep_group_gpus;
   j["param_transfer"] = p.param_transfer == ParamTransfer::kFull ? "full" : "shard";
   j["transfer_chunk_mib"] = p.transfer_chunk_mib;
   j["cpu_grad_slots"] = p.cpu_grad_slots;
@@ -163,13 +165,24 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
     if (p.routing_chunk_tokens != Plan{}.routing_chunk_tokens) {
       r.fail("routing_chunk_tokens", "the local path routes no tokens between GPUs; it chunks MoE work by split.moe_chunk_tokens");
     }
+    if (p.ep_group_gpus != 0) r.fail("ep_group_gpus", "the local path has no expert-parallel groups");
   } else {
     if (p.split.moe_chunk_tokens != 0) {
       s.fail("moe_chunk_tokens", "the ep path chunks MoE work by its dispatch rounds (routing_chunk_tokens)");
     }
     if (p.split.sub_batch_seqs != 0) s.fail("sub_batch_seqs", "sub-batches are a local-path partition");
-    if (m.moe.experts % w.gpus != 0) {
-      r.fail("path", fmt::format("EP needs the {} experts of {} to split evenly over {} GPUs", m.moe.experts, m.name, w.gpus));
+    if (p.ep_group_gpus > w.gpus || (p.ep_group_gpus > 0 && w.gpus % p.ep_group_gpus != 0)) {
+      r.fail("ep_group_gpus", fmt::format("an EP group divides the workload's {} GPUs into equal groups", w.gpus));
+    }
+    const int group = p.ep_group(w.gpus);
+    if (m.moe.experts % group != 0) {
+      r.fail(p.ep_group_gpus > 0 ? "ep_group_gpus" : "path",
+             fmt::format("EP needs the {} experts of {} to split evenly over {} GPUs", m.moe.experts, m.name, group));
+    }
+    if (p.ep_replicas(w.gpus) > 1 && !p.resident_layers.empty()) {
+      r.fail("resident_layers", fmt::format("resident expert shards need one EP group of all {} GPUs (their GPU AdamW has one "
+                                            "owner); this plan's groups of {} replicate each shard",
+                                            w.gpus, group));
     }
     if (p.param_transfer == ParamTransfer::kShard) r.fail("param_transfer", "shard delivery is a local-path option");
   }

@@ -7,6 +7,7 @@
 // Both throw InputError naming the file, the field and the value.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,6 +82,12 @@ struct Plan {
   std::vector<int> resident_layers;      // EP: decoders whose expert shards are GPU-resident (R)
   std::vector<int> moe_retained_layers;  // EP: decoders whose MoE backward tensors stay on GPU (K)
   std::int64_t routing_chunk_tokens = 65536;
+  // EP: GPUs per expert-parallel group (consecutive ranks); 0 = every GPU of the workload, one
+  // group. With G groups every expert shard has G replicas, one per group: its optimizer state is
+  // sharded over them (each replica's host updates 1/G), its weights reach each replica as 1/G
+  // from its host plus an all-gather over the replicas, and its gradient is reduce-scattered over
+  // them before the D2H. Written only when non-zero.
+  int ep_group_gpus = 0;
   ParamTransfer param_transfer = ParamTransfer::kFull;
   std::int64_t transfer_chunk_mib = 64;
   int cpu_grad_slots = 2;
@@ -92,6 +99,12 @@ struct Plan {
 
   bool is_resident(int layer) const;
   bool is_moe_retained(int layer) const;
+  // Over `gpus` GPUs: the GPUs of one EP group, and the groups (replicas of each expert shard).
+  // The Local path and ep_group_gpus = 0 are one group of every GPU.
+  int ep_group(int gpus) const {
+    return path == ExpertPath::kEp && ep_group_gpus > 0 && ep_group_gpus < gpus ? ep_group_gpus : gpus;
+  }
+  int ep_replicas(int gpus) const { return gpus / std::max(1, ep_group(gpus)); }
   bool operator==(const Plan&) const = default;
 };
 
@@ -106,7 +119,8 @@ Plan load_plan(const std::string& path);
 // Checks the plan against the model and workload: layer indices within 0..layers−1 without
 // duplicates; no field the path would ignore (EP-only fields empty and routing_chunk_tokens at its
 // default on the Local path; shard delivery, split.moe_chunk_tokens and split.sub_batch_seqs
-// refused on the EP path); a head group that divides the query heads
+// refused on the EP path); an EP group that divides the GPUs and whose GPUs split the experts
+// evenly, without resident shards when it is not every GPU (their GPU AdamW has one owner); a head group that divides the query heads
 // of each KV group of every attention kind; a GDN chunk that is either part of one sequence or a
 // whole number of sequences; a MoE chunk within the tokens per GPU; a sub-batch that divides the
 // sequences per GPU. Throws InputError naming `file` and the field.

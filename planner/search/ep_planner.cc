@@ -48,10 +48,10 @@ namespace {
 // candidate.
 class EpMemoryModel {
  public:
-  EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants, const PlanPricer& pricer)
-      : ctx_(ctx), constants_(constants), pricer_(pricer) {
+  EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants, const PlanPricer& pricer, int group)
+      : ctx_(ctx), constants_(constants), pricer_(pricer), group_(group) {
     const ModelParams params = model_params(ctx.model);
-    for (const auto& l : params.layers) shard_params_.push_back(l.routed_experts / ctx.workload.gpus);
+    for (const auto& l : params.layers) shard_params_.push_back(l.routed_experts / group);
     ranks_on_ = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
   }
 
@@ -92,6 +92,7 @@ class EpMemoryModel {
   const WorkloadContext& ctx_;
   MemoryConstants constants_;
   const PlanPricer& pricer_;
+  int group_;  // GPUs per EP group
   std::vector<ParamCount> shard_params_;
   std::vector<int> ranks_on_;
   std::map<std::pair<int, std::int64_t>, MemoryReport> gpu_cache_;
@@ -103,6 +104,7 @@ class EpMemoryModel {
     p.moe_retained_layers = retained_set(ctx_.model.layers, retained);
     p.routing_chunk_tokens = chunk;
     p.cpu_grad_slots = slots;
+    p.ep_group_gpus = group_ < ctx_.workload.gpus ? group_ : 0;
     return pricer_.with_flat(std::move(p));
   }
 };
@@ -122,9 +124,10 @@ std::string chunk_label(std::int64_t tokens) {
 
 class EpSearch {
  public:
-  EpSearch(const PlanPricer& pricer, const EpPlannerOptions& options)
-      : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants(), pricer),
-        budgets_(workload_budgets(ctx_)), L_(ctx_.model.layers) {
+  EpSearch(const PlanPricer& pricer, const EpPlannerOptions& options, int group)
+      : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants(), pricer, group),
+        budgets_(workload_budgets(ctx_)), L_(ctx_.model.layers), group_(group),
+        max_resident_(group < ctx_.workload.gpus ? 0 : L_) {
     // Chunks at or above the tokens per GPU all mean "one round": keep the smallest of them.
     const std::int64_t N = ctx_.workload.tokens_per_gpu();
     std::set<std::int64_t> chunks;
@@ -158,7 +161,7 @@ class EpSearch {
   int largest_resident(ResidentShape shape, int retained, std::int64_t chunk, int slots) {
     const MemoryReport& gpu = memory_.gpu_base(retained, chunk);
     const std::vector<Bytes>& host = memory_.host_base(slots);
-    for (int r = L_; r >= 0; --r) {
+    for (int r = max_resident_; r >= 0; --r) {
       if (fits(gpu, host, resident_params(shape, r))) return r;
     }
     return -1;
@@ -176,7 +179,7 @@ class EpSearch {
           const MemoryReport& gpu = memory_.gpu_base(k, c);
           const std::vector<Bytes>& host = memory_.host_base(slots);
           for (ResidentShape shape : {ResidentShape::kContiguous, ResidentShape::kInterleaved}) {
-            for (int r = 0; r <= L_; ++r) {
+            for (int r = 0; r <= max_resident_; ++r) {
               ++out.enumerated;
               if (fits(gpu, host, resident_params(shape, r))) ++out.memory_feasible;
             }
@@ -196,6 +199,10 @@ class EpSearch {
     plan.notes = fmt::format("R{}/K{} ({}), {} routing chunk, {} CPU gradient slot{}", p.resident, p.retained,
                              p.shape == ResidentShape::kContiguous ? "contiguous" : "interleaved", chunk_label(p.chunk),
                              p.slots, p.slots == 1 ? "" : "s");
+    if (group_ < ctx_.workload.gpus) {
+      plan.ep_group_gpus = group_;
+      plan.notes += fmt::format(", EP groups of {} GPUs ({} replicas of each shard)", group_, ctx_.workload.gpus / group_);
+    }
     return pricer_.with_flat(std::move(plan));
   }
 
@@ -223,7 +230,7 @@ class EpSearch {
   EpSearchResult run() {
     EpSearchResult out;
     count_space(out);
-    if (ctx_.model.moe.experts % ctx_.workload.gpus != 0) return out;
+    if (ctx_.model.moe.experts % group_ != 0 || ctx_.workload.gpus % group_ != 0) return out;
     if (out.memory_feasible == 0) {
       out.shortfall = least_demanding_shortfall();
       return out;
@@ -327,7 +334,7 @@ class EpSearch {
                                          base.gpu.work_peak_at, chunk_label(c))};
     }
     int r = 0;
-    while (r < L_ && memory_.gpu_peak_bytes(base, resident_params(ResidentShape::kContiguous, r + 1)) <= budgets_.gpu_bytes) ++r;
+    while (r < max_resident_ && memory_.gpu_peak_bytes(base, resident_params(ResidentShape::kContiguous, r + 1)) <= budgets_.gpu_bytes) ++r;
     return check_budgets(budgets_, 0, memory_.host_bytes(host, resident_params(ResidentShape::kContiguous, r)), "",
                          fmt::format("the EP path's canonical state and pinned pools with {} resident layers", r));
   }
@@ -339,6 +346,8 @@ class EpSearch {
   EpMemoryModel memory_;
   Budgets budgets_;
   int L_ = 0;
+  int group_ = 1;         // GPUs per EP group
+  int max_resident_ = 0;  // resident layers allowed: none when groups replicate the shards
   std::vector<std::int64_t> chunks_;
   std::int64_t first_chunk_ = 65536;
   std::optional<BudgetShortfall> first_simulated_miss_;
@@ -350,9 +359,43 @@ class EpSearch {
 
 }  // namespace
 
+std::vector<int> ep_group_candidates(const WorkloadContext& ctx) {
+  const int P = ctx.workload.gpus, G = ctx.hardware.gpus_per_node, experts = ctx.model.moe.experts;
+  const auto valid = [&](int e) { return e >= 1 && P % e == 0 && experts % e == 0; };
+  std::vector<int> out;
+  if (valid(P)) {
+    out.push_back(P);
+  } else {
+    // The largest group of whole nodes, else the largest group at all (of 2+ GPUs).
+    int whole = 0, any = 0;
+    for (int e = P - 1; e >= 2 && whole == 0; --e) {
+      if (!valid(e)) continue;
+      if (any == 0) any = e;
+      if (G > 0 && e % G == 0) whole = e;
+    }
+    if (whole > 0 || any > 0) out.push_back(whole > 0 ? whole : any);
+  }
+  if (G > 0 && P > G && valid(G) && (out.empty() || out.front() != G)) out.push_back(G);
+  return out;
+}
+
 EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options) {
-  EpSearch search(pricer, options);
-  return search.run();
+  const std::vector<int> groups =
+      options.ep_group_gpus > 0 ? std::vector<int>{options.ep_group_gpus} : ep_group_candidates(pricer.context());
+  EpSearchResult out;
+  bool first = true;
+  for (const int group : groups) {
+    EpSearch search(pricer, options, group);
+    EpSearchResult r = search.run();
+    out.enumerated += r.enumerated;
+    out.memory_feasible += r.memory_feasible;
+    out.priced += r.priced;
+    if (first) out.shortfall = r.shortfall;
+    first = false;
+    if (r.best && (!out.best || r.best->step_s < out.best->step_s)) out.best = std::move(r.best);
+  }
+  if (out.best) out.shortfall.reset();
+  return out;
 }
 
 }  // namespace oom

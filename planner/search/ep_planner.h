@@ -11,7 +11,8 @@
 // what host service is exposed, so gains do not add); the best few are refined over c, slots and
 // r − 1, r − 2. Among priced plans within `tie_fraction` of the fastest, the one with the most
 // GPU headroom wins. Every priced plan is also checked against the budgets with its simulated
-// memory timeline. Units: seconds, bytes. Stateless; thread-safe.
+// memory timeline. With EP groups that replicate each shard (Plan::ep_group_gpus) no layer is
+// resident. Units: seconds, bytes. Stateless; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,17 @@ struct EpPlannerOptions {
   int first_slots = 2;                      // CPU gradient slots of the first ranking pass (§B)
   int refine_top = 3;                       // frontier plans refined over chunks, slots and r
   double tie_fraction = 0.005;              // "within 0.5% of the best"
+  // GPUs per EP group (Plan::ep_group_gpus); 0 = the candidates of ep_group_candidates(), each
+  // searched on its own, the fastest chosen.
+  int ep_group_gpus = 0;
 };
+
+// The EP group sizes the planner searches for a workload: the largest that divides both the GPUs
+// and the experts (all GPUs when it can; across nodes, whole nodes when one does), and one node's
+// GPUs when the workload spans nodes and they split the experts (the all-to-all on NVLink, the
+// replicas' all-gather and reduce-scatter across nodes). Empty when no group of 2+ GPUs, or all
+// of them, splits the experts.
+std::vector<int> ep_group_candidates(const WorkloadContext& ctx);
 
 struct EpSearchResult {
   std::optional<PricedPlan> best;
@@ -51,7 +62,9 @@ struct EpSearchResult {
 };
 
 // Configures the EP path for the pricer's workload. Returns no plan (and a shortfall, or none
-// when EP is not applicable: experts that do not split evenly over the GPUs) when nothing fits.
+// when EP is not applicable: no EP group whose GPUs split the experts evenly) when nothing fits.
+// Over several group sizes the counts add up and the fastest chosen plan wins; the shortfall is
+// that of the largest group.
 EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options = {});
 
 }  // namespace oom

@@ -166,7 +166,7 @@ Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& 
     r.candidates_priced += ep.priced + ep_flat.priced;
     keep(better(ep.best, ep_flat.best), ep.shortfall, ep_flat.shortfall);
     if (!ep.best && !ep.shortfall && !ep_flat.best && !ep_flat.shortfall) {
-      not_applicable = fmt::format("the EP path needs the {} experts of {} to split evenly over {} GPUs",
+      not_applicable = fmt::format("the EP path needs the {} experts of {} to split evenly over the {} GPUs or an EP group of them",
                                    ctx.model.moe.experts, ctx.model.name, ctx.workload.gpus);
     }
   }

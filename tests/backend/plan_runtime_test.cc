@@ -430,6 +430,9 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   p.split = {0, 0, 500, 2};
   expect_rejected(p, "moe_chunk_tokens");
   expect_rejected(local_plan(), "path", 4, 24, 2);   // two ranks on the local runtime
+  p = Plan{};
+  p.ep_group_gpus = 1;  // two EP groups of one rank: replicated expert shards, simulated only
+  expect_rejected(p, "ep_group_gpus", 4, 24, 2);
   expect_rejected(Plan{}, "path", 3, 24, 3);         // 8 experts over 3 ranks
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));  // EP on one rank
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));  // and on two

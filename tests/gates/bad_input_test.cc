@@ -293,6 +293,12 @@ std::vector<Case> cases() {
                memory_with_plan(), P, "split.moe_chunk_tokens", "1024", "dispatch rounds"});
   c.push_back({"plan_local_routing_chunk", {{"p.json", plan_with([&](json& j) { local(j), j["routing_chunk_tokens"] = 4096; })}},
                memory_with_plan(), P, "routing_chunk_tokens", "4096", "routes no tokens"});
+  c.push_back({"plan_ep_group_negative", {{"p.json", plan_with([](json& j) { j["ep_group_gpus"] = -1; })}},
+               memory_with_plan(), P, "ep_group_gpus", "-1", "range"});
+  c.push_back({"plan_ep_group_not_dividing", {{"p.json", plan_with([](json& j) { j["ep_group_gpus"] = 3; })}},
+               memory_with_plan(), P, "ep_group_gpus", "3", "divides the workload's 4 GPUs"});
+  c.push_back({"plan_ep_group_with_resident", {{"p.json", plan_with([](json& j) { j["ep_group_gpus"] = 2; })}},
+               memory_with_plan(), P, "resident_layers", "[0,1,3", "one EP group"});
   c.push_back({"plan_unknown_field", {{"p.json", plan_with([](json& j) { j["resident"] = json::array(); })}},
                memory_with_plan(), P, "resident", "[]", "unknown field"});
   c.push_back({"plan_transfer_chunk_huge", {{"p.json", plan_with([](json& j) { j["transfer_chunk_mib"] = std::int64_t{1} << 40; })}},

@@ -80,6 +80,29 @@ TEST(SymmetricLowering, OneNodesStagesGiveTheFullGraphsStepAndEveryPeak) {
   }
 }
 
+
+TEST(SymmetricLowering, EpGroupsOfWholeNodesOrWithinOneStayExact) {
+  // Plan::ep_group_gpus: all-to-alls within a group, the shard's all-gather and reduce-scatter
+  // over its replicas on the other groups' nodes.
+  for (const auto& [nodes, group] : {std::pair{2, 8}, std::pair{4, 8}, std::pair{4, 16}, std::pair{2, 4}}) {
+    const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", nodes, 8 * nodes);
+    for (const bool flat : {false, true}) {
+      Plan plan = test_support::cluster_ep_plan(ctx.model, 0, 2, flat);
+      plan.ep_group_gpus = group;
+      const Evaluated full = evaluate(plan, ctx, false, 4);
+      const Evaluated sym = evaluate(plan, ctx, true, 4);
+      EXPECT_EQ(sym.graph.ranks_emitted, 8) << nodes << " nodes, groups of " << group;
+      EXPECT_EQ(work_stages(sym.graph) * static_cast<std::size_t>(nodes), work_stages(full.graph));
+      // A group or replica set of other nodes only is the emitted ones' mirror, its join theirs.
+      EXPECT_LE(joins(sym.graph), joins(full.graph));
+      EXPECT_GT(joins(sym.graph), 0u);
+      EXPECT_NEAR(sym.step_s / full.step_s, 1.0, 1e-12) << nodes << " nodes, groups of " << group << ", flat " << flat;
+      EXPECT_EQ(sym.peaks.gpu_peak_bytes, full.peaks.gpu_peak_bytes);
+      EXPECT_EQ(sym.peaks.numa_peak_bytes, full.peaks.numa_peak_bytes);
+    }
+  }
+}
+
 TEST(SymmetricLowering, LatentAttentionAndDenseFirstLayersToo) {
   const WorkloadContext ctx = cluster_workload("kimi-k2", 2, 16);
   const Plan plan = ep_plan(ctx.model, true);
