@@ -191,6 +191,7 @@ std::string plan_summary(const Plan& p) {
   std::string s;
   if (p.path == ExpertPath::kEp) {
     s = fmt::format("ep R{}/K{} c{}", p.resident_layers.size(), p.moe_retained_layers.size(), tokens_text(p.routing_chunk_tokens));
+    if (p.ep_group_gpus > 0) s += fmt::format(" EP{}", p.ep_group_gpus);  // GPUs per EP group
   } else {
     s = fmt::format("local {}", p.param_transfer == ParamTransfer::kShard ? "shard" : "full");
     if (p.split.attention_head_group > 0) s += fmt::format(" h{}", p.split.attention_head_group);

@@ -146,6 +146,9 @@ TEST(PlanSummary, NamesPathResidencyAndPartitions) {
   ep.resident_layers = {0, 1, 3};
   ep.moe_retained_layers = {38, 39};
   EXPECT_EQ(plan_summary(ep), "ep R3/K2 c64K");
+  ep.resident_layers.clear();
+  ep.ep_group_gpus = 384;
+  EXPECT_EQ(plan_summary(ep), "ep R0/K2 c64K EP384");
   Plan local;
   local.path = ExpertPath::kLocal;
   local.param_transfer = ParamTransfer::kShard;
