@@ -350,11 +350,20 @@ class RequestWriter {
     size(v);
     for (const T& x : v) field(x);
   }
+  // A collective's members once per list: its index among the lists written, the ranks the first time.
+  void field(const PeerList& v) {
+    const auto [it, fresh] = lists_.emplace(v.identity(), lists_.size());
+    field<std::uint64_t>(it->second);
+    if (fresh) field(v.ranks());
+  }
   template <typename V>
   void size(const V& v) {
     field<std::uint64_t>(v.size());
   }
   std::string out;
+
+ private:
+  std::map<const void*, std::uint64_t> lists_;
 };
 
 class RequestReader {
@@ -374,6 +383,17 @@ class RequestReader {
     size(v);
     for (T& x : v) field(x);
   }
+  void field(PeerList& v) {
+    std::uint64_t i = 0;
+    field(i);
+    if (i > lists_.size()) throw std::runtime_error("malformed simulation request");
+    if (i == lists_.size()) {
+      std::vector<int> ranks;
+      field(ranks);
+      lists_.emplace_back(std::move(ranks));
+    }
+    v = lists_[i];
+  }
   // Reads a count and sizes `v` to it (at most what is left of the request: one byte an element).
   template <typename V>
   void size(V& v) {
@@ -391,6 +411,7 @@ class RequestReader {
   }
   const std::string& in_;
   std::size_t pos_ = 0;
+  std::vector<PeerList> lists_;  // the collectives' member lists read so far
 };
 
 // What Simulation reads besides the HardwareSpec, in one order for writing and for reading: the

@@ -189,8 +189,7 @@ class KtFtLowering {
   }
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
     PerRank out(static_cast<std::size_t>(P_));
-    std::vector<int> peers(static_cast<std::size_t>(P_));
-    for (int q = 0; q < P_; ++q) peers[static_cast<std::size_t>(q)] = q;
+    const PeerList peers(lowering::block_members(P_, 0, P_));
     const std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
                                                                   make(what, op, phase, rr(0).fabric, 0, layer),
                                                                   [&](Stage s) { return b_.add(std::move(s)); });

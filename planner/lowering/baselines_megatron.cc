@@ -241,21 +241,24 @@ class MegatronLowering {
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs,
                      bool data_parallel_group) {
     PerRank out(static_cast<std::size_t>(P_));
-    std::map<int, std::vector<StageId>> waits;  // per group (its first member): what its members wait for
+    // Per group (keyed by its first member, the lowest rank): its members and what they wait for.
+    std::map<int, std::pair<PeerList, std::vector<StageId>>> groups;
     for (int r = 0; r < P_; ++r) {
-      const std::vector<int> peers = data_parallel_group      ? lowering::strided_members(P_, r, t_)
-                                     : op == OpKind::kAllToAll ? lowering::block_members(P_, r, s_.expert_parallel)
-                                                               : lowering::block_members(P_, r, t_);
-      const int first = peers.front();  // r itself when the group is new (ranks in order)
-      if (first == r) {
-        waits[first] = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
-                                                  make(what, op, phase, rr(r).fabric, r, layer),
-                                                  [&](Stage s) { return b_.add(std::move(s)); });
+      const int first = data_parallel_group ? r % t_ : op == OpKind::kAllToAll ? r / s_.expert_parallel * s_.expert_parallel : r / t_ * t_;
+      auto it = groups.find(first);
+      if (it == groups.end()) {  // r is the group's first member (ranks in order)
+        PeerList peers = data_parallel_group      ? lowering::strided_members(P_, r, t_)
+                         : op == OpKind::kAllToAll ? lowering::block_members(P_, r, s_.expert_parallel)
+                                                   : lowering::block_members(P_, r, t_);
+        std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
+                                                                make(what, op, phase, rr(r).fabric, r, layer),
+                                                                [&](Stage s) { return b_.add(std::move(s)); });
+        it = groups.emplace(first, std::make_pair(std::move(peers), std::move(waits))).first;
       }
       Stage st = make(what, op, phase, rr(r).fabric, r, layer);
       st.bytes = bytes;
-      st.peers = peers;
-      st.deps = waits.at(first);
+      st.peers = it->second.first;
+      st.deps = it->second.second;
       dep(st, inputs, r);
       out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
     }

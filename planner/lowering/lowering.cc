@@ -265,7 +265,7 @@ PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, 
                                  const PerRank& inputs, Over over) {
   // Per member set (keyed by its first member, the lowest rank): its members, and what every
   // member waits for: every member's input, gathered once or through a join across nodes.
-  std::map<int, std::pair<std::vector<int>, std::vector<StageId>>> sets;
+  std::map<int, std::pair<PeerList, std::vector<StageId>>> sets;
   const auto first_member = [&](int r) { return over == Over::kGroup ? r / E_ * E_ : over == Over::kReplicas ? r % E_ : 0; };
   return stages_per_rank(
       P_, emit_,
@@ -273,7 +273,7 @@ PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, 
         const int first = first_member(r);
         auto it = sets.find(first);
         if (it == sets.end()) {
-          std::vector<int> peers = members(over, r);
+          PeerList peers = members(over, r);
           std::vector<StageId> waits = collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
                                                         make(what, op, phase, r_[static_cast<std::size_t>(first)].fabric, first, layer),
                                                         [&](Stage s) { return add(std::move(s)); });

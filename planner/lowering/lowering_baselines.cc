@@ -125,8 +125,7 @@ class BaselineLowering {
   }
 
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
-    std::vector<int> peers;
-    for (int r = 0; r < P_; ++r) peers.push_back(r);
+    const PeerList peers(lowering::block_members(P_, 0, P_));
     // Every member waits for every member's input (gathered once, or through a join across nodes).
     const std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
                                                                   make(what, op, phase, rr(0).fabric, 0, layer),

@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -116,6 +118,41 @@ struct MemoryEvent {
   bool operator==(const MemoryEvent&) const = default;
 };
 
+// The GPUs taking part in a collective, read like a std::vector<int>. Its members' stages share one
+// list (copying a PeerList copies a pointer), so a collective of P members holds one list of P
+// ranks, not P copies of it: a step's graph grows linearly with its GPUs.
+class PeerList {
+ public:
+  using value_type = int;
+  using const_iterator = std::vector<int>::const_iterator;
+  using iterator = const_iterator;
+  PeerList() = default;
+  PeerList(std::vector<int> ranks)  // NOLINT(google-explicit-constructor): a list of ranks is a PeerList
+      : list_(ranks.empty() ? nullptr : std::make_shared<const std::vector<int>>(std::move(ranks))) {}
+  PeerList(std::initializer_list<int> ranks) : PeerList(std::vector<int>(ranks)) {}
+  const std::vector<int>& ranks() const {
+    static const std::vector<int> kNone;
+    return list_ ? *list_ : kNone;
+  }
+  operator const std::vector<int>&() const { return ranks(); }  // NOLINT(google-explicit-constructor)
+  bool empty() const { return ranks().empty(); }
+  std::size_t size() const { return ranks().size(); }
+  int front() const { return ranks().front(); }
+  int back() const { return ranks().back(); }
+  int operator[](std::size_t i) const { return ranks()[i]; }
+  const_iterator begin() const { return ranks().begin(); }
+  const_iterator end() const { return ranks().end(); }
+  void clear() { list_.reset(); }
+  // Whether `other` shares this list (the same collective's members), not merely equal ranks.
+  bool shares(const PeerList& other) const { return list_ == other.list_; }
+  const void* identity() const { return list_.get(); }  // the shared list's address (nullptr: empty)
+  friend bool operator==(const PeerList& a, const PeerList& b) { return a.ranks() == b.ranks(); }
+  friend bool operator<(const PeerList& a, const PeerList& b) { return a.ranks() < b.ranks(); }
+
+ private:
+  std::shared_ptr<const std::vector<int>> list_;
+};
+
 struct Stage {
   StageId id = 0;
   StageKey key;          // unique within the graph (traces/stage_key.h): rank, phase, decoder, part, indices, operator
@@ -139,7 +176,7 @@ struct Stage {
   // Collectives (kAllToAll, kAllGather, kReduceScatter): the GPUs taking part. Each member has its
   // own stage on its own fabric port with its own `bytes`; the members depend on each other's
   // inputs, so a collective starts when all members are ready.
-  std::vector<int> peers;
+  PeerList peers;
   std::vector<MemoryEvent> memory;
   std::vector<StageId> deps;  // data readiness and buffer reuse; all ids smaller than `id`
 };

@@ -318,9 +318,12 @@ TEST(CalibratedDurationModel, ConsecutiveMembersArePricedAsAnyOtherOrderOfThem) 
         s.gpu = gpu;
         s.op = op;
         s.bytes = 1'000'000'000;
-        for (int q = first; q <= last; ++q) s.peers.push_back(q);
+        std::vector<int> peers;
+        for (int q = first; q <= last; ++q) peers.push_back(q);
+        s.peers = peers;
         const Seconds consecutive = m.duration_s(s, g);
-        std::reverse(s.peers.begin(), s.peers.end());
+        std::reverse(peers.begin(), peers.end());
+        s.peers = peers;
         EXPECT_DOUBLE_EQ(m.duration_s(s, g), consecutive) << first << "-" << last << " gpu " << gpu;
       }
     }
