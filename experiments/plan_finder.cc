@@ -62,8 +62,13 @@ StudyPlan find_plan_by_search(const WorkloadContext& ctx, const PlanVariant& sys
       }
       std::optional<Plan> plan = preset_plan("base", ExpertPath::kEp, ctx);
       if (!plan) {
-        throw InfeasibleWorkload(fmt::format("the EP path needs the {} experts of {} to split evenly over {} GPUs",
+        throw InfeasibleWorkload(fmt::format("the EP path needs the {} experts of {} to split evenly over the {} GPUs or an EP group of them",
                                              ctx.model.moe.experts, ctx.model.name, ctx.workload.gpus));
+      }
+      if (plan->ep_group_gpus > 0 && system.resident_layers > 0) {
+        throw InfeasibleWorkload(fmt::format("R{} needs one EP group of all {} GPUs; the {} experts of {} split only over groups of {}",
+                                             system.resident_layers, ctx.workload.gpus, ctx.model.moe.experts, ctx.model.name,
+                                             plan->ep_group_gpus));
       }
       plan->resident_layers = interleaved_resident_set(layers, system.resident_layers);
       plan->moe_retained_layers = retained_set(layers, system.retained_layers);

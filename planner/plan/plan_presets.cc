@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "planner/search/ep_planner.h"
 #include "planner/search/plan_pricing.h"
 
 namespace oom {
@@ -28,12 +29,17 @@ std::optional<Plan> preset_plan(const std::string& preset, ExpertPath path, cons
   Plan p;
   p.path = path;
   if (path == ExpertPath::kEp) {
-    if (ctx.workload.gpus <= 0 || ctx.model.moe.experts % ctx.workload.gpus != 0) return std::nullopt;
+    const std::vector<int> groups = ctx.workload.gpus > 0 ? ep_group_candidates(ctx) : std::vector<int>{};
+    if (groups.empty()) return std::nullopt;
     p.param_transfer = ParamTransfer::kFull;
     p.routing_chunk_tokens = kBaseRoutingChunkTokens;
     p.transfer_chunk_mib = kBaseEpTransferChunkMib;
     p.cpu_grad_slots = kBaseEpCpuGradSlots;
     p.notes = "Base EP: R0/K0, 64K routing chunk, full delivery";
+    if (groups.front() < ctx.workload.gpus) {  // the experts do not split over every GPU
+      p.ep_group_gpus = groups.front();
+      p.notes += fmt::format(", EP groups of {} GPUs", groups.front());
+    }
   } else {
     p.param_transfer = ParamTransfer::kShard;
     p.transfer_chunk_mib = kBaseLocalTransferChunkMib;

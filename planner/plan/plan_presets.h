@@ -29,8 +29,8 @@ namespace oom {
 std::vector<std::string> plan_preset_names();
 
 // The preset's plan of `path` for the workload, or nullopt when the path does not apply (EP needs
-// the experts to split evenly over the GPUs). Throws InputError naming "--preset" for an unknown
-// preset.
+// the experts to split evenly over the GPUs or, in EP groups, over the largest group of them that
+// ep_group_candidates() names). Throws InputError naming "--preset" for an unknown preset.
 std::optional<Plan> preset_plan(const std::string& preset, ExpertPath path, const WorkloadContext& ctx);
 
 // Validates and prices `plan` on the workload as it is. Returns its choice (prediction, peaks), or

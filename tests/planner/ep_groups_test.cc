@@ -14,6 +14,7 @@
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/memory_report.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/plan/plan_presets.h"
 #include "planner/search/ep_planner.h"
 #include "planner/search/plan_pricing.h"
 #include "tests/common/cluster_workload.h"
@@ -202,6 +203,18 @@ TEST(EpGroups, CandidatesAreTheLargestGroupAndOneNode) {
   EXPECT_EQ(ep_group_candidates(cluster_workload("qwen3.6-35b-a3b", 1)), (std::vector<int>{8}));
   EXPECT_EQ(ep_group_candidates(cluster_workload("qwen3.6-35b-a3b", 1, 6)), (std::vector<int>{2}));
   EXPECT_TRUE(ep_group_candidates(cluster_workload("qwen3.6-35b-a3b", 1, 3)).empty());
+}
+
+TEST(EpGroups, TheBasePresetTakesTheLargestGroupWhenTheExpertsDoNotSplitOverEveryGpu) {
+  const std::optional<Plan> two = preset_plan("base", ExpertPath::kEp, cluster_workload("qwen3.6-35b-a3b", 2));
+  ASSERT_TRUE(two.has_value());
+  EXPECT_EQ(two->ep_group_gpus, 0);
+  const WorkloadContext three = cluster_workload("qwen3.6-35b-a3b", 3);
+  const std::optional<Plan> grouped_base = preset_plan("base", ExpertPath::kEp, three);
+  ASSERT_TRUE(grouped_base.has_value());
+  EXPECT_EQ(grouped_base->ep_group_gpus, 8);
+  EXPECT_NO_THROW(validate_plan(*grouped_base, three.model, three.workload, "base"));
+  EXPECT_FALSE(preset_plan("base", ExpertPath::kEp, cluster_workload("qwen3.6-35b-a3b", 1, 3)).has_value());
 }
 
 TEST(EpGroups, ThePlannerFindsAGroupedPlanWhereNoSingleGroupSplitsTheExperts) {
