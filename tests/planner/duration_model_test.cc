@@ -292,6 +292,12 @@ TEST(CalibratedDurationModel, MembersOnOtherNodesAreReachedThroughTheNics) {
   h.network.switch_latency_s = 1e-6;
   const CalibratedDurationModel spine(h, c, 8);
   EXPECT_NEAR(spine.duration_s(s, g), 1e-4 + 3 * 2e-6 + 4 * 7e-6 + 7e9 / 25e9, 1e-12);
+  // A ring with one member on the node (an expert shard's replicas over EP groups) runs beside the
+  // node's other three rings: its share of the NICs is a quarter, 12.5 GB/s.
+  s.peers = {0, 4};
+  EXPECT_NEAR(m.duration_s(s, g), 1e-4 + 5e-6 + 7e9 / 12.5e9, 1e-12);
+  s.peers = {0, 1, 4, 5};  // two members on the node: half
+  EXPECT_NEAR(m.duration_s(s, g), 1e-4 + 2e-6 + 2 * 5e-6 + 7e9 / 25e9, 1e-12);
 }
 
 TEST(CalibratedDurationModel, ConsecutiveMembersArePricedAsAnyOtherOrderOfThem) {

@@ -31,7 +31,8 @@ struct Case {
 
 // The default workload (Qwen3.6 on four H100s, EP plan R23), a Local plan with every split on a
 // small Qwen-like model on one H200, the default workload under skewed routing with FLAT's
-// four schedules, and the default plan on two nodes (every rank's stages, and one node's).
+// four schedules, and the default plan on two nodes (every rank's stages, and one node's), also
+// in EP groups of one node.
 std::vector<Case> cases() {
   std::vector<Case> out;
   {
@@ -86,8 +87,15 @@ std::vector<Case> cases() {
     StepGraph full = lower(default_plan(), ctx, o);
     o.symmetric_nodes = true;
     StepGraph one_node = lower(default_plan(), ctx, o);
+    // EP groups of one node: the all-to-all on NVLink, the shards' all-gathers and reduce-scatters
+    // over their replicas across the nodes.
+    Plan grouped = default_plan();
+    grouped.resident_layers.clear();
+    grouped.ep_group_gpus = 8;
+    StepGraph groups = lower(grouped, ctx, o);
     out.push_back({"two-nodes", ctx, std::move(full)});
-    out.push_back({"two-nodes-one-node's-stages", std::move(ctx), std::move(one_node)});
+    out.push_back({"two-nodes-one-node's-stages", ctx, std::move(one_node)});
+    out.push_back({"two-nodes-ep-groups-of-8", std::move(ctx), std::move(groups)});
   }
   return out;
 }

@@ -64,6 +64,21 @@ TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterEp) {
   }
 }
 
+TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterInEpGroups) {
+  // Plan::ep_group_gpus: groups of one node (the replicas' rings across the nodes), of two nodes
+  // (the all-to-all across them too), and of half a node.
+  for (const auto& [nodes, group] : {std::pair{2, 8}, std::pair{4, 16}, std::pair{2, 4}}) {
+    const WorkloadContext ctx = cluster(nodes);
+    LoweringOptions full_options, sym_options;
+    full_options.decoder_layers = sym_options.decoder_layers = 4;
+    sym_options.symmetric_nodes = true;
+    Plan plan = cluster_ep_plan(ctx.model, 0, 1, true);
+    plan.ep_group_gpus = group;
+    expect_same_simulation(lower(plan, ctx, full_options), lower(plan, ctx, sym_options), ctx,
+                           "EP groups of " + std::to_string(group) + " on " + std::to_string(nodes) + " nodes");
+  }
+}
+
 TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterFsdp2) {
   for (const int nodes : {2, 4}) {
     const WorkloadContext ctx = cluster(nodes);
