@@ -288,11 +288,27 @@ MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_
     Bytes bytes;
     int device;  // GPUs 0..gpus−1, then NUMA nodes
   };
+  // One node's stages standing for every node's (StepGraph::ranks_emitted): every node's memory
+  // is node 0's, whose stages carry every node's events at the same times, so node 0's GPUs and
+  // NUMA nodes are followed and the others take their timelines (when the bases agree).
+  const int emit = g.ranks_emitted;
+  const int nodes = emit > 0 && g.gpus % emit == 0 ? g.gpus / emit : 0;
+  const int numa_per_node = nodes > 1 && g.numa_nodes % nodes == 0 ? g.numa_nodes / nodes : 0;
+  const auto representative = [&](int d) {
+    return numa_per_node == 0 ? d : d < g.gpus ? d % emit : g.gpus + (d - g.gpus) % numa_per_node;
+  };
+  const auto base_of = [&](int d) {
+    return d < g.gpus ? g.gpu_base_bytes.at(static_cast<std::size_t>(d)) : g.numa_base_bytes.at(static_cast<std::size_t>(d - g.gpus));
+  };
+  bool mirror = numa_per_node > 0;
+  for (int d = 0; mirror && d < g.gpus + g.numa_nodes; ++d) mirror = base_of(d) == base_of(representative(d));
+  const auto followed = [&](int d) { return !mirror || representative(d) == d; };
   std::vector<Event> events;
   for (const Stage& s : g.stages) {
     for (const MemoryEvent& m : s.memory) {
-      const Seconds at = m.at_end ? times.finish_s[static_cast<std::size_t>(s.id)] : times.start_s[static_cast<std::size_t>(s.id)];
       const int device = m.space == MemorySpace::kGpu ? m.device : g.gpus + m.device;
+      if (!followed(device)) continue;
+      const Seconds at = m.at_end ? times.finish_s[static_cast<std::size_t>(s.id)] : times.start_s[static_cast<std::size_t>(s.id)];
       events.push_back({at, m.bytes, device});
     }
   }
@@ -329,6 +345,11 @@ MemoryPeaks memory_peaks(const StepGraph& g, const StageTimes& times, bool keep_
   }
   for (int d = 0; d < devices; ++d) {
     const auto i = static_cast<std::size_t>(d);
+    if (!followed(d)) {  // a mirrored node's device: its representative's timeline
+      const auto from = static_cast<std::size_t>(representative(d));
+      peak[i] = peak[from];
+      out.timelines[i].samples = out.timelines[from].samples;
+    }
     if (d < g.gpus) {
       const Bytes with_headroom = peak[i] + static_cast<Bytes>(static_cast<double>(peak[i]) * g.gpu_headroom_fraction);
       out.gpu_peak_bytes.push_back(with_headroom);
