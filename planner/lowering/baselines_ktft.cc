@@ -188,20 +188,14 @@ class KtFtLowering {
     return last_;
   }
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
-    PerRank out(static_cast<std::size_t>(P_));
-    const PeerList peers(lowering::block_members(P_, 0, P_));
-    const std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
-                                                                  make(what, op, phase, rr(0).fabric, 0, layer),
-                                                                  [&](Stage s) { return b_.add(std::move(s)); });
-    for (int r = 0; r < P_; ++r) {
-      Stage st = make(what, op, phase, rr(r).fabric, r, layer);
-      st.bytes = bytes;
-      st.peers = peers;
-      st.deps = waits;
-      dep(st, inputs, r);
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
-    }
-    return out;
+    return lowering::collective_stages(
+        lowering::RankGroups{P_, P_}, P_, ctx_.hardware.gpus_per_node, inputs,
+        [&](int r) {
+          Stage st = make(what, op, phase, rr(r).fabric, r, layer);
+          st.bytes = bytes;
+          return st;
+        },
+        [this](Stage s) { return b_.add(std::move(s)); });
   }
 
   // The FSDP2 delivery of a dense parameter group: the rank's FP32 shard, then the BF16 all-gather.

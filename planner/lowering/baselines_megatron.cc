@@ -240,28 +240,17 @@ class MegatronLowering {
   // every `stride`-th rank for the data-parallel group).
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs,
                      bool data_parallel_group) {
-    PerRank out(static_cast<std::size_t>(P_));
-    // Per group (keyed by its first member, the lowest rank): its members and what they wait for.
-    std::map<int, std::pair<PeerList, std::vector<StageId>>> groups;
-    for (int r = 0; r < P_; ++r) {
-      const int first = data_parallel_group ? r % t_ : op == OpKind::kAllToAll ? r / s_.expert_parallel * s_.expert_parallel : r / t_ * t_;
-      auto it = groups.find(first);
-      if (it == groups.end()) {  // r is the group's first member (ranks in order)
-        PeerList peers = data_parallel_group      ? lowering::strided_members(P_, r, t_)
-                         : op == OpKind::kAllToAll ? lowering::block_members(P_, r, s_.expert_parallel)
-                                                   : lowering::block_members(P_, r, t_);
-        std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
-                                                                make(what, op, phase, rr(r).fabric, r, layer),
-                                                                [&](Stage s) { return b_.add(std::move(s)); });
-        it = groups.emplace(first, std::make_pair(std::move(peers), std::move(waits))).first;
-      }
-      Stage st = make(what, op, phase, rr(r).fabric, r, layer);
-      st.bytes = bytes;
-      st.peers = it->second.first;
-      st.deps = it->second.second;
-      dep(st, inputs, r);
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
-    }
+    const lowering::RankGroups groups = data_parallel_group      ? lowering::RankGroups{P_, t_, true}
+                                        : op == OpKind::kAllToAll ? lowering::RankGroups{P_, s_.expert_parallel, false}
+                                                                  : lowering::RankGroups{P_, t_, false};
+    const PerRank out = lowering::collective_stages(
+        groups, P_, ctx_.hardware.gpus_per_node, inputs,
+        [&](int r) {
+          Stage st = make(what, op, phase, rr(r).fabric, r, layer);
+          st.bytes = bytes;
+          return st;
+        },
+        [this](Stage s) { return b_.add(std::move(s)); });
     last_ = out;
     return out;
   }

@@ -51,8 +51,8 @@ bool groups_alike(const HardwareSpec& h, int P, int group) {
   };
   const auto view = [&](int node) {
     const int rank = node * G;
-    return std::make_pair(farthest_view(h, node, nodes_of(block_members(P, rank, group))),
-                          farthest_view(h, node, nodes_of(strided_members(P, rank, group))));
+    return std::make_pair(farthest_view(h, node, nodes_of(RankGroups{P, group, false}.members(rank))),
+                          farthest_view(h, node, nodes_of(RankGroups{P, group, true}.members(rank))));
   };
   const auto first = view(0);
   for (int node = 1; node < P / G; ++node) {
@@ -244,46 +244,23 @@ PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int
   return out;
 }
 
-std::vector<int> Lowering::members(Over over, int rank) const {
+RankGroups Lowering::groups(Over over) const {
   switch (over) {
-    case Over::kGroup: return block_members(P_, rank, E_);
-    case Over::kReplicas: return strided_members(P_, rank, E_);
-    default: return block_members(P_, rank, P_);
+    case Over::kNone: return {P_, 1, false};
+    case Over::kGroup: return {P_, E_, false};
+    case Over::kReplicas: return {P_, E_, true};
+    case Over::kAll: break;
   }
-}
-
-int Lowering::member_count(Over over) const {
-  switch (over) {
-    case Over::kNone: return 1;
-    case Over::kGroup: return E_;
-    case Over::kReplicas: return D_;
-    default: return P_;
-  }
+  return {P_, P_, false};
 }
 
 PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
                                  const PerRank& inputs, Over over) {
-  // Per member set (keyed by its first member, the lowest rank): its members, and what every
-  // member waits for: every member's input, gathered once or through a join across nodes.
-  std::map<int, std::pair<PeerList, std::vector<StageId>>> sets;
-  const auto first_member = [&](int r) { return over == Over::kGroup ? r / E_ * E_ : over == Over::kReplicas ? r % E_ : 0; };
-  return stages_per_rank(
-      P_, emit_,
+  return collective_stages(
+      groups(over), emit_, ctx_.hardware.gpus_per_node, inputs,
       [&](int r) {
-        const int first = first_member(r);
-        auto it = sets.find(first);
-        if (it == sets.end()) {
-          PeerList peers = members(over, r);
-          std::vector<StageId> waits = collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
-                                                        make(what, op, phase, r_[static_cast<std::size_t>(first)].fabric, first, layer),
-                                                        [&](Stage s) { return add(std::move(s)); });
-          it = sets.emplace(first, std::make_pair(std::move(peers), std::move(waits))).first;
-        }
         Stage s = make(what, op, phase, r_[static_cast<std::size_t>(r)].fabric, r, layer);
         s.bytes = bytes_per_rank;
-        s.peers = it->second.first;
-        s.deps = it->second.second;
-        add_dep_once(s, inputs, r);
         return s;
       },
       [&](Stage s) { return add(std::move(s)); });

@@ -34,19 +34,21 @@ namespace oom::lowering {
 
 using PerRank = std::vector<StageId>;  // one stage per rank (−1: none)
 
-// The members of rank `rank`'s group among `ranks` ranks: the block of `size` consecutive ranks it
-// falls in, or (strided) every rank with its residue modulo `stride`.
-inline std::vector<int> block_members(int ranks, int rank, int size) {
-  std::vector<int> out;
-  const int first = rank / size * size;
-  for (int q = first; q < std::min(ranks, first + size); ++q) out.push_back(q);
-  return out;
-}
-inline std::vector<int> strided_members(int ranks, int rank, int stride) {
-  std::vector<int> out;
-  for (int q = rank % stride; q < ranks; q += stride) out.push_back(q);
-  return out;
-}
+// A partition of `ranks` ranks into the member sets of a collective: blocks of `size` consecutive
+// ranks, or (`strided`) the ranks with the same residue modulo `size`.
+struct RankGroups {
+  int ranks = 1;
+  int size = 1;
+  bool strided = false;
+  int first(int rank) const { return strided ? rank % size : rank / size * size; }  // the set's lowest rank
+  int count() const { return strided ? ranks / size : std::min(size, ranks); }        // members per set
+  std::vector<int> members(int rank) const {
+    std::vector<int> out;
+    const int step = strided ? size : 1, end = strided ? ranks : std::min(ranks, first(rank) + size);
+    for (int q = first(rank); q < end; q += step) out.push_back(q);
+    return out;
+  }
+};
 
 struct RankResources {
   ResourceId compute = 0, h2d = 0, d2h = 0, expert_d2h = 0, fabric = 0, cpu = 0, prep = 0;
@@ -133,6 +135,34 @@ std::vector<StageId> collective_waits(int gpus_per_node, const std::vector<int>&
 // (the rank at its place in every EP group).
 enum class Over { kNone, kAll, kGroup, kReplicas };
 
+// One collective per member set of `groups`: each member's stage made by `make_stage(r)` (on its
+// fabric port, with its bytes), with its set's PeerList (one list, shared by the set's stages), and
+// waiting for every member's input (collective_waits: a join across nodes, made from the first
+// member's stage) and its own. Ranks from `emit` on take their representatives' stages
+// (stages_per_rank). `add` adds a stage and returns its id.
+template <class Make, class Add>
+PerRank collective_stages(const RankGroups& groups, int emit, int gpus_per_node, const PerRank& inputs, Make make_stage,
+                          Add add) {
+  std::map<int, std::pair<PeerList, std::vector<StageId>>> sets;  // by first member: members, what they wait for
+  return stages_per_rank(
+      groups.ranks, emit,
+      [&](int r) {
+        const int first = groups.first(r);
+        auto it = sets.find(first);
+        if (it == sets.end()) {
+          PeerList peers = groups.members(r);
+          std::vector<StageId> waits = collective_waits(gpus_per_node, peers, inputs, make_stage(first), add);
+          it = sets.emplace(first, std::make_pair(std::move(peers), std::move(waits))).first;
+        }
+        Stage s = make_stage(r);
+        s.peers = it->second.first;
+        s.deps = it->second.second;
+        add_dep_once(s, inputs, r);
+        return s;
+      },
+      add);
+}
+
 // What a window use made available: the copies compute must wait for.
 struct WindowUse {
   PerRank ready;       // last copy (or all-gather) per rank, −1 when nothing was copied
@@ -165,9 +195,9 @@ class Lowering {
   // The same with each member's own bytes (uneven all-to-alls under skewed routing).
   PerRank collective_each(const StageWhat& what, OpKind op, Phase phase, int layer,
                           const std::vector<Bytes>& bytes_of_rank, const PerRank& inputs, Over over);
-  // The members of rank r's collective over `over` (not kNone), and how many there are.
-  std::vector<int> members(Over over, int rank) const;
-  int member_count(Over over) const;
+  // The member sets of a collective over `over` (kNone: every rank alone), and their size.
+  RankGroups groups(Over over) const;
+  int member_count(Over over) const { return groups(over).count(); }
   // A compute stage per rank with each rank's own FLOPs and bytes scaled by `load[r]`.
   PerRank compute_loaded(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                          OpShape shape, const std::vector<double>& load, const std::vector<PerRank>& deps);

@@ -125,19 +125,15 @@ class BaselineLowering {
   }
 
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
-    const PeerList peers(lowering::block_members(P_, 0, P_));
     // Every member waits for every member's input (gathered once, or through a join across nodes).
-    const std::vector<StageId> waits = lowering::collective_waits(ctx_.hardware.gpus_per_node, peers, inputs,
-                                                                  make(what, op, phase, rr(0).fabric, 0, layer),
-                                                                  [&](Stage s) { return b_.add(std::move(s)); });
-    return each_rank([&](int r) {
-      Stage s = make(what, op, phase, rr(r).fabric, r, layer);
-      s.bytes = bytes;
-      s.peers = peers;
-      s.deps = waits;
-      lowering::add_dep_once(s, inputs, r);
-      return s;
-    });
+    return lowering::collective_stages(
+        lowering::RankGroups{P_, P_}, emit_, ctx_.hardware.gpus_per_node, inputs,
+        [&](int r) {
+          Stage s = make(what, op, phase, rr(r).fabric, r, layer);
+          s.bytes = bytes;
+          return s;
+        },
+        [this](Stage s) { return b_.add(std::move(s)); });
   }
 
   PerRank copy(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
