@@ -24,6 +24,10 @@ void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t bat
 
 void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
                         const std::string& file) {
+  if (plan.context_parallel() > 1) {
+    throw InputError(file, "context_parallel_gpus", std::to_string(plan.context_parallel_gpus),
+                     "this runtime runs whole sequences per rank; splitting a sequence over GPUs (ring attention) is simulated only");
+  }
   check_plan_shape(plan, model, batch, seq, ranks, file);
   if (model.router_aux_loss_coef > 0) {
     throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),

@@ -40,12 +40,14 @@ std::string workload_line(const WorkloadContext& c, const Plan& p) {
   const Workload& w = c.workload;
   const ParamCount total = model_params(c.model).total();
   return fmt::format("{} ({:.2f}B params) on {} × {} ({}), global batch {}, {} tokens per sequence, plan: {} path, "
-                     "{} resident, {} MoE-retained, routing chunk {}{}{}\n",
+                     "{} resident, {} MoE-retained, routing chunk {}{}{}{}\n",
                      c.model.name, total / 1e9, w.gpus, c.hardware.gpu.name, c.hardware.name, w.global_batch, w.seq_len,
                      path_name(p.path), p.resident_layers.size(), p.moe_retained_layers.size(), p.routing_chunk_tokens,
                      p.ep_replicas(w.gpus) > 1 ? fmt::format(", EP groups of {} GPUs ({} replicas of each expert shard)",
                                                              p.ep_group(w.gpus), p.ep_replicas(w.gpus))
                                                : std::string(),
+                     p.context_parallel() > 1 ? fmt::format(", each sequence over {} GPUs (ring attention)", p.context_parallel())
+                                              : std::string(),
                      p.keep_attention_results ? ", O/LSE kept on host" : "");
 }
 

@@ -19,6 +19,18 @@ Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t B, std::int64_
          + tokens * a.heads * kFp32Bytes;            // LSE [B·S, heads]   FP32
 }
 
+Bytes ring_kv_bytes(const AttentionSpec& a, std::int64_t tokens) {
+  const std::int64_t width = a.latent() ? std::int64_t{a.kv_lora_rank} + a.rope_head_dim
+                                        : std::int64_t{a.kv_heads} * (a.head_dim + (a.k_eq_v ? 0 : a.value_dim()));
+  return tokens * width * kBf16Bytes;
+}
+
+Bytes ring_attention_buffer_bytes(const AttentionSpec& a, std::int64_t tokens, bool backward) {
+  Bytes bytes = 2 * ring_kv_bytes(a, tokens);
+  if (a.latent()) bytes += tokens * a.heads * (std::int64_t{a.head_dim} + a.value_dim()) * kBf16Bytes;
+  return backward ? 2 * bytes : bytes;
+}
+
 Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t B, std::int64_t S, std::int64_t C) {
   if (C <= 0 || C >= S) return 0;
   const std::int64_t chunks = (S + C - 1) / C;

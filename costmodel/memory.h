@@ -45,6 +45,15 @@ Bytes ep_a2a_bytes(int top_k, std::int64_t tokens_per_gpu, std::int64_t hidden, 
 // K/V head i·g / (heads / kv_heads). Plan validation keeps g a divisor of the heads per KV group.
 int attention_head_groups(const AttentionSpec& a, int group_heads);
 
+// Context parallelism (ring attention): the BF16 K/V one GPU's piece of `tokens` tokens sends
+// around its group per pass, i.e. what the attention core needs of other pieces: the compressed
+// latent and the shared RoPE key under MLA (each receiver expands it), else the KV heads' K and V.
+Bytes ring_kv_bytes(const AttentionSpec& a, std::int64_t tokens);
+// The buffers ring attention holds on one GPU during the core over pieces of `tokens` tokens: the
+// piece in flight and the one in use (ring_kv_bytes each), plus under MLA the expanded per-head K
+// and V of the piece in use; in backward twice that (the pieces' gradients travel too).
+Bytes ring_attention_buffer_bytes(const AttentionSpec& a, std::int64_t tokens, bool backward);
+
 // Activations saved by an attention sublayer over `seqs` sequences of S tokens, with query heads
 // processed `head_group` at a time within one KV group (0 = all heads at once).
 Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, std::int64_t seqs,

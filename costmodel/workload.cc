@@ -51,8 +51,12 @@ Workload workload_from_json(const nlohmann::json& j, const std::string& file, co
   w.yarn_factor = r.number_or("yarn_factor", 1.0, 1.0, 1024.0);
   if (const auto n = r.optional_integer("nodes", 1, 65536)) w.nodes = static_cast<int>(*n);
   if (r.has("routing")) w.routing = routing_from_json(r.object("routing").raw(), file, r.field("routing"));
-  if (w.global_batch % w.gpus != 0) {
-    r.fail("global_batch", fmt::format("must be a multiple of gpus = {}", w.gpus));
+  if (w.global_batch % w.gpus != 0 && w.gpus % w.global_batch != 0) {
+    r.fail("global_batch", fmt::format("must be a multiple of gpus = {} (whole sequences per GPU) or divide it (each "
+                                       "sequence split over gpus / global_batch GPUs)", w.gpus));
+  }
+  if (w.seq_len % w.gpus_per_seq() != 0) {
+    r.fail("seq_len", fmt::format("must split evenly over the {} GPUs of each sequence (gpus / global_batch)", w.gpus_per_seq()));
   }
   return w;
 }

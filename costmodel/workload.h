@@ -4,7 +4,8 @@
 // "global_batch": 32, "seq_len": 4096, "gpu_budget_gib": null, "host_budget_gib": null,
 // "yarn_factor": 1, "routing": {"kind": "zipf", "skew": 1.2}} ("routing" optional, default
 // uniform; costmodel/routing.h). A null budget means "the hardware's capacity". The global batch is split
-// evenly over the GPUs (whole sequences per GPU; no gradient accumulation). Plain value type.
+// evenly over the GPUs (whole sequences per GPU; no gradient accumulation), or, with fewer sequences
+// than GPUs, each sequence over gpus / global_batch GPUs (context parallelism). Plain value type.
 #pragma once
 
 #include <optional>
@@ -33,8 +34,13 @@ struct Workload {
   double yarn_factor = 1.0;               // context extension factor over max_position_embeddings
   RoutingSpec routing;                    // how tokens spread over experts (default: uniform)
 
-  std::int64_t seqs_per_gpu() const { return global_batch / gpus; }
-  std::int64_t tokens_per_gpu() const { return seqs_per_gpu() * seq_len; }
+  // Fewer sequences than GPUs split each sequence over gpus / global_batch consecutive GPUs
+  // (context parallelism, Plan::context_parallel_gpus): each GPU then holds one piece of one
+  // sequence, local_seq_len() tokens long.
+  int gpus_per_seq() const { return global_batch < gpus ? static_cast<int>(gpus / global_batch) : 1; }
+  std::int64_t seqs_per_gpu() const { return global_batch < gpus ? 1 : global_batch / gpus; }
+  std::int64_t local_seq_len() const { return seq_len / gpus_per_seq(); }
+  std::int64_t tokens_per_gpu() const { return seqs_per_gpu() * local_seq_len(); }
   bool operator==(const Workload&) const = default;
 };
 
@@ -62,7 +68,7 @@ struct WorkloadContext {
 
 // Loads the model and hardware the workload names (repeated over `nodes` when set) and checks:
 // gpus ≤ GPUs of the hardware,
-// global_batch a multiple of gpus, seq_len ≤ max_position_embeddings · yarn_factor.
+// global_batch a multiple of gpus or dividing it (then seq_len a multiple of gpus / global_batch), seq_len ≤ max_position_embeddings · yarn_factor.
 // Errors name `file` and the workload field (model, hardware, gpus, ...).
 WorkloadContext resolve_workload(const Workload& w, const std::string& file);
 

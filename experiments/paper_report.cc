@@ -56,6 +56,7 @@ std::string predictions_table(const StudyResult& r) {
     }
     for (const auto& b : row.baselines) {
       out += b.fits() ? fmt::format(" {:.2f} |", b.step_s)
+                  : !b.not_run.empty() ? std::string(" n/a |")
                       : fmt::format(" OOM ({}) |", b.oom->space == "gpu" ? std::string("GPU") : fmt::format("host n{}", b.oom->device));
     }
     if (!r.spec.baselines.empty()) out += row.speedup ? fmt::format(" {:.2f}× |", *row.speedup) : std::string(" – |");

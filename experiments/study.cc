@@ -44,8 +44,8 @@ std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key,
 }
 
 StudySweep sweep_from_json(const JsonReader& r) {
-  r.reject_unknown_keys({"name", "models", "hardware", "nodes", "gpus", "global_batch", "seqs_per_gpu", "seq_len",
-                         "gpu_budget_gib", "host_budget_gib", "yarn_factor", "routing", "systems"});
+  r.reject_unknown_keys({"name", "models", "hardware", "nodes", "gpus", "global_batch", "seqs_per_gpu", "gpus_per_seq",
+                         "seq_len", "gpu_budget_gib", "host_budget_gib", "yarn_factor", "routing", "systems"});
   StudySweep s;
   s.name = r.string("name");
   s.models = r.string_list("models");
@@ -59,10 +59,14 @@ StudySweep sweep_from_json(const JsonReader& r) {
   if (s.nodes.empty() || r.has("gpus")) {
     for (const std::int64_t g : non_empty(r, "gpus", 1)) s.gpus.push_back(static_cast<int>(std::min<std::int64_t>(g, 65536)));
   }
-  const bool batch = r.has("global_batch"), per_gpu = r.has("seqs_per_gpu");
-  if (batch == per_gpu) r.fail(batch ? "seqs_per_gpu" : "global_batch", "give exactly one of global_batch and seqs_per_gpu");
+  const bool batch = r.has("global_batch"), per_gpu = r.has("seqs_per_gpu"), per_seq = r.has("gpus_per_seq");
+  if (int{batch} + int{per_gpu} + int{per_seq} != 1) {
+    r.fail(batch ? (per_gpu ? "seqs_per_gpu" : "gpus_per_seq") : per_gpu ? "gpus_per_seq" : "global_batch",
+           "give exactly one of global_batch, seqs_per_gpu and gpus_per_seq");
+  }
   if (batch) s.global_batch = non_empty(r, "global_batch", 1);
   if (per_gpu) s.seqs_per_gpu = non_empty(r, "seqs_per_gpu", 1);
+  if (per_seq) s.gpus_per_seq = non_empty(r, "gpus_per_seq", 1);
   s.seq_len = non_empty(r, "seq_len", 1);
   s.gpu_budget_gib = budget_list(r, "gpu_budget_gib");
   s.host_budget_gib = budget_list(r, "host_budget_gib");
@@ -192,6 +196,7 @@ std::string plan_summary(const Plan& p) {
   if (p.path == ExpertPath::kEp) {
     s = fmt::format("ep R{}/K{} c{}", p.resident_layers.size(), p.moe_retained_layers.size(), tokens_text(p.routing_chunk_tokens));
     if (p.ep_group_gpus > 0) s += fmt::format(" EP{}", p.ep_group_gpus);  // GPUs per EP group
+    if (p.context_parallel_gpus > 1) s += fmt::format(" CP{}", p.context_parallel_gpus);  // GPUs per sequence
   } else {
     s = fmt::format("local {}", p.param_transfer == ParamTransfer::kShard ? "shard" : "full");
     if (p.split.attention_head_group > 0) s += fmt::format(" h{}", p.split.attention_head_group);
@@ -263,6 +268,7 @@ nlohmann::json study_to_json(const StudySpec& s) {
     if (!w.gpus.empty()) j["gpus"] = w.gpus;
     if (!w.global_batch.empty()) j["global_batch"] = w.global_batch;
     if (!w.seqs_per_gpu.empty()) j["seqs_per_gpu"] = w.seqs_per_gpu;
+    if (!w.gpus_per_seq.empty()) j["gpus_per_seq"] = w.gpus_per_seq;
     if (w.yarn_factor) j["yarn_factor"] = *w.yarn_factor;
     if (!w.routing.uniform()) j["routing"] = routing_to_json(w.routing);
     if (w.systems != std::vector<PlanVariant>{PlanVariant{}}) {
@@ -317,6 +323,9 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
           std::vector<std::int64_t> batches = w.global_batch;
           if (batches.empty()) {
             for (const std::int64_t per : w.seqs_per_gpu) batches.push_back(per * gpus);
+            // Each sequence over `per` GPUs (context parallelism); resolve_workload refuses a
+            // count that does not divide the GPUs, naming global_batch.
+            for (const std::int64_t per : w.gpus_per_seq) batches.push_back(std::max<std::int64_t>(1, gpus / per));
           }
           for (const std::int64_t b : batches) {
             for (const std::int64_t S : w.seq_len) {
@@ -412,7 +421,7 @@ std::string study_table_text(const StudyResult& r) {
       if (b.fits()) {
         line += fmt::format(" {:>14}", fmt::format("{:.2f}s", b.step_s));
       } else {
-        line += fmt::format(" {:>14}", b.oom->space == "gpu" ? "OOM(GPU)" : fmt::format("OOM(host n{})", b.oom->device));
+        line += fmt::format(" {:>14}", b.failure_cell());
       }
     }
     line += fmt::format(" {:>8}", row.speedup ? fmt::format("{:.2f}x", *row.speedup) : std::string("-"));
@@ -430,7 +439,7 @@ std::string study_table_text(const StudyResult& r) {
   for (const auto& row : r.rows) {
     if (!row.plan) out += fmt::format("  {}: no plan fits: {}\n", row.label(), row.infeasible);
     for (const auto& b : row.baselines) {
-      if (!b.fits()) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.oom->message());
+      if (!b.fits()) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.failure());
       if (b.fits() && b.setup && b.setup->expert_units > 1) {
         out += fmt::format("  {}: {}: experts wrapped in {} units per decoder (a whole decoder does not fit), micro-batch of {} x {}\n",
                            row.label(), baseline_system_name(b.system), b.setup->expert_units, b.setup->micro_batch_seqs,
@@ -490,7 +499,7 @@ std::string study_csv(const StudyResult& r) {
         out += fmt::format(",{:.6g},{:.6g},{:.3f},{:.3f},", b.step_s, b.tokens_per_s, to_gib(b.gpu_peak_bytes),
                            to_gib(sum(b.host_bytes_per_numa)));
       } else {
-        out += fmt::format(",,,,,{}", quoted(b.oom->message()));
+        out += fmt::format(",,,,,{}", quoted(b.failure()));
       }
     }
     out += fmt::format(",{},{}", row.best_baseline, row.speedup ? fmt::format("{:.4g}", *row.speedup) : std::string());

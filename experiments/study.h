@@ -3,7 +3,8 @@
 //
 // A study file (experiments/*.json) names sweeps; each sweep is the cartesian product of its
 // lists. The batch is given either as `global_batch` (sequences per step over all GPUs) or as
-// `seqs_per_gpu` (e.g. one sequence per GPU at long context). Budgets are GiB or null (the
+// `seqs_per_gpu` (e.g. one sequence per GPU at long context) or as `gpus_per_seq` (each sequence
+// split over that many GPUs: context parallelism, global batch = gpus / it). Budgets are GiB or null (the
 // hardware's capacity). `yarn_factor` defaults to the smallest whole factor that lets the model
 // reach the sweep's context.
 //   {"name": "default", "description": "...", "engine": "analytic",
@@ -73,7 +74,8 @@ struct StudySweep {
   std::vector<int> nodes;
   std::vector<int> gpus;
   std::vector<std::int64_t> global_batch;  // either this ...
-  std::vector<std::int64_t> seqs_per_gpu;  // ... or this is non-empty
+  std::vector<std::int64_t> seqs_per_gpu;  // ... or this ...
+  std::vector<std::int64_t> gpus_per_seq;  // ... or this (each sequence over that many GPUs) is non-empty
   std::vector<std::int64_t> seq_len;
   std::vector<std::optional<double>> gpu_budget_gib{std::nullopt};
   std::vector<std::optional<double>> host_budget_gib{std::nullopt};
@@ -92,7 +94,7 @@ struct StudySpec {
 };
 
 // Parses a study object. Throws InputError naming `file`, the field and the value (unknown keys,
-// empty lists, both or neither of global_batch and seqs_per_gpu, unknown baselines).
+// empty lists, not exactly one of global_batch, seqs_per_gpu and gpus_per_seq, unknown baselines).
 StudySpec study_from_json(const nlohmann::json& j, const std::string& file);
 nlohmann::json study_to_json(const StudySpec& s);
 StudySpec load_study(const std::string& path);

@@ -75,7 +75,7 @@ RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, cons
       const BaselineResult b = run_baseline(*system, ctx, engines, engine, calibration_of(ctx.hardware, calibrations, engine));
       if (!b.fits()) {
         p.status = "oom";
-        p.reason = b.oom->message();
+        p.reason = b.failure();
         return p;
       }
       Bytes host = 0;

@@ -21,23 +21,32 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
   const bool ep = plan.path == ExpertPath::kEp;
   const int P = w.gpus;
   const int E = plan.ep_group(P), D = plan.ep_replicas(P);  // EP groups: each shard on D replicas
-  const std::int64_t B = w.seqs_per_gpu(), S = w.seq_len, N = w.tokens_per_gpu();
+  // Context parallelism: each of a sequence's C GPUs does 1/C of its work (ring attention balances
+  // the core) on its piece of S / C tokens.
+  const int C = ep ? plan.context_parallel() : 1;
+  const double share = 1.0 / C;
+  const std::int64_t B = w.seqs_per_gpu(), S = w.seq_len, N = w.tokens_per_gpu(), piece = S / C;
 
   StaticCost c;
   const Eq1Flops eq1 = model_forward_flops(m, B, S);
-  c.eq1_linear_flops = eq1.linear;
-  c.eq1_quadratic_flops = eq1.quadratic;
+  c.eq1_linear_flops = share * eq1.linear;
+  c.eq1_quadratic_flops = share * eq1.quadratic;
   const Flops head = lm_head_flops(m, N);
-  c.forward_flops = eq1.total();
+  c.forward_flops = share * eq1.total();
   c.backward_flops = kMatmulBackwardRatio * head;
   for (int l = 0; l < m.layers; ++l) {
     const LayerFlops f = layer_flops(m, l, B, S);
-    c.backward_flops += f.backward();
+    c.backward_flops += share * f.backward();
     // Replay: a MoE-retained decoder replays only its mixing sublayer; with O/LSE kept, attention
     // replay rebuilds only the projections.
     const bool attention = m.layer_kinds[l] != LayerKind::kLinearAttention;
     const Flops mixing = f.mixing_projection + ((attention && plan.keep_attention_results) ? 0.0 : f.mixing_core.total());
-    c.recompute_flops += mixing + (plan.is_moe_retained(l) ? 0.0 : f.moe.total());
+    c.recompute_flops += share * (mixing + (plan.is_moe_retained(l) ? 0.0 : f.moe.total()));
+    if (attention && C > 1) {
+      // Ring attention: C − 1 pieces' K/V per pass (forward, replay without kept O/LSE), twice in backward.
+      const int passes = (plan.keep_attention_results ? 1 : 2) + 2;
+      c.allgather_bytes += passes * (C - 1) * ring_kv_bytes(m.attention(m.layer_kinds[l]), N);
+    }
   }
 
   // Weight and gradient traffic: every streamed layer crosses PCIe for forward and again for
@@ -64,10 +73,10 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
       c.a2a_bytes += passes * ep_a2a_bytes(m.layer_moe(l).top_k, N, m.hidden, kBf16Bytes, E);
     }
     if (plan.keep_attention_results && m.layer_kinds[l] != LayerKind::kLinearAttention) {
-      c.activation_offload_bytes += 2 * attention_result_bytes(m.attention(m.layer_kinds[l]), B, S);  // save + load
+      c.activation_offload_bytes += 2 * attention_result_bytes(m.attention(m.layer_kinds[l]), B, piece);  // save + load
     }
     if (plan.boundaries.place(l) == BoundaryPolicy::Place::kHost) {
-      c.activation_offload_bytes += 2 * boundary_bytes(1, B, S, m.hidden);  // save + load
+      c.activation_offload_bytes += 2 * boundary_bytes(1, B, piece, m.hidden);  // save + load
     }
   }
   c.h2d_bytes = 2 * weights_per_pass;

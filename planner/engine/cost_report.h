@@ -28,7 +28,7 @@ struct StaticCost {
   Bytes h2d_bytes = 0;         // BF16 weights over PCIe (forward and backward passes)
   Bytes d2h_bytes = 0;         // BF16 gradients over PCIe
   Bytes a2a_bytes = 0;         // EP dispatch + return over the fabric (Eq. 6 per MoE pass)
-  Bytes allgather_bytes = 0;   // Local shard delivery over the fabric
+  Bytes allgather_bytes = 0;   // all-gathers over the fabric: Local shard delivery, EP replicas, ring attention
   Bytes activation_offload_bytes = 0;  // boundaries and O/LSE moved between GPU and host
   ParamCount cpu_updated_params = 0;   // parameters this GPU's rank updates with CPU AdamW
   ParamCount gpu_updated_params = 0;   // resident parameters updated with GPU AdamW

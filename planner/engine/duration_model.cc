@@ -128,8 +128,11 @@ Bytes memory_efficient_attention_hbm_rereads(const OpShape& shape, Bytes l2_byte
   const double working_set = span * kv_row;
   const double miss = std::max(0.0, 1.0 - static_cast<double>(l2_bytes) / working_set);
   if (miss <= 0) return 0;
-  const double tiles = std::ceil(L / static_cast<double>(kMemoryEfficientAttentionQueriesPerTile));
   const double seqs = static_cast<double>(std::max<std::int64_t>(1, shape.seqs));
+  // Query tiles over this GPU's queries of each sequence: all L of them, or its piece of them
+  // under context parallelism (tokens per sequence below L).
+  const double queries = shape.tokens > 0 ? std::min(L, static_cast<double>(shape.tokens) / seqs) : L;
+  const double tiles = std::ceil(queries / static_cast<double>(kMemoryEfficientAttentionQueriesPerTile));
   const double heads = static_cast<double>(std::max(1, shape.heads));
   return static_cast<Bytes>(heads * seqs * tiles * keys * kv_row * miss);
 }

@@ -139,7 +139,7 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
     const auto system = baseline_system_from_name(rec->system);
     if (!system) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "unknown baseline system");
     const BaselineResult b = run_baseline(*system, ctx, engines, engine, calibration);
-    if (!b.fits()) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "predicted out of memory: " + b.oom->message());
+    if (!b.fits()) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "predicted out of memory: " + b.failure());
     trace = b.trace;
   } else {
     const Plan plan = plan_from_json(rec->plan, rec->origin);

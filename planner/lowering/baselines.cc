@@ -212,7 +212,27 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   return out;
 }
 
+namespace {
+
+// Why system `s` cannot run the workload: every baseline system runs whole sequences per GPU.
+std::string whole_sequences_only(BaselineSystem s, const Workload& w) {
+  if (w.gpus_per_seq() <= 1) return {};
+  return fmt::format("{} runs whole sequences per GPU; the workload splits each of its {} sequences over {} GPUs",
+                     baseline_system_name(s), w.global_batch, w.gpus_per_seq());
+}
+
+}  // namespace
+
+std::string BaselineResult::failure_cell() const {
+  if (!not_run.empty()) return "n/a";
+  if (!oom) return {};
+  return oom->space == "gpu" ? std::string("OOM(GPU)") : fmt::format("OOM(host n{})", oom->device);
+}
+
 BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
+  if (const std::string why = whole_sequences_only(s, ctx.workload); !why.empty()) {
+    throw InputError("", "global_batch", std::to_string(ctx.workload.global_batch), why);
+  }
   if (s == BaselineSystem::kMegatronLm) {
     const MegatronFit m = configure_megatron(ctx, k);
     BaselineFit fit;
@@ -295,6 +315,12 @@ bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const St
 
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& k) {
+  if (std::string why = whole_sequences_only(s, ctx.workload); !why.empty()) {
+    BaselineResult r;
+    r.system = s;
+    r.not_run = std::move(why);
+    return r;
+  }
   if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engines, engine, calibration, k);
   if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engines, engine, calibration, k);
   const auto e = engines.make(engine);
@@ -345,6 +371,7 @@ nlohmann::json baseline_result_to_json(const BaselineResult& r) {
   } else {
     j["oom"] = nullptr;
   }
+  if (!r.not_run.empty()) j["not_run"] = r.not_run;
   return j;
 }
 

@@ -136,7 +136,8 @@ struct OutOfMemory {
 // (expert_unit_options()), whose static GPU peak fits the workload's GPU budget and whose host
 // bytes fit every NUMA node's share of the host budget. Returns the setup, or the
 // out-of-memory that stops it: the host (first NUMA node over budget) when some micro-batch fitted
-// the GPU, else the GPU at the smallest micro-batch allowed.
+// the GPU, else the GPU at the smallest micro-batch allowed. Throws InputError naming
+// "global_batch" for a workload with fewer sequences than GPUs (whole sequences per GPU only).
 struct BaselineFit {
   std::optional<BaselineSetup> setup;
   std::optional<OutOfMemory> oom;
@@ -165,17 +166,25 @@ struct BaselineResult {
   BaselineSystem system = BaselineSystem::kFsdp2Offload;
   std::optional<BaselineSetup> setup;
   std::optional<OutOfMemory> oom;      // set exactly when the system does not fit
+  // Why the system cannot run the workload at all (it splits no sequence over GPUs, and the
+  // workload has fewer sequences than GPUs); empty when it can. Then `oom` is unset.
+  std::string not_run;
   Seconds step_s = 0;
   double tokens_per_s = 0;
   Bytes gpu_peak_bytes = 0;            // the largest GPU peak of the executed step
   std::vector<Bytes> host_bytes_per_numa;
   Trace trace;                         // the executed step (empty when out of memory)
-  bool fits() const { return !oom.has_value(); }
+  bool fits() const { return !oom.has_value() && not_run.empty(); }
+  // Why it does not fit (the out-of-memory's line, or not_run); empty when it fits.
+  std::string failure() const { return !not_run.empty() ? not_run : oom ? oom->message() : std::string(); }
+  // A table cell for a system that does not fit: "OOM(GPU)", "OOM(host n<k>)" or "n/a".
+  std::string failure_cell() const;
 };
 
 // Configures, lowers and executes the system with the StepEngine of `engines` named `engine`,
 // pricing stages with `calibration`. A step whose executed GPU or host peak exceeds its budget is
-// reported as out-of-memory too. Throws InputError when `engines` offers no `engine`.
+// reported as out-of-memory too; a workload with fewer sequences than GPUs as not run (every
+// baseline system runs whole sequences per GPU). Throws InputError when `engines` offers no `engine`.
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& constants = {});
 
@@ -187,7 +196,8 @@ bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const St
                            const WorkloadContext& ctx, const std::string& gpu_peak_at);
 
 // {"system", "fits", "step_s" | null, "tokens_per_s", "gpu_peak_gib", "host_gib", "micro_batch_seqs",
-//  "accumulation_steps", "oom": {"space", "device", "where", "needed_gib", "available_gib", "message"} | null}
+//  "accumulation_steps", "oom": {"space", "device", "where", "needed_gib", "available_gib", "message"} | null,
+//  "not_run" (only when set)}
 nlohmann::json baseline_result_to_json(const BaselineResult& r);
 
 }  // namespace oom

@@ -69,6 +69,7 @@ bool groups_alike(const HardwareSpec& h, int P, int group) {
 bool nodes_run_alike(const Plan& plan, const WorkloadContext& ctx, const std::vector<LlepBalance>& routing) {
   if (!whole_nodes_alike(ctx.hardware, ctx.workload.gpus) || plan.flat.ring_dtp(ctx.workload.gpus)) return false;
   if (!groups_alike(ctx.hardware, ctx.workload.gpus, plan.ep_group(ctx.workload.gpus))) return false;
+  if (!groups_alike(ctx.hardware, ctx.workload.gpus, plan.context_parallel())) return false;
   for (const LlepBalance& b : routing) {
     for (std::size_t r = 1; r < b.loads.size(); ++r) {
       if (b.loads[r] != b.loads[0]) return false;
@@ -146,11 +147,13 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   ep_ = plan.path == ExpertPath::kEp;
   E_ = plan.ep_group(P_);
   D_ = P_ / E_;
-  if (!ep_) check_local_on_one_node(ctx);
+  if (!ep_) check_local_applies(ctx);
   layers_ = options.decoder_layers > 0 ? std::min(options.decoder_layers, m_.layers) : m_.layers;
+  C_ = ep_ ? plan.context_parallel() : 1;
   seqs_ = ctx.workload.seqs_per_gpu();
-  S_ = ctx.workload.seq_len;
-  N_ = ctx.workload.tokens_per_gpu();
+  S_ = ctx.workload.seq_len / C_;
+  span_ = ctx.workload.seq_len;
+  N_ = seqs_ * S_;
   for (int r = 0; r < P_; ++r) r_.push_back(add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/true));
   last_compute_.assign(static_cast<std::size_t>(P_), -1);
   slot_last_use_[0].assign(static_cast<std::size_t>(P_), -1);
@@ -249,6 +252,7 @@ RankGroups Lowering::groups(Over over) const {
     case Over::kNone: return {P_, 1, false};
     case Over::kGroup: return {P_, E_, false};
     case Over::kReplicas: return {P_, E_, true};
+    case Over::kContext: return {P_, C_, false};
     case Over::kAll: break;
   }
   return {P_, P_, false};

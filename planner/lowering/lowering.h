@@ -131,9 +131,10 @@ std::vector<StageId> collective_waits(int gpus_per_node, const std::vector<int>&
 }
 
 // Which ranks a collective of the EP/Local lowering spans: none (no collective), every rank, the
-// rank's EP group (Plan::ep_group_gpus consecutive ranks), or the replicas of its expert shard
-// (the rank at its place in every EP group).
-enum class Over { kNone, kAll, kGroup, kReplicas };
+// rank's EP group (Plan::ep_group_gpus consecutive ranks), the replicas of its expert shard
+// (the rank at its place in every EP group), or the GPUs that share its sequence
+// (Plan::context_parallel_gpus consecutive ranks).
+enum class Over { kNone, kAll, kGroup, kReplicas, kContext };
 
 // One collective per member set of `groups`: each member's stage made by `make_stage(r)` (on its
 // fabric port, with its bytes), with its set's PeerList (one list, shared by the set's stages), and
@@ -248,6 +249,17 @@ class Lowering {
   PerRank mixing_forward(int layer, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
                          bool first_pass, bool replay_reuses_o);
   PerRank mixing_backward(int layer, std::int64_t seqs, const PerRank& ready);
+  // Context parallelism: the attention core's FLOPs of decoder `layer` on one rank (its queries'
+  // share of every sequence's core: 1/C of the whole sequence's, the pieces balanced as ring
+  // attention's zig-zag order balances them), and the core's shape (keys over the whole sequence).
+  Flops attention_core_flops(int layer, std::int64_t seqs) const;
+  // Ring attention around the core of decoder `layer` (context parallelism): the K/V pieces pass
+  // around the sequence's GPUs beside the core (`after`: what the pieces wait for), and in
+  // backward the pieces' gradients come back; allocates the ring's buffers as it starts. Returns
+  // what the core's consumer waits for besides the core (empty without context parallelism).
+  PerRank ring_attention(int layer, Phase phase, const PerRank& after);
+  // Frees the ring's buffers at the end of `until` (the core's consumer).
+  void ring_buffers_free(int layer, Phase phase, const PerRank& until);
   // One forward chunk (both halves back to back); `fetched`: LLEP's weight fetch the expert GEMMs
   // wait for (empty: none).
   PerRank moe_forward_chunk(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,
@@ -308,6 +320,7 @@ class Lowering {
   int P_ = 1;
   int E_ = 1;  // GPUs per EP group (P_ on the Local path and with one group)
   int D_ = 1;  // EP groups: replicas of each expert shard
+  int C_ = 1;  // GPUs per sequence (context parallelism); each holds S_ of its span_ tokens
   int emit_ = 1;  // ranks whose stages are emitted: P_, or one node's under symmetric_nodes
   struct KeyHash {
     std::size_t operator()(const StageKey& k) const;
@@ -315,7 +328,8 @@ class Lowering {
   std::unordered_map<StageKey, StageId, KeyHash> representative_;  // emitted stages by key (symmetric_nodes)
   bool ep_ = true;
   int layers_ = 0;  // decoders lowered
-  std::int64_t seqs_ = 1, S_ = 1, N_ = 1;
+  std::int64_t seqs_ = 1, S_ = 1, N_ = 1;  // sequences (pieces) per GPU, tokens of each, tokens per GPU
+  std::int64_t span_ = 1;                  // tokens of a whole sequence (S_ · C_)
 
   // Routing: per decoder, each rank's received dispatch load relative to the mean, after LLEP's
   // rebalancing when the plan runs it, and the experts each rank fetches / lends under LLEP.

@@ -14,15 +14,16 @@ namespace {
 
 bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
 
-// The shape of one head group's attention core over `seqs` complete sequences of `seq_len` tokens.
-OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t seq_len) {
+// The shape of one head group's attention core over the queries of `seqs` pieces of `piece` tokens
+// of sequences `span` tokens long (context parallelism; else piece = span, complete sequences).
+OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t seqs, std::int64_t span, std::int64_t piece) {
   OpShape core;
   core.seqs = seqs;
-  core.seq_len = seq_len;
+  core.seq_len = span;
   core.heads = a.heads / groups;
   core.head_dim = a.head_dim;
   core.window = a.window_tokens;
-  core.tokens = seqs * seq_len;
+  core.tokens = seqs * piece;
   return core;
 }
 
@@ -74,6 +75,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const Bytes olse = attention_result_bytes(a, seqs, S_);
+    const Flops core_flops = attention_core_flops(l, seqs);
     if (reuse_o) {
       // O/LSE come back from the host; the core is not recomputed (reference §4 "Keep").
       PerRank load(static_cast<std::size_t>(P_));
@@ -86,10 +88,11 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       last = output_projection({p, load});
     } else {
       const int groups = attention_head_groups(a, plan_.split.attention_head_group);
-      const OpShape core = attention_core_shape(a, groups, seqs, S_);
+      const OpShape core = attention_core_shape(a, groups, seqs, span_, S_);
+      const PerRank ring = ring_attention(l, phase, p);
       for (int g = 0; g < groups; ++g) {
         last = compute_all(what(StagePart::kAttention, StageOp::kCore).at_head_group(g), OpKind::kAttention, phase, l,
-                           f.mixing_core.total() / groups, 0, core, {last});
+                           core_flops / groups, 0, core, {last});
       }
       if (first_pass && plan_.keep_attention_results) {
         PerRank save(static_cast<std::size_t>(P_));
@@ -102,7 +105,9 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
         }
         olse_saved_[l] = save;
       }
-      last = output_projection({last});
+      // The output projection waits for the ring's last piece too; the ring's buffers live until it ends.
+      last = output_projection({last, ring});
+      if (!ring.empty()) ring_buffers_free(l, phase, last);
     }
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
@@ -359,11 +364,13 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   const StagePart part = is_attention(kind) ? StagePart::kAttention : StagePart::kGdn;
   PerRank last = compute_all(what(part, StageOp::kOutBwd), OpKind::kGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.mixing_output, 0,
                              output_projection_shape(m_, kind, seqs * S_), {ready});
+  PerRank ring;  // context parallelism: the K/V pieces and their gradients around the core
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const int groups = attention_head_groups(a, plan_.split.attention_head_group);
-    const OpShape core = attention_core_shape(a, groups, seqs, S_);
-    const Flops fwd = f.mixing_core.total() / groups;
+    const OpShape core = attention_core_shape(a, groups, seqs, span_, S_);
+    const Flops fwd = attention_core_flops(l, seqs) / groups;
+    ring = ring_attention(l, Phase::kBackward, last);
     for (int g = groups - 1; g >= 0; --g) {
       // Without O/LSE kept, a partitioned backward needs each group's softmax statistics again:
       // its forward is recomputed right before its backward.
@@ -386,8 +393,44 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   proj.tokens = seqs * S_;
   proj.k = m_.hidden;
   const Bytes bytes = kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, seqs * S_);
-  return compute_all(what(part, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
-                     kMatmulBackwardRatio * (f.mixing_projection - f.mixing_output), bytes, proj, {last});
+  const PerRank out = compute_all(what(part, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
+                                  kMatmulBackwardRatio * (f.mixing_projection - f.mixing_output), bytes, proj, {last, ring});
+  if (!ring.empty()) ring_buffers_free(l, Phase::kBackward, out);
+  return out;
+}
+
+Flops Lowering::attention_core_flops(int l, std::int64_t seqs) const {
+  if (C_ <= 1) return layer_flops(m_, l, seqs, S_).mixing_core.total();
+  return layer_flops(m_, l, seqs, span_).mixing_core.total() / static_cast<double>(C_);
+}
+
+PerRank Lowering::ring_attention(int l, Phase phase, const PerRank& after) {
+  if (C_ <= 1) return {};
+  // Ring attention (context parallelism): every piece's K/V visits the other C − 1 GPUs of its
+  // sequence, sent while the core works on the piece before it; NCCL-style, as an all-gather over
+  // the sequence's GPUs of C − 1 pieces per member, beside the core. In backward the pieces pass
+  // again and each piece's K/V gradient, summed on its way, comes back (a reduce-scatter).
+  const AttentionSpec& a = m_.attention(m_.layer_kinds[static_cast<std::size_t>(l)]);
+  const Bytes wire = static_cast<Bytes>(C_ - 1) * ring_kv_bytes(a, N_);
+  PerRank ring = collective_all(what(StagePart::kAttention, StageOp::kAllGather), OpKind::kAllGather, phase, l, wire, after,
+                                Over::kContext);
+  const bool backward = phase == Phase::kBackward;
+  for (int r = 0; r < P_; ++r) {
+    gpu_alloc(ring[static_cast<std::size_t>(r)], r, ring_attention_buffer_bytes(a, N_, backward), false, MemoryUse::kActivations);
+  }
+  if (backward) {
+    ring = collective_all(what(StagePart::kAttention, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l, wire, ring,
+                          Over::kContext);
+  }
+  return ring;
+}
+
+void Lowering::ring_buffers_free(int l, Phase phase, const PerRank& until) {
+  const AttentionSpec& a = m_.attention(m_.layer_kinds[static_cast<std::size_t>(l)]);
+  for (int r = 0; r < P_; ++r) {
+    gpu_free(until[static_cast<std::size_t>(r)], r, ring_attention_buffer_bytes(a, N_, phase == Phase::kBackward),
+             MemoryUse::kActivations);
+  }
 }
 
 void Lowering::decoder_forward(int l, Phase phase, bool original) {

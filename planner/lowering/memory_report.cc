@@ -49,7 +49,9 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   const int P = w.gpus;
   const bool ep = plan.path == ExpertPath::kEp;
   const int E = plan.ep_group(P), D = plan.ep_replicas(P);  // EP groups: each shard on D replicas
-  const std::int64_t seqs = w.seqs_per_gpu(), S = w.seq_len, N = w.tokens_per_gpu();
+  // S: the tokens of each sequence (or, with context parallelism, of each piece) on one GPU.
+  const std::int64_t seqs = w.seqs_per_gpu(), S = w.local_seq_len(), N = w.tokens_per_gpu();
+  const int C = ep ? plan.context_parallel() : 1;
   // Sequences and tokens live at once on one GPU (Local sub-batches hold complete sequences).
   const std::int64_t live_seqs = (!ep && plan.split.sub_batch_seqs > 0) ? plan.split.sub_batch_seqs : seqs;
   const std::int64_t live_tokens = live_seqs * S;
@@ -119,6 +121,10 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     add(ph.items, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
     if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
+    if (C > 1 && kind != LayerKind::kLinearAttention) {
+      add(ph.items, fmt::format("ring attention K/V pieces and their gradients (BF16, sequence over {} GPUs)", C),
+          ring_attention_buffer_bytes(m.attention(kind), N, true));
+    }
     if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(l, moe_tokens_live));
     if (ep && E > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
     add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",

@@ -47,7 +47,7 @@ std::string_view path_name(ExpertPath p) { return p == ExpertPath::kEp ? "ep" : 
 Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
   const JsonReader r(j, file, path);
   r.reject_unknown_keys({"version", "path", "resident_layers", "moe_retained_layers", "routing_chunk_tokens",
-                         "ep_group_gpus", "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
+                         "ep_group_gpus", "context_parallel_gpus", "param_transfer", "transfer_chunk_mib", "cpu_grad_slots", "split",
                          "keep_attention_results", "boundaries", "flat", "notes"});
   Plan p;
   p.version = static_cast<int>(r.integer("version", 1, 1));
@@ -56,6 +56,7 @@ Plan plan_from_json(const nlohmann::json& j, const std::string& file, const std:
   p.moe_retained_layers = to_int_vector(r.integer_list("moe_retained_layers", 0, kMaxLayers));
   p.routing_chunk_tokens = r.integer("routing_chunk_tokens", 1, kMaxTokens);
   p.ep_group_gpus = static_cast<int>(r.integer_or("ep_group_gpus", 0, 0, 1 << 20));
+  p.context_parallel_gpus = static_cast<int>(r.integer_or("context_parallel_gpus", 0, 0, 1 << 20));
   p.param_transfer = r.one_of("param_transfer", {"full", "shard"}) == "full" ? ParamTransfer::kFull : ParamTransfer::kShard;
   p.transfer_chunk_mib = r.integer("transfer_chunk_mib", 1, 1 << 20);
   p.cpu_grad_slots = static_cast<int>(r.integer("cpu_grad_slots", 1, 64));
@@ -113,6 +114,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["moe_retained_layers"] = p.moe_retained_layers;
   j["routing_chunk_tokens"] = p.routing_chunk_tokens;
   if (p.ep_group_gpus != 0) j["ep_group_gpus"] = p.ep_group_gpus;
+  if (p.context_parallel_gpus != 0) j["context_parallel_gpus"] = p.context_parallel_gpus;
   j["param_transfer"] = p.param_transfer == ParamTransfer::kFull ? "full" : "shard";
   j["transfer_chunk_mib"] = p.transfer_chunk_mib;
   j["cpu_grad_slots"] = p.cpu_grad_slots;
@@ -166,6 +168,12 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
       r.fail("routing_chunk_tokens", "the local path routes no tokens between GPUs; it chunks MoE work by split.moe_chunk_tokens");
     }
     if (p.ep_group_gpus != 0) r.fail("ep_group_gpus", "the local path has no expert-parallel groups");
+    if (p.context_parallel_gpus != 0) r.fail("context_parallel_gpus", "the local path runs whole sequences per GPU");
+    if (w.gpus_per_seq() > 1) {
+      r.fail("path", fmt::format("the workload splits each sequence over {} GPUs (global_batch {} < gpus {}); the local "
+                                 "path runs whole sequences per GPU: plan the ep path",
+                                 w.gpus_per_seq(), w.global_batch, w.gpus));
+    }
   } else {
     if (p.split.moe_chunk_tokens != 0) {
       s.fail("moe_chunk_tokens", "the ep path chunks MoE work by its dispatch rounds (routing_chunk_tokens)");
@@ -185,6 +193,19 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
                                             w.gpus, group));
     }
     if (p.param_transfer == ParamTransfer::kShard) r.fail("param_transfer", "shard delivery is a local-path option");
+    if (p.context_parallel() != w.gpus_per_seq()) {
+      r.fail("context_parallel_gpus",
+             w.gpus_per_seq() > 1
+                 ? fmt::format("the workload's {} sequences over {} GPUs split each sequence over {} GPUs", w.global_batch,
+                               w.gpus, w.gpus_per_seq())
+                 : fmt::format("the workload has whole sequences per GPU ({} over {} GPUs): nothing to split",
+                               w.global_batch, w.gpus));
+    }
+    if (p.context_parallel() > 1 && m.count(LayerKind::kLinearAttention) > 0) {
+      r.fail("context_parallel_gpus", fmt::format("the linear-attention (GDN) layers of {} carry a recurrent state along "
+                                                  "the sequence: splitting a sequence over GPUs is modelled for softmax "
+                                                  "attention only", m.name));
+    }
   }
 
   // A head group partitions the query heads of each KV group of every attention kind.
@@ -228,8 +249,14 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
   }
 }
 
-void check_local_on_one_node(const WorkloadContext& ctx) {
+void check_local_applies(const WorkloadContext& ctx) {
   const HardwareSpec& h = ctx.hardware;
+  if (ctx.workload.gpus_per_seq() > 1) {
+    throw InputError("", "global_batch", std::to_string(ctx.workload.global_batch),
+                     fmt::format("the Local path runs whole sequences per GPU, not each sequence over {} of the {} GPUs; "
+                                 "plan the ep path (oom plan --path ep)",
+                                 ctx.workload.gpus_per_seq(), ctx.workload.gpus));
+  }
   const int nodes = h.nodes_used(ctx.workload.gpus);
   if (nodes <= 1) return;
   throw InputError("", "gpus", std::to_string(ctx.workload.gpus),

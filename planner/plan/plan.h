@@ -88,6 +88,13 @@ struct Plan {
   // from its host plus an all-gather over the replicas, and its gradient is reduce-scattered over
   // them before the D2H. Written only when non-zero.
   int ep_group_gpus = 0;
+  // EP: GPUs each sequence is split over (context parallelism: consecutive ranks, each holding an
+  // equal piece of the sequence); 0 = whole sequences per GPU. It must be the workload's
+  // gpus / global_batch when the workload has fewer sequences than GPUs. Attention runs as ring
+  // attention over the group: each piece's K/V (the compressed latent under MLA) passes around
+  // the group beside the core, and in backward the K/V again and their gradients back. Written
+  // only when non-zero.
+  int context_parallel_gpus = 0;
   ParamTransfer param_transfer = ParamTransfer::kFull;
   std::int64_t transfer_chunk_mib = 64;
   int cpu_grad_slots = 2;
@@ -105,6 +112,7 @@ struct Plan {
     return path == ExpertPath::kEp && ep_group_gpus > 0 && ep_group_gpus < gpus ? ep_group_gpus : gpus;
   }
   int ep_replicas(int gpus) const { return gpus / std::max(1, ep_group(gpus)); }
+  int context_parallel() const { return std::max(1, context_parallel_gpus); }  // GPUs per sequence
   bool operator==(const Plan&) const = default;
 };
 
@@ -123,13 +131,15 @@ Plan load_plan(const std::string& path);
 // evenly, without resident shards when it is not every GPU (their GPU AdamW has one owner); a head group that divides the query heads
 // of each KV group of every attention kind; a GDN chunk that is either part of one sequence or a
 // whole number of sequences; a MoE chunk within the tokens per GPU; a sub-batch that divides the
-// sequences per GPU. Throws InputError naming `file` and the field.
+// sequences per GPU; context parallelism on the ep path exactly when the workload splits its
+// sequences (its gpus / global_batch), over models without linear-attention layers. Throws InputError naming `file` and the field.
 void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,
                    const std::string& path = "");
 
-// The Local path sums every rank's gradients in one node's host memory: its ranks must fit on one
-// node of the hardware. Throws InputError naming "gpus" when the workload spans nodes.
-void check_local_on_one_node(const WorkloadContext& ctx);
+// The Local path sums every rank's gradients in one node's host memory and runs whole sequences
+// per GPU: its ranks must fit on one node of the hardware, each with whole sequences. Throws
+// InputError naming "gpus" when the workload spans nodes, "global_batch" when it splits sequences.
+void check_local_applies(const WorkloadContext& ctx);
 
 // The schedules of `f` that apply to `p` on this model and workload (what validate_plan accepts):
 // PipelinedLLEP only on the EP path over 2+ GPUs, Ring-DTP over 2+ GPUs that split the vocabulary

@@ -40,7 +40,12 @@ std::optional<Plan> preset_plan(const std::string& preset, ExpertPath path, cons
       p.ep_group_gpus = groups.front();
       p.notes += fmt::format(", EP groups of {} GPUs", groups.front());
     }
+    if (ctx.workload.gpus_per_seq() > 1) {
+      p.context_parallel_gpus = ctx.workload.gpus_per_seq();
+      p.notes += fmt::format(", each sequence over {} GPUs", p.context_parallel_gpus);
+    }
   } else {
+    if (ctx.workload.gpus_per_seq() > 1) return std::nullopt;  // whole sequences per GPU only
     p.param_transfer = ParamTransfer::kShard;
     p.transfer_chunk_mib = kBaseLocalTransferChunkMib;
     p.cpu_grad_slots = kBaseLocalCpuGradSlots;
@@ -73,8 +78,11 @@ PlanSearchResult preset_plan_search(const std::string& preset, const WorkloadCon
   for (const ExpertPath p : paths) {
     const std::optional<Plan> plan = preset_plan(preset, p, ctx);
     if (!plan) {
-      reasons.push_back(fmt::format("the EP path needs the {} experts of {} to split evenly over {} GPUs", ctx.model.moe.experts,
-                                    ctx.model.name, ctx.workload.gpus));
+      reasons.push_back(p == ExpertPath::kEp
+                            ? fmt::format("the EP path needs the {} experts of {} to split evenly over {} GPUs",
+                                          ctx.model.moe.experts, ctx.model.name, ctx.workload.gpus)
+                            : fmt::format("the Local path runs whole sequences per GPU, not one sequence over {} GPUs",
+                                          ctx.workload.gpus_per_seq()));
       continue;
     }
     try {

@@ -105,6 +105,7 @@ class EpMemoryModel {
     p.routing_chunk_tokens = chunk;
     p.cpu_grad_slots = slots;
     p.ep_group_gpus = group_ < ctx_.workload.gpus ? group_ : 0;
+    p.context_parallel_gpus = ctx_.workload.gpus_per_seq() > 1 ? ctx_.workload.gpus_per_seq() : 0;
     return pricer_.with_flat(std::move(p));
   }
 };
@@ -196,12 +197,16 @@ class EpSearch {
     plan.moe_retained_layers = retained_set(L_, p.retained);
     plan.routing_chunk_tokens = p.chunk;
     plan.cpu_grad_slots = p.slots;
+    plan.context_parallel_gpus = ctx_.workload.gpus_per_seq() > 1 ? ctx_.workload.gpus_per_seq() : 0;
     plan.notes = fmt::format("R{}/K{} ({}), {} routing chunk, {} CPU gradient slot{}", p.resident, p.retained,
                              p.shape == ResidentShape::kContiguous ? "contiguous" : "interleaved", chunk_label(p.chunk),
                              p.slots, p.slots == 1 ? "" : "s");
     if (group_ < ctx_.workload.gpus) {
       plan.ep_group_gpus = group_;
       plan.notes += fmt::format(", EP groups of {} GPUs ({} replicas of each shard)", group_, ctx_.workload.gpus / group_);
+    }
+    if (plan.context_parallel_gpus > 1) {
+      plan.notes += fmt::format(", each sequence over {} GPUs (ring attention)", plan.context_parallel_gpus);
     }
     return pricer_.with_flat(std::move(plan));
   }

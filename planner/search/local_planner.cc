@@ -294,7 +294,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   const WorkloadContext& ctx = pricer.context();
   const ModelSpec& m = ctx.model;
   const int L = m.layers;
-  check_local_on_one_node(ctx);
+  check_local_applies(ctx);
   if (L > kMaxBoundaryDpDecoders) {
     throw InputError(m.name, "num_hidden_layers", std::to_string(L),
                      fmt::format("the Local planner's boundary search plans up to {} decoders; plan the ep path "

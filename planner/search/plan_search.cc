@@ -173,7 +173,9 @@ Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& 
   // A model deeper than the boundary search plans is refused by --path local (plan_local names the
   // field) and leaves the choice to EP with --path auto.
   // So is a workload over several nodes (the Local path sums gradients in one node's host memory).
-  const bool local_plannable = ctx.model.layers <= kMaxBoundaryDpDecoders && ctx.hardware.nodes_used(ctx.workload.gpus) == 1;
+  // And one that splits its sequences over GPUs (the Local path runs whole sequences per GPU).
+  const bool local_plannable = ctx.model.layers <= kMaxBoundaryDpDecoders && ctx.hardware.nodes_used(ctx.workload.gpus) == 1 &&
+                               ctx.workload.gpus_per_seq() == 1;
   if (options.path == "local" || (options.path != "ep" && local_plannable)) {
     const LocalSearchResult local = plan_local(pricer), local_flat = options.flat ? plan_local(flat_pricer) : LocalSearchResult{};
     r.candidates_priced += local.priced + local_flat.priced;

@@ -433,6 +433,9 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   p = Plan{};
   p.ep_group_gpus = 1;  // two EP groups of one rank: replicated expert shards, simulated only
   expect_rejected(p, "ep_group_gpus", 4, 24, 2);
+  p = Plan{};
+  p.context_parallel_gpus = 2;  // one sequence over two ranks: ring attention, simulated only
+  expect_rejected(p, "context_parallel_gpus", 1, 24, 2);
   expect_rejected(Plan{}, "path", 3, 24, 3);         // 8 experts over 3 ranks
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));  // EP on one rank
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));  // and on two

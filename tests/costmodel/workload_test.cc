@@ -89,7 +89,15 @@ TEST(Workload, ContextBeyondYarnExtendedPositionsIsRejected) {
 TEST(Workload, BatchMustSplitEvenlyOverGpus) {
   nlohmann::json j = default_json();
   j["global_batch"] = 30;
-  EXPECT_EQ(error_of(j), "w.json: field 'global_batch': value 30: must be a multiple of gpus = 4");
+  EXPECT_EQ(error_of(j), "w.json: field 'global_batch': value 30: must be a multiple of gpus = 4 (whole sequences per GPU) "
+                        "or divide it (each sequence split over gpus / global_batch GPUs)");
+  j["global_batch"] = 3;
+  EXPECT_NE(error_of(j).find("field 'global_batch': value 3: must be a multiple of gpus = 4"), std::string::npos);
+  j["global_batch"] = 2;  // each sequence over 2 GPUs
+  EXPECT_EQ(error_of(j), "");
+  j["seq_len"] = 4097;
+  EXPECT_EQ(error_of(j), "w.json: field 'seq_len': value 4097: must split evenly over the 2 GPUs of each sequence "
+                        "(gpus / global_batch)");
 }
 
 TEST(Workload, UnknownFieldIsRejected) {

@@ -18,7 +18,8 @@ OOM_FUZZ_TARGET(workload) {
   if (!fuzz::accepts([&] { j = parse_json_text(std::string(input), "workload.json"); })) return;
   Workload w;
   if (!fuzz::accepts([&] { w = workload_from_json(j, "workload.json"); })) return;
-  OOM_FUZZ_CHECK(w.gpus > 0 && w.global_batch % w.gpus == 0);
+  OOM_FUZZ_CHECK(w.gpus > 0 && (w.global_batch % w.gpus == 0 || w.gpus % w.global_batch == 0));
+  OOM_FUZZ_CHECK(w.seq_len % w.gpus_per_seq() == 0 && w.tokens_per_gpu() * w.gpus == w.global_batch * w.seq_len);
   OOM_FUZZ_CHECK(workload_from_json(workload_to_json(w), "round-trip") == w);
 
   WorkloadContext ctx;
@@ -35,7 +36,9 @@ OOM_FUZZ_TARGET(workload) {
     local.param_transfer = ParamTransfer::kShard;
     return std::vector<Plan>{r23, ep, local};
   }();
-  for (const Plan& plan : plans) {
+  for (Plan plan : plans) {
+    // A workload with fewer sequences than GPUs: the EP plans split each sequence over its GPUs.
+    if (plan.path == ExpertPath::kEp && ctx.workload.gpus_per_seq() > 1) plan.context_parallel_gpus = ctx.workload.gpus_per_seq();
     if (!fuzz::accepts([&] { validate_plan(plan, ctx.model, ctx.workload, "plan.json"); })) continue;
     const StaticCost c = static_cost(ctx, plan);
     OOM_FUZZ_CHECK(std::isfinite(c.serial_s()) && c.lower_bound_s() >= 0 && c.lower_bound_s() <= c.serial_s());

@@ -181,6 +181,8 @@ std::vector<Case> cases() {
                memory_with_workload(), W, "gpus", "\"four\"", "integer"});
   c.push_back({"workload_batch_not_multiple", {{"w.json", workload_with([](json& j) { j["global_batch"] = 30; })}},
                memory_with_workload(), W, "global_batch", "30", "multiple"});
+  c.push_back({"workload_seq_len_not_splitting", {{"w.json", workload_with([](json& j) { j["global_batch"] = 2, j["seq_len"] = 4097; })}},
+               memory_with_workload(), W, "seq_len", "4097", "split evenly over the 2 GPUs"});
   c.push_back({"workload_seq_len_above_context", {{"w.json", workload_with([](json& j) { j["seq_len"] = 1 << 20; })}},
                memory_with_workload(), W, "seq_len", "1048576", "max_position_embeddings"});
   c.push_back({"workload_unknown_field", {{"w.json", workload_with([](json& j) { j["batch"] = 32; })}},
@@ -299,6 +301,10 @@ std::vector<Case> cases() {
                memory_with_plan(), P, "ep_group_gpus", "3", "divides the workload's 4 GPUs"});
   c.push_back({"plan_ep_group_with_resident", {{"p.json", plan_with([](json& j) { j["ep_group_gpus"] = 2; })}},
                memory_with_plan(), P, "resident_layers", "[0,1,3", "one EP group"});
+  c.push_back({"plan_context_parallel_negative", {{"p.json", plan_with([](json& j) { j["context_parallel_gpus"] = -2; })}},
+               memory_with_plan(), P, "context_parallel_gpus", "-2", "range"});
+  c.push_back({"plan_context_parallel_whole_sequences", {{"p.json", plan_with([](json& j) { j["context_parallel_gpus"] = 2; })}},
+               memory_with_plan(), P, "context_parallel_gpus", "2", "whole sequences per GPU"});
   c.push_back({"plan_unknown_field", {{"p.json", plan_with([](json& j) { j["resident"] = json::array(); })}},
                memory_with_plan(), P, "resident", "[]", "unknown field"});
   c.push_back({"plan_transfer_chunk_huge", {{"p.json", plan_with([](json& j) { j["transfer_chunk_mib"] = std::int64_t{1} << 40; })}},

@@ -97,6 +97,26 @@ std::vector<Case> cases() {
     out.push_back({"two-nodes-one-node's-stages", ctx, std::move(one_node)});
     out.push_back({"two-nodes-ep-groups-of-8", std::move(ctx), std::move(groups)});
   }
+  {
+    // Context parallelism: four 16K sequences over two nodes, each over 4 GPUs (ring attention's
+    // K/V pieces and their gradients among them), every rank's stages.
+    Workload w;
+    w.model = "qwen3-30b-a3b";
+    w.hardware = "h200-sxm-node";
+    w.nodes = 2;
+    w.gpus = 16;
+    w.global_batch = 4;
+    w.seq_len = 16384;
+    WorkloadContext ctx = resolve_workload(w, "context-parallel");
+    Plan p;
+    p.routing_chunk_tokens = 4096;
+    p.context_parallel_gpus = 4;
+    validate_plan(p, ctx.model, ctx.workload, "context-parallel");
+    LoweringOptions o;
+    o.decoder_layers = 3;
+    StepGraph g = lower(p, ctx, o);
+    out.push_back({"two-nodes-context-parallel-4", std::move(ctx), std::move(g)});
+  }
   return out;
 }
 

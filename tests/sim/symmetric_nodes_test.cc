@@ -79,6 +79,27 @@ TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterInEpGroups) {
   }
 }
 
+TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterWithSequencesSplitOverGpus) {
+  // Plan::context_parallel_gpus: each sequence over half a node, one node, two nodes.
+  for (const auto& [nodes, seqs] : {std::pair{2, 4}, std::pair{2, 2}, std::pair{4, 2}}) {
+    Workload w;
+    w.model = "qwen3-30b-a3b";
+    w.hardware = "h200-sxm-node";
+    w.nodes = nodes;
+    w.gpus = 8 * nodes;
+    w.global_batch = seqs;
+    w.seq_len = 32768;
+    const WorkloadContext ctx = resolve_workload(w, "context parallel");
+    LoweringOptions full_options, sym_options;
+    full_options.decoder_layers = sym_options.decoder_layers = 3;
+    sym_options.symmetric_nodes = true;
+    Plan plan = cluster_ep_plan(ctx.model, 0, 1, false);
+    plan.context_parallel_gpus = w.gpus / seqs;
+    expect_same_simulation(lower(plan, ctx, full_options), lower(plan, ctx, sym_options), ctx,
+                           "sequences over " + std::to_string(w.gpus / seqs) + " GPUs on " + std::to_string(nodes) + " nodes");
+  }
+}
+
 TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterFsdp2) {
   for (const int nodes : {2, 4}) {
     const WorkloadContext ctx = cluster(nodes);

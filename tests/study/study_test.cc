@@ -58,7 +58,10 @@ TEST(StudyFile, BadFieldsAreInputErrorsNamingTheField) {
   };
   nlohmann::json j = small_study();
   j["sweeps"][0]["seqs_per_gpu"] = {1};
-  EXPECT_NE(message(j).find("global_batch and seqs_per_gpu"), std::string::npos) << message(j);
+  EXPECT_NE(message(j).find("exactly one of global_batch, seqs_per_gpu and gpus_per_seq"), std::string::npos) << message(j);
+  j = small_study();
+  j["sweeps"][0]["gpus_per_seq"] = {2};
+  EXPECT_NE(message(j).find("sweeps[0].gpus_per_seq"), std::string::npos) << message(j);
   j = small_study();
   j["baselines"] = {"fsdp2-offload", "deepspeed"};
   EXPECT_NE(message(j).find("baselines[1]"), std::string::npos) << message(j);
@@ -114,6 +117,32 @@ TEST(RunStudy, RowsCarryThePlanTheBaselinesAndTheSpeedupOverTheBestBaseline) {
   EXPECT_FALSE(infeasible.plan.has_value());
   EXPECT_NE(infeasible.infeasible.find("GPU budget"), std::string::npos);
   EXPECT_FALSE(infeasible.speedup.has_value());
+}
+
+TEST(RunStudy, ASweepOfGpusPerSequenceSplitsSequencesAndTheBaselinesDoNotRunThem) {
+  nlohmann::json j = small_study();
+  j["sweeps"][0].erase("global_batch");
+  j["sweeps"][0]["gpus"] = {4};
+  j["sweeps"][0]["gpus_per_seq"] = {2, 4};
+  j["sweeps"][0]["host_budget_gib"] = {nullptr};
+  const StudySpec spec = study_from_json(j, "cp.json");
+  EXPECT_EQ(study_to_json(study_from_json(study_to_json(spec), "again.json")), study_to_json(spec));
+  const StudyResult r = run_study(spec, StepEngines(), &fake_search);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_EQ(r.rows[0].study_case.workload.global_batch, 2);  // 4 GPUs, 2 per sequence
+  EXPECT_EQ(r.rows[1].study_case.workload.global_batch, 1);
+  for (const StudyRow& row : r.rows) {
+    ASSERT_EQ(row.baselines.size(), 2u);
+    for (const auto& b : row.baselines) {
+      EXPECT_FALSE(b.fits());
+      EXPECT_NE(b.not_run.find("whole sequences per GPU"), std::string::npos) << b.not_run;
+    }
+    EXPECT_FALSE(row.speedup);
+  }
+  const std::string table = study_table_text(r);
+  EXPECT_NE(table.find("n/a"), std::string::npos) << table;
+  EXPECT_NE(table.find("fsdp2-offload: fsdp2-offload runs whole sequences per GPU"), std::string::npos) << table;
+  EXPECT_NE(study_csv(r).find("runs whole sequences per GPU"), std::string::npos);
 }
 
 TEST(RunStudy, TableAndCsvHaveOneLinePerCaseAndEveryBaselineColumn) {

@@ -1,0 +1,262 @@
+// Context parallelism (Plan::context_parallel_gpus): a workload with fewer sequences than GPUs
+// splits each sequence over gpus / global_batch GPUs. Checked: the workload's and the plan's
+// fields and their validation; that the split moves work and nothing else (the FLOPs of every
+// operator kind summed over the GPUs equal the unsplit run's); ring attention's collectives (over
+// the sequence's GPUs, the K/V pieces' bytes, twice in backward) and buffers; the static reports;
+// one node's stages standing for the cluster; the planner, the presets, the Local path's and the
+// baselines' refusals.
+#include <functional>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "costmodel/input_error.h"
+#include "costmodel/memory.h"
+#include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/cost_report.h"
+#include "planner/engine/duration_model.h"
+#include "planner/lowering/baselines.h"
+#include "planner/lowering/memory_report.h"
+#include "planner/lowering/step_graph.h"
+#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_pricing.h"
+#include "planner/search/plan_search.h"
+
+namespace oom {
+namespace {
+
+// `model` on `nodes` DGX H200 nodes, `gpus` GPUs, `seqs` sequences of `seq_len` tokens.
+WorkloadContext workload(const std::string& model, int nodes, int gpus, std::int64_t seqs, std::int64_t seq_len) {
+  Workload w;
+  w.model = model;
+  w.hardware = "h200-sxm-node";
+  w.nodes = nodes;
+  w.gpus = gpus;
+  w.global_batch = seqs;
+  w.seq_len = seq_len;
+  return resolve_workload(w, "w.json");
+}
+
+Plan ep_plan(const WorkloadContext& ctx) {
+  Plan p;
+  p.path = ExpertPath::kEp;
+  p.routing_chunk_tokens = 4096;
+  p.moe_retained_layers = {1};
+  p.context_parallel_gpus = ctx.workload.gpus_per_seq() > 1 ? ctx.workload.gpus_per_seq() : 0;
+  return p;
+}
+
+void expect_input_error(const std::function<void()>& f, const std::string& field, const std::string& phrase) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error naming " << field;
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(field), std::string::npos) << what;
+    EXPECT_NE(what.find(phrase), std::string::npos) << what;
+  }
+}
+
+TEST(ContextParallel, AWorkloadWithFewerSequencesThanGpusSplitsEachSequence) {
+  const WorkloadContext ctx = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  EXPECT_EQ(ctx.workload.gpus_per_seq(), 8);
+  EXPECT_EQ(ctx.workload.seqs_per_gpu(), 1);
+  EXPECT_EQ(ctx.workload.local_seq_len(), 4096);
+  EXPECT_EQ(ctx.workload.tokens_per_gpu(), 4096);
+  const WorkloadContext whole = workload("qwen3-30b-a3b", 2, 16, 32, 4096);
+  EXPECT_EQ(whole.workload.gpus_per_seq(), 1);
+  EXPECT_EQ(whole.workload.tokens_per_gpu(), 8192);
+
+  nlohmann::json j = workload_to_json(ctx.workload);
+  j["global_batch"] = 3;  // neither a multiple of 16 nor dividing it
+  expect_input_error([&] { workload_from_json(j, "w.json"); }, "global_batch", "divide it");
+  j["global_batch"] = 4;
+  j["seq_len"] = 32770;  // 4 GPUs per sequence do not split it evenly
+  expect_input_error([&] { workload_from_json(j, "w.json"); }, "seq_len", "split evenly over the 4 GPUs");
+}
+
+TEST(ContextParallel, PlanFieldIsWrittenOnlyWhenSetAndMustMatchTheWorkload) {
+  Plan p;
+  EXPECT_FALSE(plan_to_json(p).contains("context_parallel_gpus"));
+  EXPECT_EQ(p.context_parallel(), 1);
+  p.context_parallel_gpus = 8;
+  const nlohmann::json j = plan_to_json(p);
+  EXPECT_EQ(j.at("context_parallel_gpus"), 8);
+  EXPECT_EQ(plan_from_json(j, "p.json"), p);
+  nlohmann::json bad = j;
+  bad["context_parallel_gpus"] = -1;
+  EXPECT_THROW(plan_from_json(bad, "p.json"), InputError);
+
+  const WorkloadContext split = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3-30b-a3b", 2, 16, 32, 4096);
+  Plan q = ep_plan(split);
+  EXPECT_NO_THROW(validate_plan(q, split.model, split.workload, "p.json"));
+  q.context_parallel_gpus = 4;
+  expect_input_error([&] { validate_plan(q, split.model, split.workload, "p.json"); }, "context_parallel_gpus",
+                     "split each sequence over 8 GPUs");
+  q.context_parallel_gpus = 0;
+  expect_input_error([&] { validate_plan(q, split.model, split.workload, "p.json"); }, "context_parallel_gpus", "over 8 GPUs");
+  q.context_parallel_gpus = 8;
+  expect_input_error([&] { validate_plan(q, whole.model, whole.workload, "p.json"); }, "context_parallel_gpus",
+                     "whole sequences per GPU");
+  Plan local;
+  local.path = ExpertPath::kLocal;
+  local.routing_chunk_tokens = Plan{}.routing_chunk_tokens;
+  expect_input_error([&] { validate_plan(local, split.model, split.workload, "p.json"); }, "path", "plan the ep path");
+  // Gated DeltaNet carries its recurrent state along the sequence: not split.
+  const WorkloadContext gdn = workload("qwen3.6-35b-a3b", 1, 8, 1, 32768);
+  expect_input_error([&] { validate_plan(ep_plan(gdn), gdn.model, gdn.workload, "p.json"); }, "context_parallel_gpus",
+                     "linear-attention (GDN)");
+}
+
+TEST(ContextParallel, RingKvBytesAreTheCompressedLatentUnderMlaAndTheKvHeadsElse) {
+  const WorkloadContext kimi = workload("kimi-k2", 1, 8, 8, 4096);
+  const AttentionSpec& mla = kimi.model.attention(LayerKind::kLatentAttention);
+  EXPECT_EQ(ring_kv_bytes(mla, 1000), 1000 * (mla.kv_lora_rank + mla.rope_head_dim) * kBf16Bytes);
+  EXPECT_GT(ring_attention_buffer_bytes(mla, 1000, false), 2 * ring_kv_bytes(mla, 1000));  // the expanded piece too
+  const WorkloadContext qwen = workload("qwen3-30b-a3b", 1, 8, 8, 4096);
+  const AttentionSpec& gqa = qwen.model.attention(LayerKind::kFullAttention);
+  EXPECT_EQ(ring_kv_bytes(gqa, 1000), 1000 * gqa.kv_heads * 2 * gqa.head_dim * kBf16Bytes);
+  EXPECT_EQ(ring_attention_buffer_bytes(gqa, 1000, false), 2 * ring_kv_bytes(gqa, 1000));
+  EXPECT_EQ(ring_attention_buffer_bytes(gqa, 1000, true), 4 * ring_kv_bytes(gqa, 1000));
+}
+
+// FLOPs per operator kind and phase, summed over every rank's stages.
+std::map<std::pair<OpKind, Phase>, double> flops_by_kind(const StepGraph& g) {
+  std::map<std::pair<OpKind, Phase>, double> out;
+  for (const Stage& s : g.stages) {
+    if (!s.key.join && s.flops > 0) out[{s.op, s.phase}] += s.flops;
+  }
+  return out;
+}
+
+TEST(ContextParallel, SplittingASequenceMovesItsWorkAndChangesNoSum) {
+  // Two 32K sequences: each over one node's 8 GPUs, or each on one of 2 GPUs.
+  const WorkloadContext split = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3-30b-a3b", 1, 2, 2, 32768);
+  LoweringOptions o;
+  o.decoder_layers = 3;
+  const StepGraph a = lower(ep_plan(split), split, o), b = lower(ep_plan(whole), whole, o);
+  EXPECT_EQ(check_step_graph(a), "");
+  const auto fa = flops_by_kind(a), fb = flops_by_kind(b);
+  ASSERT_EQ(fa.size(), fb.size());
+  for (const auto& [kind, flops] : fb) {
+    ASSERT_TRUE(fa.count(kind)) << op_kind_name(kind.first);
+    EXPECT_NEAR(fa.at(kind), flops, 1e-9 * flops) << op_kind_name(kind.first) << " " << phase_name(kind.second);
+  }
+  // Every GPU of a sequence does the same share of its attention core.
+  const double core = fa.at({OpKind::kAttention, Phase::kForward});
+  for (const Stage& s : a.stages) {
+    if (s.op == OpKind::kAttention && s.phase == Phase::kForward) EXPECT_NEAR(s.flops * 16 * 3, core, 1e-9 * core) << s.name;
+  }
+}
+
+TEST(ContextParallel, RingAttentionPassesThePiecesAmongTheSequencesGpus) {
+  const WorkloadContext ctx = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  const AttentionSpec& a = ctx.model.attention(LayerKind::kFullAttention);
+  const int layers = 3, P = 16, C = 8;
+  LoweringOptions o;
+  o.decoder_layers = layers;
+  const StepGraph g = lower(ep_plan(ctx), ctx, o);
+  const Bytes wire = (C - 1) * ring_kv_bytes(a, 4096);
+  std::map<Phase, int> gathers, scatters;
+  for (const Stage& s : g.stages) {
+    if (s.key.join || s.key.part != StagePart::kAttention) continue;
+    if (s.op != OpKind::kAllGather && s.op != OpKind::kReduceScatter) continue;
+    (s.op == OpKind::kAllGather ? gathers : scatters)[s.phase]++;
+    EXPECT_EQ(s.bytes, wire) << s.name;
+    ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
+    for (int i = 0; i < C; ++i) EXPECT_EQ(s.peers[static_cast<std::size_t>(i)], s.gpu / C * C + i) << s.name;
+    // The ring's buffers: allocated as the K/V pieces start to pass.
+    if (s.op == OpKind::kAllGather) {
+      Bytes allocated = 0;
+      for (const MemoryEvent& m : s.memory) {
+        if (m.space == MemorySpace::kGpu && m.bytes > 0) allocated += m.bytes;
+      }
+      EXPECT_EQ(allocated, ring_attention_buffer_bytes(a, 4096, s.phase == Phase::kBackward)) << s.name;
+    }
+  }
+  // Forward, the replay of the two decoders that are not MoE-retained (decoder 1 replays its
+  // mixing too), and backward: one pass of the pieces each; backward also returns their gradients.
+  EXPECT_EQ(gathers[Phase::kForward], layers * P);
+  EXPECT_EQ(gathers[Phase::kRecompute], layers * P);
+  EXPECT_EQ(gathers[Phase::kBackward], layers * P);
+  EXPECT_EQ(scatters[Phase::kBackward], layers * P);
+  EXPECT_EQ(scatters.count(Phase::kForward), 0u);
+}
+
+TEST(ContextParallel, StaticReportsPriceTheRingAndOneGpusShare) {
+  const WorkloadContext split = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3-30b-a3b", 1, 2, 2, 32768);
+  const StaticCost cs = static_cost(split, ep_plan(split)), cw = static_cost(whole, ep_plan(whole));
+  EXPECT_NEAR(cs.forward_flops * 8, cw.forward_flops, 1e-9 * cw.forward_flops);
+  EXPECT_NEAR(cs.eq1_quadratic_flops * 8, cw.eq1_quadratic_flops, 1e-9 * cw.eq1_quadratic_flops);
+  const AttentionSpec& a = split.model.attention(LayerKind::kFullAttention);
+  EXPECT_EQ(cs.allgather_bytes, split.model.layers * 4 * 7 * ring_kv_bytes(a, 4096));
+  EXPECT_EQ(cw.allgather_bytes, 0);
+
+  // Kimi-K2's expert banks make a decoder's backward the GPU's largest workset: its ring buffers
+  // hold the K/V latents in flight and the expanded heads of the piece in use.
+  const WorkloadContext kimi = workload("kimi-k2", 1, 8, 1, 65536);
+  const MemoryReport m = static_memory(kimi, ep_plan(kimi), {});
+  ASSERT_NE(m.gpu.work_peak_at.find("backward"), std::string::npos) << m.gpu.work_peak_at;
+  Bytes ring = -1;
+  for (const MemoryItem& i : m.gpu.work) {
+    if (i.name.rfind("ring attention", 0) == 0) ring = i.bytes;
+  }
+  EXPECT_EQ(ring, ring_attention_buffer_bytes(kimi.model.attention(LayerKind::kLatentAttention), 8192, true));
+}
+
+Seconds step_and_peaks(const StepGraph& g, const WorkloadContext& ctx, MemoryPeaks& peaks) {
+  const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
+  const StageTimes t = analytic_step_times(g, durations);
+  peaks = memory_peaks(g, t, false);
+  return t.step_s;
+}
+
+TEST(ContextParallel, OneNodesStagesStandForTheClusterWhenSequencesSpanWholeNodesOrPartsOfOne) {
+  // Sequences over half a node, one node, two nodes.
+  for (const auto& [nodes, seqs] : {std::pair{2, 4}, std::pair{2, 2}, std::pair{4, 2}}) {
+    const WorkloadContext ctx = workload("qwen3-30b-a3b", nodes, 8 * nodes, seqs, 32768);
+    LoweringOptions full, sym;
+    full.decoder_layers = sym.decoder_layers = 3;
+    sym.symmetric_nodes = true;
+    const StepGraph a = lower(ep_plan(ctx), ctx, full), b = lower(ep_plan(ctx), ctx, sym);
+    EXPECT_EQ(b.ranks_emitted, 8);
+    MemoryPeaks pa, pb;
+    const Seconds sa = step_and_peaks(a, ctx, pa), sb = step_and_peaks(b, ctx, pb);
+    EXPECT_NEAR(sb / sa, 1.0, 1e-12) << nodes << " nodes, " << seqs << " sequences";
+    EXPECT_EQ(pa.gpu_peak_bytes, pb.gpu_peak_bytes);
+    EXPECT_EQ(pa.numa_peak_bytes, pb.numa_peak_bytes);
+  }
+}
+
+TEST(ContextParallel, ThePlannerAndThePresetSplitTheSequencesAndTheBaselinesDoNot) {
+  const WorkloadContext ctx = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
+  EXPECT_EQ(r.chosen.plan.path, ExpertPath::kEp);
+  EXPECT_EQ(r.chosen.plan.context_parallel_gpus, 8);
+  EXPECT_NE(r.chosen.plan.notes.find("each sequence over 8 GPUs"), std::string::npos) << r.chosen.plan.notes;
+  EXPECT_NO_THROW(validate_plan(r.chosen.plan, ctx.model, ctx.workload, "plan"));
+  EXPECT_GT(r.chosen.predicted_step_s, 0);
+
+  const std::optional<Plan> base = preset_plan("base", ExpertPath::kEp, ctx);
+  ASSERT_TRUE(base);
+  EXPECT_EQ(base->context_parallel_gpus, 8);
+  EXPECT_FALSE(preset_plan("base", ExpertPath::kLocal, ctx));
+  EXPECT_EQ(preset_plan_search("base", ctx, load_calibration_for(ctx.hardware), "auto").chosen.plan.context_parallel_gpus, 8);
+
+  expect_input_error([&] { check_local_applies(ctx); }, "global_batch", "whole sequences per GPU");
+  const BaselineResult b = run_baseline(BaselineSystem::kFsdp2Offload, ctx, StepEngines(), "analytic",
+                                        load_calibration_for(ctx.hardware));
+  EXPECT_FALSE(b.fits());
+  EXPECT_FALSE(b.oom);
+  EXPECT_NE(b.not_run.find("whole sequences per GPU"), std::string::npos) << b.not_run;
+  EXPECT_EQ(b.failure_cell(), "n/a");
+  EXPECT_EQ(baseline_result_to_json(b).at("not_run"), b.not_run);
+  expect_input_error([&] { configure_baseline(BaselineSystem::kFsdp2Offload, ctx); }, "global_batch", "whole sequences");
+}
+
+}  // namespace
+}  // namespace oom
