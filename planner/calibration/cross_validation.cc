@@ -169,6 +169,29 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     return fits.at(left_out);
   };
 
+  // Step and baseline records, each predicted by the engine with its fold's calibration: one job
+  // per record, on parallel threads as the engine allows (a simulation each).
+  std::vector<const Calibration*> fold_of(scope.steps.size(), nullptr);
+  for (std::size_t i = 0; i < scope.steps.size(); ++i) {
+    const std::optional<CalibrationFit>& fit = fit_without(fitted_members[cv_group_of(scope.steps[i], options.grouping)]);
+    if (fit) fold_of[i] = &fit->calibration;
+  }
+  std::vector<std::vector<RecordPrediction>> step_predictions(scope.steps.size());
+  std::vector<std::exception_ptr> step_failures(scope.steps.size());
+  run_jobs(scope.steps.size(), engine_workers(options.engines, options.engine, scope.steps.size()), [&](std::size_t i) {
+    if (fold_of[i] == nullptr) return;
+    try {
+      RecordSet one;
+      one.steps.push_back(scope.steps[i]);
+      step_predictions[i] = validate_records(one, options.engines, options.engine, {*fold_of[i]}).records;
+    } catch (...) {
+      step_failures[i] = std::current_exception();  // rethrown on the calling thread
+    }
+  });
+  for (const auto& f : step_failures) {
+    if (f) std::rethrow_exception(f);
+  }
+
   std::map<std::string, CvPrediction> by_id;
   for (const std::string& group : order) {
     CvGroupResult result;
@@ -185,16 +208,11 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
       result.calibration = fit->calibration;
     }
     const std::set<std::string> ids(result.ids.begin(), result.ids.end());
-    // Step and baseline records of the group, predicted by the engine with the fold's calibration.
-    RecordSet group_steps;
-    for (const auto& r : scope.steps) {
-      if (ids.count(r.id)) group_steps.steps.push_back(r);
-    }
+    // Step and baseline records of the group, as the fold's calibration predicted them above.
     std::vector<CvPrediction> predicted;
-    if (fit && !group_steps.steps.empty()) {
-      const ValidationReport v = validate_records(group_steps, options.engines, options.engine, {fit->calibration});
-      for (std::size_t i = 0; i < v.records.size(); ++i) {
-        const RecordPrediction& p = v.records[i];
+    for (std::size_t r = 0; r < scope.steps.size(); ++r) {
+      if (!fit || !ids.count(scope.steps[r].id)) continue;
+      for (const RecordPrediction& p : step_predictions[r]) {
         CvPrediction c;
         c.id = p.id;
         c.kind = p.system.empty() ? "step" : "baseline";
