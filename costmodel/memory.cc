@@ -19,6 +19,11 @@ Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t B, std::int64_
          + tokens * a.heads * kFp32Bytes;            // LSE [B·S, heads]   FP32
 }
 
+Bytes resident_shard_state_bytes(ParamCount shard_params, ParamCount slice_params, int replicas) {
+  if (replicas <= 1) return canonical_state_bytes(shard_params);
+  return canonical_state_bytes(slice_params) + working_weight_bytes(shard_params);
+}
+
 Bytes ring_kv_bytes(const AttentionSpec& a, std::int64_t tokens) {
   const std::int64_t width = a.latent() ? std::int64_t{a.kv_lora_rank} + a.rope_head_dim
                                         : std::int64_t{a.kv_heads} * (a.head_dim + (a.k_eq_v ? 0 : a.value_dim()));

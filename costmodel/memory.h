@@ -20,6 +20,11 @@ inline constexpr Bytes kWorkingBytesPerParam = kBf16Bytes;         // BF16 weigh
 inline constexpr Bytes kGradientBytesPerParam = kBf16Bytes;        // BF16 gradients
 
 Bytes canonical_state_bytes(ParamCount params);  // 12·P
+// GPU-resident expert shards of `shard_params` on each GPU: their FP32 master and moments; with
+// `replicas` > 1 (EP groups) each replica keeps the state of its 1/replicas slice (`slice_params`,
+// ZeRO-1 over the replicas) and the whole shard's BF16 weights, which the replicas' all-gather of
+// the updated slices refreshes.
+Bytes resident_shard_state_bytes(ParamCount shard_params, ParamCount slice_params, int replicas);
 Bytes working_weight_bytes(ParamCount params);   // 2·P
 Bytes gradient_bytes(ParamCount params);         // 2·P
 

@@ -65,11 +65,6 @@ StudyPlan find_plan_by_search(const WorkloadContext& ctx, const PlanVariant& sys
         throw InfeasibleWorkload(fmt::format("the EP path needs the {} experts of {} to split evenly over the {} GPUs or an EP group of them",
                                              ctx.model.moe.experts, ctx.model.name, ctx.workload.gpus));
       }
-      if (plan->ep_group_gpus > 0 && system.resident_layers > 0) {
-        throw InfeasibleWorkload(fmt::format("R{} needs one EP group of all {} GPUs; the {} experts of {} split only over groups of {}",
-                                             system.resident_layers, ctx.workload.gpus, ctx.model.moe.experts, ctx.model.name,
-                                             plan->ep_group_gpus));
-      }
       plan->resident_layers = interleaved_resident_set(layers, system.resident_layers);
       plan->moe_retained_layers = retained_set(layers, system.retained_layers);
       plan->notes = fmt::format("R{}/K{} (interleaved resident set, last decoders retained)", system.resident_layers,

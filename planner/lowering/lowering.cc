@@ -432,11 +432,25 @@ void Lowering::cpu_update(StagePart part, int layer, ParamCount params_per_rank,
   }
 }
 
-void Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready) {
+PerRank Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready, ParamCount freed) {
   PerRank out = compute_all(what(part, StageOp::kGpuAdamW), OpKind::kGpuAdamW, Phase::kOptimizer, layer, 0,
                             params * kGpuAdamBytesPerParam, OpShape{}, {ready});
-  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient_bytes(params), MemoryUse::kOptimizer);
+  const Bytes gradient = gradient_bytes(freed >= 0 ? freed : params);
+  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradient, MemoryUse::kOptimizer);
   pending_grad_frees_.push_back(out);
+  return out;
+}
+
+void Lowering::resident_update(int layer, ParamCount shard, const PerRank& ready) {
+  if (expert_replicas() == Over::kNone) {
+    gpu_adamw(StagePart::kExperts, layer, shard, ready);
+    return;
+  }
+  ParamCount slice = shard;
+  const PerRank reduced = reduce_scatter(StagePart::kExperts, layer, shard, ready, expert_replicas(), slice);
+  const PerRank updated = gpu_adamw(StagePart::kExperts, layer, slice, reduced, shard);
+  collective_all(what(StagePart::kExperts, StageOp::kAllGather), OpKind::kAllGather, Phase::kOptimizer, layer,
+                 working_weight_bytes(shard - slice), updated, expert_replicas());
 }
 
 void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,

@@ -229,7 +229,13 @@ class Lowering {
                          Over reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
   void cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                   bool accumulate_partials, ParamCount partial_params);
-  void gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready);
+  // GPU AdamW of `params` per rank after `ready`; frees the GPU gradient of `freed` parameters
+  // (default: `params`) at its end.
+  PerRank gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready, ParamCount freed = -1);
+  // A resident expert shard's update: GPU AdamW on the owner, or with replicas (EP groups) its
+  // gradient reduce-scattered over them, each replica's AdamW on its 1/D slice, and the updated
+  // BF16 slices all-gathered over them.
+  void resident_update(int layer, ParamCount shard, const PerRank& ready);
   // OffloadStreamAdamW: one parameter group's gradients (optionally reduce-scattered first) to the
   // host in buckets of plan.flat.optimizer_bucket_mib, each bucket updated (after the ranks'
   // partials are summed when `accumulate_partials`) and published as soon as it arrived.

@@ -621,7 +621,7 @@ void Lowering::decoder_backward(int l) {
     const ParamCount group = common + experts;
     if (ep_) {
       if (plan_.is_resident(l)) {
-        gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
+        resident_update(l, experts, last_expert_bwd);
       } else {
         stream_gradients(StagePart::kExperts, l, experts, last_expert_bwd, expert_replicas(), true, false, experts / D_);
       }
@@ -634,8 +634,9 @@ void Lowering::decoder_backward(int l) {
   } else if (ep_) {
     const bool resident = plan_.is_resident(l);
     if (resident) {
-      // Resident shard: GPU AdamW and BF16 refresh on the owner; no H2D, D2H or CPU update.
-      gpu_adamw(StagePart::kExperts, l, experts, last_expert_bwd);
+      // Resident shard: GPU AdamW and BF16 refresh on the GPU (over its replicas, each its slice);
+      // no H2D, D2H or CPU update.
+      resident_update(l, experts, last_expert_bwd);
     } else {
       // With replicas (EP groups), the shard's gradient is reduce-scattered over them first.
       gradients_to_host(StagePart::kExperts, l, experts, last_expert_bwd, expert_replicas(), true, d2h);

@@ -87,11 +87,18 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   GpuMemoryReport& gpu = report.gpu;
 
   // M_state: resident expert shards keep FP32 master + moments on their GPU; their BF16 weights
-  // are refreshed into the parameter window.
-  ParamCount resident = 0;
-  for (int l : plan.resident_layers) resident += experts_on_gpu(l);
-  add(gpu.state, fmt::format("resident expert shards, {} layers (FP32 master + 2 moments)", plan.resident_layers.size()),
-      canonical_state_bytes(resident));
+  // are refreshed into the parameter window. With replicas (EP groups) each keeps the state of its
+  // 1/D slice and the whole shard's BF16 weights (the replicas' all-gather refreshes them).
+  ParamCount resident = 0, resident_slices = 0;
+  for (int l : plan.resident_layers) {
+    resident += experts_on_gpu(l);
+    resident_slices += experts_on_gpu(l) / D;
+  }
+  add(gpu.state,
+      D > 1 ? fmt::format("resident expert shards, {} layers (BF16 weights; FP32 master + 2 moments of a 1/{} slice)",
+                          plan.resident_layers.size(), D)
+            : fmt::format("resident expert shards, {} layers (FP32 master + 2 moments)", plan.resident_layers.size()),
+      resident_shard_state_bytes(resident, resident_slices, ep ? D : 1));
 
   // M_keep: MoE backward tensors of retained layers, boundaries held on the GPU.
   const std::int64_t moe_tokens_live =

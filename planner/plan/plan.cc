@@ -187,11 +187,6 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
       r.fail(p.ep_group_gpus > 0 ? "ep_group_gpus" : "path",
              fmt::format("EP needs the {} experts of {} to split evenly over {} GPUs", m.moe.experts, m.name, group));
     }
-    if (p.ep_replicas(w.gpus) > 1 && !p.resident_layers.empty()) {
-      r.fail("resident_layers", fmt::format("resident expert shards need one EP group of all {} GPUs (their GPU AdamW has one "
-                                            "owner); this plan's groups of {} replicate each shard",
-                                            w.gpus, group));
-    }
     if (p.param_transfer == ParamTransfer::kShard) r.fail("param_transfer", "shard delivery is a local-path option");
     if (p.context_parallel() != w.gpus_per_seq()) {
       r.fail("context_parallel_gpus",

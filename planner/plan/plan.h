@@ -86,7 +86,9 @@ struct Plan {
   // group. With G groups every expert shard has G replicas, one per group: its optimizer state is
   // sharded over them (each replica's host updates 1/G), its weights reach each replica as 1/G
   // from its host plus an all-gather over the replicas, and its gradient is reduce-scattered over
-  // them before the D2H. Written only when non-zero.
+  // them before the D2H. A resident shard stays on every replica: its gradient is reduce-scattered
+  // over them, each replica's GPU AdamW updates its 1/G slice (holding that slice's FP32 state), and
+  // the updated BF16 slices are all-gathered over the replicas. Written only when non-zero.
   int ep_group_gpus = 0;
   // EP: GPUs each sequence is split over (context parallelism: consecutive ranks, each holding an
   // equal piece of the sequence); 0 = whole sequences per GPU. It must be the workload's
@@ -128,7 +130,7 @@ Plan load_plan(const std::string& path);
 // duplicates; no field the path would ignore (EP-only fields empty and routing_chunk_tokens at its
 // default on the Local path; shard delivery, split.moe_chunk_tokens and split.sub_batch_seqs
 // refused on the EP path); an EP group that divides the GPUs and whose GPUs split the experts
-// evenly, without resident shards when it is not every GPU (their GPU AdamW has one owner); a head group that divides the query heads
+// evenly; a head group that divides the query heads
 // of each KV group of every attention kind; a GDN chunk that is either part of one sequence or a
 // whole number of sequences; a MoE chunk within the tokens per GPU; a sub-batch that divides the
 // sequences per GPU; context parallelism on the ep path exactly when the workload splits its

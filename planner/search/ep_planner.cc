@@ -51,13 +51,24 @@ class EpMemoryModel {
   EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants, const PlanPricer& pricer, int group)
       : ctx_(ctx), constants_(constants), pricer_(pricer), group_(group) {
     const ModelParams params = model_params(ctx.model);
-    for (const auto& l : params.layers) shard_params_.push_back(l.routed_experts / group);
+    replicas_ = ctx.workload.gpus / group;
+    for (const auto& l : params.layers) {
+      shard_params_.push_back(l.routed_experts / group);
+      slice_params_.push_back(l.routed_experts / group / replicas_);
+    }
     ranks_on_ = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
   }
 
-  ParamCount resident_params(const std::vector<int>& resident) const {
-    ParamCount p = 0;
-    for (int l : resident) p += shard_params_[static_cast<std::size_t>(l)];
+  // The resident set's shard parameters on a GPU and (EP groups) the slices each replica updates.
+  struct Resident {
+    ParamCount shard = 0, slice = 0;
+  };
+  Resident resident_params(const std::vector<int>& resident) const {
+    Resident p;
+    for (int l : resident) {
+      p.shard += shard_params_[static_cast<std::size_t>(l)];
+      p.slice += slice_params_[static_cast<std::size_t>(l)];
+    }
     return p;
   }
 
@@ -77,14 +88,18 @@ class EpMemoryModel {
     return host_cache_.emplace(slots, std::move(h)).first->second;
   }
 
-  Bytes gpu_peak_bytes(const MemoryReport& base, ParamCount resident) const {
+  Bytes gpu_peak_bytes(const MemoryReport& base, const Resident& resident) const {
     const GpuPeakTerms& t = base.gpu.eq2;
-    return eq2_gpu_peak(t.fixed, canonical_state_bytes(resident), t.keep, t.work, constants_.gpu_headroom_fraction).total();
+    return eq2_gpu_peak(t.fixed, resident_shard_state_bytes(resident.shard, resident.slice, replicas_), t.keep, t.work,
+                        constants_.gpu_headroom_fraction)
+        .total();
   }
 
-  std::vector<Bytes> host_bytes(const std::vector<Bytes>& base, ParamCount resident) const {
+  // Each rank's host keeps the state of its slice of every streamed shard (the whole shard with one group).
+  std::vector<Bytes> host_bytes(const std::vector<Bytes>& base, const Resident& resident) const {
     std::vector<Bytes> out(base);
-    for (std::size_t n = 0; n < out.size(); ++n) out[n] -= static_cast<Bytes>(ranks_on_[n]) * canonical_state_bytes(resident);
+    const ParamCount on_host = replicas_ > 1 ? resident.slice : resident.shard;
+    for (std::size_t n = 0; n < out.size(); ++n) out[n] -= static_cast<Bytes>(ranks_on_[n]) * canonical_state_bytes(on_host);
     return out;
   }
 
@@ -93,7 +108,8 @@ class EpMemoryModel {
   MemoryConstants constants_;
   const PlanPricer& pricer_;
   int group_;  // GPUs per EP group
-  std::vector<ParamCount> shard_params_;
+  int replicas_ = 1;  // EP groups: replicas of each shard
+  std::vector<ParamCount> shard_params_, slice_params_;
   std::vector<int> ranks_on_;
   std::map<std::pair<int, std::int64_t>, MemoryReport> gpu_cache_;
   std::map<int, std::vector<Bytes>> host_cache_;
@@ -128,7 +144,7 @@ class EpSearch {
   EpSearch(const PlanPricer& pricer, const EpPlannerOptions& options, int group)
       : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants(), pricer, group),
         budgets_(workload_budgets(ctx_)), L_(ctx_.model.layers), group_(group),
-        max_resident_(group < ctx_.workload.gpus ? 0 : L_) {
+        max_resident_(L_) {
     // Chunks at or above the tokens per GPU all mean "one round": keep the smallest of them.
     const std::int64_t N = ctx_.workload.tokens_per_gpu();
     std::set<std::int64_t> chunks;
@@ -150,7 +166,7 @@ class EpSearch {
     return s == ResidentShape::kContiguous ? contiguous_resident_set(L_, count) : interleaved_resident_set(L_, count);
   }
 
-  ParamCount resident_params(ResidentShape shape, int count) {
+  EpMemoryModel::Resident resident_params(ResidentShape shape, int count) {
     auto& table = resident_params_[static_cast<int>(shape)];
     if (table.empty()) {
       for (int r = 0; r <= L_; ++r) table.push_back(memory_.resident_params(resident_set(shape, r)));
@@ -168,7 +184,7 @@ class EpSearch {
     return -1;
   }
 
-  bool fits(const MemoryReport& gpu, const std::vector<Bytes>& host, ParamCount resident) const {
+  bool fits(const MemoryReport& gpu, const std::vector<Bytes>& host, const EpMemoryModel::Resident& resident) const {
     return !check_budgets(budgets_, memory_.gpu_peak_bytes(gpu, resident), memory_.host_bytes(host, resident), "", "");
   }
 
@@ -332,7 +348,7 @@ class EpSearch {
     const int slots = *std::min_element(options_.cpu_grad_slots.begin(), options_.cpu_grad_slots.end());
     const MemoryReport& base = memory_.gpu_base(0, c);
     const std::vector<Bytes>& host = memory_.host_base(slots);
-    const Bytes gpu = memory_.gpu_peak_bytes(base, 0);
+    const Bytes gpu = memory_.gpu_peak_bytes(base, {});
     if (gpu > budgets_.gpu_bytes) {
       return BudgetShortfall{"GPU", budgets_.gpu_bytes, gpu,
                              fmt::format("{} on the EP path with the smallest routing chunk ({}) and no resident or retained layers",
@@ -359,7 +375,7 @@ class EpSearch {
   std::map<std::tuple<int, int, int, std::int64_t, int>, std::optional<Seconds>> priced_;
   std::vector<Point> points_;
   std::vector<PricedPlan> plans_;
-  std::vector<ParamCount> resident_params_[2];
+  std::vector<EpMemoryModel::Resident> resident_params_[2];
 };
 
 }  // namespace

@@ -11,8 +11,8 @@
 // what host service is exposed, so gains do not add); the best few are refined over c, slots and
 // r − 1, r − 2. Among priced plans within `tie_fraction` of the fastest, the one with the most
 // GPU headroom wins. Every priced plan is also checked against the budgets with its simulated
-// memory timeline. With EP groups that replicate each shard (Plan::ep_group_gpus) no layer is
-// resident. Units: seconds, bytes. Stateless; thread-safe.
+// memory timeline. With EP groups that replicate each shard (Plan::ep_group_gpus) a resident layer
+// keeps its shard's BF16 weights and 1/replicas of its FP32 state on each replica. Units: seconds, bytes. Stateless; thread-safe.
 #pragma once
 
 #include <cstdint>

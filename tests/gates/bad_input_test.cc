@@ -299,8 +299,6 @@ std::vector<Case> cases() {
                memory_with_plan(), P, "ep_group_gpus", "-1", "range"});
   c.push_back({"plan_ep_group_not_dividing", {{"p.json", plan_with([](json& j) { j["ep_group_gpus"] = 3; })}},
                memory_with_plan(), P, "ep_group_gpus", "3", "divides the workload's 4 GPUs"});
-  c.push_back({"plan_ep_group_with_resident", {{"p.json", plan_with([](json& j) { j["ep_group_gpus"] = 2; })}},
-               memory_with_plan(), P, "resident_layers", "[0,1,3", "one EP group"});
   c.push_back({"plan_context_parallel_negative", {{"p.json", plan_with([](json& j) { j["context_parallel_gpus"] = -2; })}},
                memory_with_plan(), P, "context_parallel_gpus", "-2", "range"});
   c.push_back({"plan_context_parallel_whole_sequences", {{"p.json", plan_with([](json& j) { j["context_parallel_gpus"] = 2; })}},

@@ -79,8 +79,8 @@ TEST(EpGroups, ValidationRefusesGroupsThatDoNotFit) {
   p.ep_group_gpus = 32;
   expect_refused(p, two, "ep_group_gpus", "divides");
   p = grouped(two.model, 8, false);
-  p.resident_layers = {0};
-  expect_refused(p, two, "resident_layers", "one EP group");
+  p.resident_layers = {0};  // resident on every replica, each updating its slice
+  EXPECT_NO_THROW(validate_plan(p, two.model, two.workload, "p.json"));
   p = Plan{};
   p.path = ExpertPath::kLocal;
   p.ep_group_gpus = 8;
@@ -196,6 +196,61 @@ TEST(EpGroups, ReplicasKeepEachRanksHostSliceAndHoldTheGroupsShard) {
   EXPECT_EQ(c1.cpu_updated_params, c2.cpu_updated_params);
 }
 
+TEST(EpGroups, AResidentShardIsUpdatedSliceBySliceOverItsReplicas) {
+  // Two nodes in groups of 8: decoders 2 and 5 resident on both replicas of each shard.
+  const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", 2);
+  const int P = 16, E = 8, D = 2;
+  const ModelParams params = model_params(ctx.model);
+  LoweringOptions o;
+  o.decoder_layers = 6;
+  for (const bool flat : {false, true}) {
+    Plan plan = grouped(ctx.model, E, flat);
+    plan.resident_layers = {2, 5};
+    validate_plan(plan, ctx.model, ctx.workload, "p.json");
+    const StepGraph g = lower(plan, ctx, o);
+    EXPECT_EQ(check_step_graph(g), "");
+    int scatters = 0, adamw = 0, gathers = 0;
+    for (const Stage& s : g.stages) {
+      if (s.key.join || (s.layer != 2 && s.layer != 5)) continue;
+      const ParamCount bank = params.layers[static_cast<std::size_t>(s.layer)].routed_experts, shard = bank / E;
+      const ParamCount common = params.layers[static_cast<std::size_t>(s.layer)].common();
+      if (s.key.part == StagePart::kExperts && s.key.op == StageOp::kReduceScatter) {
+        ++scatters;
+        EXPECT_EQ(s.peers, replicas_of(s.gpu, E, P)) << s.name;
+        EXPECT_EQ(s.bytes, gradient_bytes(shard) * (D - 1) / D) << s.name;
+      } else if (s.key.part == StagePart::kExperts && s.key.op == StageOp::kGpuAdamW) {
+        ++adamw;
+        EXPECT_EQ(s.bytes, shard / D * (2 * kCanonicalBytesPerParam + 2 * kBf16Bytes)) << s.name;  // the replica's slice
+      } else if (s.key.part == StagePart::kExperts && s.key.op == StageOp::kAllGather) {
+        ++gathers;
+        EXPECT_EQ(s.phase, Phase::kOptimizer) << s.name;
+        EXPECT_EQ(s.peers, replicas_of(s.gpu, E, P)) << s.name;
+        EXPECT_EQ(s.bytes, working_weight_bytes(shard - shard / D)) << s.name;
+      } else if (s.key.part == StagePart::kWeights && s.key.op == StageOp::kH2d) {
+        EXPECT_EQ(s.bytes, working_weight_bytes(common)) << s.name;  // no expert weights over PCIe
+      } else if (s.key.part == StagePart::kWeights && s.key.op == StageOp::kAllGather) {
+        ADD_FAILURE() << "a resident shard is all-gathered for use: " << s.name;
+      } else if (!flat && s.key.part == StagePart::kLayer && s.key.op == StageOp::kCpuAdamW) {
+        EXPECT_EQ(s.params, common / P) << s.name;  // the CPU updates no expert slice
+      }
+    }
+    EXPECT_EQ(scatters, 2 * P);
+    EXPECT_EQ(adamw, 2 * P);
+    EXPECT_EQ(gathers, 2 * P);
+    EXPECT_GT(step_of(g, ctx), 0);
+  }
+  // Each replica holds the shards' BF16 weights and the FP32 state of its slices.
+  Plan plan = grouped(ctx.model, E, false);
+  plan.resident_layers = {2, 5};
+  const MemoryReport m = static_memory(ctx, plan, {});
+  const ParamCount shard = params.layers[2].routed_experts / E + params.layers[5].routed_experts / E;
+  const ParamCount slices = params.layers[2].routed_experts / E / D + params.layers[5].routed_experts / E / D;
+  EXPECT_EQ(m.gpu.eq2.state, canonical_state_bytes(slices) + working_weight_bytes(shard));
+  const StaticCost c = static_cost(ctx, plan), c0 = static_cost(ctx, grouped(ctx.model, E, false));
+  EXPECT_EQ(c.gpu_updated_params, slices);
+  EXPECT_EQ(c.cpu_updated_params, c0.cpu_updated_params - slices);
+}
+
 TEST(EpGroups, CandidatesAreTheLargestGroupAndOneNode) {
   EXPECT_EQ(ep_group_candidates(cluster_workload("kimi-k2", 96)), (std::vector<int>{384, 8}));
   EXPECT_EQ(ep_group_candidates(cluster_workload("kimi-k2", 12)), (std::vector<int>{96, 8}));
@@ -223,7 +278,6 @@ TEST(EpGroups, ThePlannerFindsAGroupedPlanWhereNoSingleGroupSplitsTheExperts) {
   const EpSearchResult r = plan_ep(pricer);
   ASSERT_TRUE(r.best.has_value());
   EXPECT_EQ(r.best->plan.ep_group_gpus, 8);
-  EXPECT_TRUE(r.best->plan.resident_layers.empty());
   EXPECT_NE(r.best->plan.notes.find("EP groups of 8 GPUs (3 replicas"), std::string::npos) << r.best->plan.notes;
   EXPECT_NO_THROW(validate_plan(r.best->plan, ctx.model, ctx.workload, "planned"));
   EXPECT_GT(r.priced, 0);

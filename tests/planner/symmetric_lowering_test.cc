@@ -83,11 +83,12 @@ TEST(SymmetricLowering, OneNodesStagesGiveTheFullGraphsStepAndEveryPeak) {
 
 TEST(SymmetricLowering, EpGroupsOfWholeNodesOrWithinOneStayExact) {
   // Plan::ep_group_gpus: all-to-alls within a group, the shard's all-gather and reduce-scatter
-  // over its replicas on the other groups' nodes.
+  // over its replicas on the other groups' nodes; a resident decoder's slices updated and
+  // all-gathered over them.
   for (const auto& [nodes, group] : {std::pair{2, 8}, std::pair{4, 8}, std::pair{4, 16}, std::pair{2, 4}}) {
     const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", nodes, 8 * nodes);
     for (const bool flat : {false, true}) {
-      Plan plan = test_support::cluster_ep_plan(ctx.model, 0, 2, flat);
+      Plan plan = test_support::cluster_ep_plan(ctx.model, 1, 2, flat);
       plan.ep_group_gpus = group;
       const Evaluated full = evaluate(plan, ctx, false, 4);
       const Evaluated sym = evaluate(plan, ctx, true, 4);
