@@ -266,6 +266,10 @@ class Lowering {
   PerRank ring_attention(int layer, Phase phase, const PerRank& after);
   // Frees the ring's buffers at the end of `until` (the core's consumer).
   void ring_buffers_free(int layer, Phase phase, const PerRank& until);
+  // Gated DeltaNet under context parallelism: the pieces' recurrent states (or, in backward, their
+  // gradients) passed along the sequence's GPUs after `local` (the piece's `chunks` chunks), then
+  // each piece corrected. Returns the correction per rank (`local` without context parallelism).
+  PerRank gdn_state_chain(int layer, Phase phase, const PerRank& local, int chunks);
   // One forward chunk (both halves back to back); `fetched`: LLEP's weight fetch the expert GEMMs
   // wait for (empty: none).
   PerRank moe_forward_chunk(int layer, Phase phase, std::int64_t tokens, const WindowUse& w, const PerRank& input,

@@ -117,7 +117,7 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
                          core, {last});
     }
-    last = output_projection({last});
+    last = output_projection({gdn_state_chain(l, phase, last, chunks)});
   }
   return last;
 }
@@ -388,6 +388,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
       last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
                          kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
     }
+    last = gdn_state_chain(l, Phase::kBackward, last, chunks);
   }
   OpShape proj;
   proj.tokens = seqs * S_;
@@ -397,6 +398,28 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
                                   kMatmulBackwardRatio * (f.mixing_projection - f.mixing_output), bytes, proj, {last, ring});
   if (!ring.empty()) ring_buffers_free(l, Phase::kBackward, out);
   return out;
+}
+
+PerRank Lowering::gdn_state_chain(int l, Phase phase, const PerRank& local, int chunks) {
+  if (C_ <= 1) return local;
+  // Context parallelism of Gated DeltaNet: each GPU ran its piece from a zero state. The pieces'
+  // final FP32 states then pass along the sequence's GPUs in order (in backward, the state
+  // gradients from the last piece to the first), each GPU folding its piece's state into the one
+  // it received before passing it on: C − 1 hops one after another, a step of the sequence's GPUs
+  // each. Then every GPU corrects its piece with the state it received (q·S over its tokens,
+  // 2·tokens·H_v·d_k·d_v FLOPs; in backward the queries' and the state's gradients, twice that);
+  // the first GPU of the chain, which receives none, is priced alike.
+  const GdnSpec& g = m_.gdn;
+  const std::int64_t state_elements = seqs_ * g.value_heads * g.key_head_dim * g.value_head_dim;
+  const bool backward = phase == Phase::kBackward;
+  PerRank arrived = local;
+  for (int step = 0; step + 1 < C_; ++step) {
+    arrived = collective_all(what(StagePart::kGdn, backward ? StageOp::kGradPass : StageOp::kPass).at_ring_step(step),
+                             OpKind::kAllGather, phase, l, kFp32Bytes * state_elements, arrived, Over::kContext);
+  }
+  const Flops correction = (backward ? 4.0 : 2.0) * static_cast<double>(S_) * static_cast<double>(state_elements);
+  return compute_all(what(StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore).at_chunk(chunks), OpKind::kGdn, phase, l,
+                     correction, 0, gdn_core_shape(g, seqs_, S_, 1), {arrived, local});
 }
 
 Flops Lowering::attention_core_flops(int l, std::int64_t seqs) const {

@@ -196,11 +196,6 @@ void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const s
                  : fmt::format("the workload has whole sequences per GPU ({} over {} GPUs): nothing to split",
                                w.global_batch, w.gpus));
     }
-    if (p.context_parallel() > 1 && m.count(LayerKind::kLinearAttention) > 0) {
-      r.fail("context_parallel_gpus", fmt::format("the linear-attention (GDN) layers of {} carry a recurrent state along "
-                                                  "the sequence: splitting a sequence over GPUs is modelled for softmax "
-                                                  "attention only", m.name));
-    }
   }
 
   // A head group partitions the query heads of each KV group of every attention kind.

@@ -94,7 +94,8 @@ struct Plan {
   // equal piece of the sequence); 0 = whole sequences per GPU. It must be the workload's
   // gpus / global_batch when the workload has fewer sequences than GPUs. Attention runs as ring
   // attention over the group: each piece's K/V (the compressed latent under MLA) passes around
-  // the group beside the core, and in backward the K/V again and their gradients back. Written
+  // the group beside the core, and in backward the K/V again and their gradients back; Gated
+  // DeltaNet passes each piece's recurrent state along the group and corrects the pieces. Written
   // only when non-zero.
   int context_parallel_gpus = 0;
   ParamTransfer param_transfer = ParamTransfer::kFull;
@@ -134,7 +135,7 @@ Plan load_plan(const std::string& path);
 // of each KV group of every attention kind; a GDN chunk that is either part of one sequence or a
 // whole number of sequences; a MoE chunk within the tokens per GPU; a sub-batch that divides the
 // sequences per GPU; context parallelism on the ep path exactly when the workload splits its
-// sequences (its gpus / global_batch), over models without linear-attention layers. Throws InputError naming `file` and the field.
+// sequences (its gpus / global_batch). Throws InputError naming `file` and the field.
 void validate_plan(const Plan& p, const ModelSpec& m, const Workload& w, const std::string& file,
                    const std::string& path = "");
 

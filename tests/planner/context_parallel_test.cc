@@ -104,10 +104,62 @@ TEST(ContextParallel, PlanFieldIsWrittenOnlyWhenSetAndMustMatchTheWorkload) {
   local.path = ExpertPath::kLocal;
   local.routing_chunk_tokens = Plan{}.routing_chunk_tokens;
   expect_input_error([&] { validate_plan(local, split.model, split.workload, "p.json"); }, "path", "plan the ep path");
-  // Gated DeltaNet carries its recurrent state along the sequence: not split.
+  // Gated DeltaNet passes its recurrent state along the sequence's GPUs.
   const WorkloadContext gdn = workload("qwen3.6-35b-a3b", 1, 8, 1, 32768);
-  expect_input_error([&] { validate_plan(ep_plan(gdn), gdn.model, gdn.workload, "p.json"); }, "context_parallel_gpus",
-                     "linear-attention (GDN)");
+  EXPECT_NO_THROW(validate_plan(ep_plan(gdn), gdn.model, gdn.workload, "p.json"));
+}
+
+// FLOPs per operator kind and phase, summed over every rank's stages.
+std::map<std::pair<OpKind, Phase>, double> flops_by_kind(const StepGraph& g) {
+  std::map<std::pair<OpKind, Phase>, double> out;
+  for (const Stage& s : g.stages) {
+    if (!s.key.join && s.flops > 0) out[{s.op, s.phase}] += s.flops;
+  }
+  return out;
+}
+
+TEST(ContextParallel, GatedDeltaNetPassesEachPiecesStateAlongTheSequenceAndCorrectsThePieces) {
+  // Qwen3.6 (three GDN decoders to one attention decoder): two 32K sequences, each over a node.
+  const WorkloadContext split = workload("qwen3.6-35b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3.6-35b-a3b", 1, 2, 2, 32768);
+  const int layers = 4, P = 16, C = 8;
+  LoweringOptions o;
+  o.decoder_layers = layers;
+  const StepGraph a = lower(ep_plan(split), split, o), b = lower(ep_plan(whole), whole, o);
+  EXPECT_EQ(check_step_graph(a), "");
+  const GdnSpec& g = split.model.gdn;
+  const std::int64_t state = std::int64_t{g.value_heads} * g.key_head_dim * g.value_head_dim;
+  int gdn_layers = 0;
+  for (int l = 0; l < layers; ++l) gdn_layers += split.model.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention;
+  ASSERT_GT(gdn_layers, 0);
+  std::map<std::pair<StageOp, Phase>, int> passes;
+  double corrections = 0;
+  for (const Stage& s : a.stages) {
+    if (s.key.join || s.key.part != StagePart::kGdn) continue;
+    if (s.key.op == StageOp::kPass || s.key.op == StageOp::kGradPass) {
+      passes[{s.key.op, s.phase}]++;
+      EXPECT_EQ(s.bytes, kFp32Bytes * state) << s.name;  // one FP32 state [H_v, d_k, d_v] per sequence
+      ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
+      EXPECT_EQ(s.peers.front(), s.gpu / C * C) << s.name;
+    }
+    // The piece is one chunk (chunk 0); the correction follows it (chunk 1).
+    if (s.op == OpKind::kGdn && s.phase == Phase::kForward && s.key.chunk == 1) {
+      EXPECT_EQ(s.flops, 2.0 * 4096 * static_cast<double>(state)) << s.name;
+      corrections += s.flops;
+    }
+  }
+  // C − 1 hops per decoder and pass: forward, replay (no GDN decoder is retained), backward.
+  EXPECT_EQ((passes[{StageOp::kPass, Phase::kForward}]), gdn_layers * (C - 1) * P);
+  EXPECT_EQ((passes[{StageOp::kPass, Phase::kRecompute}]), gdn_layers * (C - 1) * P);
+  EXPECT_EQ((passes[{StageOp::kGradPass, Phase::kBackward}]), gdn_layers * (C - 1) * P);
+  // Every GPU corrects its piece once per GDN decoder; besides the corrections the pieces' work
+  // sums to the unsplit run's.
+  EXPECT_NEAR(corrections, gdn_layers * P * 2.0 * 4096 * state, 1e-9 * corrections);
+  const auto fa = flops_by_kind(a), fb = flops_by_kind(b);
+  const double split_gdn = fa.at({OpKind::kGdn, Phase::kForward}), whole_gdn = fb.at({OpKind::kGdn, Phase::kForward});
+  EXPECT_NEAR(split_gdn - corrections, whole_gdn, 1e-9 * whole_gdn);
+  EXPECT_NEAR(fa.at({OpKind::kAttention, Phase::kForward}), fb.at({OpKind::kAttention, Phase::kForward}),
+              1e-9 * fb.at({OpKind::kAttention, Phase::kForward}));
 }
 
 TEST(ContextParallel, RingKvBytesAreTheCompressedLatentUnderMlaAndTheKvHeadsElse) {
@@ -120,15 +172,6 @@ TEST(ContextParallel, RingKvBytesAreTheCompressedLatentUnderMlaAndTheKvHeadsElse
   EXPECT_EQ(ring_kv_bytes(gqa, 1000), 1000 * gqa.kv_heads * 2 * gqa.head_dim * kBf16Bytes);
   EXPECT_EQ(ring_attention_buffer_bytes(gqa, 1000, false), 2 * ring_kv_bytes(gqa, 1000));
   EXPECT_EQ(ring_attention_buffer_bytes(gqa, 1000, true), 4 * ring_kv_bytes(gqa, 1000));
-}
-
-// FLOPs per operator kind and phase, summed over every rank's stages.
-std::map<std::pair<OpKind, Phase>, double> flops_by_kind(const StepGraph& g) {
-  std::map<std::pair<OpKind, Phase>, double> out;
-  for (const Stage& s : g.stages) {
-    if (!s.key.join && s.flops > 0) out[{s.op, s.phase}] += s.flops;
-  }
-  return out;
 }
 
 TEST(ContextParallel, SplittingASequenceMovesItsWorkAndChangesNoSum) {
@@ -216,9 +259,11 @@ Seconds step_and_peaks(const StepGraph& g, const WorkloadContext& ctx, MemoryPea
 }
 
 TEST(ContextParallel, OneNodesStagesStandForTheClusterWhenSequencesSpanWholeNodesOrPartsOfOne) {
-  // Sequences over half a node, one node, two nodes.
+  // Sequences over half a node, one node, two nodes; softmax attention only, and with Gated DeltaNet.
+  for (const std::string model : {"qwen3-30b-a3b", "qwen3.6-35b-a3b"}) {
   for (const auto& [nodes, seqs] : {std::pair{2, 4}, std::pair{2, 2}, std::pair{4, 2}}) {
-    const WorkloadContext ctx = workload("qwen3-30b-a3b", nodes, 8 * nodes, seqs, 32768);
+    SCOPED_TRACE(model);
+    const WorkloadContext ctx = workload(model, nodes, 8 * nodes, seqs, 32768);
     LoweringOptions full, sym;
     full.decoder_layers = sym.decoder_layers = 3;
     sym.symmetric_nodes = true;
@@ -229,6 +274,7 @@ TEST(ContextParallel, OneNodesStagesStandForTheClusterWhenSequencesSpanWholeNode
     EXPECT_NEAR(sb / sa, 1.0, 1e-12) << nodes << " nodes, " << seqs << " sequences";
     EXPECT_EQ(pa.gpu_peak_bytes, pb.gpu_peak_bytes);
     EXPECT_EQ(pa.numa_peak_bytes, pb.numa_peak_bytes);
+  }
   }
 }
 

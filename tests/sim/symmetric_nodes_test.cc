@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -80,10 +81,12 @@ TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterInEpGroups) {
 }
 
 TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterWithSequencesSplitOverGpus) {
-  // Plan::context_parallel_gpus: each sequence over half a node, one node, two nodes.
-  for (const auto& [nodes, seqs] : {std::pair{2, 4}, std::pair{2, 2}, std::pair{4, 2}}) {
+  // Plan::context_parallel_gpus: each sequence over half a node, one node, two nodes; ring
+  // attention, and Gated DeltaNet's state chain (Qwen3.6) over one node.
+  for (const auto& [nodes, seqs, model] : {std::tuple{2, 4, "qwen3-30b-a3b"}, std::tuple{2, 2, "qwen3-30b-a3b"},
+                                           std::tuple{4, 2, "qwen3-30b-a3b"}, std::tuple{2, 2, "qwen3.6-35b-a3b"}}) {
     Workload w;
-    w.model = "qwen3-30b-a3b";
+    w.model = model;
     w.hardware = "h200-sxm-node";
     w.nodes = nodes;
     w.gpus = 8 * nodes;
