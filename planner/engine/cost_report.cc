@@ -83,14 +83,15 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
   c.d2h_bytes = grads;
 
   // Updates: resident shards on the GPU; the rest on the CPU, shared layers split over ranks.
-  // With replicas (EP groups) each updates 1/D of its resident shards and all-gathers the rest.
+  // With replicas (EP groups) each updates 1/D of its resident shards and all-gathers the rest
+  // (D = 1: the whole shard, nothing to gather).
   ParamCount resident = 0;
   for (int l : plan.resident_layers) {
     const ParamCount shard = params.layers[l].routed_experts / E;
     resident += shard;
-    if (ep && D > 1) c.allgather_bytes += working_weight_bytes(shard - shard / D);
+    c.gpu_updated_params += shard / D;
+    c.allgather_bytes += working_weight_bytes(shard - shard / D);
   }
-  c.gpu_updated_params = ep && D > 1 ? resident / D : resident;
   c.cpu_updated_params = (params.total() - (ep ? resident * E : 0)) / P;  // E ranks hold one copy of each resident bank
 
   c.compute_s = (c.forward_flops + c.recompute_flops + c.backward_flops) / hw.gpu.bf16_flops_per_s;

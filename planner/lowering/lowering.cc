@@ -442,15 +442,14 @@ PerRank Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const 
 }
 
 void Lowering::resident_update(int layer, ParamCount shard, const PerRank& ready) {
-  if (expert_replicas() == Over::kNone) {
-    gpu_adamw(StagePart::kExperts, layer, shard, ready);
-    return;
-  }
+  // Without replicas the reduce-scatter is none and the slice is the whole shard.
   ParamCount slice = shard;
   const PerRank reduced = reduce_scatter(StagePart::kExperts, layer, shard, ready, expert_replicas(), slice);
   const PerRank updated = gpu_adamw(StagePart::kExperts, layer, slice, reduced, shard);
-  collective_all(what(StagePart::kExperts, StageOp::kAllGather), OpKind::kAllGather, Phase::kOptimizer, layer,
-                 working_weight_bytes(shard - slice), updated, expert_replicas());
+  if (expert_replicas() != Over::kNone) {
+    collective_all(what(StagePart::kExperts, StageOp::kAllGather), OpKind::kAllGather, Phase::kOptimizer, layer,
+                   working_weight_bytes(shard - slice), updated, expert_replicas());
+  }
 }
 
 void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready,

@@ -1,4 +1,4 @@
-// The cluster tests' and benchmarks' workload: `model` on `nodes` DGX H200 nodes (h200-sxm-node),
+// The cluster tests' and benchmarks' workloads: `model` on `nodes` DGX H200 nodes (h200-sxm-node),
 // `gpus` GPUs (every GPU of the nodes by default), two 4K sequences per GPU, uniform routing
 // unless `routing` says otherwise; and an EP plan over it with `resident` resident and `retained`
 // retained decoders, FLAT's PipelinedLLEP, SCO and a streamed optimizer when `flat`.
@@ -15,16 +15,24 @@
 
 namespace oom::test_support {
 
-inline WorkloadContext cluster_workload(const std::string& model, int nodes, int gpus = 0, const nlohmann::json& routing = nullptr) {
+// `model` on `nodes` DGX H200 nodes, `gpus` GPUs, `seqs` sequences of `seq_len` tokens per step
+// (fewer sequences than GPUs: each over gpus / seqs GPUs, context parallelism).
+inline WorkloadContext h200_workload(const std::string& model, int nodes, int gpus, std::int64_t seqs, std::int64_t seq_len,
+                                     const nlohmann::json& routing = nullptr) {
   Workload w;
   w.model = model;
   w.hardware = "h200-sxm-node";
   w.nodes = nodes;
-  w.gpus = gpus > 0 ? gpus : 8 * nodes;
-  w.global_batch = 2 * w.gpus;
-  w.seq_len = 4096;
+  w.gpus = gpus;
+  w.global_batch = seqs;
+  w.seq_len = seq_len;
   if (!routing.is_null()) w.routing = routing_from_json(routing, "cluster workload", "routing");
   return resolve_workload(w, "cluster workload");
+}
+
+inline WorkloadContext cluster_workload(const std::string& model, int nodes, int gpus = 0, const nlohmann::json& routing = nullptr) {
+  const int g = gpus > 0 ? gpus : 8 * nodes;
+  return h200_workload(model, nodes, g, 2 * g, 4096, routing);
 }
 
 inline Plan cluster_ep_plan(const ModelSpec& m, int resident, int retained, bool flat) {

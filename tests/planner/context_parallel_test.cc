@@ -22,20 +22,14 @@
 #include "planner/plan/plan_presets.h"
 #include "planner/search/plan_pricing.h"
 #include "planner/search/plan_search.h"
+#include "tests/common/cluster_workload.h"
 
 namespace oom {
 namespace {
 
-// `model` on `nodes` DGX H200 nodes, `gpus` GPUs, `seqs` sequences of `seq_len` tokens.
+using test_support::h200_workload;
 WorkloadContext workload(const std::string& model, int nodes, int gpus, std::int64_t seqs, std::int64_t seq_len) {
-  Workload w;
-  w.model = model;
-  w.hardware = "h200-sxm-node";
-  w.nodes = nodes;
-  w.gpus = gpus;
-  w.global_batch = seqs;
-  w.seq_len = seq_len;
-  return resolve_workload(w, "w.json");
+  return h200_workload(model, nodes, gpus, seqs, seq_len);
 }
 
 Plan ep_plan(const WorkloadContext& ctx) {

@@ -100,14 +100,7 @@ std::vector<Case> cases() {
   {
     // Context parallelism: four 16K sequences over two nodes, each over 4 GPUs (ring attention's
     // K/V pieces and their gradients among them), every rank's stages.
-    Workload w;
-    w.model = "qwen3-30b-a3b";
-    w.hardware = "h200-sxm-node";
-    w.nodes = 2;
-    w.gpus = 16;
-    w.global_batch = 4;
-    w.seq_len = 16384;
-    WorkloadContext ctx = resolve_workload(w, "context-parallel");
+    WorkloadContext ctx = test_support::h200_workload("qwen3-30b-a3b", 2, 16, 4, 16384);
     Plan p;
     p.routing_chunk_tokens = 4096;
     p.context_parallel_gpus = 4;

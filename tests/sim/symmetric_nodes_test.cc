@@ -85,21 +85,14 @@ TEST(SimGridSymmetricNodes, OneNodeSimulatesAsTheWholeClusterWithSequencesSplitO
   // attention, and Gated DeltaNet's state chain (Qwen3.6) over one node.
   for (const auto& [nodes, seqs, model] : {std::tuple{2, 4, "qwen3-30b-a3b"}, std::tuple{2, 2, "qwen3-30b-a3b"},
                                            std::tuple{4, 2, "qwen3-30b-a3b"}, std::tuple{2, 2, "qwen3.6-35b-a3b"}}) {
-    Workload w;
-    w.model = model;
-    w.hardware = "h200-sxm-node";
-    w.nodes = nodes;
-    w.gpus = 8 * nodes;
-    w.global_batch = seqs;
-    w.seq_len = 32768;
-    const WorkloadContext ctx = resolve_workload(w, "context parallel");
+    const WorkloadContext ctx = test_support::h200_workload(model, nodes, 8 * nodes, seqs, 32768);
     LoweringOptions full_options, sym_options;
     full_options.decoder_layers = sym_options.decoder_layers = 3;
     sym_options.symmetric_nodes = true;
     Plan plan = cluster_ep_plan(ctx.model, 0, 1, false);
-    plan.context_parallel_gpus = w.gpus / seqs;
+    plan.context_parallel_gpus = 8 * nodes / seqs;
     expect_same_simulation(lower(plan, ctx, full_options), lower(plan, ctx, sym_options), ctx,
-                           "sequences over " + std::to_string(w.gpus / seqs) + " GPUs on " + std::to_string(nodes) + " nodes");
+                           "sequences over " + std::to_string(8 * nodes / seqs) + " GPUs on " + std::to_string(nodes) + " nodes");
   }
 }
 
