@@ -1,6 +1,14 @@
 // Platform: the SimGrid platform of a HardwareSpec, built in code (no XML).
 //
-// What it models (one full routing zone, explicit routes):
+// Zones: one full routing zone per node ("node<n>", explicit routes between its hosts); a
+// multi-node spec puts them under a "cluster" zone that holds the network: the NICs, the uplinks
+// and a zone per tier of switches ("switches.network", "switches.spine", "switches.core", each
+// holding the host of that name). A node zone reaches the cluster through its router
+// "node<n>.gateway" (each GPU: [port UP] to it, [port DOWN] from it); the cluster routes every
+// node to every tier and to every other node. Netpoints are found by SimGrid's hierarchical
+// routing, so a route's links are the node part and the cluster part in order.
+//
+// What it models (explicit routes):
 //   - a host per GPU ("gpu<g>", g the global GPU index node·gpus_per_node + local), one core at
 //     the BF16 dense peak (FLOP/s);
 //   - per GPU a split-duplex PCIe link "gpu<g>.pcie": UP is host-to-device at the H2D rate, DOWN
@@ -16,7 +24,7 @@
 //     the fabric rate; for NVLink the ports meet at a non-blocking switch "node<n>.nvswitch"
 //     (FATPIPE); for PCIe peer-to-peer the path also crosses both GPUs' PCIe links, their
 //     sockets' bridges and a "peer_path" hop carrying the peer latency, so peer traffic competes
-//     with host copies;
+//     with host copies ("node<n>.peer_path");
 //   - for multi-node specs a split-duplex NIC link "node<n>.nic" per node (UP send, DOWN receive)
 //     at the node's NIC rate (NetworkSpec::per_node_Bps: its NICs as one link) and a "network"
 //     host beyond them standing for the switches: a GPU sends to the other nodes as a flow to the
@@ -109,6 +117,13 @@ class Platform {
   const sg4::Link* d2h_link(int g) const;  // the DOWN direction
 
  private:
+  using NetPoint = simgrid::kernel::routing::NetPoint;
+  // Builds node n's hosts, links and routes into `zone`; returns its gateway (nullptr on one node).
+  NetPoint* build_node(sg4::NetZone* zone, int n, const HardwareSpec& h, const PlatformRates& rates, const PlatformOptions& options);
+  // Builds the NICs, uplinks, tier zones and zone routes into the cluster zone.
+  void build_network(sg4::NetZone* cluster, const std::vector<sg4::NetZone*>& node_zones, const std::vector<NetPoint*>& gateways,
+                     const HardwareSpec& h, const PlatformRates& rates, const PlatformOptions& options);
+
   int nodes_ = 1;
   int gpus_per_node_ = 0;
   int numa_per_node_ = 0;
@@ -119,6 +134,7 @@ class Platform {
   std::vector<sg4::Host*> networks_;  // beyond the NICs; beyond the spine links; beyond the core links
   std::vector<const sg4::Link*> dram_;
   std::vector<sg4::SplitDuplexLink*> pcie_;
+  std::vector<sg4::SplitDuplexLink*> ports_;  // per GPU, its fabric port
 };
 
 }  // namespace oom::sim

@@ -118,10 +118,10 @@ TEST(PlatformTest, PciePeerPathsCrossBothPcieLinksAndBridges) {
   const json r = with_platform(h, {}, [&](Platform& p) {
     return json{{"cross_socket", route(p.gpu(0), p.gpu(2))}, {"same_socket", route(p.gpu(1), p.gpu(0))}};
   });
-  EXPECT_EQ(r["cross_socket"]["links"], json({"gpu0.fabric_UP", "gpu0.pcie_DOWN", "node0.bridge0", "peer_path", "node0.bridge1",
+  EXPECT_EQ(r["cross_socket"]["links"], json({"gpu0.fabric_UP", "gpu0.pcie_DOWN", "node0.bridge0", "node0.peer_path", "node0.bridge1",
                                               "gpu2.pcie_UP", "gpu2.fabric_DOWN"}));
   EXPECT_EQ(r["same_socket"]["links"],
-            json({"gpu1.fabric_UP", "gpu1.pcie_DOWN", "node0.bridge0", "peer_path", "gpu0.pcie_UP", "gpu0.fabric_DOWN"}));
+            json({"gpu1.fabric_UP", "gpu1.pcie_DOWN", "node0.bridge0", "node0.peer_path", "gpu0.pcie_UP", "gpu0.fabric_DOWN"}));
   // Both PCIe hops and the peer hop each carry 10 µs.
   EXPECT_NEAR(r["same_socket"]["latency_s"].get<double>(), 3e-5, 1e-15);
 }
@@ -142,6 +142,37 @@ TEST(PlatformTest, NodesTalkThroughTheirNics) {
   EXPECT_EQ(r["h2d"]["links"], json({"node1.dram0", "node1.bridge0", "pcie_switch4_UP", "gpu9.pcie_UP"}));
 }
 
+TEST(PlatformTest, EachNodeIsAZoneUnderTheCluster) {
+  const HardwareSpec h = load_hardware_spec("h100-sxm-2node");
+  const json r = with_platform(h, {}, [&](Platform& p) {
+    auto zone = [](const sg4::Host* host) {
+      const sg4::NetZone* z = host->get_englobing_zone();
+      return json{{"zone", z->get_name()}, {"parent", z->get_parent()->get_name()}};
+    };
+    return json{{"gpu9", zone(p.gpu(9))}, {"mem", zone(p.memory(1, 1))}, {"cpu", zone(p.socket(0, 0))}, {"network", zone(p.network())},
+                {"root", sg4::Engine::get_instance()->get_netzone_root()->get_name() == "cluster"}, {"across", route(p.gpu(1), p.gpu(9))}, {"back", route(p.gpu(9), p.gpu(1))}};
+  });
+  EXPECT_EQ(r["gpu9"], json({{"zone", "node1"}, {"parent", "cluster"}}));
+  EXPECT_EQ(r["mem"], json({{"zone", "node1"}, {"parent", "cluster"}}));
+  EXPECT_EQ(r["cpu"], json({{"zone", "node0"}, {"parent", "cluster"}}));
+  EXPECT_EQ(r["network"], json({{"zone", "switches.network"}, {"parent", "cluster"}}));
+  EXPECT_TRUE(r["root"].get<bool>());
+  // Any GPU reaches any other: out of its node's NICs and into the other node's.
+  EXPECT_EQ(r["across"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP", "node1.nic_DOWN", "gpu9.fabric_DOWN"}));
+  EXPECT_EQ(r["back"]["links"], json({"gpu9.fabric_UP", "node1.nic_UP", "node0.nic_DOWN", "gpu1.fabric_DOWN"}));
+  EXPECT_DOUBLE_EQ(r["across"]["latency_s"].get<double>(), 5e-6);
+}
+
+TEST(PlatformTest, OneNodeIsItsOwnZone) {
+  const json r = with_platform(load_hardware_spec("h100-sxm-node"), {}, [&](Platform& p) {
+    const sg4::NetZone* z = p.gpu(3)->get_englobing_zone();
+    return json{{"zone", z->get_name()}, {"root", sg4::Engine::get_instance()->get_netzone_root() == z}, {"network", p.network() == nullptr}};
+  });
+  EXPECT_EQ(r["zone"], "node0");
+  EXPECT_TRUE(r["root"].get<bool>());
+  EXPECT_TRUE(r["network"].get<bool>());
+}
+
 TEST(PlatformTest, TrafficBeyondTheLeafCrossesTheNodesShareOfItsUplinks) {
   // Four nodes of the H100 node, two per leaf, 2:1 oversubscribed: beyond the leaf a GPU's flows
   // also cross its node's share of the leaf's uplinks (half the NICs' rate), one more switch each way.
@@ -153,8 +184,11 @@ TEST(PlatformTest, TrafficBeyondTheLeafCrossesTheNodesShareOfItsUplinks) {
   h.network.switch_latency_s = 1e-6;
   const json r = with_platform(h, {}, [&](Platform& p) {
     return json{{"leaf", route(p.gpu(1), p.network(1))}, {"out", route(p.gpu(1), p.network(3))}, {"in", route(p.network(3), p.gpu(17))},
-                {"same", p.network(5) == p.network(3)}};
+                {"same", p.network(5) == p.network(3)}, {"same_leaf", route(p.gpu(1), p.gpu(9))}, {"other_leaf", route(p.gpu(1), p.gpu(17))}};
   });
+  EXPECT_EQ(r["same_leaf"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP", "node1.nic_DOWN", "gpu9.fabric_DOWN"}));
+  EXPECT_EQ(r["other_leaf"]["links"],
+            json({"gpu1.fabric_UP", "node0.nic_UP", "node0.spine_UP", "node2.spine_DOWN", "node2.nic_DOWN", "gpu17.fabric_DOWN"}));
   EXPECT_EQ(r["leaf"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP"}));
   EXPECT_EQ(r["out"]["links"], json({"gpu1.fabric_UP", "node0.nic_UP", "node0.spine_UP"}));
   EXPECT_EQ(r["in"]["links"], json({"node2.spine_DOWN", "node2.nic_DOWN", "gpu17.fabric_DOWN"}));
