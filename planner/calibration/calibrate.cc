@@ -207,16 +207,26 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
     }
     step = l.schedule->step_s(d, finish);
   } else if (l.sharing && !l.sharing->empty()) {
-    std::vector<StageCost> costs(d.size());
-    for (std::size_t v = 0; v < d.size(); ++v) costs[v] = priced[static_cast<std::size_t>(l.priced_of[v])];
-    const std::vector<Seconds> fair = d;
-    step = l.sharing->settle(*l.schedule, costs, d, finish);
+    // Only the stages that share host resources are settled: their costs, and (for the stretch)
+    // their fair-share durations.
+    const std::vector<std::int32_t>& sharing = l.sharing->stages();
+    thread_local std::vector<StageCost> lane_costs;
+    thread_local std::vector<Seconds> fair;
+    lane_costs.resize(sharing.size());
+    fair.resize(sharing.size());
+    for (std::size_t i = 0; i < sharing.size(); ++i) {
+      const auto v = static_cast<std::size_t>(sharing[i]);
+      lane_costs[i] = priced[static_cast<std::size_t>(l.priced_of[v])];
+      fair[i] = d[v];
+    }
+    step = l.sharing->settle(*l.schedule, lane_costs, d, finish);
     if (stretch) {
       // Out: the work stretch (settled over fair-share work) of every stage sharing changed.
       stretch->clear();
-      for (std::size_t v = 0; v < d.size(); ++v) {
-        const Seconds work = fair[v] - costs[v].fixed_s;
-        if (work > 0 && d[v] != fair[v]) stretch->emplace_back(static_cast<std::int32_t>(v), (d[v] - costs[v].fixed_s) / work);
+      for (std::size_t i = 0; i < sharing.size(); ++i) {
+        const auto v = static_cast<std::size_t>(sharing[i]);
+        const Seconds work = fair[i] - lane_costs[i].fixed_s;
+        if (work > 0 && d[v] != fair[i]) stretch->emplace_back(sharing[i], (d[v] - lane_costs[i].fixed_s) / work);
       }
     }
   } else {

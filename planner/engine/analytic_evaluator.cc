@@ -119,18 +119,18 @@ HostSharing::HostSharing(const StepGraph& g, const DurationModel& durations) {
   for (const std::int32_t v : stages_) dram_bytes_.push_back(static_cast<double>(host_dram_bytes(g.stage(v))));
 }
 
-Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs,
+Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& lane_costs,
                             std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const {
   const std::size_t n = stages_.size();
+  OOM_ASSERT(lane_costs.size() == n, "one cost per sharing stage");
   std::vector<Seconds> alone(n), demand(n), progress(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const StageCost& c = costs[static_cast<std::size_t>(stages_[i])];
-    alone[i] = c.alone_s();
+    alone[i] = lane_costs[i].alone_s();
     demand[i] = alone[i] > 0 ? dram_bytes_[i] / alone[i] : 0.0;
   }
   auto work_s = [&](std::size_t i) {
     const auto v = static_cast<std::size_t>(stages_[i]);
-    return alone[i] > 0 ? duration_s[v] - costs[v].fixed_s : 0.0;
+    return alone[i] > 0 ? duration_s[v] - lane_costs[i].fixed_s : 0.0;
   };
   // Per lane: the participant it is at, whether that one's work has begun, the time of its next
   // edge, and the value of its progress integral when the work began.
@@ -257,7 +257,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
       const Seconds w = work_s(i);
       if (w <= 0 || progress[i] <= 0) continue;
       const Seconds settled = alone[i] * w / progress[i];
-      duration_s[v] = costs[v].fixed_s + 0.5 * (w + settled);
+      duration_s[v] = lane_costs[i].fixed_s + 0.5 * (w + settled);
     }
   }
   return step;
@@ -274,8 +274,11 @@ StageTimes analytic_step_times(const StepGraph& g, const DurationModel& duration
   }
   const HostSharing sharing(g, durations);
   if (!sharing.empty()) {
+    std::vector<StageCost> lane_costs;
+    lane_costs.reserve(sharing.stages().size());
+    for (const std::int32_t v : sharing.stages()) lane_costs.push_back(costs[static_cast<std::size_t>(v)]);
     std::vector<Seconds> finish;
-    sharing.settle(AnalyticSchedule(g), costs, d, finish);
+    sharing.settle(AnalyticSchedule(g), lane_costs, d, finish);
   }
   StageTimes t = analytic_times(g, d);
   if (duration_s) *duration_s = std::move(d);

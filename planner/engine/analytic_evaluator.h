@@ -71,9 +71,12 @@ class HostSharing {
   // The hardware facts come from `durations` (any calibration of the same hardware).
   HostSharing(const StepGraph& g, const DurationModel& durations);
   bool empty() const { return stages_.empty(); }
-  // Settles `duration_s` (in: fair-share durations from `costs`, indexed by stage id; out: the
-  // shared ones) and leaves the final Eq. 3 finish times in `finish_s`. Returns the step time.
-  Seconds settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& costs, std::vector<Seconds>& duration_s,
+  // The stages that share host resources, in the order settle() wants their costs.
+  const std::vector<std::int32_t>& stages() const { return stages_; }
+  // Settles `duration_s` (in: fair-share durations, indexed by stage id; out: the shared ones)
+  // and leaves the final Eq. 3 finish times in `finish_s`. Returns the step time. `lane_costs[i]`
+  // is the cost of stages()[i]: only those stages' costs matter.
+  Seconds settle(const AnalyticSchedule& schedule, const std::vector<StageCost>& lane_costs, std::vector<Seconds>& duration_s,
                  std::vector<Seconds>& finish_s) const;
 
  private:
