@@ -442,6 +442,7 @@ PerRank Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const 
 }
 
 void Lowering::resident_update(int layer, ParamCount shard, const PerRank& ready) {
+  if (shard <= 0) return;  // a decoder without routed experts (a dense first decoder) has no shard to update
   // Without replicas the reduce-scatter is none and the slice is the whole shard.
   ParamCount slice = shard;
   const PerRank reduced = reduce_scatter(StagePart::kExperts, layer, shard, ready, expert_replicas(), slice);
