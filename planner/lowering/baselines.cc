@@ -128,7 +128,9 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   const ModelSpec& m = ctx.model;
   const HardwareSpec& hw = ctx.hardware;
   const int P = ctx.workload.gpus;
-  const std::int64_t S = ctx.workload.seq_len, b = setup.micro_batch_seqs, T = b * S;
+  // S: the tokens of each sequence on one GPU (its piece under context parallelism).
+  const std::int64_t S = ctx.workload.local_seq_len(), b = setup.micro_batch_seqs, T = b * S;
+  const bool ring = ctx.workload.gpus_per_seq() > 1;
   const BaselineTraits t = baseline_traits(setup.system, P);
   const ModelParams params = model_params(m);
   const ParamCount head = (params.lm_head > 0 ? params.lm_head : params.embedding) + params.final_norm;
@@ -167,12 +169,16 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     before = u.outer;
     // Input, next input and the running hidden gradient; the next checkpoint may already be
     // loaded beside this one.
-    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) + moe_activation_bytes(m, l, T) + tied_table +
-                    t.grad_bytes_per_param * pair;
+    // Under context parallelism, ring attention's K/V pieces and their gradients.
+    const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(l)];
+    const Bytes ring_buffers = ring && kind != LayerKind::kLinearAttention ? ring_attention_buffer_bytes(m.attention(kind), T, true) : 0;
+    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) + ring_buffers + moe_activation_bytes(m, l, T) +
+                    tied_table + t.grad_bytes_per_param * pair;
     if (w >= work) {
       work = w;
       out.gpu_peak_at = fmt::format("decoder {} ({}) backward, micro-batch of {} sequences", l,
                                     layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]), b);
+      if (ring) out.gpu_peak_at += fmt::format(" (pieces of {} tokens, each sequence over {} GPUs)", S, ctx.workload.gpus_per_seq());
     }
   }
   const Bytes loss = 2 * boundary_bytes(1, b, S, m.hidden) + logits_workspace_bytes(m, std::min(k.loss_chunk_tokens, T)) +
@@ -214,9 +220,11 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
 
 namespace {
 
-// Why system `s` cannot run the workload: every baseline system runs whole sequences per GPU.
+// Why system `s` cannot run the workload: every baseline system but FSDP2 runs whole sequences
+// per GPU. FSDP2 splits them with context parallelism (ring attention over each sequence's GPUs,
+// as PyTorch's context_parallel beside fully_shard does; planner/lowering/lowering_baselines.cc).
 std::string whole_sequences_only(BaselineSystem s, const Workload& w) {
-  if (w.gpus_per_seq() <= 1) return {};
+  if (w.gpus_per_seq() <= 1 || s == BaselineSystem::kFsdp2Offload) return {};
   return fmt::format("{} runs whole sequences per GPU; the workload splits each of its {} sequences over {} GPUs",
                      baseline_system_name(s), w.global_batch, w.gpus_per_seq());
 }

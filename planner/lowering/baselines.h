@@ -137,7 +137,8 @@ struct OutOfMemory {
 // bytes fit every NUMA node's share of the host budget. Returns the setup, or the
 // out-of-memory that stops it: the host (first NUMA node over budget) when some micro-batch fitted
 // the GPU, else the GPU at the smallest micro-batch allowed. Throws InputError naming
-// "global_batch" for a workload with fewer sequences than GPUs (whole sequences per GPU only).
+// "global_batch" for a workload with fewer sequences than GPUs, except for FSDP2 (the others run
+// whole sequences per GPU; FSDP2 splits each over its GPUs with context parallelism).
 struct BaselineFit {
   std::optional<BaselineSetup> setup;
   std::optional<OutOfMemory> oom;
@@ -183,8 +184,8 @@ struct BaselineResult {
 
 // Configures, lowers and executes the system with the StepEngine of `engines` named `engine`,
 // pricing stages with `calibration`. A step whose executed GPU or host peak exceeds its budget is
-// reported as out-of-memory too; a workload with fewer sequences than GPUs as not run (every
-// baseline system runs whole sequences per GPU). Throws InputError when `engines` offers no `engine`.
+// reported as out-of-memory too; a workload with fewer sequences than GPUs as not run, except by
+// FSDP2 (context parallelism: ring attention over each sequence's GPUs). Throws InputError when `engines` offers no `engine`.
 BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
                             const Calibration& calibration, const MemoryConstants& constants = {});
 

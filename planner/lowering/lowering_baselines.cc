@@ -16,7 +16,9 @@
 // and the backward (a unit is resharded after its recomputed forward, as after any forward, so the
 // backward gathers it again: one pass over the experts more than the whole-decoder wrapping, which
 // stays gathered from the recompute through the backward); each unit's gradient takes its turn in
-// the gradient buffers.
+// the gradient buffers. Under context parallelism (FSDP2 only: each sequence split over
+// consecutive ranks) every rank runs its piece of a sequence, the mixing cores with ring attention
+// or the GDN state chain over the sequence's GPUs (BaselineLowering::mixing_core).
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -49,7 +51,9 @@ class BaselineLowering {
         params_(model_params(ctx.model)),
         b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
         P_(ctx.workload.gpus),
-        S_(ctx.workload.seq_len),
+        S_(ctx.workload.local_seq_len()),
+        C_(ctx.workload.gpus_per_seq()),
+        span_(ctx.workload.seq_len),
         seqs_(setup.micro_batch_seqs),
         layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers),
         // Every rank runs the same schedule (no expert parallelism): one node's stages stand for
@@ -124,10 +128,11 @@ class BaselineLowering {
     return last_compute_;
   }
 
-  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
+  // Over every rank, or over each block of `group` consecutive ranks (a sequence's GPUs).
+  PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs, int group = 0) {
     // Every member waits for every member's input (gathered once, or through a join across nodes).
     return lowering::collective_stages(
-        lowering::RankGroups{P_, P_}, emit_, ctx_.hardware.gpus_per_node, inputs,
+        lowering::RankGroups{P_, group > 0 ? group : P_}, emit_, ctx_.hardware.gpus_per_node, inputs,
         [&](int r) {
           Stage s = make(what, op, phase, rr(r).fabric, r, layer);
           s.bytes = bytes;
@@ -194,26 +199,13 @@ class BaselineLowering {
     PerRank x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProj), OpKind::kGemm, phase, l, f.mixing_projection,
                         mixing_hbm_bytes(m_, l, T), proj, deps);
     first = x;
-    OpShape core;
-    core.seqs = seqs_;
-    core.seq_len = S_;
-    core.tokens = T;
-    if (attention) {
-      const AttentionSpec& a = m_.attention(kind);
-      core.heads = a.heads;
-      core.head_dim = a.head_dim;
-      core.window = a.window_tokens;
-    } else {
-      core.heads = m_.gdn.value_heads;
-      core.head_dim = m_.gdn.value_head_dim;
-    }
-    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
-                f.mixing_core.total(), 0, core, {x});
+    const MixingCore core = mixing_core(l, phase, x);
     OpShape dense;
     dense.tokens = T;
     dense.k = m_.hidden;
     x = compute(what(StagePart::kMoe, StageOp::kRouterShared), OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
-                dense, {x});
+                dense, core.after());
+    core.free_ring(*this, x);
     if (!m_.moe_layer(l)) return compute(what(StagePart::kMoe, StageOp::kCombine), OpKind::kElementwise, phase, l, 0, t.combine, dense, {x});
     const DecoderUnits u = units(l);
     if (u.expert_units == 0) {
@@ -231,6 +223,73 @@ class BaselineLowering {
       experts_.last[slot] = x;
     }
     return x;
+  }
+
+  // The mixing core of decoder l after `x` (forward, recompute or backward): what the next stage
+  // waits for, and the ring's buffers it frees.
+  struct MixingCore {
+    PerRank core, ring;
+    Bytes ring_bytes = 0;
+    std::vector<PerRank> after() const { return ring.empty() ? std::vector<PerRank>{core} : std::vector<PerRank>{core, ring}; }
+    void free_ring(BaselineLowering& lowering, const PerRank& next) const {
+      if (!ring.empty()) lowering.gpu(next, -ring_bytes, true);
+    }
+  };
+  // The attention or GDN core over this rank's tokens. Under context parallelism (C_ > 1, the
+  // EP path's lowering does the same, planner/lowering/lowering_layers.cc): the attention core
+  // does 1/C of the whole sequence's work, its keys spanning the sequence (zig-zag pieces balance
+  // the causal mask), while ring attention passes each piece's K/V around the sequence's GPUs, an
+  // all-gather of C − 1 pieces per member beside the core (in backward the pieces pass again and
+  // their gradients come back as a reduce-scatter), its buffers held until the next stage; GDN
+  // runs its piece from a zero state, passes the pieces' FP32 states along the sequence's GPUs
+  // (C − 1 hops one after another; in backward the state gradients, last to first) and corrects
+  // its piece with the state it received (2·T·H_v·d_k·d_v FLOPs, twice that in backward).
+  MixingCore mixing_core(int l, Phase phase, const PerRank& x) {
+    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
+    const bool attention = kind != LayerKind::kLinearAttention, backward = phase == Phase::kBackward;
+    const std::int64_t T = seqs_ * S_;
+    OpShape core;
+    core.seqs = seqs_;
+    core.seq_len = attention ? span_ : S_;
+    core.tokens = T;
+    Flops flops = layer_flops(m_, l, seqs_, S_).mixing_core.total();
+    MixingCore out;
+    if (attention) {
+      const AttentionSpec& a = m_.attention(kind);
+      core.heads = a.heads;
+      core.head_dim = a.head_dim;
+      core.window = a.window_tokens;
+      if (C_ > 1) {
+        flops = layer_flops(m_, l, seqs_, span_).mixing_core.total() / static_cast<double>(C_);
+        const Bytes wire = static_cast<Bytes>(C_ - 1) * ring_kv_bytes(a, T);
+        out.ring = collective(what(StagePart::kAttention, StageOp::kAllGather), OpKind::kAllGather, phase, l, wire, x, C_);
+        out.ring_bytes = ring_attention_buffer_bytes(a, T, backward);
+        gpu(out.ring, out.ring_bytes, false);
+        if (backward) {
+          out.ring = collective(what(StagePart::kAttention, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l, wire, out.ring, C_);
+        }
+      }
+    } else {
+      core.heads = m_.gdn.value_heads;
+      core.head_dim = m_.gdn.value_head_dim;
+    }
+    const StagePart part = attention ? StagePart::kAttention : StagePart::kGdn;
+    const double ratio = !backward ? 1.0 : attention ? kAttentionBackwardRatio : kGdnBackwardRatio;
+    out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
+                       ratio * flops, 0, core, {x});
+    if (!attention && C_ > 1) {
+      const GdnSpec& g = m_.gdn;
+      const std::int64_t state_elements = seqs_ * g.value_heads * g.key_head_dim * g.value_head_dim;
+      PerRank arrived = out.core;
+      for (int step = 0; step + 1 < C_; ++step) {
+        arrived = collective(what(StagePart::kGdn, backward ? StageOp::kGradPass : StageOp::kPass).at_ring_step(step), OpKind::kAllGather, phase,
+                             l, kFp32Bytes * state_elements, arrived, C_);
+      }
+      const Flops correction = (backward ? 4.0 : 2.0) * static_cast<double>(S_) * static_cast<double>(state_elements);
+      out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore).at_chunk(1), OpKind::kGdn, phase, l, correction, 0, core,
+                         {arrived, out.core});
+    }
+    return out;
   }
 
   Bytes activations(int l) const {
@@ -337,27 +396,14 @@ class BaselineLowering {
                 kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp),
                 kMemoryBackwardRatio * (m_.moe_layer(l) ? t.pre : t.pre + t.combine), dense, apart ? with_free_gradient_buffer({x}) : std::vector<PerRank>{x});
     if (apart) gpu(x, t_.grad_bytes_per_param * p, false);  // the outer unit's gradient buffer
-    OpShape core;
-    core.seqs = seqs_;
-    core.seq_len = S_;
-    core.tokens = T;
     const bool attention = kind != LayerKind::kLinearAttention;
-    if (attention) {
-      const AttentionSpec& a = m_.attention(kind);
-      core.heads = a.heads;
-      core.head_dim = a.head_dim;
-      core.window = a.window_tokens;
-    } else {
-      core.heads = m_.gdn.value_heads;
-      core.head_dim = m_.gdn.value_head_dim;
-    }
-    x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kCoreBwd), attention ? OpKind::kAttention : OpKind::kGdn, Phase::kBackward,
-                l, (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) * f.mixing_core.total(), 0, core, {x});
+    const MixingCore core = mixing_core(l, Phase::kBackward, x);
     OpShape proj;
     proj.tokens = T;
     proj.k = m_.hidden;
     x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
-                kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, {x});
+                kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, core.after());
+    core.free_ring(*this, x);
     gpu(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
     decoders_.last[slot] = x;
@@ -479,7 +525,12 @@ class BaselineLowering {
   const ModelParams params_;
   StepGraphBuilder b_;
   const int P_;
-  const std::int64_t S_, seqs_;
+  // S_: the tokens of each sequence on one GPU, its piece of span_ tokens under context
+  // parallelism, where each sequence is split over C_ consecutive ranks (1: whole sequences).
+  const std::int64_t S_;
+  const int C_;
+  const std::int64_t span_;
+  const std::int64_t seqs_;
   const int layers_;
   const int emit_;  // ranks whose stages are emitted: P_, or one node's
   std::vector<Ranks> r_;

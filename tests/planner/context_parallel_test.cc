@@ -272,7 +272,7 @@ TEST(ContextParallel, OneNodesStagesStandForTheClusterWhenSequencesSpanWholeNode
   }
 }
 
-TEST(ContextParallel, ThePlannerAndThePresetSplitTheSequencesAndTheBaselinesDoNot) {
+TEST(ContextParallel, ThePlannerAndThePresetSplitTheSequencesAndOfTheBaselinesOnlyFsdp2) {
   const WorkloadContext ctx = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
   const PlanSearchResult r = search_plan(ctx, load_calibration_for(ctx.hardware));
   EXPECT_EQ(r.chosen.plan.path, ExpertPath::kEp);
@@ -288,14 +288,111 @@ TEST(ContextParallel, ThePlannerAndThePresetSplitTheSequencesAndTheBaselinesDoNo
   EXPECT_EQ(preset_plan_search("base", ctx, load_calibration_for(ctx.hardware), "auto").chosen.plan.context_parallel_gpus, 8);
 
   expect_input_error([&] { check_local_applies(ctx); }, "global_batch", "whole sequences per GPU");
-  const BaselineResult b = run_baseline(BaselineSystem::kFsdp2Offload, ctx, StepEngines(), "analytic",
+  const BaselineResult b = run_baseline(BaselineSystem::kZeroOffload, ctx, StepEngines(), "analytic",
                                         load_calibration_for(ctx.hardware));
   EXPECT_FALSE(b.fits());
   EXPECT_FALSE(b.oom);
   EXPECT_NE(b.not_run.find("whole sequences per GPU"), std::string::npos) << b.not_run;
   EXPECT_EQ(b.failure_cell(), "n/a");
   EXPECT_EQ(baseline_result_to_json(b).at("not_run"), b.not_run);
-  expect_input_error([&] { configure_baseline(BaselineSystem::kFsdp2Offload, ctx); }, "global_batch", "whole sequences");
+  expect_input_error([&] { configure_baseline(BaselineSystem::kZeroOffload, ctx); }, "global_batch", "whole sequences");
+  expect_input_error([&] { configure_baseline(BaselineSystem::kMegaTrain, ctx); }, "global_batch", "whole sequences");
+  // FSDP2 splits them with ring attention (context parallelism).
+  const BaselineResult fsdp2 = run_baseline(BaselineSystem::kFsdp2Offload, ctx, StepEngines(), "analytic",
+                                            load_calibration_for(ctx.hardware));
+  EXPECT_TRUE(fsdp2.not_run.empty()) << fsdp2.not_run;
+  EXPECT_TRUE(fsdp2.fits());
+  EXPECT_GT(fsdp2.step_s, 0);
+  EXPECT_NE(baseline_static_memory(*fsdp2.setup, ctx).gpu_peak_at.find("each sequence over 8 GPUs"), std::string::npos);
+}
+
+// The FSDP2 baseline's graph of `ctx` (micro-batches of one sequence), its first `layers` decoders.
+StepGraph fsdp2_graph(const WorkloadContext& ctx, int layers) {
+  LoweringOptions o;
+  o.decoder_layers = layers;
+  return lower_baseline(BaselineSetup{BaselineSystem::kFsdp2Offload, 1, static_cast<int>(ctx.workload.seqs_per_gpu()), 1}, ctx, o);
+}
+
+TEST(ContextParallel, Fsdp2SplitsASequenceWithRingAttentionAndChangesNoSum) {
+  // Two 32K sequences: each over one node's 8 GPUs, or each on one of 2 GPUs.
+  const WorkloadContext split = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3-30b-a3b", 1, 2, 2, 32768);
+  const AttentionSpec& a = split.model.attention(LayerKind::kFullAttention);
+  const int layers = 3, P = 16, C = 8;
+  const StepGraph g = fsdp2_graph(split, layers), b = fsdp2_graph(whole, layers);
+  EXPECT_EQ(check_step_graph(g), "");
+  const auto fa = flops_by_kind(g), fb = flops_by_kind(b);
+  ASSERT_EQ(fa.size(), fb.size());
+  for (const auto& [kind, flops] : fb) {
+    ASSERT_TRUE(fa.count(kind)) << op_kind_name(kind.first);
+    EXPECT_NEAR(fa.at(kind), flops, 1e-9 * flops) << op_kind_name(kind.first) << " " << phase_name(kind.second);
+  }
+  // The ring: C − 1 pieces of 4096 tokens per member, over the sequence's 8 consecutive GPUs, in
+  // the forward, the recompute and the backward (which also returns the pieces' gradients).
+  const Bytes wire = (C - 1) * ring_kv_bytes(a, 4096);
+  std::map<Phase, int> gathers, scatters;
+  for (const Stage& s : g.stages) {
+    if (s.key.join || s.key.part != StagePart::kAttention) continue;
+    if (s.op == OpKind::kAttention) EXPECT_EQ(s.shape.seq_len, 32768) << s.name;  // keys over the whole sequence
+    if (s.op != OpKind::kAllGather && s.op != OpKind::kReduceScatter) continue;
+    (s.op == OpKind::kAllGather ? gathers : scatters)[s.phase]++;
+    EXPECT_EQ(s.bytes, wire) << s.name;
+    ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
+    for (int i = 0; i < C; ++i) EXPECT_EQ(s.peers[static_cast<std::size_t>(i)], s.gpu / C * C + i) << s.name;
+    if (s.op == OpKind::kAllGather) {
+      Bytes allocated = 0;
+      for (const MemoryEvent& m : s.memory) {
+        if (m.space == MemorySpace::kGpu && m.bytes > 0) allocated += m.bytes;
+      }
+      EXPECT_EQ(allocated, ring_attention_buffer_bytes(a, 4096, s.phase == Phase::kBackward)) << s.name;
+    }
+  }
+  for (const Phase ph : {Phase::kForward, Phase::kRecompute, Phase::kBackward}) EXPECT_EQ(gathers[ph], layers * P) << phase_name(ph);
+  EXPECT_EQ(scatters[Phase::kBackward], layers * P);
+  EXPECT_EQ(scatters.count(Phase::kForward), 0u);
+  // Every allocation is freed: the step ends where it began on every GPU.
+  std::map<int, Bytes> net;
+  for (const Stage& s : g.stages) {
+    for (const MemoryEvent& m : s.memory) {
+      if (m.space == MemorySpace::kGpu) net[m.device] += m.bytes;
+    }
+  }
+  for (const auto& [gpu, bytes] : net) EXPECT_EQ(bytes, 0) << "GPU " << gpu;
+  // The static estimate holds a piece of each sequence and the ring's buffers.
+  const BaselineSetup setup{BaselineSystem::kFsdp2Offload, 1, 1, 1};
+  const BaselineMemory ms = baseline_static_memory(setup, split), mw = baseline_static_memory(setup, whole);
+  EXPECT_LT(ms.gpu_peak_bytes, mw.gpu_peak_bytes);
+}
+
+TEST(ContextParallel, Fsdp2PassesGatedDeltaNetStatesAlongTheSequence) {
+  const WorkloadContext split = workload("qwen3.6-35b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3.6-35b-a3b", 1, 2, 2, 32768);
+  const int layers = 4, P = 16, C = 8;
+  const StepGraph g = fsdp2_graph(split, layers), b = fsdp2_graph(whole, layers);
+  EXPECT_EQ(check_step_graph(g), "");
+  const GdnSpec& gdn = split.model.gdn;
+  const std::int64_t state = std::int64_t{gdn.value_heads} * gdn.key_head_dim * gdn.value_head_dim;
+  int gdn_layers = 0;
+  for (int l = 0; l < layers; ++l) gdn_layers += split.model.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention;
+  ASSERT_GT(gdn_layers, 0);
+  std::map<Phase, int> passes;
+  double corrections = 0;
+  for (const Stage& s : g.stages) {
+    if (s.key.join || s.key.part != StagePart::kGdn) continue;
+    if (s.key.op == StageOp::kPass || s.key.op == StageOp::kGradPass) {
+      passes[s.phase]++;
+      EXPECT_EQ(s.bytes, kFp32Bytes * state) << s.name;
+      ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
+    }
+    if (s.op == OpKind::kGdn && s.phase == Phase::kForward && s.key.chunk == 1) {
+      EXPECT_EQ(s.flops, 2.0 * 4096 * static_cast<double>(state)) << s.name;
+      corrections += s.flops;
+    }
+  }
+  for (const Phase ph : {Phase::kForward, Phase::kRecompute, Phase::kBackward}) EXPECT_EQ(passes[ph], gdn_layers * (C - 1) * P) << phase_name(ph);
+  const auto fa = flops_by_kind(g), fb = flops_by_kind(b);
+  EXPECT_NEAR(fa.at({OpKind::kGdn, Phase::kForward}) - corrections, fb.at({OpKind::kGdn, Phase::kForward}),
+              1e-9 * fb.at({OpKind::kGdn, Phase::kForward}));
 }
 
 }  // namespace

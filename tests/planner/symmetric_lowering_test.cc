@@ -155,6 +155,24 @@ TEST(SymmetricLowering, BaselinesToo) {
       EXPECT_EQ(ms.numa_peak_bytes, mf.numa_peak_bytes) << baseline_system_name(s);
     }
   }
+  // FSDP2 with each sequence over half a node, a node or both nodes (context parallelism).
+  for (const std::int64_t seqs : {4, 2, 1}) {
+    const WorkloadContext ctx = test_support::h200_workload("qwen3.6-35b-a3b", 2, 16, seqs, 32768);
+    const CalibratedDurationModel durations(ctx.hardware, load_calibration_for(ctx.hardware), ctx.workload.gpus);
+    const BaselineSetup setup{BaselineSystem::kFsdp2Offload, 1, 1, 4};
+    LoweringOptions full_options, sym_options;
+    full_options.decoder_layers = sym_options.decoder_layers = 4;
+    sym_options.symmetric_nodes = true;
+    const StepGraph full = lower_baseline(setup, ctx, full_options), sym = lower_baseline(setup, ctx, sym_options);
+    EXPECT_EQ(sym.ranks_emitted, 8);
+    EXPECT_EQ(check_step_graph(sym), "");
+    EXPECT_EQ(work_stages(sym) * 2, work_stages(full)) << seqs;
+    const StageTimes tf = analytic_step_times(full, durations), ts = analytic_step_times(sym, durations);
+    EXPECT_NEAR(ts.step_s / tf.step_s, 1.0, 1e-12) << seqs << " sequences";
+    const MemoryPeaks mf = memory_peaks(full, tf, false), ms = memory_peaks(sym, ts, false);
+    EXPECT_EQ(ms.gpu_peak_bytes, mf.gpu_peak_bytes) << seqs;
+    EXPECT_EQ(ms.numa_peak_bytes, mf.numa_peak_bytes) << seqs;
+  }
   // run_baseline() lowers them so for the analytic engine: the same result as a full graph's.
   const WorkloadContext ctx = cluster_workload("qwen3.6-35b-a3b", 2, 16);
   const BaselineGraph sym = baseline_step_graph(BaselineSystem::kFsdp2Offload, ctx, {}, true);
