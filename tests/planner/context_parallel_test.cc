@@ -112,19 +112,27 @@ std::map<std::pair<OpKind, Phase>, double> flops_by_kind(const StepGraph& g) {
   return out;
 }
 
-TEST(ContextParallel, GatedDeltaNetPassesEachPiecesStateAlongTheSequenceAndCorrectsThePieces) {
-  // Qwen3.6 (three GDN decoders to one attention decoder): two 32K sequences, each over a node.
-  const WorkloadContext split = workload("qwen3.6-35b-a3b", 2, 16, 2, 32768);
-  const WorkloadContext whole = workload("qwen3.6-35b-a3b", 1, 2, 2, 32768);
-  const int layers = 4, P = 16, C = 8;
-  LoweringOptions o;
-  o.decoder_layers = layers;
-  const StepGraph a = lower(ep_plan(split), split, o), b = lower(ep_plan(whole), whole, o);
+// Every operator kind's FLOPs per phase, summed over the GPUs, are the same in `a` as in `b`.
+void expect_same_flop_sums(const StepGraph& a, const StepGraph& b) {
+  const auto fa = flops_by_kind(a), fb = flops_by_kind(b);
+  ASSERT_EQ(fa.size(), fb.size());
+  for (const auto& [kind, flops] : fb) {
+    ASSERT_TRUE(fa.count(kind)) << op_kind_name(kind.first);
+    EXPECT_NEAR(fa.at(kind), flops, 1e-9 * flops) << op_kind_name(kind.first) << " " << phase_name(kind.second);
+  }
+}
+
+// Qwen3.6's GDN state chain in `a` (two 32K sequences over 16 GPUs, 8 per sequence, its first
+// `layers` decoders) against `b` (the same sequences on 2 GPUs): C − 1 hops of one FP32 state per
+// decoder, pass and GPU among the sequence's GPUs (forward, replay, backward), one correction per
+// piece and decoder, and besides the corrections the same work as the unsplit run.
+void expect_gdn_state_chain(const StepGraph& a, const StepGraph& b, const ModelSpec& m, int layers) {
+  const int P = 16, C = 8;
   EXPECT_EQ(check_step_graph(a), "");
-  const GdnSpec& g = split.model.gdn;
+  const GdnSpec& g = m.gdn;
   const std::int64_t state = std::int64_t{g.value_heads} * g.key_head_dim * g.value_head_dim;
   int gdn_layers = 0;
-  for (int l = 0; l < layers; ++l) gdn_layers += split.model.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention;
+  for (int l = 0; l < layers; ++l) gdn_layers += m.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention;
   ASSERT_GT(gdn_layers, 0);
   std::map<std::pair<StageOp, Phase>, int> passes;
   double corrections = 0;
@@ -156,6 +164,15 @@ TEST(ContextParallel, GatedDeltaNetPassesEachPiecesStateAlongTheSequenceAndCorre
               1e-9 * fb.at({OpKind::kAttention, Phase::kForward}));
 }
 
+TEST(ContextParallel, GatedDeltaNetPassesEachPiecesStateAlongTheSequenceAndCorrectsThePieces) {
+  // Qwen3.6 (three GDN decoders to one attention decoder): two 32K sequences, each over a node.
+  const WorkloadContext split = workload("qwen3.6-35b-a3b", 2, 16, 2, 32768);
+  const WorkloadContext whole = workload("qwen3.6-35b-a3b", 1, 2, 2, 32768);
+  LoweringOptions o;
+  o.decoder_layers = 4;
+  expect_gdn_state_chain(lower(ep_plan(split), split, o), lower(ep_plan(whole), whole, o), split.model, 4);
+}
+
 TEST(ContextParallel, RingKvBytesAreTheCompressedLatentUnderMlaAndTheKvHeadsElse) {
   const WorkloadContext kimi = workload("kimi-k2", 1, 8, 8, 4096);
   const AttentionSpec& mla = kimi.model.attention(LayerKind::kLatentAttention);
@@ -176,17 +193,37 @@ TEST(ContextParallel, SplittingASequenceMovesItsWorkAndChangesNoSum) {
   o.decoder_layers = 3;
   const StepGraph a = lower(ep_plan(split), split, o), b = lower(ep_plan(whole), whole, o);
   EXPECT_EQ(check_step_graph(a), "");
-  const auto fa = flops_by_kind(a), fb = flops_by_kind(b);
-  ASSERT_EQ(fa.size(), fb.size());
-  for (const auto& [kind, flops] : fb) {
-    ASSERT_TRUE(fa.count(kind)) << op_kind_name(kind.first);
-    EXPECT_NEAR(fa.at(kind), flops, 1e-9 * flops) << op_kind_name(kind.first) << " " << phase_name(kind.second);
-  }
+  expect_same_flop_sums(a, b);
   // Every GPU of a sequence does the same share of its attention core.
-  const double core = fa.at({OpKind::kAttention, Phase::kForward});
+  const double core = flops_by_kind(a).at({OpKind::kAttention, Phase::kForward});
   for (const Stage& s : a.stages) {
     if (s.op == OpKind::kAttention && s.phase == Phase::kForward) EXPECT_NEAR(s.flops * 16 * 3, core, 1e-9 * core) << s.name;
   }
+}
+
+// The ring's collectives of `g` (sequences over C consecutive GPUs, pieces of `tokens` tokens):
+// each passes C − 1 pieces among the sequence's GPUs and allocates the ring's buffers as the K/V
+// pieces start to pass. Returns their count per phase: all-gathers, then reduce-scatters.
+std::pair<std::map<Phase, int>, std::map<Phase, int>> ring_collectives(const StepGraph& g, const AttentionSpec& a, int C,
+                                                                       std::int64_t tokens) {
+  const Bytes wire = (C - 1) * ring_kv_bytes(a, tokens);
+  std::map<Phase, int> gathers, scatters;
+  for (const Stage& s : g.stages) {
+    if (s.key.join || s.key.part != StagePart::kAttention) continue;
+    if (s.op != OpKind::kAllGather && s.op != OpKind::kReduceScatter) continue;
+    (s.op == OpKind::kAllGather ? gathers : scatters)[s.phase]++;
+    EXPECT_EQ(s.bytes, wire) << s.name;
+    EXPECT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
+    for (std::size_t i = 0; i < s.peers.size(); ++i) EXPECT_EQ(s.peers[i], s.gpu / C * C + static_cast<int>(i)) << s.name;
+    if (s.op == OpKind::kAllGather) {
+      Bytes allocated = 0;
+      for (const MemoryEvent& m : s.memory) {
+        if (m.space == MemorySpace::kGpu && m.bytes > 0) allocated += m.bytes;
+      }
+      EXPECT_EQ(allocated, ring_attention_buffer_bytes(a, tokens, s.phase == Phase::kBackward)) << s.name;
+    }
+  }
+  return {gathers, scatters};
 }
 
 TEST(ContextParallel, RingAttentionPassesThePiecesAmongTheSequencesGpus) {
@@ -196,24 +233,7 @@ TEST(ContextParallel, RingAttentionPassesThePiecesAmongTheSequencesGpus) {
   LoweringOptions o;
   o.decoder_layers = layers;
   const StepGraph g = lower(ep_plan(ctx), ctx, o);
-  const Bytes wire = (C - 1) * ring_kv_bytes(a, 4096);
-  std::map<Phase, int> gathers, scatters;
-  for (const Stage& s : g.stages) {
-    if (s.key.join || s.key.part != StagePart::kAttention) continue;
-    if (s.op != OpKind::kAllGather && s.op != OpKind::kReduceScatter) continue;
-    (s.op == OpKind::kAllGather ? gathers : scatters)[s.phase]++;
-    EXPECT_EQ(s.bytes, wire) << s.name;
-    ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
-    for (int i = 0; i < C; ++i) EXPECT_EQ(s.peers[static_cast<std::size_t>(i)], s.gpu / C * C + i) << s.name;
-    // The ring's buffers: allocated as the K/V pieces start to pass.
-    if (s.op == OpKind::kAllGather) {
-      Bytes allocated = 0;
-      for (const MemoryEvent& m : s.memory) {
-        if (m.space == MemorySpace::kGpu && m.bytes > 0) allocated += m.bytes;
-      }
-      EXPECT_EQ(allocated, ring_attention_buffer_bytes(a, 4096, s.phase == Phase::kBackward)) << s.name;
-    }
-  }
+  auto [gathers, scatters] = ring_collectives(g, a, C, 4096);
   // Forward, the replay of the two decoders that are not MoE-retained (decoder 1 replays its
   // mixing too), and backward: one pass of the pieces each; backward also returns their gradients.
   EXPECT_EQ(gathers[Phase::kForward], layers * P);
@@ -321,32 +341,13 @@ TEST(ContextParallel, Fsdp2SplitsASequenceWithRingAttentionAndChangesNoSum) {
   const int layers = 3, P = 16, C = 8;
   const StepGraph g = fsdp2_graph(split, layers), b = fsdp2_graph(whole, layers);
   EXPECT_EQ(check_step_graph(g), "");
-  const auto fa = flops_by_kind(g), fb = flops_by_kind(b);
-  ASSERT_EQ(fa.size(), fb.size());
-  for (const auto& [kind, flops] : fb) {
-    ASSERT_TRUE(fa.count(kind)) << op_kind_name(kind.first);
-    EXPECT_NEAR(fa.at(kind), flops, 1e-9 * flops) << op_kind_name(kind.first) << " " << phase_name(kind.second);
-  }
+  expect_same_flop_sums(g, b);
   // The ring: C − 1 pieces of 4096 tokens per member, over the sequence's 8 consecutive GPUs, in
   // the forward, the recompute and the backward (which also returns the pieces' gradients).
-  const Bytes wire = (C - 1) * ring_kv_bytes(a, 4096);
-  std::map<Phase, int> gathers, scatters;
   for (const Stage& s : g.stages) {
-    if (s.key.join || s.key.part != StagePart::kAttention) continue;
     if (s.op == OpKind::kAttention) EXPECT_EQ(s.shape.seq_len, 32768) << s.name;  // keys over the whole sequence
-    if (s.op != OpKind::kAllGather && s.op != OpKind::kReduceScatter) continue;
-    (s.op == OpKind::kAllGather ? gathers : scatters)[s.phase]++;
-    EXPECT_EQ(s.bytes, wire) << s.name;
-    ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
-    for (int i = 0; i < C; ++i) EXPECT_EQ(s.peers[static_cast<std::size_t>(i)], s.gpu / C * C + i) << s.name;
-    if (s.op == OpKind::kAllGather) {
-      Bytes allocated = 0;
-      for (const MemoryEvent& m : s.memory) {
-        if (m.space == MemorySpace::kGpu && m.bytes > 0) allocated += m.bytes;
-      }
-      EXPECT_EQ(allocated, ring_attention_buffer_bytes(a, 4096, s.phase == Phase::kBackward)) << s.name;
-    }
   }
+  auto [gathers, scatters] = ring_collectives(g, a, C, 4096);
   for (const Phase ph : {Phase::kForward, Phase::kRecompute, Phase::kBackward}) EXPECT_EQ(gathers[ph], layers * P) << phase_name(ph);
   EXPECT_EQ(scatters[Phase::kBackward], layers * P);
   EXPECT_EQ(scatters.count(Phase::kForward), 0u);
@@ -367,32 +368,7 @@ TEST(ContextParallel, Fsdp2SplitsASequenceWithRingAttentionAndChangesNoSum) {
 TEST(ContextParallel, Fsdp2PassesGatedDeltaNetStatesAlongTheSequence) {
   const WorkloadContext split = workload("qwen3.6-35b-a3b", 2, 16, 2, 32768);
   const WorkloadContext whole = workload("qwen3.6-35b-a3b", 1, 2, 2, 32768);
-  const int layers = 4, P = 16, C = 8;
-  const StepGraph g = fsdp2_graph(split, layers), b = fsdp2_graph(whole, layers);
-  EXPECT_EQ(check_step_graph(g), "");
-  const GdnSpec& gdn = split.model.gdn;
-  const std::int64_t state = std::int64_t{gdn.value_heads} * gdn.key_head_dim * gdn.value_head_dim;
-  int gdn_layers = 0;
-  for (int l = 0; l < layers; ++l) gdn_layers += split.model.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention;
-  ASSERT_GT(gdn_layers, 0);
-  std::map<Phase, int> passes;
-  double corrections = 0;
-  for (const Stage& s : g.stages) {
-    if (s.key.join || s.key.part != StagePart::kGdn) continue;
-    if (s.key.op == StageOp::kPass || s.key.op == StageOp::kGradPass) {
-      passes[s.phase]++;
-      EXPECT_EQ(s.bytes, kFp32Bytes * state) << s.name;
-      ASSERT_EQ(s.peers.size(), static_cast<std::size_t>(C)) << s.name;
-    }
-    if (s.op == OpKind::kGdn && s.phase == Phase::kForward && s.key.chunk == 1) {
-      EXPECT_EQ(s.flops, 2.0 * 4096 * static_cast<double>(state)) << s.name;
-      corrections += s.flops;
-    }
-  }
-  for (const Phase ph : {Phase::kForward, Phase::kRecompute, Phase::kBackward}) EXPECT_EQ(passes[ph], gdn_layers * (C - 1) * P) << phase_name(ph);
-  const auto fa = flops_by_kind(g), fb = flops_by_kind(b);
-  EXPECT_NEAR(fa.at({OpKind::kGdn, Phase::kForward}) - corrections, fb.at({OpKind::kGdn, Phase::kForward}),
-              1e-9 * fb.at({OpKind::kGdn, Phase::kForward}));
+  expect_gdn_state_chain(fsdp2_graph(split, 4), fsdp2_graph(whole, 4), split.model, 4);
 }
 
 }  // namespace
