@@ -19,6 +19,11 @@ Flops attention_projection_flops(const AttentionSpec& a, std::int64_t h, std::in
   return 2.0 * static_cast<double>(tokens) * proj_params;
 }
 
+Flops latent_expansion_flops(const AttentionSpec& a, std::int64_t tokens) {
+  if (!a.latent()) return 0;
+  return 2.0 * static_cast<double>(tokens) * a.kv_lora_rank * a.heads * (a.head_dim - a.rope_head_dim + a.value_dim());
+}
+
 Eq1Flops attention_core_flops(const AttentionSpec& a, std::int64_t batch, std::int64_t s) {
   const double per_pair = 2.0 * a.heads * (a.head_dim + a.value_dim());  // QKᵀ (2·d) + PV (2·d_v) per head
   const double B = static_cast<double>(batch), S = static_cast<double>(s);

@@ -41,6 +41,10 @@ double causal_pairs(std::int64_t seq_len, std::int64_t window_tokens);
 Flops attention_projection_flops(const AttentionSpec& a, std::int64_t hidden, std::int64_t tokens);
 // Scores QKᵀ and values PV: 2·heads·(d + d_v) per pair; the S²/2 part is quadratic, the rest linear.
 Eq1Flops attention_core_flops(const AttentionSpec& a, std::int64_t batch, std::int64_t seq_len);
+// Latent attention (MLA) under context parallelism: a GPU receives the other pieces' compressed
+// latents and expands them (kv_b) to per-head K and V for its core, 2·tokens·kv_lora_rank·heads·
+// (d − d_rope + d_v) FLOPs for `tokens` received tokens; 0 without latents.
+Flops latent_expansion_flops(const AttentionSpec& a, std::int64_t tokens);
 // in/out projections and the conv of one GDN layer for `tokens` tokens.
 Flops gdn_projection_flops(const GdnSpec& g, std::int64_t hidden, std::int64_t tokens);
 // The chunked delta-rule recurrence: per token and value head 6·d_k·d_v (state read, delta,

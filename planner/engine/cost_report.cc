@@ -45,7 +45,13 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
     if (attention && C > 1) {
       // Ring attention: C − 1 pieces' K/V per pass (forward, replay without kept O/LSE), twice in backward.
       const int passes = (plan.keep_attention_results ? 1 : 2) + 2;
-      c.allgather_bytes += passes * (C - 1) * ring_kv_bytes(m.attention(m.layer_kinds[l]), N);
+      const AttentionSpec& a = m.attention(m.layer_kinds[l]);
+      c.allgather_bytes += passes * (C - 1) * ring_kv_bytes(a, N);
+      // Under MLA the core expands the other pieces' latents wherever it runs.
+      const Flops expansion = latent_expansion_flops(a, (C - 1) * N);
+      c.forward_flops += expansion;
+      c.backward_flops += kAttentionBackwardRatio * expansion;
+      if (!plan.keep_attention_results) c.recompute_flops += expansion;
     }
   }
 

@@ -260,7 +260,7 @@ class BaselineLowering {
       core.head_dim = a.head_dim;
       core.window = a.window_tokens;
       if (C_ > 1) {
-        flops = layer_flops(m_, l, seqs_, span_).mixing_core.total() / static_cast<double>(C_);
+        flops = layer_flops(m_, l, seqs_, span_).mixing_core.total() / static_cast<double>(C_) + latent_expansion_flops(a, (C_ - 1) * T);
         const Bytes wire = static_cast<Bytes>(C_ - 1) * ring_kv_bytes(a, T);
         out.ring = collective(what(StagePart::kAttention, StageOp::kAllGather), OpKind::kAllGather, phase, l, wire, x, C_);
         out.ring_bytes = ring_attention_buffer_bytes(a, T, backward);

@@ -424,7 +424,9 @@ PerRank Lowering::gdn_state_chain(int l, Phase phase, const PerRank& local, int 
 
 Flops Lowering::attention_core_flops(int l, std::int64_t seqs) const {
   if (C_ <= 1) return layer_flops(m_, l, seqs, S_).mixing_core.total();
-  return layer_flops(m_, l, seqs, span_).mixing_core.total() / static_cast<double>(C_);
+  // Under MLA the core also expands the latents of the other C − 1 pieces as they arrive.
+  const AttentionSpec& a = m_.attention(m_.layer_kinds[static_cast<std::size_t>(l)]);
+  return layer_flops(m_, l, seqs, span_).mixing_core.total() / static_cast<double>(C_) + latent_expansion_flops(a, (C_ - 1) * seqs * S_);
 }
 
 PerRank Lowering::ring_attention(int l, Phase phase, const PerRank& after) {

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "costmodel/flops.h"
 #include "costmodel/input_error.h"
 #include "costmodel/memory.h"
 #include "planner/engine/analytic_evaluator.h"
@@ -243,6 +244,42 @@ TEST(ContextParallel, RingAttentionPassesThePiecesAmongTheSequencesGpus) {
   EXPECT_EQ(scatters.count(Phase::kForward), 0u);
 }
 
+// The FSDP2 baseline's graph of `ctx` (micro-batches of one sequence), its first `layers` decoders.
+StepGraph fsdp2_graph(const WorkloadContext& ctx, int layers) {
+  LoweringOptions o;
+  o.decoder_layers = layers;
+  return lower_baseline(BaselineSetup{BaselineSystem::kFsdp2Offload, 1, static_cast<int>(ctx.workload.seqs_per_gpu()), 1}, ctx, o);
+}
+
+TEST(ContextParallel, UnderMlaTheCoreExpandsTheOtherPiecesLatents) {
+  // Kimi-K2: one 64K sequence over a node's 8 GPUs; each receives 7 pieces of 8K compressed tokens.
+  const WorkloadContext kimi = workload("kimi-k2", 1, 8, 1, 65536);
+  const AttentionSpec& a = kimi.model.attention(LayerKind::kLatentAttention);
+  EXPECT_EQ(latent_expansion_flops(a, 1000), 2.0 * 1000 * 512 * 64 * (192 - 64 + 128));  // kv_b: 512 → 64 heads × (128 + 128)
+  EXPECT_EQ(latent_expansion_flops(workload("qwen3-30b-a3b", 1, 8, 8, 4096).model.attention(LayerKind::kFullAttention), 1000), 0);
+  const Flops expected = layer_flops(kimi.model, 0, 1, 65536).mixing_core.total() / 8 + latent_expansion_flops(a, 7 * 8192);
+  LoweringOptions o;
+  o.decoder_layers = 2;
+  int cores = 0;
+  for (const StepGraph& g : {lower(ep_plan(kimi), kimi, o), fsdp2_graph(kimi, 2)}) {
+    for (const Stage& s : g.stages) {
+      if (s.op != OpKind::kAttention || s.phase != Phase::kForward) continue;
+      EXPECT_NEAR(s.flops, expected, 1e-9 * expected) << s.name;
+      ++cores;
+    }
+  }
+  EXPECT_EQ(cores, 2 * 2 * 8);
+  // The static report counts it in every pass that runs the core.
+  const WorkloadContext whole = workload("kimi-k2", 1, 1, 1, 65536);
+  const Plan plan = ep_plan(kimi);
+  const StaticCost split = static_cost(kimi, plan);
+  Plan unsplit = plan;
+  unsplit.context_parallel_gpus = 0;
+  const StaticCost one = static_cost(whole, unsplit);
+  const Flops expansion = kimi.model.layers * latent_expansion_flops(a, 7 * 8192);
+  EXPECT_NEAR(split.forward_flops, one.forward_flops / 8 + expansion, 1e-9 * split.forward_flops);
+}
+
 TEST(ContextParallel, StaticReportsPriceTheRingAndOneGpusShare) {
   const WorkloadContext split = workload("qwen3-30b-a3b", 2, 16, 2, 32768);
   const WorkloadContext whole = workload("qwen3-30b-a3b", 1, 2, 2, 32768);
@@ -326,12 +363,6 @@ TEST(ContextParallel, ThePlannerAndThePresetSplitTheSequencesAndOfTheBaselinesOn
   EXPECT_NE(baseline_static_memory(*fsdp2.setup, ctx).gpu_peak_at.find("each sequence over 8 GPUs"), std::string::npos);
 }
 
-// The FSDP2 baseline's graph of `ctx` (micro-batches of one sequence), its first `layers` decoders.
-StepGraph fsdp2_graph(const WorkloadContext& ctx, int layers) {
-  LoweringOptions o;
-  o.decoder_layers = layers;
-  return lower_baseline(BaselineSetup{BaselineSystem::kFsdp2Offload, 1, static_cast<int>(ctx.workload.seqs_per_gpu()), 1}, ctx, o);
-}
 
 TEST(ContextParallel, Fsdp2SplitsASequenceWithRingAttentionAndChangesNoSum) {
   // Two 32K sequences: each over one node's 8 GPUs, or each on one of 2 GPUs.
