@@ -15,6 +15,7 @@
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/baselines.h"
 #include "planner/lowering/step_graph.h"
 #include "sim/simgrid_engine.h"
 #include "tests/common/cluster_workload.h"
@@ -108,7 +109,10 @@ std::vector<Case> cases() {
     LoweringOptions o;
     o.decoder_layers = 3;
     StepGraph g = lower(p, ctx, o);
-    out.push_back({"two-nodes-context-parallel-4", std::move(ctx), std::move(g)});
+    // FSDP2 with the same split: its pieces, ring attention and sharded weights over every rank.
+    StepGraph fsdp2 = lower_baseline(BaselineSetup{BaselineSystem::kFsdp2Offload, 1, 1, 4}, ctx, o);
+    out.push_back({"two-nodes-context-parallel-4", ctx, std::move(g)});
+    out.push_back({"two-nodes-fsdp2-context-parallel-4", std::move(ctx), std::move(fsdp2)});
   }
   return out;
 }
