@@ -24,6 +24,13 @@ Flops latent_expansion_flops(const AttentionSpec& a, std::int64_t tokens) {
   return 2.0 * static_cast<double>(tokens) * a.kv_lora_rank * a.heads * (a.head_dim - a.rope_head_dim + a.value_dim());
 }
 
+Flops context_parallel_core_flops(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_len, int C) {
+  const Flops core = layer_flops(m, layer, seqs, seq_len).mixing_core.total();
+  if (C <= 1) return core;
+  const AttentionSpec& a = m.attention(m.layer_kinds[static_cast<std::size_t>(layer)]);
+  return core / static_cast<double>(C) + latent_expansion_flops(a, (C - 1) * seqs * (seq_len / C));
+}
+
 Eq1Flops attention_core_flops(const AttentionSpec& a, std::int64_t batch, std::int64_t s) {
   const double per_pair = 2.0 * a.heads * (a.head_dim + a.value_dim());  // QKᵀ (2·d) + PV (2·d_v) per head
   const double B = static_cast<double>(batch), S = static_cast<double>(s);
@@ -47,6 +54,10 @@ Flops gdn_projection_flops(const GdnSpec& g, std::int64_t h, std::int64_t tokens
   f += 2.0 * T * (2 * kd + vd) * g.conv_kernel;    // depthwise conv
   f += 2.0 * T * vd * hd;                          // out_proj
   return f;
+}
+
+Flops gdn_state_correction_flops(const GdnSpec& g, std::int64_t tokens) {
+  return 2.0 * static_cast<double>(tokens) * g.value_heads * g.key_head_dim * g.value_head_dim;
 }
 
 Flops gdn_core_flops(const GdnSpec& g, std::int64_t tokens) {

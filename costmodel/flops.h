@@ -45,11 +45,19 @@ Eq1Flops attention_core_flops(const AttentionSpec& a, std::int64_t batch, std::i
 // latents and expands them (kv_b) to per-head K and V for its core, 2·tokens·kv_lora_rank·heads·
 // (d − d_rope + d_v) FLOPs for `tokens` received tokens; 0 without latents.
 Flops latent_expansion_flops(const AttentionSpec& a, std::int64_t tokens);
+// The attention core of decoder `layer` on one of the C GPUs that split `seqs` sequences of
+// `seq_len` tokens (context parallelism, ring attention's zig-zag pieces balancing the causal
+// mask): 1/C of the whole sequences' core, plus under MLA the expansion of the other C − 1 pieces'
+// latents. C = 1: the whole core.
+Flops context_parallel_core_flops(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_len, int C);
 // in/out projections and the conv of one GDN layer for `tokens` tokens.
 Flops gdn_projection_flops(const GdnSpec& g, std::int64_t hidden, std::int64_t tokens);
 // The chunked delta-rule recurrence: per token and value head 6·d_k·d_v (state read, delta,
 // state update) + 2·C·(2·d_k + 2·d_v) (intra-chunk scores and values).
 Flops gdn_core_flops(const GdnSpec& g, std::int64_t tokens);
+// Context parallelism of GDN: a piece of `tokens` tokens corrected with the state it received
+// (q·S over its tokens), 2·tokens·H_v·d_k·d_v FLOPs forward (its backward twice that).
+Flops gdn_state_correction_flops(const GdnSpec& g, std::int64_t tokens);
 
 // The MoE block: router h·E, top-k experts 3·h·I each, shared expert, dense MLP.
 struct MoeFlops {

@@ -39,8 +39,11 @@ Bytes ring_attention_buffer_bytes(const AttentionSpec& a, std::int64_t tokens, b
 Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t B, std::int64_t S, std::int64_t C) {
   if (C <= 0 || C >= S) return 0;
   const std::int64_t chunks = (S + C - 1) / C;
-  // (⌈S/C⌉−1) states [B, H_v, d_k, d_v] FP32
-  return kFp32Bytes * B * (chunks - 1) * g.value_heads * g.key_head_dim * g.value_head_dim;
+  return (chunks - 1) * gdn_state_bytes(g, B);  // (⌈S/C⌉−1) states
+}
+
+Bytes gdn_state_bytes(const GdnSpec& g, std::int64_t seqs) {
+  return kFp32Bytes * seqs * g.value_heads * g.key_head_dim * g.value_head_dim;
 }
 
 Bytes ep_a2a_bytes(int k, std::int64_t N, std::int64_t h, Bytes b, int P) {

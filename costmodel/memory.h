@@ -37,6 +37,8 @@ Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t batch, std::in
 // Eq. 4: GDN chunk-boundary states 4·B·(⌈S/C⌉−1)·H_v·d_k·d_v bytes for sequence chunk C.
 // Zero when C is 0 (unpartitioned) or C ≥ S.
 Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t batch, std::int64_t seq_len, std::int64_t chunk_tokens);
+// One FP32 recurrent state [H_v, d_k, d_v] per sequence, for `seqs` sequences.
+Bytes gdn_state_bytes(const GdnSpec& g, std::int64_t seqs);
 
 // Eq. 6: EP all-to-all volume per GPU for dispatch + return in one MoE pass:
 // 2·k·N·h·b·(P−1)/P bytes for N tokens per GPU, b bytes per element, P GPUs.

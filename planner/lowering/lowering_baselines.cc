@@ -205,7 +205,7 @@ class BaselineLowering {
     dense.k = m_.hidden;
     x = compute(what(StagePart::kMoe, StageOp::kRouterShared), OpKind::kGemm, phase, l, f.moe.router + f.moe.shared_expert + f.moe.dense_mlp, t.pre,
                 dense, core.after());
-    core.free_ring(*this, x);
+    free_ring(core, x);
     if (!m_.moe_layer(l)) return compute(what(StagePart::kMoe, StageOp::kCombine), OpKind::kElementwise, phase, l, 0, t.combine, dense, {x});
     const DecoderUnits u = units(l);
     if (u.expert_units == 0) {
@@ -231,10 +231,11 @@ class BaselineLowering {
     PerRank core, ring;
     Bytes ring_bytes = 0;
     std::vector<PerRank> after() const { return ring.empty() ? std::vector<PerRank>{core} : std::vector<PerRank>{core, ring}; }
-    void free_ring(BaselineLowering& lowering, const PerRank& next) const {
-      if (!ring.empty()) lowering.gpu(next, -ring_bytes, true);
-    }
   };
+  // Frees the ring's buffers of `core` at the end of `next`, the stage after the core.
+  void free_ring(const MixingCore& core, const PerRank& next) {
+    if (!core.ring.empty()) gpu(next, -core.ring_bytes, true);
+  }
   // The attention or GDN core over this rank's tokens. Under context parallelism (C_ > 1, the
   // EP path's lowering does the same, planner/lowering/lowering_layers.cc): the attention core
   // does 1/C of the whole sequence's work, its keys spanning the sequence (zig-zag pieces balance
@@ -252,7 +253,7 @@ class BaselineLowering {
     core.seqs = seqs_;
     core.seq_len = attention ? span_ : S_;
     core.tokens = T;
-    Flops flops = layer_flops(m_, l, seqs_, S_).mixing_core.total();
+    const Flops flops = context_parallel_core_flops(m_, l, seqs_, attention ? span_ : S_, attention ? C_ : 1);
     MixingCore out;
     if (attention) {
       const AttentionSpec& a = m_.attention(kind);
@@ -260,7 +261,6 @@ class BaselineLowering {
       core.head_dim = a.head_dim;
       core.window = a.window_tokens;
       if (C_ > 1) {
-        flops = layer_flops(m_, l, seqs_, span_).mixing_core.total() / static_cast<double>(C_) + latent_expansion_flops(a, (C_ - 1) * T);
         const Bytes wire = static_cast<Bytes>(C_ - 1) * ring_kv_bytes(a, T);
         out.ring = collective(what(StagePart::kAttention, StageOp::kAllGather), OpKind::kAllGather, phase, l, wire, x, C_);
         out.ring_bytes = ring_attention_buffer_bytes(a, T, backward);
@@ -278,14 +278,12 @@ class BaselineLowering {
     out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
                        ratio * flops, 0, core, {x});
     if (!attention && C_ > 1) {
-      const GdnSpec& g = m_.gdn;
-      const std::int64_t state_elements = seqs_ * g.value_heads * g.key_head_dim * g.value_head_dim;
       PerRank arrived = out.core;
       for (int step = 0; step + 1 < C_; ++step) {
         arrived = collective(what(StagePart::kGdn, backward ? StageOp::kGradPass : StageOp::kPass).at_ring_step(step), OpKind::kAllGather, phase,
-                             l, kFp32Bytes * state_elements, arrived, C_);
+                             l, gdn_state_bytes(m_.gdn, seqs_), arrived, C_);
       }
-      const Flops correction = (backward ? 4.0 : 2.0) * static_cast<double>(S_) * static_cast<double>(state_elements);
+      const Flops correction = (backward ? 2.0 : 1.0) * gdn_state_correction_flops(m_.gdn, T);
       out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore).at_chunk(1), OpKind::kGdn, phase, l, correction, 0, core,
                          {arrived, out.core});
     }
@@ -403,7 +401,7 @@ class BaselineLowering {
     proj.k = m_.hidden;
     x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, core.after());
-    core.free_ring(*this, x);
+    free_ring(core, x);
     gpu(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
     decoders_.last[slot] = x;

@@ -410,24 +410,18 @@ PerRank Lowering::gdn_state_chain(int l, Phase phase, const PerRank& local, int 
   // 2·tokens·H_v·d_k·d_v FLOPs; in backward the queries' and the state's gradients, twice that);
   // the first GPU of the chain, which receives none, is priced alike.
   const GdnSpec& g = m_.gdn;
-  const std::int64_t state_elements = seqs_ * g.value_heads * g.key_head_dim * g.value_head_dim;
   const bool backward = phase == Phase::kBackward;
   PerRank arrived = local;
   for (int step = 0; step + 1 < C_; ++step) {
     arrived = collective_all(what(StagePart::kGdn, backward ? StageOp::kGradPass : StageOp::kPass).at_ring_step(step),
-                             OpKind::kAllGather, phase, l, kFp32Bytes * state_elements, arrived, Over::kContext);
+                             OpKind::kAllGather, phase, l, gdn_state_bytes(g, seqs_), arrived, Over::kContext);
   }
-  const Flops correction = (backward ? 4.0 : 2.0) * static_cast<double>(S_) * static_cast<double>(state_elements);
+  const Flops correction = (backward ? 2.0 : 1.0) * gdn_state_correction_flops(g, N_);
   return compute_all(what(StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore).at_chunk(chunks), OpKind::kGdn, phase, l,
                      correction, 0, gdn_core_shape(g, seqs_, S_, 1), {arrived, local});
 }
 
-Flops Lowering::attention_core_flops(int l, std::int64_t seqs) const {
-  if (C_ <= 1) return layer_flops(m_, l, seqs, S_).mixing_core.total();
-  // Under MLA the core also expands the latents of the other C − 1 pieces as they arrive.
-  const AttentionSpec& a = m_.attention(m_.layer_kinds[static_cast<std::size_t>(l)]);
-  return layer_flops(m_, l, seqs, span_).mixing_core.total() / static_cast<double>(C_) + latent_expansion_flops(a, (C_ - 1) * seqs * S_);
-}
+Flops Lowering::attention_core_flops(int l, std::int64_t seqs) const { return context_parallel_core_flops(m_, l, seqs, span_, C_); }
 
 PerRank Lowering::ring_attention(int l, Phase phase, const PerRank& after) {
   if (C_ <= 1) return {};
