@@ -2,6 +2,7 @@
 // lowering makes of it (all-to-alls within a group; each expert shard's weights all-gathered and
 // its gradient reduce-scattered over its replicas; each rank's host updating its 1/D slice), the
 // static memory and cost reports, and the planner's group sizes and search.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -249,6 +250,28 @@ TEST(EpGroups, AResidentShardIsUpdatedSliceBySliceOverItsReplicas) {
   const StaticCost c = static_cost(ctx, plan), c0 = static_cost(ctx, grouped(ctx.model, E, false));
   EXPECT_EQ(c.gpu_updated_params, slices);
   EXPECT_EQ(c.cpu_updated_params, c0.cpu_updated_params - slices);
+}
+
+TEST(EpGroups, AResidentDecoderWithoutRoutedExpertsUpdatesNoShard) {
+  // Kimi-K2's first decoder is dense: resident or not, it has no expert shard to reduce-scatter,
+  // update or all-gather over the replicas; the second decoder's shard is.
+  const WorkloadContext ctx = cluster_workload("kimi-k2", 2);
+  ASSERT_EQ(ctx.model.first_dense_layers, 1);
+  Plan plan = grouped(ctx.model, 8, false);
+  plan.resident_layers = {0, 1};
+  validate_plan(plan, ctx.model, ctx.workload, "p.json");
+  LoweringOptions o;
+  o.decoder_layers = 2;
+  const StepGraph g = lower(plan, ctx, o);
+  EXPECT_EQ(check_step_graph(g), "");
+  std::map<int, int> shard_updates;  // per decoder: its shard's reduce-scatters, AdamW and refreshing all-gathers
+  for (const Stage& s : g.stages) {
+    if (s.key.join || s.key.part != StagePart::kExperts) continue;
+    const bool refresh = s.key.op == StageOp::kAllGather && s.phase == Phase::kOptimizer;
+    if (s.key.op == StageOp::kReduceScatter || s.key.op == StageOp::kGpuAdamW || refresh) ++shard_updates[s.layer];
+  }
+  EXPECT_EQ(shard_updates.count(0), 0u);
+  EXPECT_EQ(shard_updates[1], 3 * 16);  // reduce-scatter, AdamW and all-gather on each of 16 ranks
 }
 
 TEST(EpGroups, CandidatesAreTheLargestGroupAndOneNode) {
