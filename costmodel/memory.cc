@@ -82,6 +82,32 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t h, std::in
   return bytes;
 }
 
+AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t seqs, std::int64_t S, int head_group) {
+  const std::int64_t T = seqs * S;
+  const std::int64_t d = a.head_dim, dv = a.value_dim(), H = a.heads;
+  // Query heads per call, and the KV heads they attend to in that call.
+  const std::int64_t g = H / attention_head_groups(a, head_group);
+  const std::int64_t kv = a.latent() ? H : a.kv_heads;
+  const std::int64_t kv_in_call = g < H ? std::max<std::int64_t>(1, g * kv / H) : kv;
+  AttentionBackwardBytes b;
+  b.held += T * H * dv * kBf16Bytes;                             // dO [T, heads·d_v]
+  b.held += a.output_gate ? T * H * d * kBf16Bytes : 0;          // the output gate's gradient [T, heads·d]
+  b.held += T * H * d * kBf16Bytes;                              // dQ [T, heads·d]
+  b.held += T * kv * d * kBf16Bytes;                             // dK [T, kv·d]
+  b.held += a.k_eq_v ? 0 : T * kv * dv * kBf16Bytes;             // dV [T, kv·d_v]
+  b.per_call += T * g * d * kFp32Bytes;                          // FP32 dQ accumulator [T, g·d]
+  b.per_call += T * g * kFp32Bytes;                              // softmax_d [T, g] FP32
+  if (g > kv_in_call) b.per_call += T * g * (d + dv) * kBf16Bytes;  // dK, dV expanded to the g query heads
+  return b;
+}
+
+Bytes attention_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
+  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
+  if (kind == LayerKind::kLinearAttention) return 0;
+  const AttentionBackwardBytes b = attention_backward_bytes(m.attention(kind), seqs, S, 0);
+  return b.held + b.per_call;
+}
+
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, std::int64_t S, std::int64_t C) {
   std::int64_t T = seqs * S;
   if (C > 0) T = C < S ? seqs * C : std::min(C, seqs * S);

@@ -65,6 +65,28 @@ Bytes ring_attention_buffer_bytes(const AttentionSpec& a, std::int64_t tokens, b
 // processed `head_group` at a time within one KV group (0 = all heads at once).
 Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, std::int64_t seqs,
                                  std::int64_t seq_len, int head_group);
+// The gradient buffers of an attention sublayer's backward on one GPU, over `seqs` sequences of
+// S tokens (a GPU's piece under context parallelism), query heads processed `head_group` at a
+// time within one KV group (0 = all heads in one call):
+//   held: from the output projection's backward to the Q/K/V projections' backward: the core
+//     output's gradient dO [T, heads·d_v] and, with an output gate, the gate's [T, heads·d]; dQ
+//     [T, heads·d], each call writing its heads; dK and dV [T, kv·d] (one under k_eq_v; per head
+//     under MLA, before kv_b's backward);
+//   per_call: inside one core backward call of g query heads: FlashAttention-2's FP32 dQ
+//     accumulator [T, g·d] and softmax_d [T, g] (mha_bwd allocates both, loop = true, in PyTorch's
+//     vendored flash_api.cpp) and, when the call's g query heads share fewer KV heads (GQA), dK
+//     and dV expanded to the g heads [T, g·d] BF16 each before their sum over each KV group.
+//     Head dims past 256 (the memory-efficient kernel, which takes K and V already expanded to
+//     the query heads) are given the same buffers: its FP32 dQ accumulation and K/V gradients at
+//     the query heads.
+struct AttentionBackwardBytes {
+  Bytes held = 0;
+  Bytes per_call = 0;
+};
+AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t seqs, std::int64_t seq_len, int head_group);
+// Both parts with all heads in one call for decoder `layer`'s mixing sublayer; 0 for GDN. The
+// baselines hold them over the core's backward or, more coarsely, over the decoder's.
+Bytes attention_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_len);
 // Activations saved by a GDN sublayer over `seqs` sequences processed `chunk_tokens` at a time:
 // 0 = everything at once; C < S = the same C-token piece of every sequence (FP32 state hand-off
 // between pieces, Eq. 4 states included); C ≥ S = C/S whole sequences at a time.

@@ -44,7 +44,8 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
   for (int l = 0; l < m.layers; ++l) {
     // Input, output and running gradient, the mixing activations, the hidden states sent to the
     // CPU experts and their outputs, the decoder's dense FP32 gradient.
-    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) +
+    // With an attention core's backward gradient buffers (held over the decoder's backward).
+    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) + attention_backward_total_bytes(m, l, b, S) +
                     kFp32Bytes * dense_params(params.layers[static_cast<std::size_t>(l)]);
     if (w > work) {
       work = w;
@@ -281,8 +282,10 @@ class KtFtLowering {
     } else if (phase == Phase::kRecompute) {
       gpu_mem(first, act, false);
     } else {
-      gpu_mem(first, kFp32Bytes * dense, false);
-      gpu_mem(last_, -(act + boundary()), true);
+      // The dense FP32 gradient, and an attention core's backward gradient buffers.
+      const Bytes core_grads = attention_backward_total_bytes(m_, l, seqs_, S_);
+      gpu_mem(first, kFp32Bytes * dense + core_grads, false);
+      gpu_mem(last_, -(act + boundary() + core_grads), true);
       PerRank grads = last_;
       if (P_ > 1) grads = collective(what(StagePart::kGrads, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l, kFp32Bytes * dense * (P_ - 1) / P_, grads);
       const PerRank d2h = each(what(StagePart::kGrads, StageOp::kD2h), OpKind::kD2h, phase, l, [&](int r) { return rr(r).d2h; }, 0, kFp32Bytes * (dense / P_), 0,

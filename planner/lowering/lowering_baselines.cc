@@ -277,6 +277,12 @@ class BaselineLowering {
     const double ratio = !backward ? 1.0 : attention ? kAttentionBackwardRatio : kGdnBackwardRatio;
     out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
                        ratio * flops, 0, core, {x});
+    if (backward) {
+      // The attention core backward's gradient buffers, held over the core's stage.
+      const Bytes grads = attention_backward_total_bytes(m_, l, seqs_, S_);
+      gpu(out.core, grads, false);
+      gpu(out.core, -grads, true);
+    }
     if (!attention && C_ > 1) {
       PerRank arrived = out.core;
       for (int step = 0; step + 1 < C_; ++step) {

@@ -365,11 +365,15 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   PerRank last = compute_all(what(part, StageOp::kOutBwd), OpKind::kGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.mixing_output, 0,
                              output_projection_shape(m_, kind, seqs * S_), {ready});
   PerRank ring;  // context parallelism: the K/V pieces and their gradients around the core
+  Bytes gradients_held = 0;  // the attention's dO, gate, dQ, dK, dV: from here to the projections' backward
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const int groups = attention_head_groups(a, plan_.split.attention_head_group);
     const OpShape core = attention_core_shape(a, groups, seqs, span_, S_);
     const Flops fwd = attention_core_flops(l, seqs) / groups;
+    const AttentionBackwardBytes grads = attention_backward_bytes(a, seqs, S_, plan_.split.attention_head_group);
+    gradients_held = grads.held;
+    for (int r = 0; r < P_; ++r) gpu_alloc(last[static_cast<std::size_t>(r)], r, gradients_held, true, MemoryUse::kActivations);
     ring = ring_attention(l, Phase::kBackward, last);
     for (int g = groups - 1; g >= 0; --g) {
       // Without O/LSE kept, a partitioned backward needs each group's softmax statistics again:
@@ -380,6 +384,10 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
       }
       last = compute_all(what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(g), OpKind::kAttention, Phase::kBackward, l,
                          kAttentionBackwardRatio * fwd, 0, core, {last});
+      for (int r = 0; r < P_; ++r) {
+        gpu_alloc(last[static_cast<std::size_t>(r)], r, grads.per_call, false, MemoryUse::kActivations);
+        gpu_free(last[static_cast<std::size_t>(r)], r, grads.per_call, MemoryUse::kActivations);
+      }
     }
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
@@ -397,6 +405,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   const PerRank out = compute_all(what(part, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
                                   kMatmulBackwardRatio * (f.mixing_projection - f.mixing_output), bytes, proj, {last, ring});
   if (!ring.empty()) ring_buffers_free(l, Phase::kBackward, out);
+  for (int r = 0; r < P_; ++r) gpu_free(out[static_cast<std::size_t>(r)], r, gradients_held, MemoryUse::kActivations);
   return out;
 }
 

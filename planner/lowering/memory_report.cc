@@ -143,6 +143,22 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
       add(ph.items, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
           boundary_bytes(plan.boundaries.regenerate_cap, live_seqs, S, m.hidden));
     }
+    if (kind != LayerKind::kLinearAttention) {
+      // After the MoE backward freed its buffers: the attention core's backward, its gradients.
+      WorkPhase core{fmt::format("decoder {} ({}) attention backward", l, layer_kind_name(kind)), {}};
+      for (const MemoryItem& i : ph.items) {
+        if (i.name.rfind("MoE", 0) != 0 && i.name.rfind("all-to-all", 0) != 0 && i.name.rfind("LLEP", 0) != 0) core.items.push_back(i);
+      }
+      // Two gradient buffers take turns: the next decoder's (backward before this one) may still
+      // be draining to the host.
+      if (l + 1 < m.layers) {
+        add(core.items, "next decoder's gradients, still draining (BF16)", gradient_bytes(params.layers[l + 1].common() + experts_on_gpu(l + 1)));
+      }
+      const AttentionBackwardBytes grads = attention_backward_bytes(m.attention(kind), live_seqs, S, plan.split.attention_head_group);
+      add(core.items, "attention gradients dO, dQ, dK, dV (BF16)", grads.held);
+      add(core.items, "attention core backward workspace (FP32 dQ accumulator, GQA-expanded dK/dV)", grads.per_call);
+      phases.push_back(std::move(core));
+    }
     phases.push_back(std::move(ph));
   }
   {

@@ -65,6 +65,31 @@ TEST(Memory, AttentionHeadGroupsShrinkOnlyTheQuerySide) {
   EXPECT_EQ(all - g2, 1000LL * (14 * 256 * 2 * 2 + 14 * 4));
 }
 
+TEST(Memory, AttentionBackwardGradientsByHand) {
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  const AttentionSpec& a = m.full_attention;  // 16 query heads on 2 KV heads, d 256, output gate
+  const std::int64_t T = 1000;
+  // Held: dO, the gate's gradient and dQ at 16 heads, dK and dV at 2 (BF16).
+  const std::int64_t held = T * (3 * 16 * 256 * 2 + 2 * 2 * 256 * 2);
+  // All heads in one call: FP32 dQ accumulator and softmax_d at 16 heads, dK/dV expanded to 16.
+  const AttentionBackwardBytes all = attention_backward_bytes(a, 1, T, 0);
+  EXPECT_EQ(all.held, held);
+  EXPECT_EQ(all.per_call, T * (16 * 256 * 4 + 16 * 4 + 16 * 2 * 256 * 2));
+  // Two query heads on their one KV head per call: the per-call buffers at 2 heads, the held ones unchanged.
+  const AttentionBackwardBytes g2 = attention_backward_bytes(a, 1, T, 2);
+  EXPECT_EQ(g2.held, held);
+  EXPECT_EQ(g2.per_call, T * (2 * 256 * 4 + 2 * 4 + 2 * 2 * 256 * 2));
+  // Without GQA (MLA: per-head K and V) nothing is expanded; d_v 128 beside d 192; no gate.
+  const ModelSpec k = load_model_spec("kimi-k2");
+  const AttentionBackwardBytes mla = attention_backward_bytes(k.latent_attention, 2, 5, 0);
+  EXPECT_EQ(mla.held, 10LL * (64 * 128 * 2 + 64 * 192 * 2 + 64 * 192 * 2 + 64 * 128 * 2));
+  EXPECT_EQ(mla.per_call, 10LL * (64 * 192 * 4 + 64 * 4));
+  // Gemma 4's global layers: V is K (one gradient), 16 query heads on 2 KV heads of width 512.
+  const ModelSpec g = load_model_spec("gemma4-26b-a4b");
+  const AttentionBackwardBytes global = attention_backward_bytes(g.full_attention, 1, T, 0);
+  EXPECT_EQ(global.held, T * (2 * 16 * 512 * 2 + 2 * 512 * 2));
+}
+
 TEST(Memory, MoeActivationsByHand) {
   const ModelSpec m = load_model_spec("tiny-moe");  // h 64, E 8, k 2, I 32, shared 32, dense 48
   const std::int64_t per_token = 64 * 2 + 8 * 4 + 2 * 12 + 2 * 64 * 2 + 2 * 3 * 32 * 2 + 2 * 64 * 2 + 3 * 32 * 2 + 3 * 48 * 2;
