@@ -220,7 +220,10 @@ void expect_accumulation_matches_one_batch(const char* model, double max_grad_no
 }
 
 TEST(GradientAccumulation, TwoMicroBatchesEqualOneBatchOfTwiceTheSize) {
-  expect_accumulation_matches_one_batch("tiny-moe", 0.0, 1e-6, kTol);
+  // tiny-moe over two steps: the second step's update is taken from gradients on weights one
+  // rounding-level update apart (held to 1e-4 above), so the parameters after it are held to the
+  // same 1e-4 (within 1e-5 on one x86 CPU, 1.02e-5 on another: FP32 kernels differ by CPU).
+  expect_accumulation_matches_one_batch("tiny-moe", 0.0, 1e-6, 1e-4);
   // Gemma 4 (with clipping): the first step's losses, norms and summed gradients within 1e-5 as
   // above; its one-step parameters carry AdamW's amplification of the first step's 3–6e-6 gradient
   // differences (see MatchesPlainTrainerOnGemma...), held to 1e-3, so the second step is not compared.

@@ -139,7 +139,9 @@ TEST(BudgetShortfall, MessageShowsAsManyDecimalsAsTellTheNumbersApart) {
 // FLAT: under skewed routing and a tight GPU budget, the EP plan bounds its dispatch peak with
 // PipelinedLLEP and says that this is the peak that binds; schedules that do not pay are left out.
 TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) {
-  const WorkloadContext ctx = workload("h100-sxm-node", 64, 16384, 30.0, {{"kind", "zipf"}, {"skew", 1.4}});
+  // 131,072 tokens per GPU: at twice that, the attention backward's
+  // gradient buffers (costmodel attention_backward_bytes) make the peak, not the dispatch.
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 16384, 24.0, {{"kind", "zipf"}, {"skew", 1.4}});
   const Calibration cal = load_calibration_for(ctx.hardware);
   PlanSearchOptions o;
   o.path = "ep";
@@ -148,14 +150,14 @@ TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) 
   EXPECT_EQ(r.chosen.binding.peak, "dispatch");
   EXPECT_NE(r.chosen.binding.bounded_by.find("PipelinedLLEP"), std::string::npos);
   EXPECT_NE(r.chosen.plan.notes.find("FLAT: PipelinedLLEP"), std::string::npos);
-  EXPECT_LE(r.chosen.gpu_peak_bytes, 30 * kGiB);
+  EXPECT_LE(r.chosen.gpu_peak_bytes, 24 * kGiB);
   EXPECT_EQ(plan_search_to_json(r)["binding_peak"]["peak"], "dispatch");
   // Without the schedules no EP plan is as fast within the budget.
   const PlanPricer plain(ctx, cal);
   Plan without = r.chosen.plan;
   without.flat = FlatSchedules{};
   const PricedPlan p = plain.price(without);
-  EXPECT_TRUE(p.gpu_peak_max() > 30 * kGiB || p.step_s > r.chosen.predicted_step_s);
+  EXPECT_TRUE(p.gpu_peak_max() > 24 * kGiB || p.step_s > r.chosen.predicted_step_s);
   // Refining never trades the budget for speed, and never returns a slower plan.
   const PricedPlan refined = refine_flat_schedules(plain, plain.price(without));
   EXPECT_LE(refined.step_s, p.step_s);
