@@ -122,6 +122,12 @@ Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, 
   return bytes;
 }
 
+Bytes mixing_activation_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S, int head_group, std::int64_t gdn_chunk_tokens) {
+  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
+  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, gdn_chunk_tokens);
+  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, head_group);
+}
+
 Bytes moe_activation_bytes(const ModelSpec& m, int layer, std::int64_t T) {
   const MoeSpec& moe = m.layer_moe(layer);
   const std::int64_t h = m.hidden, k = moe.top_k;

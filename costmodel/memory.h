@@ -92,6 +92,11 @@ Bytes attention_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t
 // between pieces, Eq. 4 states included); C ≥ S = C/S whole sequences at a time.
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t hidden, std::int64_t seqs, std::int64_t seq_len,
                            std::int64_t chunk_tokens);
+// Activations saved by decoder `layer`'s mixing sublayer over `seqs` sequences of S tokens:
+// attention_activation_bytes with query heads `head_group` at a time, or gdn_activation_bytes in
+// pieces of `gdn_chunk_tokens`, by the layer's kind (0, 0 = unsplit, as the baselines run it).
+Bytes mixing_activation_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_len, int head_group = 0,
+                              std::int64_t gdn_chunk_tokens = 0);
 // Activations saved by the MoE sublayer for `tokens` tokens (routing, dispatched copies, expert
 // intermediates, shared expert and dense MLP) of decoder `layer` = the per-token part + the
 // per-assignment part of its k·tokens token–expert assignments (none in a dense first layer).

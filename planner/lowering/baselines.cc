@@ -14,12 +14,6 @@
 namespace oom {
 namespace {
 
-Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
-  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
-  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, 0);
-  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
-}
-
 std::string gib(Bytes b) { return fmt::format("{:.1f} GiB", to_gib(b)); }
 
 }  // namespace
@@ -174,7 +168,7 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     const Bytes ring_buffers = ring && kind != LayerKind::kLinearAttention ? ring_attention_buffer_bytes(m.attention(kind), T, true) : 0;
     // An attention core's backward adds its gradient buffers (held over the core's stage).
     const Bytes core_grads = attention_backward_total_bytes(m, l, b, S);
-    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) + ring_buffers + core_grads +
+    const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) + ring_buffers + core_grads +
                     moe_activation_bytes(m, l, T) + tied_table + t.grad_bytes_per_param * pair;
     if (w >= work) {
       work = w;

@@ -21,12 +21,6 @@ constexpr Bytes kExpertHostBytesPerParam = kBf16Bytes + kFp32Bytes + kCanonicalB
 
 ParamCount dense_params(const LayerParams& l) { return l.common(); }
 
-Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
-  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
-  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, 0);
-  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
-}
-
 }  // namespace
 
 BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
@@ -45,7 +39,7 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
     // Input, output and running gradient, the mixing activations, the hidden states sent to the
     // CPU experts and their outputs, the decoder's dense FP32 gradient.
     // With an attention core's backward gradient buffers (held over the decoder's backward).
-    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activations(m, l, b, S) + attention_backward_total_bytes(m, l, b, S) +
+    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) + attention_backward_total_bytes(m, l, b, S) +
                     kFp32Bytes * dense_params(params.layers[static_cast<std::size_t>(l)]);
     if (w > work) {
       work = w;
@@ -245,7 +239,7 @@ class KtFtLowering {
     experts.experts = m_.moe.experts;
     const double ratio = backward ? kMatmulBackwardRatio : 1.0;
     const double core_ratio = backward ? (attention ? kAttentionBackwardRatio : kGdnBackwardRatio) : 1.0;
-    const Bytes act = mixing_activations(m_, l, seqs_, S_) + 2 * boundary();
+    const Bytes act = mixing_activation_bytes(m_, l, seqs_, S_) + 2 * boundary();
     const auto traffic = [&](Bytes forward) { return (backward ? kMemoryBackwardRatio : 1) * forward; };
     auto mixing = [&] {
       const PerRank p = gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kProjBwd : StageOp::kProj), OpKind::kGemm, phase, l,

@@ -56,12 +56,6 @@ bool tp_divides_heads(const ModelSpec& m, int t) {
   return true;
 }
 
-Bytes mixing_activations(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
-  const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
-  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, 0);
-  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, 0);
-}
-
 // Each expert-parallel rank's received load per decoder (relative to the mean; ranks of a group of
 // `ep` consecutive ranks hold contiguous expert slices) under the workload's routing.
 std::vector<std::vector<double>> ep_loads(const WorkloadContext& ctx, int ep) {
@@ -101,7 +95,7 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
     // The rank receiving the largest share under skewed routing sets the peak.
     const double load = max_load(loads[static_cast<std::size_t>(l)]);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // gathered input, output, running gradient
-                    + (mixing_activations(m, l, b, S) + attention_backward_total_bytes(m, l, b, S)) / t +
+                    + (mixing_activation_bytes(m, l, b, S) + attention_backward_total_bytes(m, l, b, S)) / t +
                     moe_bytes_at_load(m, l, T / t, load);
     if (w > work) {
       work = w;
@@ -347,10 +341,7 @@ class MegatronLowering {
 
   // Every rank is charged the most loaded rank's MoE bytes (the GPU peak is the largest one's).
   Bytes activations(int l) const {
-    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
-    const Bytes mix = kind == LayerKind::kLinearAttention ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
-                                                          : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
-    return mix / t_ + moe_bytes_at_load(m_, l, tokens() / t_, max_load(loads_[static_cast<std::size_t>(l)]));
+    return mixing_activation_bytes(m_, l, seqs_, S_) / t_ + moe_bytes_at_load(m_, l, tokens() / t_, max_load(loads_[static_cast<std::size_t>(l)]));
   }
 
   void decoder_forward(int l) {

@@ -297,11 +297,7 @@ class BaselineLowering {
   }
 
   Bytes activations(int l) const {
-    const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
-    const Bytes mix = kind == LayerKind::kLinearAttention
-                          ? gdn_activation_bytes(m_.gdn, m_.hidden, seqs_, S_, 0)
-                          : attention_activation_bytes(m_.attention(kind), m_.hidden, seqs_, S_, 0);
-    return mix + moe_activation_bytes(m_, l, seqs_ * S_);
+    return mixing_activation_bytes(m_, l, seqs_, S_) + moe_activation_bytes(m_, l, seqs_ * S_);
   }
 
   void embedding_forward() {

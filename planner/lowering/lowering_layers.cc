@@ -496,9 +496,7 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
   for (std::int64_t done = 0; done < seqs_; done += sb) {
     sub_batch_ = sb < seqs_ ? static_cast<int>(done / sb) : -1;
     const std::int64_t seqs = std::min(sb, seqs_ - done);
-    const Bytes mix_act = is_attention(kind)
-                              ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
-                              : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    const Bytes mix_act = mixing_activation_bytes(m_, l, seqs, S_, plan_.split.attention_head_group, plan_.split.gdn_chunk_tokens);
     const PerRank mix = mixing_forward(l, phase, seqs, w, x, original, reuse_o);
     for (int r = 0; r < P_; ++r) {
       gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
@@ -586,9 +584,7 @@ void Lowering::decoder_backward(int l) {
   for (std::int64_t done = 0; done < seqs_; done += sb) {
     sub_batch_ = sb < seqs_ ? static_cast<int>(done / sb) : -1;
     const std::int64_t seqs = std::min(sb, seqs_ - done);
-    const Bytes mix_act = is_attention(kind)
-                              ? attention_activation_bytes(m_.attention(kind), m_.hidden, seqs, S_, plan_.split.attention_head_group)
-                              : gdn_activation_bytes(m_.gdn, m_.hidden, seqs, S_, plan_.split.gdn_chunk_tokens);
+    const Bytes mix_act = mixing_activation_bytes(m_, l, seqs, S_, plan_.split.attention_head_group, plan_.split.gdn_chunk_tokens);
     replaying_ = true;
     const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
     replaying_ = false;

@@ -20,12 +20,6 @@ void add(std::vector<MemoryItem>& items, std::string name, Bytes bytes, bool per
   if (bytes > 0) items.push_back({std::move(name), bytes, per_step});
 }
 
-// Activations one decoder's backward holds for its mixing sublayer under the plan's partitions.
-Bytes mixing_activation_bytes(const ModelSpec& m, LayerKind kind, std::int64_t seqs, std::int64_t S, const SplitSpec& split) {
-  if (kind == LayerKind::kLinearAttention) return gdn_activation_bytes(m.gdn, m.hidden, seqs, S, split.gdn_chunk_tokens);
-  return attention_activation_bytes(m.attention(kind), m.hidden, seqs, S, split.attention_head_group);
-}
-
 struct WorkPhase {
   std::string where;
   std::vector<MemoryItem> items;
@@ -115,40 +109,43 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   std::vector<WorkPhase> phases;
   for (int l = 0; l < m.layers; ++l) {
     const LayerKind kind = m.layer_kinds[l];
-    WorkPhase ph{fmt::format("decoder {} ({}) backward", l, layer_kind_name(kind)), {}};
-    add(ph.items, "parameter window (2 slots, BF16)", window);
+    // A decoder's backward holds `held` and `tail` throughout; its MoE backward adds `moe`, and
+    // after that has freed its buffers an attention core's backward adds its gradients instead.
+    std::vector<MemoryItem> held, moe, tail;
+    add(held, "parameter window (2 slots, BF16)", window);
     if (!ep && plan.param_transfer == ParamTransfer::kShard) {
-      add(ph.items, "expert shard staging for AllGather (BF16)", working_weight_bytes(params.layers[l].routed_experts / P));
+      add(held, "expert shard staging for AllGather (BF16)", working_weight_bytes(params.layers[l].routed_experts / P));
     }
     if (ep && D > 1 && !plan.is_resident(l)) {
-      add(ph.items, fmt::format("expert shard slice staging for the replicas' AllGather (BF16, 1/{})", D),
+      add(held, fmt::format("expert shard slice staging for the replicas' AllGather (BF16, 1/{})", D),
           working_weight_bytes(experts_on_gpu(l) / D));
     }
-    add(ph.items, "layer gradients (BF16)", gradient_bytes(params.layers[l].common() + experts_on_gpu(l)));
-    add(ph.items, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
-    if (plan.flat.selective_checkpoint_offload) add(ph.items, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
-    add(ph.items, "mixing recompute activations", mixing_activation_bytes(m, kind, live_seqs, S, plan.split));
+    add(held, "layer gradients (BF16)", gradient_bytes(params.layers[l].common() + experts_on_gpu(l)));
+    add(held, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
+    if (plan.flat.selective_checkpoint_offload) add(held, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
+    add(held, "mixing recompute activations",
+        mixing_activation_bytes(m, l, live_seqs, S, plan.split.attention_head_group, plan.split.gdn_chunk_tokens));
     if (C > 1 && kind != LayerKind::kLinearAttention) {
-      add(ph.items, fmt::format("ring attention K/V pieces and their gradients (BF16, sequence over {} GPUs)", C),
+      add(held, fmt::format("ring attention K/V pieces and their gradients (BF16, sequence over {} GPUs)", C),
           ring_attention_buffer_bytes(m.attention(kind), N, true));
     }
-    if (!plan.is_moe_retained(l)) add(ph.items, "MoE recompute activations", moe_on_worst_rank(l, moe_tokens_live));
-    if (ep && E > 1) add(ph.items, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
-    add(ph.items, "MoE backward gradients (normalized input, the largest expert's activations)",
+    if (!plan.is_moe_retained(l)) add(moe, "MoE recompute activations", moe_on_worst_rank(l, moe_tokens_live));
+    if (ep && E > 1) add(moe, "all-to-all buffers", a2a_buffer_bytes_at_load(m, l, moe_tokens_live, load));
+    add(moe, "MoE backward gradients (normalized input, the largest expert's activations)",
         moe_input_grad_bytes(m, moe_tokens_live) +
             expert_grad_workspace_bytes(m, l, moe_tokens_live, ep ? E : 1, largest_expert_share(w.routing, m.moe.experts, l)));
-    add(ph.items, "LLEP fetched expert weights (BF16)", llep_weights);
-    add(ph.items, "LLEP fetched experts' gradients", llep_grads);
+    add(moe, "LLEP fetched expert weights (BF16)", llep_weights);
+    add(moe, "LLEP fetched experts' gradients", llep_grads);
     if (any_regenerated) {
-      add(ph.items, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
+      add(tail, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
           boundary_bytes(plan.boundaries.regenerate_cap, live_seqs, S, m.hidden));
     }
+    WorkPhase ph{fmt::format("decoder {} ({}) backward", l, layer_kind_name(kind)), held};
+    ph.items.insert(ph.items.end(), moe.begin(), moe.end());
+    ph.items.insert(ph.items.end(), tail.begin(), tail.end());
     if (kind != LayerKind::kLinearAttention) {
-      // After the MoE backward freed its buffers: the attention core's backward, its gradients.
-      WorkPhase core{fmt::format("decoder {} ({}) attention backward", l, layer_kind_name(kind)), {}};
-      for (const MemoryItem& i : ph.items) {
-        if (i.name.rfind("MoE", 0) != 0 && i.name.rfind("all-to-all", 0) != 0 && i.name.rfind("LLEP", 0) != 0) core.items.push_back(i);
-      }
+      WorkPhase core{fmt::format("decoder {} ({}) attention backward", l, layer_kind_name(kind)), std::move(held)};
+      core.items.insert(core.items.end(), tail.begin(), tail.end());
       // Two gradient buffers take turns: the next decoder's (backward before this one) may still
       // be draining to the host.
       if (l + 1 < m.layers) {
