@@ -1,8 +1,10 @@
 #include "planner/engine/peak_composition.h"
 
 #include <algorithm>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace oom {
 namespace {
@@ -63,7 +65,7 @@ PeakComposition gpu_peak_composition(const StepGraph& g, const StageTimes& times
 
 BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
   MemoryUse binding = MemoryUse::kDispatch;
-  for (const MemoryUse u : {MemoryUse::kVocabulary, MemoryUse::kBoundaries, MemoryUse::kOptimizer}) {
+  for (const MemoryUse u : {MemoryUse::kActivations, MemoryUse::kVocabulary, MemoryUse::kBoundaries, MemoryUse::kOptimizer}) {
     if (c.of(u) > c.of(binding)) binding = u;
   }
   BindingPeak b;
@@ -77,6 +79,17 @@ BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
                          : (plan.path == ExpertPath::kEp ? fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens)
                                                          : fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens));
       break;
+    case MemoryUse::kActivations: {
+      // The mixing sublayers' saved tensors and the attention backward's buffers: the operator
+      // partitions bound them.
+      std::vector<std::string> parts;
+      const SplitSpec& s = plan.split;
+      if (s.attention_head_group > 0) parts.push_back(fmt::format("attention head groups of {}", s.attention_head_group));
+      if (s.gdn_chunk_tokens > 0) parts.push_back(fmt::format("GDN pieces of {} tokens", s.gdn_chunk_tokens));
+      if (plan.path == ExpertPath::kLocal && s.sub_batch_seqs > 0) parts.push_back(fmt::format("sub-batches of {} sequences", s.sub_batch_seqs));
+      b.bounded_by = parts.empty() ? "nothing: the mixing sublayers run unsplit" : fmt::format("{}", fmt::join(parts, ", "));
+      break;
+    }
     case MemoryUse::kVocabulary:
       b.bounded_by = f.vocab_projection == VocabProjection::kRingDtp
                          ? fmt::format("Ring-DTP, blocks of {} tokens", f.vocab_chunk_tokens)

@@ -2,10 +2,12 @@
 //
 // gpu_peak_composition() sweeps one GPU's allocation events in time order (as memory_peaks()
 // does) keeping the bytes held per MemoryUse, and returns the parts at the peak instant with the
-// stage whose allocation reached it. binding_peak() names the largest of the four parts FLAT
-// bounds — "dispatch" (MoE all-to-all buffers and routed activations), "vocabulary" (logits),
+// stage whose allocation reached it. binding_peak() names the largest of the parts a plan bounds —
+// FLAT's four, "dispatch" (MoE all-to-all buffers and routed activations), "vocabulary" (logits),
 // "boundaries" (checkpoint boundaries on the GPU), "optimizer" (gradients awaiting their update
-// and resident optimizer state) — and what in the plan bounds it. Pure functions.
+// and resident optimizer state), and "activations" (the mixing sublayers' saved tensors and the
+// attention backward's buffers, bounded by the operator partitions) — and what in the plan
+// bounds it. Pure functions.
 #pragma once
 
 #include <array>
@@ -34,7 +36,7 @@ PeakComposition gpu_peak_composition(const StepGraph& g, const StageTimes& times
                                      Bytes resident_state_bytes = 0);
 
 struct BindingPeak {
-  std::string peak;     // "dispatch" | "vocabulary" | "boundaries" | "optimizer"
+  std::string peak;     // "activations" | "dispatch" | "vocabulary" | "boundaries" | "optimizer"
   Bytes bytes = 0;      // its bytes at the GPU peak
   std::string bounded_by;  // the schedule that bounds it in the plan, or "unbounded"
 };

@@ -58,7 +58,7 @@ struct PlanChoice {
   Seconds compared_step_s = 0;             // Configure-then-Compare extrapolation (0 when not compared)
   Bytes measured_gpu_peak_bytes = 0;       // Eq. 2 of the executor's measured peak (0 when not measured)
   PeakComposition peak;                    // the largest GPU peak by memory use (analytic)
-  BindingPeak binding;                     // which of FLAT's four peaks binds, and what bounds it
+  BindingPeak binding;                     // which part binds (FLAT's four peaks, activations), what bounds it
 };
 
 struct PlanSearchResult {

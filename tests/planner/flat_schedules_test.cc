@@ -260,5 +260,50 @@ TEST(PeakComposition, PartsAddUpToThePeakAndNameWhatBinds) {
   EXPECT_EQ(binding_peak(c, full).bounded_by, "unbounded");
 }
 
+TEST(PeakComposition, ActivationsBindInALongSequencesAttentionBackwardAndHeadGroupsBoundThem) {
+  // One 256K-token sequence per GPU with 16K-token dispatch rounds: the MoE's buffers are small
+  // beside a full-attention core's backward (its saved tensors, dO/dQ/dK/dV, FP32 dQ accumulator).
+  const WorkloadContext ctx = ctx_with(4, 262144);
+  const Plan whole = ep_plan(16384);
+  const Lowered a = run(whole, ctx);
+  const PeakComposition ca = gpu_peak_composition(a.g, a.t, 0);
+  const BindingPeak ba = binding_peak(ca, whole);
+  EXPECT_EQ(ba.peak, "activations") << ca.stage;
+  EXPECT_EQ(ba.bounded_by, "nothing: the mixing sublayers run unsplit");
+  EXPECT_EQ(ba.bytes, ca.of(MemoryUse::kActivations));
+
+  Plan split = whole;
+  split.split.attention_head_group = 2;
+  split.split.gdn_chunk_tokens = 65536;
+  const Lowered b = run(split, ctx);
+  const PeakComposition cb = gpu_peak_composition(b.g, b.t, 0);
+  const BindingPeak bb = binding_peak(cb, split);
+  // The partitions shrink the activations at the peak, and the binding peak names them.
+  EXPECT_LT(cb.of(MemoryUse::kActivations), ca.of(MemoryUse::kActivations));
+  EXPECT_LT(cb.total, ca.total);
+  EXPECT_EQ(bb.bytes, std::max({cb.of(MemoryUse::kActivations), cb.of(MemoryUse::kDispatch), cb.of(MemoryUse::kVocabulary),
+                                 cb.of(MemoryUse::kBoundaries), cb.of(MemoryUse::kOptimizer)}));
+}
+
+TEST(PeakComposition, TheBindingPeakIsTheLargestPartAndNamesWhatBoundsIt) {
+  PeakComposition c;
+  c.by_use[static_cast<std::size_t>(MemoryUse::kOther)] = 9 * kGiB;  // weights: never binding
+  c.by_use[static_cast<std::size_t>(MemoryUse::kDispatch)] = 5 * kGiB;
+  c.by_use[static_cast<std::size_t>(MemoryUse::kActivations)] = 4 * kGiB;
+  Plan p = ep_plan(32768);
+  p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
+  EXPECT_EQ(binding_peak(c, p).peak, "dispatch");
+  EXPECT_EQ(binding_peak(c, p).bytes, 5 * kGiB);
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "PipelinedLLEP, rounds of 32768 tokens per source");
+  c.by_use[static_cast<std::size_t>(MemoryUse::kActivations)] = 6 * kGiB;
+  p.split.attention_head_group = 2;
+  p.split.gdn_chunk_tokens = 65536;
+  EXPECT_EQ(binding_peak(c, p).peak, "activations");
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 65536 tokens");
+  p.path = ExpertPath::kLocal;
+  p.split.sub_batch_seqs = 2;
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 65536 tokens, sub-batches of 2 sequences");
+}
+
 }  // namespace
 }  // namespace oom
