@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -38,6 +39,54 @@ std::vector<int> retained_set(int layers, int count) {
   return k;
 }
 
+std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::vector<std::int64_t>& gdn_pieces_tokens) {
+  std::vector<SplitSpec> out{SplitSpec{}};
+  const ModelSpec& m = ctx.model;
+  if (ctx.workload.gpus_per_seq() > 1) return out;  // pieces of a sequence already: ring attention
+  // Head groups of g query heads within one GQA group, g dividing every attention kind's query
+  // heads per KV group; the whole group (g = heads per KV group) only where there are several
+  // KV groups to run apart.
+  int per_kv = 0;
+  bool grouped_kv = false;
+  for (LayerKind k : {LayerKind::kFullAttention, LayerKind::kSlidingAttention, LayerKind::kLatentAttention}) {
+    if (m.count(k) == 0) continue;
+    const AttentionSpec& a = m.attention(k);
+    per_kv = std::gcd(per_kv, a.heads / std::max(1, a.kv_heads));
+    grouped_kv = grouped_kv || a.kv_heads > 1;
+  }
+  std::vector<int> heads;
+  for (int g = grouped_kv ? per_kv : per_kv / 2; g >= 1; --g) {
+    if (per_kv % g == 0) heads.push_back(g);
+  }
+  // GDN pieces of one sequence, longest first.
+  std::vector<std::int64_t> gdn;
+  if (m.count(LayerKind::kLinearAttention) > 0) {
+    std::vector<std::int64_t> c = gdn_pieces_tokens;
+    std::sort(c.rbegin(), c.rend());
+    for (std::int64_t x : c) {
+      if (x > 0 && x < ctx.workload.seq_len) gdn.push_back(x);
+    }
+  }
+  const std::size_t levels = std::max(heads.size(), gdn.size());
+  for (std::size_t i = 0; i < levels; ++i) {
+    SplitSpec s;
+    if (!heads.empty()) s.attention_head_group = heads[std::min(i, heads.size() - 1)];
+    if (!gdn.empty()) s.gdn_chunk_tokens = gdn[std::min(i, gdn.size() - 1)];
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::string mixing_split_label(const SplitSpec& s) {
+  std::string out;
+  if (s.attention_head_group > 0) out += fmt::format(", attention head groups of {}", s.attention_head_group);
+  if (s.gdn_chunk_tokens > 0) {
+    out += fmt::format(", GDN pieces of {}",
+                       s.gdn_chunk_tokens % 1024 == 0 ? fmt::format("{}K", s.gdn_chunk_tokens / 1024) : std::to_string(s.gdn_chunk_tokens));
+  }
+  return out;
+}
+
 namespace {
 
 // The static memory of an EP plan decomposed by its free variables, exactly as static_memory()
@@ -48,8 +97,9 @@ namespace {
 // candidate.
 class EpMemoryModel {
  public:
-  EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants, const PlanPricer& pricer, int group)
-      : ctx_(ctx), constants_(constants), pricer_(pricer), group_(group) {
+  EpMemoryModel(const WorkloadContext& ctx, const MemoryConstants& constants, const PlanPricer& pricer, int group,
+                const SplitSpec& split)
+      : ctx_(ctx), constants_(constants), pricer_(pricer), group_(group), split_(split) {
     const ModelParams params = model_params(ctx.model);
     replicas_ = ctx.workload.gpus / group;
     for (const auto& l : params.layers) {
@@ -108,6 +158,7 @@ class EpMemoryModel {
   MemoryConstants constants_;
   const PlanPricer& pricer_;
   int group_;  // GPUs per EP group
+  SplitSpec split_;  // the mixing sublayers' partitions (ep_mixing_splits)
   int replicas_ = 1;  // EP groups: replicas of each shard
   std::vector<ParamCount> shard_params_, slice_params_;
   std::vector<int> ranks_on_;
@@ -122,6 +173,7 @@ class EpMemoryModel {
     p.cpu_grad_slots = slots;
     p.ep_group_gpus = group_ < ctx_.workload.gpus ? group_ : 0;
     p.context_parallel_gpus = ctx_.workload.gpus_per_seq() > 1 ? ctx_.workload.gpus_per_seq() : 0;
+    p.split = split_;
     return pricer_.with_flat(std::move(p));
   }
 };
@@ -141,9 +193,9 @@ std::string chunk_label(std::int64_t tokens) {
 
 class EpSearch {
  public:
-  EpSearch(const PlanPricer& pricer, const EpPlannerOptions& options, int group)
-      : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants(), pricer, group),
-        budgets_(workload_budgets(ctx_)), L_(ctx_.model.layers), group_(group),
+  EpSearch(const PlanPricer& pricer, const EpPlannerOptions& options, int group, const SplitSpec& split)
+      : pricer_(pricer), ctx_(pricer.context()), options_(options), memory_(ctx_, pricer.constants(), pricer, group, split),
+        budgets_(workload_budgets(ctx_)), L_(ctx_.model.layers), group_(group), split_(split),
         max_resident_(L_) {
     // Chunks at or above the tokens per GPU all mean "one round": keep the smallest of them.
     const std::int64_t N = ctx_.workload.tokens_per_gpu();
@@ -214,9 +266,10 @@ class EpSearch {
     plan.routing_chunk_tokens = p.chunk;
     plan.cpu_grad_slots = p.slots;
     plan.context_parallel_gpus = ctx_.workload.gpus_per_seq() > 1 ? ctx_.workload.gpus_per_seq() : 0;
-    plan.notes = fmt::format("R{}/K{} ({}), {} routing chunk, {} CPU gradient slot{}", p.resident, p.retained,
+    plan.split = split_;
+    plan.notes = fmt::format("R{}/K{} ({}), {} routing chunk, {} CPU gradient slot{}{}", p.resident, p.retained,
                              p.shape == ResidentShape::kContiguous ? "contiguous" : "interleaved", chunk_label(p.chunk),
-                             p.slots, p.slots == 1 ? "" : "s");
+                             p.slots, p.slots == 1 ? "" : "s", mixing_split_label(split_));
     if (group_ < ctx_.workload.gpus) {
       plan.ep_group_gpus = group_;
       plan.notes += fmt::format(", EP groups of {} GPUs ({} replicas of each shard)", group_, ctx_.workload.gpus / group_);
@@ -351,8 +404,8 @@ class EpSearch {
     const Bytes gpu = memory_.gpu_peak_bytes(base, {});
     if (gpu > budgets_.gpu_bytes) {
       return BudgetShortfall{"GPU", budgets_.gpu_bytes, gpu,
-                             fmt::format("{} on the EP path with the smallest routing chunk ({}) and no resident or retained layers",
-                                         base.gpu.work_peak_at, chunk_label(c))};
+                             fmt::format("{} on the EP path with the smallest routing chunk ({}){} and no resident or retained layers",
+                                         base.gpu.work_peak_at, chunk_label(c), mixing_split_label(split_))};
     }
     int r = 0;
     while (r < max_resident_ && memory_.gpu_peak_bytes(base, resident_params(ResidentShape::kContiguous, r + 1)) <= budgets_.gpu_bytes) ++r;
@@ -368,6 +421,7 @@ class EpSearch {
   Budgets budgets_;
   int L_ = 0;
   int group_ = 1;         // GPUs per EP group
+  SplitSpec split_;       // the mixing sublayers' partitions of every plan of this search
   int max_resident_ = 0;  // resident layers allowed: none when groups replicate the shards
   std::vector<std::int64_t> chunks_;
   std::int64_t first_chunk_ = 65536;
@@ -403,17 +457,26 @@ std::vector<int> ep_group_candidates(const WorkloadContext& ctx) {
 EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options) {
   const std::vector<int> groups =
       options.ep_group_gpus > 0 ? std::vector<int>{options.ep_group_gpus} : ep_group_candidates(pricer.context());
+  const std::vector<SplitSpec> splits = ep_mixing_splits(pricer.context(), options.gdn_pieces_tokens);
   EpSearchResult out;
   bool first = true;
   for (const int group : groups) {
-    EpSearch search(pricer, options, group);
-    EpSearchResult r = search.run();
-    out.enumerated += r.enumerated;
-    out.memory_feasible += r.memory_feasible;
-    out.priced += r.priced;
-    if (first) out.shortfall = r.shortfall;
+    // The mixing sublayers unsplit first; finer partitions only while no plan fits (they add
+    // calls and, without kept O/LSE, a re-forward per head group).
+    for (const SplitSpec& split : splits) {
+      EpSearch search(pricer, options, group, split);
+      EpSearchResult r = search.run();
+      out.enumerated += r.enumerated;
+      out.memory_feasible += r.memory_feasible;
+      out.priced += r.priced;
+      // The largest group's shortfall, at its finest partition (its least demanding plan).
+      if (first) out.shortfall = r.shortfall;
+      if (r.best) {
+        if (!out.best || r.best->step_s < out.best->step_s) out.best = std::move(r.best);
+        break;
+      }
+    }
     first = false;
-    if (r.best && (!out.best || r.best->step_s < out.best->step_s)) out.best = std::move(r.best);
   }
   if (out.best) out.shortfall.reset();
   return out;

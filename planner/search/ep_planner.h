@@ -12,7 +12,11 @@
 // r − 1, r − 2. Among priced plans within `tie_fraction` of the fastest, the one with the most
 // GPU headroom wins. Every priced plan is also checked against the budgets with its simulated
 // memory timeline. With EP groups that replicate each shard (Plan::ep_group_gpus) a resident layer
-// keeps its shard's BF16 weights and 1/replicas of its FP32 state on each replica. Units: seconds, bytes. Stateless; thread-safe.
+// keeps its shard's BF16 weights and 1/replicas of its FP32 state on each replica. Where no plan
+// fits with the mixing sublayers unsplit (a long sequence's attention backward or GDN saved
+// tensors binding), the search runs again with them partitioned, coarsest first
+// (ep_mixing_splits), and stops at the first partition under which a plan fits.
+// Units: seconds, bytes. Stateless; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,12 @@ std::vector<int> interleaved_resident_set(int layers, int count);
 // The last `count` decoders.
 std::vector<int> retained_set(int layers, int count);
 
+// The mixing sublayers' partitions the EP planner tries, coarsest first: unsplit, then attention
+// head groups (divisors of the query heads per KV group, largest first) and GDN pieces of one
+// sequence (`gdn_pieces_tokens` below seq_len, longest first) refined together, a dimension that
+// runs out keeping its finest. Only the unsplit one when sequences are split over GPUs.
+std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::vector<std::int64_t>& gdn_pieces_tokens);
+
 struct EpPlannerOptions {
   std::vector<std::int64_t> routing_chunks_tokens = {16384, 32768, 65536, 131072, 262144};
   std::vector<int> cpu_grad_slots = {1, 2};
@@ -43,6 +53,8 @@ struct EpPlannerOptions {
   // GPUs per EP group (Plan::ep_group_gpus); 0 = the candidates of ep_group_candidates(), each
   // searched on its own, the fastest chosen.
   int ep_group_gpus = 0;
+  // GDN pieces the mixing partitions may use (ep_mixing_splits), as the Local planner's.
+  std::vector<std::int64_t> gdn_pieces_tokens = {16384, 32768, 65536, 131072, 262144};
 };
 
 // The EP group sizes the planner searches for a workload: the largest that divides both the GPUs

@@ -132,6 +132,53 @@ TEST(EpPlanner, TighterGpuBudgetKeepsFewerResidentLayers) {
   EXPECT_LT(r.best->plan.resident_layers.size(), ep_at_batch32().best->plan.resident_layers.size());
 }
 
+TEST(EpMixingSplits, UnsplitFirstThenHeadGroupsAndGdnPiecesRefinedTogether) {
+  const std::vector<std::int64_t> pieces = EpPlannerOptions{}.gdn_pieces_tokens;
+  // Qwen3.6: 16 query heads over 2 KV heads (8 per group), GDN pieces below a 256K sequence.
+  const std::vector<SplitSpec> q = ep_mixing_splits(qwen_h100(4, 262144), pieces);
+  ASSERT_EQ(q.size(), 5u);
+  EXPECT_EQ(q[0], SplitSpec{});
+  const std::vector<std::pair<int, std::int64_t>> want = {{8, 131072}, {4, 65536}, {2, 32768}, {1, 16384}};
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(q[i + 1].attention_head_group, want[i].first) << i;
+    EXPECT_EQ(q[i + 1].gdn_chunk_tokens, want[i].second) << i;
+    EXPECT_EQ(q[i + 1].moe_chunk_tokens, 0);
+    EXPECT_EQ(q[i + 1].sub_batch_seqs, 0);
+  }
+  // At 4K no GDN piece is shorter than the sequence: head groups alone.
+  const std::vector<SplitSpec> s = ep_mixing_splits(qwen_h100(32), pieces);
+  ASSERT_EQ(s.size(), 5u);
+  EXPECT_EQ(s[4].attention_head_group, 1);
+  EXPECT_EQ(s[4].gdn_chunk_tokens, 0);
+  // Each sequence over two GPUs (ring attention): nothing further.
+  EXPECT_EQ(ep_mixing_splits(qwen_h100(2, 262144), pieces).size(), 1u);
+}
+
+// One 256K-token sequence per GPU under 25 GiB: unsplit, no EP plan fits (a mixing sublayer's
+// saved tensors and the attention backward's buffers beside the MoE backward); the planner then
+// partitions the heads and the GDN and finds a plan that fits.
+TEST(EpPlanner, PartitionsTheMixingSublayersWhenNothingFitsUnsplit) {
+  Workload w = qwen_h100(4, 262144).workload;
+  w.gpu_budget_gib = 25;
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const PlanPricer pricer(ctx, load_calibration_for(ctx.hardware));
+  // The least demanding unsplit EP plan: no resident layers, the smallest routing chunk.
+  const MemoryReport whole = static_memory(ctx, pricer.with_flat([&] {
+    Plan p;
+    p.path = ExpertPath::kEp;
+    p.resident_layers.clear();
+    p.routing_chunk_tokens = 16384;
+    p.cpu_grad_slots = 1;
+    return p;
+  }()), pricer.constants());
+  EXPECT_GT(whole.gpu.eq2.total(), from_gib(25)) << whole.gpu.work_peak_at;
+  const EpSearchResult r = plan_ep(pricer);
+  ASSERT_TRUE(r.best);
+  EXPECT_LE(r.best->gpu_peak_max(), from_gib(25));
+  EXPECT_GT(r.best->plan.split.attention_head_group, 0);
+  EXPECT_NE(r.best->plan.notes.find("attention head groups of"), std::string::npos) << r.best->plan.notes;
+}
+
 TEST(EpPlanner, NamesTheGpuBudgetWhenNothingFits) {
   Workload w = qwen_h100(32).workload;
   w.gpu_budget_gib = 3;
