@@ -410,7 +410,10 @@ class EpSearch {
     int r = 0;
     while (r < max_resident_ && memory_.gpu_peak_bytes(base, resident_params(ResidentShape::kContiguous, r + 1)) <= budgets_.gpu_bytes) ++r;
     return check_budgets(budgets_, 0, memory_.host_bytes(host, resident_params(ResidentShape::kContiguous, r)), "",
-                         fmt::format("the EP path's canonical state and pinned pools with {} resident layers", r));
+                         fmt::format("the EP path's canonical state and pinned pools with {} resident layers{}", r,
+                                     split_.attention_head_group > 0 || split_.gdn_chunk_tokens > 0
+                                         ? " (as many as the GPU holds" + mixing_split_label(split_) + ")"
+                                         : std::string()));
   }
 
  private:
