@@ -179,6 +179,19 @@ TEST(EpPlanner, PartitionsTheMixingSublayersWhenNothingFitsUnsplit) {
   EXPECT_NE(r.best->plan.notes.find("attention head groups of"), std::string::npos) << r.best->plan.notes;
 }
 
+TEST(EpPlanner, AHostShortfallAtAFinerPartitionNamesIt) {
+  Workload w = qwen_h100(4, 262144).workload;
+  w.gpu_budget_gib = 25;
+  w.host_budget_gib = 150;  // 75 GiB per NUMA node
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const EpSearchResult r = plan_ep(PlanPricer(ctx, load_calibration_for(ctx.hardware)));
+  EXPECT_FALSE(r.best);
+  ASSERT_TRUE(r.shortfall);
+  EXPECT_EQ(r.shortfall->budget.rfind("host", 0), 0u) << r.shortfall->message();
+  EXPECT_NE(r.shortfall->message().find("(as many as the GPU holds, attention head groups of 1, GDN pieces of 16K)"), std::string::npos)
+      << r.shortfall->message();
+}
+
 TEST(EpPlanner, NamesTheGpuBudgetWhenNothingFits) {
   Workload w = qwen_h100(32).workload;
   w.gpu_budget_gib = 3;
