@@ -77,16 +77,6 @@ std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::v
   return out;
 }
 
-std::string mixing_split_label(const SplitSpec& s) {
-  std::string out;
-  if (s.attention_head_group > 0) out += fmt::format(", attention head groups of {}", s.attention_head_group);
-  if (s.gdn_chunk_tokens > 0) {
-    out += fmt::format(", GDN pieces of {}",
-                       s.gdn_chunk_tokens % 1024 == 0 ? fmt::format("{}K", s.gdn_chunk_tokens / 1024) : std::to_string(s.gdn_chunk_tokens));
-  }
-  return out;
-}
-
 namespace {
 
 // The static memory of an EP plan decomposed by its free variables, exactly as static_memory()
@@ -189,6 +179,14 @@ struct Point {
 
 std::string chunk_label(std::int64_t tokens) {
   return tokens % 1024 == 0 ? fmt::format("{}K", tokens / 1024) : fmt::format("{}", tokens);
+}
+
+// ", attention head groups of g, GDN pieces of C" for a partitioned plan; empty when unsplit.
+std::string mixing_split_label(const SplitSpec& s) {
+  std::string out;
+  if (s.attention_head_group > 0) out += fmt::format(", attention head groups of {}", s.attention_head_group);
+  if (s.gdn_chunk_tokens > 0) out += ", GDN pieces of " + chunk_label(s.gdn_chunk_tokens);
+  return out;
 }
 
 class EpSearch {
@@ -409,11 +407,10 @@ class EpSearch {
     }
     int r = 0;
     while (r < max_resident_ && memory_.gpu_peak_bytes(base, resident_params(ResidentShape::kContiguous, r + 1)) <= budgets_.gpu_bytes) ++r;
+    const std::string partition = mixing_split_label(split_);
     return check_budgets(budgets_, 0, memory_.host_bytes(host, resident_params(ResidentShape::kContiguous, r)), "",
                          fmt::format("the EP path's canonical state and pinned pools with {} resident layers{}", r,
-                                     split_.attention_head_group > 0 || split_.gdn_chunk_tokens > 0
-                                         ? " (as many as the GPU holds" + mixing_split_label(split_) + ")"
-                                         : std::string()));
+                                     partition.empty() ? "" : " (as many as the GPU holds" + partition + ")"));
   }
 
  private:
