@@ -74,10 +74,14 @@ BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
   const FlatSchedules& f = plan.flat;
   switch (binding) {
     case MemoryUse::kDispatch:
-      b.bounded_by = f.expert_dispatch == ExpertDispatch::kPipelinedLlep
-                         ? fmt::format("PipelinedLLEP, rounds of {} tokens per source", plan.routing_chunk_tokens)
-                         : (plan.path == ExpertPath::kEp ? fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens)
-                                                         : fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens));
+      if (f.expert_dispatch == ExpertDispatch::kPipelinedLlep) {
+        b.bounded_by = fmt::format("PipelinedLLEP, rounds of {} tokens per source", plan.routing_chunk_tokens);
+      } else if (plan.path == ExpertPath::kEp) {
+        b.bounded_by = fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens);
+      } else {
+        b.bounded_by = plan.split.moe_chunk_tokens > 0 ? fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens)
+                                                       : std::string("nothing: each MoE call takes all its tokens at once");
+      }
       break;
     case MemoryUse::kActivations: {
       // The mixing sublayers' saved tensors and the attention backward's buffers: the operator

@@ -303,6 +303,14 @@ TEST(PeakComposition, TheBindingPeakIsTheLargestPartAndNamesWhatBoundsIt) {
   p.path = ExpertPath::kLocal;
   p.split.sub_batch_seqs = 2;
   EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 65536 tokens, sub-batches of 2 sequences");
+  // On the Local path the dispatch part is bounded by MoE chunks, or by nothing when unchunked.
+  c.by_use[static_cast<std::size_t>(MemoryUse::kActivations)] = 4 * kGiB;
+  p.flat.expert_dispatch = ExpertDispatch::kStandard;
+  p.split.moe_chunk_tokens = 16384;
+  EXPECT_EQ(binding_peak(c, p).peak, "dispatch");
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "MoE chunks of 16384 tokens");
+  p.split.moe_chunk_tokens = 0;
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "nothing: each MoE call takes all its tokens at once");
 }
 
 }  // namespace
