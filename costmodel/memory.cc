@@ -101,9 +101,29 @@ AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int
   return b;
 }
 
-Bytes attention_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
+Bytes gdn_backward_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t S, std::int64_t C) {
+  // The sequences and tokens per sequence of one call: a C-token piece of every sequence, C/S whole
+  // sequences, or everything.
+  std::int64_t call_seqs = seqs, len = S;
+  if (C > 0 && C < S) {
+    len = C;
+  } else if (C > 0) {
+    call_seqs = std::min(seqs, std::max<std::int64_t>(1, C / S));
+  }
+  constexpr std::int64_t kChunk = 64;  // the kernels' chunk (BT)
+  const std::int64_t T = call_seqs * len, chunks = call_seqs * ((len + kChunk - 1) / kChunk);
+  const std::int64_t Hv = g.value_heads, dk = g.key_head_dim, dv = g.value_head_dim;
+  Bytes bytes = 0;
+  bytes += 5 * T * Hv * dk * kBf16Bytes;          // w, dq, dk, dw, the WY backward's dk
+  bytes += 4 * T * Hv * dv * kBf16Bytes;          // u, v_new, dv (local, then state-corrected), the WY backward's dv
+  bytes += 2 * chunks * Hv * dk * dv * kBf16Bytes;  // h, dh
+  bytes += T * Hv * (2 * kFp32Bytes + kBf16Bytes);  // the gate's gradients (two FP32), beta's
+  return bytes;
+}
+
+Bytes mixing_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
   const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
-  if (kind == LayerKind::kLinearAttention) return 0;
+  if (kind == LayerKind::kLinearAttention) return gdn_backward_bytes(m.gdn, seqs, S, 0);
   const AttentionBackwardBytes b = attention_backward_bytes(m.attention(kind), seqs, S, 0);
   return b.held + b.per_call;
 }

@@ -84,9 +84,21 @@ struct AttentionBackwardBytes {
   Bytes per_call = 0;
 };
 AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t seqs, std::int64_t seq_len, int head_group);
-// Both parts with all heads in one call for decoder `layer`'s mixing sublayer; 0 for GDN. The
-// baselines hold them over the core's backward or, more coarsely, over the decoder's.
-Bytes attention_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_len);
+// The buffers of one chunked Gated DeltaNet backward call (flash-linear-attention's
+// chunk_gated_delta_rule_bwd, 64-token chunks) over a piece of the `seqs` sequences of S tokens
+// taken `chunk_tokens` at a time (gdn_activation_bytes' pieces; 0 = everything in one call). The
+// call keeps every buffer it makes until it returns (they are its locals): the recomputed WY
+// factors w [T, H_v·d_k] and u [T, H_v·d_v], the chunk states h and their gradients dh
+// [⌈S/64⌉ per sequence, H_v, d_k, d_v] (new_empty in the inputs' BF16), the transformed values
+// v_new, the local and the state-corrected value gradients and the WY backward's value gradient
+// [T, H_v·d_v] BF16 each; dq, dk, dw and the WY backward's dk [T, H_v·d_k] BF16 each (queries and
+// keys repeated to the value heads before the call where H_v > H_k, as Qwen3-Next's Hugging Face
+// layer does); the gate's gradients FP32 [T, H_v] ×2 and beta's BF16 [T, H_v].
+Bytes gdn_backward_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_len, std::int64_t chunk_tokens);
+// The mixing sublayer's backward buffers of decoder `layer` in one call: an attention core's two
+// parts with all heads at once, or gdn_backward_bytes over all its sequences. The baselines hold
+// them over the core's backward or, more coarsely, over the decoder's.
+Bytes mixing_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_len);
 // Activations saved by a GDN sublayer over `seqs` sequences processed `chunk_tokens` at a time:
 // 0 = everything at once; C < S = the same C-token piece of every sequence (FP32 state hand-off
 // between pieces, Eq. 4 states included); C ≥ S = C/S whole sequences at a time.

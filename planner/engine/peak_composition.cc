@@ -84,7 +84,7 @@ BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
       }
       break;
     case MemoryUse::kActivations: {
-      // The mixing sublayers' saved tensors and the attention backward's buffers: the operator
+      // The mixing sublayers' saved tensors and their cores' backward buffers: the operator
       // partitions bound them.
       std::vector<std::string> parts;
       const SplitSpec& s = plan.split;

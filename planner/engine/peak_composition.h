@@ -6,7 +6,7 @@
 // FLAT's four, "dispatch" (MoE all-to-all buffers and routed activations), "vocabulary" (logits),
 // "boundaries" (checkpoint boundaries on the GPU), "optimizer" (gradients awaiting their update
 // and resident optimizer state), and "activations" (the mixing sublayers' saved tensors and the
-// attention backward's buffers, bounded by the operator partitions) — and what in the plan
+// cores' backward buffers, attention or GDN, bounded by the operator partitions) — and what in the plan
 // bounds it. Pure functions.
 #pragma once
 

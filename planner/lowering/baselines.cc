@@ -166,8 +166,8 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     // Under context parallelism, ring attention's K/V pieces and their gradients.
     const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(l)];
     const Bytes ring_buffers = ring && kind != LayerKind::kLinearAttention ? ring_attention_buffer_bytes(m.attention(kind), T, true) : 0;
-    // An attention core's backward adds its gradient buffers (held over the core's stage).
-    const Bytes core_grads = attention_backward_total_bytes(m, l, b, S);
+    // A mixing core's backward (attention or GDN) adds its buffers (held over the core's stage).
+    const Bytes core_grads = mixing_backward_total_bytes(m, l, b, S);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) + ring_buffers + core_grads +
                     moe_activation_bytes(m, l, T) + tied_table + t.grad_bytes_per_param * pair;
     if (w >= work) {

@@ -38,8 +38,8 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
   for (int l = 0; l < m.layers; ++l) {
     // Input, output and running gradient, the mixing activations, the hidden states sent to the
     // CPU experts and their outputs, the decoder's dense FP32 gradient.
-    // With an attention core's backward gradient buffers (held over the decoder's backward).
-    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) + attention_backward_total_bytes(m, l, b, S) +
+    // With a mixing core's backward buffers, attention or GDN (held over the decoder's backward).
+    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) + mixing_backward_total_bytes(m, l, b, S) +
                     kFp32Bytes * dense_params(params.layers[static_cast<std::size_t>(l)]);
     if (w > work) {
       work = w;
@@ -276,8 +276,8 @@ class KtFtLowering {
     } else if (phase == Phase::kRecompute) {
       gpu_mem(first, act, false);
     } else {
-      // The dense FP32 gradient, and an attention core's backward gradient buffers.
-      const Bytes core_grads = attention_backward_total_bytes(m_, l, seqs_, S_);
+      // The dense FP32 gradient, and a mixing core's backward buffers (attention or GDN).
+      const Bytes core_grads = mixing_backward_total_bytes(m_, l, seqs_, S_);
       gpu_mem(first, kFp32Bytes * dense + core_grads, false);
       gpu_mem(last_, -(act + boundary() + core_grads), true);
       PerRank grads = last_;

@@ -95,7 +95,7 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
     // The rank receiving the largest share under skewed routing sets the peak.
     const double load = max_load(loads[static_cast<std::size_t>(l)]);
     const Bytes w = 3 * boundary_bytes(1, b, S, m.hidden)  // gathered input, output, running gradient
-                    + (mixing_activation_bytes(m, l, b, S) + attention_backward_total_bytes(m, l, b, S)) / t +
+                    + (mixing_activation_bytes(m, l, b, S) + mixing_backward_total_bytes(m, l, b, S)) / t +
                     moe_bytes_at_load(m, l, T / t, load);
     if (w > work) {
       work = w;
@@ -357,9 +357,9 @@ class MegatronLowering {
     PerRank first;
     sublayers(l, Phase::kRecompute, 1.0, first);
     gpu_mem(first, activations(l), false);
-    // The attention core backward's gradient buffers, each TP rank's 1/t of the heads, held over
+    // The mixing core backward's buffers (attention or GDN), each TP rank's 1/t of the heads, held over
     // the decoder's backward.
-    const Bytes core_grads = attention_backward_total_bytes(m_, l, seqs_, S_) / t_;
+    const Bytes core_grads = mixing_backward_total_bytes(m_, l, seqs_, S_) / t_;
     PerRank mixing_first;  // the mixing sublayer's first backward stage
     sublayers(l, Phase::kBackward, kMatmulBackwardRatio, mixing_first);
     gpu_mem(mixing_first, core_grads, false);

@@ -278,8 +278,8 @@ class BaselineLowering {
     out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
                        ratio * flops, 0, core, {x});
     if (backward) {
-      // The attention core backward's gradient buffers, held over the core's stage.
-      const Bytes grads = attention_backward_total_bytes(m_, l, seqs_, S_);
+      // The mixing core backward's buffers (attention or GDN), held over the core's stage.
+      const Bytes grads = mixing_backward_total_bytes(m_, l, seqs_, S_);
       gpu(out.core, grads, false);
       gpu(out.core, -grads, true);
     }

@@ -392,9 +392,16 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
     const OpShape core = gdn_core_shape(m_.gdn, seqs, S_, chunks);
+    // Each piece's backward call holds its recomputed WY factors and chunk states, their
+    // gradients and the inputs' gradients until it returns.
+    const Bytes workspace = gdn_backward_bytes(m_.gdn, seqs, S_, plan_.split.gdn_chunk_tokens);
     for (int c = chunks - 1; c >= 0; --c) {
       last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
                          kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
+      for (int r = 0; r < P_; ++r) {
+        gpu_alloc(last[static_cast<std::size_t>(r)], r, workspace, false, MemoryUse::kActivations);
+        gpu_free(last[static_cast<std::size_t>(r)], r, workspace, MemoryUse::kActivations);
+      }
     }
     last = gdn_state_chain(l, Phase::kBackward, last, chunks);
   }

@@ -110,7 +110,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
   for (int l = 0; l < m.layers; ++l) {
     const LayerKind kind = m.layer_kinds[l];
     // A decoder's backward holds `held` and `tail` throughout; its MoE backward adds `moe`, and
-    // after that has freed its buffers an attention core's backward adds its gradients instead.
+    // after that has freed its buffers the mixing core's backward (attention or GDN) adds its own.
     std::vector<MemoryItem> held, moe, tail;
     add(held, "parameter window (2 slots, BF16)", window);
     if (!ep && plan.param_transfer == ParamTransfer::kShard) {
@@ -143,17 +143,23 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     WorkPhase ph{fmt::format("decoder {} ({}) backward", l, layer_kind_name(kind)), held};
     ph.items.insert(ph.items.end(), moe.begin(), moe.end());
     ph.items.insert(ph.items.end(), tail.begin(), tail.end());
-    if (kind != LayerKind::kLinearAttention) {
-      WorkPhase core{fmt::format("decoder {} ({}) attention backward", l, layer_kind_name(kind)), std::move(held)};
+    {
+      const bool gdn = kind == LayerKind::kLinearAttention;
+      WorkPhase core{fmt::format("decoder {} ({}) {} backward", l, layer_kind_name(kind), gdn ? "GDN core" : "attention"), std::move(held)};
       core.items.insert(core.items.end(), tail.begin(), tail.end());
       // Two gradient buffers take turns: the next decoder's (backward before this one) may still
       // be draining to the host.
       if (l + 1 < m.layers) {
         add(core.items, "next decoder's gradients, still draining (BF16)", gradient_bytes(params.layers[l + 1].common() + experts_on_gpu(l + 1)));
       }
-      const AttentionBackwardBytes grads = attention_backward_bytes(m.attention(kind), live_seqs, S, plan.split.attention_head_group);
-      add(core.items, "attention gradients dO, dQ, dK, dV (BF16)", grads.held);
-      add(core.items, "attention core backward workspace (FP32 dQ accumulator, GQA-expanded dK/dV)", grads.per_call);
+      if (gdn) {
+        add(core.items, "GDN core backward workspace (recomputed WY factors and chunk states, their gradients)",
+            gdn_backward_bytes(m.gdn, live_seqs, S, plan.split.gdn_chunk_tokens));
+      } else {
+        const AttentionBackwardBytes grads = attention_backward_bytes(m.attention(kind), live_seqs, S, plan.split.attention_head_group);
+        add(core.items, "attention gradients dO, dQ, dK, dV (BF16)", grads.held);
+        add(core.items, "attention core backward workspace (FP32 dQ accumulator, GQA-expanded dK/dV)", grads.per_call);
+      }
       phases.push_back(std::move(core));
     }
     phases.push_back(std::move(ph));

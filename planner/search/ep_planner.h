@@ -53,8 +53,10 @@ struct EpPlannerOptions {
   // GPUs per EP group (Plan::ep_group_gpus); 0 = the candidates of ep_group_candidates(), each
   // searched on its own, the fastest chosen.
   int ep_group_gpus = 0;
-  // GDN pieces the mixing partitions may use (ep_mixing_splits), as the Local planner's.
-  std::vector<std::int64_t> gdn_pieces_tokens = {16384, 32768, 65536, 131072, 262144};
+  // GDN pieces the mixing partitions may use (ep_mixing_splits): the Local planner's and two
+  // shorter ones. The EP path has no sub-batches, so a GDN backward call over many sequences of
+  // 16K (its workspace: gdn_backward_bytes) is cut only by pieces below the sequence length.
+  std::vector<std::int64_t> gdn_pieces_tokens = {4096, 8192, 16384, 32768, 65536, 131072, 262144};
 };
 
 // The EP group sizes the planner searches for a workload: the largest that divides both the GPUs

@@ -90,6 +90,33 @@ TEST(Memory, AttentionBackwardGradientsByHand) {
   EXPECT_EQ(global.held, T * (2 * 16 * 512 * 2 + 2 * 512 * 2));
 }
 
+TEST(Memory, GdnBackwardBuffersByHand) {
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  const GdnSpec& g = m.gdn;  // 16 key heads, 32 value heads, d_k = d_v = 128
+  ASSERT_EQ(g.value_heads, 32);
+  ASSERT_EQ(g.key_head_dim, 128);
+  ASSERT_EQ(g.value_head_dim, 128);
+  // One call over T tokens in c chunks of 64: w, dq, dk, dw, dk2 and u, v_new, dv, dv2 at the 32
+  // value heads (BF16), h and dh per chunk, two FP32 gate gradients and beta's (BF16).
+  const auto by_hand = [](std::int64_t T, std::int64_t c) { return T * 32 * (9 * 128 * 2 + 4 + 4 + 2) + 2 * c * 32 * 128 * 128 * 2; };
+  EXPECT_EQ(gdn_backward_bytes(g, 1, 1000, 0), by_hand(1000, 16));  // ⌈1000/64⌉ = 16 chunks
+  // Pieces of 256 tokens of two sequences: one call takes 256 tokens of each.
+  EXPECT_EQ(gdn_backward_bytes(g, 2, 1000, 256), by_hand(512, 8));
+  // Pieces of 2000 tokens over three 1000-token sequences: two whole sequences a call.
+  EXPECT_EQ(gdn_backward_bytes(g, 3, 1000, 2000), by_hand(2000, 32));
+  // The decoder's mixing backward in one call: the GDN call over every sequence, or an attention
+  // core's two parts.
+  int gdn_layer = -1, attention_layer = -1;
+  for (int l = 0; l < m.layers; ++l) {
+    (m.layer_kinds[static_cast<std::size_t>(l)] == LayerKind::kLinearAttention ? gdn_layer : attention_layer) = l;
+  }
+  ASSERT_GE(gdn_layer, 0);
+  ASSERT_GE(attention_layer, 0);
+  EXPECT_EQ(mixing_backward_total_bytes(m, gdn_layer, 3, 1000), gdn_backward_bytes(g, 3, 1000, 0));
+  const AttentionBackwardBytes a = attention_backward_bytes(m.full_attention, 3, 1000, 0);
+  EXPECT_EQ(mixing_backward_total_bytes(m, attention_layer, 3, 1000), a.held + a.per_call);
+}
+
 TEST(Memory, MoeActivationsByHand) {
   const ModelSpec m = load_model_spec("tiny-moe");  // h 64, E 8, k 2, I 32, shared 32, dense 48
   const std::int64_t per_token = 64 * 2 + 8 * 4 + 2 * 12 + 2 * 64 * 2 + 2 * 3 * 32 * 2 + 2 * 64 * 2 + 3 * 32 * 2 + 3 * 48 * 2;

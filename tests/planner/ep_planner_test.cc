@@ -136,9 +136,10 @@ TEST(EpMixingSplits, UnsplitFirstThenHeadGroupsAndGdnPiecesRefinedTogether) {
   const std::vector<std::int64_t> pieces = EpPlannerOptions{}.gdn_pieces_tokens;
   // Qwen3.6: 16 query heads over 2 KV heads (8 per group), GDN pieces below a 256K sequence.
   const std::vector<SplitSpec> q = ep_mixing_splits(qwen_h100(4, 262144), pieces);
-  ASSERT_EQ(q.size(), 5u);
+  ASSERT_EQ(q.size(), 7u);
   EXPECT_EQ(q[0], SplitSpec{});
-  const std::vector<std::pair<int, std::int64_t>> want = {{8, 131072}, {4, 65536}, {2, 32768}, {1, 16384}};
+  // Head groups run out at 1; the GDN pieces go on to 4K.
+  const std::vector<std::pair<int, std::int64_t>> want = {{8, 131072}, {4, 65536}, {2, 32768}, {1, 16384}, {1, 8192}, {1, 4096}};
   for (std::size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(q[i + 1].attention_head_group, want[i].first) << i;
     EXPECT_EQ(q[i + 1].gdn_chunk_tokens, want[i].second) << i;
@@ -188,7 +189,7 @@ TEST(EpPlanner, AHostShortfallAtAFinerPartitionNamesIt) {
   EXPECT_FALSE(r.best);
   ASSERT_TRUE(r.shortfall);
   EXPECT_EQ(r.shortfall->budget.rfind("host", 0), 0u) << r.shortfall->message();
-  EXPECT_NE(r.shortfall->message().find("(as many as the GPU holds, attention head groups of 1, GDN pieces of 16K)"), std::string::npos)
+  EXPECT_NE(r.shortfall->message().find("(as many as the GPU holds, attention head groups of 1, GDN pieces of 4K)"), std::string::npos)
       << r.shortfall->message();
 }
 

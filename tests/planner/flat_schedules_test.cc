@@ -12,6 +12,7 @@
 
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
+#include "costmodel/memory.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
@@ -283,6 +284,29 @@ TEST(PeakComposition, ActivationsBindInALongSequencesAttentionBackwardAndHeadGro
   EXPECT_LT(cb.total, ca.total);
   EXPECT_EQ(bb.bytes, std::max({cb.of(MemoryUse::kActivations), cb.of(MemoryUse::kDispatch), cb.of(MemoryUse::kVocabulary),
                                  cb.of(MemoryUse::kBoundaries), cb.of(MemoryUse::kOptimizer)}));
+}
+
+TEST(PeakComposition, AGdnCoresBackwardHoldsItsWorkspaceAndGdnPiecesShrinkIt) {
+  // One 256K-token sequence per GPU, unsplit: a GDN decoder's core backward holds the layer's saved
+  // tensors and the chunked backward's workspace (26 GiB) at once, more than any other point.
+  const WorkloadContext ctx = ctx_with(4, 262144);
+  const GdnSpec& g = ctx.model.gdn;
+  const Plan whole = ep_plan(16384);
+  const Lowered a = run(whole, ctx);
+  const PeakComposition ca = gpu_peak_composition(a.g, a.t, 0);
+  EXPECT_NE(ca.stage.find(".gdn.c0.core_bwd"), std::string::npos) << ca.stage;
+  const Bytes saved = gdn_activation_bytes(g, ctx.model.hidden, 1, 262144, 0);
+  EXPECT_GE(ca.of(MemoryUse::kActivations), saved + gdn_backward_bytes(g, 1, 262144, 0));
+  // In 64K pieces each call's workspace is a quarter: the activations at the peak shed at least
+  // the three quarters, and the peak falls.
+  Plan split = whole;
+  split.split.attention_head_group = 2;
+  split.split.gdn_chunk_tokens = 65536;
+  const Lowered b = run(split, ctx);
+  const PeakComposition cb = gpu_peak_composition(b.g, b.t, 0);
+  EXPECT_EQ(4 * gdn_backward_bytes(g, 1, 262144, 65536), gdn_backward_bytes(g, 1, 262144, 0));
+  EXPECT_LT(cb.total, ca.total);
+  EXPECT_LT(cb.of(MemoryUse::kActivations), ca.of(MemoryUse::kActivations) - 3 * gdn_backward_bytes(g, 1, 262144, 65536)) << cb.stage;
 }
 
 TEST(PeakComposition, TheBindingPeakIsTheLargestPartAndNamesWhatBoundsIt) {
