@@ -7,16 +7,11 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/token_text.h"
 #include "experiments/published.h"
 
 namespace oom {
 namespace {
-
-std::string tokens_text(std::int64_t t) {
-  if (t >= (1 << 20) && t % (1 << 20) == 0) return fmt::format("{}M", t >> 20);
-  if (t >= 1024 && t % 1024 == 0) return fmt::format("{}K", t >> 10);
-  return fmt::format("{}", t);
-}
 
 std::string workload_cell(const Workload& w) {
   std::string s = fmt::format("{} · {}×{} · B={} · S={}", w.model, w.gpus, w.hardware, w.global_batch, tokens_text(w.seq_len));

@@ -10,6 +10,7 @@
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
+#include "costmodel/token_text.h"
 #include "experiments/published.h"
 #include "planner/calibration/calibration.h"
 
@@ -117,13 +118,6 @@ double auto_yarn_factor(const std::string& model, std::int64_t seq_len, const st
   if (m.max_position <= 0 || seq_len <= m.max_position) return 1.0;
   (void)file;
   return std::ceil(static_cast<double>(seq_len) / static_cast<double>(m.max_position));
-}
-
-// A token count in the table: 4096 → "4K", 1048576 → "1M".
-std::string tokens_text(std::int64_t t) {
-  if (t >= (1 << 20) && t % (1 << 20) == 0) return fmt::format("{}M", t >> 20);
-  if (t >= 1024 && t % 1024 == 0) return fmt::format("{}K", t >> 10);
-  return fmt::format("{}", t);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "costmodel/token_text.h"
+
 namespace oom {
 namespace {
 
@@ -75,11 +77,11 @@ BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
   switch (binding) {
     case MemoryUse::kDispatch:
       if (f.expert_dispatch == ExpertDispatch::kPipelinedLlep) {
-        b.bounded_by = fmt::format("PipelinedLLEP, rounds of {} tokens per source", plan.routing_chunk_tokens);
+        b.bounded_by = fmt::format("PipelinedLLEP, rounds of {} tokens per source", tokens_text(plan.routing_chunk_tokens));
       } else if (plan.path == ExpertPath::kEp) {
-        b.bounded_by = fmt::format("dispatch rounds of {} tokens (no rebalancing)", plan.routing_chunk_tokens);
+        b.bounded_by = fmt::format("dispatch rounds of {} tokens (no rebalancing)", tokens_text(plan.routing_chunk_tokens));
       } else {
-        b.bounded_by = plan.split.moe_chunk_tokens > 0 ? fmt::format("MoE chunks of {} tokens", plan.split.moe_chunk_tokens)
+        b.bounded_by = plan.split.moe_chunk_tokens > 0 ? fmt::format("MoE chunks of {} tokens", tokens_text(plan.split.moe_chunk_tokens))
                                                        : std::string("nothing: each MoE call takes all its tokens at once");
       }
       break;
@@ -89,15 +91,15 @@ BindingPeak binding_peak(const PeakComposition& c, const Plan& plan) {
       std::vector<std::string> parts;
       const SplitSpec& s = plan.split;
       if (s.attention_head_group > 0) parts.push_back(fmt::format("attention head groups of {}", s.attention_head_group));
-      if (s.gdn_chunk_tokens > 0) parts.push_back(fmt::format("GDN pieces of {} tokens", s.gdn_chunk_tokens));
+      if (s.gdn_chunk_tokens > 0) parts.push_back(fmt::format("GDN pieces of {} tokens", tokens_text(s.gdn_chunk_tokens)));
       if (plan.path == ExpertPath::kLocal && s.sub_batch_seqs > 0) parts.push_back(fmt::format("sub-batches of {} sequences", s.sub_batch_seqs));
       b.bounded_by = parts.empty() ? "nothing: the mixing sublayers run unsplit" : fmt::format("{}", fmt::join(parts, ", "));
       break;
     }
     case MemoryUse::kVocabulary:
       b.bounded_by = f.vocab_projection == VocabProjection::kRingDtp
-                         ? fmt::format("Ring-DTP, blocks of {} tokens", f.vocab_chunk_tokens)
-                         : (f.vocab_chunk_tokens > 0 ? fmt::format("logits chunks of {} tokens", f.vocab_chunk_tokens) : "unbounded");
+                         ? fmt::format("Ring-DTP, blocks of {} tokens", tokens_text(f.vocab_chunk_tokens))
+                         : (f.vocab_chunk_tokens > 0 ? fmt::format("logits chunks of {} tokens", tokens_text(f.vocab_chunk_tokens)) : "unbounded");
       break;
     case MemoryUse::kBoundaries:
       b.bounded_by = f.selective_checkpoint_offload ? "SCO (boundaries on the host, one prefetched)"

@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <set>
 #include <tuple>
 
 #include <fmt/format.h>
 
 #include "costmodel/params.h"
+#include "costmodel/token_text.h"
+#include "planner/search/head_groups.h"
 #include "planner/lowering/memory_report.h"
 
 namespace oom {
@@ -43,21 +44,7 @@ std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::v
   std::vector<SplitSpec> out{SplitSpec{}};
   const ModelSpec& m = ctx.model;
   if (ctx.workload.gpus_per_seq() > 1) return out;  // pieces of a sequence already: ring attention
-  // Head groups of g query heads within one GQA group, g dividing every attention kind's query
-  // heads per KV group; the whole group (g = heads per KV group) only where there are several
-  // KV groups to run apart.
-  int per_kv = 0;
-  bool grouped_kv = false;
-  for (LayerKind k : {LayerKind::kFullAttention, LayerKind::kSlidingAttention, LayerKind::kLatentAttention}) {
-    if (m.count(k) == 0) continue;
-    const AttentionSpec& a = m.attention(k);
-    per_kv = std::gcd(per_kv, a.heads / std::max(1, a.kv_heads));
-    grouped_kv = grouped_kv || a.kv_heads > 1;
-  }
-  std::vector<int> heads;
-  for (int g = grouped_kv ? per_kv : per_kv / 2; g >= 1; --g) {
-    if (per_kv % g == 0) heads.push_back(g);
-  }
+  const std::vector<int> heads = attention_head_group_levels(m);
   // GDN pieces of one sequence, longest first.
   std::vector<std::int64_t> gdn;
   if (m.count(LayerKind::kLinearAttention) > 0) {
@@ -177,15 +164,11 @@ struct Point {
   auto key() const { return std::make_tuple(static_cast<int>(shape), resident, retained, chunk, slots); }
 };
 
-std::string chunk_label(std::int64_t tokens) {
-  return tokens % 1024 == 0 ? fmt::format("{}K", tokens / 1024) : fmt::format("{}", tokens);
-}
-
 // ", attention head groups of g, GDN pieces of C" for a partitioned plan; empty when unsplit.
 std::string mixing_split_label(const SplitSpec& s) {
   std::string out;
   if (s.attention_head_group > 0) out += fmt::format(", attention head groups of {}", s.attention_head_group);
-  if (s.gdn_chunk_tokens > 0) out += ", GDN pieces of " + chunk_label(s.gdn_chunk_tokens);
+  if (s.gdn_chunk_tokens > 0) out += ", GDN pieces of " + tokens_text(s.gdn_chunk_tokens);
   return out;
 }
 
@@ -266,7 +249,7 @@ class EpSearch {
     plan.context_parallel_gpus = ctx_.workload.gpus_per_seq() > 1 ? ctx_.workload.gpus_per_seq() : 0;
     plan.split = split_;
     plan.notes = fmt::format("R{}/K{} ({}), {} routing chunk, {} CPU gradient slot{}{}", p.resident, p.retained,
-                             p.shape == ResidentShape::kContiguous ? "contiguous" : "interleaved", chunk_label(p.chunk),
+                             p.shape == ResidentShape::kContiguous ? "contiguous" : "interleaved", tokens_text(p.chunk),
                              p.slots, p.slots == 1 ? "" : "s", mixing_split_label(split_));
     if (group_ < ctx_.workload.gpus) {
       plan.ep_group_gpus = group_;
@@ -403,7 +386,7 @@ class EpSearch {
     if (gpu > budgets_.gpu_bytes) {
       return BudgetShortfall{"GPU", budgets_.gpu_bytes, gpu,
                              fmt::format("{} on the EP path with the smallest routing chunk ({}){} and no resident or retained layers",
-                                         base.gpu.work_peak_at, chunk_label(c), mixing_split_label(split_))};
+                                         base.gpu.work_peak_at, tokens_text(c), mixing_split_label(split_))};
     }
     int r = 0;
     while (r < max_resident_ && memory_.gpu_peak_bytes(base, resident_params(ResidentShape::kContiguous, r + 1)) <= budgets_.gpu_bytes) ++r;

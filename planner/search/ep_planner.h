@@ -38,7 +38,7 @@ std::vector<int> interleaved_resident_set(int layers, int count);
 std::vector<int> retained_set(int layers, int count);
 
 // The mixing sublayers' partitions the EP planner tries, coarsest first: unsplit, then attention
-// head groups (divisors of the query heads per KV group, largest first) and GDN pieces of one
+// head groups (attention_head_group_levels, largest first) and GDN pieces of one
 // sequence (`gdn_pieces_tokens` below seq_len, longest first) refined together, a dimension that
 // runs out keeping its finest. Only the unsplit one when sequences are split over GPUs.
 std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::vector<std::int64_t>& gdn_pieces_tokens);

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <array>
-#include <numeric>
 
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/token_text.h"
+#include "planner/search/head_groups.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/lowering/memory_report.h"
 
@@ -126,9 +127,9 @@ bool has_attention(const ModelSpec& m) { return m.count(LayerKind::kFullAttentio
 std::string split_text(const SplitSpec& s) {
   std::vector<std::string> parts;
   if (s.attention_head_group > 0) parts.push_back(fmt::format("head group {}", s.attention_head_group));
-  if (s.gdn_chunk_tokens > 0) parts.push_back(fmt::format("GDN chunk {}", s.gdn_chunk_tokens));
+  if (s.gdn_chunk_tokens > 0) parts.push_back("GDN chunk " + tokens_text(s.gdn_chunk_tokens));
   if (s.sub_batch_seqs > 0) parts.push_back(fmt::format("sub-batch {}", s.sub_batch_seqs));
-  if (s.moe_chunk_tokens > 0) parts.push_back(fmt::format("MoE chunk {}", s.moe_chunk_tokens));
+  if (s.moe_chunk_tokens > 0) parts.push_back("MoE chunk " + tokens_text(s.moe_chunk_tokens));
   return parts.empty() ? std::string("no operator splits") : fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -231,18 +232,7 @@ Menu partition_menu(const WorkloadContext& ctx, const LocalPlannerOptions& o) {
   const std::int64_t S = ctx.workload.seq_len, seqs = ctx.workload.seqs_per_gpu(), N = seqs * S;
   Menu menu;
   menu.levels.assign(4, {0});
-  int per_kv = 0;
-  bool grouped_kv = false;  // some attention has several KV heads: whole GQA groups can run apart
-  for (LayerKind k : {LayerKind::kFullAttention, LayerKind::kSlidingAttention}) {
-    if (m.count(k) == 0) continue;
-    const int g = m.attention(k).heads / std::max(1, m.attention(k).kv_heads);
-    per_kv = per_kv == 0 ? g : std::gcd(per_kv, g);
-    grouped_kv = grouped_kv || m.attention(k).kv_heads > 1;
-  }
-  // Head groups of g query heads within one GQA group (costmodel/memory.h attention_head_groups).
-  for (int g = grouped_kv ? per_kv : per_kv / 2; g >= 1; --g) {
-    if (per_kv % g == 0) menu.levels[0].push_back(g);
-  }
+  for (int g : attention_head_group_levels(m)) menu.levels[0].push_back(g);
   if (m.count(LayerKind::kLinearAttention) > 0) {
     std::vector<std::int64_t> c = o.gdn_chunks_tokens;
     std::sort(c.rbegin(), c.rend());

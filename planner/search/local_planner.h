@@ -1,6 +1,7 @@
 // Local planner: Split–Keep–Replay for the Local expert path (reference §4, OOM §5).
 //
-// The menu: attention query-head groups, GDN sequence chunks (pieces of a sequence with an FP32
+// The menu: attention query-head groups (attention_head_group_levels, as the EP planner's; latent
+// attention included), GDN sequence chunks (pieces of a sequence with an FP32
 // state hand-off, or whole sequences), sub-batches of complete sequences and MoE token chunks.
 // Partitioning never makes a kernel faster; it only lowers memory. So the menu keeps the
 // partitions whose all-host static GPU peak fits the budget while no coarser one does (one level

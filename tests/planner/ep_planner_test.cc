@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "costmodel/token_text.h"
 #include "planner/lowering/memory_report.h"
+#include "planner/search/head_groups.h"
 
 namespace oom {
 namespace {
@@ -130,6 +132,28 @@ TEST(EpPlanner, TighterGpuBudgetKeepsFewerResidentLayers) {
   EXPECT_LE(r.best->gpu_peak_max(), from_gib(40));
   ASSERT_TRUE(ep_at_batch32().best);
   EXPECT_LT(r.best->plan.resident_layers.size(), ep_at_batch32().best->plan.resident_layers.size());
+}
+
+// Both planners' head groups: divisors of the query heads per KV group common to every attention
+// kind, the whole group only where there are several KV heads.
+TEST(HeadGroupLevels, DivideEveryAttentionKindsQueryHeadsPerKvGroup) {
+  // Qwen3.6: 16 query heads over 2 KV heads.
+  EXPECT_EQ(attention_head_group_levels(load_model_spec("qwen3.6-35b-a3b")), (std::vector<int>{8, 4, 2, 1}));
+  // Mixtral: 32 over 8.
+  EXPECT_EQ(attention_head_group_levels(load_model_spec("mixtral-8x7b")), (std::vector<int>{4, 2, 1}));
+  // Gemma 4: 2 per group in the sliding layers (8 KV heads), 8 in the global ones (2): gcd 2.
+  EXPECT_EQ(attention_head_group_levels(load_model_spec("gemma4-26b-a4b")), (std::vector<int>{2, 1}));
+  // Kimi-K2's latent attention: a K and V per query head, so one head per call at most.
+  EXPECT_EQ(attention_head_group_levels(load_model_spec("kimi-k2")), (std::vector<int>{1}));
+}
+
+TEST(TokensText, WholeKibiAndMebiTokensTakeTheirSuffix) {
+  EXPECT_EQ(tokens_text(65536), "64K");
+  EXPECT_EQ(tokens_text(1048576), "1M");
+  EXPECT_EQ(tokens_text(3 * 1048576 + 1024), "3073K");
+  EXPECT_EQ(tokens_text(1000), "1000");
+  EXPECT_EQ(tokens_text(512), "512");
+  EXPECT_EQ(tokens_text(0), "0");
 }
 
 TEST(EpMixingSplits, UnsplitFirstThenHeadGroupsAndGdnPiecesRefinedTogether) {

@@ -318,21 +318,21 @@ TEST(PeakComposition, TheBindingPeakIsTheLargestPartAndNamesWhatBoundsIt) {
   p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;
   EXPECT_EQ(binding_peak(c, p).peak, "dispatch");
   EXPECT_EQ(binding_peak(c, p).bytes, 5 * kGiB);
-  EXPECT_EQ(binding_peak(c, p).bounded_by, "PipelinedLLEP, rounds of 32768 tokens per source");
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "PipelinedLLEP, rounds of 32K tokens per source");
   c.by_use[static_cast<std::size_t>(MemoryUse::kActivations)] = 6 * kGiB;
   p.split.attention_head_group = 2;
   p.split.gdn_chunk_tokens = 65536;
   EXPECT_EQ(binding_peak(c, p).peak, "activations");
-  EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 65536 tokens");
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 64K tokens");
   p.path = ExpertPath::kLocal;
   p.split.sub_batch_seqs = 2;
-  EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 65536 tokens, sub-batches of 2 sequences");
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "attention head groups of 2, GDN pieces of 64K tokens, sub-batches of 2 sequences");
   // On the Local path the dispatch part is bounded by MoE chunks, or by nothing when unchunked.
   c.by_use[static_cast<std::size_t>(MemoryUse::kActivations)] = 4 * kGiB;
   p.flat.expert_dispatch = ExpertDispatch::kStandard;
   p.split.moe_chunk_tokens = 16384;
   EXPECT_EQ(binding_peak(c, p).peak, "dispatch");
-  EXPECT_EQ(binding_peak(c, p).bounded_by, "MoE chunks of 16384 tokens");
+  EXPECT_EQ(binding_peak(c, p).bounded_by, "MoE chunks of 16K tokens");
   p.split.moe_chunk_tokens = 0;
   EXPECT_EQ(binding_peak(c, p).bounded_by, "nothing: each MoE call takes all its tokens at once");
 }
