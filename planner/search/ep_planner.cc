@@ -9,7 +9,7 @@
 
 #include "costmodel/params.h"
 #include "costmodel/token_text.h"
-#include "planner/search/head_groups.h"
+#include "planner/search/mixing_levels.h"
 #include "planner/lowering/memory_report.h"
 
 namespace oom {
@@ -45,15 +45,7 @@ std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::v
   const ModelSpec& m = ctx.model;
   if (ctx.workload.gpus_per_seq() > 1) return out;  // pieces of a sequence already: ring attention
   const std::vector<int> heads = attention_head_group_levels(m);
-  // GDN pieces of one sequence, longest first.
-  std::vector<std::int64_t> gdn;
-  if (m.count(LayerKind::kLinearAttention) > 0) {
-    std::vector<std::int64_t> c = gdn_pieces_tokens;
-    std::sort(c.rbegin(), c.rend());
-    for (std::int64_t x : c) {
-      if (x > 0 && x < ctx.workload.seq_len) gdn.push_back(x);
-    }
-  }
+  const std::vector<std::int64_t> gdn = gdn_piece_levels(ctx, gdn_pieces_tokens);
   const std::size_t levels = std::max(heads.size(), gdn.size());
   for (std::size_t i = 0; i < levels; ++i) {
     SplitSpec s;

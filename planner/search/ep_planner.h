@@ -38,9 +38,10 @@ std::vector<int> interleaved_resident_set(int layers, int count);
 std::vector<int> retained_set(int layers, int count);
 
 // The mixing sublayers' partitions the EP planner tries, coarsest first: unsplit, then attention
-// head groups (attention_head_group_levels, largest first) and GDN pieces of one
-// sequence (`gdn_pieces_tokens` below seq_len, longest first) refined together, a dimension that
-// runs out keeping its finest. Only the unsplit one when sequences are split over GPUs.
+// head groups (attention_head_group_levels, largest first) and GDN pieces (gdn_piece_levels of
+// `gdn_pieces_tokens`, longest first: whole sequences, then pieces of one) refined together, a
+// dimension that runs out keeping its finest. Only the unsplit one when sequences are split over
+// GPUs.
 std::vector<SplitSpec> ep_mixing_splits(const WorkloadContext& ctx, const std::vector<std::int64_t>& gdn_pieces_tokens);
 
 struct EpPlannerOptions {
@@ -54,8 +55,8 @@ struct EpPlannerOptions {
   // searched on its own, the fastest chosen.
   int ep_group_gpus = 0;
   // GDN pieces the mixing partitions may use (ep_mixing_splits): the Local planner's and two
-  // shorter ones. The EP path has no sub-batches, so a GDN backward call over many sequences of
-  // 16K (its workspace: gdn_backward_bytes) is cut only by pieces below the sequence length.
+  // shorter ones. The EP path has no sub-batches: a GDN backward call over many sequences (its
+  // workspace: gdn_backward_bytes) is cut by whole sequences at a time, then by pieces of one.
   std::vector<std::int64_t> gdn_pieces_tokens = {4096, 8192, 16384, 32768, 65536, 131072, 262144};
 };
 

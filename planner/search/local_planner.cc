@@ -7,7 +7,7 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/token_text.h"
-#include "planner/search/head_groups.h"
+#include "planner/search/mixing_levels.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/lowering/memory_report.h"
 
@@ -233,13 +233,7 @@ Menu partition_menu(const WorkloadContext& ctx, const LocalPlannerOptions& o) {
   Menu menu;
   menu.levels.assign(4, {0});
   for (int g : attention_head_group_levels(m)) menu.levels[0].push_back(g);
-  if (m.count(LayerKind::kLinearAttention) > 0) {
-    std::vector<std::int64_t> c = o.gdn_chunks_tokens;
-    std::sort(c.rbegin(), c.rend());
-    for (std::int64_t x : c) {
-      if (x < S || (x % S == 0 && x < N)) menu.levels[1].push_back(x);
-    }
-  }
+  for (std::int64_t x : gdn_piece_levels(ctx, o.gdn_chunks_tokens)) menu.levels[1].push_back(x);
   for (std::int64_t d = seqs / 2; d >= 1; --d) {
     if (seqs % d == 0) menu.levels[2].push_back(d);
   }

@@ -6,7 +6,7 @@
 
 #include "costmodel/token_text.h"
 #include "planner/lowering/memory_report.h"
-#include "planner/search/head_groups.h"
+#include "planner/search/mixing_levels.h"
 
 namespace oom {
 namespace {
@@ -147,6 +147,24 @@ TEST(HeadGroupLevels, DivideEveryAttentionKindsQueryHeadsPerKvGroup) {
   EXPECT_EQ(attention_head_group_levels(load_model_spec("kimi-k2")), (std::vector<int>{1}));
 }
 
+// GDN pieces: whole sequences below the tokens per GPU, then pieces of one sequence; nothing that
+// is neither, nothing for a model without GDN.
+TEST(GdnPieceLevels, WholeSequencesThenPiecesOfOneLongestFirst) {
+  const std::vector<std::int64_t> pieces = {262144, 4096, 8192, 16384, 24576, 32768, 65536, 131072, 8192};
+  // 8 sequences of 16K per GPU (131,072 tokens): 4, 2 and 1 sequences, then 8K and 4K pieces.
+  EXPECT_EQ(gdn_piece_levels(qwen_h100(32, 16384), pieces), (std::vector<std::int64_t>{65536, 32768, 16384, 8192, 4096}));
+  // One 256K sequence per GPU: pieces of it only.
+  EXPECT_EQ(gdn_piece_levels(qwen_h100(4, 262144), pieces),
+            (std::vector<std::int64_t>{131072, 65536, 32768, 24576, 16384, 8192, 4096}));
+  Workload w;
+  w.model = "mixtral-8x7b";
+  w.hardware = "h100-sxm-node";
+  w.gpus = 4;
+  w.global_batch = 32;
+  w.seq_len = 4096;
+  EXPECT_TRUE(gdn_piece_levels(resolve_workload(w, "test"), pieces).empty());
+}
+
 TEST(TokensText, WholeKibiAndMebiTokensTakeTheirSuffix) {
   EXPECT_EQ(tokens_text(65536), "64K");
   EXPECT_EQ(tokens_text(1048576), "1M");
@@ -170,11 +188,15 @@ TEST(EpMixingSplits, UnsplitFirstThenHeadGroupsAndGdnPiecesRefinedTogether) {
     EXPECT_EQ(q[i + 1].moe_chunk_tokens, 0);
     EXPECT_EQ(q[i + 1].sub_batch_seqs, 0);
   }
-  // At 4K no GDN piece is shorter than the sequence: head groups alone.
+  // At 4K with 8 sequences per GPU no GDN piece is shorter than the sequence: the GDN runs 4, 2,
+  // then 1 sequence at a time.
   const std::vector<SplitSpec> s = ep_mixing_splits(qwen_h100(32), pieces);
   ASSERT_EQ(s.size(), 5u);
-  EXPECT_EQ(s[4].attention_head_group, 1);
-  EXPECT_EQ(s[4].gdn_chunk_tokens, 0);
+  const std::vector<std::pair<int, std::int64_t>> at4k = {{8, 16384}, {4, 8192}, {2, 4096}, {1, 4096}};
+  for (std::size_t i = 0; i < at4k.size(); ++i) {
+    EXPECT_EQ(s[i + 1].attention_head_group, at4k[i].first) << i;
+    EXPECT_EQ(s[i + 1].gdn_chunk_tokens, at4k[i].second) << i;
+  }
   // Each sequence over two GPUs (ring attention): nothing further.
   EXPECT_EQ(ep_mixing_splits(qwen_h100(2, 262144), pieces).size(), 1u);
 }
@@ -228,7 +250,10 @@ TEST(EpPlanner, NamesTheGpuBudgetWhenNothingFits) {
   EXPECT_EQ(r.shortfall->budget_bytes, from_gib(3));
   EXPECT_GT(r.shortfall->needed_bytes, from_gib(3));
   EXPECT_NE(r.shortfall->message().find("GPU budget 3.0 GiB < "), std::string::npos) << r.shortfall->message();
-  EXPECT_NE(r.shortfall->message().find("decoder"), std::string::npos) << r.shortfall->message();
+  // The finest partition's shortfall, where its peak is: with the GDN one sequence at a time and
+  // one query head per call, the vocabulary projection's.
+  EXPECT_NE(r.shortfall->message().find("needed by loss (vocabulary projection)"), std::string::npos) << r.shortfall->message();
+  EXPECT_NE(r.shortfall->message().find("attention head groups of 1, GDN pieces of 4K"), std::string::npos) << r.shortfall->message();
 }
 
 }  // namespace
