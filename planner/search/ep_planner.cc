@@ -429,6 +429,11 @@ std::vector<int> ep_group_candidates(const WorkloadContext& ctx) {
   return out;
 }
 
+EpSearchResult plan_ep_under(const PlanPricer& pricer, const EpPlannerOptions& options, int group, const SplitSpec& split) {
+  EpSearch search(pricer, options, group, split);
+  return search.run();
+}
+
 EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options) {
   const std::vector<int> groups =
       options.ep_group_gpus > 0 ? std::vector<int>{options.ep_group_gpus} : ep_group_candidates(pricer.context());
@@ -436,11 +441,12 @@ EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options
   EpSearchResult out;
   bool first = true;
   for (const int group : groups) {
-    // The mixing sublayers unsplit first; finer partitions only while no plan fits (they add
-    // calls and, without kept O/LSE, a re-forward per head group).
-    for (const SplitSpec& split : splits) {
-      EpSearch search(pricer, options, group, split);
-      EpSearchResult r = search.run();
+    // The mixing sublayers unsplit first; partitions only where no plan fits unsplit (they add
+    // calls and, without kept O/LSE, a re-forward per head group). Then every partition is
+    // searched and the fastest plan kept: a finer one frees GPU memory for resident layers, which
+    // can gain more than its extra calls cost.
+    for (std::size_t i = 0; i < splits.size(); ++i) {
+      EpSearchResult r = plan_ep_under(pricer, options, group, splits[i]);
       out.enumerated += r.enumerated;
       out.memory_feasible += r.memory_feasible;
       out.priced += r.priced;
@@ -448,7 +454,7 @@ EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options
       if (first) out.shortfall = r.shortfall;
       if (r.best) {
         if (!out.best || r.best->step_s < out.best->step_s) out.best = std::move(r.best);
-        break;
+        if (i == 0) break;
       }
     }
     first = false;

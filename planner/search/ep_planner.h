@@ -14,8 +14,8 @@
 // memory timeline. With EP groups that replicate each shard (Plan::ep_group_gpus) a resident layer
 // keeps its shard's BF16 weights and 1/replicas of its FP32 state on each replica. Where no plan
 // fits with the mixing sublayers unsplit (a long sequence's attention backward or GDN saved
-// tensors binding), the search runs again with them partitioned, coarsest first
-// (ep_mixing_splits), and stops at the first partition under which a plan fits.
+// tensors binding), the search runs again under each partition of ep_mixing_splits and keeps the
+// fastest plan: a finer partition costs calls but frees memory for resident layers.
 // Units: seconds, bytes. Stateless; thread-safe.
 #pragma once
 
@@ -81,5 +81,8 @@ struct EpSearchResult {
 // Over several group sizes the counts add up and the fastest chosen plan wins; the shortfall is
 // that of the largest group.
 EpSearchResult plan_ep(const PlanPricer& pricer, const EpPlannerOptions& options = {});
+// The search plan_ep runs for one EP group size (`group` GPUs per group; the workload's GPUs for
+// one group of all) under one partition of the mixing sublayers (an entry of ep_mixing_splits).
+EpSearchResult plan_ep_under(const PlanPricer& pricer, const EpPlannerOptions& options, int group, const SplitSpec& split);
 
 }  // namespace oom

@@ -2,6 +2,8 @@
 // static_memory() enumeration, residency at batch 32 and under a tighter GPU budget (reference §3).
 #include "planner/search/ep_planner.h"
 
+#include <optional>
+
 #include <gtest/gtest.h>
 
 #include "costmodel/token_text.h"
@@ -224,6 +226,34 @@ TEST(EpPlanner, PartitionsTheMixingSublayersWhenNothingFitsUnsplit) {
   EXPECT_LE(r.best->gpu_peak_max(), from_gib(25));
   EXPECT_GT(r.best->plan.split.attention_head_group, 0);
   EXPECT_NE(r.best->plan.notes.find("attention head groups of"), std::string::npos) << r.best->plan.notes;
+}
+
+// Past the first partition that fits, a finer one frees GPU memory for a larger routing chunk or
+// resident layers: the planner searches them all and keeps the fastest plan, here one finer than
+// the first that fits.
+TEST(EpPlanner, KeepsTheFastestPartitionNotTheFirstThatFits) {
+  // Four 64K sequences per GPU under 21 GiB: the first partition that fits is head groups of 4
+  // with the GDN one sequence at a time; one head per call with 16K GDN pieces is faster.
+  Workload w = qwen_h100(16, 65536).workload;
+  w.gpu_budget_gib = 21;
+  const WorkloadContext ctx = resolve_workload(w, "test");
+  const PlanPricer pricer(ctx, load_calibration_for(ctx.hardware));
+  const EpPlannerOptions options;
+  ASSERT_EQ(ep_group_candidates(ctx), (std::vector<int>{4}));
+  std::optional<PricedPlan> first, fastest;
+  for (const SplitSpec& split : ep_mixing_splits(ctx, options.gdn_pieces_tokens)) {
+    EpSearchResult r = plan_ep_under(pricer, options, 4, split);
+    if (!r.best) continue;
+    if (!first) first = r.best;
+    if (!fastest || r.best->step_s < fastest->step_s) fastest = r.best;
+  }
+  ASSERT_TRUE(first && fastest);
+  EXPECT_LT(fastest->step_s, first->step_s);
+  EXPECT_NE(fastest->plan.split, first->plan.split);
+  const EpSearchResult chosen = plan_ep(pricer, options);
+  ASSERT_TRUE(chosen.best);
+  EXPECT_EQ(chosen.best->plan.split, fastest->plan.split);
+  EXPECT_DOUBLE_EQ(chosen.best->step_s, fastest->step_s);
 }
 
 TEST(EpPlanner, AHostShortfallAtAFinerPartitionNamesIt) {
