@@ -3,6 +3,7 @@
 #include "planner/search/ep_planner.h"
 
 #include <optional>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -13,15 +14,17 @@
 namespace oom {
 namespace {
 
-WorkloadContext qwen_h100(std::int64_t batch, std::int64_t seq = 4096) {
+WorkloadContext h100_node(const std::string& model, std::int64_t batch, std::int64_t seq) {
   Workload w;
-  w.model = "qwen3.6-35b-a3b";
+  w.model = model;
   w.hardware = "h100-sxm-node";
   w.gpus = 4;
   w.global_batch = batch;
   w.seq_len = seq;
   return resolve_workload(w, "test");
 }
+
+WorkloadContext qwen_h100(std::int64_t batch, std::int64_t seq = 4096) { return h100_node("qwen3.6-35b-a3b", batch, seq); }
 
 // The EP search at global batch 32 and 4K with the node's budgets, run once for the suite.
 const EpSearchResult& ep_at_batch32() {
@@ -158,13 +161,7 @@ TEST(GdnPieceLevels, WholeSequencesThenPiecesOfOneLongestFirst) {
   // One 256K sequence per GPU: pieces of it only.
   EXPECT_EQ(gdn_piece_levels(qwen_h100(4, 262144), pieces),
             (std::vector<std::int64_t>{131072, 65536, 32768, 24576, 16384, 8192, 4096}));
-  Workload w;
-  w.model = "mixtral-8x7b";
-  w.hardware = "h100-sxm-node";
-  w.gpus = 4;
-  w.global_batch = 32;
-  w.seq_len = 4096;
-  EXPECT_TRUE(gdn_piece_levels(resolve_workload(w, "test"), pieces).empty());
+  EXPECT_TRUE(gdn_piece_levels(h100_node("mixtral-8x7b", 32, 4096), pieces).empty());
 }
 
 TEST(TokensText, WholeKibiAndMebiTokensTakeTheirSuffix) {
