@@ -365,6 +365,13 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
   PerRank last = compute_all(what(part, StageOp::kOutBwd), OpKind::kGemm, Phase::kBackward, l, kMatmulBackwardRatio * f.mixing_output, 0,
                              output_projection_shape(m_, kind, seqs * S_), {ready});
   PerRank ring;  // context parallelism: the K/V pieces and their gradients around the core
+  // What one core backward call makes and frees before it returns, on each rank's stage.
+  const auto held_by_call = [&](const PerRank& call, Bytes bytes) {
+    for (int r = 0; r < P_; ++r) {
+      gpu_alloc(call[static_cast<std::size_t>(r)], r, bytes, false, MemoryUse::kActivations);
+      gpu_free(call[static_cast<std::size_t>(r)], r, bytes, MemoryUse::kActivations);
+    }
+  };
   Bytes gradients_held = 0;  // the attention's dO, gate, dQ, dK, dV: from here to the projections' backward
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
@@ -384,10 +391,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
       }
       last = compute_all(what(StagePart::kAttention, StageOp::kCoreBwd).at_head_group(g), OpKind::kAttention, Phase::kBackward, l,
                          kAttentionBackwardRatio * fwd, 0, core, {last});
-      for (int r = 0; r < P_; ++r) {
-        gpu_alloc(last[static_cast<std::size_t>(r)], r, grads.per_call, false, MemoryUse::kActivations);
-        gpu_free(last[static_cast<std::size_t>(r)], r, grads.per_call, MemoryUse::kActivations);
-      }
+      held_by_call(last, grads.per_call);
     }
   } else {
     const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
@@ -398,10 +402,7 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
     for (int c = chunks - 1; c >= 0; --c) {
       last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
                          kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
-      for (int r = 0; r < P_; ++r) {
-        gpu_alloc(last[static_cast<std::size_t>(r)], r, workspace, false, MemoryUse::kActivations);
-        gpu_free(last[static_cast<std::size_t>(r)], r, workspace, MemoryUse::kActivations);
-      }
+      held_by_call(last, workspace);
     }
     last = gdn_state_chain(l, Phase::kBackward, last, chunks);
   }

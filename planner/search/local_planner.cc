@@ -7,9 +7,9 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/token_text.h"
-#include "planner/search/mixing_levels.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/lowering/memory_report.h"
+#include "planner/search/mixing_levels.h"
 
 namespace oom {
 
