@@ -71,6 +71,7 @@ class SimGridEngine : public StepEngine {
   // model that is not a CalibratedDurationModel), the graph has more ranks than the hardware
   // has GPUs or a resource names a rank or NUMA node it does not have; std::runtime_error when the simulation fails (e.g. a dependency cycle deadlocks).
   Trace execute(const StepGraph& g, const DurationModel& durations) const override;
+  Seconds step_s(const StepGraph& g, const DurationModel& durations) const override { return simulate_times(g, durations).step_s; }
   // Each simulation runs in a process of its own (sim/isolated_run.h).
   EngineConcurrency concurrency() const override { return EngineConcurrency::kInProcess; }
 

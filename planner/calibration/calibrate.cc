@@ -115,7 +115,14 @@ struct Target {
   // Inside the fit: which constants price a stage of this record (index into constants()). The
   // Jacobian's column of a constant that prices none of its stages is 0 without evaluating it.
   std::vector<bool> priced_by;
+  // Inside the fit: the stage durations and Eq. 3 finish times at the residuals of the Jacobian's
+  // base point (Eq3Base::kRecord), so that a column re-runs Eq. 3 only from the first stage whose
+  // duration its constant moves (Eq3Base::kResume): the stages before keep their finish times.
+  std::vector<Seconds> base_d, base_finish;
 };
+
+// What an evaluation does with the Eq. 3 base of its target (Target::base_d, base_finish).
+enum class Eq3Base { kNone, kRecord, kResume };
 
 // A model of `t`'s hardware under calibration `c`.
 CalibratedDurationModel model_of(const Lowered& t, const Calibration& c) {
@@ -166,8 +173,10 @@ StageCost isolated_operator_cost(const CalibratedDurationModel& model, const Sta
 
 // `compute_busy`: also sum rank 0's compute-stream busy time (step records).
 // `stretch`: also return the work stretch host sharing gave each stage (exact settling only).
+// `base`: record this evaluation's durations and finish times as the target's Eq. 3 base, or
+// resume Eq. 3 from it (both bit for bit what a full pass gives; the settling path ignores it).
 Prediction predict_detail(const Target& t, const Calibration& c, bool compute_busy,
-                          std::vector<std::pair<std::int32_t, double>>* stretch = nullptr) {
+                          std::vector<std::pair<std::int32_t, double>>* stretch = nullptr, Eq3Base base = Eq3Base::kNone) {
   const Lowered& l = *t.l;
   const CalibratedDurationModel model = model_of(l, c);
   Prediction out;
@@ -185,7 +194,12 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
     priced[i] = model.cost(l.priced[i], l.graph);
     priced_s[i] = priced[i].duration_s();
   }
-  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(l.priced_of[v])];
+  {
+    const std::int32_t* of = l.priced_of.data();
+    const Seconds* by_price = priced_s.data();
+    Seconds* out_d = d.data();
+    for (std::size_t v = 0, n = d.size(); v < n; ++v) out_d[v] = by_price[of[v]];
+  }
   if (compute_busy) {
     for (const std::int32_t v : l.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
   }
@@ -199,13 +213,29 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
     }
   }
   auto fixed_s = [&](std::size_t v) { return priced[static_cast<std::size_t>(l.priced_of[v])].fixed_s; };
+  auto eq3 = [&] {
+    if (base == Eq3Base::kResume && t.base_d.size() == d.size()) {
+      std::size_t from = 0;
+      while (from < d.size() && d[from] == t.base_d[from]) ++from;
+      finish.resize(d.size());
+      std::copy(t.base_finish.begin(), t.base_finish.begin() + static_cast<std::ptrdiff_t>(from), finish.begin());
+      return l.schedule->step_s_from(d, finish, from);
+    }
+    const Seconds s = l.schedule->step_s(d, finish);
+    if (base == Eq3Base::kRecord) {  // at the fit's base point, on the fit's own thread
+      auto& target = const_cast<Target&>(t);
+      target.base_d = d;
+      target.base_finish = finish;
+    }
+    return s;
+  };
   Seconds step = 0;
   if (t.stretched) {
     for (const auto& [v, k] : t.stretch) {
       const auto u = static_cast<std::size_t>(v);
       d[u] = fixed_s(u) + k * (d[u] - fixed_s(u));
     }
-    step = l.schedule->step_s(d, finish);
+    step = eq3();
   } else if (l.sharing && !l.sharing->empty()) {
     // Only the stages that share host resources are settled: their costs, and (for the stretch)
     // their fair-share durations.
@@ -230,7 +260,7 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
       }
     }
   } else {
-    step = l.schedule->step_s(d, finish);
+    step = eq3();
   }
   out.time_s = t.engine_factor * step;
   return out;
@@ -240,7 +270,7 @@ double predict(const Target& t, const Calibration& c) { return predict_detail(t,
 
 // The step time of a step record's graph as `engine` executes it with calibration `c`.
 double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
-  return engine.execute(t.l->graph, model_of(*t.l, c)).step_s;
+  return engine.step_s(t.l->graph, model_of(*t.l, c));
 }
 
 int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
@@ -505,8 +535,10 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     }
   }
   // The residuals at `theta`; with `column` ≥ 0, `theta` differs from the point of residuals
-  // `base` in that constant only, and the records it prices none of keep their `base` residuals.
-  auto residuals = [&](const Eigen::VectorXd& theta, int column = -1, const Eigen::VectorXd* base = nullptr) {
+  // `base` in that constant only, and the records it prices none of keep their `base` residuals
+  // (the others resume Eq. 3 from their base). `record`: `theta` is the Jacobian's base point.
+  auto residuals = [&](const Eigen::VectorXd& theta, int column = -1, const Eigen::VectorXd* base = nullptr,
+                       bool record = false) {
     const Calibration c = to_calibration(theta);
     Eigen::VectorXd r(rows + p);
     for (int i = 0; i < n; ++i) {
@@ -521,7 +553,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
         continue;
       }
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
-      const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value());
+      const Eq3Base eq3 = column >= 0 ? Eq3Base::kResume : record ? Eq3Base::kRecord : Eq3Base::kNone;
+      const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value(), nullptr, eq3);
       r[i] = w * std::log(pr.time_s / t.row.measured_s);
       if (a >= 0) r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
       // A record's shares weigh together as much as its step: breakdown_weight / √(its shares).
@@ -558,14 +591,14 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations, int max_iterations) {
     clamp(theta);
     settle_sharing(theta);
-    Eigen::VectorXd r = residuals(theta);
+    Eigen::VectorXd r = residuals(theta, -1, nullptr, true);
     double cost = r.squaredNorm();
     double lambda = 1e-2;
     const double h = 1e-2;  // wide enough to step over the kinks of the max-plus model
     int it = 0;
     bool done = false;
     for (; it < max_iterations; ++it) {
-      // Columns are independent (residuals() is pure): computed on a few threads.
+      // Columns are independent (a column only reads the base it resumes from): computed on a few threads.
       Eigen::MatrixXd J(rows + p, p);
       auto columns = [&](int first, int stride) {
         for (int j = first; j < p; j += stride) {
@@ -598,7 +631,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
           converged = cost - cn < 1e-10 || (next - theta).lpNorm<Eigen::Infinity>() < 1e-4;
           theta = next;
           settle_sharing(theta);
-          r = residuals(theta);
+          r = residuals(theta, -1, nullptr, true);
           cost = r.squaredNorm();
           lambda = std::max(lambda / 3, 1e-7);
         } else {

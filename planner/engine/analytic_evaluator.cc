@@ -68,15 +68,26 @@ AnalyticSchedule::AnalyticSchedule(const StepGraph& g) {
 }
 
 Seconds AnalyticSchedule::step_s(const std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const {
+  finish_s.resize(first_.size() - 1);
+  return step_s_from(duration_s, finish_s, 0);
+}
+
+Seconds AnalyticSchedule::step_s_from(const std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s,
+                                      std::size_t from) const {
   const std::size_t n = first_.size() - 1;
-  OOM_ASSERT(duration_s.size() == n, "one duration per stage");
-  finish_s.resize(n);
+  OOM_ASSERT(duration_s.size() == n && finish_s.size() == n && from <= n, "one duration and finish time per stage");
+  // Raw pointers: the stores into finish_s cannot alias the predecessor arrays.
+  const std::int32_t* first = first_.data();
+  const std::int32_t* preds = preds_.data();
+  const Seconds* d = duration_s.data();
+  Seconds* f = finish_s.data();
   Seconds step = 0;
-  for (std::size_t v = 0; v < n; ++v) {
+  for (std::size_t v = 0; v < from; ++v) step = std::max(step, f[v]);
+  for (std::size_t v = from; v < n; ++v) {
     Seconds ready = 0;
-    for (std::int32_t i = first_[v]; i < first_[v + 1]; ++i) ready = std::max(ready, finish_s[static_cast<std::size_t>(preds_[static_cast<std::size_t>(i)])]);
-    finish_s[v] = ready + duration_s[v];
-    step = std::max(step, finish_s[v]);
+    for (std::int32_t i = first[v]; i < first[v + 1]; ++i) ready = std::max(ready, f[static_cast<std::size_t>(preds[i])]);
+    f[v] = ready + d[v];
+    step = std::max(step, f[v]);
   }
   return step;
 }
@@ -145,6 +156,8 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
   std::vector<int> on_channel(channels);
   std::vector<double> channel_asks(channels), channel_integral(channels);
   std::vector<std::pair<double, std::size_t>> asks;
+  std::vector<std::size_t> live;  // the node's lanes with a stage left, in lane order
+  live.reserve(lanes);
   Seconds step = 0;
   for (int pass = 0;; ++pass) {
     step = schedule.step_s(duration_s, finish_s);
@@ -164,10 +177,12 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
           edge[l] = finish_s[static_cast<std::size_t>(stages_[u])] - work_s(u);
         }
       };
+      live.clear();
       for (std::size_t l = l0; l < l1; ++l) {
         at[l] = lanes_[l].first;
         begun[l] = 0;
         seek(l);
+        if (at[l] < lanes_[l].last) live.push_back(l);
       }
       for (std::size_t c = c0; c < c1; ++c) {
         on_channel[c] = 0;
@@ -181,12 +196,13 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
       for (;;) {
         // The next edge: the earliest; ends before beginnings at one instant (a stage that ends
         // as another begins shares nothing with it).
-        std::size_t next = l1;
-        for (std::size_t l = l0; l < l1; ++l) {
-          if (at[l] >= lanes_[l].last) continue;
-          if (next == l1 || edge[l] < edge[next] || (edge[l] == edge[next] && begun[l] && !begun[next])) next = l;
+        if (live.empty()) break;
+        std::size_t where = 0;
+        for (std::size_t j = 1; j < live.size(); ++j) {
+          const std::size_t l = live[j], best = live[where];
+          if (edge[l] < edge[best] || (edge[l] == edge[best] && begun[l] && !begun[best])) where = j;
         }
-        if (next == l1) break;
+        const std::size_t next = live[where];
         const Seconds when = edge[next];
         const Seconds span = when - previous;
         if (span > 0) {
@@ -201,7 +217,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
           if (capacity > 0 && asked > capacity * (1 + 1e-12)) {
             // A max-min fair split of the capacity over what each running stage asks.
             asks.clear();
-            for (std::size_t l = l0; l < l1; ++l) {
+            for (const std::size_t l : live) {
               if (!begun[l]) continue;
               const auto i = static_cast<std::size_t>(at[l]);
               const double share = lanes_[l].cpu ? core_share : 1.0 / on_channel[static_cast<std::size_t>(lanes_[l].channel)];
@@ -248,6 +264,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
           }
           ++at[next];
           seek(next);
+          if (at[next] >= lanes_[next].last) live.erase(live.begin() + static_cast<std::ptrdiff_t>(where));
         }
       }
     }

@@ -42,6 +42,11 @@ class AnalyticSchedule {
   // The step time for `duration_s` (one per stage). `finish_s` is scratch space (resized here),
   // so a caller can reuse one buffer across calls.
   Seconds step_s(const std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s) const;
+  // The same step time when `finish_s` already holds the finish times of stages [0, from) for
+  // these durations (an earlier call's, whose durations differ from `duration_s` at `from` or
+  // later only): Eq. 3 runs from stage `from` on. Stage ids are a topological order, so the result
+  // is the one step_s() gives, bit for bit.
+  Seconds step_s_from(const std::vector<Seconds>& duration_s, std::vector<Seconds>& finish_s, std::size_t from) const;
 
  private:
   std::vector<std::int32_t> first_;  // predecessors of v: preds_[first_[v] .. first_[v + 1])
@@ -117,6 +122,7 @@ class AnalyticEngine : public StepEngine {
  public:
   std::string name() const override { return "analytic"; }
   Trace execute(const StepGraph& g, const DurationModel& durations) const override;
+  Seconds step_s(const StepGraph& g, const DurationModel& durations) const override { return analytic_step_times(g, durations).step_s; }
   EngineConcurrency concurrency() const override { return EngineConcurrency::kInThread; }
 };
 

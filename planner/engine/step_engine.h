@@ -45,6 +45,9 @@ class StepEngine {
   virtual ~StepEngine() = default;
   virtual std::string name() const = 0;
   virtual Trace execute(const StepGraph& g, const DurationModel& durations) const = 0;
+  // The step time execute() would report, for callers that need nothing else (the calibration
+  // fit asks it thousands of times). An engine overrides it where it can skip building the Trace.
+  virtual Seconds step_s(const StepGraph& g, const DurationModel& durations) const { return execute(g, durations).step_s; }
   virtual EngineConcurrency concurrency() const { return EngineConcurrency::kExclusive; }
 };
 
