@@ -118,6 +118,8 @@ Bytes gdn_backward_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t S, st
   bytes += 4 * T * Hv * dv * kBf16Bytes;          // u, v_new, dv (local, then state-corrected), the WY backward's dv
   bytes += 2 * chunks * Hv * dk * dv * kBf16Bytes;  // h, dh
   bytes += T * Hv * (2 * kFp32Bytes + kBf16Bytes);  // the gate's gradients (two FP32), beta's
+  // Saved by the call's forward: normalized q and k, their reciprocal norms, the cumulative gate, A.
+  bytes += 2 * T * Hv * dk * kBf16Bytes + 3 * T * Hv * kFp32Bytes + T * Hv * kChunk * kBf16Bytes;
   return bytes;
 }
 

@@ -93,7 +93,12 @@ AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int
 // v_new, the local and the state-corrected value gradients and the WY backward's value gradient
 // [T, H_v·d_v] BF16 each; dq, dk, dw and the WY backward's dk [T, H_v·d_k] BF16 each (queries and
 // keys repeated to the value heads before the call where H_v > H_k, as Qwen3-Next's Hugging Face
-// layer does); the gate's gradients FP32 [T, H_v] ×2 and beta's BF16 [T, H_v].
+// layer does); the gate's gradients FP32 [T, H_v] ×2 and beta's BF16 [T, H_v]. Beside them, what
+// the call's forward saved for it (ChunkGatedDeltaRuleFunction.forward's save_for_backward with
+// use_qk_l2norm_in_kernel, as that layer calls it), alive from the core's recompute to the
+// backward's return: the L2-normalized q and k [T, H_v·d_k] BF16 each and their FP32 reciprocal
+// norms [T, H_v] each, the chunk-local cumulative gate [T, H_v] FP32 and the solved WY matrix A
+// [T, H_v, 64] BF16 (v and beta are the call's inputs, counted with the sublayer's activations).
 Bytes gdn_backward_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_len, std::int64_t chunk_tokens);
 // The mixing sublayer's backward buffers of decoder `layer` in one call: an attention core's two
 // parts with all heads at once, or gdn_backward_bytes over all its sequences. The baselines hold

@@ -153,7 +153,7 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
         add(core.items, "next decoder's gradients, still draining (BF16)", gradient_bytes(params.layers[l + 1].common() + experts_on_gpu(l + 1)));
       }
       if (gdn) {
-        add(core.items, "GDN core backward workspace (recomputed WY factors and chunk states, their gradients)",
+        add(core.items, "GDN core backward workspace (recomputed WY factors and chunk states, their gradients, the saved normalized q/k and A)",
             gdn_backward_bytes(m.gdn, live_seqs, S, plan.split.gdn_chunk_tokens));
       } else {
         const AttentionBackwardBytes grads = attention_backward_bytes(m.attention(kind), live_seqs, S, plan.split.attention_head_group);

@@ -97,8 +97,12 @@ TEST(Memory, GdnBackwardBuffersByHand) {
   ASSERT_EQ(g.key_head_dim, 128);
   ASSERT_EQ(g.value_head_dim, 128);
   // One call over T tokens in c chunks of 64: w, dq, dk, dw, dk2 and u, v_new, dv, dv2 at the 32
-  // value heads (BF16), h and dh per chunk, two FP32 gate gradients and beta's (BF16).
-  const auto by_hand = [](std::int64_t T, std::int64_t c) { return T * 32 * (9 * 128 * 2 + 4 + 4 + 2) + 2 * c * 32 * 128 * 128 * 2; };
+  // value heads (BF16), h and dh per chunk, two FP32 gate gradients and beta's (BF16); what the
+  // forward saved: normalized q and k (BF16), their reciprocal norms and the cumulative gate (FP32),
+  // A (64 BF16 per token and head).
+  const auto by_hand = [](std::int64_t T, std::int64_t c) {
+    return T * 32 * (9 * 128 * 2 + 4 + 4 + 2) + 2 * c * 32 * 128 * 128 * 2 + T * 32 * (2 * 128 * 2 + 3 * 4 + 64 * 2);
+  };
   EXPECT_EQ(gdn_backward_bytes(g, 1, 1000, 0), by_hand(1000, 16));  // ⌈1000/64⌉ = 16 chunks
   // Pieces of 256 tokens of two sequences: one call takes 256 tokens of each.
   EXPECT_EQ(gdn_backward_bytes(g, 2, 1000, 256), by_hand(512, 8));

@@ -139,10 +139,11 @@ TEST(BudgetShortfall, MessageShowsAsManyDecimalsAsTellTheNumbersApart) {
 // FLAT: under skewed routing and a tight GPU budget, the EP plan bounds its dispatch peak with
 // PipelinedLLEP and says that this is the peak that binds; schedules that do not pay are left out.
 TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) {
-  // 131,072 tokens per GPU under 27 GiB with skewed routing: PipelinedLLEP bounds the dispatch,
+  // 131,072 tokens per GPU under 30 GiB with skewed routing: PipelinedLLEP bounds the dispatch,
   // which leaves the mixing sublayers' activations the largest part at the GPU peak (a GDN
-  // decoder's saved tensors for all 131,072 tokens and its core backward's workspace).
-  const WorkloadContext ctx = workload("h100-sxm-node", 32, 16384, 27.0, {{"kind", "zipf"}, {"skew", 1.4}});
+  // decoder's saved tensors for all 131,072 tokens, its core backward's workspace and what the
+  // core's forward saved for it).
+  const WorkloadContext ctx = workload("h100-sxm-node", 32, 16384, 30.0, {{"kind", "zipf"}, {"skew", 1.4}});
   const Calibration cal = load_calibration_for(ctx.hardware);
   PlanSearchOptions o;
   o.path = "ep";
@@ -154,14 +155,14 @@ TEST(PlanSearch, FlatSchedulesArePickedWhereAPeakBindsAndTheBindingPeakIsNamed) 
   EXPECT_NE(r.chosen.peak.stage.find("gdn"), std::string::npos) << r.chosen.peak.stage;
   EXPECT_LT(r.chosen.peak.of(MemoryUse::kDispatch), r.chosen.binding.bytes);
   EXPECT_NE(r.chosen.plan.notes.find("FLAT: PipelinedLLEP"), std::string::npos);
-  EXPECT_LE(r.chosen.gpu_peak_bytes, 27 * kGiB);
+  EXPECT_LE(r.chosen.gpu_peak_bytes, 30 * kGiB);
   EXPECT_EQ(plan_search_to_json(r)["binding_peak"]["peak"], "activations");
   // Without the schedules no EP plan is as fast within the budget.
   const PlanPricer plain(ctx, cal);
   Plan without = r.chosen.plan;
   without.flat = FlatSchedules{};
   const PricedPlan p = plain.price(without);
-  EXPECT_TRUE(p.gpu_peak_max() > 27 * kGiB || p.step_s > r.chosen.predicted_step_s);
+  EXPECT_TRUE(p.gpu_peak_max() > 30 * kGiB || p.step_s > r.chosen.predicted_step_s);
   // Refining never trades the budget for speed, and never returns a slower plan.
   const PricedPlan refined = refine_flat_schedules(plain, plain.price(without));
   EXPECT_LE(refined.step_s, p.step_s);
