@@ -354,6 +354,20 @@ std::pair<std::int64_t, std::int64_t> piece(std::int64_t total, std::int64_t siz
   return {a, std::min(size, total - a)};
 }
 
+// The sequences of a sub-batch of `n` one GDN core call takes: with whole-sequence pieces (C ≥ S),
+// C/S of them, as the lowering prices a piece (costmodel gdn_backward_bytes: one call's buffers
+// at a time); with pieces of a sequence or none, all n.
+std::int64_t gdn_call_seqs(std::int64_t S, std::int64_t C, std::int64_t n) {
+  return C > 0 && C >= S ? std::clamp<std::int64_t>(C / S, 1, std::max<std::int64_t>(n, 1)) : n;
+}
+
+// Rows [b0, b0 + n) of a batch-first tensor (undefined stays undefined).
+at::Tensor batch_rows(const at::Tensor& t, std::int64_t b0, std::int64_t n) { return t.defined() ? t.narrow(0, b0, n) : t; }
+
+plan_ops::GdnInputs gdn_rows(const plan_ops::GdnInputs& in, std::int64_t b0, std::int64_t n) {
+  return {batch_rows(in.qkv, b0, n), batch_rows(in.z, b0, n), batch_rows(in.beta, b0, n), batch_rows(in.g, b0, n)};
+}
+
 struct OLse {
   at::Tensor out, lse;  // [b, H, S, d] in the activations' dtype, [b, H, S] FP32, on the host
 };
@@ -805,16 +819,31 @@ struct GraphRunner::Impl {
     s.out = device_memory::to_device(kept.out, dev);
     if (p.kind == PassKind::kBackward) s.lse = device_memory::to_device(kept.lse, dev);
   }
+  // One GDN piece's recurrence over the sub-batch's sequences, gdn_call_seqs of them a call;
+  // `state` [n, Hv, dk, dv] in, the end states out.
+  at::Tensor gdn_calls(const plan_ops::GdnInputs& in, std::int64_t s0, std::int64_t C, const Pass& p, at::Tensor& state) {
+    const std::int64_t n = in.qkv.size(0), per = gdn_call_seqs(S, plan.split.gdn_chunk_tokens, n);
+    if (per >= n) return plan_ops::gdn_core(in, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
+    std::vector<at::Tensor> outs, ends;
+    for (std::int64_t b0 = 0; b0 < n; b0 += per) {
+      const std::int64_t m = std::min(per, n - b0);
+      at::Tensor end = state.narrow(0, b0, m);
+      outs.push_back(plan_ops::gdn_core(gdn_rows(in, b0, m), s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, end));
+      ends.push_back(end);
+    }
+    state = at::cat(ends, 0);
+    return at::cat(outs, 0);
+  }
   void gdn_core(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
     if (p.kind != PassKind::kBackward) {
-      s.outs.push_back(plan_ops::gdn_core(s.gin, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, s.state));
+      s.outs.push_back(gdn_calls(s.gin, s0, C, p, s.state));
       return;
     }
     at::NoGradGuard no_grad;
     s.starts.push_back(s.state);  // gdn_core replaces the state tensor, so this one stays the chunk's start
-    s.outs.push_back(plan_ops::gdn_core(s.glin, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, s.state));
+    s.outs.push_back(gdn_calls(s.glin, s0, C, p, s.state));
   }
   void mix_out(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
@@ -851,11 +880,21 @@ struct GraphRunner::Impl {
     const int l = p.l;
     if (!attention(l)) {
       const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
-      auto start = leaf(s.starts.at(static_cast<std::size_t>(st_.key.chunk)));
-      auto state = start;
-      const auto out = plan_ops::gdn_core(s.glin, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
-      backward_defined({out, state}, {s.dout.narrow(2, s0, C), s.dstate});
-      s.dstate = start.grad();
+      const at::Tensor& start0 = s.starts.at(static_cast<std::size_t>(st_.key.chunk));
+      // Each call recomputed and differentiated on its own, so one call's autograd graph lives at a time.
+      const std::int64_t n = start0.size(0), per = gdn_call_seqs(S, plan.split.gdn_chunk_tokens, n);
+      std::vector<at::Tensor> dstarts;
+      for (std::int64_t b0 = 0; b0 < n; b0 += per) {
+        const std::int64_t m = std::min(per, n - b0);
+        auto start = leaf(per >= n ? start0 : start0.narrow(0, b0, m));
+        auto state = start;
+        const auto out = plan_ops::gdn_core(per >= n ? s.glin : gdn_rows(s.glin, b0, m), s0, C, p.w, spec,
+                                            cfg.model.gdn_chunk_tokens, state);
+        backward_defined({out, state}, {batch_rows(s.dout.narrow(2, s0, C), b0, m), batch_rows(s.dstate, b0, m)});
+        dstarts.push_back(start.grad());
+      }
+      const bool all = std::all_of(dstarts.begin(), dstarts.end(), [](const at::Tensor& d) { return d.defined(); });
+      s.dstate = dstarts.size() == 1 ? dstarts[0] : all ? at::cat(dstarts, 0) : at::Tensor();
       return;
     }
     const AttentionSpec& a = attn(l);

@@ -203,6 +203,16 @@ TEST(PlanTrainer, GdnSequenceChunksWithStateHandOffMatchPlain) {
   expect_plan_matches_plain("tiny-moe", p);
 }
 
+// Whole-sequence GDN pieces: C/S sequences a call, as the lowering prices them, each call
+// recomputed and differentiated on its own in the backward.
+TEST(PlanTrainer, GdnWholeSequencePiecesMatchPlain) {
+  Plan p = local_plan();
+  p.split.gdn_chunk_tokens = 48;  // two of the four 24-token sequences a call
+  expect_plan_matches_plain("tiny-moe", p);
+  p.split.gdn_chunk_tokens = 72;  // three a call: calls of three and of one
+  expect_plan_matches_plain("tiny-moe", p, 1);
+}
+
 TEST(PlanTrainer, MoeTokenChunksMatchPlain) {
   Plan p = local_plan();
   p.split.moe_chunk_tokens = 40;  // 96 tokens: chunks of 40, 40 and 16
