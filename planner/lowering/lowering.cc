@@ -230,7 +230,7 @@ PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int
   const OperatorPass pass = phase == Phase::kBackward ? OperatorPass::kBackward
                             : replaying_ || what.op == StageOp::kCoreRefwd ? OperatorPass::kReplay
                                                                            : OperatorPass::kForward;
-  const std::int64_t ops = backend_operators(m_, layer, what.part, what.op, pass, shape, sub_batch_ <= 0);
+  const std::int64_t ops = op_calls_ * backend_operators(m_, layer, what.part, what.op, pass, shape, sub_batch_ <= 0);
   const PerRank out = stages_per_rank(
       P_, emit_,
       [&](int r) {

@@ -349,6 +349,9 @@ class Lowering {
 
   int sub_batch_ = -1;    // the sub-batch being lowered when a decoder runs several (stage keys), else −1
   bool replaying_ = false;  // lowering a decoder's replay before its backward (Stage::ops: under autograd)
+  // The backend calls one compute stage makes (Stage::ops counts each): a whole-sequence GDN piece
+  // over a sub-batch runs C/S sequences a call.
+  std::int64_t op_calls_ = 1;
   PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
   std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
   int window_uses_ = 0;

@@ -528,14 +528,17 @@ TEST(PlanTrainer, TraceUsesTheStageKeysOfThePlansStepGraph) {
 
 // The operators a traced step counts per stage (TraceStage::ops) are those the lowering expects
 // the backend to dispatch (Stage::ops, planner/lowering/operator_counts.h), with the backend's
-// default query block and GDN kernel chunk: over a step of each tiny model, plain and split into
-// sub-batches, head groups, GDN and MoE chunks, the step's total within 6 % and each operator
+// default query block and GDN kernel chunk: over a step of each tiny model, plain, split into
+// sub-batches, head groups, GDN and MoE chunks, and in whole-sequence GDN pieces (a call per two
+// sequences), the step's total within 6 % and each operator
 // kind's within 15 %. A kernel that gains or loses operators fails here until the counts follow.
 TEST(PlanTrainer, TraceCountsTheOperatorsTheLoweringExpects) {
   Plan split = local_plan();
   split.split = {1, 32, 64, 2};  // one head per group, 32-token GDN chunks, 64-token MoE chunks, 2 sequences
+  Plan whole = local_plan();
+  whole.split.gdn_chunk_tokens = 128;  // whole-sequence GDN pieces: two calls of two sequences
   for (const char* model : {"tiny-moe", "tiny-moe-qwen", "tiny-moe-gemma", "tiny-moe-mixtral"}) {
-    for (const Plan& p : {local_plan(), split}) {
+    for (const Plan& p : {local_plan(), split, whole}) {
       const ModelSpec spec = load_model_spec(model);
       HostState state(spec);
       state.init_from_seed(3);
