@@ -21,6 +21,7 @@
 #include "backend/stage_recorder.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
+#include "costmodel/memory.h"
 #include "costmodel/workload.h"
 
 #ifdef OOM_BACKEND_CUDA
@@ -352,13 +353,6 @@ std::pair<std::int64_t, std::int64_t> piece(std::int64_t total, std::int64_t siz
   const std::int64_t a = std::int64_t{index} * size;
   OOM_ASSERT(a < total, "piece index beyond the extent");
   return {a, std::min(size, total - a)};
-}
-
-// The sequences of a sub-batch of `n` one GDN core call takes: with whole-sequence pieces (C ≥ S),
-// C/S of them, as the lowering prices a piece (costmodel gdn_backward_bytes: one call's buffers
-// at a time); with pieces of a sequence or none, all n.
-std::int64_t gdn_call_seqs(std::int64_t S, std::int64_t C, std::int64_t n) {
-  return C > 0 && C >= S ? std::clamp<std::int64_t>(C / S, 1, std::max<std::int64_t>(n, 1)) : n;
 }
 
 // Rows [b0, b0 + n) of a batch-first tensor (undefined stays undefined).
@@ -819,10 +813,11 @@ struct GraphRunner::Impl {
     s.out = device_memory::to_device(kept.out, dev);
     if (p.kind == PassKind::kBackward) s.lse = device_memory::to_device(kept.lse, dev);
   }
-  // One GDN piece's recurrence over the sub-batch's sequences, gdn_call_seqs of them a call;
+  // One GDN piece's recurrence over the sub-batch's sequences, as many a call as the lowering
+  // prices a piece with (costmodel gdn_call_shape: C/S with whole-sequence pieces, else all);
   // `state` [n, Hv, dk, dv] in, the end states out.
   at::Tensor gdn_calls(const plan_ops::GdnInputs& in, std::int64_t s0, std::int64_t C, const Pass& p, at::Tensor& state) {
-    const std::int64_t n = in.qkv.size(0), per = gdn_call_seqs(S, plan.split.gdn_chunk_tokens, n);
+    const std::int64_t n = in.qkv.size(0), per = gdn_call_shape(n, S, plan.split.gdn_chunk_tokens).call_seqs;
     if (per >= n) return plan_ops::gdn_core(in, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
     std::vector<at::Tensor> outs, ends;
     for (std::int64_t b0 = 0; b0 < n; b0 += per) {
@@ -882,7 +877,7 @@ struct GraphRunner::Impl {
       const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
       const at::Tensor& start0 = s.starts.at(static_cast<std::size_t>(st_.key.chunk));
       // Each call recomputed and differentiated on its own, so one call's autograd graph lives at a time.
-      const std::int64_t n = start0.size(0), per = gdn_call_seqs(S, plan.split.gdn_chunk_tokens, n);
+      const std::int64_t n = start0.size(0), per = gdn_call_shape(n, S, plan.split.gdn_chunk_tokens).call_seqs;
       std::vector<at::Tensor> dstarts;
       for (std::int64_t b0 = 0; b0 < n; b0 += per) {
         const std::int64_t m = std::min(per, n - b0);

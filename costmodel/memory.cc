@@ -36,10 +36,22 @@ Bytes ring_attention_buffer_bytes(const AttentionSpec& a, std::int64_t tokens, b
   return backward ? 2 * bytes : bytes;
 }
 
+GdnCallShape gdn_call_shape(std::int64_t seqs, std::int64_t S, std::int64_t C) {
+  GdnCallShape c;
+  c.seq_tokens = S;
+  c.call_seqs = seqs;
+  if (C > 0 && C < S) {
+    c.pieces = static_cast<int>((S + C - 1) / C);
+    c.seq_tokens = C;
+  } else if (C > 0) {
+    c.call_seqs = std::min(seqs, std::max<std::int64_t>(1, C / S));
+    if (c.call_seqs > 0) c.calls = (seqs + c.call_seqs - 1) / c.call_seqs;
+  }
+  return c;
+}
+
 Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t B, std::int64_t S, std::int64_t C) {
-  if (C <= 0 || C >= S) return 0;
-  const std::int64_t chunks = (S + C - 1) / C;
-  return (chunks - 1) * gdn_state_bytes(g, B);  // (⌈S/C⌉−1) states
+  return (gdn_call_shape(B, S, C).pieces - 1) * gdn_state_bytes(g, B);  // (⌈S/C⌉−1) states
 }
 
 Bytes gdn_state_bytes(const GdnSpec& g, std::int64_t seqs) {
@@ -102,16 +114,10 @@ AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int
 }
 
 Bytes gdn_backward_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t S, std::int64_t C) {
-  // The sequences and tokens per sequence of one call: a C-token piece of every sequence, C/S whole
-  // sequences, or everything.
-  std::int64_t call_seqs = seqs, len = S;
-  if (C > 0 && C < S) {
-    len = C;
-  } else if (C > 0) {
-    call_seqs = std::min(seqs, std::max<std::int64_t>(1, C / S));
-  }
+  // One call: a C-token piece of every sequence, C/S whole sequences, or everything.
+  const GdnCallShape call = gdn_call_shape(seqs, S, C);
   constexpr std::int64_t kChunk = 64;  // the kernels' chunk (BT)
-  const std::int64_t T = call_seqs * len, chunks = call_seqs * ((len + kChunk - 1) / kChunk);
+  const std::int64_t T = call.call_tokens(), chunks = call.call_seqs * ((call.seq_tokens + kChunk - 1) / kChunk);
   const std::int64_t Hv = g.value_heads, dk = g.key_head_dim, dv = g.value_head_dim;
   Bytes bytes = 0;
   bytes += 5 * T * Hv * dk * kBf16Bytes;          // w, dq, dk, dw, the WY backward's dk
@@ -131,8 +137,7 @@ Bytes mixing_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t se
 }
 
 Bytes gdn_activation_bytes(const GdnSpec& g, std::int64_t h, std::int64_t seqs, std::int64_t S, std::int64_t C) {
-  std::int64_t T = seqs * S;
-  if (C > 0) T = C < S ? seqs * C : std::min(C, seqs * S);
+  const std::int64_t T = gdn_call_shape(seqs, S, C).call_tokens();
   const std::int64_t kd = g.key_dim(), vd = g.value_dim();
   Bytes bytes = 0;
   bytes += T * h * kBf16Bytes;                         // normed input [T, h]

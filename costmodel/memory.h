@@ -34,6 +34,20 @@ Bytes boundary_bytes(std::int64_t boundaries, std::int64_t batch, std::int64_t s
 // Attention output O [B·S × heads·d_v] BF16 and its log-sum-exp [B·S × heads] FP32 for one layer.
 Bytes attention_result_bytes(const AttentionSpec& a, std::int64_t batch, std::int64_t seq_len);
 
+// How a GDN sublayer over `seqs` sequences of S tokens runs in pieces of C tokens (Plan
+// split.gdn_chunk_tokens; 0 = unsplit): C < S cuts every sequence into ⌈S/C⌉ pieces of C tokens
+// (the last may take fewer), one call each over every sequence, the FP32 state handed from piece to
+// piece; C ≥ S is one piece of whole sequences, C/S of them a call. The lowering, the memory model
+// and the backend all read a piece's calls from here.
+struct GdnCallShape {
+  int pieces = 1;                // pieces along the sequence
+  std::int64_t seq_tokens = 0;   // tokens of each sequence one call takes (C, or S)
+  std::int64_t call_seqs = 0;    // sequences one call takes
+  std::int64_t calls = 1;        // calls per piece: ⌈seqs / call_seqs⌉
+  std::int64_t call_tokens() const { return call_seqs * seq_tokens; }
+};
+GdnCallShape gdn_call_shape(std::int64_t seqs, std::int64_t seq_len, std::int64_t chunk_tokens);
+
 // Eq. 4: GDN chunk-boundary states 4·B·(⌈S/C⌉−1)·H_v·d_k·d_v bytes for sequence chunk C.
 // Zero when C is 0 (unpartitioned) or C ≥ S.
 Bytes gdn_chunk_state_bytes(const GdnSpec& g, std::int64_t batch, std::int64_t seq_len, std::int64_t chunk_tokens);

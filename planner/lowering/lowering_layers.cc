@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/memory.h"
 #include "costmodel/traffic.h"
 #include "planner/lowering/lowering.h"
 
@@ -27,18 +28,6 @@ OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t se
   return core;
 }
 
-int gdn_chunks(std::int64_t seq_len, std::int64_t chunk) {
-  if (chunk <= 0 || chunk >= seq_len) return 1;
-  return static_cast<int>((seq_len + chunk - 1) / chunk);
-}
-
-// The backend's GDN core calls in one piece's stage over `seqs` sequences: whole-sequence pieces
-// (chunk ≥ seq_len) take chunk/seq_len sequences a call; otherwise one call takes them all.
-std::int64_t gdn_piece_calls(std::int64_t seqs, std::int64_t seq_len, std::int64_t chunk) {
-  if (chunk <= 0 || chunk < seq_len) return 1;
-  const std::int64_t per = std::max<std::int64_t>(1, chunk / seq_len);
-  return (seqs + per - 1) / per;
-}
 
 // The shape of one of `chunks` GDN sequence chunks over `seqs` sequences of `seq_len` tokens.
 OpShape gdn_core_shape(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_len, int chunks) {
@@ -118,9 +107,10 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
       if (!ring.empty()) ring_buffers_free(l, phase, last);
     }
   } else {
-    const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
+    const GdnCallShape calls = gdn_call_shape(seqs, S_, plan_.split.gdn_chunk_tokens);
+    const int chunks = calls.pieces;
     const OpShape core = gdn_core_shape(m_.gdn, seqs, S_, chunks);
-    op_calls_ = gdn_piece_calls(seqs, S_, plan_.split.gdn_chunk_tokens);
+    op_calls_ = calls.calls;  // the backend's calls in each piece's stage
     for (int c = 0; c < chunks; ++c) {
       // Each chunk hands its FP32 recurrent state to the next (stream order carries it).
       last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
@@ -404,12 +394,13 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
       held_by_call(last, grads.per_call);
     }
   } else {
-    const int chunks = gdn_chunks(S_, plan_.split.gdn_chunk_tokens);
+    const GdnCallShape calls = gdn_call_shape(seqs, S_, plan_.split.gdn_chunk_tokens);
+    const int chunks = calls.pieces;
     const OpShape core = gdn_core_shape(m_.gdn, seqs, S_, chunks);
     // Each piece's backward call holds its recomputed WY factors and chunk states, their
     // gradients and the inputs' gradients until it returns.
     const Bytes workspace = gdn_backward_bytes(m_.gdn, seqs, S_, plan_.split.gdn_chunk_tokens);
-    op_calls_ = gdn_piece_calls(seqs, S_, plan_.split.gdn_chunk_tokens);
+    op_calls_ = calls.calls;
     for (int c = chunks - 1; c >= 0; --c) {
       last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
                          kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});

@@ -121,6 +121,23 @@ TEST(Memory, GdnBackwardBuffersByHand) {
   EXPECT_EQ(mixing_backward_total_bytes(m, attention_layer, 3, 1000), a.held + a.per_call);
 }
 
+// A GDN piece's calls, which the memory model, the lowering's operator counts and the backend
+// all read: pieces of every sequence (one call each), or whole sequences C/S a call.
+TEST(Memory, GdnCallShapes) {
+  const auto expect = [](GdnCallShape c, int pieces, std::int64_t seq_tokens, std::int64_t call_seqs, std::int64_t calls) {
+    EXPECT_EQ(c.pieces, pieces);
+    EXPECT_EQ(c.seq_tokens, seq_tokens);
+    EXPECT_EQ(c.call_seqs, call_seqs);
+    EXPECT_EQ(c.calls, calls);
+    EXPECT_EQ(c.call_tokens(), call_seqs * seq_tokens);
+  };
+  expect(gdn_call_shape(3, 1000, 0), 1, 1000, 3, 1);     // unsplit: one call over everything
+  expect(gdn_call_shape(2, 1000, 256), 4, 256, 2, 1);    // ⌈1000/256⌉ pieces, the last of 232 tokens
+  expect(gdn_call_shape(3, 1000, 1000), 1, 1000, 1, 3);  // one sequence a call
+  expect(gdn_call_shape(3, 1000, 2000), 1, 1000, 2, 2);  // two a call: calls of two and of one
+  expect(gdn_call_shape(2, 1000, 8000), 1, 1000, 2, 1);  // more than the sub-batch: all in one call
+}
+
 TEST(Memory, MoeActivationsByHand) {
   const ModelSpec m = load_model_spec("tiny-moe");  // h 64, E 8, k 2, I 32, shared 32, dense 48
   const std::int64_t per_token = 64 * 2 + 8 * 4 + 2 * 12 + 2 * 64 * 2 + 2 * 3 * 32 * 2 + 2 * 64 * 2 + 3 * 32 * 2 + 3 * 48 * 2;
