@@ -194,12 +194,7 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
     priced[i] = model.cost(l.priced[i], l.graph);
     priced_s[i] = priced[i].duration_s();
   }
-  {
-    const std::int32_t* of = l.priced_of.data();
-    const Seconds* by_price = priced_s.data();
-    Seconds* out_d = d.data();
-    for (std::size_t v = 0, n = d.size(); v < n; ++v) out_d[v] = by_price[of[v]];
-  }
+  for (std::size_t v = 0; v < d.size(); ++v) d[v] = priced_s[static_cast<std::size_t>(l.priced_of[v])];
   if (compute_busy) {
     for (const std::int32_t v : l.rank0_compute) out.compute_busy_s += d[static_cast<std::size_t>(v)];
   }

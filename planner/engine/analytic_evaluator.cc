@@ -156,8 +156,6 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
   std::vector<int> on_channel(channels);
   std::vector<double> channel_asks(channels), channel_integral(channels);
   std::vector<std::pair<double, std::size_t>> asks;
-  std::vector<std::size_t> live;  // the node's lanes with a stage left, in lane order
-  live.reserve(lanes);
   Seconds step = 0;
   for (int pass = 0;; ++pass) {
     step = schedule.step_s(duration_s, finish_s);
@@ -177,12 +175,10 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
           edge[l] = finish_s[static_cast<std::size_t>(stages_[u])] - work_s(u);
         }
       };
-      live.clear();
       for (std::size_t l = l0; l < l1; ++l) {
         at[l] = lanes_[l].first;
         begun[l] = 0;
         seek(l);
-        if (at[l] < lanes_[l].last) live.push_back(l);
       }
       for (std::size_t c = c0; c < c1; ++c) {
         on_channel[c] = 0;
@@ -196,13 +192,12 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
       for (;;) {
         // The next edge: the earliest; ends before beginnings at one instant (a stage that ends
         // as another begins shares nothing with it).
-        if (live.empty()) break;
-        std::size_t where = 0;
-        for (std::size_t j = 1; j < live.size(); ++j) {
-          const std::size_t l = live[j], best = live[where];
-          if (edge[l] < edge[best] || (edge[l] == edge[best] && begun[l] && !begun[best])) where = j;
+        std::size_t next = l1;
+        for (std::size_t l = l0; l < l1; ++l) {
+          if (at[l] >= lanes_[l].last) continue;
+          if (next == l1 || edge[l] < edge[next] || (edge[l] == edge[next] && begun[l] && !begun[next])) next = l;
         }
-        const std::size_t next = live[where];
+        if (next == l1) break;
         const Seconds when = edge[next];
         const Seconds span = when - previous;
         if (span > 0) {
@@ -217,7 +212,7 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
           if (capacity > 0 && asked > capacity * (1 + 1e-12)) {
             // A max-min fair split of the capacity over what each running stage asks.
             asks.clear();
-            for (const std::size_t l : live) {
+            for (std::size_t l = l0; l < l1; ++l) {
               if (!begun[l]) continue;
               const auto i = static_cast<std::size_t>(at[l]);
               const double share = lanes_[l].cpu ? core_share : 1.0 / on_channel[static_cast<std::size_t>(lanes_[l].channel)];
@@ -264,7 +259,6 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
           }
           ++at[next];
           seek(next);
-          if (at[next] >= lanes_[next].last) live.erase(live.begin() + static_cast<std::ptrdiff_t>(where));
         }
       }
     }

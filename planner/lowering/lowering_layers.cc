@@ -28,7 +28,6 @@ OpShape attention_core_shape(const AttentionSpec& a, int groups, std::int64_t se
   return core;
 }
 
-
 // The shape of one of `chunks` GDN sequence chunks over `seqs` sequences of `seq_len` tokens.
 OpShape gdn_core_shape(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_len, int chunks) {
   OpShape core;
