@@ -277,8 +277,12 @@ int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
   return -1;
 }
 
+// The stages of an operator record: a mixing sublayer's forward is its projections (the input
+// ones, and the output projection the lowering runs as a stage of its own after the core), and
+// its core; a replay that reuses O rebuilds the projections alone, the output one included, over
+// the kept O.
 bool op_stage_matches(const std::string& op, const StageKey& k) {
-  const bool proj = k.op == StageOp::kProj, core = k.op == StageOp::kCore;
+  const bool proj = k.op == StageOp::kProj || k.op == StageOp::kOut, core = k.op == StageOp::kCore;
   if (op == "attention_forward") return k.part == StagePart::kAttention && (proj || core);
   if (op == "attention_replay_reuse_o") return k.part == StagePart::kAttention && proj;
   if (op == "gdn_mixing_forward") return k.part == StagePart::kGdn && (proj || core);

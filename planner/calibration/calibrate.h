@@ -6,8 +6,9 @@
 //     analytic evaluator (the graph is lowered once; only durations change during the fit);
 //   - operator records on that hardware: predicted as the summed durations of the matching
 //     stages of a one-GPU, one-sequence lowering (attention_forward: attention projections +
-//     core; gdn_mixing_forward: GDN projections + core; moe_forward: router/shared + experts;
-//     attention_replay_reuse_o: the attention projections), each without the per-stage cost of
+//     core + output projection; gdn_mixing_forward: GDN projections + core + output projection;
+//     moe_forward: router/shared + experts; attention_replay_reuse_o: the attention projections,
+//     the output one included), each without the per-stage cost of
 //     a running step (compute_overhead_s), which an operator timed alone does not pay;
 // Constants are shared by every record of the hardware: nothing is fitted per record. A weak
 // prior (log distance to the uncalibrated estimate) keeps constants that no record exercises at

@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
+#include "costmodel/flops.h"
 #include "costmodel/input_error.h"
+#include "costmodel/model_spec.h"
+#include "costmodel/traffic.h"
 #include "planner/calibration/validation.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
@@ -322,6 +326,52 @@ TEST(FitCalibration, OperatorRecordsPriceTheMatchingStages) {
   EXPECT_LT(std::abs(fit.rows[0].rel_error()), 0.01);  // one record, attention efficiency free within its range
   ASSERT_EQ(fit.skipped.size(), 1u);
   EXPECT_NE(fit.skipped[0].find("bad"), std::string::npos);
+}
+
+// A mixing sublayer's operator records price its output projection too: the lowering runs it as a
+// stage of its own after the core (out), and a layer's forward, or a replay over the kept O, runs
+// it. At the estimate's constants the replay is the projections' arithmetic, the output
+// projection's included, at the GEMM rate plus the sublayer's memory-bound kernels at the HBM
+// rate; GDN's forward adds its core at the GDN rate. Without the output projection both fall
+// short by a third of their GEMM time (Qwen3.6's o_proj is 8.4 M of the attention's 27.3 M
+// projection parameters, GDN's out_proj 8.4 M of 33.7 M).
+TEST(FitCalibration, MixingOperatorsPriceTheOutputProjection) {
+  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+  const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
+  const std::int64_t T = 131072;
+  RecordSet set;
+  OperatorRecord o;
+  o.model = m.name;
+  o.hardware = hw.name;
+  o.batch = 1;
+  o.seq_len = T;
+  o.time_s = 0.1;
+  for (const auto& [id, layer_type, op] : {std::tuple{"replay", "full_attention", "attention_replay_reuse_o"},
+                                           std::tuple{"gdn", "linear_attention", "gdn_mixing_forward"}}) {
+    o.id = o.origin = id;
+    o.layer_type = layer_type;
+    o.op = op;
+    set.operators.push_back(o);
+  }
+  FitOptions options;
+  options.held_out_ids = {};
+  options.starts = 1;
+  options.max_iterations = 0;
+  const CalibrationFit fit = fit_calibration(set, hw, options);
+  ASSERT_EQ(fit.rows.size(), 2u);
+  const Calibration& c = fit.calibration;
+  const double peak = hw.gpu.bf16_flops_per_s, hbm = hw.gpu.hbm_Bps * c.hbm_efficiency;
+  const double gemm = peak * c.gemm_efficiency * static_cast<double>(T) / (static_cast<double>(T) + c.gemm_half_rows);
+  const int attention_layer = 3, gdn_layer = 0;  // Qwen3.6's first full-attention and GDN layers
+  ASSERT_EQ(m.layer_kinds[attention_layer], LayerKind::kFullAttention);
+  ASSERT_EQ(m.layer_kinds[gdn_layer], LayerKind::kLinearAttention);
+  const double replay_s = attention_projection_flops(m.attention(LayerKind::kFullAttention), m.hidden, T) / gemm +
+                          static_cast<double>(mixing_hbm_bytes(m, attention_layer, T)) / hbm;
+  const double gdn_s = gdn_projection_flops(m.gdn, m.hidden, T) / gemm +
+                       static_cast<double>(mixing_hbm_bytes(m, gdn_layer, T)) / hbm +
+                       gdn_core_flops(m.gdn, T) / (peak * c.gdn_efficiency);
+  EXPECT_NEAR(fit.rows[0].predicted_s / replay_s, 1.0, 1e-9);
+  EXPECT_NEAR(fit.rows[1].predicted_s / gdn_s, 1.0, 1e-9);
 }
 
 }  // namespace
