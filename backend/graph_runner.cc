@@ -813,15 +813,22 @@ struct GraphRunner::Impl {
     s.out = device_memory::to_device(kept.out, dev);
     if (p.kind == PassKind::kBackward) s.lse = device_memory::to_device(kept.lse, dev);
   }
-  // One GDN piece's recurrence over the sub-batch's sequences, as many a call as the lowering
-  // prices a piece with (costmodel gdn_call_shape: C/S with whole-sequence pieces, else all);
+  // The sequences [first, first + count) of each GDN core call over `n` sequences: as many a call
+  // as the lowering prices a piece with (costmodel gdn_call_shape: C/S with whole-sequence pieces,
+  // else all of them).
+  std::vector<std::pair<std::int64_t, std::int64_t>> gdn_call_rows(std::int64_t n) const {
+    const std::int64_t per = gdn_call_shape(n, S, plan.split.gdn_chunk_tokens).call_seqs;
+    std::vector<std::pair<std::int64_t, std::int64_t>> rows;
+    for (std::int64_t b0 = 0; b0 < n; b0 += per) rows.emplace_back(b0, std::min(per, n - b0));
+    return rows;
+  }
+  // One GDN piece's recurrence over the sub-batch's sequences, a call per gdn_call_rows entry;
   // `state` [n, Hv, dk, dv] in, the end states out.
   at::Tensor gdn_calls(const plan_ops::GdnInputs& in, std::int64_t s0, std::int64_t C, const Pass& p, at::Tensor& state) {
-    const std::int64_t n = in.qkv.size(0), per = gdn_call_shape(n, S, plan.split.gdn_chunk_tokens).call_seqs;
-    if (per >= n) return plan_ops::gdn_core(in, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
+    const auto calls = gdn_call_rows(in.qkv.size(0));
+    if (calls.size() == 1) return plan_ops::gdn_core(in, s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
     std::vector<at::Tensor> outs, ends;
-    for (std::int64_t b0 = 0; b0 < n; b0 += per) {
-      const std::int64_t m = std::min(per, n - b0);
+    for (const auto& [b0, m] : calls) {
       at::Tensor end = state.narrow(0, b0, m);
       outs.push_back(plan_ops::gdn_core(gdn_rows(in, b0, m), s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, end));
       ends.push_back(end);
@@ -877,14 +884,11 @@ struct GraphRunner::Impl {
       const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
       const at::Tensor& start0 = s.starts.at(static_cast<std::size_t>(st_.key.chunk));
       // Each call recomputed and differentiated on its own, so one call's autograd graph lives at a time.
-      const std::int64_t n = start0.size(0), per = gdn_call_shape(n, S, plan.split.gdn_chunk_tokens).call_seqs;
       std::vector<at::Tensor> dstarts;
-      for (std::int64_t b0 = 0; b0 < n; b0 += per) {
-        const std::int64_t m = std::min(per, n - b0);
-        auto start = leaf(per >= n ? start0 : start0.narrow(0, b0, m));
+      for (const auto& [b0, m] : gdn_call_rows(start0.size(0))) {
+        auto start = leaf(batch_rows(start0, b0, m));
         auto state = start;
-        const auto out = plan_ops::gdn_core(per >= n ? s.glin : gdn_rows(s.glin, b0, m), s0, C, p.w, spec,
-                                            cfg.model.gdn_chunk_tokens, state);
+        const auto out = plan_ops::gdn_core(gdn_rows(s.glin, b0, m), s0, C, p.w, spec, cfg.model.gdn_chunk_tokens, state);
         backward_defined({out, state}, {batch_rows(s.dout.narrow(2, s0, C), b0, m), batch_rows(s.dstate, b0, m)});
         dstarts.push_back(start.grad());
       }
