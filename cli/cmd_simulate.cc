@@ -3,7 +3,7 @@
 // `oom calibrate --records FILE --hardware NAME [--engine E] -o configs/calibration/NAME.json` and
 // `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E]
 // [--measured-device] [--breakdown-weight W] [--starts N] [--screen-iterations N] [--finalists N]
-// [--prior-weight W] [--json]`.
+// [--prior-weight W] [--robust-scale S] [--json]`.
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -44,6 +44,7 @@ struct CalibrateArgs {
   int screen_iterations = FitOptions{}.screen_iterations;
   int finalists = FitOptions{}.finalists;
   double prior_weight = FitOptions{}.prior_weight;
+  double robust_scale = FitOptions{}.robust_scale;
   bool json = false;
 };
 
@@ -61,7 +62,9 @@ void apply_search_options(const CalibrateArgs& a, FitOptions& o) {
   o.starts = a.starts;
   o.screen_iterations = a.screen_iterations;
   o.finalists = a.finalists;
+  check(a.robust_scale >= 0 && a.robust_scale <= 10, "--robust-scale", fmt::format("{}", a.robust_scale), "out of range [0, 10]");
   o.prior_weight = a.prior_weight;
+  o.robust_scale = a.robust_scale;
 }
 
 // The published breakdowns of `explicit_path`, else of published-breakdowns.json beside the
@@ -169,6 +172,10 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   c->add_option("--prior-weight", cal->prior_weight,
                 fmt::format("Weight of each constant's pull to its estimate, per unit of log(constant / estimate) (default {})",
                             FitOptions{}.prior_weight));
+  c->add_option("--robust-scale", cal->robust_scale,
+                fmt::format("Soft-L1 scale of a record's log error: records far past it weigh in proportion to their error, not its "
+                            "square; 0: plain least squares (default {})",
+                            FitOptions{}.robust_scale));
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;

@@ -418,6 +418,12 @@ std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, 
   return out;
 }
 
+double robust_residual(double e, double scale) {
+  if (scale <= 0) return e;
+  const double u = e / scale;
+  return std::copysign(scale * std::sqrt(2 * (std::sqrt(1 + u * u) - 1)), e);
+}
+
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
   return fit_calibration(*prepare_fit_records(records, hw, options), options);
 }
@@ -555,7 +561,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
       const Eq3Base eq3 = column >= 0 ? Eq3Base::kResume : record ? Eq3Base::kRecord : Eq3Base::kNone;
       const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value(), nullptr, eq3);
-      r[i] = w * std::log(pr.time_s / t.row.measured_s);
+      r[i] = w * robust_residual(std::log(pr.time_s / t.row.measured_s), options.robust_scale);
       if (a >= 0) r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
       // A record's shares weigh together as much as its step: breakdown_weight / √(its shares).
       const double ws = shares > 0 ? options.breakdown_weight / std::sqrt(static_cast<double>(shares)) : 0;
@@ -739,7 +745,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
   }
   fit.calibration.fitted_from = fmt::format(
-      "least squares ({} engine) over {}; held out: {}{}{}", options.engine, fitted_ids, held_ids.empty() ? "none" : held_ids,
+      "least squares ({} engine{}) over {}; held out: {}{}{}", options.engine,
+      options.robust_scale > 0 ? fmt::format(", soft-L1 at {:g}", options.robust_scale) : "", fitted_ids, held_ids.empty() ? "none" : held_ids,
       anchored.empty() ? "" : "; published compute times of " + anchored,
       broken_down == 0 ? "" : fmt::format("; measured compute breakdowns of the {} fitted step records that have one", broken_down));
   return fit;

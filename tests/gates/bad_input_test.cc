@@ -379,6 +379,8 @@ std::vector<Case> cases() {
                "--finalists", "0", "out of range"});
   c.push_back({"calibrate_negative_prior_weight", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "record", "--prior-weight=-0.5"},
                "", "--prior-weight", "-0.5", "out of range"});
+  c.push_back({"calibrate_negative_robust_scale", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], "--robust-scale=-0.1", "-o", "{dir}/c.json"},
+               "", "--robust-scale", "-0.1", "out of range"});
   c.push_back({"calibrate_cross_validate_records_bad_line", {{"r.jsonl", record_with([](json& j) { j["measured"]["step_s"] = -1; })}},
                {"calibrate", "--records", R, "--hardware", "h100-sxm-node", "--cross-validate", "record"}, R + ":1",
                "measured.step_s", "-1", "range"});
