@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -61,6 +60,30 @@ Calibration synthetic_truth(const HardwareSpec& hw) {
   truth.gemm_efficiency = 0.45;
   truth.expert_gemm_efficiency = 0.3;
   return truth;
+}
+
+// A one-sequence operator record of Qwen3.6-35B-A3B on the H100 node (measured time 1 s until set).
+OperatorRecord qwen36_operator(const std::string& id, const std::string& layer_type, const std::string& op, std::int64_t seq_len) {
+  OperatorRecord o;
+  o.id = o.origin = id;
+  o.model = "qwen3.6-35b-a3b";
+  o.hardware = "h100-sxm-node";
+  o.layer_type = layer_type;
+  o.op = op;
+  o.batch = 1;
+  o.seq_len = seq_len;
+  o.time_s = 1;
+  return o;
+}
+
+// A fit from the estimate alone, every record fitted; with no iterations its rows are the
+// estimate's predictions.
+FitOptions from_the_estimate(int max_iterations) {
+  FitOptions options;
+  options.held_out_ids = {};
+  options.starts = 1;
+  options.max_iterations = max_iterations;
+  return options;
 }
 
 TEST(FitCalibration, RecoversStepTimesGeneratedFromKnownConstants) {
@@ -297,26 +320,11 @@ TEST(FitCalibration, RefusesHardwareWithoutRecords) {
 TEST(FitCalibration, OperatorRecordsPriceTheMatchingStages) {
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
   RecordSet set;
-  OperatorRecord o;
-  o.id = "attn";
-  o.origin = "attn";
-  o.model = "qwen3.6-35b-a3b";
-  o.hardware = "h100-sxm-node";
-  o.layer_type = "full_attention";
-  o.op = "attention_forward";
-  o.batch = 1;
-  o.seq_len = 131072;
-  o.time_s = 0.2;
-  set.operators.push_back(o);
-  o.id = "bad";
-  o.op = "softmax";
-  set.operators.push_back(o);
-  FitOptions options;
-  options.held_out_ids = {};
-  options.starts = 1;
+  set.operators = {qwen36_operator("attn", "full_attention", "attention_forward", 131072),
+                   qwen36_operator("bad", "full_attention", "softmax", 131072)};
   // The estimate's prediction; a measurement 25% slower asks for an attention efficiency still
   // within its physical range (planner/calibration/calibrate.cc), which one record then pins.
-  options.max_iterations = 0;
+  FitOptions options = from_the_estimate(0);
   const double estimate_s = fit_calibration(set, hw, options).rows.at(0).predicted_s;
   set.operators[0].time_s = 1.25 * estimate_s;
   options.max_iterations = 60;
@@ -340,23 +348,9 @@ TEST(FitCalibration, MixingOperatorsPriceTheOutputProjection) {
   const ModelSpec m = load_model_spec("qwen3.6-35b-a3b");
   const std::int64_t T = 131072;
   RecordSet set;
-  OperatorRecord o;
-  o.model = m.name;
-  o.hardware = hw.name;
-  o.batch = 1;
-  o.seq_len = T;
-  o.time_s = 0.1;
-  for (const auto& [id, layer_type, op] : {std::tuple{"replay", "full_attention", "attention_replay_reuse_o"},
-                                           std::tuple{"gdn", "linear_attention", "gdn_mixing_forward"}}) {
-    o.id = o.origin = id;
-    o.layer_type = layer_type;
-    o.op = op;
-    set.operators.push_back(o);
-  }
-  FitOptions options;
-  options.held_out_ids = {};
-  options.starts = 1;
-  options.max_iterations = 0;
+  set.operators = {qwen36_operator("replay", "full_attention", "attention_replay_reuse_o", T),
+                   qwen36_operator("gdn", "linear_attention", "gdn_mixing_forward", T)};
+  const FitOptions options = from_the_estimate(0);
   const CalibrationFit fit = fit_calibration(set, hw, options);
   ASSERT_EQ(fit.rows.size(), 2u);
   const Calibration& c = fit.calibration;
@@ -400,22 +394,10 @@ TEST(FitCalibration, RobustResidualIsTheErrorNearZeroAndGrowsAsItsRootFarOut) {
 TEST(FitCalibration, RobustLossKeepsOneUnexplainedRecordFromPullingTheOthers) {
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
   RecordSet set;
-  OperatorRecord o;
-  o.model = "qwen3.6-35b-a3b";
-  o.hardware = hw.name;
-  o.layer_type = "full_attention";
-  o.op = "attention_forward";
-  o.batch = 1;
-  o.time_s = 1;
   for (const std::int64_t s : {65536, 131072, 262144, 524288}) {
-    o.id = o.origin = "attn-" + std::to_string(s);
-    o.seq_len = s;
-    set.operators.push_back(o);
+    set.operators.push_back(qwen36_operator("attn-" + std::to_string(s), "full_attention", "attention_forward", s));
   }
-  FitOptions options;
-  options.held_out_ids = {};
-  options.starts = 1;
-  options.max_iterations = 0;
+  FitOptions options = from_the_estimate(0);
   const CalibrationFit estimate = fit_calibration(set, hw, options);
   for (std::size_t i = 0; i < set.operators.size(); ++i) set.operators[i].time_s = estimate.rows.at(i).predicted_s;
   set.operators[1].time_s *= 1.6;
