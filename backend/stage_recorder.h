@@ -85,9 +85,10 @@ class StageRecorder {
     std::int64_t ops_at_start_ = 0;  // the thread's operator count when the stage started
   };
 
-  // Starts the stage `key` (its name is format_stage_key(key)).
-  Scope stage(const StageKey& key, const std::string& kind, const std::string& resource = "gpu0.compute",
-              Flops flops = 0, Bytes bytes = 0);
+  // Starts the stage `key` (its name is format_stage_key(key)) on `resource`, named as the
+  // lowering names it (the graph's Resource: "gpu2.compute" on rank 2): no default, so that no
+  // rank's stage lands on another's stream.
+  Scope stage(const StageKey& key, const std::string& kind, const std::string& resource, Flops flops = 0, Bytes bytes = 0);
 
   // The recorded step: stages in start order, step_s, memory timelines and peaks (engine "torch").
   Trace finish();
