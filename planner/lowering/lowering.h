@@ -369,6 +369,7 @@ class Lowering {
   std::map<int, PerRank> olse_saved_;       // layer → D2H stage that saved O/LSE
   PerRank boundary_consumed_;               // the backward stage that last released a loaded boundary
   PerRank boundary_consumed_before_;        // SCO: the one before it (two boundary buffers)
+  PerRank moe_backward_done_;               // the decoder last run backward: its last MoE backward stage (a host-kept boundary load waits for it)
   PerRank hidden_grad_alloc_;               // stage that allocated the running hidden-state gradient
 };
 

@@ -527,10 +527,15 @@ PerRank Lowering::boundary_for_backward(int l) {
       Stage s = make(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, r_[static_cast<std::size_t>(r)].h2d, r, l);
       s.bytes = boundary;
       if (host_boundaries_.count(l)) s.deps.push_back(host_boundaries_.at(l)[static_cast<std::size_t>(r)]);
-      // One boundary buffer: the load waits until the previous decoder's backward consumed its input.
-      // SCO has two: the load is prefetched while the previous decoder's backward runs, and waits
-      // only for the consumer of the buffer before (the decoder two back).
-      const PerRank& freed = plan_.flat.selective_checkpoint_offload ? boundary_consumed_before_ : boundary_consumed_;
+      // The load overlaps the previous decoder's mixing backward: it waits until that decoder's MoE
+      // backward has run (and released its dispatch buffers, the step's usual peak), so the two
+      // boundaries share the GPU only beside the mixing sublayer's gradients. Loaded only after
+      // the whole previous backward, the copy is exposed once per decoder (the Local 4K records at
+      // batch 128 and 256 came out 12-13 % slow, left out one at a time); loaded before it, the
+      // second buffer sits at every MoE chunk's backward, above the published 512K peaks
+      // (traces/paper/README.md). SCO prefetches one whole decoder ahead into a second buffer:
+      // its load waits only for the consumer of the buffer before (the decoder two back).
+      const PerRank& freed = plan_.flat.selective_checkpoint_offload ? boundary_consumed_before_ : moe_backward_done_;
       if (!freed.empty() && freed[static_cast<std::size_t>(r)] >= 0) s.deps.push_back(freed[static_cast<std::size_t>(r)]);
       load[static_cast<std::size_t>(r)] = add(std::move(s));
       gpu_alloc(load[static_cast<std::size_t>(r)], r, boundary, false, MemoryUse::kBoundaries);
@@ -630,6 +635,7 @@ void Lowering::decoder_backward(int l) {
       for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, moe_activation_on_rank(tokens, l, r), MemoryUse::kDispatch);
     }
     if (!fetched.empty()) last_expert_bwd = llep_gradient_return(l, x);
+    moe_backward_done_ = x;
     x = mixing_backward(l, seqs, x);
     for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, mix_act, MemoryUse::kActivations);
   }

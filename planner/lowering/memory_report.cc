@@ -152,6 +152,12 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
       if (l + 1 < m.layers) {
         add(core.items, "next decoder's gradients, still draining (BF16)", gradient_bytes(params.layers[l + 1].common() + experts_on_gpu(l + 1)));
       }
+      // The decoder before's input loads from the host beside the mixing backward (after the MoE
+      // backward, planner/lowering/lowering_layers.cc), for itself or to start its regeneration;
+      // SCO's second buffer is in `held` already.
+      if (l > 0 && !plan.flat.selective_checkpoint_offload && plan.boundaries.place(l - 1) != BoundaryPolicy::Place::kGpu) {
+        add(core.items, "decoder input before, loading (BF16)", boundary_bytes(1, seqs, S, m.hidden));
+      }
       if (gdn) {
         add(core.items, "GDN core backward workspace (recomputed WY factors and chunk states, their gradients, the saved normalized q/k and A)",
             gdn_backward_bytes(m.gdn, live_seqs, S, plan.split.gdn_chunk_tokens));

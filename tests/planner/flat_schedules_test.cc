@@ -213,6 +213,29 @@ TEST(RingDtp, ShardsTheVocabularyKeepsTheWorkAndBoundsTheLogits) {
   expect_balanced(r.g);
 }
 
+// On rank 0: when decoder `l`'s host-kept boundary starts loading for its backward, when decoder
+// l + 1's MoE backward ends, and when its mixing backward ends.
+struct BoundaryLoadTiming {
+  Seconds load_start = -1, next_moe_end = 0, next_mixing_end = 0;
+};
+BoundaryLoadTiming boundary_load_timing(const Lowered& r, int l) {
+  BoundaryLoadTiming out;
+  for (const Stage& s : r.g.stages) {
+    const StageKey& k = s.key;
+    if (k.rank != 0 || k.phase != Phase::kBackward) continue;
+    const auto i = static_cast<std::size_t>(s.id);
+    if (k.decoder == l && k.part == StagePart::kBoundary && k.op == StageOp::kH2d) out.load_start = r.t.start_s[i];
+    if (k.decoder != l + 1) continue;
+    if (k.part == StagePart::kMoe) out.next_moe_end = std::max(out.next_moe_end, r.t.finish_s[i]);
+    if (k.part == StagePart::kAttention || k.part == StagePart::kGdn) out.next_mixing_end = std::max(out.next_mixing_end, r.t.finish_s[i]);
+  }
+  return out;
+}
+
+// A host-kept boundary loads beside the decoder after's mixing backward: once that decoder's MoE
+// backward has run (its dispatch buffers, the usual peak, released), before its mixing backward
+// ends. SCO prefetches it a whole decoder ahead into a second buffer, so its load starts sooner.
+// Either way at most two boundaries are on the GPU at once.
 TEST(Sco, PrefetchesBoundariesIntoASecondBuffer) {
   const WorkloadContext ctx = ctx_with(32, 16384);
   Plan keep = ep_plan(65536);
@@ -222,7 +245,15 @@ TEST(Sco, PrefetchesBoundariesIntoASecondBuffer) {
   EXPECT_LE(s.t.step_s, k.t.step_s * (1 + 1e-9));
   const Bytes one = boundary_bytes(1, ctx.workload.seqs_per_gpu(), ctx.workload.seq_len, ctx.model.hidden);
   EXPECT_LE(use_peak(s.g, s.t, MemoryUse::kBoundaries), 2 * one);
-  EXPECT_LE(use_peak(k.g, k.t, MemoryUse::kBoundaries), one);
+  EXPECT_LE(use_peak(k.g, k.t, MemoryUse::kBoundaries), 2 * one);
+  for (const int l : {5, 20}) {
+    const BoundaryLoadTiming kt = boundary_load_timing(k, l), st = boundary_load_timing(s, l);
+    ASSERT_GE(kt.load_start, 0) << l;
+    EXPECT_GE(kt.load_start, kt.next_moe_end - 1e-12) << l;
+    EXPECT_LT(kt.load_start, kt.next_mixing_end) << l;
+    EXPECT_LT(st.load_start, st.next_moe_end) << l;
+  }
+  expect_balanced(k.g);
   expect_balanced(s.g);
 }
 
