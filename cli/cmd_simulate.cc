@@ -59,10 +59,10 @@ void apply_search_options(const CalibrateArgs& a, FitOptions& o) {
   // As many finalists as starts or more: every start runs to convergence.
   check(a.finalists >= 1 && a.finalists <= 64, "--finalists", std::to_string(a.finalists), "out of range [1, 64]");
   check(a.prior_weight >= 0 && a.prior_weight <= 10, "--prior-weight", fmt::format("{}", a.prior_weight), "out of range [0, 10]");
+  check(a.robust_scale >= 0 && a.robust_scale <= 10, "--robust-scale", fmt::format("{}", a.robust_scale), "out of range [0, 10]");
   o.starts = a.starts;
   o.screen_iterations = a.screen_iterations;
   o.finalists = a.finalists;
-  check(a.robust_scale >= 0 && a.robust_scale <= 10, "--robust-scale", fmt::format("{}", a.robust_scale), "out of range [0, 10]");
   o.prior_weight = a.prior_weight;
   o.robust_scale = a.robust_scale;
 }
