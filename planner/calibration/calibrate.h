@@ -60,8 +60,8 @@ struct FitOptions {
   // as "simgrid"). Another engine than "analytic" is fitted by defect correction: the analytic
   // prediction of each step record times that record's engine/analytic ratio at the current
   // constants, refreshed `engine_passes` times, so the constants fit the engine that will predict;
-  // the first refit after the first refresh runs from every start again (the basin chosen on the
-  // engine's step times).
+  // the first refresh is at the estimate and the first refit runs from every start (the basin
+  // chosen on the engine's step times).
   std::string engine = "analytic";
   StepEngines engines;  // where `engine` is found (default: "analytic" only)
   int engine_passes = 3;

@@ -1,6 +1,7 @@
 #include "planner/engine/analytic_evaluator.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include <boost/graph/compressed_sparse_row_graph.hpp>
@@ -167,12 +168,15 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
       const auto c0 = static_cast<std::size_t>(channel_first_[node]), c1 = static_cast<std::size_t>(channel_first_[node + 1]);
       // Each lane's stages run one after another, so its begin/end edges come in time order:
       // merge the lanes (a few per node) instead of sorting.
-      auto seek = [&](std::size_t l) {  // the lane's next stage with work, and its begin edge
+      // The lane's next stage with work, and its begin edge (+∞ past the lane's last stage).
+      auto seek = [&](std::size_t l) {
         auto& i = at[l];
         while (i < lanes_[l].last && work_s(static_cast<std::size_t>(i)) <= 0) ++i;
         if (i < lanes_[l].last) {
           const auto u = static_cast<std::size_t>(i);
           edge[l] = finish_s[static_cast<std::size_t>(stages_[u])] - work_s(u);
+        } else {
+          edge[l] = std::numeric_limits<Seconds>::infinity();
         }
       };
       for (std::size_t l = l0; l < l1; ++l) {
@@ -192,12 +196,11 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
       for (;;) {
         // The next edge: the earliest; ends before beginnings at one instant (a stage that ends
         // as another begins shares nothing with it).
-        std::size_t next = l1;
-        for (std::size_t l = l0; l < l1; ++l) {
-          if (at[l] >= lanes_[l].last) continue;
-          if (next == l1 || edge[l] < edge[next] || (edge[l] == edge[next] && begun[l] && !begun[next])) next = l;
+        std::size_t next = l0;
+        for (std::size_t l = l0 + 1; l < l1; ++l) {
+          if (edge[l] < edge[next] || (edge[l] == edge[next] && begun[l] > begun[next])) next = l;
         }
-        if (next == l1) break;
+        if (next == l1 || edge[next] == std::numeric_limits<Seconds>::infinity()) break;
         const Seconds when = edge[next];
         const Seconds span = when - previous;
         if (span > 0) {
