@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <tuple>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -265,11 +267,6 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
 
 double predict(const Target& t, const Calibration& c) { return predict_detail(t, c, false).time_s; }
 
-// The step time of a step record's graph as `engine` executes it with calibration `c`.
-double engine_step_s(const Target& t, const Calibration& c, const StepEngine& engine) {
-  return engine.step_s(t.l->graph, model_of(*t.l, c));
-}
-
 int first_layer_of(const ModelSpec& m, const std::string& layer_type) {
   if (layer_type == "moe") return 0;
   for (int l = 0; l < m.layers; ++l) {
@@ -394,7 +391,39 @@ struct FitRecords {
   bool breakdown = false;  // lowered with the measured breakdowns (FitOptions::breakdown_weight > 0)
   std::vector<std::shared_ptr<const Lowered>> records;
   std::vector<std::string> skipped;  // "id: reason" of the records that could not be lowered
+  // Step times another engine gave, shared by every fit of these records: (record, engine,
+  // calibration) → step time. A cross-validation's folds all take their first engine ratios at
+  // the estimate: each of those simulations runs once, not once per fold. An engine's step time
+  // is a function of the graph and the calibration, so a fit's result does not depend on which
+  // fit simulated first. The only part that changes; guarded by `simulated_mutex`.
+  mutable std::mutex simulated_mutex;
+  mutable std::map<std::tuple<const Lowered*, std::string, std::string>, std::shared_future<double>> simulated;
 };
+
+// The step time of a step record's graph as `engine` executes it with calibration `c`: simulated
+// once per (record, engine, calibration) for all the fits of `records`.
+double engine_step_s(const FitRecords& records, const Target& t, const Calibration& c, const StepEngine& engine) {
+  std::promise<double> mine;
+  std::shared_future<double> result;
+  bool simulate = false;
+  {
+    const std::lock_guard<std::mutex> lock(records.simulated_mutex);
+    auto [it, added] = records.simulated.try_emplace(std::make_tuple(t.l.get(), engine.name(), calibration_to_json(c).dump()));
+    if (added) {
+      it->second = mine.get_future().share();
+      simulate = true;
+    }
+    result = it->second;
+  }
+  if (simulate) {
+    try {
+      mine.set_value(engine.step_s(t.l->graph, model_of(*t.l, c)));
+    } catch (...) {
+      mine.set_exception(std::current_exception());  // every fit that asks sees the failure
+    }
+  }
+  return result.get();
+}
 
 std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
   auto out = std::make_shared<FitRecords>();
@@ -692,7 +721,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
         if (!r.done) r = levenberg_marquardt(r.theta, it, options.max_iterations - screening);
       }
     }
-    return std::min_element(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.cost < b.cost; })->theta;
+    return *std::min_element(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.cost < b.cost; });
   };
   // Another engine than the analytic one: refresh each step record's engine/analytic ratio at
   // the fitted constants and refit from there (the ratio varies slowly with the constants, the
@@ -707,7 +736,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
       const double before = t.engine_factor;
       t.engine_factor = 1;
       const double analytic_s = predict(t, c);
-      t.engine_factor = analytic_s > 0 ? engine_step_s(t, c, *engine) / analytic_s : 1.0;
+      t.engine_factor = analytic_s > 0 ? engine_step_s(prepared, t, c, *engine) / analytic_s : 1.0;
       moved = std::max(moved, std::abs(t.engine_factor / before - 1));
     }
     return moved;
@@ -725,19 +754,25 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   // A refit that leaves every constant where it was would find the same ratios at the next
   // refresh: the passes end there without simulating again (the result is the same bit for bit).
   Eigen::VectorXd theta = theta0;
+  bool converged = false;  // the run the constants come from ended converged
+  auto take = [&](const Run& run) {
+    theta = run.theta;
+    converged = run.done;
+  };
   if (engine) clamp(theta);
-  else theta = from_every_start();
+  else take(from_every_start());
   for (int pass = 0; engine; ++pass) {
     const double moved = refresh_engine_factors(to_calibration(theta), false);
     if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
     const Eigen::VectorXd refreshed_at = theta;
-    theta = pass == 0 ? from_every_start() : levenberg_marquardt(theta, it, options.max_iterations).theta;
+    take(pass == 0 ? from_every_start() : levenberg_marquardt(theta, it, options.max_iterations));
     if (theta == refreshed_at) break;
   }
   // The last refresh was at `theta`: the held-out records' ratios there too.
   if (engine && options.engine_held_out_rows) refresh_engine_factors(to_calibration(theta), true);
   settle_exactly();
   fit.iterations = it;
+  fit.converged = converged;
   fit.calibration = to_calibration(theta);
   for (int i = 0; i < p; ++i) {
     if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
@@ -774,12 +809,12 @@ nlohmann::json calibration_fit_to_json(const CalibrationFit& fit) {
     rows.push_back(std::move(row));
   }
   return {{"calibration", calibration_to_json(fit.calibration)}, {"fitted", fit.fitted}, {"iterations", fit.iterations},
-          {"records", rows}, {"skipped", fit.skipped}};
+          {"converged", fit.converged}, {"records", rows}, {"skipped", fit.skipped}};
 }
 
 std::string calibration_fit_text(const CalibrationFit& fit) {
-  std::string out = fmt::format("Calibration of {} ({} iterations); fitted: {}\n", fit.calibration.hardware, fit.iterations,
-                                fmt::join(fit.fitted, ", "));
+  std::string out = fmt::format("Calibration of {} ({} iterations, {}); fitted: {}\n", fit.calibration.hardware, fit.iterations,
+                                fit.converged ? "converged" : "stopped at the iteration limit", fmt::join(fit.fitted, ", "));
   const nlohmann::json c = calibration_to_json(fit.calibration);
   for (const auto& [key, value] : c.items()) {
     if (value.is_number()) out += fmt::format("  {:<30} {:.6g}\n", key, value.get<double>());

@@ -132,6 +132,9 @@ struct CalibrationFit {
   std::vector<FitRow> rows;          // every record of the hardware that could be predicted
   std::vector<std::string> skipped;  // "id: reason" for records that could not be used
   int iterations = 0;
+  // The run the constants come from ended converged (the cost stopped falling or the constants
+  // stopped moving), not at FitOptions::max_iterations.
+  bool converged = false;
 };
 
 // Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
@@ -141,7 +144,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& har
 // The records of one hardware lowered for fitting (each plan lowered once). A caller that fits the
 // same records many times (a cross-validation's folds, on several threads) prepares them once:
 // fit_calibration(prepare_fit_records(r, h, o), o') equals fit_calibration(r, h, o') for any o'
-// with o's breakdown_weight (> 0 or not). Immutable; shared by concurrent fits.
+// with o's breakdown_weight (> 0 or not). Shared by concurrent fits; immutable but for the step
+// times another engine gave, which the fits share (each simulated once).
 struct FitRecords;
 std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options);
 CalibrationFit fit_calibration(const FitRecords& records, const FitOptions& options);
