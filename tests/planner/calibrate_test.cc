@@ -236,22 +236,35 @@ class StretchedEngine : public StepEngine {
   }
 };
 
-TEST(FitCalibration, FitsTheEngineThatWillPredict) {
-  const StepEngines engines = StepEngines().add("stretched", [] { return std::make_unique<StretchedEngine>(); });
-  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
-  Calibration truth = default_calibration(hw);
+// Synthetic records as the stretched engine gives them at their constants, and a short fit
+// through that engine (every record fitted).
+RecordSet stretched_records() {
+  Calibration truth = default_calibration(load_hardware_spec("h100-sxm-node"));
   truth.expert_gemm_efficiency = 0.3;
   RecordSet records = synthetic_records(truth);
-  for (auto& r : records.steps) *r.measured.step_s *= 1.25;  // what the stretched engine gives at `truth`
+  for (auto& r : records.steps) *r.measured.step_s *= 1.25;
+  return records;
+}
+FitOptions stretched_fit() {
   FitOptions options;
   options.held_out_ids = {};
   options.starts = 2;
   options.max_iterations = 25;
+  options.engine = "stretched";
+  options.engines = StepEngines().add("stretched", [] { return std::make_unique<StretchedEngine>(); });
+  return options;
+}
+
+TEST(FitCalibration, FitsTheEngineThatWillPredict) {
+  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+  const RecordSet records = stretched_records();
+  FitOptions options = stretched_fit();
+  const StepEngines engines = options.engines;
   // Fitted with the analytic engine, the constants absorb the stretch; the stretched engine
   // then predicts 25% slow. Fitted with the engine that predicts, its predictions land.
+  options.engine = "analytic";
   const CalibrationFit analytic = fit_calibration(records, hw, options);
   options.engine = "stretched";
-  options.engines = engines;
   StretchedEngine::runs = 0;
   const CalibrationFit matched = fit_calibration(records, hw, options);
   // The engine's ratio to the analytic step is the same at every constant: refreshed once more after
@@ -271,18 +284,10 @@ TEST(FitCalibration, FitsTheEngineThatWillPredict) {
 // fit runs (its ratio cannot decide when the passes end), only once at the end for its row, and
 // the constants are those of a fit without the record. Records prepared once fit the same.
 TEST(FitCalibration, HeldOutRecordsTakeNoPartInAnEngineFit) {
-  const StepEngines engines = StepEngines().add("stretched", [] { return std::make_unique<StretchedEngine>(); });
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
-  Calibration truth = default_calibration(hw);
-  truth.expert_gemm_efficiency = 0.3;
-  RecordSet records = synthetic_records(truth);
-  for (auto& r : records.steps) *r.measured.step_s *= 1.25;
-  FitOptions options;
+  const RecordSet records = stretched_records();
+  FitOptions options = stretched_fit();
   options.held_out_ids = {"ep-b32-r0"};
-  options.starts = 2;
-  options.max_iterations = 25;
-  options.engine = "stretched";
-  options.engines = engines;
   const int fitted = static_cast<int>(records.steps.size()) - 1;
   StretchedEngine::runs = 0;
   const CalibrationFit held = fit_calibration(records, hw, options);
@@ -316,21 +321,12 @@ TEST(FitCalibration, HeldOutRecordsTakeNoPartInAnEngineFit) {
 // ratios at the estimate, so a second fit (another fold, other records held out) simulates only at
 // its own constants, and its constants are those of a fit that simulated everything itself.
 TEST(FitCalibration, PreparedRecordsSimulateEachCalibrationOnce) {
-  const StepEngines engines = StepEngines().add("stretched", [] { return std::make_unique<StretchedEngine>(); });
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
-  Calibration truth = default_calibration(hw);
-  truth.expert_gemm_efficiency = 0.3;
-  RecordSet records = synthetic_records(truth);
-  for (auto& r : records.steps) *r.measured.step_s *= 1.25;
-  FitOptions options;
-  options.starts = 2;
-  options.max_iterations = 25;
-  options.engine = "stretched";
-  options.engines = engines;
+  const RecordSet records = stretched_records();
+  FitOptions options = stretched_fit();
   options.engine_held_out_rows = false;
   const auto steps = static_cast<int>(records.steps.size());
   const std::shared_ptr<const FitRecords> prepared = prepare_fit_records(records, hw, options);
-  options.held_out_ids = {};
   StretchedEngine::runs = 0;
   fit_calibration(*prepared, options);
   EXPECT_EQ(StretchedEngine::runs.load(), 2 * steps);  // at the estimate, at the fitted constants
