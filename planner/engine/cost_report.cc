@@ -34,6 +34,7 @@ StaticCost static_cost(const WorkloadContext& ctx, const Plan& plan) {
   const Flops head = lm_head_flops(m, N);
   c.forward_flops = share * eq1.total();
   c.backward_flops = kMatmulBackwardRatio * head;
+  c.recompute_flops = head;  // the loss keeps no logits: its backward computes them again
   for (int l = 0; l < m.layers; ++l) {
     const LayerFlops f = layer_flops(m, l, B, S);
     c.backward_flops += share * f.backward();

@@ -21,7 +21,7 @@ namespace oom {
 
 struct StaticCost {
   Flops forward_flops = 0;     // the original forward
-  Flops recompute_flops = 0;   // replay of checkpointed decoders and boundary regeneration
+  Flops recompute_flops = 0;   // replay of checkpointed decoders, boundary regeneration, the loss's logits
   Flops backward_flops = 0;
   Flops eq1_linear_flops = 0;  // Eq. 1 split of the forward (a·B·S and b·B·S² terms)
   Flops eq1_quadratic_flops = 0;

@@ -81,6 +81,16 @@ bool nodes_run_alike(const Plan& plan, const WorkloadContext& ctx, const std::ve
   return true;
 }
 
+// The loss keeps only each token's log-sum-exp, never the logits (backend/model.cc
+// ChunkedCrossEntropy, plan_ops ring_backward): its backward computes every block's logits again
+// before their two products, dL/dx and dL/dW.
+inline constexpr double kLossBackwardRatio = 1 + kMatmulBackwardRatio;
+// What that backward moves through HBM: the recomputed logits written and capped again (the
+// forward's passes but its log-sum-exp read), then the softmax gradient's own.
+Bytes loss_backward_with_recompute_hbm_bytes(const ModelSpec& m, std::int64_t tokens) {
+  return loss_forward_hbm_bytes(m, tokens) - tokens * std::int64_t{m.vocab} * kFp32Bytes + loss_backward_hbm_bytes(m, tokens);
+}
+
 }  // namespace
 
 bool whole_nodes_alike(const HardwareSpec& h, int P) {
@@ -506,8 +516,8 @@ void Lowering::head_forward_backward() {
   const Flops f = lm_head_flops(m_, N_);
   const PerRank fwd = compute_all(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f,
                                   loss_forward_hbm_bytes(m_, N_), shape, {w.ready});
-  const PerRank bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
-                                  loss_backward_hbm_bytes(m_, N_), shape, {fwd});
+  const PerRank bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kLossBackwardRatio * f,
+                                  loss_backward_with_recompute_hbm_bytes(m_, N_), shape, {fwd});
   // A tied head is the embedding table: its gradient starts here and the embeddings' backward adds
   // into it, one gradient with one D2H and one update (embedding_backward); the head's own group
   // is the final norm.
@@ -558,7 +568,7 @@ void Lowering::ring_head_forward_backward() {
   shape.k = m_.hidden;
   shape.n = m_.vocab / P_;
   const Flops f = lm_head_flops(m_, N_) / P_;  // one block against one shard
-  const Bytes fwd_bytes = loss_forward_hbm_bytes(m_, N_) / P_, bwd_bytes = loss_backward_hbm_bytes(m_, N_) / P_;
+  const Bytes fwd_bytes = loss_forward_hbm_bytes(m_, N_) / P_, bwd_bytes = loss_backward_with_recompute_hbm_bytes(m_, N_) / P_;
   // The ring's buffers (kVocabulary): a hop allocates what arrives when it starts and releases what
   // it sent (a block received earlier; this rank's own block or shard is not the ring's) when it
   // ends. The backward's blocks travel with their FP32 gradient partials; the last hop takes the
@@ -592,7 +602,7 @@ void Lowering::ring_head_forward_backward() {
   arrived = last;
   for (int step = 0; step < P_; ++step) {
     bwd = compute_all(what(StagePart::kLmHead, StageOp::kBackward).at_ring_step(step), OpKind::kGemm, Phase::kBackward, -1,
-                      kMatmulBackwardRatio * f, bwd_bytes, shape, {bwd, arrived});
+                      kLossBackwardRatio * f, bwd_bytes, shape, {bwd, arrived});
     each(bwd, [&](StageId s, int r) {
       // The partial starts here; a hidden block held from the forward becomes the backward's (its
       // targets and log-sum-exp, without the running state).

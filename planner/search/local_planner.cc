@@ -250,7 +250,14 @@ struct Finalist {
   SplitSpec split;
   bool keep = false;
   int cap = 1;
+  bool coarsest = false;  // its menu entry fits with no coarser neighbour that fits
 };
+
+// Partitioned dimensions of a split: among plans the model prices alike, the one that splits fewer
+// operators is the one to run (fewer kernel calls and hand-offs than the model resolves).
+int split_dimensions(const SplitSpec& s) {
+  return (s.attention_head_group > 0) + (s.gdn_chunk_tokens > 0) + (s.moe_chunk_tokens > 0) + (s.sub_batch_seqs > 0);
+}
 
 Plan finalist_plan(const Finalist& f, int layers) {
   Plan p = local_plan(f.split, f.keep);
@@ -333,7 +340,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
           }
         }
   // Minimal fitting entries (no coarser neighbour fits) and their one-level-finer neighbours.
-  std::vector<char> chosen(fits.size(), 0);
+  std::vector<char> chosen(fits.size(), 0), coarsest(fits.size(), 0);
   for (const auto& at : all) {
     if (!fits[static_cast<std::size_t>(index(at))]) continue;
     bool minimal = true;
@@ -345,6 +352,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
     }
     if (!minimal) continue;
     chosen[static_cast<std::size_t>(index(at))] = 1;
+    coarsest[static_cast<std::size_t>(index(at))] = 1;
     for (int d = 0; d < 4; ++d) {
       auto finer = at;
       if (++finer[static_cast<std::size_t>(d)] < size[static_cast<std::size_t>(d)] && fits[static_cast<std::size_t>(index(finer))]) {
@@ -372,30 +380,54 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
       const LayerTable table = local_layer_table(pricer, menu.split(at), keep);
       for (int cap : o.regenerate_caps) {
         dp.regenerate_cap = cap;
-        for (const BoundaryLabel& l : boundary_dp(table, dp)) finalists.push_back({l, menu.split(at), keep, cap});
+        for (const BoundaryLabel& l : boundary_dp(table, dp)) {
+          finalists.push_back({l, menu.split(at), keep, cap, coarsest[static_cast<std::size_t>(index(at))] != 0});
+        }
       }
     }
   }
   out.labels = static_cast<std::int64_t>(finalists.size());
   std::sort(finalists.begin(), finalists.end(), [](const Finalist& a, const Finalist& b) { return a.label.time_s < b.label.time_s; });
 
-  // Full-depth pricing of the best labels; simulated memory checked against every budget.
+  // Full-depth pricing of the best labels, and of the fastest label of each coarsest entry (the
+  // short executions and the DP estimate: a finer neighbour a hair ahead there must not keep the
+  // coarser plan from being priced); simulated memory checked against every budget.
   std::vector<PricedPlan> feasible;
   std::optional<BudgetShortfall> first_miss;
   std::vector<Plan> tried;
-  for (const Finalist& f : finalists) {
-    if (static_cast<int>(feasible.size()) >= o.finalists || static_cast<int>(tried.size()) >= 3 * o.finalists) break;
+  std::vector<char> tried_fits;
+  // Prices `f` (once per plan); whether its plan fits the budgets.
+  auto price = [&](const Finalist& f) {
     const Plan p = pricer.with_flat(finalist_plan(f, L));
-    if (std::find(tried.begin(), tried.end(), p) != tried.end()) continue;
+    if (auto it = std::find(tried.begin(), tried.end(), p); it != tried.end()) return tried_fits[static_cast<std::size_t>(it - tried.begin())] != 0;
     tried.push_back(p);
     PricedPlan pp = pricer.price(p);
     ++out.priced;
     const auto miss = check_budgets(budgets, pp.gpu_peak_max(), pp.numa_peak_bytes, "the simulated Local step", "the simulated Local step");
+    tried_fits.push_back(miss ? 0 : 1);
     if (miss) {
       if (!first_miss) first_miss = miss;
-      continue;
+      return false;
     }
     feasible.push_back(std::move(pp));
+    return true;
+  };
+  std::vector<SplitSpec> coarsest_priced;
+  for (const Finalist& f : finalists) {
+    if (!f.coarsest || std::find(coarsest_priced.begin(), coarsest_priced.end(), f.split) != coarsest_priced.end()) continue;
+    coarsest_priced.push_back(f.split);
+    price(f);
+  }
+  // The best labels, as many as would have been priced without the coarsest entries' (a plan
+  // priced among those counts where it ranks).
+  std::vector<Plan> ranked_plans;
+  int ranked = 0;
+  for (const Finalist& f : finalists) {
+    if (ranked >= o.finalists || static_cast<int>(ranked_plans.size()) >= 3 * o.finalists) break;
+    const Plan p = pricer.with_flat(finalist_plan(f, L));
+    if (std::find(ranked_plans.begin(), ranked_plans.end(), p) != ranked_plans.end()) continue;
+    ranked_plans.push_back(p);
+    ranked += price(f) ? 1 : 0;
   }
   if (feasible.empty()) {
     out.shortfall = first_miss ? first_miss
@@ -403,12 +435,19 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
                                      "host", host_room, 0, "boundaries and O/LSE of the Local path (no boundary policy fits)"});
     return out;
   }
+  // Delivery and gradient slots are tried once each on one plan: the fastest, or within
+  // tie_fraction of it one that splits fewer operators (the faster by a hair of two such plans is
+  // chance; the variants' gain, which decides, is the same for both).
   auto fastest = std::min_element(feasible.begin(), feasible.end(), [](const PricedPlan& a, const PricedPlan& b) { return a.step_s < b.step_s; });
-  // Delivery and gradient slots of the fastest, tried once each.
+  const Seconds tie = fastest->step_s * (1 + o.tie_fraction);
+  const PricedPlan* base = &*fastest;
+  for (const PricedPlan& p : feasible) {
+    if (p.step_s <= tie && split_dimensions(p.plan.split) < split_dimensions(base->plan.split)) base = &p;
+  }
   {
-    Plan full = fastest->plan;
+    Plan full = base->plan;
     full.param_transfer = ParamTransfer::kFull;
-    Plan two = fastest->plan;
+    Plan two = base->plan;
     two.cpu_grad_slots = 2;
     for (const Plan& p : {full, two}) {
       PricedPlan pp = pricer.price(p);
@@ -419,9 +458,14 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   const PricedPlan* best = &feasible.front();
   for (const PricedPlan& p : feasible) best = p.step_s < best->step_s ? &p : best;
   const Seconds limit = best->step_s * (1 + o.tie_fraction);
+  // Within the tie: the lowest GPU peak, then the fewest split operators.
   const PricedPlan* chosen_plan = best;
   for (const PricedPlan& p : feasible) {
-    if (p.step_s <= limit && p.gpu_peak_max() < chosen_plan->gpu_peak_max()) chosen_plan = &p;
+    if (p.step_s > limit) continue;
+    const bool lower = p.gpu_peak_max() < chosen_plan->gpu_peak_max();
+    const bool coarser = p.gpu_peak_max() == chosen_plan->gpu_peak_max() &&
+                         split_dimensions(p.plan.split) < split_dimensions(chosen_plan->plan.split);
+    if (lower || coarser) chosen_plan = &p;
   }
   out.best = *chosen_plan;
   return out;

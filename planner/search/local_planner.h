@@ -18,9 +18,11 @@
 // largest live footprint over the decoders' backward phases — the decoder's own workset plus the
 // boundaries held below it plus the regenerated boundaries in flight — not a sum of maxima.
 // Labels over the GPU or host budget are dropped as they appear. Surviving labels of every entry
-// are ranked by time; the best few become Plans, are priced at full depth by the analytic
-// evaluator and checked against each NUMA node's budget (model state and pinned pools
-// included) and the GPU budget with their simulated timelines. Units: seconds, bytes.
+// are ranked by time; the best few, and the best of each coarsest entry (short executions rank
+// a finer neighbour a hair ahead by chance), become Plans, are priced at full depth by the
+// analytic evaluator and checked against each NUMA node's budget (model state and pinned pools
+// included) and the GPU budget with their simulated timelines. Among those within tie_fraction of
+// the fastest: the lowest GPU peak, then the fewest partitioned dimensions. Units: seconds, bytes.
 // Stateless; thread-safe.
 #pragma once
 

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "costmodel/flops.h"
 #include "costmodel/input_error.h"
 #include "planner/engine/cost_report.h"
 #include "planner/lowering/memory_report.h"
@@ -476,6 +477,38 @@ TEST(Lower, HeadGradientSumOverLogitsBlocksIsPriced) {
   };
   EXPECT_EQ(head_backward_optimizer_bytes(0), gradient_bytes(p.lm_head + p.final_norm));
   EXPECT_EQ(head_backward_optimizer_bytes(64), gradient_bytes(p.lm_head + p.final_norm) + 4 * (p.lm_head + p.final_norm));
+}
+
+// The loss keeps only each token's log-sum-exp (backend/model.cc ChunkedCrossEntropy, and
+// plan_ops::ring_backward under Ring-DTP): its backward computes each block's logits again before
+// dL/dx and dL/dW, three products of the forward's size, and writes and caps those logits again.
+TEST(Lower, LossBackwardRecomputesTheLogits) {
+  for (const VocabProjection projection : {VocabProjection::kChunked, VocabProjection::kRingDtp}) {
+    Workload w = tiny_ctx("tiny-moe").workload;
+    w.gpus = projection == VocabProjection::kRingDtp ? 2 : 1;  // a ring needs more than one GPU
+    const WorkloadContext ctx = resolve_workload(w, "test workload");
+    Plan plan;
+    plan.path = ExpertPath::kLocal;
+    validate_plan(plan, ctx.model, ctx.workload, "test plan");
+    plan.flat.vocab_projection = projection;
+    double forward = 0, backward = 0;
+    Bytes forward_bytes = 0, backward_bytes = 0;
+    for (const Stage& s : lower(plan, ctx).stages) {
+      if (s.key.rank != 0 || s.key.part != StagePart::kLmHead) continue;
+      if (s.key.op == StageOp::kLoss) {
+        forward += s.flops;
+        forward_bytes += s.bytes;
+      }
+      if (s.key.op == StageOp::kBackward) {
+        backward += s.flops;
+        backward_bytes += s.bytes;
+      }
+    }
+    ASSERT_TRUE(plan.flat.ring_dtp(w.gpus) == (projection == VocabProjection::kRingDtp));
+    ASSERT_GT(forward, 0);
+    EXPECT_DOUBLE_EQ(backward, (1 + kMatmulBackwardRatio) * forward);
+    EXPECT_GT(backward_bytes, forward_bytes);
+  }
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   // held to physical ranges (planner/calibration/calibrate.cc), so they do not absorb what the model lacks;
   // since host sharing is settled (socket cores, DRAM, PCIe switch uplinks) one CPU AdamW rate
   // serves the plan and baseline records, at the price of the plan records' in-sample median
-  // (7.4% when this bound was set; 3.1% with the constants refitted on 2026-12-05 by a fit that converges). The Gemma 4 EP record (−20%; also −20% while its tied embedding table was priced as a second
+  // (7.4% when this bound was set; 3.1% with the constants refitted on 2026-12-06). The Gemma 4 EP record (−20%; also −20% while its tied embedding table was priced as a second
   // parameter with its own D2H and update) and the RTX 4090 record on uncalibrated estimates
   // (+16%) are the largest errors. Out-of-sample figures: traces/paper/README.md.
   EXPECT_LE(r.median_abs_rel_error, 0.075);
