@@ -763,7 +763,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   else take(from_every_start());
   for (int pass = 0; engine; ++pass) {
     const double moved = refresh_engine_factors(to_calibration(theta), false);
-    if (pass == options.engine_passes || (pass > 0 && moved <= options.engine_ratio_tolerance)) break;
+    // The first refresh, at the estimate, is always followed by a fit.
+    if (pass > 0 && (pass >= options.engine_passes || moved <= options.engine_ratio_tolerance)) break;
     const Eigen::VectorXd refreshed_at = theta;
     take(pass == 0 ? from_every_start() : levenberg_marquardt(theta, it, options.max_iterations));
     if (theta == refreshed_at) break;

@@ -276,6 +276,9 @@ TEST(FitCalibration, FitsTheEngineThatWillPredict) {
   EXPECT_LT(with_matched_fit.max_abs_rel_error, 0.03);
   for (const FitRow& r : matched.rows) EXPECT_LT(std::abs(r.rel_error()), 0.03) << r.id;  // rows are the engine's predictions
   EXPECT_NE(matched.calibration.fitted_from.find("stretched engine"), std::string::npos);
+  // No further pass asked for: the first refresh, at the estimate, is still followed by a fit.
+  options.engine_passes = 0;
+  for (const FitRow& r : fit_calibration(records, hw, options).rows) EXPECT_LT(std::abs(r.rel_error()), 0.03) << r.id;
   options.engine = "abacus";
   EXPECT_THROW(fit_calibration(records, hw, options), InputError);
 }
