@@ -575,6 +575,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   // (the others resume Eq. 3 from their base). `record`: `theta` is the Jacobian's base point.
   // `settled`: settle host sharing exactly at `theta` and return each fitted target's stretch there.
   using Stretch = std::vector<std::pair<std::int32_t, double>>;
+  // A step record whose host stages share the socket, DRAM or PCIe uplinks: settled, not just Eq. 3.
+  auto shares_host = [](const Target& t) { return t.row.kind == "step" && t.l->sharing && !t.l->sharing->empty(); };
   auto residuals = [&](const Eigen::VectorXd& theta, int column = -1, const Eigen::VectorXd* base = nullptr,
                        bool record = false, std::vector<Stretch>* settled = nullptr) {
     const Calibration c = to_calibration(theta);
@@ -592,9 +594,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
       }
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
       const Eq3Base eq3 = column >= 0 ? Eq3Base::kResume : record ? Eq3Base::kRecord : Eq3Base::kNone;
-      const bool shares_host = settled != nullptr && t.row.kind == "step" && t.l->sharing && !t.l->sharing->empty();
       const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value(),
-                                           shares_host ? &(*settled)[static_cast<std::size_t>(i)] : nullptr, eq3);
+                                           settled != nullptr && shares_host(t) ? &(*settled)[static_cast<std::size_t>(i)] : nullptr, eq3);
       r[i] = w * robust_residual(std::log(pr.time_s / t.row.measured_s), options.robust_scale);
       if (a >= 0) r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
       // A record's shares weigh together as much as its step: breakdown_weight / √(its shares).
@@ -608,14 +609,14 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     return r;
   };
 
-  // Host sharing settled exactly at `theta` (`settled`: the stretches residuals() returned there)
+  // Host sharing settled exactly at `theta` (`stretches`: what residuals() returned there)
   // and held (Target::stretch) until the next accepted step; `theta` becomes the Jacobian's base.
-  std::vector<Stretch> settled(fitted.size()), candidate(fitted.size());
+  std::vector<Stretch> at_start(fitted.size()), candidate(fitted.size());
   auto hold_at = [&](const Eigen::VectorXd& theta, std::vector<Stretch>& stretches) {
     for (std::size_t i = 0; i < fitted.size(); ++i) {
       auto& target = const_cast<Target&>(*fitted[i]);
       target.stretch.swap(stretches[i]);
-      target.stretched = target.row.kind == "step" && target.l->sharing && !target.l->sharing->empty();
+      target.stretched = shares_host(target);
     }
     return residuals(theta, -1, nullptr, true);
   };
@@ -630,8 +631,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   };
   auto levenberg_marquardt = [&](Eigen::VectorXd theta, int& iterations, int max_iterations) {
     clamp(theta);
-    residuals(theta, -1, nullptr, false, &settled);
-    Eigen::VectorXd r = hold_at(theta, settled);
+    residuals(theta, -1, nullptr, false, &at_start);
+    Eigen::VectorXd r = hold_at(theta, at_start);
     double cost = r.squaredNorm();
     double lambda = 1e-2;
     const double h = 1e-2;  // wide enough to step over the kinks of the max-plus model

@@ -394,17 +394,16 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   // coarser plan from being priced); simulated memory checked against every budget.
   std::vector<PricedPlan> feasible;
   std::optional<BudgetShortfall> first_miss;
-  std::vector<Plan> tried;
-  std::vector<char> tried_fits;
-  // Prices `f` (once per plan); whether its plan fits the budgets.
-  auto price = [&](const Finalist& f) {
-    const Plan p = pricer.with_flat(finalist_plan(f, L));
-    if (auto it = std::find(tried.begin(), tried.end(), p); it != tried.end()) return tried_fits[static_cast<std::size_t>(it - tried.begin())] != 0;
-    tried.push_back(p);
+  std::vector<std::pair<Plan, bool>> tried;  // each plan priced, and whether it fits
+  auto plan_of = [&](const Finalist& f) { return pricer.with_flat(finalist_plan(f, L)); };
+  // Prices `p` (once per plan); whether it fits the budgets.
+  auto price = [&](const Plan& p) {
+    const auto it = std::find_if(tried.begin(), tried.end(), [&](const auto& t) { return t.first == p; });
+    if (it != tried.end()) return it->second;
     PricedPlan pp = pricer.price(p);
     ++out.priced;
     const auto miss = check_budgets(budgets, pp.gpu_peak_max(), pp.numa_peak_bytes, "the simulated Local step", "the simulated Local step");
-    tried_fits.push_back(miss ? 0 : 1);
+    tried.emplace_back(p, !miss);
     if (miss) {
       if (!first_miss) first_miss = miss;
       return false;
@@ -416,7 +415,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   for (const Finalist& f : finalists) {
     if (!f.coarsest || std::find(coarsest_priced.begin(), coarsest_priced.end(), f.split) != coarsest_priced.end()) continue;
     coarsest_priced.push_back(f.split);
-    price(f);
+    price(plan_of(f));
   }
   // The best labels, as many as would have been priced without the coarsest entries' (a plan
   // priced among those counts where it ranks).
@@ -424,10 +423,10 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   int ranked = 0;
   for (const Finalist& f : finalists) {
     if (ranked >= o.finalists || static_cast<int>(ranked_plans.size()) >= 3 * o.finalists) break;
-    const Plan p = pricer.with_flat(finalist_plan(f, L));
+    const Plan p = plan_of(f);
     if (std::find(ranked_plans.begin(), ranked_plans.end(), p) != ranked_plans.end()) continue;
     ranked_plans.push_back(p);
-    ranked += price(f) ? 1 : 0;
+    ranked += price(p) ? 1 : 0;
   }
   if (feasible.empty()) {
     out.shortfall = first_miss ? first_miss
