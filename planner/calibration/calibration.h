@@ -57,7 +57,10 @@ struct Calibration {
   // FSDP2 part of KT-FT): another implementation than the update above; 0 = the AdamW rate.
   double torch_adamw_params_per_s = 0;
 
-  // Fixed cost per stage (kernel launches, synchronization, DMA set-up).
+  // Fixed cost per compute stage of a running step besides its kernels' work: the launches and
+  // eager dispatch of its operators, its waits on other streams' events, the host's bookkeeping
+  // between stages (not paid by an operator timed alone). The estimate is a bare launch's; the
+  // published H100 steps put it near 2 ms (traces/paper/README.md).
   Seconds compute_overhead_s = 20e-6;
   // Host dispatch per operator a compute stage issues (Stage::ops): eager LibTorch's dispatcher,
   // autograd bookkeeping and allocation around each call. 0 by default: on a GPU the host runs

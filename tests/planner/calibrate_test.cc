@@ -16,6 +16,7 @@
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
+#include "planner/engine/explain.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
@@ -340,12 +341,21 @@ TEST(FitCalibration, PreparedRecordsSimulateEachCalibrationOnce) {
   EXPECT_EQ(calibration_fit_to_json(fold), calibration_fit_to_json(fit_calibration(records, hw, options)));
 }
 
-// On the published records the fit converges: a step is taken only when it lowers the cost with
-// host sharing settled at its end. Taken on the stretch held from the step's start, steps that only
+// On the published records the fit `oom calibrate` runs (with the published compute times of
+// published-breakdowns.json) converges: a step is taken only when it lowers the cost with host
+// sharing settled at its end. Taken on the stretch held from the step's start, steps that only
 // moved the overlaps were taken, and the best run circled until the iteration limit.
 TEST(FitCalibration, ConvergesOnThePublishedRecords) {
-  const RecordSet records = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
-  const CalibrationFit fit = fit_calibration(records, load_hardware_spec("h100-sxm-node"));
+  const std::string dir = std::string(OOM_SOURCE_DIR) + "/traces/paper/";
+  const RecordSet records = load_records(dir + "paper-calibration.jsonl");
+  FitOptions options;
+  for (const PublishedBreakdown& b : load_published_breakdowns(dir + "published-breakdowns.json")) {
+    if (const auto it = b.mechanisms_s.find("compute_with_replay_s"); it != b.mechanisms_s.end()) {
+      options.compute_anchors_s[b.record] = it->second;
+    }
+  }
+  ASSERT_FALSE(options.compute_anchors_s.empty());
+  const CalibrationFit fit = fit_calibration(records, load_hardware_spec("h100-sxm-node"), options);
   EXPECT_TRUE(fit.converged) << fit.iterations << " iterations";
   EXPECT_TRUE(calibration_fit_to_json(fit)["converged"].get<bool>());
   EXPECT_NE(calibration_fit_text(fit).find("converged"), std::string::npos);
