@@ -767,6 +767,8 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   if (engine) clamp(theta);
   else take(from_every_start());
   for (int pass = 0; engine; ++pass) {
+    // Past the last refit, a refresh only re-prices the fitted rows.
+    if (pass > 0 && pass >= options.engine_passes && !options.engine_fitted_rows) break;
     const double moved = refresh_engine_factors(to_calibration(theta), false);
     // The first refresh, at the estimate, is always followed by a fit.
     if (pass > 0 && (pass >= options.engine_passes || moved <= options.engine_ratio_tolerance)) break;

@@ -72,6 +72,11 @@ struct FitOptions {
   // fitted constants; they take no part in the fit). A cross-validation, which predicts its
   // left-out records itself, turns it off.
   bool engine_held_out_rows = true;
+  // The fitted step records' rows at the final constants: after the last refit, one more refresh
+  // (a simulation per fitted step record) that only re-prices those rows. Off, they keep the
+  // ratios of the refresh before; the constants are the same either way. A cross-validation, which
+  // reads only its left-out records, turns it off.
+  bool engine_fitted_rows = true;
   int threads = 0;  // threads for the Jacobian's columns (0: the machine's cores, at most 4)
   // Published compute time of a step record (record id → seconds rank 0's compute stream is busy,
   // replay included: "compute_with_replay_s" of traces/paper/published-breakdowns.json). Each is

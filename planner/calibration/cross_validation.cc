@@ -148,6 +148,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     fo.held_out_ids = *jobs[j].first;
     fo.engines = options.engines;
     fo.engine_held_out_rows = false;  // the left-out records are predicted below
+    fo.engine_fitted_rows = false;    // and the fitted ones are not read
     if (workers > 1) fo.threads = 1;
     try {
       *jobs[j].second = fit_calibration(*prepared, fo);

@@ -341,6 +341,25 @@ TEST(FitCalibration, PreparedRecordsSimulateEachCalibrationOnce) {
   EXPECT_EQ(calibration_fit_to_json(fold), calibration_fit_to_json(fit_calibration(records, hw, options)));
 }
 
+// A fit whose fitted rows nobody reads (a cross-validation's fold) skips the refresh after its last
+// refit, which only re-prices them: the same constants, a simulation fewer per fitted record.
+TEST(FitCalibration, LastRefreshOnlyForTheFittedRows) {
+  const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
+  const RecordSet records = stretched_records();
+  FitOptions options = stretched_fit();
+  options.engine_held_out_rows = false;
+  options.engine_passes = 1;  // refresh at the estimate, refit, then the refresh for the rows
+  const auto steps = static_cast<int>(records.steps.size());
+  StretchedEngine::runs = 0;
+  const CalibrationFit with_rows = fit_calibration(records, hw, options);
+  EXPECT_EQ(StretchedEngine::runs.load(), 2 * steps);
+  options.engine_fitted_rows = false;
+  StretchedEngine::runs = 0;
+  const CalibrationFit without_rows = fit_calibration(records, hw, options);
+  EXPECT_EQ(StretchedEngine::runs.load(), steps);
+  EXPECT_EQ(calibration_to_json(without_rows.calibration), calibration_to_json(with_rows.calibration));
+}
+
 // On the published records the fit `oom calibrate` runs (with the published compute times of
 // published-breakdowns.json) converges: a step is taken only when it lowers the cost with host
 // sharing settled at its end. Taken on the stretch held from the step's start, steps that only
