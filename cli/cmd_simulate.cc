@@ -195,10 +195,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     apply_search_options(*cal, search);
     const HardwareSpec hw = load_hardware_spec(cal->hardware);
     const RecordSet records = load_records(cal->records_path);
-    std::map<std::string, double> anchors;
-    for (const PublishedBreakdown& b : published_breakdowns(cal->records_path, cal->published)) {
-      if (const auto it = b.mechanisms_s.find("compute_with_replay_s"); it != b.mechanisms_s.end()) anchors[b.record] = it->second;
-    }
+    const std::map<std::string, double> anchors = published_compute_times_s(published_breakdowns(cal->records_path, cal->published));
     if (cross) {
       CvOptions options;
       options.fit = search;

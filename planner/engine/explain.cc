@@ -63,6 +63,14 @@ std::vector<PublishedBreakdown> load_published_breakdowns(const std::string& pat
   return out;
 }
 
+std::map<std::string, double> published_compute_times_s(const std::vector<PublishedBreakdown>& breakdowns) {
+  std::map<std::string, double> out;
+  for (const PublishedBreakdown& b : breakdowns) {
+    if (const auto it = b.mechanisms_s.find("compute_with_replay_s"); it != b.mechanisms_s.end()) out[b.record] = it->second;
+  }
+  return out;
+}
+
 StepExplanation explain_trace(const Trace& t, int gpu) {
   StepExplanation e;
   e.engine = t.engine;

@@ -44,6 +44,10 @@ struct PublishedBreakdown {
 // Loads a published-breakdowns file. Throws InputError naming the file, the field and the value.
 std::vector<PublishedBreakdown> load_published_breakdowns(const std::string& path);
 
+// The published compute time of each breakdown that gives one ("compute_with_replay_s": rank 0's
+// compute stream busy, replay included), by record id: the fit's anchors (FitOptions::compute_anchors_s).
+std::map<std::string, double> published_compute_times_s(const std::vector<PublishedBreakdown>& breakdowns);
+
 struct ResourceBusy {
   std::string resource;
   int stages = 0;

@@ -368,11 +368,7 @@ TEST(FitCalibration, ConvergesOnThePublishedRecords) {
   const std::string dir = std::string(OOM_SOURCE_DIR) + "/traces/paper/";
   const RecordSet records = load_records(dir + "paper-calibration.jsonl");
   FitOptions options;
-  for (const PublishedBreakdown& b : load_published_breakdowns(dir + "published-breakdowns.json")) {
-    if (const auto it = b.mechanisms_s.find("compute_with_replay_s"); it != b.mechanisms_s.end()) {
-      options.compute_anchors_s[b.record] = it->second;
-    }
-  }
+  options.compute_anchors_s = published_compute_times_s(load_published_breakdowns(dir + "published-breakdowns.json"));
   ASSERT_FALSE(options.compute_anchors_s.empty());
   const CalibrationFit fit = fit_calibration(records, load_hardware_spec("h100-sxm-node"), options);
   EXPECT_TRUE(fit.converged) << fit.iterations << " iterations";
