@@ -149,6 +149,12 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   h.gpu.hbm_Bps = g.number("hbm_Bps", 1e6, kMaxRate);
   h.gpu.l2_bytes = static_cast<Bytes>(g.optional_number("l2_mib", 0, 1 << 20).value_or(0.0) * static_cast<double>(kMiB));
   h.gpu.gemm_half_rows = g.optional_number("gemm_half_rows", 0, 1e6).value_or(0.0);
+  h.gpu.architecture = g.string_or("architecture", "");
+  if (g.has("architecture") && (h.gpu.architecture.empty() || !std::all_of(h.gpu.architecture.begin(), h.gpu.architecture.end(), [](char ch) {
+                                  return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-';
+                                }))) {
+    g.fail("architecture", "expected a lower-case name such as \"hopper\" (letters, digits, '-')");
+  }
 
   const JsonReader p = r.object("pcie");
   h.pcie.generation = static_cast<int>(p.integer("generation", 1, 16));
@@ -224,6 +230,7 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
               {"bf16_flops", h.gpu.bf16_flops_per_s}, {"hbm_Bps", h.gpu.hbm_Bps}};
   if (h.gpu.l2_bytes > 0) j["gpu"]["l2_mib"] = static_cast<double>(h.gpu.l2_bytes) / static_cast<double>(kMiB);
   if (h.gpu.gemm_half_rows > 0) j["gpu"]["gemm_half_rows"] = h.gpu.gemm_half_rows;
+  if (!h.gpu.architecture.empty()) j["gpu"]["architecture"] = h.gpu.architecture;
   j["gpu_numa"] = h.gpu_numa;
   j["pcie"] = {{"generation", h.pcie.generation}, {"h2d_Bps", h.pcie.h2d_Bps}, {"d2h_Bps", h.pcie.d2h_Bps},
                {"latency_s", h.pcie.latency_s}};

@@ -31,6 +31,10 @@ struct GpuSpec {
   // `oom calibrate --backend`); 0 when not stated: the calibration's GPU tile-fill estimates apply
   // (Calibration::gemm_half_rows, expert_half_rows).
   double gemm_half_rows = 0;
+  // The GPU architecture (e.g. "hopper", "ada"); "" when not stated. GPUs of one architecture run
+  // the same kernels on the same SMs, so a calibration fitted on one carries over to the others
+  // (planner/calibration/calibration.h, transfer_calibration()).
+  std::string architecture;
   bool operator==(const GpuSpec&) const = default;
 };
 

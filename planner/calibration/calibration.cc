@@ -1,6 +1,9 @@
 #include "planner/calibration/calibration.h"
 
 #include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
@@ -112,6 +115,62 @@ Calibration load_calibration_file(const std::string& path, const HardwareSpec& h
   return c;
 }
 
+Calibration transfer_calibration(const Calibration& fitted, const HardwareSpec& from, const HardwareSpec& to) {
+  const Calibration estimate = default_calibration(to);
+  Calibration c = fitted;
+  c.hardware = to.name;
+  c.fitted_from = fmt::format(
+      "transferred from the calibration of {} (GPU architecture {}): efficiencies, ramps and fixed costs as fitted there, "
+      "link and CPU rates as the same fractions of this hardware's datasheet rates",
+      from.name, from.gpu.architecture);
+  // `rate` fitted against `from_rate` of the source spec, carried to `to_rate`.
+  auto scaled = [](double rate, double from_rate, double to_rate, double fallback) {
+    return rate > 0 && from_rate > 0 && to_rate > 0 ? rate * (to_rate / from_rate) : fallback;
+  };
+  c.h2d_Bps = scaled(fitted.h2d_Bps, from.pcie.h2d_Bps, to.pcie.h2d_Bps, estimate.h2d_Bps);
+  c.d2h_Bps = scaled(fitted.d2h_Bps, from.pcie.d2h_Bps, to.pcie.d2h_Bps, estimate.d2h_Bps);
+  const double from_socket = from.numa.empty() ? 0 : from.numa.front().adamw_params_per_s;
+  const double to_socket = to.numa.empty() ? 0 : to.numa.front().adamw_params_per_s;
+  c.cpu_adamw_params_per_s = scaled(fitted.cpu_adamw_params_per_s, from_socket, to_socket, estimate.cpu_adamw_params_per_s);
+  c.host_prep_params_per_s = scaled(fitted.host_prep_params_per_s, from_socket, to_socket, estimate.host_prep_params_per_s);
+  c.host_accumulate_params_per_s =
+      scaled(fitted.host_accumulate_params_per_s, from_socket, to_socket, estimate.host_accumulate_params_per_s);
+  c.torch_adamw_params_per_s = scaled(fitted.torch_adamw_params_per_s, from_socket, to_socket, estimate.torch_adamw_params_per_s);
+  if (from.fabric.kind != to.fabric.kind) {
+    c.fabric_efficiency = estimate.fabric_efficiency;
+    c.collective_overhead_s = estimate.collective_overhead_s;
+  }
+  // A measured GEMM ramp of `to` (a probed device) is its own, as default_calibration() takes it.
+  if (to.gpu.gemm_half_rows > 0) c.gemm_half_rows = c.expert_half_rows = to.gpu.gemm_half_rows;
+  return c;
+}
+
+namespace {
+
+// The calibration of another hardware in configs/ whose GPUs share h's architecture, transferred
+// to h; nullopt when h states no architecture or no such hardware is calibrated. Candidates are
+// the analytic calibrations' names (configs/calibration/NAME.json) that name a hardware spec;
+// one of h's GPU model wins, then the first by name. A calibration or spec that exists but is
+// malformed throws InputError.
+std::optional<Calibration> transferred_calibration_for(const HardwareSpec& h, const std::string& engine) {
+  if (h.gpu.architecture.empty()) return std::nullopt;
+  std::optional<HardwareSpec> best;
+  for (const std::string& name : config_names("calibration")) {
+    if (name.find('.') != std::string::npos || name == h.name || name == h.node_name) continue;
+    if (!resolve_config("hardware", name)) continue;
+    HardwareSpec from = load_hardware_spec(name);
+    if (from.gpu.architecture != h.gpu.architecture) continue;
+    if (!best || (from.gpu.name == h.gpu.name && best->gpu.name != h.gpu.name)) best = std::move(from);
+  }
+  if (!best) return std::nullopt;
+  std::error_code ec;
+  const std::string own = calibration_path(best->name, engine);
+  const std::string path = std::filesystem::is_regular_file(own, ec) ? own : calibration_path(best->name);
+  return transfer_calibration(load_calibration_file(path, *best), *best, h);
+}
+
+}  // namespace
+
 Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
   // The spec's own files, then (a cluster without calibrations of its own) its node's: same GPUs,
   // links and sockets. Each name's file for the engine comes before its analytic one.
@@ -123,6 +182,7 @@ Calibration load_calibration_for(const HardwareSpec& h, const std::string& engin
       if (std::filesystem::is_regular_file(path, ec)) return load_calibration_file(path, h);
     }
   }
+  if (std::optional<Calibration> transferred = transferred_calibration_for(h, engine)) return *transferred;
   return default_calibration(h);
 }
 

@@ -83,13 +83,31 @@ nlohmann::json calibration_to_json(const Calibration& c);
 // Parses the object calibration_to_json() writes; missing constants keep their defaults.
 // Throws InputError naming `file`, the field and the value (efficiencies must lie in (0, 1]).
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& file);
+// The calibration of hardware `to` that nobody fitted, from `fitted`, the calibration of hardware
+// `from` whose GPUs are of the same architecture (GpuSpec::architecture): such GPUs run the same
+// kernels on the same SMs, and their host software is the same, so
+//   - the GPU efficiencies (fractions of the BF16 and HBM peaks), their fill ramps and the GPU
+//     side's fixed costs (per stage, per operator, per expert, per transfer) carry over as fitted;
+//   - link rates and CPU throughputs carry over as fractions of the datasheet figure they were
+//     fitted against: h2d/d2h × to's PCIe rate / from's, the CPU rates × to's socket AdamW rate /
+//     from's (each left at to's estimate when either spec does not state it);
+//   - the fabric's efficiency and the per-collective overhead carry over only to the same kind of
+//     fabric (NVLink or PCIe peer); on another, they keep the estimates.
+// Kernels whose fitted efficiency also reflects a memory bound (GDN, small expert GEMMs) carry
+// their H100-era fraction of the BF16 peak over: on a GPU of more HBM bandwidth and the same peak
+// (the H200) they are predicted no faster. `fitted_from` says where the constants came from.
+Calibration transfer_calibration(const Calibration& fitted, const HardwareSpec& from, const HardwareSpec& to);
+
 // configs/calibration/NAME.json (under config_root()), or a path; for an engine other than
 // "analytic", configs/calibration/NAME.ENGINE.json (the constants fitted with that engine,
 // `oom calibrate --engine ENGINE`).
 std::string calibration_path(const std::string& hardware_name, const std::string& engine = "analytic");
 // Loads the calibration of `h` for `engine`: configs/calibration/<h.name>.<engine>.json when the
 // engine is not "analytic" and that file exists, else configs/calibration/<h.name>.json when it
-// exists, else default_calibration(h). A file that exists but is malformed throws InputError.
+// exists (then the same for the node a cluster spec is made of), else the transfer
+// (transfer_calibration()) of the calibration of a hardware in configs/hardware whose GPUs are of
+// h's architecture — one of the same GPU model first, then the first by name — else
+// default_calibration(h). A file that exists but is malformed throws InputError.
 Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine = "analytic");
 // Loads the calibration file at `path` for hardware `h`; rates left at 0 take h's. Throws
 // InputError when the file is malformed or names other hardware ("hardware" field).

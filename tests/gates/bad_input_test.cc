@@ -224,6 +224,9 @@ std::vector<Case> cases() {
   c.push_back({"hardware_negative_gemm_half_rows",
                {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu"]["gemm_half_rows"] = -4; })}},
                memory_with_workload(), H, "gpu.gemm_half_rows", "-4", "range"});
+  c.push_back({"hardware_bad_architecture",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu"]["architecture"] = "Hopper GH100"; })}},
+               memory_with_workload(), H, "gpu.architecture", "\"Hopper GH100\"", "lower-case"});
   c.push_back({"hardware_gpu_numa_out_of_range", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu_numa"] = {5}; })}},
                memory_with_workload(), H, "gpu_numa[0]", "5", "range"});
   c.push_back({"hardware_missing_gpu", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j.erase("gpu"); })}},

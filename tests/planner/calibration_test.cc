@@ -49,9 +49,67 @@ TEST(Calibration, LoadsTheProjectCalibrationOfTheH100Node) {
   EXPECT_NE(c, default_calibration(h));  // fitted, not the estimate
   EXPECT_GT(c.gemm_efficiency, 0.0);
   EXPECT_LE(c.gemm_efficiency, 1.0);
-  // A hardware without a calibration file gets the estimate.
+  // A hardware without a calibration file, whose GPU architecture (Ada) nobody calibrated, gets
+  // the estimate.
   const HardwareSpec other = load_hardware_spec("rtx4090-node");
+  EXPECT_EQ(other.gpu.architecture, "ada");
   EXPECT_EQ(load_calibration_for(other), default_calibration(other));
+}
+
+TEST(Calibration, TransfersTheH100CalibrationToTheH200) {
+  const HardwareSpec h100 = load_hardware_spec("h100-sxm-node");
+  const HardwareSpec h200 = load_hardware_spec("h200-sxm-node");
+  ASSERT_EQ(h200.gpu.architecture, h100.gpu.architecture);
+  for (const std::string engine : {"analytic", "simgrid"}) {
+    SCOPED_TRACE(engine);
+    const Calibration fitted = load_calibration_for(h100, engine);
+    const Calibration c = load_calibration_for(h200, engine);
+    EXPECT_EQ(c.hardware, "h200-sxm-node");
+    EXPECT_NE(c.fitted_from.find("h100-sxm-node"), std::string::npos) << c.fitted_from;
+    // The kernels' efficiencies and the fixed costs as fitted (each engine's own fit).
+    EXPECT_EQ(c.gemm_efficiency, fitted.gemm_efficiency);
+    EXPECT_EQ(c.expert_gemm_efficiency, fitted.expert_gemm_efficiency);
+    EXPECT_EQ(c.attention_efficiency, fitted.attention_efficiency);
+    EXPECT_EQ(c.gdn_efficiency, fitted.gdn_efficiency);
+    EXPECT_EQ(c.compute_overhead_s, fitted.compute_overhead_s);
+    EXPECT_EQ(c.expert_overhead_s, fitted.expert_overhead_s);
+    EXPECT_EQ(c.fabric_efficiency, fitted.fabric_efficiency);  // NVLink both
+    EXPECT_EQ(c.collective_overhead_s, fitted.collective_overhead_s);
+    // Link and CPU rates as fractions of each spec's datasheet rates.
+    EXPECT_DOUBLE_EQ(c.h2d_Bps, fitted.h2d_Bps * h200.pcie.h2d_Bps / h100.pcie.h2d_Bps);
+    EXPECT_DOUBLE_EQ(c.cpu_adamw_params_per_s,
+                     fitted.cpu_adamw_params_per_s * h200.numa[0].adamw_params_per_s / h100.numa[0].adamw_params_per_s);
+    EXPECT_NE(c, default_calibration(h200));
+  }
+  EXPECT_NE(load_calibration_for(h200, "simgrid"), load_calibration_for(h200));
+}
+
+TEST(Calibration, TransferScalesRatesAndKeepsTheFabricOnlyOnItsKind) {
+  const HardwareSpec from = load_hardware_spec("h100-sxm-node");
+  Calibration fitted = load_calibration_for(from);
+  HardwareSpec to = from;
+  to.name = "faster-links";
+  to.pcie.h2d_Bps *= 2;
+  to.pcie.d2h_Bps *= 3;
+  for (auto& n : to.numa) n.adamw_params_per_s /= 2;
+  Calibration c = transfer_calibration(fitted, from, to);
+  EXPECT_DOUBLE_EQ(c.h2d_Bps, 2 * fitted.h2d_Bps);
+  EXPECT_DOUBLE_EQ(c.d2h_Bps, 3 * fitted.d2h_Bps);
+  EXPECT_DOUBLE_EQ(c.cpu_adamw_params_per_s, fitted.cpu_adamw_params_per_s / 2);
+  EXPECT_DOUBLE_EQ(c.host_prep_params_per_s, fitted.host_prep_params_per_s / 2);
+  EXPECT_DOUBLE_EQ(c.host_accumulate_params_per_s, fitted.host_accumulate_params_per_s / 2);
+  EXPECT_DOUBLE_EQ(c.torch_adamw_params_per_s, fitted.torch_adamw_params_per_s / 2);
+  EXPECT_EQ(c.fabric_efficiency, fitted.fabric_efficiency);
+  // Another fabric (PCIe peer): the NVLink fit says nothing of it.
+  to.fabric.kind = FabricKind::kPciePeer;
+  c = transfer_calibration(fitted, from, to);
+  EXPECT_EQ(c.fabric_efficiency, default_calibration(to).fabric_efficiency);
+  EXPECT_EQ(c.collective_overhead_s, default_calibration(to).collective_overhead_s);
+  EXPECT_EQ(c.gemm_efficiency, fitted.gemm_efficiency);
+  // No stated architecture: nothing to transfer from.
+  HardwareSpec unknown = load_hardware_spec("h200-sxm-node");
+  unknown.gpu.architecture.clear();
+  EXPECT_EQ(load_calibration_for(unknown), default_calibration(unknown));
 }
 
 }  // namespace
