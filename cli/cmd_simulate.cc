@@ -92,7 +92,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   s->add_option("--engine", sim->engine, engine_help);
   s->add_option("--trace", sim->trace_path, "Write the Chrome/Perfetto trace JSON to this file");
   s->add_option("--calibration", sim->calibration_path,
-                "Calibration JSON (default: configs/calibration/<hardware>.<engine>.json, else <hardware>.json, when present; else uncalibrated)");
+                "Calibration JSON (default: configs/calibration/<hardware>.<engine>.json, else <hardware>.json, else its node's, else one of its GPU architecture's, transferred; else uncalibrated)");
   s->add_flag("--every-rank", sim->every_rank,
               "Lower every rank's stages even when every node runs the same schedule (by default one node's stand for all: same step and peaks)");
   s->add_flag("--json", sim->json, "Print one JSON object");
@@ -105,14 +105,16 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
     const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware, sim->engine)
                                                                   : load_calibration_file(sim->calibration_path, ctx.hardware);
+    const std::string source = sim->calibration_path.empty() ? calibration_source(ctx.hardware, sim->engine) : sim->calibration_path;
     const SimulationResult r = simulate_plan(plan, ctx, engines, sim->engine, calibration, sim->every_rank);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
     if (sim->json) {
       nlohmann::json j = simulation_to_json(r);
       j["workload"] = workload_to_json(ctx.workload);
+      j["calibration"] = source;
       emit(sim->output, j.dump(2) + "\n", io);
     } else {
-      emit(sim->output, simulation_text(r), io);
+      emit(sim->output, simulation_text(r) + "calibration: " + source + "\n", io);
     }
   });
 

@@ -152,7 +152,7 @@ namespace {
 // the analytic calibrations' names (configs/calibration/NAME.json) that name a hardware spec;
 // one of h's GPU model wins, then the first by name. A calibration or spec that exists but is
 // malformed throws InputError.
-std::optional<Calibration> transferred_calibration_for(const HardwareSpec& h, const std::string& engine) {
+std::optional<Calibration> transferred_calibration_for(const HardwareSpec& h, const std::string& engine, std::string& source) {
   if (h.gpu.architecture.empty()) return std::nullopt;
   std::optional<HardwareSpec> best;
   for (const std::string& name : config_names("calibration")) {
@@ -166,12 +166,12 @@ std::optional<Calibration> transferred_calibration_for(const HardwareSpec& h, co
   std::error_code ec;
   const std::string own = calibration_path(best->name, engine);
   const std::string path = std::filesystem::is_regular_file(own, ec) ? own : calibration_path(best->name);
+  source = fmt::format("{} transferred (same GPU architecture, {})", path, h.gpu.architecture);
   return transfer_calibration(load_calibration_file(path, *best), *best, h);
 }
 
-}  // namespace
-
-Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
+// load_calibration_for(), and in `source` where its constants come from.
+Calibration choose_calibration(const HardwareSpec& h, const std::string& engine, std::string& source) {
   // The spec's own files, then (a cluster without calibrations of its own) its node's: same GPUs,
   // links and sockets. Each name's file for the engine comes before its analytic one.
   std::error_code ec;
@@ -179,11 +179,28 @@ Calibration load_calibration_for(const HardwareSpec& h, const std::string& engin
   if (!h.node_name.empty() && h.node_name != h.name) names.push_back(h.node_name);
   for (const std::string& name : names) {
     for (const std::string& path : {calibration_path(name, engine), calibration_path(name)}) {
-      if (std::filesystem::is_regular_file(path, ec)) return load_calibration_file(path, h);
+      if (std::filesystem::is_regular_file(path, ec)) {
+        source = path;
+        return load_calibration_file(path, h);
+      }
     }
   }
-  if (std::optional<Calibration> transferred = transferred_calibration_for(h, engine)) return *transferred;
+  if (std::optional<Calibration> transferred = transferred_calibration_for(h, engine, source)) return *transferred;
+  source = "uncalibrated estimate (no calibration of this hardware, its node or its GPU architecture)";
   return default_calibration(h);
+}
+
+}  // namespace
+
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
+  std::string source;
+  return choose_calibration(h, engine, source);
+}
+
+std::string calibration_source(const HardwareSpec& h, const std::string& engine) {
+  std::string source;
+  choose_calibration(h, engine, source);
+  return source;
 }
 
 }  // namespace oom

@@ -109,6 +109,9 @@ std::string calibration_path(const std::string& hardware_name, const std::string
 // h's architecture — one of the same GPU model first, then the first by name — else
 // default_calibration(h). A file that exists but is malformed throws InputError.
 Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine = "analytic");
+// Where load_calibration_for(h, engine) takes its constants from: the file it reads, the file it
+// transfers from (and the architecture), or the uncalibrated estimate. Throws as it does.
+std::string calibration_source(const HardwareSpec& h, const std::string& engine = "analytic");
 // Loads the calibration file at `path` for hardware `h`; rates left at 0 take h's. Throws
 // InputError when the file is malformed or names other hardware ("hardware" field).
 Calibration load_calibration_file(const std::string& path, const HardwareSpec& h);

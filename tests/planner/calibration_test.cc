@@ -54,6 +54,8 @@ TEST(Calibration, LoadsTheProjectCalibrationOfTheH100Node) {
   const HardwareSpec other = load_hardware_spec("rtx4090-node");
   EXPECT_EQ(other.gpu.architecture, "ada");
   EXPECT_EQ(load_calibration_for(other), default_calibration(other));
+  EXPECT_NE(calibration_source(other).find("uncalibrated"), std::string::npos) << calibration_source(other);
+  EXPECT_NE(calibration_source(h).find("h100-sxm-node.json"), std::string::npos) << calibration_source(h);
 }
 
 TEST(Calibration, TransfersTheH100CalibrationToTheH200) {

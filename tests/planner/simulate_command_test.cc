@@ -34,6 +34,7 @@ TEST(SimulateCommand, JsonReportAndPerfettoTrace) {
   EXPECT_GT(j["step_s"].get<double>(), 1.0);
   EXPECT_EQ(j["gpu_peak_gib"].size(), 4u);
   EXPECT_TRUE(j["breakdown"].contains("exposed_a2a_s"));
+  EXPECT_NE(j["calibration"].get<std::string>().find("configs/calibration/h100-sxm-node.json"), std::string::npos) << j["calibration"];
   std::ifstream in(trace);
   const auto chrome = nlohmann::json::parse(in);
   ASSERT_TRUE(chrome.contains("traceEvents"));
@@ -67,6 +68,9 @@ TEST(SimulateCommand, OneNodesStagesStandForEveryNodesUnlessEveryRankIsAsked) {
     EXPECT_EQ(a["gpu_peak_gib"], b["gpu_peak_gib"]) << engine;
     EXPECT_EQ(a["gpu_peak_gib"].size(), 16u) << engine;
     EXPECT_EQ(a["numa_host_gib"], b["numa_host_gib"]) << engine;
+    // No calibration of the H200 node: the H100 node's, transferred (the engine's own fit).
+    const std::string source = a["calibration"];
+    EXPECT_NE(source.find("h100-sxm-node" + std::string(engine == "simgrid" ? ".simgrid" : "") + ".json transferred"), std::string::npos) << source;
   }
   std::filesystem::remove(workload);
 }
