@@ -372,7 +372,8 @@ StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const P
         result.rows.back().study_case.sweep == c.sweep) {
       row.baselines = result.rows.back().baselines;
     } else {
-      const Calibration calibration = load_calibration_for(ctx.hardware);
+      // The constants fitted with the engine that runs the baselines (NAME.ENGINE.json first).
+      const Calibration calibration = load_calibration_for(ctx.hardware, spec.engine);
       for (const auto system : spec.baselines) {
         BaselineResult b = run_baseline(system, ctx, engines, spec.engine, calibration);
         b.trace = Trace{};  // rows keep the numbers only
