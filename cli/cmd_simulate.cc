@@ -103,9 +103,9 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
     const Plan plan = load_plan(sim->plan_path);
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
-    const Calibration calibration = sim->calibration_path.empty() ? load_calibration_for(ctx.hardware, sim->engine)
-                                                                  : load_calibration_file(sim->calibration_path, ctx.hardware);
-    const std::string source = sim->calibration_path.empty() ? calibration_source(ctx.hardware, sim->engine) : sim->calibration_path;
+    std::string source = sim->calibration_path;
+    const Calibration calibration = source.empty() ? load_calibration_for(ctx.hardware, sim->engine, &source)
+                                                   : load_calibration_file(source, ctx.hardware);
     const SimulationResult r = simulate_plan(plan, ctx, engines, sim->engine, calibration, sim->every_rank);
     if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
     if (sim->json) {

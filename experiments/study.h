@@ -159,9 +159,10 @@ struct StudyResult {
 };
 
 // Runs every case: the plan search through `find_plan`, each baseline with the engine of `engines`
-// named `spec.engine` and the hardware's calibration for that engine (load_calibration_for()). A workload that does not resolve (unknown
-// model, too many GPUs) throws InputError naming the study's sweep and field; an engine that
-// `engines` does not offer, InputError naming it (run_baseline()).
+// named `spec.engine` and the hardware's calibration for that engine (load_calibration_for()). A
+// workload that does not resolve (unknown model, too many GPUs) throws InputError naming the
+// study's sweep and field; an engine that `engines` does not offer, InputError naming it
+// (run_baseline()).
 StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const PlanFinder& find_plan,
                       const StudyProgress& progress = {});
 

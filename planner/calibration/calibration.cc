@@ -147,6 +147,15 @@ Calibration transfer_calibration(const Calibration& fitted, const HardwareSpec& 
 
 namespace {
 
+// configs/calibration/NAME.ENGINE.json when it exists, else NAME.json when it exists.
+std::optional<std::string> existing_calibration_path(const std::string& name, const std::string& engine) {
+  std::error_code ec;
+  for (const std::string& path : {calibration_path(name, engine), calibration_path(name)}) {
+    if (std::filesystem::is_regular_file(path, ec)) return path;
+  }
+  return std::nullopt;
+}
+
 // The calibration of another hardware in configs/ whose GPUs share h's architecture, transferred
 // to h; nullopt when h states no architecture or no such hardware is calibrated. Candidates are
 // the analytic calibrations' names (configs/calibration/NAME.json) that name a hardware spec;
@@ -163,44 +172,29 @@ std::optional<Calibration> transferred_calibration_for(const HardwareSpec& h, co
     if (!best || (from.gpu.name == h.gpu.name && best->gpu.name != h.gpu.name)) best = std::move(from);
   }
   if (!best) return std::nullopt;
-  std::error_code ec;
-  const std::string own = calibration_path(best->name, engine);
-  const std::string path = std::filesystem::is_regular_file(own, ec) ? own : calibration_path(best->name);
+  const std::string path = existing_calibration_path(best->name, engine).value_or(calibration_path(best->name));
   source = fmt::format("{} transferred (same GPU architecture, {})", path, h.gpu.architecture);
   return transfer_calibration(load_calibration_file(path, *best), *best, h);
 }
 
-// load_calibration_for(), and in `source` where its constants come from.
-Calibration choose_calibration(const HardwareSpec& h, const std::string& engine, std::string& source) {
+}  // namespace
+
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine, std::string* source) {
+  std::string ignored;
+  std::string& said = source ? *source : ignored;
   // The spec's own files, then (a cluster without calibrations of its own) its node's: same GPUs,
   // links and sockets. Each name's file for the engine comes before its analytic one.
-  std::error_code ec;
   std::vector<std::string> names{h.name};
   if (!h.node_name.empty() && h.node_name != h.name) names.push_back(h.node_name);
   for (const std::string& name : names) {
-    for (const std::string& path : {calibration_path(name, engine), calibration_path(name)}) {
-      if (std::filesystem::is_regular_file(path, ec)) {
-        source = path;
-        return load_calibration_file(path, h);
-      }
+    if (std::optional<std::string> path = existing_calibration_path(name, engine)) {
+      said = *path;
+      return load_calibration_file(*path, h);
     }
   }
-  if (std::optional<Calibration> transferred = transferred_calibration_for(h, engine, source)) return *transferred;
-  source = "uncalibrated estimate (no calibration of this hardware, its node or its GPU architecture)";
+  if (std::optional<Calibration> transferred = transferred_calibration_for(h, engine, said)) return *transferred;
+  said = "uncalibrated estimate (no calibration of this hardware, its node or its GPU architecture)";
   return default_calibration(h);
-}
-
-}  // namespace
-
-Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine) {
-  std::string source;
-  return choose_calibration(h, engine, source);
-}
-
-std::string calibration_source(const HardwareSpec& h, const std::string& engine) {
-  std::string source;
-  choose_calibration(h, engine, source);
-  return source;
 }
 
 }  // namespace oom

@@ -107,11 +107,10 @@ std::string calibration_path(const std::string& hardware_name, const std::string
 // exists (then the same for the node a cluster spec is made of), else the transfer
 // (transfer_calibration()) of the calibration of a hardware in configs/hardware whose GPUs are of
 // h's architecture — one of the same GPU model first, then the first by name — else
-// default_calibration(h). A file that exists but is malformed throws InputError.
-Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine = "analytic");
-// Where load_calibration_for(h, engine) takes its constants from: the file it reads, the file it
-// transfers from (and the architecture), or the uncalibrated estimate. Throws as it does.
-std::string calibration_source(const HardwareSpec& h, const std::string& engine = "analytic");
+// default_calibration(h). A file that exists but is malformed throws InputError. `source`, when
+// given, receives where the constants come from: the file read, the file transferred from (and the
+// architecture), or the uncalibrated estimate.
+Calibration load_calibration_for(const HardwareSpec& h, const std::string& engine = "analytic", std::string* source = nullptr);
 // Loads the calibration file at `path` for hardware `h`; rates left at 0 take h's. Throws
 // InputError when the file is malformed or names other hardware ("hardware" field).
 Calibration load_calibration_file(const std::string& path, const HardwareSpec& h);
