@@ -1,5 +1,7 @@
 #include "costmodel/traffic.h"
 
+#include "costmodel/flops.h"
+
 namespace oom {
 namespace {
 
@@ -31,6 +33,15 @@ Bytes mixing_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {
     if (a.output_gate) per_token += 3 * q;
   }
   return per_token * tokens * kBf16Bytes;
+}
+
+Bytes gdn_core_hbm_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_tokens, bool backward) {
+  const std::int64_t C = kGdnKernelChunk, dk = g.key_head_dim, dv = g.value_head_dim;
+  const std::int64_t chunks = seqs * ((seq_tokens + C - 1) / C);
+  const std::int64_t vectors = backward ? 18 * dk + 15 * dv : 7 * dk + 6 * dv;  // BF16 q, k, v, w, u, … reads and writes
+  const std::int64_t a_matrix = backward ? (C * kBf16Bytes + C * kFp32Bytes) : (2 * C * kFp32Bytes + 2 * C * kBf16Bytes);
+  const std::int64_t states = (backward ? 4 : 2) * dk * dv * kBf16Bytes;  // h (and dh) per chunk, written and read
+  return g.value_heads * (seqs * seq_tokens * (vectors * kBf16Bytes + a_matrix) + chunks * states);
 }
 
 MoeTraffic moe_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {

@@ -27,8 +27,9 @@
 //   SwiGLU of the routed experts: read gate and up, write        3·k·I (and 3·I_shared, 3·I_dense)
 // The backward of a memory-bound kernel reads the output gradient and the saved inputs and writes
 // the input gradients: kMemoryBackwardRatio × the forward bytes.
-// Attention's and GDN's cores read their operands inside the fused kernel: their efficiency covers
-// that, so they are not counted here. Pure functions.
+// Attention's core reads its operands inside one fused kernel: its efficiency covers that, so it is
+// not counted here. GDN's chunked core is not one kernel but a chain of them that hand their
+// intermediates through HBM: gdn_core_hbm_bytes(). Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,30 @@ struct MoeTraffic {
   Bytes total() const { return pre + experts + combine; }
 };
 MoeTraffic moe_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens);
+
+// HBM bytes of the chunked Gated DeltaNet core (the chunk_gated_delta_rule kernels of
+// flash-linear-attention, which transformers' Qwen3-Next/Qwen3.5 layers call, with q and k repeated
+// to the value heads) over `seqs` sequences of `seq_tokens` tokens, forward or backward. Each
+// kernel reads its inputs and writes its outputs, per token and value head (d_k, d_v the head dims,
+// C = kGdnKernelChunk, BF16 tensors unless named):
+//   forward:
+//     scaled K·Kᵀ within each chunk: read k, write A (FP32, C wide)
+//     triangular solve: read A, write A⁻¹ (C wide)
+//     WY representation: read k, v, A⁻¹, write w, u
+//     chunk states: read k, w, u, write the state h entering each chunk (d_k·d_v per C tokens)
+//        and the corrected values v_new
+//     output: read q, k, v_new, h, write o
+//   backward (the forward saves q, k, v, the gate and A; w, u, h are recomputed):
+//     WY recomputed: read k, v, A⁻¹, write w, u
+//     chunk states recomputed: read k, w, u, write h, v_new
+//     local dv: read q, k, do, write dv
+//     state gradients: read q, k, w, do, dv, write dh (per chunk, as h) and the corrected dv
+//     dq, dk, dw: read q, k, w, v_new, do, dv, h, dh, write dq, dk, dw
+//     WY backward: read k, v, A (FP32), dw, dv, write dk, dv
+// That is 14·d_k + 12·d_v + 12·C bytes plus h written and read (4·d_k·d_v/C) forward, and
+// 36·d_k + 30·d_v + 6·C plus h and dh (8·d_k·d_v/C) backward. The gate, β and their gradients
+// (a few scalars per token and head) are left out.
+Bytes gdn_core_hbm_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_tokens, bool backward);
 
 // HBM bytes of the LM head's cross-entropy for `tokens` tokens: FP32 logits written and read back
 // by the log-sum-exp in the forward; read again and a BF16 gradient written in the backward. A

@@ -93,9 +93,11 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
 //     from's (each left at to's estimate when either spec does not state it);
 //   - the fabric's efficiency and the per-collective overhead carry over only to the same kind of
 //     fabric (NVLink or PCIe peer); on another, they keep the estimates.
-// Kernels whose fitted efficiency also reflects a memory bound (GDN, small expert GEMMs) carry
-// their H100-era fraction of the BF16 peak over: on a GPU of more HBM bandwidth and the same peak
-// (the H200) they are predicted no faster. `fitted_from` says where the constants came from.
+// Memory-bound kernels priced by their HBM bytes (norms, permutations, GDN's chunked kernels'
+// intermediates: costmodel/traffic.h) run at the target's own HBM rate. Kernels whose fitted
+// efficiency still reflects a memory bound (small expert GEMMs) carry their H100-era fraction of
+// the BF16 peak over: on a GPU of more HBM bandwidth and the same peak (the H200) they are
+// predicted no faster. `fitted_from` says where the constants came from.
 Calibration transfer_calibration(const Calibration& fitted, const HardwareSpec& from, const HardwareSpec& to);
 
 // configs/calibration/NAME.json (under config_root()), or a path; for an engine other than

@@ -112,8 +112,8 @@ PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const Wi
     op_calls_ = calls.calls;  // the backend's calls in each piece's stage
     for (int c = 0; c < chunks; ++c) {
       // Each chunk hands its FP32 recurrent state to the next (stream order carries it).
-      last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks, 0,
-                         core, {last});
+      last = compute_all(what(StagePart::kGdn, StageOp::kCore).at_chunk(c), OpKind::kGdn, phase, l, f.mixing_core.total() / chunks,
+                         gdn_core_hbm_bytes(m_.gdn, core.seqs, core.seq_len, false), core, {last});
     }
     op_calls_ = 1;
     last = output_projection({gdn_state_chain(l, phase, last, chunks)});
@@ -402,7 +402,8 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
     op_calls_ = calls.calls;
     for (int c = chunks - 1; c >= 0; --c) {
       last = compute_all(what(StagePart::kGdn, StageOp::kCoreBwd).at_chunk(c), OpKind::kGdn, Phase::kBackward, l,
-                         kGdnBackwardRatio * f.mixing_core.total() / chunks, 0, core, {last});
+                         kGdnBackwardRatio * f.mixing_core.total() / chunks, gdn_core_hbm_bytes(m_.gdn, core.seqs, core.seq_len, true),
+                         core, {last});
       held_by_call(last, workspace);
     }
     op_calls_ = 1;

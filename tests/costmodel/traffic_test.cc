@@ -34,6 +34,19 @@ TEST(Traffic, GdnMixingCountsConvNormsAndGates) {
   EXPECT_EQ(mixing_hbm_bytes(m, 1, 7), 7 * per_token * kBf16Bytes);
 }
 
+// Qwen3.6's GDN heads (d_k = d_v = 128, chunks of 64): 5,120 bytes per token and value head
+// forward (14·128 + 12·128 of vectors, 12·64 of A, 4·128·128/64 of states), 10,880 backward
+// (36·128 + 30·128 + 6·64 + 8·128·128/64). A sequence's last, partial chunk still writes a state.
+TEST(Traffic, GdnCoreCountsTheChunkedKernelsIntermediates) {
+  const GdnSpec g{.key_heads = 16, .value_heads = 32, .key_head_dim = 128, .value_head_dim = 128, .conv_kernel = 4};
+  EXPECT_EQ(gdn_core_hbm_bytes(g, 1, 4096, false), 32 * 4096 * 5120);
+  EXPECT_EQ(gdn_core_hbm_bytes(g, 1, 4096, true), 32 * 4096 * 10880);
+  EXPECT_EQ(gdn_core_hbm_bytes(g, 3, 4096, true), 3 * gdn_core_hbm_bytes(g, 1, 4096, true));
+  const std::int64_t state = 2 * 128 * 128 * kBf16Bytes;  // h written and read, per chunk
+  EXPECT_EQ(gdn_core_hbm_bytes(g, 1, 65, false) - gdn_core_hbm_bytes(g, 1, 64, false),
+            32 * ((5120 - state / 64) + state));  // one more token, and a second chunk's state
+}
+
 TEST(Traffic, MoeCountsRouterPermutationAndActivations) {
   ModelSpec m = model();
   const MoeTraffic t = moe_hbm_bytes(m, 0, 10);

@@ -404,7 +404,8 @@ TEST(FitCalibration, OperatorRecordsPriceTheMatchingStages) {
 // stage of its own after the core (out), and a layer's forward, or a replay over the kept O, runs
 // it. At the estimate's constants the replay is the projections' arithmetic, the output
 // projection's included, at the GEMM rate plus the sublayer's memory-bound kernels at the HBM
-// rate; GDN's forward adds its core at the GDN rate. Without the output projection both fall
+// rate; GDN's forward adds its core, its arithmetic at the GDN rate and the HBM traffic of its
+// chunked kernels (gdn_core_hbm_bytes) at the HBM rate. Without the output projection both fall
 // short by a third of their GEMM time (Qwen3.6's o_proj is 8.4 M of the attention's 27.3 M
 // projection parameters, GDN's out_proj 8.4 M of 33.7 M).
 TEST(FitCalibration, MixingOperatorsPriceTheOutputProjection) {
@@ -427,7 +428,8 @@ TEST(FitCalibration, MixingOperatorsPriceTheOutputProjection) {
                           static_cast<double>(mixing_hbm_bytes(m, attention_layer, T)) / hbm;
   const double gdn_s = gdn_projection_flops(m.gdn, m.hidden, T) / gemm +
                        static_cast<double>(mixing_hbm_bytes(m, gdn_layer, T)) / hbm +
-                       gdn_core_flops(m.gdn, T) / (peak * c.gdn_efficiency);
+                       gdn_core_flops(m.gdn, T) / (peak * c.gdn_efficiency) +
+                       static_cast<double>(gdn_core_hbm_bytes(m.gdn, 1, T, false)) / hbm;
   EXPECT_NEAR(fit.rows[0].predicted_s / replay_s, 1.0, 1e-9);
   EXPECT_NEAR(fit.rows[1].predicted_s / gdn_s, 1.0, 1e-9);
 }
