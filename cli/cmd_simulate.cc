@@ -1,13 +1,15 @@
 // `oom simulate --workload W.json --plan P.json [--engine analytic|simgrid] [--calibration C.json] [--trace out.json] [--json]`,
 // `oom validate FILE.jsonl [--engine ...] [--json] [--explain ID [--published FILE]]` and
-// `oom calibrate --records FILE --hardware NAME [--engine E] -o configs/calibration/NAME.json` and
+// `oom calibrate --records FILE --hardware NAME [--engine E] [--hold-out ID,...|none] -o configs/calibration/NAME.json` and
 // `oom calibrate --records FILE --hardware NAME --cross-validate model|hardware|gpus|path|record [--engine E]
 // [--measured-device] [--breakdown-weight W] [--starts N] [--screen-iterations N] [--finalists N]
 // [--prior-weight W] [--robust-scale S] [--json]`.
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -45,8 +47,38 @@ struct CalibrateArgs {
   int finalists = FitOptions{}.finalists;
   double prior_weight = FitOptions{}.prior_weight;
   double robust_scale = FitOptions{}.robust_scale;
+  // Records predicted but not fitted (comma-separated ids, or "none"); empty: the default set.
+  std::string hold_out;
   bool json = false;
 };
+
+// The ids `--hold-out` names: "none" holds out nothing; otherwise comma-separated ids, each of a
+// record of `hw` in `records` (a misspelt id would silently fit the record it meant to check).
+std::vector<std::string> held_out_ids(const std::string& value, const RecordSet& records, const HardwareSpec& hw,
+                                      const std::string& records_path) {
+  if (value == "none") return {};
+  std::set<std::string> known;
+  for (const auto& r : records.steps) {
+    if (r.workload.hardware == hw.name) known.insert(r.id);
+  }
+  for (const auto& o : records.operators) {
+    if (o.hardware == hw.name) known.insert(o.id);
+  }
+  std::vector<std::string> ids;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = std::min(value.find(',', begin), value.size());
+    const std::string id = value.substr(begin, end - begin);
+    if (id.empty()) throw InputError("", "--hold-out", "\"" + value + "\"", "an empty id (comma-separated ids, or none)");
+    if (!known.count(id)) {
+      throw InputError("", "--hold-out", "\"" + id + "\"", fmt::format("no record of {} in {} has this id", hw.name, records_path));
+    }
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    if (end == value.size()) break;
+    begin = end + 1;
+  }
+  return ids;
+}
 
 // The fit's search options from the command line, each checked against its range.
 void apply_search_options(const CalibrateArgs& a, FitOptions& o) {
@@ -178,6 +210,10 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
                 fmt::format("Soft-L1 scale of a record's log error: records far past it weigh in proportion to their error, not its "
                             "square; 0: plain least squares (default {})",
                             FitOptions{}.robust_scale));
+  c->add_option("--hold-out", cal->hold_out,
+                fmt::format("Records predicted but not fitted, to check the fit: comma-separated ids, or none (default: {}; not with "
+                            "--cross-validate, whose folds hold out their own groups)",
+                            fmt::join(FitOptions::default_held_out_ids(), ",")));
   const std::function<bool()> backend = add_backend_calibration(*c, io);  // `oom calibrate --backend` (plugin)
   c->callback([=] {
     if (backend()) return;
@@ -192,6 +228,9 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     }
     if (!engines.has(cal->engine)) {
       throw InputError("", "--engine", "\"" + cal->engine + "\"", "unknown engine");
+    }
+    if (cross && !cal->hold_out.empty()) {
+      throw InputError("", "--hold-out", "\"" + cal->hold_out + "\"", "not with --cross-validate (each fold holds out its own group)");
     }
     FitOptions search;  // the fit's search options, checked before anything is loaded
     apply_search_options(*cal, search);
@@ -213,6 +252,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
       return;
     }
     FitOptions options = search;
+    if (!cal->hold_out.empty()) options.held_out_ids = held_out_ids(cal->hold_out, records, hw, cal->records_path);
     options.engine = cal->engine;
     options.engines = engines;
     options.compute_anchors_s = anchors;

@@ -384,6 +384,10 @@ std::vector<Case> cases() {
                "", "--prior-weight", "-0.5", "out of range"});
   c.push_back({"calibrate_negative_robust_scale", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], "--robust-scale=-0.1", "-o", "{dir}/c.json"},
                "", "--robust-scale", "-0.1", "out of range"});
+  c.push_back({"calibrate_hold_out_unknown_id", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], "--hold-out", "t4-b32,t4-b999", "-o", "{dir}/c.json"},
+               "", "--hold-out", "\"t4-b999\"", "no record"});
+  c.push_back({"calibrate_hold_out_in_cross_validation", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "record", "--hold-out", "t4-b32"},
+               "", "--hold-out", "\"t4-b32\"", "not with --cross-validate"});
   c.push_back({"calibrate_cross_validate_records_bad_line", {{"r.jsonl", record_with([](json& j) { j["measured"]["step_s"] = -1; })}},
                {"calibrate", "--records", R, "--hardware", "h100-sxm-node", "--cross-validate", "record"}, R + ":1",
                "measured.step_s", "-1", "range"});

@@ -2,6 +2,7 @@
 // run in-process through oom::cli::run().
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -158,6 +159,31 @@ TEST(CalibrateCommand, SearchOptionsReachTheFit) {
   EXPECT_GT(four["iterations"].get<int>(), one["iterations"].get<int>());
   // A strong pull to the estimate leaves the record's error larger than a weak one.
   EXPECT_GT(std::abs(pulled["records"][0]["rel_error"].get<double>()), std::abs(one["records"][0]["rel_error"].get<double>()));
+}
+
+TEST(CalibrateCommand, HoldOutChoosesTheRecordsTheFitOnlyPredicts) {
+  // Two operator records: `--hold-out op2` fits `op` alone and predicts `op2`; `none` fits both.
+  const std::string records = temp_path("records-hold-out.jsonl");
+  write_one_operator_record(records);
+  std::ofstream(records, std::ios::app) << R"({"id": "op2", "kind": "operator", "model": "qwen3.6-35b-a3b", "hardware": "h100-sxm-node", )"
+                                        << R"("layer_type": "linear_attention", "op": "gdn_mixing_forward", "batch": 1, "seq_len": 131072, )"
+                                        << R"("measured": {"time_s": 0.04}})" << "\n";
+  const std::string out = temp_path("cal-hold-out.json");
+  auto held = [&](const std::string& hold_out) {
+    const Result r = oom({"calibrate", "--records", records, "--hardware", "h100-sxm-node", "-o", out, "--json", "--hold-out", hold_out});
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::map<std::string, bool> h;
+    if (r.code != 0) return h;
+    const auto summary = nlohmann::json::parse(r.out);
+    for (const auto& row : summary["records"]) h[row["id"].get<std::string>()] = row["held_out"].get<bool>();
+    return h;
+  };
+  const auto one = held("op2");
+  const auto none = held("none");
+  std::filesystem::remove(out);
+  std::filesystem::remove(records);
+  EXPECT_EQ(one, (std::map<std::string, bool>{{"op", false}, {"op2", true}}));
+  EXPECT_EQ(none, (std::map<std::string, bool>{{"op", false}, {"op2", false}}));
 }
 
 TEST(CalibrateCommand, CrossValidationByGpuCountPredictsEachGroupFromTheOther) {
