@@ -44,6 +44,11 @@ Bytes gdn_core_hbm_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_t
   return g.value_heads * (seqs * seq_tokens * (vectors * kBf16Bytes + a_matrix) + chunks * states);
 }
 
+Bytes mixing_core_hbm_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_tokens, bool backward) {
+  if (m.layer_kinds.at(static_cast<std::size_t>(layer)) != LayerKind::kLinearAttention) return 0;
+  return gdn_core_hbm_bytes(m.gdn, seqs, seq_tokens, backward);
+}
+
 MoeTraffic moe_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens) {
   const MoeSpec& moe = m.layer_moe(layer);
   const std::int64_t h = m.hidden, k = moe.top_k;

@@ -77,6 +77,9 @@ MoeTraffic moe_hbm_bytes(const ModelSpec& m, int layer, std::int64_t tokens);
 // 36·d_k + 30·d_v + 6·C plus h and dh (8·d_k·d_v/C) backward. The gate, β and their gradients
 // (a few scalars per token and head) are left out.
 Bytes gdn_core_hbm_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t seq_tokens, bool backward);
+// The same for the mixing core of decoder `layer`, whatever its kind: gdn_core_hbm_bytes() for a
+// GDN layer, 0 for attention (one fused kernel).
+Bytes mixing_core_hbm_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t seq_tokens, bool backward);
 
 // HBM bytes of the LM head's cross-entropy for `tokens` tokens: FP32 logits written and read back
 // by the log-sum-exp in the forward; read again and a BF16 gradient written in the backward. A

@@ -245,7 +245,7 @@ class KtFtLowering {
       const PerRank p = gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kProjBwd : StageOp::kProj), OpKind::kGemm, phase, l,
                             ratio * f.mixing_projection, proj, traffic(mixing_hbm_bytes(m_, l, tokens())));
       gpu(what(attention ? StagePart::kAttention : StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn,
-          phase, l, core_ratio * f.mixing_core.total(), core, attention ? 0 : gdn_core_hbm_bytes(m_.gdn, seqs_, S_, backward));
+          phase, l, core_ratio * f.mixing_core.total(), core, mixing_core_hbm_bytes(m_, l, seqs_, S_, backward));
       return p;
     };
     auto moe = [&] {

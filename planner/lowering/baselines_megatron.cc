@@ -293,7 +293,7 @@ class MegatronLowering {
                                 traffic(mixing_hbm_bytes(m_, l, tokens())));
       if (first.empty()) first = p;
       compute(what(attention ? StagePart::kAttention : StagePart::kGdn, op(StageOp::kCore)), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
-              core_ratio * f.mixing_core.total() / t_, core, attention ? 0 : gdn_core_hbm_bytes(m_.gdn, seqs_, S_, backward) / t_);
+              core_ratio * f.mixing_core.total() / t_, core, mixing_core_hbm_bytes(m_, l, seqs_, S_, backward) / t_);
       tp_exchange(what(StagePart::kMixing, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l);
     };
     auto moe = [&] {

@@ -276,7 +276,7 @@ class BaselineLowering {
     const StagePart part = attention ? StagePart::kAttention : StagePart::kGdn;
     const double ratio = !backward ? 1.0 : attention ? kAttentionBackwardRatio : kGdnBackwardRatio;
     out.core = compute(what(part, backward ? StageOp::kCoreBwd : StageOp::kCore), attention ? OpKind::kAttention : OpKind::kGdn, phase, l,
-                       ratio * flops, attention ? 0 : gdn_core_hbm_bytes(m_.gdn, seqs_, S_, backward), core, {x});
+                       ratio * flops, mixing_core_hbm_bytes(m_, l, seqs_, S_, backward), core, {x});
     if (backward) {
       // The mixing core backward's buffers (attention or GDN), held over the core's stage.
       const Bytes grads = mixing_backward_total_bytes(m_, l, seqs_, S_);

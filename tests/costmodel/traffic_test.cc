@@ -45,6 +45,10 @@ TEST(Traffic, GdnCoreCountsTheChunkedKernelsIntermediates) {
   const std::int64_t state = 2 * 128 * 128 * kBf16Bytes;  // h written and read, per chunk
   EXPECT_EQ(gdn_core_hbm_bytes(g, 1, 65, false) - gdn_core_hbm_bytes(g, 1, 64, false),
             32 * ((5120 - state / 64) + state));  // one more token, and a second chunk's state
+  // A layer's mixing core: its GDN kernels' traffic, none for attention's fused kernel.
+  const ModelSpec m = model();
+  EXPECT_EQ(mixing_core_hbm_bytes(m, 1, 2, 100, true), gdn_core_hbm_bytes(m.gdn, 2, 100, true));
+  EXPECT_EQ(mixing_core_hbm_bytes(m, 0, 2, 100, true), 0);
 }
 
 TEST(Traffic, MoeCountsRouterPermutationAndActivations) {
