@@ -446,8 +446,8 @@ struct GraphRunner::Impl {
   BlockWeights outer;
   std::map<int, at::Tensor> act;               // decoder → its input on the device (L: the head's)
   // Where a decoder's input on the device came from, which says how long it stays (as the lowering
-  // keeps it: a regathered embedding output and the regenerated inputs within regenerate_cap of
-  // the next backward stay; a host boundary loaded only to start a regeneration goes).
+  // keeps it: a regathered embedding output, a host boundary loaded to start a regeneration and
+  // the regenerated inputs within regenerate_cap of the next backward stay).
   enum class Origin { kForward, kLoaded, kRegather, kRegenerated };
   std::map<int, Origin> origin;
   std::map<int, at::Tensor> host;              // host-kept boundaries
@@ -700,7 +700,7 @@ struct GraphRunner::Impl {
         device_memory::retag(p.y, MemoryUse::kBoundaries);
         origin[l + 1] = Origin::kRegenerated;
         const Origin from = origin.count(l) ? origin.at(l) : Origin::kForward;
-        if (!held && (from == Origin::kLoaded || (from == Origin::kRegenerated && l <= next_backward - cap))) act.erase(l);
+        if (!held && from == Origin::kRegenerated && l <= next_backward - cap) act.erase(l);
         break;
       }
       case PassKind::kBackward:
@@ -758,7 +758,8 @@ struct GraphRunner::Impl {
     const int l = p.l;
     const bool bwd = p.kind == PassKind::kBackward;
     const auto& x = bwd ? s.x_l : s.x;
-    const auto xn = model_norm(x, p.w["input_norm"], spec);
+    // In a backward the input norm keeps its output, not the decoder input (released by mix_out).
+    const auto xn = bwd ? model_norm_keeping_output(x, p.w["input_norm"], spec) : model_norm(x, p.w["input_norm"], spec);
     if (attention(l)) {
       s.in = plan_ops::attention_inputs(xn, p.w, spec, spec.layer_kinds[static_cast<std::size_t>(l)]);
       if (bwd) {
@@ -870,7 +871,14 @@ struct GraphRunner::Impl {
       }
     }
     s.h = s.x + (bwd ? s.mixed.detach() : s.mixed);
-    if (bwd) s.dh = at::empty_like(s.x);
+    if (bwd) {
+      s.dh = at::empty_like(s.x);
+      // The replay has read the decoder input for the last time once its last sub-batch is here: the
+      // norm kept its output, the residual sum is made, and what is left of the input (this pass's
+      // tensors, the leaves the gradient lands on) needs only its shape. Its memory goes now, as
+      // the lowering releases the boundary at this stage, not at the end of the decoder's backward.
+      if (s.b0 + s.n == B) p.x.storage().unsafeGetStorageImpl()->reset();
+    }
   }
   void mix_out_bwd(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);

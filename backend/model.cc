@@ -53,6 +53,43 @@ at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const Model
   return rms_norm(x, spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight, spec.norm_eps);
 }
 
+namespace {
+
+// y = x̂ · w, x̂ = x · r, r = (mean(x²) + eps)^-1/2. Backward from y and r alone: x̂ = y / w,
+// dx = r · (g − x̂ · mean(g · x̂)) with g = dy · w, dw = Σ dy · x̂ over the rows.
+class NormKeepingOutput : public torch::autograd::Function<NormKeepingOutput> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const auto xf = x.to(at::kFloat);
+    const auto r = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+    const auto y = xf * r;
+    const auto out = (weight.defined() ? y * weight.to(at::kFloat) : y).to(x.scalar_type());
+    ctx->save_for_backward({out, r, weight});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &out = saved[0], &r = saved[1], &weight = saved[2];
+    const at::Tensor& dy = grad_out[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto w = weight.defined() ? weight.to(at::kFloat) : at::Tensor();
+    const auto xhat = w.defined() ? out.to(at::kFloat) / w : out.to(at::kFloat);
+    const auto g = w.defined() ? dy.to(at::kFloat) * w : dy.to(at::kFloat);
+    const auto dx = (r * (g - xhat * (g * xhat).mean({-1}, /*keepdim=*/true))).to(out.scalar_type());
+    at::Tensor dw;
+    if (weight.defined() && ctx->needs_input_grad(1)) {
+      dw = (dy.to(at::kFloat) * xhat).reshape({-1, xhat.size(-1)}).sum(0).to(weight.scalar_type());
+    }
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor model_norm_keeping_output(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
+  return NormKeepingOutput::apply(x, spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight, spec.norm_eps);
+}
+
 std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim) {
   auto r = static_cast<std::int64_t>(std::floor(static_cast<double>(head_dim) * spec.partial_rotary_factor));
   return r - r % 2;

@@ -54,6 +54,13 @@ constexpr double kNormEps = 1e-6;
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = kNormEps);
 // The model's RMSNorm: spec.norm_eps, and a (1 + w) scale where spec.zero_centered_norm().
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec);
+// model_norm's values, with a backward that keeps the norm's output (which the projections after it
+// keep anyway) and the FP32 1/rms [.., 1] instead of the input: the normalized rows are the output
+// over the scale (apex's memory-efficient RMSNorm does the same). The decoder input a backward's
+// replay reads is a checkpoint boundary, so nothing of it is kept once read, as the memory model
+// prices it (planner/lowering/lowering_layers.cc). Gradients are model_norm's to rounding: the output
+// is rounded to x's dtype before it is divided by the scale.
+at::Tensor model_norm_keeping_output(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec);
 // Rotates the first rotary_dims of the last dimension of x [B, S, heads, d] at positions 0..S-1.
 at::Tensor apply_rope(const at::Tensor& x, std::int64_t rotary_dims, double theta);
 // The model's RoPE for heads of head_dim: partial rotation, theta, and YaRN scaling of the

@@ -1,7 +1,8 @@
 // A kernel that saves only its inputs for the backward and recomputes its intermediates there, as
 // the fused kernels the memory model prices do (flash attention keeps q, k, v, O and the
 // log-sum-exp; a chunked Gated DeltaNet kernel keeps its inputs and chunk states; a fused RMSNorm
-// keeps its input). Composed of autograd operators, a piece of the model would otherwise hold every
+// keeps its input, except the decoder input's norm in a backward, which keeps its output:
+// model.h model_norm_keeping_output). Composed of autograd operators, a piece of the model would otherwise hold every
 // intermediate its operators save (FP32 score blocks, the WY transform's matrices, an upcast input)
 // from its forward until its backward.
 //

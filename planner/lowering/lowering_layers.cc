@@ -522,6 +522,8 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
 PerRank Lowering::boundary_for_backward(int l) {
   const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
   const auto place = plan_.boundaries.place(l);
+  // Loaded already to start a regeneration run: it stayed for its own backward.
+  if (place == BoundaryPolicy::Place::kHost && gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
   if (place == BoundaryPolicy::Place::kHost) {
     PerRank load(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
@@ -529,8 +531,8 @@ PerRank Lowering::boundary_for_backward(int l) {
       s.bytes = boundary;
       if (host_boundaries_.count(l)) s.deps.push_back(host_boundaries_.at(l)[static_cast<std::size_t>(r)]);
       // The load overlaps the previous decoder's mixing backward: it waits until that decoder's MoE
-      // backward has run (and released its dispatch buffers, the step's usual peak), so the two
-      // boundaries share the GPU only beside the mixing sublayer's gradients. Loaded only after
+      // backward has run (and released its dispatch buffers, the step's usual peak), so it shares the
+      // GPU only with the mixing sublayer's gradients (that decoder's own input released already). Loaded only after
       // the whole previous backward, the copy is exposed once per decoder (the Local 4K records at
       // batch 128 and 256 came out 12-13 % slow, left out one at a time); loaded before it, the
       // second buffer sits at every MoE chunk's backward, above the published 512K peaks
@@ -546,7 +548,10 @@ PerRank Lowering::boundary_for_backward(int l) {
   }
   if (gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
   // Regenerate: no-grad forwards from the nearest kept boundary j < l through decoders j..l−1,
-  // holding the last `regenerate_cap` regenerated boundaries on the GPU (reference §4 "Replay").
+  // holding the last `regenerate_cap` regenerated boundaries on the GPU (reference §4 "Replay"). A
+  // starting boundary loaded from the host stays too, for its own backward (not loaded twice): the
+  // published 512K replay record (one boundary in two kept) peaks one boundary above the record that
+  // keeps them all.
   int j = l - 1;
   while (j > 0 && plan_.boundaries.place(j) == BoundaryPolicy::Place::kRegenerated && !gpu_boundaries_.count(j)) --j;
   if (j < 0) j = 0;
@@ -571,12 +576,6 @@ PerRank Lowering::boundary_for_backward(int l) {
       for (int r = 0; r < P_; ++r) gpu_alloc(last_compute_[static_cast<std::size_t>(r)], r, boundary, true, MemoryUse::kBoundaries);
       gpu_boundaries_[produced] = {last_compute_, boundary};
     }
-  }
-  // The starting boundary stays where it was for its own backward; a copy loaded only to start
-  // the run is released.
-  if (!j_was_held && plan_.boundaries.place(j) == BoundaryPolicy::Place::kHost) {
-    for (int r = 0; r < P_; ++r) gpu_free(last_compute_[static_cast<std::size_t>(r)], r, boundary, MemoryUse::kBoundaries);
-    gpu_boundaries_.erase(j);
   }
   return gpu_boundaries_.at(l).first;
 }
@@ -605,6 +604,23 @@ void Lowering::decoder_backward(int l) {
     const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
     replaying_ = false;
     for (int r = 0; r < P_; ++r) gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
+    if (done + sb >= seqs_ && gpu_boundaries_.count(l)) {
+      // The decoder's input is read by the replayed mixing forward only (its input norm and the
+      // residual add): the norm's backward needs the normalized output, which the projections keep,
+      // and the FP32 1/rms, not the input (backend/model.h model_norm_keeping_output). Released once
+      // the last sub-batch has read it, it is not beside the MoE backward, the usual peak. The
+      // published Local peaks say so: holding it, the 512K split and keep records and both 256K
+      // records came out 1.8-3.2 GiB over (+3.8 to +7.4 %), about a boundary (2 GiB at 512K, 1 GiB
+      // at 256K), whether they peak in an MoE chunk's backward or in a GDN core's; the replay
+      // record's published extra boundary is its regeneration's start (boundary_for_backward).
+      for (int r = 0; r < P_; ++r) gpu_free(mix[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
+      gpu_boundaries_.erase(l);
+    }
+    if (done + sb >= seqs_ && host_boundaries_.count(l)) {
+      // Its host copy goes at the same point: loaded early to start a regeneration run, it stays on
+      // the host until then (the published replay record's host memory holds it).
+      for (int r = 0; r < P_; ++r) host_free(mix[static_cast<std::size_t>(r)], r, boundary_bytes(1, seqs_, S_, m_.hidden));
+    }
     x = mix;
     if (first) {
       // Gradient buffer: wait until the buffer of the decoder two back has drained.
@@ -648,9 +664,6 @@ void Lowering::decoder_backward(int l) {
   if (gpu_boundaries_.count(l)) {
     for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
     gpu_boundaries_.erase(l);
-  }
-  if (host_boundaries_.count(l)) {
-    for (int r = 0; r < P_; ++r) host_free(input[static_cast<std::size_t>(r)], r, boundary_bytes(1, seqs_, S_, m_.hidden));
   }
   if (olse_saved_.count(l)) {
     for (int r = 0; r < P_; ++r) host_free(x[static_cast<std::size_t>(r)], r, attention_result_bytes(m_.attention(kind), seqs_, S_));

@@ -121,7 +121,10 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
           working_weight_bytes(experts_on_gpu(l) / D));
     }
     add(held, "layer gradients (BF16)", gradient_bytes(params.layers[l].common() + experts_on_gpu(l)));
-    add(held, "decoder input + output gradient (BF16)", 2 * boundary_bytes(1, live_seqs, S, m.hidden));
+    // The decoder's input is released once its last sub-batch's replayed mixing forward has read it
+    // (lowering_layers.cc); earlier sub-batches' backward still holds the whole input.
+    add(held, "decoder output gradient (BF16)", boundary_bytes(1, live_seqs, S, m.hidden));
+    if (live_seqs < seqs) add(held, "decoder input, until its last sub-batch's replay (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     if (plan.flat.selective_checkpoint_offload) add(held, "SCO prefetched boundary (BF16)", boundary_bytes(1, seqs, S, m.hidden));
     add(held, "mixing recompute activations",
         mixing_activation_bytes(m, l, live_seqs, S, plan.split.attention_head_group, plan.split.gdn_chunk_tokens));
@@ -137,7 +140,9 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     add(moe, "LLEP fetched expert weights (BF16)", llep_weights);
     add(moe, "LLEP fetched experts' gradients", llep_grads);
     if (any_regenerated) {
-      add(tail, fmt::format("regenerated boundaries (cap {})", plan.boundaries.regenerate_cap),
+      // The run's starting boundary, kept for its own backward, and the regenerated ones past the
+      // decoder's own (released by its replay): cap boundaries.
+      add(tail, fmt::format("regeneration run: its start and the regenerated boundaries held (cap {})", plan.boundaries.regenerate_cap),
           boundary_bytes(plan.boundaries.regenerate_cap, live_seqs, S, m.hidden));
     }
     WorkPhase ph{fmt::format("decoder {} ({}) backward", l, layer_kind_name(kind)), held};

@@ -36,6 +36,32 @@ std::vector<at::Tensor> grads_of(const at::Tensor& y, const std::vector<at::Tens
   return torch::autograd::grad({(y * probe).sum()}, inputs);
 }
 
+// The decoder input's norm in a backward keeps its output and 1/rms, not the input: its values are
+// model_norm's bit for bit, its gradients model_norm's to rounding, and its backward runs after the
+// input's memory is gone (the graph runner releases a checkpoint boundary there).
+TEST(ModelNorm, KeepingItsOutputMatchesTheNormAndNeedsNotItsInput) {
+  for (const char* name : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-qwen"}) {
+    const ModelSpec spec = load_model_spec(name);
+    torch::manual_seed(5);
+    // A trained-looking scale: around 1 (or around 0 under the zero-centered (1 + w) form), not 1.
+    const auto w0 = (spec.zero_centered_norm() ? 0.0 : 1.0) + 0.3 * torch::randn({spec.hidden});
+    const auto x0 = 2.0 * torch::randn({3, 5, spec.hidden});
+    const auto probe = torch::randn({3, 5, spec.hidden});
+    auto w_ref = w0.clone().requires_grad_(true), x_ref = x0.clone().requires_grad_(true);
+    const auto ref = model_norm(x_ref, w_ref, spec);
+    const auto g_ref = grads_of(ref, {x_ref, w_ref}, probe);
+
+    auto w = w0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true);
+    const auto got = model_norm_keeping_output(x, w, spec);
+    EXPECT_TRUE(torch::equal(got, ref)) << name;
+    x.storage().unsafeGetStorageImpl()->reset();  // the input's memory goes before the backward
+    ASSERT_EQ(x.storage().nbytes(), 0u);
+    const auto g = grads_of(got, {x, w}, probe);
+    EXPECT_LE(rel_diff(g[0], g_ref[0]), kTol) << name << " input gradient";
+    EXPECT_LE(rel_diff(g[1], g_ref[1]), kTol) << name << " scale gradient";
+  }
+}
+
 TEST(AttentionCore, MatchesDenseSoftmaxWithLseFullAndSlidingAcrossQueryBlocks) {
   torch::manual_seed(1);
   for (std::int64_t window : {0, 8, 20}) {

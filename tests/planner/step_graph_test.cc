@@ -384,6 +384,40 @@ TEST(LowerLocal, RegeneratedBoundariesComeFromTheNearestKeptOne) {
   for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
 }
 
+TEST(LowerLocal, ADecodersInputGoesAtItsReplayAndARegenerationsStartIsLoadedOnce) {
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.keep_attention_results = true;
+  plan.boundaries.host_kept_all = false;
+  for (int l = 0; l < 40; l += 2) plan.boundaries.host_kept.push_back(l);  // "1+1": one in two kept
+  plan.boundaries.regenerate_cap = 1;
+  const WorkloadContext ctx = ctx_with(4, 32768);
+  ASSERT_EQ(ctx.model.layers, 40);
+  const StepGraph g = lower(plan, ctx);
+  EXPECT_EQ(check_step_graph(g), "");
+  // Every GPU boundary is released by the replayed mixing forward of the decoder it feeds (its output
+  // projection's stage), never later in that decoder's backward.
+  int released = 0;
+  for (const Stage& s : g.stages) {
+    for (const MemoryEvent& m : s.memory) {
+      if (m.space != MemorySpace::kGpu || m.use != MemoryUse::kBoundaries || m.bytes >= 0 || s.gpu != 0) continue;
+      ++released;
+      EXPECT_EQ(s.key.phase, Phase::kRecompute) << s.name;
+      EXPECT_EQ(s.key.op, StageOp::kOut) << s.name;
+    }
+  }
+  EXPECT_EQ(released, 40);  // one input per decoder: 20 loaded, 20 regenerated
+  // A kept boundary loaded to start the regeneration of the decoder after it stays for its own
+  // backward: each is copied to the GPU once.
+  std::map<int, int> loads;
+  for (const Stage& s : g.stages) {
+    if (s.gpu == 0 && s.key.part == StagePart::kBoundary && s.key.op == StageOp::kH2d) ++loads[s.key.decoder];
+  }
+  EXPECT_EQ(loads.size(), 20u);
+  for (const auto& [layer, n] : loads) EXPECT_EQ(n, 1) << "decoder " << layer;
+  for (const auto& [device, bytes] : net_memory(g)) EXPECT_EQ(bytes, 0);
+}
+
 TEST(LowerLocal, RegenerationCapHoldsSeveralBoundariesFromOneRun) {
   Plan plan;
   plan.path = ExpertPath::kLocal;
