@@ -143,6 +143,7 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   const WorkloadContext ctx = resolve_workload(rec->workload, rec->origin);
   const Calibration calibration = load_calibration_for(ctx.hardware, engine);
   Trace trace;
+  std::optional<PeakComposition> peak;
   if (!rec->system.empty()) {
     const auto system = baseline_system_from_name(rec->system);
     if (!system) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "unknown baseline system");
@@ -152,10 +153,13 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
   } else {
     const Plan plan = plan_from_json(rec->plan, rec->origin);
     validate_plan(plan, ctx.model, ctx.workload, rec->origin);
-    trace = simulate_plan(plan, ctx, engines, engine, calibration).trace;
+    SimulationResult r = simulate_plan(plan, ctx, engines, engine, calibration);
+    trace = std::move(r.trace);
+    peak = r.peak;
   }
   StepExplanation e = explain_trace(trace, 0);
   e.id = id;
+  e.peak = peak;
   e.system = rec->system;
   e.measured_step_s = rec->measured.step_s;
   for (const Bytes b : trace.gpu_peak_bytes) e.gpu_peak_gib = std::max(e.gpu_peak_gib, to_gib(b));
@@ -196,6 +200,7 @@ nlohmann::json explanation_to_json(const StepExplanation& e) {
                       {"gpu_allocated_gib", e.gpu_allocated_gib},
                       {"gpu_peak_gib", e.gpu_peak_gib},
                       {"host_gib", e.host_gib},
+                      {"gpu_peak_composition", e.peak ? peak_composition_to_json(*e.peak) : nlohmann::json(nullptr)},
                       {"resources", resources},
                       {"compute_by_kind_s", e.compute_by_kind_s},
                       {"exposed_s", exposed},
@@ -227,6 +232,14 @@ std::string explanation_text(const StepExplanation& e) {
   out += fmt::format("GPU peak {:.1f} GiB allocated{}, {:.1f} GiB reserved; host {:.1f} GiB{}\n", e.gpu_allocated_gib,
                      pub ? published(pub->gpu_allocated_gib, " (published {:.1f})") : "", e.gpu_peak_gib, e.host_gib,
                      pub ? published(pub->host_gib, " (published {:.1f})") : "");
+  if (e.peak) {
+    out += fmt::format("  GPU {} at {}: base {:.2f} GiB", e.peak->gpu, e.peak->stage, to_gib(e.peak->base));
+    for (int u = 0; u < kMemoryUses; ++u) {
+      const Bytes b = e.peak->of(static_cast<MemoryUse>(u));
+      if (b > 0) out += fmt::format(", {} {:.2f} GiB", memory_use_name(static_cast<MemoryUse>(u)), to_gib(b));
+    }
+    out += "\n";
+  }
   out += "\nBusy time per resource of rank 0 (s)\n";
   for (const auto& r : e.resources) out += fmt::format("  {:<28} {:>10.3f}  ({} stages)\n", r.resource, r.busy_s, r.stages);
   out += "\nCompute-stream busy time by operator kind (s)\n";

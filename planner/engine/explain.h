@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/calibration/calibration.h"
+#include "planner/engine/peak_composition.h"
 #include "planner/engine/step_engine.h"
 #include "traces/records.h"
 #include "traces/trace.h"
@@ -63,6 +64,9 @@ struct StepExplanation {
   double gpu_allocated_gib = 0;  // the largest GPU's allocated peak (what a measurement reports)
   double gpu_peak_gib = 0;       // the same with Eq. 2's fragmentation headroom ε: what the allocator reserves
   double host_gib = 0;
+  // A plan record's GPU peak by memory use, with the stage that reached it (absent for a baseline
+  // system, whose lowering is not a plan's).
+  std::optional<PeakComposition> peak;
   std::vector<ResourceBusy> resources;               // rank 0's resources, in name order
   std::map<std::string, Seconds> compute_by_kind_s;  // compute-stream busy time per operator kind
   std::vector<std::pair<std::string, Seconds>> exposed_s;  // mechanism → exposed time (sums to step_s)

@@ -81,7 +81,17 @@ TEST(ExplainRecord, PredictsTheRecordAndMeetsItsPublishedBreakdown) {
   EXPECT_GT(e.compute_by_kind_s.at("expert_gemm"), 0.0);
   EXPECT_TRUE(e.layer_forward_s.count("linear_attention"));
   EXPECT_TRUE(e.layer_forward_s.count("moe"));
+  // The GPU peak by memory use, with the stage that reached it: t4-b32 holds 23 decoders' resident
+  // expert state, so the optimizer's part is the largest; the parts and the base add up to the peak.
+  ASSERT_TRUE(e.peak.has_value());
+  EXPECT_GT(e.peak->of(MemoryUse::kOptimizer), e.peak->of(MemoryUse::kDispatch));
+  Bytes parts = e.peak->base;
+  for (const Bytes b : e.peak->by_use) parts += b;
+  EXPECT_EQ(parts, e.peak->total);
+  EXPECT_NEAR(static_cast<double>(e.peak->total) / static_cast<double>(kGiB), e.gpu_allocated_gib, 1e-9);
   const std::string text = explanation_text(e);
+  EXPECT_NE(text.find("  GPU 0 at " + e.peak->stage + ": base"), std::string::npos) << text;
+  EXPECT_TRUE(explanation_to_json(e)["gpu_peak_composition"].is_object());
   EXPECT_NE(text.find("compute_with_replay_s"), std::string::npos);
   EXPECT_NE(text.find("Fig. 1b"), std::string::npos);
   EXPECT_THROW(explain_record(records, file, "t4-b999", StepEngines(), "analytic", published), InputError);
