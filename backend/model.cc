@@ -33,11 +33,22 @@ BlockWeights block_views(const BlockLayout& layout, const at::Tensor& flat) {
 
 namespace {
 
-at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps) {
+// The norm's output in x's dtype and its FP32 1/rms [.., 1].
+struct NormParts {
+  at::Tensor out, r;
+};
+NormParts rms_norm_parts(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto xf = x.to(at::kFloat);
-  const auto y = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-  if (!weight.defined()) return y.to(x.scalar_type());
-  return (y * weight.to(at::kFloat)).to(x.scalar_type());
+  const auto r = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  const auto y = xf * r;
+  return {(weight.defined() ? y * weight.to(at::kFloat) : y).to(x.scalar_type()), r};
+}
+
+at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps) { return rms_norm_parts(x, weight, eps).out; }
+
+// The scale model_norm applies: w, or 1 + w in FP32 where spec.zero_centered_norm().
+at::Tensor model_norm_scale(const at::Tensor& weight, const ModelSpec& spec) {
+  return spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight;
 }
 
 }  // namespace
@@ -50,7 +61,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor model_norm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
-  return rms_norm(x, spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight, spec.norm_eps);
+  return rms_norm(x, model_norm_scale(weight, spec), spec.norm_eps);
 }
 
 namespace {
@@ -60,12 +71,9 @@ namespace {
 class NormKeepingOutput : public torch::autograd::Function<NormKeepingOutput> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
-    const auto xf = x.to(at::kFloat);
-    const auto r = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-    const auto y = xf * r;
-    const auto out = (weight.defined() ? y * weight.to(at::kFloat) : y).to(x.scalar_type());
-    ctx->save_for_backward({out, r, weight});
-    return out;
+    NormParts n = rms_norm_parts(x, weight, eps);
+    ctx->save_for_backward({n.out, n.r, weight});
+    return n.out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
@@ -87,7 +95,7 @@ class NormKeepingOutput : public torch::autograd::Function<NormKeepingOutput> {
 }  // namespace
 
 at::Tensor model_norm_keeping_output(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
-  return NormKeepingOutput::apply(x, spec.zero_centered_norm() ? weight.to(at::kFloat) + 1.0 : weight, spec.norm_eps);
+  return NormKeepingOutput::apply(x, model_norm_scale(weight, spec), spec.norm_eps);
 }
 
 std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim) {

@@ -252,6 +252,8 @@ class Lowering {
   void decoder_forward(int layer, Phase phase, bool save_boundary);
   void decoder_backward(int layer);
   PerRank boundary_for_backward(int layer);
+  // Releases decoder `layer`'s input (GPU copy and host copy) at `replayed`, its replay's last mixing stage.
+  void release_input_after_replay(int layer, const PerRank& replayed);
   PerRank mixing_forward(int layer, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
                          bool first_pass, bool replay_reuses_o);
   PerRank mixing_backward(int layer, std::int64_t seqs, const PerRank& ready);

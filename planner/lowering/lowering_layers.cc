@@ -580,6 +580,26 @@ PerRank Lowering::boundary_for_backward(int l) {
   return gpu_boundaries_.at(l).first;
 }
 
+// The decoder's input is read by the replayed mixing forward only (its input norm and the residual
+// add): the norm's backward needs the normalized output, which the projections keep, and the FP32
+// 1/rms, not the input (backend/model.h model_norm_keeping_output). Released once the last
+// sub-batch has read it (`replayed`), it is not beside the MoE backward, the usual peak. The
+// published Local peaks say so: holding it, the 512K split and keep records and both 256K records
+// came out 1.8-3.2 GiB over (+3.8 to +7.4 %), about a boundary (2 GiB at 512K, 1 GiB at 256K),
+// whether they peak in an MoE chunk's backward or in a GDN core's; the replay record's published
+// extra boundary is its regeneration's start (boundary_for_backward). Its host copy goes at the
+// same point: loaded early to start a regeneration run, it stays on the host until then (the
+// published replay record's host memory holds it).
+void Lowering::release_input_after_replay(int l, const PerRank& replayed) {
+  if (gpu_boundaries_.count(l)) {
+    for (int r = 0; r < P_; ++r) gpu_free(replayed[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
+    gpu_boundaries_.erase(l);
+  }
+  if (host_boundaries_.count(l)) {
+    for (int r = 0; r < P_; ++r) host_free(replayed[static_cast<std::size_t>(r)], r, boundary_bytes(1, seqs_, S_, m_.hidden));
+  }
+}
+
 void Lowering::decoder_backward(int l) {
   // A boundary on the host is loaded after the layer's weights (the weights prefetch into their
   // slot; the boundary waits for its buffer); a regenerated one is produced before them.
@@ -604,23 +624,7 @@ void Lowering::decoder_backward(int l) {
     const PerRank mix = mixing_forward(l, Phase::kRecompute, seqs, w, x, false, reuse_o);
     replaying_ = false;
     for (int r = 0; r < P_; ++r) gpu_alloc(mix[static_cast<std::size_t>(r)], r, mix_act, false, MemoryUse::kActivations);
-    if (done + sb >= seqs_ && gpu_boundaries_.count(l)) {
-      // The decoder's input is read by the replayed mixing forward only (its input norm and the
-      // residual add): the norm's backward needs the normalized output, which the projections keep,
-      // and the FP32 1/rms, not the input (backend/model.h model_norm_keeping_output). Released once
-      // the last sub-batch has read it, it is not beside the MoE backward, the usual peak. The
-      // published Local peaks say so: holding it, the 512K split and keep records and both 256K
-      // records came out 1.8-3.2 GiB over (+3.8 to +7.4 %), about a boundary (2 GiB at 512K, 1 GiB
-      // at 256K), whether they peak in an MoE chunk's backward or in a GDN core's; the replay
-      // record's published extra boundary is its regeneration's start (boundary_for_backward).
-      for (int r = 0; r < P_; ++r) gpu_free(mix[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
-      gpu_boundaries_.erase(l);
-    }
-    if (done + sb >= seqs_ && host_boundaries_.count(l)) {
-      // Its host copy goes at the same point: loaded early to start a regeneration run, it stays on
-      // the host until then (the published replay record's host memory holds it).
-      for (int r = 0; r < P_; ++r) host_free(mix[static_cast<std::size_t>(r)], r, boundary_bytes(1, seqs_, S_, m_.hidden));
-    }
+    if (done + sb >= seqs_) release_input_after_replay(l, mix);
     x = mix;
     if (first) {
       // Gradient buffer: wait until the buffer of the decoder two back has drained.
@@ -661,10 +665,6 @@ void Lowering::decoder_backward(int l) {
   // The decoder input is consumed; an O/LSE copy on the host is no longer needed.
   boundary_consumed_before_ = boundary_consumed_;
   boundary_consumed_ = x;
-  if (gpu_boundaries_.count(l)) {
-    for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, gpu_boundaries_.at(l).second, MemoryUse::kBoundaries);
-    gpu_boundaries_.erase(l);
-  }
   if (olse_saved_.count(l)) {
     for (int r = 0; r < P_; ++r) host_free(x[static_cast<std::size_t>(r)], r, attention_result_bytes(m_.attention(kind), seqs_, S_));
   }
