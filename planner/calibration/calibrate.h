@@ -64,7 +64,10 @@ struct FitOptions {
   // chosen on the engine's step times).
   std::string engine = "analytic";
   StepEngines engines;  // where `engine` is found (default: "analytic" only)
-  int engine_passes = 3;  // at least one (0 counts as one): the first refresh is at the estimate
+  // At least one (0 counts as one): the first refresh is at the estimate. Two: on the H100 records
+  // a third refresh moved no cross-validated error by more than 0.1 point and cost a quarter of a
+  // SimGrid cross-validation's time (traces/paper/README.md, seventeenth refit).
+  int engine_passes = 2;
   // Refreshing stops early once no step record's engine/analytic ratio moved by more than this
   // (relative) since the refresh before: the constants fitted to those ratios would barely move.
   double engine_ratio_tolerance = 2e-3;

@@ -23,7 +23,11 @@ Calibration default_calibration(const HardwareSpec& h) {
   c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
   // A measured GEMM ramp replaces the GPU tile-fill estimates (grouped expert GEMMs run the same
   // kernels per expert on such a device).
-  if (h.gpu.gemm_half_rows > 0) c.gemm_half_rows = c.expert_half_rows = h.gpu.gemm_half_rows;
+  // Such a device (the CPU backend) also runs one attention kernel, windowed or not.
+  if (h.gpu.gemm_half_rows > 0) {
+    c.gemm_half_rows = c.expert_half_rows = h.gpu.gemm_half_rows;
+    c.windowed_attention_efficiency = c.attention_efficiency;
+  }
   return c;
 }
 
@@ -37,6 +41,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
           {"attention_efficiency", c.attention_efficiency},
           {"attention_backward_efficiency", c.attention_backward_efficiency},
           {"wide_attention_efficiency", c.wide_attention_efficiency},
+          {"windowed_attention_efficiency", c.windowed_attention_efficiency},
           {"attention_half_keys", c.attention_half_keys},
           {"gdn_efficiency", c.gdn_efficiency},
           {"hbm_efficiency", c.hbm_efficiency},
@@ -59,7 +64,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
   r.reject_unknown_keys({"hardware", "fitted_from", "gemm_efficiency", "gemm_half_rows", "expert_gemm_efficiency",
-                         "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "attention_half_keys", "gdn_efficiency",
+                         "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "windowed_attention_efficiency", "attention_half_keys", "gdn_efficiency",
                          "hbm_efficiency", "h2d_Bps", "d2h_Bps", "fabric_efficiency", "cpu_adamw_params_per_s",
                          "host_prep_params_per_s", "host_accumulate_params_per_s", "torch_adamw_params_per_s", "compute_overhead_s", "expert_overhead_s",
                          "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "operator_overhead_s", "fit"});
@@ -74,6 +79,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
   c.attention_efficiency = eff("attention_efficiency", c.attention_efficiency);
   c.attention_backward_efficiency = eff("attention_backward_efficiency", c.attention_backward_efficiency);
   c.wide_attention_efficiency = eff("wide_attention_efficiency", c.wide_attention_efficiency);
+  c.windowed_attention_efficiency = eff("windowed_attention_efficiency", c.attention_efficiency);
   c.attention_half_keys = r.number_or("attention_half_keys", c.attention_half_keys, 0.0, 1e9);
   c.gdn_efficiency = eff("gdn_efficiency", c.gdn_efficiency);
   c.hbm_efficiency = eff("hbm_efficiency", c.hbm_efficiency);

@@ -18,6 +18,12 @@
 
 namespace oom {
 
+// Flash attention's backward against its forward on the H100 SXM, both from one benchmark run:
+// FlashAttention-3 at (batch 1, 32K tokens, 8 heads, head dim 128), 305 TFLOP/s backward and 500
+// forward (Dao-AILab/flash-attention#1051): 0.61. (Its head-dim-256 backward, 373 TFLOP/s before
+// Dao-AILab/flash-attention#2889, over the paper's 642 TFLOP/s forward gives 0.58.)
+inline constexpr double kFlashBackwardRatio = 305.0 / 500.0;
+
 struct Calibration {
   std::string hardware;  // the HardwareSpec name it was fitted for
   std::string fitted_from;  // a note on the records the fit used (free text)
@@ -27,14 +33,28 @@ struct Calibration {
   double gemm_half_rows = 256;            // rows at which a GEMM reaches half of gemm_efficiency
   double expert_gemm_efficiency = 0.55;   // grouped routed-expert GEMMs at large token counts
   double expert_half_rows = 512;          // tokens per expert at half of expert_gemm_efficiency
-  double attention_efficiency = 0.45;     // flash attention core forward (head dim ≤ 256)
-  double attention_backward_efficiency = 0.35;  // flash attention core backward (head dim ≤ 256)
+  // Flash attention core forward (head dim ≤ 256, causal or full: PyTorch's fused
+  // scaled_dot_product_attention). Estimate: FlashAttention-3's 642 TFLOP/s causal forward at head
+  // dim 256 and 16K tokens on the H100 SXM5 (Shah et al. 2024, Fig. 5), 0.649 of the BF16 peak,
+  // over the key-span ramp below at 8,192 keys per query (0.966): 0.67, the kernel's long-span value.
+  double attention_efficiency = 0.67;
+  // Flash attention core backward (head dim ≤ 256). A GPU fit sets it to kFlashBackwardRatio ×
+  // attention_efficiency (planner/calibration/calibrate.cc); the estimate likewise.
+  double attention_backward_efficiency = 0.67 * kFlashBackwardRatio;
   // Attention with head dim > 256 (PyTorch's memory-efficient kernel): its arithmetic only; its
   // K/V re-reads past L2 are priced at the HBM rate (planner/engine/duration_model.h). Estimate:
   // half of FlashAttention-2's 298 TFLOP/s forward at head dim 256 on the H100 (FlashAttention-3
   // paper), an SM80-style CUTLASS kernel that past head dim 128 keeps its output accumulator out
   // of registers (ATen mem_eff_attention kernel_forward.h, kSingleValueIteration false).
   double wide_attention_efficiency = 0.15;
+  // Windowed attention core forward (a sliding window shorter than the sequence, head dim ≤ 256):
+  // scaled_dot_product_attention takes no window, so a window runs another kernel (flash-attn's
+  // window_size, FlexAttention's block mask), not the fused causal one above. Its backward runs at
+  // attention_backward_efficiency · windowed / attention_efficiency. Estimate: between
+  // FlashAttention-2's 0.30 (298 TFLOP/s at head dim 256, FlashAttention-3 paper) and the flash
+  // estimate above. A calibration file without it prices windows as the flash kernel (its own
+  // attention_efficiency), as calibrations before it did.
+  double windowed_attention_efficiency = 0.45;
   // Attention kernels fill the GPU as the keys each query attends to grow: a core over κ keys per
   // query (half the sequence when causal, about the window when windowed) reaches
   // κ / (κ + attention_half_keys) of its efficiency. Not fitted: FlashAttention-2's causal forward

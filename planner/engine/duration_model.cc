@@ -186,11 +186,18 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
     case OpKind::kAttention: {
       const double keys = keys_per_query(s.shape);
       // Head dims past 256 run PyTorch's memory-efficient kernel, forward and backward alike; its
-      // forward also re-reads K and V from HBM once they no longer fit in L2.
+      // forward also re-reads K and V from HBM once they no longer fit in L2. A window shorter than
+      // the sequence runs a windowed kernel (scaled_dot_product_attention takes no window), its
+      // backward slower than the flash backward by as much as its forward is than the flash forward.
       const bool wide = s.shape.head_dim > 256;
-      compute((wide                          ? c.wide_attention_efficiency
-               : s.phase == Phase::kBackward ? c.attention_backward_efficiency
-                                             : c.attention_efficiency) *
+      const bool windowed = s.shape.window > 0 && s.shape.window < s.shape.seq_len;
+      const bool backward = s.phase == Phase::kBackward;
+      double efficiency = c.attention_efficiency;
+      if (wide) efficiency = c.wide_attention_efficiency;
+      else if (windowed && backward) efficiency = c.attention_backward_efficiency * (c.windowed_attention_efficiency / c.attention_efficiency);
+      else if (windowed) efficiency = c.windowed_attention_efficiency;
+      else if (backward) efficiency = c.attention_backward_efficiency;
+      compute(efficiency *
                   fill_rows(keys, c.attention_half_keys),
               wide && s.phase != Phase::kBackward
                   ? static_cast<double>(memory_efficient_attention_hbm_rereads(s.shape, hardware_->gpu.l2_bytes))

@@ -86,7 +86,8 @@ class DurationModel {
 // Prices stages from the HardwareSpec's peaks and a Calibration's constants:
 //   GEMM: flops / (peak · gemm_efficiency · m/(m + half_rows)); expert GEMM likewise with the
 //   tokens per expert, plus expert_overhead_s per local expert; attention and GDN:
-//   flops / (peak · efficiency), attention backward with its own efficiency, the memory-efficient
+//   flops / (peak · efficiency), attention backward with its own efficiency, a windowed core (a
+//   window shorter than the sequence) at the windowed kernel's, the memory-efficient
 //   (head dim > 256) forward adding its K/V re-reads past L2 at the HBM rate; every compute stage
 //   adds its memory-bound kernels' HBM bytes (costmodel/traffic.h) / (HBM · hbm_efficiency);
 //   element-wise and GPU AdamW: bytes / (HBM · hbm_efficiency); H2D/D2H: a transfer's fixed cost

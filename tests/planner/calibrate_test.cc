@@ -187,7 +187,7 @@ TEST(FitCalibration, MeasuredBreakdownsSeparateAttentionForwardFromBackward) {
   truth.gemm_efficiency = 0.3;
   truth.expert_gemm_efficiency = 0.5;
   truth.gdn_efficiency = 0.1;
-  truth.attention_efficiency = 0.2;
+  truth.attention_efficiency = truth.windowed_attention_efficiency = 0.2;  // one kernel on the CPU
   truth.attention_backward_efficiency = 0.05;
   truth.attention_half_keys = 0;
   truth.compute_overhead_s = 50e-6;
@@ -211,6 +211,8 @@ TEST(FitCalibration, MeasuredBreakdownsSeparateAttentionForwardFromBackward) {
   for (const FitRow& r : fit.rows) EXPECT_LT(std::abs(r.rel_error()), 0.02) << r.id;
   EXPECT_NEAR(fit.calibration.attention_efficiency / truth.attention_efficiency, 1.0, 0.1);
   EXPECT_NEAR(fit.calibration.attention_backward_efficiency / truth.attention_backward_efficiency, 1.0, 0.1);
+  // The CPU backend runs one attention kernel, windowed or not.
+  EXPECT_DOUBLE_EQ(fit.calibration.windowed_attention_efficiency, fit.calibration.attention_efficiency);
   // A breakdown whose direction and kind no stage of the lowered step has skips its record, named.
   records.steps[0].measured.compute_s["backward.all_to_all"] = 0.001;
   const CalibrationFit skipped = fit_calibration(records, hw, options);
@@ -374,6 +376,15 @@ TEST(FitCalibration, ConvergesOnThePublishedRecords) {
   EXPECT_TRUE(fit.converged) << fit.iterations << " iterations";
   EXPECT_TRUE(calibration_fit_to_json(fit)["converged"].get<bool>());
   EXPECT_NE(calibration_fit_text(fit).find("converged"), std::string::npos);
+  // On a GPU the flash backward is not fitted apart: it follows the forward at the published
+  // ratio. The windowed kernel (Gemma 4's sliding layers past their 1,024-token window) is fitted,
+  // below the flash forward.
+  auto fitted = [&](const std::string& name) { return std::find(fit.fitted.begin(), fit.fitted.end(), name) != fit.fitted.end(); };
+  EXPECT_FALSE(fitted("attention_backward_efficiency"));
+  EXPECT_TRUE(fitted("attention_efficiency"));
+  EXPECT_TRUE(fitted("windowed_attention_efficiency"));
+  EXPECT_DOUBLE_EQ(fit.calibration.attention_backward_efficiency, kFlashBackwardRatio * fit.calibration.attention_efficiency);
+  EXPECT_LT(fit.calibration.windowed_attention_efficiency, fit.calibration.attention_efficiency);
 }
 
 TEST(FitCalibration, RefusesHardwareWithoutRecords) {

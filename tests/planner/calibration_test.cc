@@ -19,6 +19,23 @@ TEST(Calibration, JsonRoundTrip) {
   EXPECT_EQ(calibration_from_json(calibration_to_json(c), "x.json"), c);
 }
 
+// A calibration written before the windowed kernel had a constant of its own priced windows as the
+// flash kernel: read back, such a file keeps doing so (its own attention efficiency), while one
+// that states the windowed efficiency keeps it. A probed device (the CPU backend, one attention
+// kernel) starts from windowed = flash.
+TEST(Calibration, AFileWithoutTheWindowedKernelPricesWindowsAsItsFlashKernel) {
+  Calibration c = default_calibration(load_hardware_spec("h100-sxm-node"));
+  EXPECT_LT(c.windowed_attention_efficiency, c.attention_efficiency);
+  c.attention_efficiency = 0.7;
+  c.windowed_attention_efficiency = 0.5;
+  nlohmann::json j = calibration_to_json(c);
+  EXPECT_DOUBLE_EQ(calibration_from_json(j, "x.json").windowed_attention_efficiency, 0.5);
+  j.erase("windowed_attention_efficiency");
+  EXPECT_DOUBLE_EQ(calibration_from_json(j, "x.json").windowed_attention_efficiency, 0.7);
+  const Calibration cpu = default_calibration(load_hardware_spec("local-cpu"));
+  EXPECT_DOUBLE_EQ(cpu.windowed_attention_efficiency, cpu.attention_efficiency);
+}
+
 TEST(Calibration, RejectsEfficienciesAboveOneNamingTheField) {
   nlohmann::json j = calibration_to_json(default_calibration(load_hardware_spec("h100-sxm-node")));
   j["gemm_efficiency"] = 1.5;

@@ -85,6 +85,34 @@ TEST(CalibratedDurationModel, PricesComputeAtCalibratedEfficiency) {
   EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 64 * 1e-4 + 2.0, 1e-12);
 }
 
+// A window shorter than the sequence runs the windowed kernel, forward at its own efficiency and
+// backward slower than the flash backward by the same factor; a window that covers the sequence,
+// or none, runs the flash kernel; past head dim 256 the memory-efficient kernel, window or not.
+TEST(CalibratedDurationModel, AWindowShorterThanItsSequenceRunsTheWindowedKernel) {
+  const Fixture f = fixture();
+  Calibration c = round_calibration(two_socket_node());
+  c.windowed_attention_efficiency = 0.25;
+  c.attention_half_keys = 0;  // no key-span ramp: the efficiencies alone
+  const CalibratedDurationModel m(two_socket_node(), c, 4);
+  Stage s;
+  s.resource = f.compute;
+  s.op = OpKind::kAttention;
+  s.flops = 500e12;
+  s.shape.head_dim = 256;
+  s.shape.seq_len = 4096;
+  s.shape.window = 4096;
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 1.0, 1e-12);  // flash at 50 %
+  s.shape.window = 0;
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 1.0, 1e-12);
+  s.shape.window = 1024;
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 2.0, 1e-12);  // windowed at 25 %
+  s.phase = Phase::kBackward;
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 2.5, 1e-12);  // 40 % · 25 / 50
+  s.phase = Phase::kForward;
+  s.shape.head_dim = 512;
+  EXPECT_NEAR(m.duration_s(s, f.g), 1e-3 + 5.0, 1e-12);  // memory-efficient at 10 %
+}
+
 // Each operator a compute stage dispatches (Stage::ops) adds operator_overhead_s to its fixed
 // cost; at the default 0 (a GPU's host runs ahead of its stream) the count changes nothing.
 TEST(CalibratedDurationModel, ChargesDispatchPerOperator) {
