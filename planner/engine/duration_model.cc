@@ -199,7 +199,7 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
       else if (backward) efficiency = c.attention_backward_efficiency;
       compute(efficiency *
                   fill_rows(keys, c.attention_half_keys),
-              wide && s.phase != Phase::kBackward
+              wide && !backward
                   ? static_cast<double>(memory_efficient_attention_hbm_rereads(s.shape, hardware_->gpu.l2_bytes))
                   : 0.0);
       break;

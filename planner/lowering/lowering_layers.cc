@@ -522,8 +522,9 @@ void Lowering::decoder_forward(int l, Phase phase, bool original) {
 PerRank Lowering::boundary_for_backward(int l) {
   const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
   const auto place = plan_.boundaries.place(l);
-  // Loaded already to start a regeneration run: it stayed for its own backward.
-  if (place == BoundaryPolicy::Place::kHost && gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
+  // Already on the GPU: held there, regenerated, or loaded from the host to start a regeneration
+  // run (it stays for its own backward).
+  if (gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
   if (place == BoundaryPolicy::Place::kHost) {
     PerRank load(static_cast<std::size_t>(P_));
     for (int r = 0; r < P_; ++r) {
@@ -546,7 +547,6 @@ PerRank Lowering::boundary_for_backward(int l) {
     gpu_boundaries_[l] = {load, boundary};
     return load;
   }
-  if (gpu_boundaries_.count(l)) return gpu_boundaries_.at(l).first;
   // Regenerate: no-grad forwards from the nearest kept boundary j < l through decoders j..l−1,
   // holding the last `regenerate_cap` regenerated boundaries on the GPU (reference §4 "Replay"). A
   // starting boundary loaded from the host stays too, for its own backward (not loaded twice): the
