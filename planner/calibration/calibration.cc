@@ -146,8 +146,12 @@ Calibration transfer_calibration(const Calibration& fitted, const HardwareSpec& 
     c.fabric_efficiency = estimate.fabric_efficiency;
     c.collective_overhead_s = estimate.collective_overhead_s;
   }
-  // A measured GEMM ramp of `to` (a probed device) is its own, as default_calibration() takes it.
-  if (to.gpu.gemm_half_rows > 0) c.gemm_half_rows = c.expert_half_rows = to.gpu.gemm_half_rows;
+  // A probed device (a measured GEMM ramp) is priced as default_calibration() prices it: its own
+  // ramp, and one attention kernel for windowed and full cores alike.
+  if (to.gpu.gemm_half_rows > 0) {
+    c.gemm_half_rows = c.expert_half_rows = to.gpu.gemm_half_rows;
+    c.windowed_attention_efficiency = c.attention_efficiency;
+  }
   return c;
 }
 

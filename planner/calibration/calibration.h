@@ -112,7 +112,9 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
 //     fitted against: h2d/d2h × to's PCIe rate / from's, the CPU rates × to's socket AdamW rate /
 //     from's (each left at to's estimate when either spec does not state it);
 //   - the fabric's efficiency and the per-collective overhead carry over only to the same kind of
-//     fabric (NVLink or PCIe peer); on another, they keep the estimates.
+//     fabric (NVLink or PCIe peer); on another, they keep the estimates;
+//   - a probed device (GpuSpec::gemm_half_rows measured) keeps what default_calibration() gives
+//     it: its own GEMM ramp, and one attention kernel for windowed and full cores.
 // Memory-bound kernels priced by their HBM bytes (norms, permutations, GDN's chunked kernels'
 // intermediates: costmodel/traffic.h) run at the target's own HBM rate. Kernels whose fitted
 // efficiency still reflects a memory bound (small expert GEMMs) carry their H100-era fraction of

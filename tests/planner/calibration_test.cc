@@ -128,6 +128,14 @@ TEST(Calibration, TransferScalesRatesAndKeepsTheFabricOnlyOnItsKind) {
   EXPECT_EQ(c.fabric_efficiency, default_calibration(to).fabric_efficiency);
   EXPECT_EQ(c.collective_overhead_s, default_calibration(to).collective_overhead_s);
   EXPECT_EQ(c.gemm_efficiency, fitted.gemm_efficiency);
+  EXPECT_EQ(c.windowed_attention_efficiency, fitted.windowed_attention_efficiency);
+  // A probed device: its measured GEMM ramp, and one attention kernel, windowed or not.
+  ASSERT_NE(fitted.windowed_attention_efficiency, fitted.attention_efficiency);
+  to.gpu.gemm_half_rows = 48;
+  c = transfer_calibration(fitted, from, to);
+  EXPECT_EQ(c.gemm_half_rows, 48);
+  EXPECT_EQ(c.expert_half_rows, 48);
+  EXPECT_EQ(c.windowed_attention_efficiency, fitted.attention_efficiency);
   // No stated architecture: nothing to transfer from.
   HardwareSpec unknown = load_hardware_spec("h200-sxm-node");
   unknown.gpu.architecture.clear();
