@@ -10,6 +10,18 @@
 #include "costmodel/json_input.h"
 
 namespace oom {
+namespace {
+
+// A probed device (a measured GEMM ramp: the CPU backend) is priced by its own ramp, which replaces
+// the GPU tile-fill estimates (grouped expert GEMMs run the same kernels per expert on it), and
+// runs one attention kernel for windowed and full cores alike.
+void price_as_probed_device(Calibration& c, const HardwareSpec& h) {
+  if (h.gpu.gemm_half_rows <= 0) return;
+  c.gemm_half_rows = c.expert_half_rows = h.gpu.gemm_half_rows;
+  c.windowed_attention_efficiency = c.attention_efficiency;
+}
+
+}  // namespace
 
 Calibration default_calibration(const HardwareSpec& h) {
   Calibration c;
@@ -21,13 +33,7 @@ Calibration default_calibration(const HardwareSpec& h) {
   c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
   c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
   c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
-  // A measured GEMM ramp replaces the GPU tile-fill estimates (grouped expert GEMMs run the same
-  // kernels per expert on such a device).
-  // Such a device (the CPU backend) also runs one attention kernel, windowed or not.
-  if (h.gpu.gemm_half_rows > 0) {
-    c.gemm_half_rows = c.expert_half_rows = h.gpu.gemm_half_rows;
-    c.windowed_attention_efficiency = c.attention_efficiency;
-  }
+  price_as_probed_device(c, h);
   return c;
 }
 
@@ -146,12 +152,7 @@ Calibration transfer_calibration(const Calibration& fitted, const HardwareSpec& 
     c.fabric_efficiency = estimate.fabric_efficiency;
     c.collective_overhead_s = estimate.collective_overhead_s;
   }
-  // A probed device (a measured GEMM ramp) is priced as default_calibration() prices it: its own
-  // ramp, and one attention kernel for windowed and full cores alike.
-  if (to.gpu.gemm_half_rows > 0) {
-    c.gemm_half_rows = c.expert_half_rows = to.gpu.gemm_half_rows;
-    c.windowed_attention_efficiency = c.attention_efficiency;
-  }
+  price_as_probed_device(c, to);  // as default_calibration() prices it
   return c;
 }
 

@@ -59,10 +59,8 @@ TEST(PlanCommand, TextReportNamesBothPaths) {
 TEST(PlanCommand, LocalPlanWithoutPartitionsSaysNoOperatorSplits) {
   // Qwen3-30B-A3B at 4K (attention only, no GDN to chunk): the Local search splits no operator.
   // (Qwen3.6's search takes a 16K GDN chunk here, within the tie of the fastest at a lower peak.)
-  nlohmann::json w = nlohmann::json::parse(R"({"model": "qwen3-30b-a3b", "hardware": "h100-sxm-node", "gpus": 4,
-                                               "global_batch": 32, "seq_len": 4096})");
   const std::string file = temp_path("qwen3-workload.json");
-  std::ofstream(file) << w.dump();
+  std::ofstream(file) << R"({"model": "qwen3-30b-a3b", "hardware": "h100-sxm-node", "gpus": 4, "global_batch": 32, "seq_len": 4096})";
   const Result r = oom({"plan", "--workload", file, "--path", "local", "--json"});
   std::filesystem::remove(file);
   ASSERT_EQ(r.code, 0) << r.err;
