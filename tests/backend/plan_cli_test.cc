@@ -11,12 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "backend/local_calibration.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
 #include "costmodel/params.h"
 #include "planner/calibration/validation.h"
+#include "tests/backend/drift.h"
 #include "traces/records.h"
 #include "traces/stage_key.h"
 #include "traces/trace.h"
@@ -60,37 +63,66 @@ const std::string kPlan = plan_json(R"({"split": {"attention_head_group": 1, "gd
   "moe_chunk_tokens": 8, "sub_batch_seqs": 1}, "keep_attention_results": true,
   "boundaries": {"host_kept": [0], "regenerate_cap": 1}})");
 
-// The plan runtime runs the lr schedule like the streamed trainer (the same losses within 1e-5, and
-// not the constant-lr losses), and gradient accumulation as sub-batches of the K·B sequences: K = 2
-// at batch 1 gives the losses of K = 1 at batch 2 (1e-5) and of the streamed trainer's K = 2.
+// After an AdamW update the plan runtime and the streamed trainer sit on weights one amplified
+// rounding apart (tests/backend/drift.h), so their losses from the second step on are held to the
+// drift measured over instruction sets (scripts/measure-drift.sh): at most 1.0e-7 relative on AVX2
+// and 5.3e-7 with the scalar kernels (AMD EPYC, lr 1e-2), 7e-5 reported on an AMD EPYC with AVX-512
+// BF16; held to kLossAfterUpdateTol (1e-3). The first step's losses, on the same weights, stay at 1e-5.
+constexpr double kAfterUpdateTol = backend::testing::kLossAfterUpdateTol;
+
+std::vector<double> logged_lrs(const fs::path& log) {
+  std::vector<double> lrs;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) lrs.push_back(nlohmann::json::parse(line)["lr"].get<double>());
+  return lrs;
+}
+
+// The plan runtime runs the lr schedule like the streamed trainer: each step's lr, as the step log
+// writes it, is the schedule's (warm-up 1, decay to 0 at step 3: 1e-2, 5e-3, 0) in both, exactly;
+// the losses match at the first step within 1e-5 and after it within kAfterUpdateTol. Gradient
+// accumulation runs as sub-batches of the K·B sequences: K = 2 at batch 1 gives the first step's
+// loss of K = 1 at batch 2 and of the streamed trainer's K = 2 within 1e-5, the later ones within
+// kAfterUpdateTol.
 TEST(OomTrainPlan, AppliesTheLrScheduleLikeTheStreamedTrainer) {
+  using backend::testing::record_drift;
   const auto dir = temp_dir("schedule");
   write(dir / "plan.json", plan_json("{}"));
   const std::vector<std::string> run = {"train", "--steps", "3", "--seq", "16", "--lr", "1e-2", "--json"};
-  auto with = [&](std::vector<std::string> extra) {
+  int runs = 0;
+  auto with = [&](std::vector<std::string> extra, std::vector<double>* lrs = nullptr) {
     std::vector<std::string> args = run;
     args.insert(args.end(), extra.begin(), extra.end());
     if (std::find(args.begin(), args.end(), "--batch") == args.end()) args.insert(args.end(), {"--batch", "2"});
+    const fs::path log = dir / fmt::format("steps-{}.jsonl", runs++);
+    args.insert(args.end(), {"--log", log.string()});
     const auto r = oom(args);
     EXPECT_EQ(r.code, 0) << r.err;
+    if (lrs != nullptr) *lrs = logged_lrs(log);
     return nlohmann::json::parse(r.out)["losses"].get<std::vector<double>>();
   };
   const std::vector<std::string> schedule = {"--warmup", "1", "--decay-steps", "3", "--min-lr", "0"};
   auto plan_args = schedule;
   plan_args.insert(plan_args.end(), {"--plan", (dir / "plan.json").string()});
-  const auto planned = with(plan_args), streamed = with(schedule), constant = with({"--plan", (dir / "plan.json").string()});
+  std::vector<double> planned_lrs, streamed_lrs, constant_lrs;
+  const auto planned = with(plan_args, &planned_lrs), streamed = with(schedule, &streamed_lrs);
+  const auto constant = with({"--plan", (dir / "plan.json").string()}, &constant_lrs);
   ASSERT_EQ(planned.size(), 3u);
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(planned[i], streamed[i], 1e-5 * streamed[i]) << "step " << i;
-  EXPECT_GT(std::abs(planned[2] - constant[2]), 1e-4);  // step 2 ran at 0.5 × lr
+  EXPECT_EQ(planned_lrs, streamed_lrs);
+  EXPECT_EQ(planned_lrs, (std::vector<double>{1e-2, 5e-3, 0.0}));
+  EXPECT_EQ(constant_lrs, (std::vector<double>{1e-2, 1e-2, 1e-2}));
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_LE(record_drift(fmt::format("planned-vs-streamed step {}", i), planned[i], streamed[i]), i == 0 ? 1e-5 : kAfterUpdateTol)
+        << "step " << i;
+  }
   auto accumulated = std::vector<std::string>{"--plan", (dir / "plan.json").string(), "--accumulate", "2", "--batch", "1"};
   const auto plan_k2 = with(accumulated);
   const auto streamed_k2 = with({"--accumulate", "2", "--batch", "1"});
   for (std::size_t i = 0; i < 3; ++i) {
-    EXPECT_NEAR(plan_k2[i], constant[i], 1e-5 * constant[i]) << "step " << i;
-    // After the first update, AdamW's m/√v at lr 1e-2 turns rounding-level gradient differences of
-    // the two runtimes into ~1e-4 of the loss (measured 7e-5; cf. the plan exactness in README).
-    EXPECT_NEAR(plan_k2[i], streamed_k2[i], (i == 0 ? 1e-5 : 2e-4) * streamed_k2[i]) << "step " << i;
+    const double tol = i == 0 ? 1e-5 : kAfterUpdateTol;
+    EXPECT_LE(record_drift(fmt::format("plan-k2-vs-k1 step {}", i), plan_k2[i], constant[i]), tol) << "step " << i;
+    EXPECT_LE(record_drift(fmt::format("plan-k2-vs-streamed-k2 step {}", i), plan_k2[i], streamed_k2[i]), tol) << "step " << i;
   }
+  fs::remove_all(dir);
 }
 
 TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {

@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "backend/data.h"
@@ -18,11 +20,13 @@
 #include "backend/model.h"
 #include "backend/plain_trainer.h"
 #include "costmodel/input_error.h"
+#include "tests/backend/drift.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {
 namespace {
 
+using testing::record_drift;
 using testing::rel_diff;
 
 constexpr double kTol = 1e-5;
@@ -31,7 +35,8 @@ struct Case {
   const char* model;
   double max_grad_norm;
   bool retain_last_decoder = false;
-  double param_tol = kTol;  // parameters after the steps, and losses and norms after the first
+  double param_tol = kTol;  // parameters after the steps: measured at most 7.1e-7 on AVX2 and 3.6e-7
+                            // with the scalar kernels for tiny-moe (AMD EPYC; tests/backend/drift.h)
 };
 
 void expect_streamed_matches_plain(const Case& c, int steps) {
@@ -52,16 +57,26 @@ void expect_streamed_matches_plain(const Case& c, int steps) {
     const auto targets = torch::randint(0, 256, {2, 24}, torch::kLong);
     const auto a = plain.step(tokens, targets);
     const auto b = streamed.step(tokens, targets);
-    const double tol = s == 0 ? kTol : c.param_tol;
-    EXPECT_NEAR(b.loss, a.loss, tol * std::abs(a.loss)) << c.model << " step " << s;
-    if (c.max_grad_norm > 0) EXPECT_NEAR(b.grad_norm, a.grad_norm, tol * a.grad_norm) << c.model << " step " << s;
+    // After the first update (tests/backend/drift.h): measured at most 3.6e-6 relative (Gemma 4's
+    // gradient norm, the scalar kernels; 2.7e-6 on AVX2, AMD EPYC), the losses 0 on both; held to
+    // kLossAfterUpdateTol (1e-3).
+    const double tol = s == 0 ? kTol : testing::kLossAfterUpdateTol;
+    EXPECT_LE(record_drift(fmt::format("{} loss step {}", c.model, s), b.loss, a.loss), tol) << c.model << " step " << s;
+    if (c.max_grad_norm > 0) {
+      EXPECT_LE(record_drift(fmt::format("{} grad-norm step {}", c.model, s), b.grad_norm, a.grad_norm), tol)
+          << c.model << " step " << s;
+    }
   }
   EXPECT_EQ(state.step, steps);
   const auto ref = plain.flat_params();
+  double worst = 0;
   for (int b = 0; b < state.blocks(); ++b) {
-    EXPECT_LE(rel_diff(state.master(b), ref[static_cast<std::size_t>(b)]), c.param_tol) << c.model << " block " << b;
+    const double d = rel_diff(state.master(b), ref[static_cast<std::size_t>(b)]);
+    worst = std::max(worst, d);
+    EXPECT_LE(d, c.param_tol) << c.model << " block " << b;
     EXPECT_TRUE(at::equal(state.working(b), state.master(b))) << "working copy republished, block " << b;
   }
+  record_drift(fmt::format("{} params", c.model), worst);
 }
 
 // Gradient scale: AdamW normalizes each element by its own history, so a uniformly scaled gradient
@@ -125,14 +140,16 @@ TEST(StreamedTrainer, MatchesPlainTrainerOnGemmaTiedEmbeddingsKEqualsVAndSoftcap
   // Gemma 4's sandwich norms make a step's gradients ~10× more sensitive to the order of sums than
   // the other families' (two exact computations differ by 3–6e-6 relative at the first step against
   // 2e-7 for tiny-moe: the size of transformers' own FP32 error on this architecture), and AdamW's
-  // m/√v turns that into parameter differences after it: the second step and the parameters are
-  // held to 1e-4 (measured 2.3e-5).
-  expect_streamed_matches_plain({"tiny-moe-gemma", 1.0, false, 1e-4}, 2);
+  // m/√v turns that into parameter differences after it: measured 2.3e-5 on AVX2 and 6.9e-6 with the
+  // scalar kernels (AMD EPYC; tests/backend/drift.h), held to 2e-4.
+  expect_streamed_matches_plain({"tiny-moe-gemma", 1.0, false, 2e-4}, 2);
 }
 
 TEST(StreamedTrainer, MatchesPlainTrainerOnMixtralAndQwenHybrid) {
   expect_streamed_matches_plain({"tiny-moe-mixtral", 0.0}, 2);
-  expect_streamed_matches_plain({"tiny-moe-qwen", 0.0}, 2);
+  // Parameters after the steps: measured 1.3e-7 (Mixtral) and 2.4e-6 (Qwen3.5's zero-centred norms)
+  // on AVX2, 2.3e-7 and 1.7e-6 with the scalar kernels (AMD EPYC): Qwen held to 2e-5.
+  expect_streamed_matches_plain({"tiny-moe-qwen", 0.0, false, 2e-5}, 2);
 }
 
 TEST(StreamedTrainer, Bf16WorkingWeightsTrainAndKeepFp32Masters) {
@@ -195,39 +212,55 @@ void expect_accumulation_matches_one_batch(const char* model, double max_grad_no
     const auto b = accumulated.step(tokens, targets);
     const auto c = plain_whole.step(tokens, targets);
     const auto d = plain_accumulated.step(tokens, targets);
-    EXPECT_NEAR(b.loss, a.loss, kTol * std::abs(a.loss)) << model << " step " << s;
-    EXPECT_NEAR(d.loss, c.loss, kTol * std::abs(c.loss)) << model << " step " << s;
-    EXPECT_NEAR(a.loss, c.loss, kTol * std::abs(c.loss)) << model << " step " << s;
+    // After the first update (tests/backend/drift.h): measured at most 8.6e-8 relative on AVX2 and
+    // with the scalar kernels (AMD EPYC); held to kLossAfterUpdateTol (1e-3).
+    const double tol = s == 0 ? kTol : testing::kLossAfterUpdateTol;
+    EXPECT_LE(record_drift(fmt::format("{} streamed-k2-vs-k1 loss step {}", model, s), b.loss, a.loss), tol) << model << " step " << s;
+    EXPECT_LE(record_drift(fmt::format("{} plain-k2-vs-k1 loss step {}", model, s), d.loss, c.loss), tol) << model << " step " << s;
+    EXPECT_LE(record_drift(fmt::format("{} streamed-vs-plain loss step {}", model, s), a.loss, c.loss), tol) << model << " step " << s;
     if (max_grad_norm > 0) {
-      EXPECT_NEAR(b.grad_norm, a.grad_norm, kTol * a.grad_norm) << model << " step " << s;
-      EXPECT_NEAR(d.grad_norm, c.grad_norm, kTol * c.grad_norm) << model << " step " << s;
+      EXPECT_LE(record_drift(fmt::format("{} streamed-k2-vs-k1 grad-norm step {}", model, s), b.grad_norm, a.grad_norm), tol)
+          << model << " step " << s;
+      EXPECT_LE(record_drift(fmt::format("{} plain-k2-vs-k1 grad-norm step {}", model, s), d.grad_norm, c.grad_norm), tol)
+          << model << " step " << s;
     }
     // The step's gradients stay in the host slots: the sums against the one-batch gradients, on the
     // same weights in the first step (1e-5) and on weights one rounding-level update apart in the
-    // second (1e-4; measured ≤ 1.6e-5).
+    // second (measured 3.8e-5 on AVX2, 1.6e-5 with the scalar kernels, AMD EPYC: held to 2e-4).
+    double worst_slot = 0;
     for (int blk = 0; blk < accum_state.blocks(); ++blk) {
-      EXPECT_LE(rel_diff(accum_state.grad_slot(blk), whole_state.grad_slot(blk)), s == 0 ? kTol : 1e-4)
-          << model << " step " << s << " block " << blk;
+      const double d = rel_diff(accum_state.grad_slot(blk), whole_state.grad_slot(blk));
+      worst_slot = std::max(worst_slot, d);
+      EXPECT_LE(d, s == 0 ? kTol : 2e-4) << model << " step " << s << " block " << blk;
     }
+    record_drift(fmt::format("{} grad-slots step {}", model, s), worst_slot);
   }
   const auto ref = plain_whole.flat_params(), ref_acc = plain_accumulated.flat_params();
+  double worst[3] = {0, 0, 0};
   for (int b = 0; b < accum_state.blocks(); ++b) {
-    EXPECT_LE(rel_diff(accum_state.master(b), whole_state.master(b)), param_tol) << model << " block " << b;
-    EXPECT_LE(rel_diff(ref_acc[static_cast<std::size_t>(b)], ref[static_cast<std::size_t>(b)]), param_tol) << model << " block " << b;
-    EXPECT_LE(rel_diff(whole_state.master(b), ref[static_cast<std::size_t>(b)]), steps == 1 ? param_tol : kTol)
-        << model << " block " << b;
+    const double d[3] = {rel_diff(accum_state.master(b), whole_state.master(b)),
+                         rel_diff(ref_acc[static_cast<std::size_t>(b)], ref[static_cast<std::size_t>(b)]),
+                         rel_diff(whole_state.master(b), ref[static_cast<std::size_t>(b)])};
+    EXPECT_LE(d[0], param_tol) << model << " block " << b;
+    EXPECT_LE(d[1], param_tol) << model << " block " << b;
+    EXPECT_LE(d[2], steps == 1 ? param_tol : kTol) << model << " block " << b;
+    for (int i = 0; i < 3; ++i) worst[i] = std::max(worst[i], d[i]);
   }
+  record_drift(fmt::format("{} streamed-k2-vs-k1 params", model), worst[0]);
+  record_drift(fmt::format("{} plain-k2-vs-k1 params", model), worst[1]);
+  record_drift(fmt::format("{} streamed-vs-plain params", model), worst[2]);
 }
 
 TEST(GradientAccumulation, TwoMicroBatchesEqualOneBatchOfTwiceTheSize) {
   // tiny-moe over two steps: the second step's update is taken from gradients on weights one
-  // rounding-level update apart (held to 1e-4 above), so the parameters after it are held to the
-  // same 1e-4 (within 1e-5 on one x86 CPU, 1.02e-5 on another: FP32 kernels differ by CPU).
+  // rounding-level update apart (held to 2e-4 above), so the parameters after it are held to 1e-4
+  // (measured 1.02e-5 on AVX2, 4.4e-6 with the scalar kernels, AMD EPYC; tests/backend/drift.h).
   expect_accumulation_matches_one_batch("tiny-moe", 0.0, 1e-6, 1e-4);
   // Gemma 4 (with clipping): the first step's losses, norms and summed gradients within 1e-5 as
   // above; its one-step parameters carry AdamW's amplification of the first step's 3–6e-6 gradient
-  // differences (see MatchesPlainTrainerOnGemma...), held to 1e-3, so the second step is not compared.
-  expect_accumulation_matches_one_batch("tiny-moe-gemma", 1.0, 1e-8, 1e-3, /*steps=*/1);
+  // differences (see MatchesPlainTrainerOnGemma...): measured 5.0e-4 on AVX2 and 2.1e-4 with the
+  // scalar kernels, held to 5e-3, so the second step is not compared.
+  expect_accumulation_matches_one_batch("tiny-moe-gemma", 1.0, 1e-8, 5e-3, /*steps=*/1);
 }
 
 TEST(GradientAccumulation, ABatchThatDoesNotSplitIsAnInputError) {

@@ -12,6 +12,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/checkpoint.h"
@@ -21,6 +22,7 @@
 #include "cli/cli.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
+#include "tests/backend/drift.h"
 
 namespace oom::backend {
 namespace {
@@ -102,7 +104,14 @@ TEST(Train, ReferenceTrainerAgreesWithStreamedOnTheSameRun) {
   const auto r = train(o);
   ASSERT_EQ(r.losses.size(), 3u);
   EXPECT_EQ(r.trainer, "reference");
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(s.losses[i], r.losses[i], 1e-5 * r.losses[i]);
+  // The first step on the same weights within 1e-5; after AdamW updates (tests/backend/drift.h)
+  // measured at most 9.0e-8 relative on AVX2 and 1.8e-7 with the scalar kernels (AMD EPYC); held to
+  // kLossAfterUpdateTol (1e-3).
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_LE(testing::record_drift(fmt::format("streamed-vs-reference step {}", i), s.losses[i], r.losses[i]),
+              i == 0 ? 1e-5 : testing::kLossAfterUpdateTol)
+        << "step " << i;
+  }
 }
 
 TEST(Train, BadOptionsAndMismatchedResumeAreInputErrors) {
