@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "costmodel/workload.h"
 #include "planner/search/plan_search.h"
 
@@ -54,8 +55,7 @@ void add_nodes_option(CLI::App* cmd, std::optional<int>& nodes) {
 
 void apply_nodes_option(Workload& w, const std::optional<int>& nodes) {
   if (!nodes) return;
-  if (*nodes < 1) throw InputError("", "--nodes", std::to_string(*nodes), "must be at least 1");
-  w.nodes = *nodes;
+  w.nodes = checked_node_count(*nodes, "", "--nodes");
 }
 
 }  // namespace oom::cli
