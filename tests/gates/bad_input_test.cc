@@ -524,6 +524,23 @@ std::vector<Case> cases() {
                memory_with_workload(), W, "nodes", "100000", "out of range 1..65536"});
   c.push_back({"whatif_nodes_above_bound", {{"s.json", study_with([](json& j) { j["sweeps"][0]["nodes"] = {100000}; })}}, whatif,
                S, "sweeps[0].nodes[0]", "100000", "out of range 1..65536"});
+  // One count per routed expert of Qwen3.6-35B-A3B (256), each finite, their sum not.
+  c.push_back({"workload_routing_counts_infinite_sum",
+               {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "histogram"}, {"counts", std::vector<double>(256, 1e308)}}; })}},
+               memory_with_workload(), W, "routing.counts", "[1e+308,1e+308", "finite"});
+  {
+    // A Chrome trace of one stage; `oom diff` reads it as both sides.
+    const auto trace_with = [](const json& ts, const json& dur) {
+      return json{{"traceEvents", {{{"ph", "X"}, {"name", "g0.fwd.L3.moe.c0.a2a_dispatch"}, {"cat", "a2a"}, {"pid", 0}, {"tid", 0},
+                                    {"ts", ts}, {"dur", dur}}}}}
+          .dump();
+    };
+    const std::string T = "{dir}/t.json";
+    const std::vector<std::string> diff = {"diff", T, T};
+    c.push_back({"diff_trace_ts_huge", {{"t.json", trace_with(1e308, 10)}}, diff, T, "traceEvents[0].ts", "1e+308", "out of range"});
+    c.push_back({"diff_trace_ts_text", {{"t.json", trace_with("abc", 10)}}, diff, T, "traceEvents[0].ts", "\"abc\"", "number"});
+    c.push_back({"diff_trace_dur_huge", {{"t.json", trace_with(0, 1e308)}}, diff, T, "traceEvents[0].dur", "1e+308", "out of range"});
+  }
   return c;
 }
 
@@ -628,7 +645,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
-                                             "calibrate", "validate", "ablation", "@records"}));
+                                             "calibrate", "validate", "ablation", "diff", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
