@@ -541,6 +541,12 @@ std::vector<Case> cases() {
     c.push_back({"diff_trace_ts_text", {{"t.json", trace_with("abc", 10)}}, diff, T, "traceEvents[0].ts", "\"abc\"", "number"});
     c.push_back({"diff_trace_dur_huge", {{"t.json", trace_with(0, 1e308)}}, diff, T, "traceEvents[0].dur", "1e+308", "out of range"});
   }
+  c.push_back({"unknown_command", {}, {"frobnicate"}, "", "command", "\"frobnicate\"", "unknown command (known: model, memory"});
+  c.push_back({"model_unknown_subcommand", {}, {"model", "frobnicate"}, "", "model command", "\"frobnicate\"", "unknown command (known: show"});
+  c.push_back({"calibrate_hold_out_empty", {}, {"calibrate", "--records", paper, "--hardware", "h100-sxm-node", "--hold-out", "", "-o", "{dir}/c.json"},
+               "", "--hold-out", "\"\"", "empty"});
+  c.push_back({"calibrate_breakdown_weight_nan", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--breakdown-weight", "nan"},
+               "", "--breakdown-weight", "nan", "out of range"});
   return c;
 }
 
@@ -645,7 +651,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
-                                             "calibrate", "validate", "ablation", "diff", "@records"}));
+                                             "calibrate", "validate", "ablation", "diff", "frobnicate", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
