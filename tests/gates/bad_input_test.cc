@@ -541,6 +541,22 @@ std::vector<Case> cases() {
     c.push_back({"diff_trace_ts_text", {{"t.json", trace_with("abc", 10)}}, diff, T, "traceEvents[0].ts", "\"abc\"", "number"});
     c.push_back({"diff_trace_dur_huge", {{"t.json", trace_with(0, 1e308)}}, diff, T, "traceEvents[0].dur", "1e+308", "out of range"});
   }
+  {
+    // A Local plan on 12 GPUs of two nodes: simulate refuses it, and memory and report alike.
+    const std::string two_nodes = workload_with([](json& j) {
+      j["hardware"] = "h100-sxm-2node";
+      j["gpus"] = 12;
+      j["global_batch"] = 24;
+    });
+    const std::string local = plan_with([](json& j) {
+      j["path"] = "local";
+      j["resident_layers"] = json::array();
+    });
+    for (const char* command : {"memory", "report", "simulate"}) {
+      c.push_back({std::string(command) + "_local_plan_over_two_nodes", {{"w.json", two_nodes}, {"p.json", local}},
+                   {command, "--workload", W, "--plan", P}, "", "gpus", "12", "one node"});
+    }
+  }
   c.push_back({"unknown_command", {}, {"frobnicate"}, "", "command", "\"frobnicate\"", "unknown command (known: model, memory"});
   c.push_back({"model_unknown_subcommand", {}, {"model", "frobnicate"}, "", "model command", "\"frobnicate\"", "unknown command (known: show"});
   c.push_back({"calibrate_hold_out_empty", {}, {"calibrate", "--records", paper, "--hardware", "h100-sxm-node", "--hold-out", "", "-o", "{dir}/c.json"},
