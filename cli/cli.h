@@ -50,7 +50,7 @@ int run(const std::vector<std::string>& args, Io io);
 int run_app(CLI::App& app, const std::vector<std::string>& args, Io io);
 
 // `--nodes N` on a command that reads a workload: the hardware's node spec repeated over N nodes
-// (Workload::nodes). apply_nodes_option sets it on `w` when given; N < 1 is an InputError.
+// (Workload::nodes). apply_nodes_option sets it on `w` when given; N outside 1..kMaxNodes is an InputError.
 void add_nodes_option(CLI::App* cmd, std::optional<int>& nodes);
 void apply_nodes_option(Workload& w, const std::optional<int>& nodes);
 

@@ -19,6 +19,7 @@
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
 #include "traces/trace.h"
 
@@ -61,25 +62,22 @@ StepTimes load_step(const std::string& path) {
     for (std::size_t i = 0; i < ev.size(); ++i) {
       const auto& e = ev[i];
       if (!e.is_object() || e.value("ph", "") != "X") continue;
-      const std::string field = fmt::format("traceEvents[{}]", i);
-      if (!e.contains("name") || !e["name"].is_string()) throw InputError(path, field + ".name", "missing", "expected a string");
-      if (!e.contains("dur") || !e["dur"].is_number() || e["dur"].get<double>() < 0) {
-        throw InputError(path, field + ".dur", e.contains("dur") ? json_value_text(e["dur"]) : "missing",
-                         "expected a duration ≥ 0 in microseconds");
-      }
-      const auto key = parse_stage_key(e["name"].get<std::string>());
-      if (!key) throw InputError(path, field + ".name", json_value_text(e["name"]), kNotAStageKey);
-      const double ts = e.contains("ts") && e["ts"].is_number() ? e["ts"].get<double>() : 0.0;
+      const JsonReader er(e, path, fmt::format("traceEvents[{}]", i));
+      const auto key = parse_stage_key(er.string("name"));
+      if (!key) er.fail("name", kNotAStageKey);
+      // Microseconds from the start of the step, each a finite number within a trace's times.
+      const double ts = er.number("ts", 0.0, kMaxTraceSeconds * 1e6);
+      const double dur = er.number("dur", 0.0, kMaxTraceSeconds * 1e6);
       std::int64_t ops = 0;
       if (e.contains("args") && e["args"].is_object() && e["args"].contains("ops")) {
         const auto& o = e["args"]["ops"];
         if (!o.is_number_integer() || o.get<std::int64_t>() < 0) {
-          throw InputError(path, field + ".args.ops", json_value_text(o), "expected an operator count ≥ 0");
+          throw InputError(path, er.field("args.ops"), json_value_text(o), "expected an operator count ≥ 0");
         }
         ops = o.get<std::int64_t>();
       }
-      add_stage(t, *key, e.value("cat", ""), ts * 1e-6, e["dur"].get<double>() * 1e-6, ops);
-      t.step_s = std::max(t.step_s, (ts + e["dur"].get<double>()) * 1e-6);
+      add_stage(t, *key, e.value("cat", ""), ts * 1e-6, dur * 1e-6, ops);
+      t.step_s = std::max(t.step_s, (ts + dur) * 1e-6);
     }
   } else {
     const Trace tr = trace_from_json(j, path);

@@ -33,6 +33,8 @@ Loaded load_inputs(const PlanInputs& in) {
   const std::string wfile = in.workload_path.empty() ? "(default workload)" : in.workload_path;
   Loaded l{resolve_workload(w, wfile), in.plan_path.empty() ? default_plan() : load_plan(in.plan_path)};
   validate_plan(l.plan, l.ctx.model, l.ctx.workload, in.plan_path.empty() ? "(default plan)" : in.plan_path);
+  // What the lowering refuses (oom simulate), the static report refuses alike.
+  if (l.plan.path == ExpertPath::kLocal) check_local_applies(l.ctx);
   return l;
 }
 

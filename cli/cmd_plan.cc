@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "planner/engine/step_engine.h"
 #include "planner/plan/plan_presets.h"
 #include "planner/search/plan_search.h"
@@ -30,10 +31,6 @@ struct PlanArgs {
   std::optional<int> nodes;
   bool json = false, no_flat = false, measure_memory = false;
 };
-
-void check_budget(const std::optional<double>& gib, const std::string& flag) {
-  if (gib && !(*gib > 0)) throw InputError("", flag, fmt::format("{}", *gib), "a budget must be a positive number of GiB");
-}
 
 }  // namespace
 
@@ -82,13 +79,13 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
     if (a->measure_memory && !a->preset.empty()) {
       throw InputError("", "--measure-memory", "true", "a --preset is priced as it is, not searched");
     }
-    check_budget(a->gpu_budget_gib, "--gpu-budget-gib");
-    check_budget(a->host_budget_gib, "--host-budget-gib");
     Workload w = load_workload(a->workload_path);
-    if (a->gpu_budget_gib) w.gpu_budget_gib = a->gpu_budget_gib;
-    if (a->host_budget_gib) w.host_budget_gib = a->host_budget_gib;
     apply_nodes_option(w, a->nodes);
-    const WorkloadContext ctx = resolve_workload(w, a->workload_path);
+    WorkloadContext ctx = resolve_workload(w, a->workload_path);
+    // The options replace the workload's budgets and are checked as its budgets are, naming the option.
+    if (a->gpu_budget_gib) ctx.workload.gpu_budget_gib = a->gpu_budget_gib;
+    if (a->host_budget_gib) ctx.workload.host_budget_gib = a->host_budget_gib;
+    check_budgets(ctx, "", "--gpu-budget-gib", "--host-budget-gib");
     PlanSearchOptions options;
     options.path = a->path;
     options.compare_engine = a->compare_engine;

@@ -7,13 +7,14 @@
 
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
 
 namespace oom {
 namespace {
 
 constexpr double kMaxRate = 1e18;
-constexpr double kMaxGib = 1 << 24;  // 16 PiB
+constexpr double kMaxGib = 1 << 20;  // 1 PiB per GPU or NUMA node: kMaxNumaPerNode of them sum to 2^60 B, inside Bytes
 constexpr int kMaxNodeDepth = 4;      // "node" chains: a cluster of a cluster of ...
 
 HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file);
@@ -139,15 +140,15 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   HardwareSpec h;
   h.name = r.string("name");
   h.description = r.string_or("description", "");
-  h.nodes = static_cast<int>(r.integer_or("nodes", 1, 1, 65536));
+  h.nodes = static_cast<int>(r.integer_or("nodes", 1, 1, kMaxNodes));
 
   const JsonReader g = r.object("gpu");
   h.gpu.name = g.string("name");
-  h.gpus_per_node = static_cast<int>(g.integer("count", 1, 1024));
-  h.gpu.hbm_bytes = from_gib(g.number("hbm_gib", 0.001, kMaxGib));
+  h.gpus_per_node = static_cast<int>(g.integer("count", 1, kMaxGpusPerNode));
+  h.gpu.hbm_bytes = input_bytes(g.number("hbm_gib", 0.001, kMaxGib), kGiB, file, g.field("hbm_gib"));
   h.gpu.bf16_flops_per_s = g.number("bf16_flops", 1e9, kMaxRate);
   h.gpu.hbm_Bps = g.number("hbm_Bps", 1e6, kMaxRate);
-  h.gpu.l2_bytes = static_cast<Bytes>(g.optional_number("l2_mib", 0, 1 << 20).value_or(0.0) * static_cast<double>(kMiB));
+  h.gpu.l2_bytes = input_bytes(g.optional_number("l2_mib", 0, 1 << 20).value_or(0.0), kMiB, file, g.field("l2_mib"));
   h.gpu.gemm_half_rows = g.optional_number("gemm_half_rows", 0, 1e6).value_or(0.0);
   h.gpu.architecture = g.string_or("architecture", "");
   if (g.has("architecture") && (h.gpu.architecture.empty() || !std::all_of(h.gpu.architecture.begin(), h.gpu.architecture.end(), [](char ch) {
@@ -174,11 +175,14 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   if (!r.has("numa") || !r.raw()["numa"].is_array() || r.raw()["numa"].empty()) {
     r.fail("numa", "expected a non-empty list of NUMA nodes");
   }
+  if (r.raw()["numa"].size() > static_cast<std::size_t>(kMaxNumaPerNode)) {
+    r.fail("numa", fmt::format("lists {} NUMA nodes, more than the {} a node may have", r.raw()["numa"].size(), kMaxNumaPerNode));
+  }
   const auto& numa = r.raw()["numa"];
   for (std::size_t i = 0; i < numa.size(); ++i) {
     const JsonReader n(numa[i], file, fmt::format("numa[{}]", i));
     NumaSpec s;
-    s.dram_bytes = from_gib(n.number("dram_gib", 0.001, kMaxGib));
+    s.dram_bytes = input_bytes(n.number("dram_gib", 0.001, kMaxGib), kGiB, file, n.field("dram_gib"));
     s.dram_Bps = n.number("dram_Bps", 1e6, kMaxRate);
     s.cores = static_cast<int>(n.integer("cores", 1, 65536));
     s.adamw_params_per_s = n.number("adamw_params_per_s", 1e3, kMaxRate);
@@ -213,6 +217,7 @@ HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string&
 }
 
 HardwareSpec with_nodes(HardwareSpec h, int nodes, const std::string& file, const std::string& field) {
+  checked_node_count(nodes, file, field);
   if (nodes > 1 && h.network.nics == 0) {
     throw InputError(file, field, std::to_string(nodes),
                      fmt::format("hardware {} has no network (network.nic) to join {} nodes", h.name, nodes));

@@ -69,7 +69,9 @@ std::vector<double> counts_list(const nlohmann::json& v, const JsonReader& r, co
     out.push_back(x.get<double>());
     sum += out.back();
   }
-  if (!(sum > 0)) r.fail_value(field, v, "counts must have a positive sum");
+  // The shares divide by the sum: it must be a positive finite number (counts near the largest
+  // double can sum to infinity, which would turn every share into 0).
+  if (!(sum > 0) || !std::isfinite(sum)) r.fail_value(field, v, "counts must have a positive sum, and a finite one");
   return out;
 }
 

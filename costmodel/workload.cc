@@ -6,6 +6,7 @@
 
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
 
 namespace oom {
@@ -34,6 +35,13 @@ double bytes_per_token_bound(const ModelSpec& m) {
   return 16.0 * (static_cast<double>(m.vocab) + static_cast<double>(m.layers) * (attention + gdn + moe));
 }
 
+// The host memory of one node: the DRAM of its NUMA nodes.
+Bytes node_host_bytes(const HardwareSpec& h) {
+  Bytes total = 0;
+  for (const NumaSpec& n : h.numa) total += n.dram_bytes;
+  return total;
+}
+
 }  // namespace
 
 Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
@@ -43,13 +51,13 @@ Workload workload_from_json(const nlohmann::json& j, const std::string& file, co
   Workload w;
   w.model = r.string("model");
   w.hardware = r.string("hardware");
-  w.gpus = static_cast<int>(r.integer("gpus", 1, 65536));
+  w.gpus = static_cast<int>(r.integer("gpus", 1, kMaxWorkloadGpus));
   w.global_batch = r.integer("global_batch", 1, std::int64_t{1} << 32);
   w.seq_len = r.integer("seq_len", 1, std::int64_t{1} << 32);
   w.gpu_budget_gib = r.optional_number("gpu_budget_gib", 0.001, 1e6);
   w.host_budget_gib = r.optional_number("host_budget_gib", 0.001, 1e9);
   w.yarn_factor = r.number_or("yarn_factor", 1.0, 1.0, 1024.0);
-  if (const auto n = r.optional_integer("nodes", 1, 65536)) w.nodes = static_cast<int>(*n);
+  if (const auto n = r.optional_integer("nodes", 1, kMaxNodes)) w.nodes = static_cast<int>(*n);
   if (r.has("routing")) w.routing = routing_from_json(r.object("routing").raw(), file, r.field("routing"));
   if (w.global_batch % w.gpus != 0 && w.gpus % w.global_batch != 0) {
     r.fail("global_batch", fmt::format("must be a multiple of gpus = {} (whole sequences per GPU) or divide it (each "
@@ -75,19 +83,16 @@ nlohmann::json workload_to_json(const Workload& w) {
 Workload load_workload(const std::string& path) { return workload_from_json(read_json_file(path), path); }
 
 Bytes WorkloadContext::gpu_budget_bytes() const {
-  return workload.gpu_budget_gib ? from_gib(*workload.gpu_budget_gib) : hardware.gpu.hbm_bytes;
+  return workload.gpu_budget_gib ? input_bytes(*workload.gpu_budget_gib, kGiB, "", "gpu_budget_gib") : hardware.gpu.hbm_bytes;
 }
 
 Bytes WorkloadContext::host_budget_bytes() const {
-  if (workload.host_budget_gib) return from_gib(*workload.host_budget_gib);
-  Bytes total = 0;
-  for (const auto& n : hardware.numa) total += n.dram_bytes;
-  return total;
+  return workload.host_budget_gib ? input_bytes(*workload.host_budget_gib, kGiB, "", "host_budget_gib")
+                                  : node_host_bytes(hardware);
 }
 
 std::vector<Bytes> WorkloadContext::host_budget_bytes_per_numa() const {
-  Bytes capacity = 0;
-  for (const NumaSpec& n : hardware.numa) capacity += n.dram_bytes;
+  const Bytes capacity = node_host_bytes(hardware);
   std::vector<Bytes> out;
   for (int n = 0; n < hardware.host_numa_count(workload.gpus); ++n) {
     const Bytes dram = hardware.numa_spec(n).dram_bytes;
@@ -99,6 +104,23 @@ std::vector<Bytes> WorkloadContext::host_budget_bytes_per_numa() const {
     }
   }
   return out;
+}
+
+void check_budgets(const WorkloadContext& c, const std::string& file, const std::string& gpu_field,
+                   const std::string& host_field) {
+  const HardwareSpec& h = c.hardware;
+  const auto check = [&](const std::optional<double>& gib, const std::string& field, Bytes capacity, const std::string& what) {
+    if (!gib) return;
+    if (!(*gib > 0)) throw InputError(file, field, fmt::format("{}", *gib), "a budget must be a positive number of GiB");
+    const Bytes bytes = input_bytes(*gib, kGiB, file, field);
+    if (bytes > capacity) {
+      throw InputError(file, field, fmt::format("{}", *gib),
+                       fmt::format("above the {:.4g} GiB of {} of {}: no budget can exceed it (leave the budget out to use "
+                                   "it all)", to_gib(capacity), what, h.name));
+    }
+  };
+  check(c.workload.gpu_budget_gib, gpu_field, h.gpu.hbm_bytes, "HBM per GPU");
+  check(c.workload.host_budget_gib, host_field, node_host_bytes(h), "host memory per node");
 }
 
 WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
@@ -121,6 +143,7 @@ WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
     r.fail("seq_len", fmt::format("exceeds max_position_embeddings {} × yarn_factor {} of {}", c.model.max_position,
                                   w.yarn_factor, c.model.name));
   }
+  check_budgets(c, file, r.field("gpu_budget_gib"), r.field("host_budget_gib"));
   check_routing(w.routing, c.model.moe.experts, c.model.layers, file, "routing");
   const double tokens_per_gpu = static_cast<double>(w.global_batch) / w.gpus * static_cast<double>(w.seq_len);
   if (const double bytes = tokens_per_gpu * bytes_per_token_bound(c.model); bytes > kMaxStepBytes) {

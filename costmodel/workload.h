@@ -67,7 +67,7 @@ struct WorkloadContext {
 };
 
 // Loads the model and hardware the workload names (repeated over `nodes` when set) and checks:
-// gpus ≤ GPUs of the hardware,
+// gpus ≤ GPUs of the hardware, budgets within its capacity (check_budgets, costmodel/input_limits.h),
 // global_batch a multiple of gpus or dividing it (then seq_len a multiple of gpus / global_batch), seq_len ≤ max_position_embeddings · yarn_factor.
 // Errors name `file` and the workload field (model, hardware, gpus, ...).
 WorkloadContext resolve_workload(const Workload& w, const std::string& file);

@@ -9,6 +9,7 @@
 
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
 #include "costmodel/token_text.h"
 #include "experiments/published.h"
@@ -38,8 +39,8 @@ std::vector<std::optional<double>> budget_list(const JsonReader& r, const std::s
   return out;
 }
 
-std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key, std::int64_t min) {
-  std::vector<std::int64_t> v = r.integer_list(key, min, kMaxInt);
+std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key, std::int64_t min, std::int64_t max = kMaxInt) {
+  std::vector<std::int64_t> v = r.integer_list(key, min, max);
   if (v.empty()) r.fail(key, "expected a non-empty list");
   return v;
 }
@@ -54,11 +55,11 @@ StudySweep sweep_from_json(const JsonReader& r) {
   s.hardware = r.string_list("hardware");
   if (s.hardware.empty()) r.fail("hardware", "expected a non-empty list");
   if (r.has("nodes")) {
-    for (const std::int64_t n : non_empty(r, "nodes", 1)) s.nodes.push_back(static_cast<int>(std::min<std::int64_t>(n, 65536)));
+    for (const std::int64_t n : non_empty(r, "nodes", 1, kMaxNodes)) s.nodes.push_back(static_cast<int>(n));
   }
   // Without "gpus", a sweep over node counts uses every GPU of the nodes (expand_study).
   if (s.nodes.empty() || r.has("gpus")) {
-    for (const std::int64_t g : non_empty(r, "gpus", 1)) s.gpus.push_back(static_cast<int>(std::min<std::int64_t>(g, 65536)));
+    for (const std::int64_t g : non_empty(r, "gpus", 1, kMaxWorkloadGpus)) s.gpus.push_back(static_cast<int>(g));
   }
   const bool batch = r.has("global_batch"), per_gpu = r.has("seqs_per_gpu"), per_seq = r.has("gpus_per_seq");
   if (int{batch} + int{per_gpu} + int{per_seq} != 1) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
 #include "traces/records.h"
 
@@ -55,7 +56,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
   r.reject_unknown_keys({"engine", "step_s", "gpu_peak_bytes", "numa_peak_bytes", "stages", "memory"});
   Trace t;
   t.engine = r.string_or("engine", "");
-  t.step_s = r.number("step_s", 0.0, 1e12);
+  t.step_s = r.number("step_s", 0.0, kMaxTraceSeconds);
   t.gpu_peak_bytes = read_bytes_list(r, "gpu_peak_bytes");
   t.numa_peak_bytes = read_bytes_list(r, "numa_peak_bytes");
   const auto& stages = r.array("stages");
@@ -70,8 +71,8 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
     st.key = *key;
     st.kind = s.string("kind");
     st.resource = s.string("resource");
-    st.start_s = s.number("start_s", 0.0, 1e12);
-    st.end_s = s.number("end_s", 0.0, 1e12);
+    st.start_s = s.number("start_s", 0.0, kMaxTraceSeconds);
+    st.end_s = s.number("end_s", 0.0, kMaxTraceSeconds);
     if (st.end_s < st.start_s) s.fail("end_s", "ends before it starts");
     st.layer = static_cast<int>(s.integer_or("layer", -1, -1, 1 << 20));
     st.bytes = s.integer_or("bytes", 0, 0, kMaxBytes);
@@ -93,6 +94,9 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
         const auto& x = samples[k];
         if (!x.is_array() || x.size() != 2 || !x[0].is_number() || !x[1].is_number_integer()) {
           m.fail_value(fmt::format("{}[{}]", m.field("samples"), k), x, "expected [time_s, bytes]");
+        }
+        if (!(x[0].get<double>() >= 0 && x[0].get<double>() <= kMaxTraceSeconds)) {
+          m.fail_value(fmt::format("{}[{}][0]", m.field("samples"), k), x[0], fmt::format("a time out of range 0..{:g} s", kMaxTraceSeconds));
         }
         tl.samples.push_back({x[0].get<double>(), x[1].get<Bytes>()});
       }

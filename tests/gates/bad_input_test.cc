@@ -263,7 +263,7 @@ std::vector<Case> cases() {
   c.push_back({"hardware_cluster_of_unknown_node", {{"w.json", workload_on_hw()}, {"hw.json", R"({"name": "c", "node": "no-such-node", "nodes": 2})"}},
                memory_with_workload(), H, "node", "\"no-such-node\"", "unknown hardware"});
   c.push_back({"cli_nodes_zero", {}, {"memory", "--workload", "{src}/" + std::string(kWorkload), "--plan", "{src}/" + std::string(kPlan), "--nodes", "0"},
-               "", "--nodes", "0", "at least 1"});
+               "", "--nodes", "0", "out of range 1..65536"});
 
   // --- plan: oom memory --workload (default) --plan P
   c.push_back({"plan_layer_out_of_range", {{"p.json", plan_with([](json& j) { j["resident_layers"] = {0, 40}; })}},
@@ -494,6 +494,75 @@ std::vector<Case> cases() {
     c.push_back({"report_paper_published_bad_plan", {{"s.json", unchanged_study}, {"r.jsonl", bad_plan_record}}, with_records,
                  R + ":1", "plan.path", "\"gpu\"", "expected"});
   }
+
+  // --- numbers: budgets, counts and times from input are finite, in range and within the hardware
+  const std::vector<std::string> plan_default = {"plan", "--workload", "{src}/" + std::string(kWorkload)};
+  const auto plan_with_option = [&plan_default](const std::string& option, const std::string& value) {
+    std::vector<std::string> args = plan_default;
+    args.insert(args.end(), {option, value});
+    return args;
+  };
+  c.push_back({"plan_gpu_budget_infinite", {}, plan_with_option("--gpu-budget-gib", "inf"), "", "--gpu-budget-gib", "inf",
+               "finite number of GiB"});
+  c.push_back({"plan_gpu_budget_overflows_bytes", {}, plan_with_option("--gpu-budget-gib", "1e10"), "", "--gpu-budget-gib",
+               "10000000000", "64-bit"});
+  c.push_back({"plan_host_budget_nan", {}, plan_with_option("--host-budget-gib", "nan"), "", "--host-budget-gib", "nan",
+               "positive number"});
+  c.push_back({"plan_gpu_budget_above_hbm", {}, plan_with_option("--gpu-budget-gib", "218.7"), "", "--gpu-budget-gib", "218.7",
+               "above the 80 GiB of HBM per GPU of h100-sxm-node"});
+  c.push_back({"plan_host_budget_above_dram", {}, plan_with_option("--host-budget-gib", "4096"), "", "--host-budget-gib", "4096",
+               "above the 2016 GiB of host memory per node of h100-sxm-node"});
+  c.push_back({"workload_gpu_budget_above_hbm", {{"w.json", workload_with([](json& j) { j["gpu_budget_gib"] = 100; })}},
+               memory_with_workload(), W, "gpu_budget_gib", "100", "above the 80 GiB of HBM per GPU"});
+  c.push_back({"workload_host_budget_above_dram", {{"w.json", workload_with([](json& j) { j["host_budget_gib"] = 3000; })}},
+               {"plan", "--workload", W}, W, "host_budget_gib", "3000", "above the 2016 GiB of host memory per node"});
+  c.push_back({"whatif_gpu_budget_above_hbm", {{"s.json", study_with([](json& j) { j["sweeps"][0]["gpu_budget_gib"] = {64, 100}; })}},
+               whatif, S + " (sweep batch)", "gpu_budget_gib", "100", "above the 80 GiB of HBM per GPU"});
+  c.push_back({"plan_nodes_overflowing_gpu_count", {}, plan_with_option("--nodes", "2147483647"), "", "--nodes", "2147483647",
+               "out of range 1..65536"});
+  c.push_back({"workload_nodes_above_bound", {{"w.json", workload_with([](json& j) { j["nodes"] = 100000; })}},
+               memory_with_workload(), W, "nodes", "100000", "out of range 1..65536"});
+  c.push_back({"whatif_nodes_above_bound", {{"s.json", study_with([](json& j) { j["sweeps"][0]["nodes"] = {100000}; })}}, whatif,
+               S, "sweeps[0].nodes[0]", "100000", "out of range 1..65536"});
+  // One count per routed expert of Qwen3.6-35B-A3B (256), each finite, their sum not.
+  c.push_back({"workload_routing_counts_infinite_sum",
+               {{"w.json", workload_with([](json& j) { j["routing"] = {{"kind", "histogram"}, {"counts", std::vector<double>(256, 1e308)}}; })}},
+               memory_with_workload(), W, "routing.counts", "[1e+308,1e+308", "finite"});
+  {
+    // A Chrome trace of one stage; `oom diff` reads it as both sides.
+    const auto trace_with = [](const json& ts, const json& dur) {
+      return json{{"traceEvents", {{{"ph", "X"}, {"name", "g0.fwd.L3.moe.c0.a2a_dispatch"}, {"cat", "a2a"}, {"pid", 0}, {"tid", 0},
+                                    {"ts", ts}, {"dur", dur}}}}}
+          .dump();
+    };
+    const std::string T = "{dir}/t.json";
+    const std::vector<std::string> diff = {"diff", T, T};
+    c.push_back({"diff_trace_ts_huge", {{"t.json", trace_with(1e308, 10)}}, diff, T, "traceEvents[0].ts", "1e+308", "out of range"});
+    c.push_back({"diff_trace_ts_text", {{"t.json", trace_with("abc", 10)}}, diff, T, "traceEvents[0].ts", "\"abc\"", "number"});
+    c.push_back({"diff_trace_dur_huge", {{"t.json", trace_with(0, 1e308)}}, diff, T, "traceEvents[0].dur", "1e+308", "out of range"});
+  }
+  {
+    // A Local plan on 12 GPUs of two nodes: simulate refuses it, and memory and report alike.
+    const std::string two_nodes = workload_with([](json& j) {
+      j["hardware"] = "h100-sxm-2node";
+      j["gpus"] = 12;
+      j["global_batch"] = 24;
+    });
+    const std::string local = plan_with([](json& j) {
+      j["path"] = "local";
+      j["resident_layers"] = json::array();
+    });
+    for (const char* command : {"memory", "report", "simulate"}) {
+      c.push_back({std::string(command) + "_local_plan_over_two_nodes", {{"w.json", two_nodes}, {"p.json", local}},
+                   {command, "--workload", W, "--plan", P}, "", "gpus", "12", "one node"});
+    }
+  }
+  c.push_back({"unknown_command", {}, {"frobnicate"}, "", "command", "\"frobnicate\"", "unknown command (known: model, memory"});
+  c.push_back({"model_unknown_subcommand", {}, {"model", "frobnicate"}, "", "model command", "\"frobnicate\"", "unknown command (known: show"});
+  c.push_back({"calibrate_hold_out_empty", {}, {"calibrate", "--records", paper, "--hardware", "h100-sxm-node", "--hold-out", "", "-o", "{dir}/c.json"},
+               "", "--hold-out", "\"\"", "empty"});
+  c.push_back({"calibrate_breakdown_weight_nan", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--breakdown-weight", "nan"},
+               "", "--breakdown-weight", "nan", "out of range"});
   return c;
 }
 
@@ -598,7 +667,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
-                                             "calibrate", "validate", "ablation", "@records"}));
+                                             "calibrate", "validate", "ablation", "diff", "frobnicate", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
