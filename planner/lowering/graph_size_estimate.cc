@@ -120,7 +120,7 @@ bool is_attention(LayerKind k) { return k != LayerKind::kLinearAttention; }
 class StepCounter {
  public:
   StepCounter(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options)
-      : plan_(plan), ctx_(ctx), m_(ctx.model), params_(model_params(ctx.model)), P_(ctx.workload.gpus),
+      : plan_(plan), m_(ctx.model), params_(model_params(ctx.model)), P_(ctx.workload.gpus),
         ep_(plan.path == ExpertPath::kEp), E_(plan.ep_group(P_)), D_(P_ / E_),
         layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, m_.layers) : m_.layers),
         C_(ep_ ? plan.context_parallel() : 1), seqs_(ctx.workload.seqs_per_gpu()), S_(ctx.workload.seq_len / C_),
@@ -463,7 +463,6 @@ class StepCounter {
   }
 
   const Plan& plan_;
-  const WorkloadContext& ctx_;
   const ModelSpec& m_;
   ModelParams params_;
   int P_;
