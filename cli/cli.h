@@ -54,6 +54,12 @@ int run_app(CLI::App& app, const std::vector<std::string>& args, Io io);
 void add_nodes_option(CLI::App* cmd, std::optional<int>& nodes);
 void apply_nodes_option(Workload& w, const std::optional<int>& nodes);
 
+// `--max-stages N` on every command that lowers a plan or a baseline: the most stages one
+// StepGraph may have (planner/lowering/graph_size_estimate.h; default kDefaultMaxStages). It sets
+// the limit every lowering of the command starts from (set_max_stages_default); run_app puts the
+// default back before each command. N below 1 or not finite is an InputError.
+void add_max_stages_option(CLI::App* cmd);
+
 // Each command file adds its subcommands; the callback runs after parsing succeeds. Commands that
 // pick a step engine by name keep a copy of `engines` and offer those.
 void add_model_commands(CLI::App& app, Io io);

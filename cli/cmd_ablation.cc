@@ -31,6 +31,7 @@ struct AblationArgs {
 void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto a = std::make_shared<AblationArgs>();
   auto* c = app.add_subcommand("ablation", "Matched component study: one plan with and without a schedule (experiments/flat-*.json)");
+  add_max_stages_option(c);
   c->add_option("study", a->study_path, "Ablation study file (experiments/flat-*.json)")->required();
   c->add_option("-o,--output", a->output, "Folder for ablation.csv, ablation.json and ablation.png (default: results/NAME)");
   c->add_option("--engine", a->engine, "Step engine (default: the study's, else analytic)");
@@ -40,6 +41,8 @@ void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
     AblationSpec spec = load_ablation(a->study_path);
     if (!a->engine.empty()) spec.engine = a->engine;
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
+    const WorkEstimate estimate = estimate_ablation(spec, a->study_path);  // before any line: it may find bad input
+    io.err << "estimate: " << estimate.text() << "\n";
     const AblationResult r = run_ablation(spec, engines, a->study_path, study_progress(io.err));
     std::filesystem::create_directories(dir);
     const std::string csv = ablation_csv(r);

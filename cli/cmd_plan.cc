@@ -39,6 +39,7 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
   // The short executions run on the engine that models contention where it is offered.
   if (engines.has("simgrid")) a->compare_engine = "simgrid";
   auto* c = app.add_subcommand("plan", "Search the fastest plan that fits the GPU and host budgets (EP, Local, or both compared)");
+  add_max_stages_option(c);
   c->add_option("--workload", a->workload_path, "Workload JSON")->required();
   c->add_option("--path", a->path, "Expert path: ep | local | auto (configure both, compare by short executions)");
   c->add_option("--preset", a->preset,

@@ -40,6 +40,7 @@ std::string default_studies_dir() {
 void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto a = std::make_shared<ReportPaperArgs>();
   auto* c = app.add_subcommand("report-paper", "Run every paper study and write one Markdown report (plots, tables, published errors)");
+  add_max_stages_option(c);
   c->add_option("-o,--output", a->output, "Folder for report.md and each study's CSV, JSON and plots")->required();
   c->add_option("--published", a->published, "Recorded step measurements (JSON Lines) to set against the predictions");
   c->add_option("--studies", a->studies, "Folder of study files (default: experiments/paper of the source tree)");
@@ -62,6 +63,9 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
       StudyResult probe;  // parses every record's plan before the long run
       attach_published(probe, *records, a->published);
     }
+    WorkEstimate estimate;
+    for (const auto& spec : specs) estimate += estimate_study(spec);
+    io.err << "estimate: " << estimate.text() << "\n";
     std::vector<PaperSection> sections;
     for (const auto& spec : specs) {
       io.err << fmt::format("{}: {}\n", spec.figure.empty() ? spec.name : spec.figure, spec.name);

@@ -21,6 +21,7 @@
 #include "planner/calibration/validation.h"
 #include "planner/engine/explain.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "traces/records.h"
 
 namespace oom::cli {
@@ -121,6 +122,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
 
   auto sim = std::make_shared<SimulateArgs>();
   auto* s = app.add_subcommand("simulate", "Lower a plan to a StepGraph and execute it: step time, memory peaks, breakdown, trace");
+  add_max_stages_option(s);
   s->add_option("--workload", sim->workload_path, "Workload JSON")->required();
   s->add_option("--plan", sim->plan_path, "Plan JSON")->required();
   add_nodes_option(s, sim->nodes);
@@ -138,6 +140,9 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
     const Plan plan = load_plan(sim->plan_path);
     validate_plan(plan, ctx.model, ctx.workload, sim->plan_path);
+    LoweringOptions sized;
+    sized.symmetric_nodes = !sim->every_rank;  // as simulate_plan lowers it
+    check_step_graph_size(plan, ctx, sized, sim->plan_path, sim->workload_path);
     std::string source = sim->calibration_path;
     const Calibration calibration = source.empty() ? load_calibration_for(ctx.hardware, sim->engine, &source)
                                                    : load_calibration_file(source, ctx.hardware);
@@ -155,6 +160,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
 
   auto val = std::make_shared<ValidateArgs>();
   auto* v = app.add_subcommand("validate", "Predict every step record of a JSON Lines file and compare with the measurement");
+  add_max_stages_option(v);
   v->add_option("records", val->records_path, "Recorded measurements (JSON Lines)")->required();
   v->add_option("--engine", val->engine, engine_help);
   v->add_flag("--json", val->json, "Print one JSON object (count, median/max |relative error|, records)");
@@ -180,6 +186,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
 
   auto cal = std::make_shared<CalibrateArgs>();
   auto* c = app.add_subcommand("calibrate", "Fit a hardware's physical constants to recorded measurements (least squares)");
+  add_max_stages_option(c);
   c->add_option("--records", cal->records_path, "Recorded measurements (JSON Lines)");
   c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)");
   c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");

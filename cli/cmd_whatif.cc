@@ -85,6 +85,7 @@ std::vector<std::string> write_study_plots(const StudyResult& r, const std::stri
 void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto a = std::make_shared<WhatifArgs>();
   auto* w = app.add_subcommand("whatif", "What-if study: plan search vs baselines over models x hardware x batch x context x budgets");
+  add_max_stages_option(w);
   w->add_option("study", a->study_path, "Study file (experiments/*.json); none = the default study");
   w->add_option("-o,--output", a->output, "Folder for study.csv, study.json and the PNG plots (default: results/STUDY)");
   w->add_option("--engine", a->engine, "Step engine for the baselines (default: the study's, else analytic)");
@@ -107,6 +108,8 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
       attach_published(probe, *records, a->published);
     }
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
+    const WorkEstimate estimate = estimate_study(spec);  // before any line: it may find bad input
+    io.err << "estimate: " << estimate.text() << "\n";
     StudyResult r = run_study(spec, engines, &find_plan_by_search, study_progress(io.err));
     if (records) attach_published(r, *records, a->published);
     std::filesystem::create_directories(dir);

@@ -1,5 +1,7 @@
 // What every `oom` entry point does with a parsed command line: the exit codes of cli/cli.h and
 // one line on `err` for whatever went wrong; options several commands share. Shared by the `oom` program and the backend plugin.
+#include <cmath>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,6 +11,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/input_limits.h"
 #include "costmodel/workload.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/search/plan_search.h"
 
 namespace oom::cli {
@@ -51,6 +54,7 @@ std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
 int run_app(CLI::App& app, const std::vector<std::string>& args, Io io) {
   // CLI11 parses argv in reverse order from a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
+  set_max_stages_default(kDefaultMaxStages);  // a previous command's --max-stages does not carry over
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
@@ -80,6 +84,18 @@ void add_nodes_option(CLI::App* cmd, std::optional<int>& nodes) {
   cmd->add_option("--nodes", nodes,
                   "Nodes of the workload's hardware (its node spec repeated, joined by its network; default: the "
                   "workload's \"nodes\", else the hardware's)");
+}
+
+void add_max_stages_option(CLI::App* cmd) {
+  cmd->add_option_function<double>(
+      "--max-stages",
+      [](const double& n) {
+        if (!std::isfinite(n) || n < 1) throw InputError("", "--max-stages", fmt::format("{}", n), "expected a stage count of at least 1");
+        set_max_stages_default(n);
+      },
+      fmt::format("Most stages one lowered step graph may have before the command refuses it (default {:.0e}, about {:.0f} "
+                  "GB of graph at {:.0f} B a stage)",
+                  kDefaultMaxStages, kDefaultMaxStages * kBytesPerStage / 1e9, kBytesPerStage));
 }
 
 void apply_nodes_option(Workload& w, const std::optional<int>& nodes) {

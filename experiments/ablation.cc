@@ -11,6 +11,7 @@
 #include "planner/calibration/calibration.h"
 #include "planner/calibration/validation.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/graph_size_estimate.h"
 
 namespace oom {
 namespace {
@@ -105,6 +106,21 @@ Plan ablation_plan(const AblationSpec& spec, const AblationVariant& v, const Wor
   return p;
 }
 
+WorkEstimate estimate_ablation(const AblationSpec& spec, const std::string& file) {
+  WorkEstimate e;
+  LoweringOptions options;
+  options.symmetric_nodes = true;  // as simulate_plan lowers it
+  for (const auto& w : spec.workloads) {
+    const WorkloadContext ctx = resolve_workload(w.workload, fmt::format("{} (workload '{}')", file, w.name));
+    for (const auto& v : spec.variants) {
+      ++e.cases;
+      e.stages += estimate_step_graph(ablation_plan(spec, v, ctx, file), ctx, options).stages;
+    }
+  }
+  e.wall_s = e.stages * kPricingSecondsPerStage;
+  return e;
+}
+
 AblationResult run_ablation(const AblationSpec& spec, const StepEngines& engines, const std::string& file,
                             const AblationProgress& progress) {
   if (!engines.has(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
@@ -114,7 +130,12 @@ AblationResult run_ablation(const AblationSpec& spec, const StepEngines& engines
   for (const auto& w : spec.workloads) {
     contexts.push_back(resolve_workload(w.workload, fmt::format("{} (workload '{}')", file, w.name)));
     plans.emplace_back();
-    for (const auto& v : spec.variants) plans.back().push_back(ablation_plan(spec, v, contexts.back(), file));
+    for (const auto& v : spec.variants) {
+      plans.back().push_back(ablation_plan(spec, v, contexts.back(), file));
+      LoweringOptions sized;
+      sized.symmetric_nodes = true;  // as simulate_plan lowers it
+      check_step_graph_size(plans.back().back(), contexts.back(), sized, fmt::format("{} (variant '{}')", file, v.name));
+    }
   }
   AblationResult out;
   out.spec = spec;

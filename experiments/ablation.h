@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/workload.h"
+#include "experiments/study.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
@@ -96,6 +97,10 @@ using AblationProgress = std::function<void(int done, int total, const std::stri
 // The plan of one case (the study's plan with the variant's patch, token counts resolved),
 // validated against the workload. Throws InputError naming the file and the variant.
 Plan ablation_plan(const AblationSpec& spec, const AblationVariant& v, const WorkloadContext& ctx, const std::string& file);
+
+// The estimate of every case (each workload × variant: its plan's stages, kPricingSecondsPerStage
+// each). Throws InputError as run_ablation() would for a workload or variant that does not resolve.
+WorkEstimate estimate_ablation(const AblationSpec& spec, const std::string& file);
 
 // Runs every case with the engine of `engines` named spec.engine. Throws InputError naming `file`
 // when `engines` does not offer it, and as ablation_plan() for a case that does not validate.

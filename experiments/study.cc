@@ -14,6 +14,7 @@
 #include "costmodel/token_text.h"
 #include "experiments/published.h"
 #include "planner/calibration/calibration.h"
+#include "planner/lowering/graph_size_estimate.h"
 
 namespace oom {
 namespace {
@@ -393,6 +394,33 @@ StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const P
   }
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
+}
+
+WorkEstimate& WorkEstimate::operator+=(const WorkEstimate& o) {
+  cases += o.cases;
+  stages += o.stages;
+  wall_s += o.wall_s;
+  return *this;
+}
+
+std::string WorkEstimate::text() const {
+  const std::string wall = wall_s < 120 ? fmt::format("{:.0f} s", std::ceil(wall_s)) : fmt::format("{:.0f} min", std::ceil(wall_s / 60));
+  return fmt::format("{} case{}, {:.2g} stages: about {}", cases, cases == 1 ? "" : "s", stages, wall);
+}
+
+WorkEstimate estimate_study(const StudySpec& spec) {
+  WorkEstimate e;
+  LoweringOptions options;
+  options.symmetric_nodes = true;  // as the search prices its candidates
+  for (const auto& c : expand_study(spec)) {
+    const WorkloadContext ctx = resolve_workload(c.workload, fmt::format("study {} sweep {}", spec.name, c.sweep));
+    Plan representative;
+    if (ctx.workload.gpus_per_seq() > 1) representative.context_parallel_gpus = ctx.workload.gpus_per_seq();
+    ++e.cases;
+    e.stages += estimate_step_graph(representative, ctx, options).stages;
+  }
+  e.wall_s = e.stages * kSearchSecondsPerStage;
+  return e;
 }
 
 std::string study_table_text(const StudyResult& r) {

@@ -166,6 +166,33 @@ struct StudyResult {
 StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const PlanFinder& find_plan,
                       const StudyProgress& progress = {});
 
+// What a study or an ablation will cost, told before it runs (`oom whatif`, `oom ablation`,
+// `oom report-paper` print it on stderr): its cases, the estimated stages of the graph each case
+// lowers (planner/lowering/graph_size_estimate.h; for a what-if case, of one representative plan:
+// the EP plan at the default routing chunk over its GPUs, one node's stages when nodes run alike,
+// as the search prices its candidates), and a wall time at a measured cost per stage.
+struct WorkEstimate {
+  int cases = 0;
+  double stages = 0;   // summed over the cases
+  Seconds wall_s = 0;  // estimated
+  WorkEstimate& operator+=(const WorkEstimate& o);
+  // "24 cases, 3.1e+06 stages: about 40 s" (what the commands print, after "estimate: ").
+  std::string text() const;
+};
+// Wall time per estimated stage of a what-if case's representative plan: the plan search over
+// both paths with and without FLAT's schedules, and the baselines, of each case. Measured with
+// `oom whatif --no-plots` (RelWithDebInfo, on a 2-core machine under a load average of 12, so an
+// idle machine runs faster): experiments/whatif-host-budget.json, 35.0 s over 6.5e4 estimated
+// stages (5.4e-4 s each), and experiments/paper/fig5a-h100-batch.json, 20.6 s over 3.6e4
+// (5.7e-4 s each).
+inline constexpr double kSearchSecondsPerStage = 5.5e-4;
+// Wall time per estimated stage of a case that lowers and prices one plan (an ablation case: the
+// lowering and the analytic engine): `oom ablation experiments/flat-dispatch.json --no-plots`,
+// measured alike, 1.85 s over 2.2e5 stages.
+inline constexpr double kPricingSecondsPerStage = 8.5e-6;
+// The estimate of every case of `spec` (workloads resolved as run_study resolves them).
+WorkEstimate estimate_study(const StudySpec& spec);
+
 // The table `oom whatif` prints: workload, chosen plan, step time, tokens/s, GPU peak, host
 // memory, each baseline's step time or OOM, speedup over the best baseline.
 std::string study_table_text(const StudyResult& r);

@@ -21,6 +21,7 @@
 #include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/baselines.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/step_graph.h"
 
 namespace oom {
@@ -372,6 +373,7 @@ Lowered step_target(const StepRecord& r, bool breakdown) {
   } else {
     const Plan plan = plan_from_json(r.plan, r.origin);
     validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
+    check_step_graph_size(plan, t.ctx, {}, r.origin, r.origin);
     t.graph = lower(plan, t.ctx);
   }
   t.schedule.emplace(t.graph);

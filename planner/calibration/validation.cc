@@ -10,6 +10,7 @@
 #include "costmodel/input_error.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/baselines.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/memory_report.h"
 #include "planner/lowering/step_graph.h"
 
@@ -85,6 +86,9 @@ RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, cons
     }
     const Plan plan = plan_from_json(rec.plan, rec.origin);
     validate_plan(plan, ctx.model, ctx.workload, rec.origin);
+    LoweringOptions sized;
+    sized.symmetric_nodes = true;  // as simulate_plan lowers it
+    check_step_graph_size(plan, ctx, sized, rec.origin, rec.origin);
     const SimulationResult r = simulate_plan(plan, ctx, engines, engine, calibration_of(ctx.hardware, calibrations, engine));
     Bytes host = 0;
     for (const Bytes b : r.trace.numa_peak_bytes) host += b;

@@ -11,6 +11,7 @@
 #include "costmodel/params.h"
 #include "costmodel/traffic.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
 
 namespace oom {
@@ -351,6 +352,7 @@ class KtFtLowering {
 
 StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options) {
   OOM_ASSERT(setup.micro_batch_seqs >= 1 && setup.accumulation_steps >= 1, "a micro-batch of at least one sequence");
+  check_graph_size(estimate_ktft_graph(setup, ctx, options), options, "");
   KtFtLowering l(setup, ctx, options);
   StepGraph g = l.run();
   OOM_ASSERT(check_step_graph(g, false).empty(), "KT-FT lowering produced a malformed StepGraph");

@@ -14,6 +14,7 @@
 #include "costmodel/traffic.h"
 #include "planner/engine/duration_model.h"
 #include "planner/engine/step_engine.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
 
 namespace oom {
@@ -437,6 +438,7 @@ class MegatronLowering {
 StepGraph lower_megatron(const MegatronSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options) {
   OOM_ASSERT(setup.tensor_parallel >= 1 && setup.data_parallel * setup.tensor_parallel == ctx.workload.gpus,
              "tensor x data parallel must cover the GPUs");
+  check_graph_size(estimate_megatron_graph(setup, ctx, options), options, "");
   MegatronLowering l(setup, ctx, options);
   StepGraph g = l.run();
   OOM_ASSERT(check_step_graph(g, false).empty(), "Megatron-LM lowering produced a malformed StepGraph");

@@ -6,6 +6,7 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/traffic.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/memory_report.h"
 #include "planner/lowering/operator_counts.h"
 
@@ -93,6 +94,33 @@ Bytes loss_backward_with_recompute_hbm_bytes(const ModelSpec& m, std::int64_t to
 
 }  // namespace
 
+bool runs_llep(const Plan& plan, int gpus) {
+  return plan.path == ExpertPath::kEp && plan.ep_group(gpus) > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+}
+
+std::vector<LlepBalance> rank_routing(const Plan& plan, const WorkloadContext& ctx, int layers) {
+  const int P = ctx.workload.gpus;
+  const bool ep = plan.path == ExpertPath::kEp;
+  const int E = plan.ep_group(P);
+  std::vector<LlepBalance> routing = ep_layer_balance(ctx.workload.routing, ctx.model.moe.experts, layers, ep ? E : 1, runs_llep(plan, P));
+  if (ep && P / E > 1) {
+    const auto tile = [&](auto& v) {
+      for (int r = E; r < P; ++r) v.push_back(v[static_cast<std::size_t>(r % E)]);
+    };
+    for (LlepBalance& b : routing) {
+      tile(b.loads);
+      tile(b.fetched);
+      tile(b.lent);
+    }
+  }
+  return routing;
+}
+
+int emitted_ranks(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options, const std::vector<LlepBalance>& routing) {
+  const bool alike = options.symmetric_nodes && plan.path == ExpertPath::kEp && nodes_run_alike(plan, ctx, routing);
+  return alike ? ctx.hardware.gpus_per_node : ctx.workload.gpus;
+}
+
 bool whole_nodes_alike(const HardwareSpec& h, int P) {
   const int G = h.gpus_per_node;
   if (G <= 0 || P <= G || P % G != 0) return false;
@@ -172,20 +200,10 @@ Lowering::Lowering(const Plan& plan, const WorkloadContext& ctx, const LoweringO
   // Routing: each rank's share of a dispatch (skewed routing makes some ranks receive more);
   // PipelinedLLEP spills the excess to the least-loaded ranks.
   // Every EP group routes its own tokens alike: rank r has the balance of its place r mod E.
-  llep_ = ep_ && E_ > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
-  routing_ = ep_layer_balance(ctx.workload.routing, m_.moe.experts, layers_, ep_ ? E_ : 1, llep_);
-  if (ep_ && D_ > 1) {
-    const auto tile = [&](auto& v) {
-      for (int r = E_; r < P_; ++r) v.push_back(v[static_cast<std::size_t>(r % E_)]);
-    };
-    for (LlepBalance& b : routing_) {
-      tile(b.loads);
-      tile(b.fetched);
-      tile(b.lent);
-    }
-  }
+  llep_ = runs_llep(plan, P_);
+  routing_ = rank_routing(plan, ctx, layers_);
   for (int l = 0; l < layers_; ++l) largest_share_.push_back(largest_expert_share(ctx.workload.routing, m_.moe.experts, l));
-  emit_ = options.symmetric_nodes && ep_ && nodes_run_alike(plan, ctx, routing_) ? ctx.hardware.gpus_per_node : P_;
+  emit_ = emitted_ranks(plan, ctx, options, routing_);
 }
 
 ParamCount Lowering::expert_params_on_gpu(int layer) const {
@@ -257,16 +275,7 @@ PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int
   return out;
 }
 
-RankGroups Lowering::groups(Over over) const {
-  switch (over) {
-    case Over::kNone: return {P_, 1, false};
-    case Over::kGroup: return {P_, E_, false};
-    case Over::kReplicas: return {P_, E_, true};
-    case Over::kContext: return {P_, C_, false};
-    case Over::kAll: break;
-  }
-  return {P_, P_, false};
-}
+RankGroups Lowering::groups(Over over) const { return over_groups(over, P_, E_, C_); }
 
 PerRank Lowering::collective_all(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes_per_rank,
                                  const PerRank& inputs, Over over) {
@@ -688,6 +697,7 @@ StepGraph Lowering::run() {
 
 StepGraph lower(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options) {
   OOM_ASSERT(ctx.workload.gpus >= 1, "at least one GPU");
+  check_step_graph_size(plan, ctx, options, "");
   lowering::Lowering l(plan, ctx, options);
   StepGraph g = l.run();
   OOM_ASSERT(check_step_graph(g, false).empty(), "lowering produced a malformed StepGraph");

@@ -61,6 +61,21 @@ struct RankResources {
 // stages to stand for every node's (LoweringOptions::symmetric_nodes).
 bool whole_nodes_alike(const HardwareSpec& h, int gpus);
 
+// Whether the plan runs PipelinedLLEP over `gpus` GPUs: the EP path with more than one GPU per
+// EP group.
+bool runs_llep(const Plan& plan, int gpus);
+
+// The routing the lowering prices for the first `layers` decoders: each rank's received dispatch
+// load relative to the mean (after LLEP's rebalancing when the plan runs it) and the experts it
+// fetches and lends; every EP group routes alike, so rank r has the balance of its place r mod E.
+std::vector<LlepBalance> rank_routing(const Plan& plan, const WorkloadContext& ctx, int layers);
+
+// The ranks whose stages a lowering emits (StepGraph::ranks_emitted): one node's when
+// options.symmetric_nodes asks for it and every node runs the same schedule under `routing`
+// (rank_routing), else every rank. The lowering and its size estimate (graph_size_estimate.h)
+// both read it here.
+int emitted_ranks(const Plan& plan, const WorkloadContext& ctx, const LoweringOptions& options, const std::vector<LlepBalance>& routing);
+
 // Adds rank `rank`'s resources (of `ranks`) to `b`: its compute stream, H2D and D2H engines, the
 // expert-gradient D2H stream when `expert_grad_stream` (else expert_d2h stays 0), its fabric port,
 // and its CPU update executor and host preparation worker on the NUMA node the rank runs on.
@@ -135,6 +150,31 @@ std::vector<StageId> collective_waits(int gpus_per_node, const std::vector<int>&
 // (the rank at its place in every EP group), or the GPUs that share its sequence
 // (Plan::context_parallel_gpus consecutive ranks).
 enum class Over { kNone, kAll, kGroup, kReplicas, kContext };
+
+// The member sets of a collective over `over` among `ranks` ranks in EP groups of `ep_group` GPUs
+// and sequences over `context` GPUs (kNone: every rank alone).
+inline RankGroups over_groups(Over over, int ranks, int ep_group, int context) {
+  switch (over) {
+    case Over::kNone: return {ranks, 1, false};
+    case Over::kGroup: return {ranks, ep_group, false};
+    case Over::kReplicas: return {ranks, ep_group, true};
+    case Over::kContext: return {ranks, context, false};
+    case Over::kAll: break;
+  }
+  return {ranks, ranks, false};
+}
+
+// How an expert shard reaches its replicas and its gradient leaves them over `gpus` GPUs:
+// kReplicas when the plan's EP groups replicate each shard (Plan::ep_group_gpus), else kNone.
+inline Over expert_replicas_over(const Plan& plan, int gpus) {
+  return plan.path == ExpertPath::kEp && plan.ep_replicas(gpus) > 1 ? Over::kReplicas : Over::kNone;
+}
+// The all-gather that completes decoder `layer`'s expert weights in the window: over every rank
+// (Local shard delivery), over the replicas (EP groups, a streamed shard), or none.
+inline Over expert_allgather_over(const Plan& plan, int layer, int gpus) {
+  if (plan.path != ExpertPath::kEp) return plan.param_transfer == ParamTransfer::kShard ? Over::kAll : Over::kNone;
+  return plan.is_resident(layer) ? Over::kNone : expert_replicas_over(plan, gpus);
+}
 
 // One collective per member set of `groups`: each member's stage made by `make_stage(r)` (on its
 // fabric port, with its bytes), with its set's PeerList (one list, shared by the set's stages), and
@@ -312,13 +352,8 @@ class Lowering {
   ParamCount expert_params_h2d(int layer) const;  // 0 for resident EP shards
   // How an expert shard reaches its replicas and its gradient leaves them: kReplicas when the EP
   // groups replicate each shard (Plan::ep_group_gpus), else kNone.
-  Over expert_replicas() const { return ep_ && D_ > 1 ? Over::kReplicas : Over::kNone; }
-  // The all-gather that completes decoder `layer`'s expert weights in the window: over every rank
-  // (Local shard delivery), over the replicas (EP groups, a streamed shard), or none.
-  Over expert_allgather(int layer) const {
-    if (!ep_) return plan_.param_transfer == ParamTransfer::kShard ? Over::kAll : Over::kNone;
-    return plan_.is_resident(layer) ? Over::kNone : expert_replicas();
-  }
+  Over expert_replicas() const { return expert_replicas_over(plan_, P_); }
+  Over expert_allgather(int layer) const { return expert_allgather_over(plan_, layer, P_); }
   std::int64_t live_seqs() const;                 // sequences processed at once (Local sub-batches)
   std::vector<std::int64_t> moe_chunks(std::int64_t tokens) const;
 

@@ -30,6 +30,7 @@
 #include "costmodel/params.h"
 #include "costmodel/traffic.h"
 #include "planner/lowering/baselines.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
 
 namespace oom {
@@ -549,6 +550,7 @@ class BaselineLowering {
 StepGraph lower_baseline(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options) {
   OOM_ASSERT(ctx.workload.gpus >= 1, "at least one GPU");
   OOM_ASSERT(setup.micro_batch_seqs >= 1 && setup.accumulation_steps >= 1, "a micro-batch of at least one sequence");
+  check_graph_size(estimate_baseline_graph(setup, ctx, options), options, "");
   BaselineLowering l(setup, ctx, options);
   StepGraph g = l.run();
   OOM_ASSERT(check_step_graph(g, false).empty(), "baseline lowering produced a malformed StepGraph");

@@ -252,6 +252,12 @@ class StepGraphBuilder {
 // repeats): the check the lowerings run on every graph they build, a plan search's included.
 std::string check_step_graph(const StepGraph& g, bool keys = true);
 
+// The stage limit every LoweringOptions starts from: graph_size_estimate.h's kDefaultMaxStages,
+// or what the command's --max-stages set. Set once, before any lowering (not thread-safe against
+// lowerings running).
+double max_stages_default();
+void set_max_stages_default(double max_stages);
+
 struct LoweringOptions {
   MemoryConstants memory;  // M_0, ε, host process bytes, loss chunk
   // Lower only the first `decoder_layers` decoders (0 = all): the short executions of
@@ -262,6 +268,9 @@ struct LoweringOptions {
   // from the others; no Ring-DTP head): StepGraph::ranks_emitted. The plan search prices with it;
   // the step time and every peak equal the full graph's (tests/planner/symmetric_lowering_test.cc).
   bool symmetric_nodes = false;
+  // The most stages the lowering builds: over it (its estimate, planner/lowering/graph_size_estimate.h)
+  // lower() throws InputError naming the plan field that makes the graph so large.
+  double max_stages = max_stages_default();
 };
 
 // Lowers one training step of `plan` on the workload (reference §2–§5, the runtime rules of §3)

@@ -372,11 +372,16 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   dp.gpu_limit_bytes = static_cast<Bytes>(static_cast<double>(budgets.gpu_bytes) / (1.0 + eps));
   dp.host_limit_bytes = std::max<Bytes>(host_room, 1);
   std::vector<Finalist> finalists;
+  int over_limit = 0;  // entries whose graph is over the stage limit (skipped)
   for (const auto& at : all) {
     if (!chosen[static_cast<std::size_t>(index(at))]) continue;
     ++out.configured;
     for (bool keep : {false, true}) {
       if (keep && !has_attention(m)) continue;
+      if (pricer.refuses(pricer.with_flat(local_plan(menu.split(at), keep)))) {
+        ++over_limit;  // over the stage limit: skipped
+        continue;
+      }
       const LayerTable table = local_layer_table(pricer, menu.split(at), keep);
       for (int cap : o.regenerate_caps) {
         dp.regenerate_cap = cap;
@@ -429,6 +434,7 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
     ranked += price(p) ? 1 : 0;
   }
   if (feasible.empty()) {
+    if (!first_miss && over_limit > 0) return out;  // nothing priced: the pricer says why (PlanPricer::refused)
     out.shortfall = first_miss ? first_miss
                                : std::optional<BudgetShortfall>(BudgetShortfall{
                                      "host", host_room, 0, "boundaries and O/LSE of the Local path (no boundary policy fits)"});

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
 #include "planner/engine/analytic_evaluator.h"
+#include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/step_graph.h"
 
 namespace oom {
@@ -72,15 +74,46 @@ Plan PlanPricer::with_flat(Plan plan) const {
   return plan;
 }
 
-StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const {
+LoweringOptions PlanPricer::lowering_options(int decoder_layers) const {
   LoweringOptions options;
   options.memory = constants_;
   options.decoder_layers = decoder_layers;
   options.symmetric_nodes = true;  // evaluated analytically: one node's stages when every node runs alike
-  return lower(plan, ctx_, options);
+  return options;
+}
+
+StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const { return lower(plan, ctx_, lowering_options(decoder_layers)); }
+
+bool PlanPricer::refuses(const Plan& plan, int decoder_layers) const {
+  const LoweringOptions options = lowering_options(decoder_layers);
+  const GraphSize size = estimate_step_graph(plan, ctx_, options);
+  if (size.stages <= options.max_stages) return false;
+  const std::lock_guard<std::mutex> lock(refusals_->mutex);
+  if (refusals_->count++ == 0) {
+    refusals_->first = InputError("", size.field, size.value, graph_size_refusal(size, options.max_stages)).what();
+  }
+  return true;
+}
+
+int PlanPricer::refused() const {
+  const std::lock_guard<std::mutex> lock(refusals_->mutex);
+  return refusals_->count;
+}
+
+std::string PlanPricer::first_refusal() const {
+  const std::lock_guard<std::mutex> lock(refusals_->mutex);
+  return refusals_->first;
 }
 
 PricedPlan PlanPricer::price(const Plan& plan, int decoder_layers) const {
+  if (refuses(plan, decoder_layers)) {
+    PricedPlan p;
+    p.plan = plan;
+    p.step_s = std::numeric_limits<Seconds>::infinity();
+    p.gpu_peak_bytes.assign(static_cast<std::size_t>(ctx_.workload.gpus), std::numeric_limits<Bytes>::max());
+    p.numa_peak_bytes.assign(static_cast<std::size_t>(ctx_.hardware.host_numa_count(ctx_.workload.gpus)), std::numeric_limits<Bytes>::max());
+    return p;
+  }
   const StepGraph g = lower_plan(plan, decoder_layers);
   const StageTimes t = analytic_step_times(g, durations_);
   MemoryPeaks m = memory_peaks(g, t, /*keep_samples=*/false);

@@ -11,6 +11,8 @@
 // Units: seconds, bytes. PlanPricer::price is const and thread-safe.
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,8 +69,18 @@ class PlanPricer {
   PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants = {},
              FlatSchedules flat = {});
   // Lowers `plan` (the first `decoder_layers` decoders; 0 = all) and evaluates it analytically.
-  // Precondition: validate_plan() accepts the plan for the workload.
+  // Precondition: validate_plan() accepts the plan for the workload. A plan whose graph would be
+  // over the stage limit (refuses()) is not lowered: its step is infinite and its peaks the
+  // largest Bytes, so it fits no budget and a search skips it.
   PricedPlan price(const Plan& plan, int decoder_layers = 0) const;
+  // Whether the graph of `plan` (its first `decoder_layers` decoders) would be over the stage
+  // limit (LoweringOptions::max_stages, planner/lowering/graph_size_estimate.h); counts the plans
+  // refused. Thread-safe.
+  bool refuses(const Plan& plan, int decoder_layers = 0) const;
+  // The plans refused so far, and the first one's reason ("field 'routing_chunk_tokens': value 1:
+  // would lower to 2.5e+07 stages (limit 2e+07; --max-stages raises it)"); empty when none.
+  int refused() const;
+  std::string first_refusal() const;
   // The lowered graph and the stage prices price() uses, for planners that read stage detail.
   // When every node runs the same schedule it holds one node's stages (StepGraph::ranks_emitted,
   // LoweringOptions::symmetric_nodes), which both engines run.
@@ -86,6 +98,13 @@ class PlanPricer {
   CalibratedDurationModel durations_;
   MemoryConstants constants_;
   FlatSchedules flat_;
+  struct Refusals {
+    std::mutex mutex;
+    int count = 0;
+    std::string first;
+  };
+  std::shared_ptr<Refusals> refusals_ = std::make_shared<Refusals>();
+  LoweringOptions lowering_options(int decoder_layers) const;
 };
 
 // The largest repeating unit of decoder kinds: the smallest p with kinds[i] == kinds[i mod p]

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -182,10 +183,19 @@ Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& 
     keep(better(local.best, local_flat.best), local.shortfall, local_flat.shortfall);
   }
   if (configured.empty()) {
-    if (shortfalls.empty()) throw InfeasibleWorkload(not_applicable.empty() ? "no plan fits the budgets" : not_applicable);
+    // Candidates over the stage limit were skipped, not priced: say so beside the closest miss.
+    const int refused = pricer.refused() + flat_pricer.refused();
+    const std::string skipped =
+        refused == 0 ? ""
+                     : fmt::format("{} candidate plan{} skipped, over the stage limit (first: {})", refused, refused == 1 ? "" : "s",
+                                   pricer.refused() > 0 ? pricer.first_refusal() : flat_pricer.first_refusal());
     const auto closest = std::min_element(shortfalls.begin(), shortfalls.end(),
                                           [](const BudgetShortfall& a, const BudgetShortfall& b) { return overshoot(a) < overshoot(b); });
-    throw InfeasibleWorkload(closest->message());
+    if (closest == shortfalls.end() || closest->needed_bytes == std::numeric_limits<Bytes>::max()) {
+      if (!skipped.empty()) throw InfeasibleWorkload(skipped);
+      throw InfeasibleWorkload(not_applicable.empty() ? "no plan fits the budgets" : not_applicable);
+    }
+    throw InfeasibleWorkload(skipped.empty() ? closest->message() : closest->message() + "; " + skipped);
   }
   const bool measure = measured_budget > 0;
   std::size_t winner = 0;

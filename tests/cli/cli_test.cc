@@ -194,6 +194,9 @@ TEST(Cli, AblationRunsAMatchedComponentStudy) {
   EXPECT_EQ(j["schedule"], "optimizer");
   EXPECT_EQ(j["rows"].size(), 8u);  // 2 workloads × 4 variants
   EXPECT_DOUBLE_EQ(j["rows"][0]["tail_speedup"].get<double>(), 1.0);
+  // The shipped study's estimate comes first, on stderr: its cases and a wall time.
+  EXPECT_EQ(r.err.rfind("estimate: 8 cases, ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(" stages: about "), std::string::npos) << r.err;
   for (const auto& b : j["best"]) {
     EXPECT_NE(b["variant"], "serial per-group update");
     EXPECT_GT(b["tail_speedup"].get<double>(), 1.0);
@@ -202,6 +205,36 @@ TEST(Cli, AblationRunsAMatchedComponentStudy) {
   EXPECT_TRUE(std::filesystem::exists(dir.path("out/ablation.csv")));
   EXPECT_TRUE(std::filesystem::exists(dir.path("out/ablation.json")));
   EXPECT_NE(oom({"ablation", "--help"}).out.find("--engine"), std::string::npos);
+}
+
+// --max-stages raises the stage limit: a plan the default refuses before building (naming its
+// field) gets past the check with it, here to the next check (an unknown engine), so that nothing
+// large is built; and lowered under the graph of every candidate, the plan search skips them all
+// and says so.
+TEST(Cli, MaxStagesRaisesTheLimitEveryLoweringChecks) {
+  TempDir dir;
+  nlohmann::json w = nlohmann::json::parse(std::ifstream(source("experiments/default/workload.json")));
+  w["global_batch"] = 4;
+  w["seq_len"] = 262144;
+  nlohmann::json p = nlohmann::json::parse(std::ifstream(source("experiments/default/plan-r23.json")));
+  p["routing_chunk_tokens"] = 1;
+  const std::string workload = dir.file("w.json", w.dump()), plan = dir.file("p.json", p.dump());
+  const std::vector<std::string> simulate = {"simulate", "--workload", workload, "--plan", plan, "--engine", "bogus"};
+  const Result refused = oom(simulate);
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_EQ(refused.err.rfind("error: " + plan + ": field 'routing_chunk_tokens': value 1: would lower to ", 0), 0u) << refused.err;
+  std::vector<std::string> raised = simulate;
+  raised.insert(raised.end(), {"--max-stages", "1e12"});
+  const Result past = oom(raised);
+  EXPECT_EQ(past.code, 2);
+  EXPECT_NE(past.err.find("field '--engine'"), std::string::npos) << past.err;
+  // The limit is the command's: the next command starts from the default again.
+  EXPECT_EQ(oom(simulate).err, refused.err);
+
+  const Result search = oom({"plan", "--workload", source("experiments/default/workload.json"), "--max-stages", "100"});
+  EXPECT_EQ(search.code, 3) << search.err;
+  EXPECT_NE(search.err.find("skipped, over the stage limit"), std::string::npos) << search.err;
+  EXPECT_EQ(lines(search.err), 1) << search.err;
 }
 
 TEST(Cli, UnknownCommandOrOptionExits2) {

@@ -15,19 +15,24 @@
 
 namespace oom::test_support {
 
-// `model` on `nodes` DGX H200 nodes, `gpus` GPUs, `seqs` sequences of `seq_len` tokens per step
-// (fewer sequences than GPUs: each over gpus / seqs GPUs, context parallelism).
-inline WorkloadContext h200_workload(const std::string& model, int nodes, int gpus, std::int64_t seqs, std::int64_t seq_len,
-                                     const nlohmann::json& routing = nullptr) {
+// `model` on `nodes` nodes of `hardware`, `gpus` GPUs, `seqs` sequences of `seq_len` tokens per
+// step (fewer sequences than GPUs: each over gpus / seqs GPUs, context parallelism).
+inline WorkloadContext node_workload(const std::string& hardware, const std::string& model, int nodes, int gpus, std::int64_t seqs,
+                                     std::int64_t seq_len, const nlohmann::json& routing = nullptr) {
   Workload w;
   w.model = model;
-  w.hardware = "h200-sxm-node";
+  w.hardware = hardware;
   w.nodes = nodes;
   w.gpus = gpus;
   w.global_batch = seqs;
   w.seq_len = seq_len;
   if (!routing.is_null()) w.routing = routing_from_json(routing, "cluster workload", "routing");
   return resolve_workload(w, "cluster workload");
+}
+// The same on DGX H200 nodes.
+inline WorkloadContext h200_workload(const std::string& model, int nodes, int gpus, std::int64_t seqs, std::int64_t seq_len,
+                                     const nlohmann::json& routing = nullptr) {
+  return node_workload("h200-sxm-node", model, nodes, gpus, seqs, seq_len, routing);
 }
 
 inline WorkloadContext cluster_workload(const std::string& model, int nodes, int gpus = 0, const nlohmann::json& routing = nullptr) {

@@ -563,6 +563,22 @@ std::vector<Case> cases() {
                "", "--hold-out", "\"\"", "empty"});
   c.push_back({"calibrate_breakdown_weight_nan", {}, {cross[0], cross[1], cross[2], cross[3], cross[4], cross[5], "model", "--breakdown-weight", "nan"},
                "", "--breakdown-weight", "nan", "out of range"});
+  // --- Bounded work: a plan whose graph would be too large is refused before it is built, naming
+  // the field (planner/lowering/graph_size_estimate.h). One-token routing chunks on 262,144 tokens
+  // per GPU would make ~2.5e8 stages, several GB; the row answers in milliseconds.
+  {
+    const std::string long_context = edited(kWorkload, [](json& j) {
+      j["global_batch"] = 4;
+      j["seq_len"] = 262144;
+    });
+    const std::string one_token_chunks = edited(kPlan, [](json& j) { j["routing_chunk_tokens"] = 1; });
+    c.push_back({"simulate_routing_chunk_of_one_token", {{"w.json", long_context}, {"p.json", one_token_chunks}},
+                 {"simulate", "--workload", "{dir}/w.json", "--plan", "{dir}/p.json"}, "{dir}/p.json", "routing_chunk_tokens", "1",
+                 "--max-stages raises it"});
+    c.push_back({"simulate_max_stages_not_a_count", {},
+                 {"simulate", "--workload", "{src}/" + std::string(kWorkload), "--plan", "{src}/" + std::string(kPlan), "--max-stages", "0"},
+                 "", "--max-stages", "0", "stage count"});
+  }
   return c;
 }
 

@@ -2,11 +2,16 @@
 // table and the CSV.
 #include "experiments/study.h"
 #include "experiments/paper_report.h"
+#include "experiments/ablation.h"
 #include "experiments/published.h"
+#include "planner/lowering/graph_size_estimate.h"
+#include "tests/common/cluster_workload.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <stdexcept>
 
 #include "costmodel/input_error.h"
@@ -355,6 +360,63 @@ TEST(PaperStudies, EveryFileNamesItsFigureAndItsWorkloadsResolve) {
     EXPECT_FALSE(s.description.empty()) << file;
     for (const auto& c : expand_study(s)) EXPECT_NO_THROW(resolve_workload(c.workload, file)) << file;
   }
+}
+
+// Bounded work (planner/lowering/graph_size_estimate.h): every shipped study and ablation, each
+// case lowered with every rank's stages (`oom simulate --every-rank`, the largest graph a case can
+// make) for its representative plan and its configured baselines, stays at least ten times under
+// the default stage limit; and the estimate a study prints counts every case.
+TEST(WorkEstimate, EveryShippedStudyWithEveryRankFitsTheDefaultLimitTenTimesOver) {
+  const std::string src = OOM_SOURCE_DIR;
+  std::vector<std::string> studies = paper_study_files(src + "/experiments/paper");
+  std::vector<std::string> ablations;
+  for (const auto& e : std::filesystem::directory_iterator(src + "/experiments")) {
+    if (e.path().extension() != ".json") continue;
+    // A what-if study has sweeps; an ablation, variants.
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(e.path()));
+    (j.contains("sweeps") ? studies : ablations).push_back(e.path().string());
+  }
+  LoweringOptions every_rank;
+  double largest = 0;
+  std::string where;
+  const auto keep = [&](double stages, const std::string& what) {
+    if (stages > largest) largest = stages, where = what;
+  };
+  for (const auto& file : studies) {
+    const StudySpec spec = load_study(file);
+    const WorkEstimate e = estimate_study(spec);
+    EXPECT_EQ(e.cases, static_cast<int>(expand_study(spec).size())) << file;
+    EXPECT_GT(e.wall_s, 0) << file;
+    for (const auto& c : expand_study(spec)) {
+      const WorkloadContext ctx = resolve_workload(c.workload, file);
+      Plan representative;
+      if (ctx.workload.gpus_per_seq() > 1) representative.context_parallel_gpus = ctx.workload.gpus_per_seq();
+      const std::string what = file + " " + c.sweep + " " + std::to_string(ctx.workload.gpus) + " GPUs";
+      keep(estimate_step_graph(representative, ctx, every_rank).stages, what);
+      for (const BaselineSystem b : spec.baselines) {
+        const BaselineFit fit = configure_baseline(b, ctx);
+        if (fit.setup) keep(estimate_baseline_graph(*fit.setup, ctx, every_rank).stages, what + " " + std::string(baseline_system_name(b)));
+      }
+    }
+  }
+  for (const auto& file : ablations) {
+    const AblationSpec spec = load_ablation(file);
+    EXPECT_GT(estimate_ablation(spec, file).cases, 0) << file;
+    for (const auto& w : spec.workloads) {
+      const WorkloadContext ctx = resolve_workload(w.workload, file);
+      for (const auto& v : spec.variants) keep(estimate_step_graph(ablation_plan(spec, v, ctx, file), ctx, every_rank).stages, file + " " + v.name);
+    }
+  }
+  // The cluster benchmarks (tests/bench/sim_bench.cc, experiments/bench/cluster-scaling.json): the
+  // default plan on 32 DGX H200 nodes and FSDP2 on 96, every rank's stages.
+  keep(estimate_step_graph(Plan{}, test_support::cluster_workload("qwen3.6-35b-a3b", 32), every_rank).stages, "EP benchmark, 256 GPUs");
+  const WorkloadContext cluster = test_support::cluster_workload("qwen3.6-35b-a3b", 96);
+  const BaselineFit fsdp2 = configure_baseline(BaselineSystem::kFsdp2Offload, cluster);
+  ASSERT_TRUE(fsdp2.setup);
+  keep(estimate_baseline_graph(*fsdp2.setup, cluster, every_rank).stages, "FSDP2 benchmark, 768 GPUs");
+  std::cout << "largest shipped graph: " << largest << " stages (" << where << ")\n";
+  EXPECT_GT(largest, 0);
+  EXPECT_LT(largest * 10, kDefaultMaxStages) << where;
 }
 
 TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
