@@ -25,7 +25,9 @@ std::string read_input_file(const std::string& path, const std::string& expected
 // directory, is empty, or is not valid JSON (the parser's byte position is named).
 nlohmann::json read_json_file(const std::string& path);
 
-// Parses JSON text that came from `origin` (a file name, or "line N of FILE").
+// Parses JSON text that came from `origin` (a file name, or "line N of FILE"). A key that an
+// object already holds is refused ("duplicate key", naming its path and second value) instead
+// of the later value silently replacing the earlier. Every input file goes through here.
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin);
 
 // A short printable form of a JSON value for error messages (at most ~60 characters).
