@@ -366,7 +366,15 @@ std::vector<std::string> JsonReader::string_list(const std::string& key) const {
 }
 
 void JsonReader::reject_unknown_keys(std::initializer_list<const char*> known) const {
+  reject_unknown_keys(std::span<const char* const>(known.begin(), known.size()));
+}
+
+void JsonReader::reject_unknown_keys(std::span<const char* const> known) const {
   for (const auto& [key, value] : json_.items()) {
+    if (path_.empty() && key == kOomVersionKey) {
+      if (!value.is_string()) fail(key, "expected a string (the oom release that wrote the file)");
+      continue;
+    }
     bool found = false;
     for (const char* k : known) found = found || key == k;
     if (!found) fail_value(field(key), value, "unknown field");

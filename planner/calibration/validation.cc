@@ -83,8 +83,8 @@ RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, cons
       compare(p, b.step_s, allocated_gpu_peak_bytes(b.trace), host);
       return p;
     }
-    const Plan plan = plan_from_json(rec.plan, rec.origin);
-    validate_plan(plan, ctx.model, ctx.workload, rec.origin);
+    const Plan plan = plan_from_json(rec.plan, rec.origin, "plan");
+    validate_plan(plan, ctx.model, ctx.workload, rec.origin, "plan");
     const SimulationResult r = simulate_plan(plan, ctx, engines, engine, calibration_of(ctx.hardware, calibrations, engine));
     Bytes host = 0;
     for (const Bytes b : r.trace.numa_peak_bytes) host += b;

@@ -77,5 +77,16 @@ TEST(JsonInput, DuplicateKeysAreRefusedNamingTheirPath) {
   EXPECT_EQ(parse_json_text(R"({"a": {"k": 1}, "b": {"k": "k"}, "k": ["k", "k"]})", "x.json")["b"]["k"], "k");
 }
 
+// kOomVersionKey: a string at the document root of any format, an unknown field elsewhere.
+TEST(JsonInput, OomVersionIsKnownAtTheRootOnly) {
+  const nlohmann::json j = nlohmann::json::parse(R"({"a": 1, "oom_version": "1.2.0", "s": {"oom_version": "1.2.0"}})");
+  EXPECT_NO_THROW(JsonReader(j, "x.json").reject_unknown_keys({"a", "s"}));
+  EXPECT_EQ(error_of([&] { JsonReader(j, "x.json").object("s").reject_unknown_keys({"a"}); }),
+            "x.json: field 's.oom_version': value \"1.2.0\": unknown field");
+  const nlohmann::json number = {{"oom_version", 1.2}};
+  EXPECT_EQ(error_of([&] { JsonReader(number, "x.json").reject_unknown_keys({"a"}); }),
+            "x.json: field 'oom_version': value 1.2: expected a string (the oom release that wrote the file)");
+}
+
 }  // namespace
 }  // namespace oom

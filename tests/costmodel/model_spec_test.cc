@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 
@@ -239,6 +240,21 @@ TEST(ModelSpec, TopKLargerThanExpertsIsRejected) {
   nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe"));
   j["num_experts_per_tok"] = 99;
   EXPECT_THROW(model_spec_from_hf_config(j, "cfg.json", "x"), InputError);
+}
+
+// A Hugging Face config is read by the fields the project uses: the many others a config carries
+// (and an oom_version) change nothing and are not refused, at the root or nested.
+TEST(ModelSpec, HfConfigKeysTheProjectDoesNotReadAreKept) {
+  for (const char* name : {"tiny-moe", "qwen3.5-122b-a10b"}) {
+    nlohmann::json j = read_json_file(config_folder("models") + "/" + name + ".json");
+    const ModelSpec plain = model_spec_from_hf_config(j, "cfg.json", name);
+    j["architectures"] = {"SomethingForCausalLM"};
+    j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+    j["transformers_version"] = "4.57.0";
+    j[kOomVersionKey] = "0.9.0";
+    if (j.contains("text_config")) j["text_config"]["vision_start_token_id"] = 7;
+    EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", name), plain) << name;
+  }
 }
 
 // Messages name the key the config has: Gemma 4's global KV heads may come from per_layer_config.
