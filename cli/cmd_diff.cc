@@ -2,10 +2,12 @@
 // --trace`) against a measured one (`oom train --plan P --trace`), stage by stage.
 //
 // Both files are traces: the Chrome trace JSON the commands write, or the Trace JSON form
-// (traces/trace.h). Stages are matched by their key (traces/stage_key.h: the StepGraph's, which
-// the LibTorch runtime records too) without its sub-batch and repeat: the stages of one operator
-// over several sub-batches, or repeated for several regenerations, are summed. Then totals per
-// operator kind and per phase (fwd, recompute, bwd, opt), and the step. Where the traces count
+// (traces/trace.h); a key neither writes is refused where it would be read (kChromeTraceKeys:
+// the document, stage events and their args; the other events are free-form). Stages are
+// matched by their key (traces/stage_key.h: the StepGraph's, which the LibTorch runtime records
+// too) without its sub-batch and repeat: the stages of one operator over several sub-batches, or
+// repeated for several regenerations, are summed. Then totals per operator kind and per phase
+// (fwd, recompute, bwd, opt), and the step. Where the traces count
 // operators (TraceStage::ops: the lowering's Stage::ops predicted, the ATen calls a traced step
 // made measured), each row also sets the predicted operators beside the measured ones.
 // Ratios are measured / predicted; errors (predicted − measured) / measured.
@@ -57,12 +59,15 @@ StepTimes load_step(const std::string& path) {
   const nlohmann::json j = read_json_file(path);
   StepTimes t;
   if (j.is_object() && j.contains("traceEvents")) {
+    JsonReader(j, path).reject_unknown_keys(kChromeTraceKeys);
     const auto& ev = j["traceEvents"];
     if (!ev.is_array()) throw InputError(path, "traceEvents", json_value_text(ev), "expected an array of events");
     for (std::size_t i = 0; i < ev.size(); ++i) {
       const auto& e = ev[i];
       if (!e.is_object() || e.value("ph", "") != "X") continue;
       const JsonReader er(e, path, fmt::format("traceEvents[{}]", i));
+      er.reject_unknown_keys(kChromeStageEventKeys);
+      if (er.has("args")) er.object("args").reject_unknown_keys(kChromeStageArgKeys);
       const auto key = parse_stage_key(er.string("name"));
       if (!key) er.fail("name", kNotAStageKey);
       // Microseconds from the start of the step, each a finite number within a trace's times.

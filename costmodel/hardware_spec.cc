@@ -143,6 +143,7 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   h.nodes = static_cast<int>(r.integer_or("nodes", 1, 1, kMaxNodes));
 
   const JsonReader g = r.object("gpu");
+  g.reject_unknown_keys({"name", "count", "hbm_gib", "bf16_flops", "hbm_Bps", "l2_mib", "gemm_half_rows", "architecture"});
   h.gpu.name = g.string("name");
   h.gpus_per_node = static_cast<int>(g.integer("count", 1, kMaxGpusPerNode));
   h.gpu.hbm_bytes = input_bytes(g.number("hbm_gib", 0.001, kMaxGib), kGiB, file, g.field("hbm_gib"));
@@ -158,6 +159,7 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   }
 
   const JsonReader p = r.object("pcie");
+  p.reject_unknown_keys({"generation", "h2d_Bps", "d2h_Bps", "latency_s", "gpus_per_switch"});
   h.pcie.generation = static_cast<int>(p.integer("generation", 1, 16));
   h.pcie.h2d_Bps = p.number("h2d_Bps", 1e6, kMaxRate);
   h.pcie.d2h_Bps = p.number("d2h_Bps", 1e6, kMaxRate);
@@ -168,6 +170,7 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   }
 
   const JsonReader f = r.object("fabric");
+  f.reject_unknown_keys({"kind", "per_gpu_Bps", "latency_s"});
   h.fabric.kind = f.one_of("kind", {"nvlink", "pcie_peer"}) == "nvlink" ? FabricKind::kNvlink : FabricKind::kPciePeer;
   h.fabric.per_gpu_Bps = f.number("per_gpu_Bps", 1e6, kMaxRate);
   h.fabric.latency_s = f.number("latency_s", 0.0, 1.0);
@@ -181,6 +184,7 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   const auto& numa = r.raw()["numa"];
   for (std::size_t i = 0; i < numa.size(); ++i) {
     const JsonReader n(numa[i], file, fmt::format("numa[{}]", i));
+    n.reject_unknown_keys({"dram_gib", "dram_Bps", "cores", "adamw_params_per_s", "amx_bf16_flops_per_s"});
     NumaSpec s;
     s.dram_bytes = input_bytes(n.number("dram_gib", 0.001, kMaxGib), kGiB, file, n.field("dram_gib"));
     s.dram_Bps = n.number("dram_Bps", 1e6, kMaxRate);

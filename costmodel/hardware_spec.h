@@ -6,7 +6,8 @@
 // (DRAM capacity and bandwidth, cores, CPU AdamW throughput) and, for multi-node specs, the
 // inter-node network. Peak numbers come from datasheets; achieved numbers are estimates until
 // calibration replaces them. Every number in a configs/hardware file names its source in the
-// file's "sources" object. Plain value type.
+// file's "sources" object (field path → free text, the one object whose keys are not checked; an
+// unknown key anywhere else is an error). Plain value type.
 #pragma once
 
 #include <string>

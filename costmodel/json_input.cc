@@ -27,81 +27,6 @@ nlohmann::json read_json_file(const std::string& path) { return parse_json_text(
 
 namespace {
 
-// Follows a SAX parse to the value being read, so that a parse error names its field.
-class PathTracker : public nlohmann::json_sax<nlohmann::json> {
- public:
-  // "a.b[2]" of the value where parsing stopped; empty at the document root. A path longer
-  // than 120 characters (deep nesting, huge keys) keeps its innermost end.
-  std::string path() const {
-    std::string p = full_path();
-    return p.size() > 120 ? "..." + p.substr(p.size() - 117) : p;
-  }
-  const std::string& token() const { return token_; }
-
- private:
-  std::string full_path() const {
-    std::string p;
-    for (std::size_t i = 0; i < frames_.size(); ++i) {
-      const Frame& f = frames_[i];
-      if (f.array) {
-        // The innermost list failed on its next element; outer frames point at the open one.
-        p += fmt::format("[{}]", f.index + (i + 1 == frames_.size() ? 1 : 0));
-      } else if (!f.key.empty()) {
-        p += (p.empty() ? "" : ".") + f.key;
-      }
-    }
-    return p;
-  }
-
- public:
-  bool null() override { return value(); }
-  bool boolean(bool) override { return value(); }
-  bool number_integer(number_integer_t) override { return value(); }
-  bool number_unsigned(number_unsigned_t) override { return value(); }
-  bool number_float(number_float_t, const string_t&) override { return value(); }
-  bool string(string_t&) override { return value(); }
-  bool binary(binary_t&) override { return value(); }
-  bool start_object(std::size_t) override {
-    value();
-    frames_.push_back({false, {}, -1});
-    return true;
-  }
-  bool key(string_t& k) override {
-    frames_.back().key = k;
-    return true;
-  }
-  bool end_object() override {
-    frames_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t) override {
-    value();
-    frames_.push_back({true, {}, -1});
-    return true;
-  }
-  bool end_array() override {
-    frames_.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string& last_token, const nlohmann::json::exception&) override {
-    token_ = last_token;
-    return false;
-  }
-
- private:
-  struct Frame {
-    bool array = false;
-    std::string key;
-    std::int64_t index = -1;
-  };
-  bool value() {
-    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
-    return true;
-  }
-  std::vector<Frame> frames_;
-  std::string token_;
-};
-
 // At most `limit` bytes of `s`, those outside printable ASCII as \xNN, so that an error line
 // stays one readable line.
 std::string printable(const std::string& s, std::size_t limit) {
@@ -116,24 +41,136 @@ std::string printable(const std::string& s, std::size_t limit) {
   return s.size() > limit ? out + "..." : out;
 }
 
+// Builds the document from a SAX parse while following the path to the value being read, in one
+// pass: a parse error names the field it stopped in, and a key its object already holds is
+// refused (nlohmann's own DOM parse keeps the later value and says nothing). It builds as that
+// parse does (one map insertion per key), so the check costs no second pass.
+class DocumentBuilder : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit DocumentBuilder(const std::string& origin) : origin_(origin) {}
+
+  nlohmann::json take() { return std::move(root_); }
+  // "a.b[2]" of the value where parsing stopped; empty at the document root. A path longer than
+  // 120 characters (deep nesting, huge keys) keeps its innermost end.
+  std::string path() const {
+    std::string p;
+    for (std::size_t i = 0; i < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      if (f.container->is_array()) {
+        // An innermost list failed on its next element; outer frames point at the open one.
+        p += fmt::format("[{}]", f.index + (i + 1 == frames_.size() ? 1 : 0));
+      } else if (f.has_key) {
+        p += (p.empty() ? "" : ".") + f.key;
+      }
+    }
+    return p.size() > 120 ? "..." + p.substr(p.size() - 117) : p;
+  }
+  const std::string& token() const { return token_; }
+  const std::string& error() const { return error_; }
+
+  bool null() override { return scalar(nullptr); }
+  bool boolean(bool b) override { return scalar(b); }
+  bool number_integer(number_integer_t n) override { return scalar(n); }
+  bool number_unsigned(number_unsigned_t n) override { return scalar(n); }
+  bool number_float(number_float_t n, const string_t&) override { return scalar(n); }
+  bool string(string_t& s) override { return scalar(std::move(s)); }
+  bool binary(binary_t& b) override { return scalar(nlohmann::json::binary(std::move(b))); }
+  bool start_object(std::size_t) override {
+    frames_.push_back({place(nlohmann::json::object()), {}, false, -1});
+    return true;
+  }
+  bool key(string_t& k) override {
+    Frame& f = frames_.back();
+    f.key = k;
+    f.has_key = true;
+    const auto [it, fresh] = f.container->get_ref<nlohmann::json::object_t&>().try_emplace(k);
+    if (fresh) {
+      slot_ = &it->second;
+    } else if (duplicate_depth_ == 0) {
+      duplicate_field_ = path();
+      duplicate_depth_ = frames_.size();
+      slot_ = &duplicate_;
+    }
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override {
+    frames_.push_back({place(nlohmann::json::array()), {}, false, -1});
+    return true;
+  }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string& last_token, const nlohmann::json::exception& e) override {
+    // Syntax errors (parse_error) and numbers beyond a double such as 1e999 (out_of_range).
+    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
+    token_ = last_token;
+    error_ = e.what();
+    return false;
+  }
+
+ private:
+  struct Frame {
+    nlohmann::json* container;
+    std::string key;  // of an object: the key being read
+    bool has_key;
+    std::int64_t index;  // of a list: the element being read
+  };
+
+  // Puts `value` where the parse is (the root, the next element of a list, the value of the
+  // last key) and returns where it went.
+  nlohmann::json* place(nlohmann::json&& value) {
+    if (frames_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    Frame& f = frames_.back();
+    if (f.container->is_array()) {
+      ++f.index;
+      auto& list = f.container->get_ref<nlohmann::json::array_t&>();
+      list.push_back(std::move(value));
+      return &list.back();
+    }
+    *slot_ = std::move(value);
+    return slot_;
+  }
+  bool scalar(nlohmann::json&& value) {
+    place(std::move(value));
+    return whole();
+  }
+  bool close() {
+    frames_.pop_back();
+    return whole();
+  }
+  // A value is whole: the second value of a duplicate key is refused once the parse is back in
+  // the object that holds it.
+  bool whole() const {
+    if (duplicate_depth_ != 0 && frames_.size() == duplicate_depth_) {
+      throw InputError(origin_, duplicate_field_, json_value_text(duplicate_), "duplicate key");
+    }
+    return true;
+  }
+
+  const std::string& origin_;
+  nlohmann::json root_;
+  std::vector<Frame> frames_;
+  nlohmann::json* slot_ = nullptr;
+  std::size_t duplicate_depth_ = 0;  // frames open when the duplicate key was read; 0: none
+  std::string duplicate_field_;
+  nlohmann::json duplicate_;
+  std::string token_;
+  std::string error_;
+};
+
 }  // namespace
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw InputError(origin, "empty, expected JSON");
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    // Syntax errors (parse_error) and numbers beyond a double such as 1e999 (out_of_range).
-    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
-    std::string what = e.what();
-    const auto pos = what.find("] ");
-    const std::string reason = "malformed JSON: " + printable(pos == std::string::npos ? what : what.substr(pos + 2), 200);
-    PathTracker tracker;
-    nlohmann::json::sax_parse(text, &tracker);
-    if (tracker.path().empty()) throw InputError(origin, reason);
-    throw InputError(origin, tracker.path(), tracker.token().empty() ? "(end of input)" : printable(tracker.token(), 60),
-                     reason);
-  }
+  DocumentBuilder builder(origin);
+  if (nlohmann::json::sax_parse(text, &builder)) return builder.take();
+  const std::string& what = builder.error();
+  const auto pos = what.find("] ");
+  const std::string reason = "malformed JSON: " + printable(pos == std::string::npos ? what : what.substr(pos + 2), 200);
+  if (builder.path().empty()) throw InputError(origin, reason);
+  throw InputError(origin, builder.path(), builder.token().empty() ? "(end of input)" : printable(builder.token(), 60), reason);
 }
 
 namespace {
@@ -329,7 +366,15 @@ std::vector<std::string> JsonReader::string_list(const std::string& key) const {
 }
 
 void JsonReader::reject_unknown_keys(std::initializer_list<const char*> known) const {
+  reject_unknown_keys(std::span<const char* const>(known.begin(), known.size()));
+}
+
+void JsonReader::reject_unknown_keys(std::span<const char* const> known) const {
   for (const auto& [key, value] : json_.items()) {
+    if (path_.empty() && key == kOomVersionKey) {
+      if (!value.is_string()) fail(key, "expected a string (the oom release that wrote the file)");
+      continue;
+    }
     bool found = false;
     for (const char* k : known) found = found || key == k;
     if (!found) fail_value(field(key), value, "unknown field");

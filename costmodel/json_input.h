@@ -10,12 +10,18 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace oom {
+
+// The optional field at the root of a document that names the oom release that wrote it. Every
+// format the project defines accepts it there (a string; reject_unknown_keys() lets it through)
+// and reads nothing from it.
+inline constexpr const char* kOomVersionKey = "oom_version";
 
 // Reads a whole input file. Throws InputError when it is missing, a directory (the message says
 // `expected`, e.g. "a JSON file"), or unreadable.
@@ -25,7 +31,9 @@ std::string read_input_file(const std::string& path, const std::string& expected
 // directory, is empty, or is not valid JSON (the parser's byte position is named).
 nlohmann::json read_json_file(const std::string& path);
 
-// Parses JSON text that came from `origin` (a file name, or "line N of FILE").
+// Parses JSON text that came from `origin` (a file name, or "line N of FILE"). A key that an
+// object already holds is refused ("duplicate key", naming its path and second value) instead
+// of the later value silently replacing the earlier. Every input file goes through here.
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin);
 
 // A short printable form of a JSON value for error messages (at most ~60 characters).
@@ -65,8 +73,10 @@ class JsonReader {
                                          std::int64_t max) const;
   std::vector<std::string> string_list(const std::string& key) const;
 
-  // Rejects keys of this object that are not in `known` (catches misspelled plan fields).
+  // Rejects keys of this object that are not in `known` (catches misspelled plan fields). At the
+  // document root (an empty path) kOomVersionKey is known too, and must be a string.
   void reject_unknown_keys(std::initializer_list<const char*> known) const;
+  void reject_unknown_keys(std::span<const char* const> known) const;
 
   // Throws InputError for `key` of this object with its current value.
   [[noreturn]] void fail(const std::string& key, const std::string& reason) const;

@@ -26,6 +26,18 @@ bool is_gemma4(const std::string& t) { return starts_with(t, "gemma4"); }
 // DeepSeek-V2/V3 and Kimi-K2 (DeepseekV3ForCausalLM): latent attention, ungated shared experts.
 bool is_deepseek(const std::string& t) { return starts_with(t, "deepseek") || starts_with(t, "kimi"); }
 
+// The one of `keys` this config names a quantity by (families name some differently, e.g.
+// num_experts_per_tok and Gemma 4's top_k_experts); when it has none, an error that names them
+// all rather than whichever was tried last.
+std::string key_of(const JsonReader& r, std::initializer_list<const char*> keys) {
+  std::string names;
+  for (const char* k : keys) {
+    if (r.has(k)) return k;
+    names += (names.empty() ? "" : " or ") + std::string(k);
+  }
+  r.fail(*keys.begin(), "required field is missing (" + names + ")");
+}
+
 int dim(const JsonReader& r, const std::string& key) { return static_cast<int>(r.integer(key, 1, kMaxDim)); }
 int dim_or(const JsonReader& r, const std::string& key, int fallback) {
   return static_cast<int>(r.integer_or(key, fallback, 1, kMaxDim));
@@ -201,6 +213,7 @@ void read_gemma4(const JsonReader& r, ModelSpec& s, const AttentionSpec& attn) {
   s.full_attention = attn;
   s.full_attention.k_eq_v = r.boolean_or("attention_k_eq_v", false);
   s.full_attention.head_dim = dim_or(r, "global_head_dim", 512);
+  std::string kv_heads_field = r.field("num_global_key_value_heads");  // where full_attention.kv_heads came from
   if (s.full_attention.k_eq_v && r.has("num_global_key_value_heads")) {
     s.full_attention.kv_heads = dim(r, "num_global_key_value_heads");
   }
@@ -224,6 +237,7 @@ void read_gemma4(const JsonReader& r, ModelSpec& s, const AttentionSpec& attn) {
       a.k_eq_v = s.full_attention.k_eq_v;
       a.head_dim = dim_or(o, "head_dim", attn.head_dim);
       a.kv_heads = dim_or(o, "num_key_value_heads", attn.kv_heads);
+      if (o.has("num_key_value_heads")) kv_heads_field = o.field("num_key_value_heads");
       if (seen && (a.head_dim != s.full_attention.head_dim || a.kv_heads != s.full_attention.kv_heads)) {
         per.fail(key, "every full_attention layer must have the same head_dim and num_key_value_heads");
       }
@@ -233,7 +247,7 @@ void read_gemma4(const JsonReader& r, ModelSpec& s, const AttentionSpec& attn) {
     }
   }
   if (s.full_attention.heads % s.full_attention.kv_heads != 0) {
-    r.fail("num_global_key_value_heads", fmt::format("must divide num_attention_heads = {}", attn.heads));
+    r.fail_value(kv_heads_field, s.full_attention.kv_heads, fmt::format("must divide num_attention_heads = {}", attn.heads));
   }
   read_gemma4_rope(r, "sliding_attention", s.sliding_attention);
   read_gemma4_rope(r, "full_attention", s.full_attention);
@@ -357,11 +371,8 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
   // uses intermediate_size for the dense MLP beside the experts; Qwen's intermediate_size is for
   // dense-only layers, which the models here do not have.
   MoeSpec& m = s.moe;
-  m.experts = r.has("num_experts")        ? dim(r, "num_experts")
-              : r.has("n_routed_experts") ? dim(r, "n_routed_experts")
-                                          : dim(r, "num_local_experts");
-  const char* topk_key = r.has("num_experts_per_tok") ? "num_experts_per_tok" : "top_k_experts";
-  m.top_k = static_cast<int>(r.integer(topk_key, 1, m.experts));
+  m.experts = dim(r, key_of(r, {"num_experts", "n_routed_experts", "num_local_experts"}));
+  m.top_k = static_cast<int>(r.integer(key_of(r, {"num_experts_per_tok", "top_k_experts"}), 1, m.experts));
   if (r.has("moe_intermediate_size")) {
     m.expert_intermediate = dim(r, "moe_intermediate_size");
     if (r.has("dense_mlp_intermediate_size")) {
@@ -370,7 +381,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& config, const std::str
       m.dense_intermediate = dim(r, "intermediate_size");
     }
   } else {
-    m.expert_intermediate = dim(r, "intermediate_size");
+    m.expert_intermediate = dim(r, key_of(r, {"moe_intermediate_size", "intermediate_size"}));
   }
   m.shared_expert_intermediate = static_cast<int>(r.integer_or("shared_expert_intermediate_size", 0, 0, kMaxDim));
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);

@@ -14,6 +14,7 @@ namespace oom {
 namespace {
 
 Measured read_measured(const JsonReader& r) {
+  r.reject_unknown_keys({"step_s", "gpu_peak_gib", "host_gib", "compute_s"});
   Measured m;
   m.step_s = r.optional_number("step_s", 1e-9, 1e9);
   m.gpu_peak_gib = r.optional_number("gpu_peak_gib", 0.0, 1e9);
@@ -64,7 +65,9 @@ const std::string& parse_record_line(const std::string& line, const std::string&
     o.op = r.string("op");
     o.batch = r.integer("batch", 1, std::int64_t{1} << 32);
     o.seq_len = r.integer("seq_len", 1, std::int64_t{1} << 32);
-    o.time_s = r.object("measured").number("time_s", 1e-12, 1e9);
+    const JsonReader measured = r.object("measured");
+    measured.reject_unknown_keys({"time_s"});
+    o.time_s = measured.number("time_s", 1e-12, 1e9);
     o.note = r.string_or("note", "");
     out.operators.push_back(std::move(o));
     return out.operators.back().id;

@@ -11,6 +11,7 @@
 // mutate from several threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -77,6 +78,12 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file);
 // microsecond times and its layer, bytes and flops as args, plus one counter ("C") track per
 // memory timeline in GiB.
 nlohmann::json trace_to_chrome_json(const Trace& t);
+// The keys trace_to_chrome_json() writes that `oom diff` reads back, each refused when unknown:
+// the document's, a stage ("X") event's and its args'. The other events (process and thread
+// names "M", memory counters "C") and "otherData" are free-form: nothing reads them.
+inline constexpr std::array<const char*, 3> kChromeTraceKeys = {"traceEvents", "displayTimeUnit", "otherData"};
+inline constexpr std::array<const char*, 8> kChromeStageEventKeys = {"ph", "name", "cat", "pid", "tid", "ts", "dur", "args"};
+inline constexpr std::array<const char*, 5> kChromeStageArgKeys = {"id", "layer", "bytes", "flops", "ops"};
 
 // Busy seconds of one resource's stages (e.g. "gpu0.compute") by direction and operator kind:
 // "forward.KIND" for forward and recompute stages, "backward.KIND" for backward ones (optimizer

@@ -371,8 +371,8 @@ Lowered step_target(const StepRecord& r, bool breakdown) {
     if (!b.setup) throw InputError(r.origin, "system", "\"" + r.system + "\"", "does not fit: " + b.oom->message());
     t.graph = std::move(b.graph);
   } else {
-    const Plan plan = plan_from_json(r.plan, r.origin);
-    validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin);
+    const Plan plan = plan_from_json(r.plan, r.origin, "plan");
+    validate_plan(plan, t.ctx.model, t.ctx.workload, r.origin, "plan");
     check_step_graph_size(plan, t.ctx, {}, r.origin, r.origin);
     t.graph = lower(plan, t.ctx);
   }

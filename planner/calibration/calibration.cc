@@ -73,7 +73,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& fi
                          "expert_half_rows", "attention_efficiency", "attention_backward_efficiency", "wide_attention_efficiency", "windowed_attention_efficiency", "attention_half_keys", "gdn_efficiency",
                          "hbm_efficiency", "h2d_Bps", "d2h_Bps", "fabric_efficiency", "cpu_adamw_params_per_s",
                          "host_prep_params_per_s", "host_accumulate_params_per_s", "torch_adamw_params_per_s", "compute_overhead_s", "expert_overhead_s",
-                         "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "operator_overhead_s", "fit"});
+                         "transfer_overhead_s", "collective_overhead_s", "cpu_task_overhead_s", "operator_overhead_s"});
   Calibration c;
   c.hardware = r.string("hardware");
   c.fitted_from = r.string_or("fitted_from", "");

@@ -84,8 +84,8 @@ RecordPrediction predict(const StepRecord& rec, const StepEngines& engines, cons
       compare(p, b.step_s, allocated_gpu_peak_bytes(b.trace), host);
       return p;
     }
-    const Plan plan = plan_from_json(rec.plan, rec.origin);
-    validate_plan(plan, ctx.model, ctx.workload, rec.origin);
+    const Plan plan = plan_from_json(rec.plan, rec.origin, "plan");
+    validate_plan(plan, ctx.model, ctx.workload, rec.origin, "plan");
     LoweringOptions sized;
     sized.symmetric_nodes = true;  // as simulate_plan lowers it
     check_step_graph_size(plan, ctx, sized, rec.origin, rec.origin);

@@ -4,6 +4,7 @@
 #include <array>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
@@ -29,11 +30,33 @@ int mechanism_of(const std::string& kind) {
   return -1;  // compute (or a zero-work join)
 }
 
-std::map<std::string, double> number_map(const JsonReader& r, const std::string& key) {
+// The published mechanisms a prediction is set beside (render_explanation): compute, replay
+// included, and the rest of the step.
+constexpr const char* kComputeWithReplay = "compute_with_replay_s";
+constexpr const char* kNonCompute = "non_compute_s";
+
+// The names layer_forward_s may hold: the decoders' layer kinds and their MoE (explain_step).
+constexpr const char* kMoeLayer = "moe";
+std::vector<std::string> published_layer_kinds() {
+  std::vector<std::string> out;
+  for (const auto k : {LayerKind::kFullAttention, LayerKind::kSlidingAttention, LayerKind::kLinearAttention, LayerKind::kLatentAttention}) {
+    out.emplace_back(layer_kind_name(k));
+  }
+  out.emplace_back(kMoeLayer);
+  return out;
+}
+
+// The seconds of the object under `key` (absent: none), each named by one of `known`.
+std::map<std::string, double> number_map(const JsonReader& r, const std::string& key, const std::vector<std::string>& known) {
   std::map<std::string, double> out;
   if (!r.has(key)) return out;
   const JsonReader m = r.object(key);
-  for (const auto& [name, value] : m.raw().items()) out[name] = m.number(name, 0, 1e9);
+  for (const auto& [name, value] : m.raw().items()) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      m.fail(name, fmt::format("unknown field (known: {})", fmt::join(known, ", ")));
+    }
+    out[name] = m.number(name, 0, 1e9);
+  }
   return out;
 }
 
@@ -54,10 +77,10 @@ std::vector<PublishedBreakdown> load_published_breakdowns(const std::string& pat
     b.source = r.string("source");
     b.note = r.string_or("note", "");
     b.step_s = r.optional_number("step_s", 0, 1e9);
-    b.mechanisms_s = number_map(r, "mechanisms");
+    b.mechanisms_s = number_map(r, "mechanisms", {kComputeWithReplay, kNonCompute});
     b.gpu_allocated_gib = r.optional_number("gpu_allocated_gib", 0, 1e9);
     b.host_gib = r.optional_number("host_gib", 0, 1e9);
-    b.layer_forward_s = number_map(r, "layer_forward_s");
+    b.layer_forward_s = number_map(r, "layer_forward_s", published_layer_kinds());
     out.push_back(std::move(b));
   }
   return out;
@@ -66,7 +89,7 @@ std::vector<PublishedBreakdown> load_published_breakdowns(const std::string& pat
 std::map<std::string, double> published_compute_times_s(const std::vector<PublishedBreakdown>& breakdowns) {
   std::map<std::string, double> out;
   for (const PublishedBreakdown& b : breakdowns) {
-    if (const auto it = b.mechanisms_s.find("compute_with_replay_s"); it != b.mechanisms_s.end()) out[b.record] = it->second;
+    if (const auto it = b.mechanisms_s.find(kComputeWithReplay); it != b.mechanisms_s.end()) out[b.record] = it->second;
   }
   return out;
 }
@@ -151,8 +174,8 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
     if (!b.fits()) throw InputError(rec->origin, "system", "\"" + rec->system + "\"", "predicted out of memory: " + b.failure());
     trace = b.trace;
   } else {
-    const Plan plan = plan_from_json(rec->plan, rec->origin);
-    validate_plan(plan, ctx.model, ctx.workload, rec->origin);
+    const Plan plan = plan_from_json(rec->plan, rec->origin, "plan");
+    validate_plan(plan, ctx.model, ctx.workload, rec->origin, "plan");
     SimulationResult r = simulate_plan(plan, ctx, engines, engine, calibration);
     trace = std::move(r.trace);
     peak = r.peak;
@@ -175,7 +198,7 @@ StepExplanation explain_record(const RecordSet& records, const std::string& reco
       const StageKey& k = s.key;
       if (k.rank != 0 || k.phase != Phase::kForward || k.decoder != l || mechanism_of(s.kind) >= 0) continue;
       if (k.part == StagePart::kAttention || k.part == StagePart::kGdn) e.layer_forward_s[kind] += s.duration_s();
-      else if (k.part == StagePart::kMoe && l == first_layer.begin()->second) e.layer_forward_s["moe"] += s.duration_s();
+      else if (k.part == StagePart::kMoe && l == first_layer.begin()->second) e.layer_forward_s[kMoeLayer] += s.duration_s();
     }
   }
   for (const auto& b : breakdowns) {
@@ -274,8 +297,8 @@ std::string explanation_text(const StepExplanation& e) {
     out += "\nBeside the published breakdown (s)            predicted  published\n";
     for (const auto& [m, v] : pub->mechanisms_s) {
       std::string predicted = "-";
-      if (m == "compute_with_replay_s") predicted = fmt::format("{:.3f}", compute_exposed);
-      if (m == "non_compute_s") predicted = fmt::format("{:.3f}", total - compute_exposed);
+      if (m == kComputeWithReplay) predicted = fmt::format("{:.3f}", compute_exposed);
+      if (m == kNonCompute) predicted = fmt::format("{:.3f}", total - compute_exposed);
       out += fmt::format("  {:<40} {:>10} {:>10.3f}\n", m, predicted, v);
     }
   }

@@ -37,12 +37,13 @@ struct PublishedBreakdown {
   std::string source;
   std::string note;
   std::optional<double> step_s;
-  std::map<std::string, double> mechanisms_s;   // e.g. "compute_with_replay_s", "non_compute_s"
+  std::map<std::string, double> mechanisms_s;   // "compute_with_replay_s" and/or "non_compute_s"
   std::optional<double> gpu_allocated_gib, host_gib;
   std::map<std::string, double> layer_forward_s;  // by layer kind ("full_attention", "linear_attention", "moe", ...)
 };
 
-// Loads a published-breakdowns file. Throws InputError naming the file, the field and the value.
+// Loads a published-breakdowns file. Throws InputError naming the file, the field and the value,
+// also for a key no prediction is set beside (a mechanism or layer kind other than those above).
 std::vector<PublishedBreakdown> load_published_breakdowns(const std::string& path);
 
 // The published compute time of each breakdown that gives one ("compute_with_replay_s": rank 0's

@@ -64,5 +64,29 @@ TEST(JsonInput, RootMustBeAnObject) {
   EXPECT_EQ(error_of([] { JsonReader(nlohmann::json::array(), "a.json"); }), "a.json: field 'document': value []: expected a JSON object");
 }
 
+// A key an object already holds is refused, naming its path and its second value, at any depth
+// and whatever that value is (nlohmann's parse alone keeps the last and says nothing).
+TEST(JsonInput, DuplicateKeysAreRefusedNamingTheirPath) {
+  EXPECT_EQ(error_of([] { parse_json_text(R"({"gpu": {"hbm_gib": 80, "count": 8, "hbm_gib": 141}})", "hw.json"); }),
+            "hw.json: field 'gpu.hbm_gib': value 141: duplicate key");
+  EXPECT_EQ(error_of([] { parse_json_text(R"({"numa": [{"cores": 8}, {"cores": 8, "cores": {"n": [1, 2]}}]})", "hw.json"); }),
+            "hw.json: field 'numa[1].cores': value {\"n\":[1,2]}: duplicate key");
+  EXPECT_EQ(error_of([] { parse_json_text(R"({"a": [1, [2, 3]], "b": 1, "a": []})", "x.json"); }),
+            "x.json: field 'a': value []: duplicate key");
+  // The same key in two objects, or twice as a value, is no duplicate.
+  EXPECT_EQ(parse_json_text(R"({"a": {"k": 1}, "b": {"k": "k"}, "k": ["k", "k"]})", "x.json")["b"]["k"], "k");
+}
+
+// kOomVersionKey: a string at the document root of any format, an unknown field elsewhere.
+TEST(JsonInput, OomVersionIsKnownAtTheRootOnly) {
+  const nlohmann::json j = nlohmann::json::parse(R"({"a": 1, "oom_version": "1.2.0", "s": {"oom_version": "1.2.0"}})");
+  EXPECT_NO_THROW(JsonReader(j, "x.json").reject_unknown_keys({"a", "s"}));
+  EXPECT_EQ(error_of([&] { JsonReader(j, "x.json").object("s").reject_unknown_keys({"a"}); }),
+            "x.json: field 's.oom_version': value \"1.2.0\": unknown field");
+  const nlohmann::json number = {{"oom_version", 1.2}};
+  EXPECT_EQ(error_of([&] { JsonReader(number, "x.json").reject_unknown_keys({"a"}); }),
+            "x.json: field 'oom_version': value 1.2: expected a string (the oom release that wrote the file)");
+}
+
 }  // namespace
 }  // namespace oom

@@ -1,8 +1,11 @@
 // ModelSpec: reading Hugging Face configs of every layer kind, multimodal text_config, round trip.
 #include "costmodel/model_spec.h"
 
+#include <functional>
+
 #include <gtest/gtest.h>
 
+#include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 
@@ -237,6 +240,57 @@ TEST(ModelSpec, TopKLargerThanExpertsIsRejected) {
   nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe"));
   j["num_experts_per_tok"] = 99;
   EXPECT_THROW(model_spec_from_hf_config(j, "cfg.json", "x"), InputError);
+}
+
+// A Hugging Face config is read by the fields the project uses: the many others a config carries
+// (and an oom_version) change nothing and are not refused, at the root or nested.
+TEST(ModelSpec, HfConfigKeysTheProjectDoesNotReadAreKept) {
+  for (const char* name : {"tiny-moe", "qwen3.5-122b-a10b"}) {
+    nlohmann::json j = read_json_file(config_folder("models") + "/" + name + ".json");
+    const ModelSpec plain = model_spec_from_hf_config(j, "cfg.json", name);
+    j["architectures"] = {"SomethingForCausalLM"};
+    j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+    j["transformers_version"] = "4.57.0";
+    j[kOomVersionKey] = "0.9.0";
+    if (j.contains("text_config")) j["text_config"]["vision_start_token_id"] = 7;
+    EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", name), plain) << name;
+  }
+}
+
+// Messages name the key the config has: Gemma 4's global KV heads may come from per_layer_config.
+TEST(ModelSpec, Gemma4GlobalKvHeadsNotDividingNameTheKeyThatSetThem) {
+  nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe-gemma"));
+  j.erase("num_global_key_value_heads");
+  j["per_layer_config"] = {{"5", {{"num_key_value_heads", 3}}}};
+  try {
+    model_spec_from_hf_config(j, "cfg.json", "x");
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "cfg.json: field 'per_layer_config.5.num_key_value_heads': value 3: must divide num_attention_heads = 4");
+  }
+}
+
+// Families name the expert counts differently: a config with none of the names is told them all,
+// not the one tried last (top_k_experts is Gemma 4's, unknown to a Qwen config).
+TEST(ModelSpec, AMissingExpertCountNamesEveryKeyThatGivesIt) {
+  const auto error = [](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = model_spec_to_hf_config(load_model_spec("tiny-moe-qwen"));
+    edit(j);
+    try {
+      model_spec_from_hf_config(j, "cfg.json", "x");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error([](nlohmann::json& j) { j["num_experts_per_tok"] = nullptr; }),
+            "cfg.json: field 'num_experts_per_tok': value (missing): required field is missing (num_experts_per_tok or top_k_experts)");
+  EXPECT_EQ(error([](nlohmann::json& j) { j.erase("num_experts"); }),
+            "cfg.json: field 'num_experts': value (missing): required field is missing (num_experts or n_routed_experts or "
+            "num_local_experts)");
+  EXPECT_EQ(error([](nlohmann::json& j) { j.erase("moe_intermediate_size"); }),
+            "cfg.json: field 'moe_intermediate_size': value (missing): required field is missing (moe_intermediate_size or "
+            "intermediate_size)");
 }
 
 TEST(ModelSpec, UnknownNameListsTheKnownModels) {

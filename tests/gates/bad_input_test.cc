@@ -22,8 +22,18 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+#include "costmodel/model_spec.h"
+#include "costmodel/workload.h"
+#include "experiments/ablation.h"
+#include "experiments/study.h"
+#include "planner/calibration/calibration.h"
+#include "planner/engine/explain.h"
+#include "planner/plan/plan.h"
 #include "traces/records.h"
+#include "traces/trace.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -76,6 +86,14 @@ std::vector<std::string> memory_with_plan() {
 // A workload on the H200 node whose hardware is {dir}/hw.json (for hardware rows).
 std::string workload_on_hw() {
   return json{{"model", "tiny-moe"}, {"hardware", "{dir}/hw.json"}, {"gpus", 1}, {"global_batch", 2}, {"seq_len", 256}}.dump();
+}
+
+// `text` with `insert` written right after the first `anchor` (JSON that nlohmann's dump cannot
+// write, such as a key twice in one object).
+std::string duplicated(std::string text, const std::string& anchor, const std::string& insert) {
+  const auto at = text.find(anchor);
+  if (at == std::string::npos) throw std::logic_error("no " + anchor + " in the text");
+  return text.insert(at + anchor.size(), insert);
 }
 
 std::string workload_with(const std::function<void(json&)>& edit) { return edited(kWorkload, edit); }
@@ -579,6 +597,87 @@ std::vector<Case> cases() {
                  {"simulate", "--workload", "{src}/" + std::string(kWorkload), "--plan", "{src}/" + std::string(kPlan), "--max-stages", "0"},
                  "", "--max-stages", "0", "stage count"});
   }
+  // --- schemas: unknown keys at every depth of every format, duplicate keys, messages naming the
+  // file's own keys. The duplicate rows write the key a second time before the file's own: the
+  // line names the later (the file's) value.
+  c.push_back({"hardware_pcie_unknown_field", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["pcie"]["gpu_per_switch"] = 2; })}},
+               memory_with_workload(), H, "pcie.gpu_per_switch", "2", "unknown field"});
+  c.push_back({"hardware_gpu_unknown_field", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu"]["l2_mb"] = 50; })}},
+               memory_with_workload(), H, "gpu.l2_mb", "50", "unknown field"});
+  c.push_back({"hardware_fabric_unknown_field",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["fabric"]["per_gpu_bps"] = 9e11; })}},
+               memory_with_workload(), H, "fabric.per_gpu_bps", "900000000000", "unknown field"});
+  c.push_back({"hardware_numa_unknown_field", {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) {
+                 j["numa"].push_back(j["numa"][0]);
+                 j["numa"][1]["core"] = 8;
+               })}},
+               memory_with_workload(), H, "numa[1].core", "8", "unknown field"});
+  c.push_back({"hardware_nested_oom_version",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu"]["oom_version"] = "0.9.0"; })}},
+               memory_with_workload(), H, "gpu.oom_version", "\"0.9.0\"", "unknown field"});
+  c.push_back({"hardware_duplicate_key",
+               {{"w.json", workload_on_hw()}, {"hw.json", duplicated(hw_with([](json&) {}), "\"gpu\": {", "\"hbm_gib\": 80,")}},
+               memory_with_workload(), H, "gpu.hbm_gib", "139", "duplicate key"});
+  c.push_back({"model_duplicate_key", {{"m.json", duplicated(tiny, "{", "\"hidden_size\": 32,")}}, model_show(), M, "hidden_size",
+               "64", "duplicate key"});
+  c.push_back({"model_experts_per_token_null", {{"m.json", model_with([](json& j) { j["num_experts_per_tok"] = nullptr; })}},
+               model_show(), M, "num_experts_per_tok", "(missing)", "num_experts_per_tok or top_k_experts"});
+  c.push_back({"model_experts_missing", {{"m.json", model_with([](json& j) { j.erase("num_experts"); })}}, model_show(), M,
+               "num_experts", "(missing)", "num_experts or n_routed_experts or num_local_experts"});
+  c.push_back({"workload_duplicate_key", {{"w.json", duplicated(workload_with([](json&) {}), "{", "\"gpus\": 2,")}},
+               memory_with_workload(), W, "gpus", "4", "duplicate key"});
+  c.push_back({"plan_duplicate_key", {{"p.json", duplicated(plan_with([](json&) {}), "\"split\": {", "\"moe_chunk_tokens\": 8,")}},
+               memory_with_plan(), P, "split.moe_chunk_tokens", "0", "duplicate key"});
+  c.push_back({"records_measured_unknown_field", {{"r.jsonl", record_with([](json& j) { j["measured"]["gpu_peak_gb"] = 60.5; })}},
+               {"@records", R}, R + ":1", "measured.gpu_peak_gb", "60.5", "unknown field"});
+  c.push_back({"records_operator_measured_unknown_field",
+               {{"r.jsonl", json{{"id", "op1"}, {"kind", "operator"}, {"model", "tiny-moe"}, {"hardware", "h100-sxm-node"},
+                                 {"layer_type", "moe"}, {"op", "experts"}, {"batch", 1}, {"seq_len", 128},
+                                 {"measured", {{"time_s", 0.001}, {"time_us", 1000}}}}.dump()}},
+               {"@records", R}, R + ":1", "measured.time_us", "1000", "unknown field"});
+  c.push_back({"records_duplicate_key", {{"r.jsonl", duplicated(record_with([](json&) {}), "\"measured\":{", "\"step_s\":1.0,")}},
+               {"@records", R}, R + ":1", "measured.step_s", "3.776", "duplicate key"});
+  c.push_back({"validate_record_plan_unknown_field",
+               {{"r.jsonl", record_with([](json& j) { j["plan"]["split"]["gdn_chunk"] = 4096; })}}, {"validate", R, "--explain", "t4-b16"}, R + ":1",
+               "plan.split.gdn_chunk", "4096", "unknown field"});
+  c.push_back({"calibration_duplicate_key", {{"c.json", duplicated(calibration_with([](json&) {}), "{", "\"gemm_efficiency\": 0.5,")}},
+               simulate_cal, C, "gemm_efficiency", "0.", "duplicate key"});
+  c.push_back({"calibration_unread_fit", {{"c.json", calibration_with([](json& j) { j["fit"] = {{"records", 12}}; })}}, simulate_cal,
+               C, "fit", "{\"records\":12}", "unknown field"});
+  c.push_back({"published_breakdown_unknown_mechanism",
+               {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][0]["mechanisms"]["non_compute"] = 4.55; })}}, explain, B,
+               "breakdowns[0].mechanisms.non_compute", "4.55", "unknown field"});
+  c.push_back({"published_breakdown_unknown_layer_kind",
+               {{"b.json", breakdowns_with([](json& j) { j["breakdowns"][2]["layer_forward_s"]["attention"] = 3.18; })}}, explain, B,
+               "breakdowns[2].layer_forward_s.attention", "3.18", "unknown field"});
+  c.push_back({"published_breakdown_duplicate_key",
+               {{"b.json", duplicated(breakdowns_with([](json&) {}), "\"breakdowns\": [\n    {", "\"step_s\": 1,")}}, explain, B,
+               "breakdowns[0].step_s", "8.5", "duplicate key"});
+  c.push_back({"whatif_duplicate_key", {{"s.json", duplicated(study_with([](json&) {}), "\"sweeps\": [\n    {", "\"seq_len\": [1],")}},
+               whatif, S, "sweeps[0].seq_len", "[", "duplicate key"});
+  c.push_back({"ablation_duplicate_key",
+               {{"a.json", duplicated(ablation_with([](json&) {}), "\"variants\": [\n    {", "\"name\": \"x\",")}}, ablation, A,
+               "variants[0].name", "\"", "duplicate key"});
+  // oom diff PREDICTED MEASURED: the Chrome form's stage events and their args, and the Trace form.
+  const std::string T = "{dir}/t.json";
+  const std::string small_trace = read_file(fs::path(kSrc) / "tests/fuzz/seeds/trace/small.json");
+  const std::vector<std::string> diff = {"diff", "{src}/tests/fuzz/seeds/trace/small.json", T};
+  const auto chrome_with = [](const std::string& event) {
+    return R"({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "gpu0"}}, )" + event +
+           R"(], "displayTimeUnit": "ms", "otherData": {"engine": "torch", "step_s": 0.002}})";
+  };
+  const std::string stage_event = R"({"ph": "X", "name": "g0.fwd.L0.attn.h0.core", "cat": "attention", "pid": 1, "tid": 1, "ts": 0, )";
+  c.push_back({"diff_chrome_unknown_event_field", {{"t.json", chrome_with(stage_event + R"("dur": 2000, "durr": 5})")}}, diff, T,
+               "traceEvents[1].durr", "5", "unknown field"});
+  c.push_back({"diff_chrome_unknown_arg",
+               {{"t.json", chrome_with(stage_event + R"("dur": 2000, "args": {"id": 1, "layer": 0, "flop": 1e12}})")}}, diff, T,
+               "traceEvents[1].args.flop", "1000000000000", "unknown field"});
+  c.push_back({"diff_chrome_unknown_field", {{"t.json", duplicated(chrome_with(stage_event + R"("dur": 2000})"), "{", R"("units": "us", )")}},
+               diff, T, "units", "\"us\"", "unknown field"});
+  c.push_back({"diff_chrome_duplicate_key", {{"t.json", chrome_with(stage_event + R"("dur": 2000, "dur": 3000})")}}, diff, T,
+               "traceEvents[1].dur", "3000", "duplicate key"});
+  c.push_back({"diff_trace_duplicate_key", {{"t.json", duplicated(small_trace, "\"stages\": [\n  {", R"("kind": "gemm", )")}}, diff,
+               T, "stages[0].kind", "\"h2d\"", "duplicate key"});
   return c;
 }
 
@@ -684,6 +783,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
                                              "calibrate", "validate", "ablation", "diff", "frobnicate", "@records"}));
+                                             "calibrate", "validate", "ablation", "diff", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
@@ -699,6 +799,45 @@ TEST(BadInputTable, UneditedInputsAreAccepted) {
                           {out, err}),
             0)
       << err.str();
+}
+
+// Every format the project defines accepts an oom_version (a string) at its root, which the
+// packaging writes: one shipped file of each, with the field added, loads as it does without.
+TEST(BadInputTable, OomVersionIsAcceptedInEveryFormat) {
+  std::string tmpl = (fs::path(::testing::TempDir()) / "oom-version-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const fs::path dir = tmpl;
+  const auto write = [&](const std::string& name, json j) {
+    j[oom::kOomVersionKey] = "0.9.0";
+    std::ofstream(dir / name) << j.dump(2);
+    return (dir / name).string();
+  };
+  const auto shipped = [&](const std::string& rel, const std::string& name) { return write(name, read_json(rel)); };
+  const oom::HardwareSpec h100 = oom::load_hardware_spec("h100-sxm-node");
+  EXPECT_NO_THROW(oom::load_model_spec(shipped(kTiny, "model.json")));
+  EXPECT_NO_THROW(oom::load_hardware_spec(shipped(kH200, "hardware.json")));
+  EXPECT_NO_THROW(oom::load_hardware_spec(shipped("configs/hardware/h200-sxm-4node.json", "cluster.json")));
+  EXPECT_NO_THROW(oom::load_workload(shipped(kWorkload, "workload.json")));
+  EXPECT_NO_THROW(oom::load_plan(shipped(kPlan, "plan.json")));
+  EXPECT_NO_THROW(oom::load_calibration_file(shipped("configs/calibration/h100-sxm-node.json", "calibration.json"), h100));
+  EXPECT_NO_THROW(oom::load_study(shipped("experiments/paper/fig5a-h100-batch.json", "study.json")));
+  EXPECT_NO_THROW(oom::load_ablation(shipped("experiments/flat-optimizer.json", "ablation.json")));
+  EXPECT_NO_THROW(oom::load_published_breakdowns(shipped("traces/paper/published-breakdowns.json", "breakdowns.json")));
+  write("histogram.json", {{"counts", {1, 2, 3, 4}}, {"source", "a test"}});
+  json routed = read_json(kWorkload);
+  routed["routing"] = {{"kind", "histogram"}, {"file", "histogram.json"}};
+  EXPECT_NO_THROW(oom::load_workload(write("routed.json", routed)));
+  json record = json::parse(first_record_line());
+  record[oom::kOomVersionKey] = "0.9.0";
+  std::ofstream(dir / "records.jsonl") << record.dump() << "\n";
+  EXPECT_NO_THROW(oom::load_records((dir / "records.jsonl").string()));
+  // Traces, both forms, as oom diff reads them.
+  const json trace = read_json("tests/fuzz/seeds/trace/small.json");
+  const std::string trace_file = write("trace.json", trace);
+  const std::string chrome_file = write("chrome.json", oom::trace_to_chrome_json(oom::trace_from_json(trace, "small.json")));
+  std::ostringstream out, err;
+  EXPECT_EQ(oom::cli::run({"diff", trace_file, chrome_file}, {out, err}), 0) << err.str();
+  fs::remove_all(dir);
 }
 
 }  // namespace

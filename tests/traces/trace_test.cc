@@ -103,6 +103,26 @@ TEST(Trace, ChromeExportHasOneCompleteEventPerStageAndMemoryCounters) {
   EXPECT_EQ(names, 3);     // three resources
 }
 
+// The keys oom diff knows (and refuses others of) are the keys the export writes.
+TEST(Trace, ChromeExportWritesTheKeysItsReaderKnows) {
+  const auto keys = [](const nlohmann::json& object) {
+    std::set<std::string> out;
+    for (const auto& [key, value] : object.items()) out.insert(key);
+    return out;
+  };
+  const auto known = [](const auto& list) { return std::set<std::string>(list.begin(), list.end()); };
+  const nlohmann::json c = trace_to_chrome_json(sample());
+  EXPECT_EQ(keys(c), known(kChromeTraceKeys));
+  std::set<std::string> event_keys, arg_keys;
+  for (const auto& e : c["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    event_keys.merge(keys(e));
+    arg_keys.merge(keys(e["args"]));
+  }
+  EXPECT_EQ(event_keys, known(kChromeStageEventKeys));
+  EXPECT_EQ(arg_keys, known(kChromeStageArgKeys));  // the sample's stage 2 counts its operators
+}
+
 TEST(Trace, FinalizeSortsStagesAndSetsStepAndPeaks) {
   Trace t = sample();
   std::swap(t.stages[0], t.stages[2]);
