@@ -182,6 +182,9 @@ Plan with_boundary_policy(Plan p, const std::string& policy, int layers) {
     for (int l = 0; l < layers; l += every) p.boundaries.host_kept.push_back(l);
     p.boundaries.regenerate_cap = every - 1;
   }
+  // SCO offloads every boundary to the host: it applies under A and B, not under a policy that
+  // regenerates some boundaries (applicable_flat(); validate_plan refuses that plan).
+  if (!p.boundaries.host_kept_all) p.flat.selective_checkpoint_offload = false;
   return p;
 }
 

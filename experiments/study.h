@@ -62,7 +62,9 @@ std::string plan_variant_name(const PlanVariant& v);
 std::optional<PlanVariant> plan_variant_from_name(const std::string& name);
 // The boundary policy of a Local plan (reference §4): A = every boundary on the host, O/LSE
 // recomputed; B = A + O/LSE kept; "1+1" / "3+1" = B + one boundary kept in every 2 / 4 decoders,
-// the others regenerated. Returns the plan with keep_attention_results and boundaries set.
+// the others regenerated. Returns the plan with keep_attention_results and boundaries set, and
+// SCO (flat.checkpoint_offload) dropped under 1+1 and 3+1, which keep only some boundaries on the
+// host; the plan's other schedules are kept as they are.
 Plan with_boundary_policy(Plan p, const std::string& policy, int layers);
 
 struct StudySweep {
