@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/csv_input.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 #include "planner/calibration/calibration.h"
@@ -177,6 +178,15 @@ std::string ablation_csv(const AblationResult& r) {
                        row.gpu_peak_change, row.tail_speedup);
   }
   return out;
+}
+
+void check_ablation_csv(const std::string& text, const std::string& file) {
+  check_csv_table(parse_csv(text, file), file,
+                  {"workload", "variant", "step_s", "gpu_peak_gib", "study_peak_gib", "peak_change", "step_change", "gpu_peak_change"},
+                  [](const std::string& column) {
+                    const bool text = column == "workload" || column == "variant" || column == "fits_gpu" || column == "binding_peak";
+                    return text ? CsvColumn::kText : CsvColumn::kNumber;
+                  });
 }
 
 nlohmann::json ablation_result_to_json(const AblationResult& r) {

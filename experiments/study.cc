@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/csv_input.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
@@ -18,6 +19,12 @@ namespace oom {
 namespace {
 
 constexpr std::int64_t kMaxInt = std::int64_t{1} << 40;
+
+// The columns every study CSV starts with (study_csv()); the baselines' and the published
+// records' follow.
+const std::vector<std::string> kStudyCsvColumns = {"sweep",  "system",  "model",    "hardware",       "gpus",
+                                                   "global_batch", "seq_len", "gpu_budget_gib", "host_budget_gib", "status",
+                                                   "plan",   "step_s",  "tokens_per_s", "gpu_peak_gib", "host_gib"};
 
 // A list of GiB budgets, each a positive number or null; absent = [null].
 std::vector<std::optional<double>> budget_list(const JsonReader& r, const std::string& key) {
@@ -463,7 +470,7 @@ std::string study_table_text(const StudyResult& r) {
 }
 
 std::string study_csv(const StudyResult& r) {
-  std::string out = "sweep,system,model,hardware,gpus,global_batch,seq_len,gpu_budget_gib,host_budget_gib,status,plan,step_s,tokens_per_s,gpu_peak_gib,host_gib";
+  std::string out = fmt::format("{}", fmt::join(kStudyCsvColumns, ","));
   for (const auto b : r.spec.baselines) {
     const auto n = baseline_system_name(b);
     out += fmt::format(",{0}_step_s,{0}_tokens_per_s,{0}_gpu_peak_gib,{0}_host_gib,{0}_oom", n);
@@ -570,6 +577,17 @@ nlohmann::json study_result_to_json(const StudyResult& r) {
     out["published_errors"] = published_errors_to_json(published_errors(r));
   }
   return out;
+}
+
+void check_study_csv(const std::string& text, const std::string& file) {
+  check_csv_table(parse_csv(text, file), file, kStudyCsvColumns, [](const std::string& column) {
+    if (column == "sweep" || column == "system" || column == "model" || column == "hardware" || column == "status" ||
+        column == "plan" || column == "best_baseline" || column.ends_with("_oom") || column.ends_with("_id")) {
+      return CsvColumn::kText;
+    }
+    if (column == "gpus" || column == "global_batch" || column == "seq_len") return CsvColumn::kNumber;
+    return CsvColumn::kNumberOrEmpty;  // budgets, results: empty where absent (no budget, infeasible, out of memory)
+  });
 }
 
 }  // namespace oom

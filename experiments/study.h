@@ -171,8 +171,15 @@ StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const P
 // The table `oom whatif` prints: workload, chosen plan, step time, tokens/s, GPU peak, host
 // memory, each baseline's step time or OOM, speedup over the best baseline.
 std::string study_table_text(const StudyResult& r);
-// One CSV line per case with a header line; columns named in the header (see study.cc).
+// One CSV line per case with a header line; columns named in the header (see study.cc). A value
+// that is absent (no budget, no plan fits, a baseline out of memory, no published record) is an
+// empty cell.
 std::string study_csv(const StudyResult& r);
+// Checks a study CSV before a reader uses it (`oom plot`): the header has study_csv()'s leading
+// columns, every row as many cells as the header, and every numeric cell a finite number, or
+// empty where study_csv() writes an absent value (every column but gpus, global_batch and
+// seq_len). Throws InputError naming `file`:LINE, the column and the cell (costmodel/csv_input.h).
+void check_study_csv(const std::string& text, const std::string& file);
 nlohmann::json study_result_to_json(const StudyResult& r);
 
 }  // namespace oom
