@@ -96,6 +96,16 @@ AblationSpec ablation_from_json(const nlohmann::json& j, const std::string& file
 
 AblationSpec load_ablation(const std::string& path) { return ablation_from_json(read_json_file(path), path); }
 
+AblationSpec smallest_cases(AblationSpec spec) {
+  const auto size = [](const AblationWorkload& w) {
+    return std::pair(w.workload.gpus, static_cast<double>(w.workload.global_batch) * static_cast<double>(w.workload.seq_len));
+  };
+  const auto it = std::min_element(spec.workloads.begin(), spec.workloads.end(),
+                                   [&](const AblationWorkload& a, const AblationWorkload& b) { return size(a) < size(b); });
+  if (it != spec.workloads.end()) spec.workloads = {*it};
+  return spec;
+}
+
 Plan ablation_plan(const AblationSpec& spec, const AblationVariant& v, const WorkloadContext& ctx, const std::string& file) {
   nlohmann::json j = spec.plan;
   j.merge_patch(v.plan_patch);

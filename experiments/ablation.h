@@ -64,6 +64,10 @@ struct AblationSpec {
 AblationSpec ablation_from_json(const nlohmann::json& j, const std::string& file);
 AblationSpec load_ablation(const std::string& path);
 
+// The study cut to its smallest workload (the fewest GPUs, then the fewest tokens per step), with
+// every variant (`oom ablation --smallest`: a quick check that every variant runs).
+AblationSpec smallest_cases(AblationSpec spec);
+
 struct AblationRow {
   std::string workload, variant;
   Plan plan;

@@ -309,6 +309,25 @@ StudySpec default_study() {
   return s;
 }
 
+StudySpec smallest_cases(StudySpec s) {
+  const auto smallest = [](auto& list) {
+    if (!list.empty()) list = {*std::min_element(list.begin(), list.end())};
+  };
+  for (auto& w : s.sweeps) {
+    w.models.resize(1);
+    w.hardware.resize(1);
+    smallest(w.nodes);
+    smallest(w.gpus);
+    smallest(w.global_batch);
+    smallest(w.seqs_per_gpu);
+    smallest(w.gpus_per_seq);
+    smallest(w.seq_len);
+    w.gpu_budget_gib.resize(1);
+    w.host_budget_gib.resize(1);
+  }
+  return s;
+}
+
 std::vector<StudyCase> expand_study(const StudySpec& s) {
   std::vector<StudyCase> out;
   for (const auto& w : s.sweeps) {

@@ -104,6 +104,12 @@ StudySpec load_study(const std::string& path);
 // 64K–1M context with one sequence per GPU ("context").
 StudySpec default_study();
 
+// The study cut to each sweep's smallest workload, answered by every system of the sweep: its
+// first model, hardware and budgets, and the least of its node counts, GPU counts, batch and
+// context lists (`oom whatif --smallest`, `oom report-paper --smallest`: a quick check that every
+// sweep and system of a study runs).
+StudySpec smallest_cases(StudySpec s);
+
 // One workload of a sweep.
 struct StudyCase {
   std::string sweep;

@@ -274,6 +274,26 @@ TEST(PaperStudies, BoundaryPolicyVariantsOfTables6And7Validate) {
   EXPECT_GE(fitting, 12);
 }
 
+// A study cut to its smallest cases: one workload per sweep (the first model, hardware and
+// budgets, the least GPUs, batch and context), every system kept.
+TEST(StudyFile, SmallestCasesKeepEverySweepAndSystem) {
+  StudySpec s = default_study();
+  s.sweeps[1].systems = {PlanVariant{}, *plan_variant_from_name("local:1+1")};
+  s.sweeps[1].host_budget_gib = {512, std::nullopt};
+  const StudySpec small = smallest_cases(s);
+  const auto cases = expand_study(small);
+  ASSERT_EQ(cases.size(), 3u);
+  EXPECT_EQ(cases[0].sweep, "batch");
+  EXPECT_EQ(cases[0].workload.global_batch, 16);
+  EXPECT_EQ(cases[0].workload.seq_len, 4096);
+  EXPECT_EQ(cases[1].workload.seq_len, 65536);
+  EXPECT_EQ(cases[1].workload.global_batch, 4);  // one sequence per GPU
+  EXPECT_EQ(cases[1].workload.host_budget_gib, 512);
+  EXPECT_EQ(cases[2].system, *plan_variant_from_name("local:1+1"));
+  // The cut study is a study file like any other.
+  EXPECT_EQ(expand_study(study_from_json(study_to_json(small), "s.json")).size(), 3u);
+}
+
 TEST(StudyFile, SystemsExpandEveryWorkloadOnceEachAndRoundTrip) {
   nlohmann::json j = small_study();
   j["figure"] = "OOM Figure 4";
