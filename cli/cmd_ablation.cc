@@ -1,4 +1,4 @@
-// `oom ablation STUDY.json [-o DIR] [--engine analytic|simgrid] [--json] [--no-plots]`: a matched
+// `oom ablation STUDY.json [-o DIR] [--engine analytic|simgrid] [--json] [--no-plots] [--smallest]`: a matched
 // component study (experiments/ablation.h): one plan on the same workloads with and without a
 // schedule. Prints the table (each variant's time, GPU peak and the study's peak beside the
 // reference's, the best variant at equal throughput, the published figure), writes ablation.csv,
@@ -23,7 +23,7 @@ namespace {
 
 struct AblationArgs {
   std::string study_path, output, engine;
-  bool json = false, no_plots = false;
+  bool json = false, no_plots = false, smallest = false;
 };
 
 }  // namespace
@@ -37,8 +37,10 @@ void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
   c->add_option("--engine", a->engine, "Step engine (default: the study's, else analytic)");
   c->add_flag("--json", a->json, "Print the results as one JSON object instead of the table");
   c->add_flag("--no-plots", a->no_plots, "Write the CSV and JSON only");
+  c->add_flag("--smallest", a->smallest, "Only the smallest workload, with every variant: a quick check of a study");
   c->callback([=] {
     AblationSpec spec = load_ablation(a->study_path);
+    if (a->smallest) spec = smallest_cases(std::move(spec));
     if (!a->engine.empty()) spec.engine = a->engine;
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
     const WorkEstimate estimate = estimate_ablation(spec, a->study_path);  // before any line: it may find bad input

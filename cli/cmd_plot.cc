@@ -12,6 +12,8 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
+#include "experiments/ablation.h"
+#include "experiments/study.h"
 #ifdef OOM_HAVE_PLOT
 #include "python/plot_bridge.h"
 #endif
@@ -29,7 +31,9 @@ std::string default_output(const std::string& input, const std::string& kind) {
   return (p.parent_path() / (p.stem().string() + "-" + kind + ".png")).string();
 }
 
-// Checks the input is of the form the kind needs, naming the file when it is not.
+// Checks the input is of the form the kind needs, naming the file when it is not, and a CSV's every
+// row and cell (check_study_csv(), check_ablation_csv()): a short or long row, or a number that is
+// not a finite one, is one line naming the file, the line and the column.
 void check_input(const std::string& file, const std::string& kind, const std::string& text) {
   if (kind == "timeline") {
     const nlohmann::json j = parse_json_text(text, file);
@@ -46,6 +50,12 @@ void check_input(const std::string& file, const std::string& kind, const std::st
     throw InputError(file, "expected a study CSV (oom whatif) whose header starts with \"sweep,\"");
   }
   if (text.find('\n') == std::string::npos || text.find('\n') + 1 >= text.size()) throw InputError(file, "the study CSV has no rows");
+  // Every row and cell checked here: the plotting code reads the CSV as strings.
+  if (kind == "ablation") {
+    check_ablation_csv(text, file);
+  } else {
+    check_study_csv(text, file);
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// `oom report-paper -o DIR [--published RECORDS.jsonl] [--studies DIR] [--engine analytic|simgrid]`:
+// `oom report-paper -o DIR [--published RECORDS.jsonl] [--studies DIR] [--engine analytic|simgrid] [--smallest]`:
 // runs every paper study (experiments/paper/*.json, one per figure or table of the OOM paper) and
 // writes DIR/report.md (experiments/paper_report.h) with each study's CSV, JSON and PNG plots in
 // DIR/STUDY/. Every input (each study, every workload, the records) is checked before the first
@@ -27,7 +27,7 @@ namespace {
 
 struct ReportPaperArgs {
   std::string output, published, studies, engine;
-  bool no_plots = false;
+  bool no_plots = false, smallest = false;
 };
 
 // experiments/paper/ beside the configs folder (the source tree, or $OOM_CONFIG_DIR/..).
@@ -46,12 +46,14 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
   c->add_option("--studies", a->studies, "Folder of study files (default: experiments/paper of the source tree)");
   c->add_option("--engine", a->engine, "Step engine of the baselines (default: each study's, else analytic)");
   c->add_flag("--no-plots", a->no_plots, "Tables only");
+  c->add_flag("--smallest", a->smallest, "Only each sweep's smallest workload, with every system: a quick check of the studies");
   c->callback([=] {
     const auto started = std::chrono::steady_clock::now();
     const std::string dir = a->studies.empty() ? default_studies_dir() : a->studies;
     std::vector<StudySpec> specs;
     for (const auto& file : paper_study_files(dir)) {
       StudySpec spec = load_study(file);
+      if (a->smallest) spec = smallest_cases(std::move(spec));
       if (!a->engine.empty()) spec.engine = a->engine;
       if (!engines.has(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
       for (const auto& sc : expand_study(spec)) resolve_workload(sc.workload, fmt::format("{} (sweep {})", file, sc.sweep));

@@ -1,5 +1,5 @@
 // `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--published RECORDS.jsonl]
-// [--json] [--no-plots]`: the what-if study. With no study file it runs the default study
+// [--json] [--no-plots] [--smallest]`: the what-if study. With no study file it runs the default study
 // (experiments/study.h). With --published, recorded step measurements are matched to the rows
 // (experiments/published.h): predicted-vs-published columns and errors in the table and CSV,
 // published points on the plots. Prints the table, writes study.csv, study.json and the PNG
@@ -33,7 +33,7 @@ namespace {
 
 struct WhatifArgs {
   std::string study_path, output, engine, published;
-  bool json = false, no_plots = false;
+  bool json = false, no_plots = false, smallest = false;
 };
 
 }  // namespace
@@ -93,8 +93,10 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
                 "Recorded step measurements (JSON Lines, traces/records.h) to overlay: matched by workload and system");
   w->add_flag("--json", a->json, "Print the results as one JSON object instead of the table");
   w->add_flag("--no-plots", a->no_plots, "Write the CSV and JSON only");
+  w->add_flag("--smallest", a->smallest, "Only each sweep's smallest workload, with every system: a quick check of a study");
   w->callback([=] {
     StudySpec spec = a->study_path.empty() ? default_study() : load_study(a->study_path);
+    if (a->smallest) spec = smallest_cases(std::move(spec));
     if (!a->engine.empty()) spec.engine = a->engine;
     if (!engines.has(spec.engine)) throw InputError(a->study_path, "engine", "\"" + spec.engine + "\"", "unknown engine");
     // Resolve every case before the long run, so bad input fails at once and writes nothing.

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/csv_input.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 #include "planner/calibration/calibration.h"
@@ -95,6 +96,16 @@ AblationSpec ablation_from_json(const nlohmann::json& j, const std::string& file
 }
 
 AblationSpec load_ablation(const std::string& path) { return ablation_from_json(read_json_file(path), path); }
+
+AblationSpec smallest_cases(AblationSpec spec) {
+  const auto size = [](const AblationWorkload& w) {
+    return std::pair(w.workload.gpus, static_cast<double>(w.workload.global_batch) * static_cast<double>(w.workload.seq_len));
+  };
+  const auto it = std::min_element(spec.workloads.begin(), spec.workloads.end(),
+                                   [&](const AblationWorkload& a, const AblationWorkload& b) { return size(a) < size(b); });
+  if (it != spec.workloads.end()) spec.workloads = {*it};
+  return spec;
+}
 
 Plan ablation_plan(const AblationSpec& spec, const AblationVariant& v, const WorkloadContext& ctx, const std::string& file) {
   nlohmann::json j = spec.plan;
@@ -198,6 +209,15 @@ std::string ablation_csv(const AblationResult& r) {
                        row.gpu_peak_change, row.tail_speedup);
   }
   return out;
+}
+
+void check_ablation_csv(const std::string& text, const std::string& file) {
+  check_csv_table(parse_csv(text, file), file,
+                  {"workload", "variant", "step_s", "gpu_peak_gib", "study_peak_gib", "peak_change", "step_change", "gpu_peak_change"},
+                  [](const std::string& column) {
+                    const bool text = column == "workload" || column == "variant" || column == "fits_gpu" || column == "binding_peak";
+                    return text ? CsvColumn::kText : CsvColumn::kNumber;
+                  });
 }
 
 nlohmann::json ablation_result_to_json(const AblationResult& r) {

@@ -65,6 +65,10 @@ struct AblationSpec {
 AblationSpec ablation_from_json(const nlohmann::json& j, const std::string& file);
 AblationSpec load_ablation(const std::string& path);
 
+// The study cut to its smallest workload (the fewest GPUs, then the fewest tokens per step), with
+// every variant (`oom ablation --smallest`: a quick check that every variant runs).
+AblationSpec smallest_cases(AblationSpec spec);
+
 struct AblationRow {
   std::string workload, variant;
   Plan plan;
@@ -108,6 +112,11 @@ AblationResult run_ablation(const AblationSpec& spec, const StepEngines& engines
                             const AblationProgress& progress = {});
 
 std::string ablation_csv(const AblationResult& r);
+// Checks an ablation CSV before a reader uses it (`oom plot --kind ablation`): the header has the
+// columns the plot reads, every row as many cells as the header, every cell but the workload,
+// variant, fits_gpu and binding_peak a finite number. Throws InputError naming `file`:LINE, the
+// column and the cell (costmodel/csv_input.h).
+void check_ablation_csv(const std::string& text, const std::string& file);
 nlohmann::json ablation_result_to_json(const AblationResult& r);
 std::string ablation_table_text(const AblationResult& r);
 

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/csv_input.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
 #include "costmodel/input_limits.h"
@@ -20,6 +21,12 @@ namespace oom {
 namespace {
 
 constexpr std::int64_t kMaxInt = std::int64_t{1} << 40;
+
+// The columns every study CSV starts with (study_csv()); the baselines' and the published
+// records' follow.
+const std::vector<std::string> kStudyCsvColumns = {"sweep",  "system",  "model",    "hardware",       "gpus",
+                                                   "global_batch", "seq_len", "gpu_budget_gib", "host_budget_gib", "status",
+                                                   "plan",   "step_s",  "tokens_per_s", "gpu_peak_gib", "host_gib"};
 
 // A list of GiB budgets, each a positive number or null; absent = [null].
 std::vector<std::optional<double>> budget_list(const JsonReader& r, const std::string& key) {
@@ -184,6 +191,9 @@ Plan with_boundary_policy(Plan p, const std::string& policy, int layers) {
     for (int l = 0; l < layers; l += every) p.boundaries.host_kept.push_back(l);
     p.boundaries.regenerate_cap = every - 1;
   }
+  // SCO offloads every boundary to the host: it applies under A and B, not under a policy that
+  // regenerates some boundaries (applicable_flat(); validate_plan refuses that plan).
+  if (!p.boundaries.host_kept_all) p.flat.selective_checkpoint_offload = false;
   return p;
 }
 
@@ -298,6 +308,25 @@ StudySpec default_study() {
   context.seqs_per_gpu = {1};
   context.seq_len = {65536, 131072, 262144, 524288, 1048576};
   s.sweeps = {batch, context};
+  return s;
+}
+
+StudySpec smallest_cases(StudySpec s) {
+  const auto smallest = [](auto& list) {
+    if (!list.empty()) list = {*std::min_element(list.begin(), list.end())};
+  };
+  for (auto& w : s.sweeps) {
+    w.models.resize(1);
+    w.hardware.resize(1);
+    smallest(w.nodes);
+    smallest(w.gpus);
+    smallest(w.global_batch);
+    smallest(w.seqs_per_gpu);
+    smallest(w.gpus_per_seq);
+    smallest(w.seq_len);
+    w.gpu_budget_gib.resize(1);
+    w.host_budget_gib.resize(1);
+  }
   return s;
 }
 
@@ -489,7 +518,7 @@ std::string study_table_text(const StudyResult& r) {
 }
 
 std::string study_csv(const StudyResult& r) {
-  std::string out = "sweep,system,model,hardware,gpus,global_batch,seq_len,gpu_budget_gib,host_budget_gib,status,plan,step_s,tokens_per_s,gpu_peak_gib,host_gib";
+  std::string out = fmt::format("{}", fmt::join(kStudyCsvColumns, ","));
   for (const auto b : r.spec.baselines) {
     const auto n = baseline_system_name(b);
     out += fmt::format(",{0}_step_s,{0}_tokens_per_s,{0}_gpu_peak_gib,{0}_host_gib,{0}_oom", n);
@@ -596,6 +625,17 @@ nlohmann::json study_result_to_json(const StudyResult& r) {
     out["published_errors"] = published_errors_to_json(published_errors(r));
   }
   return out;
+}
+
+void check_study_csv(const std::string& text, const std::string& file) {
+  check_csv_table(parse_csv(text, file), file, kStudyCsvColumns, [](const std::string& column) {
+    if (column == "sweep" || column == "system" || column == "model" || column == "hardware" || column == "status" ||
+        column == "plan" || column == "best_baseline" || column.ends_with("_oom") || column.ends_with("_id")) {
+      return CsvColumn::kText;
+    }
+    if (column == "gpus" || column == "global_batch" || column == "seq_len") return CsvColumn::kNumber;
+    return CsvColumn::kNumberOrEmpty;  // budgets, results: empty where absent (no budget, infeasible, out of memory)
+  });
 }
 
 }  // namespace oom

@@ -62,7 +62,9 @@ std::string plan_variant_name(const PlanVariant& v);
 std::optional<PlanVariant> plan_variant_from_name(const std::string& name);
 // The boundary policy of a Local plan (reference §4): A = every boundary on the host, O/LSE
 // recomputed; B = A + O/LSE kept; "1+1" / "3+1" = B + one boundary kept in every 2 / 4 decoders,
-// the others regenerated. Returns the plan with keep_attention_results and boundaries set.
+// the others regenerated. Returns the plan with keep_attention_results and boundaries set, and
+// SCO (flat.checkpoint_offload) dropped under 1+1 and 3+1, which keep only some boundaries on the
+// host; the plan's other schedules are kept as they are.
 Plan with_boundary_policy(Plan p, const std::string& policy, int layers);
 
 struct StudySweep {
@@ -101,6 +103,12 @@ StudySpec load_study(const std::string& path);
 // The default study: Qwen3.6-35B-A3B on four H100s, global batch 16–256 at 4K ("batch") and
 // 64K–1M context with one sequence per GPU ("context").
 StudySpec default_study();
+
+// The study cut to each sweep's smallest workload, answered by every system of the sweep: its
+// first model, hardware and budgets, and the least of its node counts, GPU counts, batch and
+// context lists (`oom whatif --smallest`, `oom report-paper --smallest`: a quick check that every
+// sweep and system of a study runs).
+StudySpec smallest_cases(StudySpec s);
 
 // One workload of a sweep.
 struct StudyCase {
@@ -196,8 +204,15 @@ WorkEstimate estimate_study(const StudySpec& spec);
 // The table `oom whatif` prints: workload, chosen plan, step time, tokens/s, GPU peak, host
 // memory, each baseline's step time or OOM, speedup over the best baseline.
 std::string study_table_text(const StudyResult& r);
-// One CSV line per case with a header line; columns named in the header (see study.cc).
+// One CSV line per case with a header line; columns named in the header (see study.cc). A value
+// that is absent (no budget, no plan fits, a baseline out of memory, no published record) is an
+// empty cell.
 std::string study_csv(const StudyResult& r);
+// Checks a study CSV before a reader uses it (`oom plot`): the header has study_csv()'s leading
+// columns, every row as many cells as the header, and every numeric cell a finite number, or
+// empty where study_csv() writes an absent value (every column but gpus, global_batch and
+// seq_len). Throws InputError naming `file`:LINE, the column and the cell (costmodel/csv_input.h).
+void check_study_csv(const std::string& text, const std::string& file);
 nlohmann::json study_result_to_json(const StudyResult& r);
 
 }  // namespace oom

@@ -8,6 +8,7 @@
 // File-level problems (missing, empty, directory, broken JSON at the root) name the file and
 // what is wrong with it; there is no field to name. An unknown model name names no file: the
 // name is the value.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -118,6 +119,39 @@ std::string record_with(const std::function<void(json&)>& edit) {
   json j = json::parse(first_record_line());
   edit(j);
   return j.dump();
+}
+
+// A study CSV as study_csv() writes it: one baseline; the OOM plan of line 2 beats the baseline,
+// line 3's baseline ran out of memory, line 4's workload has no plan (absent values are empty
+// cells). `edit` changes the cells of one line (from 1, the header) before they are joined.
+using CsvCells = std::vector<std::vector<std::string>>;
+CsvCells study_csv_cells() {
+  return {{"sweep", "system", "model", "hardware", "gpus", "global_batch", "seq_len", "gpu_budget_gib", "host_budget_gib", "status", "plan",
+           "step_s", "tokens_per_s", "gpu_peak_gib", "host_gib", "fsdp2-offload_step_s", "fsdp2-offload_tokens_per_s",
+           "fsdp2-offload_gpu_peak_gib", "fsdp2-offload_host_gib", "fsdp2-offload_oom", "best_baseline", "speedup"},
+          {"batch", "search", "qwen3.6-35b-a3b", "h100-sxm-node", "4", "16", "4096", "", "512", "ok", "\"ep R23/K0 c64K\"", "3.2",
+           "20480", "61.500", "700.200", "5.1", "12850.2", "70.100", "900.300", "", "fsdp2-offload", "1.594"},
+          {"batch", "search", "qwen3.6-35b-a3b", "h100-sxm-node", "4", "32", "4096", "", "512", "ok", "\"ep R23/K0 c64K\"", "6.1",
+           "21489.3", "70.500", "720.000", "", "", "", "", "\"out of memory: GPU 0, 90.1 GiB\"", "", ""},
+          {"batch", "search", "qwen3.6-35b-a3b", "h100-sxm-node", "4", "64", "4096", "", "512", "infeasible",
+           "\"no plan fits, 512 GiB of host memory\"", "", "", "", "", "", "", "", "", "\"out of memory: host\"", "", ""}};
+}
+std::string study_csv_with(std::size_t line, const std::function<void(std::vector<std::string>&)>& edit) {
+  CsvCells cells = study_csv_cells();
+  edit(cells.at(line - 1));
+  std::string text;
+  for (const auto& row : cells) {
+    for (std::size_t i = 0; i < row.size(); ++i) text += (i ? "," : "") + row[i];
+    text += "\n";
+  }
+  return text;
+}
+// Cell `column` of a study CSV line set to `value`.
+std::function<void(std::vector<std::string>&)> set_cell(const std::string& column, const std::string& value) {
+  return [=](std::vector<std::string>& row) {
+    const std::vector<std::string> header = study_csv_cells().front();
+    row.at(static_cast<std::size_t>(std::find(header.begin(), header.end(), column) - header.begin())) = value;
+  };
 }
 
 std::vector<Case> cases() {
@@ -678,6 +712,32 @@ std::vector<Case> cases() {
                "traceEvents[1].dur", "3000", "duplicate key"});
   c.push_back({"diff_trace_duplicate_key", {{"t.json", duplicated(small_trace, "\"stages\": [\n  {", R"("kind": "gemm", )")}}, diff,
                T, "stages[0].kind", "\"h2d\"", "duplicate key"});
+  // --- every shipped input runs: oom plot STUDY.csv reads every row and cell before it plots
+  const std::string V = "{dir}/s.csv";
+  const std::vector<std::string> plot = {"plot", V, "--kind", "throughput", "-o", "{dir}/plot.png"};
+  c.push_back({"plot_csv_short_row", {{"s.csv", study_csv_with(3, [](auto& row) { row.resize(row.size() - 2); })}}, plot, V + ":3",
+               "", "", "column 'best_baseline' is missing"});
+  c.push_back({"plot_csv_long_row", {{"s.csv", study_csv_with(2, [](auto& row) { row.push_back("7"); })}}, plot, V + ":2", "", "",
+               "23 cells, the header only 22"});
+  c.push_back({"plot_csv_nan_step", {{"s.csv", study_csv_with(3, set_cell("step_s", "nan"))}}, plot, V + ":3", "step_s",
+               "\"nan\"", "finite number"});
+  c.push_back({"plot_csv_infinite_baseline", {{"s.csv", study_csv_with(2, set_cell("fsdp2-offload_step_s", "inf"))}}, plot, V + ":2",
+               "fsdp2-offload_step_s", "\"inf\"", "finite number"});
+  c.push_back({"plot_csv_word_for_gpus", {{"s.csv", study_csv_with(4, set_cell("gpus", "four"))}},
+               {"plot", V, "--kind", "memory", "-o", "{dir}/plot.png"}, V + ":4", "gpus", "\"four\"", "finite number"});
+  c.push_back({"plot_csv_absent_gpus", {{"s.csv", study_csv_with(2, set_cell("gpus", ""))}}, plot, V + ":2", "gpus", "\"\"",
+               "finite number"});
+  c.push_back({"plot_csv_header_without_step", {{"s.csv", study_csv_with(1, set_cell("step_s", "step"))}}, plot, V + ":1", "", "",
+               "no column 'step_s'"});
+  c.push_back({"plot_csv_open_quote", {{"s.csv", study_csv_with(3, set_cell("plan", "\"ep R23"))}}, plot, V + ":3", "", "",
+               "quoted cell"});
+  c.push_back({"plot_ablation_csv_word_for_step",
+               {{"a.csv", "workload,variant,step_s,optimizer_tail_s,gpu_peak_gib,study_peak_gib,fits_gpu,binding_peak,peak_change,"
+                          "step_change,gpu_peak_change,tail_speedup\n"
+                          "\"w\",\"standard\",4.5,0.5,60.00,10.00,yes,dispatch,0.0000,0.0000,0.0000,1.0000\n"
+                          "\"w\",\"LLEP\",slow,0.5,55.00,5.00,yes,dispatch,-0.5000,0.0100,-0.0800,1.0000\n"}},
+               {"plot", "{dir}/a.csv", "--kind", "ablation", "-o", "{dir}/plot.png"}, "{dir}/a.csv:3", "step_s", "\"slow\"",
+               "finite number"});
   return c;
 }
 
@@ -784,6 +844,7 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
                                              "calibrate", "validate", "ablation", "diff", "frobnicate", "@records"}));
                                              "calibrate", "validate", "ablation", "diff", "@records"}));
+                                             "calibrate", "validate", "ablation", "plot", "@records"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.
@@ -793,6 +854,7 @@ TEST(BadInputTable, UneditedInputsAreAccepted) {
   EXPECT_EQ(oom::cli::run({"memory", "--workload", kSrc + "/" + kWorkload, "--plan", kSrc + "/" + kPlan}, {out, err}), 0)
       << err.str();
   EXPECT_NO_THROW(oom::load_records(kSrc + "/traces/paper/paper-calibration.jsonl"));
+  EXPECT_NO_THROW(oom::check_study_csv(study_csv_with(1, [](auto&) {}), "s.csv"));
   const std::string calibration = kSrc + "/configs/calibration/h100-sxm-node.json";
   EXPECT_EQ(oom::cli::run({"simulate", "--workload", kSrc + "/" + kWorkload, "--plan", kSrc + "/" + kPlan, "--calibration",
                            calibration},

@@ -3,10 +3,12 @@
 #include "experiments/study.h"
 #include "experiments/paper_report.h"
 #include "experiments/ablation.h"
+#include "experiments/plan_finder.h"
 #include "experiments/published.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "tests/common/cluster_workload.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include <stdexcept>
 
 #include "costmodel/input_error.h"
+#include "planner/search/plan_search.h"
 
 namespace oom {
 namespace {
@@ -220,6 +223,80 @@ TEST(PlanVariant, BoundaryPoliciesSetOlseAndKeptBoundaries) {
   EXPECT_EQ(three.boundaries.host_kept, (std::vector<int>{0, 4}));
   EXPECT_EQ(three.boundaries.regenerate_cap, 3);
   for (const char* p : {"A", "B", "1+1", "3+1"}) EXPECT_EQ(boundary_policy_of(with_boundary_policy(local, p, 8)), p);
+}
+
+// The Local search may choose SCO (every boundary offloaded, one prefetched); a policy that
+// regenerates boundaries must not carry it, or the plan fails validate_plan (as Tables 6 and 7 of
+// `oom report-paper` did). The plan's other schedules stay as the search chose them.
+TEST(PlanVariant, BoundaryPoliciesKeepScoOnlyWhereEveryBoundaryIsOnTheHost) {
+  Workload w;
+  w.model = "tiny-moe";
+  w.hardware = "h100-sxm-node";
+  w.gpus = 1;
+  w.global_batch = 2;
+  w.seq_len = 256;
+  const WorkloadContext ctx = resolve_workload(w, "w");
+  Plan searched;
+  searched.path = ExpertPath::kLocal;
+  searched.flat.selective_checkpoint_offload = true;
+  searched.flat.optimizer_bucket_mib = 64;
+  ASSERT_NO_THROW(validate_plan(searched, ctx.model, ctx.workload, "plan"));
+  for (const char* p : {"A", "B", "1+1", "3+1"}) {
+    const Plan plan = with_boundary_policy(searched, p, ctx.model.layers);
+    EXPECT_EQ(plan.flat.selective_checkpoint_offload, plan.boundaries.host_kept_all) << p;
+    EXPECT_EQ(plan.flat.optimizer_bucket_mib, 64) << p;
+    EXPECT_NO_THROW(validate_plan(plan, ctx.model, ctx.workload, "plan")) << p;
+  }
+}
+
+// Tables 6 and 7 set the Local search's plan under each boundary policy; the search may choose
+// SCO, which only a policy that keeps every boundary on the host admits. Each variant's plan is
+// built as report-paper builds it (find_plan_by_search) and validates, or does not fit the GPU
+// (a row with its reason in the report); a plan that does not validate is an InputError that stops
+// the report.
+TEST(PaperStudies, BoundaryPolicyVariantsOfTables6And7Validate) {
+  int variants = 0, fitting = 0;
+  for (const char* name : {"table6-512k-split-keep-replay.json", "table7-policy-sweep.json"}) {
+    const std::string file = std::string(OOM_SOURCE_DIR) + "/experiments/paper/" + name;
+    for (const auto& c : expand_study(load_study(file))) {
+      SCOPED_TRACE(fmt::format("{} {} S={}", name, plan_variant_name(c.system), c.workload.seq_len));
+      ASSERT_EQ(c.system.kind, PlanVariant::Kind::kLocalPolicy);
+      const WorkloadContext ctx = resolve_workload(c.workload, file);
+      ++variants;
+      try {
+        const StudyPlan plan = find_plan_by_search(ctx, c.system);
+        EXPECT_NO_THROW(validate_plan(plan.plan, ctx.model, ctx.workload, file));
+        EXPECT_EQ(boundary_policy_of(plan.plan), c.system.policy);
+        ++fitting;
+      } catch (const InfeasibleWorkload&) {
+        // 3+1 at 512K holds three regenerated boundaries on the GPU: 81.3 GiB of its 80.
+      } catch (const InputError& e) {
+        ADD_FAILURE() << e.what();
+      }
+    }
+  }
+  EXPECT_EQ(variants, 3 + 3 * 4);
+  EXPECT_GE(fitting, 12);
+}
+
+// A study cut to its smallest cases: one workload per sweep (the first model, hardware and
+// budgets, the least GPUs, batch and context), every system kept.
+TEST(StudyFile, SmallestCasesKeepEverySweepAndSystem) {
+  StudySpec s = default_study();
+  s.sweeps[1].systems = {PlanVariant{}, *plan_variant_from_name("local:1+1")};
+  s.sweeps[1].host_budget_gib = {512, std::nullopt};
+  const StudySpec small = smallest_cases(s);
+  const auto cases = expand_study(small);
+  ASSERT_EQ(cases.size(), 3u);
+  EXPECT_EQ(cases[0].sweep, "batch");
+  EXPECT_EQ(cases[0].workload.global_batch, 16);
+  EXPECT_EQ(cases[0].workload.seq_len, 4096);
+  EXPECT_EQ(cases[1].workload.seq_len, 65536);
+  EXPECT_EQ(cases[1].workload.global_batch, 4);  // one sequence per GPU
+  EXPECT_EQ(cases[1].workload.host_budget_gib, 512);
+  EXPECT_EQ(cases[2].system, *plan_variant_from_name("local:1+1"));
+  // The cut study is a study file like any other.
+  EXPECT_EQ(expand_study(study_from_json(study_to_json(small), "s.json")).size(), 3u);
 }
 
 TEST(StudyFile, SystemsExpandEveryWorkloadOnceEachAndRoundTrip) {
