@@ -8,6 +8,8 @@
 // File-level problems (missing, empty, directory, broken JSON at the root) name the file and
 // what is wrong with it; there is no field to name. An unknown model name names no file: the
 // name is the value.
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -53,6 +55,7 @@ const char* kH200 = "configs/hardware/h200-node.json";
 const char* kWorkload = "experiments/default/workload.json";
 const char* kPlan = "experiments/default/plan-r23.json";
 constexpr const char* kDirectory = "\x01directory";  // file content that makes a folder instead
+constexpr const char* kFifo = "\x01fifo";            // file content that makes a FIFO (mkfifo) instead
 
 struct Case {
   std::string name;
@@ -494,6 +497,10 @@ std::vector<Case> cases() {
     c.push_back({"report_paper_published_bad_plan", {{"s.json", unchanged_study}, {"r.jsonl", bad_plan_record}}, with_records,
                  R + ":1", "plan.path", "\"gpu\"", "expected"});
   }
+
+  // --- the file system: an input that is no regular file
+  c.push_back({"model_fifo", {{"m.json", kFifo}}, model_show(), M, "", "", "is a FIFO, not a regular file"});
+  c.push_back({"records_fifo", {{"r.jsonl", kFifo}}, {"validate", R}, R, "", "", "is a FIFO, not a regular file"});
   return c;
 }
 
@@ -523,6 +530,8 @@ TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
   for (const auto& [name, content] : t.files) {
     if (content == kDirectory) {
       fs::create_directory(dir / name);
+    } else if (content == kFifo) {
+      ASSERT_EQ(::mkfifo((dir / name).c_str(), 0644), 0);
     } else {
       std::ofstream(dir / name, std::ios::binary) << substitute(content, dir);
     }
