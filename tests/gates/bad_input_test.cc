@@ -15,6 +15,7 @@
 #include <iostream>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -65,6 +66,7 @@ struct Case {
   std::string field;              // "" = a file-level problem
   std::string value;              // the value as the line prints it
   std::string reason;             // a word of the reason (optional)
+  std::vector<std::pair<std::string, std::string>> env = {};  // variables set for the run ("{dir}" substituted)
 };
 
 // Commands of each input kind; the file under test is {dir}/x.json.
@@ -498,9 +500,11 @@ std::vector<Case> cases() {
                  R + ":1", "plan.path", "\"gpu\"", "expected"});
   }
 
-  // --- the file system: an input that is no regular file
+  // --- the file system: an input that is no regular file, a configs folder that is not there
   c.push_back({"model_fifo", {{"m.json", kFifo}}, model_show(), M, "", "", "is a FIFO, not a regular file"});
   c.push_back({"records_fifo", {{"r.jsonl", kFifo}}, {"validate", R}, R, "", "", "is a FIFO, not a regular file"});
+  c.push_back({"config_dir_missing", {}, {"model", "list"}, "", "OOM_CONFIG_DIR", "\"{dir}/nowhere\"", "no such folder",
+               {{"OOM_CONFIG_DIR", "{dir}/nowhere"}}});
   return c;
 }
 
@@ -561,10 +565,23 @@ TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
       rc = oom::cli::kExitBadInput;
     }
   } else {
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    for (const auto& [name, value] : t.env) {
+      const char* was = std::getenv(name.c_str());
+      saved.emplace_back(name, was != nullptr ? std::optional<std::string>(was) : std::nullopt);
+      ::setenv(name.c_str(), substitute(value, dir).c_str(), 1);
+    }
     std::ostringstream out, err;
     rc = oom::cli::run(args, {out, err});
     out_text = out.str();
     err_text = err.str();
+    for (const auto& [name, was] : saved) {
+      if (was) {
+        ::setenv(name.c_str(), was->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());
+      }
+    }
   }
 
   EXPECT_EQ(rc, oom::cli::kExitBadInput) << err_text;
@@ -581,7 +598,7 @@ TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
   }
   if (!t.field.empty()) {
     EXPECT_NE(line.find("field '" + t.field + "'"), std::string::npos) << line;
-    EXPECT_NE(line.find("value " + t.value), std::string::npos) << line;
+    EXPECT_NE(line.find("value " + substitute(t.value, dir)), std::string::npos) << line;
   }
   if (!t.reason.empty()) {
     EXPECT_NE(line.find(t.reason), std::string::npos) << line;
