@@ -13,6 +13,7 @@
 #include "cli/study_output.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
+#include "costmodel/output_path.h"
 #include "experiments/ablation.h"
 #ifdef OOM_HAVE_PLOT
 #include "python/plot_bridge.h"
@@ -43,6 +44,11 @@ void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (a->smallest) spec = smallest_cases(std::move(spec));
     if (!a->engine.empty()) spec.engine = a->engine;
     const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
+    std::vector<std::string> outputs = {"ablation.csv", "ablation.json"};
+#ifdef OOM_HAVE_PLOT
+    if (!a->no_plots) outputs.push_back("ablation.png");
+#endif
+    check_output_folder(dir, outputs, {a->study_path});
     const WorkEstimate estimate = estimate_ablation(spec, a->study_path);  // before any line: it may find bad input
     io.err << "estimate: " << estimate.text() << "\n";
     const AblationResult r = run_ablation(spec, engines, a->study_path, study_progress(io.err));

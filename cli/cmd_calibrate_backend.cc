@@ -17,6 +17,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
+#include "costmodel/output_path.h"
 #include "planner/calibration/calibrate.h"
 #include "traces/records.h"
 
@@ -38,6 +39,12 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
   const std::string hw_path = a.hardware_out.empty() ? config_folder("hardware") + "/" + a.name + ".json" : a.hardware_out;
   const std::string cal_path = a.calibration_out.empty() ? config_root() + "/calibration/" + a.name + ".json" : a.calibration_out;
   const std::string rec_path = a.records_out.empty() ? config_root() + "/../traces/recorded/" + a.name + ".jsonl" : a.records_out;
+  // Checked before the machine is measured: with --refit the hardware and records are inputs.
+  if (a.refit) {
+    check_output_files({cal_path}, {hw_path, rec_path});
+  } else {
+    check_output_files({hw_path, rec_path, cal_path}, {});
+  }
 
   RecordSet records;
   HardwareSpec hw;

@@ -23,6 +23,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
+#include "costmodel/output_path.h"
 #include "traces/trace.h"
 
 namespace oom::cli {
@@ -134,6 +135,7 @@ void add_diff_commands(CLI::App& app, Io io) {
   d->add_flag("--json", a->json, "Print one JSON object");
   d->add_option("-o,--output", a->output, "Write the output to this file (atomically) instead of stdout");
   d->callback([=] {
+    check_output_files({a->output}, {a->predicted, a->measured});
     const StepTimes p = load_step(a->predicted), m = load_step(a->measured);
     std::map<std::string, Row> rows;
     for (const auto& [name, s] : p.stages) {

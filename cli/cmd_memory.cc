@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/cli.h"
+#include "costmodel/output_path.h"
 #include "costmodel/params.h"
 #include "planner/engine/cost_report.h"
 #include "planner/lowering/memory_report.h"
@@ -21,13 +22,15 @@ struct PlanInputs {
   std::string output;
 };
 
-// Loads and cross-checks the workload and plan; a missing path takes the default.
+// Checks the output, then loads and cross-checks the workload and plan; a missing path takes the
+// default.
 struct Loaded {
   WorkloadContext ctx;
   Plan plan;
 };
 
 Loaded load_inputs(const PlanInputs& in) {
+  check_output_files({in.output}, {in.workload_path, in.plan_path});
   Workload w = in.workload_path.empty() ? default_workload() : load_workload(in.workload_path);
   apply_nodes_option(w, in.nodes);
   const std::string wfile = in.workload_path.empty() ? "(default workload)" : in.workload_path;

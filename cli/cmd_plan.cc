@@ -18,6 +18,7 @@
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "costmodel/input_limits.h"
+#include "costmodel/output_path.h"
 #include "planner/engine/step_engine.h"
 #include "planner/plan/plan_presets.h"
 #include "planner/search/plan_search.h"
@@ -61,6 +62,7 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
   c->add_flag("--no-flat", a->no_flat,
               "Plan without FLAT's schedules (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW)");
   c->callback([=, compare_executor = std::move(compare_executor)] {
+    check_output_files({a->output}, {a->workload_path});
     if (a->path != "ep" && a->path != "local" && a->path != "auto") {
       throw InputError("", "--path", "\"" + a->path + "\"", "expected ep, local or auto");
     }

@@ -12,6 +12,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
+#include "costmodel/output_path.h"
 #include "experiments/ablation.h"
 #include "experiments/study.h"
 #ifdef OOM_HAVE_PLOT
@@ -72,11 +73,12 @@ void add_plot_commands(CLI::App& app, Io io) {
     if (a->kind != "throughput" && a->kind != "memory" && a->kind != "timeline" && a->kind != "ablation") {
       throw InputError("", "--kind", "\"" + a->kind + "\"", "unknown plot kind (throughput, memory, timeline, ablation)");
     }
+    const std::string out = a->output.empty() ? default_output(a->input, a->kind) : a->output;
+    check_output_files({out}, {a->input});
     const std::string text = read_input_file(a->input, a->kind == "timeline"   ? "a trace JSON file"
                                                        : a->kind == "ablation" ? "an ablation CSV file"
                                                                                : "a study CSV file");
     check_input(a->input, a->kind, text);
-    const std::string out = a->output.empty() ? default_output(a->input, a->kind) : a->output;
 #ifdef OOM_HAVE_PLOT
     if (!a->sweep.empty() && a->kind == "throughput") {
       const auto sweeps = study_csv_sweeps(text);

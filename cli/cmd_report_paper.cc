@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -17,6 +18,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
+#include "costmodel/output_path.h"
 #include "experiments/paper_report.h"
 #include "experiments/plan_finder.h"
 #include "experiments/published.h"
@@ -51,14 +53,29 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
     const auto started = std::chrono::steady_clock::now();
     const std::string dir = a->studies.empty() ? default_studies_dir() : a->studies;
     std::vector<StudySpec> specs;
+    std::vector<std::string> inputs = {dir, a->published}, outputs = {"report.md"};
+    std::map<std::string, std::pair<std::string, std::string>> by_folder;  // DIR/SUB/ of a study -> its file and name
     for (const auto& file : paper_study_files(dir)) {
       StudySpec spec = load_study(file);
       if (a->smallest) spec = smallest_cases(std::move(spec));
+      const std::string sub = file_safe(spec.name);
+      if (const auto [it, fresh] = by_folder.try_emplace(sub, file, spec.name); !fresh) {
+        const auto& [other_file, other_name] = it->second;
+        throw InputError(file, "name", "\"" + spec.name + "\"",
+                         fmt::format("{} has the same name{}: both studies would write {}/{}/", other_file,
+                                     other_name == spec.name ? "" : " as a folder (\"" + other_name + "\")", a->output, sub));
+      }
+      inputs.push_back(file);
+      for (const auto& name : {std::string("study.csv"), std::string("study.json")}) outputs.push_back(sub + "/" + name);
+      if (!a->no_plots) {
+        for (const auto& p : study_plot_names(spec)) outputs.push_back(sub + "/" + p);
+      }
       if (!a->engine.empty()) spec.engine = a->engine;
       if (!engines.has(spec.engine)) throw InputError(file, "engine", "\"" + spec.engine + "\"", "unknown engine");
       for (const auto& sc : expand_study(spec)) resolve_workload(sc.workload, fmt::format("{} (sweep {})", file, sc.sweep));
       specs.push_back(std::move(spec));
     }
+    check_output_folder(a->output, outputs, inputs);
     std::optional<RecordSet> records;
     if (!a->published.empty()) {
       records = load_records(a->published);

@@ -16,6 +16,8 @@
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "costmodel/config_paths.h"
+#include "costmodel/output_path.h"
 #include "planner/calibration/calibrate.h"
 #include "planner/calibration/cross_validation.h"
 #include "planner/calibration/validation.h"
@@ -103,15 +105,17 @@ void apply_search_options(const CalibrateArgs& a, FitOptions& o) {
   o.robust_scale = a.robust_scale;
 }
 
-// The published breakdowns of `explicit_path`, else of published-breakdowns.json beside the
-// records file when there is one, else none.
+// The file of the published breakdowns: `explicit_path`, else published-breakdowns.json beside
+// the records file when there is one, else "" (none).
+std::string published_breakdowns_path(const std::string& records_path, const std::string& explicit_path) {
+  if (!explicit_path.empty()) return explicit_path;
+  const auto beside = std::filesystem::path(records_path).parent_path() / "published-breakdowns.json";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(beside, ec) ? beside.string() : std::string();
+}
+
 std::vector<PublishedBreakdown> published_breakdowns(const std::string& records_path, const std::string& explicit_path) {
-  std::string path = explicit_path;
-  if (path.empty()) {
-    const auto beside = std::filesystem::path(records_path).parent_path() / "published-breakdowns.json";
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(beside, ec)) path = beside.string();
-  }
+  const std::string path = published_breakdowns_path(records_path, explicit_path);
   return path.empty() ? std::vector<PublishedBreakdown>{} : load_published_breakdowns(path);
 }
 
@@ -135,6 +139,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   s->add_flag("--json", sim->json, "Print one JSON object");
   s->add_option("-o,--output", sim->output, "Write the report to this file (atomically) instead of stdout");
   s->callback([=] {
+    check_output_files({sim->output, sim->trace_path}, {sim->workload_path, sim->plan_path, sim->calibration_path});
     Workload w = load_workload(sim->workload_path);
     apply_nodes_option(w, sim->nodes);
     const WorkloadContext ctx = resolve_workload(w, sim->workload_path);
@@ -170,6 +175,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   v->add_option("--published", val->published,
                 "Published breakdowns (default: published-breakdowns.json beside the records file, when present)");
   v->callback([=] {
+    check_output_files({val->output}, {val->records_path, published_breakdowns_path(val->records_path, val->published)});
     if (!engines.has(val->engine)) {
       throw InputError("", "--engine", "\"" + val->engine + "\"", "unknown engine");
     }
@@ -246,6 +252,8 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (cross && hold_out_given) {
       throw InputError("", "--hold-out", "\"" + cal->hold_out + "\"", "not with --cross-validate (each fold holds out its own group)");
     }
+    check_output_files({cal->output}, {cal->records_path, resolve_config("hardware", cal->hardware).value_or(cal->hardware),
+                                       published_breakdowns_path(cal->records_path, cal->published)});
     FitOptions search;  // the fit's search options, checked before anything is loaded
     apply_search_options(*cal, search);
     const HardwareSpec hw = load_hardware_spec(cal->hardware);

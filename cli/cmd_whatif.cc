@@ -20,6 +20,7 @@
 #include "cli/study_output.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
+#include "costmodel/output_path.h"
 #include "experiments/plan_finder.h"
 #include "experiments/published.h"
 #include "experiments/study.h"
@@ -65,16 +66,28 @@ StudyProgress study_progress(std::ostream& err) {
   return [&err, terminal](int done, int total, const std::string& label) { draw_progress(err, terminal, done, total, label); };
 }
 
+std::vector<std::string> study_plot_names(const StudySpec& spec) {
+  std::vector<std::string> names;
+#ifdef OOM_HAVE_PLOT
+  for (const auto& sweep : spec.sweeps) names.push_back("throughput-" + file_safe(sweep.name) + ".png");
+  names.push_back("memory.png");
+#else
+  (void)spec;
+#endif
+  return names;
+}
+
 std::vector<std::string> write_study_plots(const StudyResult& r, const std::string& csv, const std::string& dir, Io io) {
   std::vector<std::string> written;
 #ifdef OOM_HAVE_PLOT
-  for (const auto& sweep : r.spec.sweeps) {
-    const std::string path = dir + "/throughput-" + file_safe(sweep.name) + ".png";
-    write_file_atomically(path, render_plot_png(PlotKind::kThroughput, csv, sweep.name));
+  const std::vector<std::string> names = study_plot_names(r.spec);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string path = dir + "/" + names[i];
+    const bool memory = i == r.spec.sweeps.size();  // the last: memory.png
+    write_file_atomically(path, memory ? render_plot_png(PlotKind::kMemory, csv)
+                                       : render_plot_png(PlotKind::kThroughput, csv, r.spec.sweeps[i].name));
     written.push_back(path);
   }
-  write_file_atomically(dir + "/memory.png", render_plot_png(PlotKind::kMemory, csv));
-  written.push_back(dir + "/memory.png");
 #else
   (void)r, (void)csv, (void)dir;
   io.err << "plots skipped: this oom was built without the Python plotting bridge\n";
@@ -99,6 +112,12 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (a->smallest) spec = smallest_cases(std::move(spec));
     if (!a->engine.empty()) spec.engine = a->engine;
     if (!engines.has(spec.engine)) throw InputError(a->study_path, "engine", "\"" + spec.engine + "\"", "unknown engine");
+    const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
+    std::vector<std::string> outputs = {"study.csv", "study.json"};
+    if (!a->no_plots) {
+      for (const auto& p : study_plot_names(spec)) outputs.push_back(p);
+    }
+    check_output_folder(dir, outputs, {a->study_path, a->published});
     // Resolve every case before the long run, so bad input fails at once and writes nothing.
     for (const auto& c : expand_study(spec)) resolve_workload(c.workload, fmt::format("{} (sweep {})", a->study_path.empty() ? "default study" : a->study_path, c.sweep));
     // The records are read before the long run too: a bad line fails at once.
@@ -109,7 +128,6 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
       probe.spec = spec;
       attach_published(probe, *records, a->published);
     }
-    const std::string dir = a->output.empty() ? "results/" + file_safe(spec.name) : a->output;
     const WorkEstimate estimate = estimate_study(spec);  // before any line: it may find bad input
     io.err << "estimate: " << estimate.text() << "\n";
     StudyResult r = run_study(spec, engines, &find_plan_by_search, study_progress(io.err));

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "costmodel/output_path.h"
+
 namespace oom {
 namespace {
 
@@ -20,7 +22,8 @@ namespace {
 
 void write_file_atomically(const std::string& path, std::string_view content) {
   namespace fs = std::filesystem;
-  const fs::path target(path);
+  // A link is followed: its target is replaced, beside it, and the link stays (output_path.h).
+  const fs::path target(output_target(path));
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::string tmpl = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
   const int fd = ::mkstemp(tmpl.data());
@@ -50,7 +53,7 @@ void write_file_atomically(const std::string& path, std::string_view content) {
     ::unlink(tmpl.c_str());
     fail(path, "close", err);
   }
-  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+  if (::rename(tmpl.c_str(), target.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmpl.c_str());
     fail(path, "rename into place", err);

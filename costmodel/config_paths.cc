@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <fmt/format.h>
+
+#include "costmodel/input_error.h"
+
 #ifndef OOM_SOURCE_CONFIG_DIR
 #define OOM_SOURCE_CONFIG_DIR "configs"
 #endif
@@ -11,7 +15,15 @@
 namespace oom {
 
 std::string config_root() {
-  if (const char* env = std::getenv("OOM_CONFIG_DIR"); env != nullptr && *env != '\0') return env;
+  if (const char* env = std::getenv("OOM_CONFIG_DIR"); env != nullptr && *env != '\0') {
+    // Pointing nowhere would make every name unknown and every list empty, without a word.
+    std::error_code ec;
+    if (!std::filesystem::is_directory(env, ec)) {
+      throw InputError("", "OOM_CONFIG_DIR", fmt::format("\"{}\"", env),
+                       "no such folder (the environment variable names the configs folder, which holds models/ and hardware/)");
+    }
+    return env;
+  }
   return OOM_SOURCE_CONFIG_DIR;
 }
 

@@ -1,6 +1,8 @@
 // Where named configs live: configs/models/NAME.json, configs/hardware/NAME.json.
 //
 // The root is $OOM_CONFIG_DIR when set, else the source tree's configs/ recorded at build time.
+// $OOM_CONFIG_DIR set to anything that is not a folder is an InputError naming the variable and
+// its value (config_root() and everything that calls it), not an empty catalogue.
 #pragma once
 
 #include <optional>

@@ -1,26 +1,55 @@
 #include "costmodel/json_input.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <cstring>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "costmodel/input_error.h"
+#include "costmodel/output_path.h"
 
 namespace oom {
 
 std::string read_input_file(const std::string& path, const std::string& expected) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw InputError(path, "file not found");
-  if (fs::is_directory(path, ec)) throw InputError(path, "is a directory, expected " + expected);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "cannot be read");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  // The type is checked before the file is opened: opening a FIFO blocks until a writer comes,
+  // and opening some devices acts on them. O_NONBLOCK and fstat() cover a swap in between.
+  auto refuse_unless_regular = [&](const struct stat& st) {
+    if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, expected " + expected);
+    if (!S_ISREG(st.st_mode)) throw InputError(path, fmt::format("is {}, not a regular file: expected {}", file_type_name(st.st_mode), expected));
+  };
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) throw InputError(path, "file not found");
+    throw InputError(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+  }
+  refuse_unless_regular(st);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw InputError(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+  std::string text;
+  try {
+    if (::fstat(fd, &st) != 0) throw InputError(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+    refuse_unless_regular(st);
+    text.reserve(static_cast<std::size_t>(st.st_size));
+    char buffer[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw InputError(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+      if (n == 0) break;
+      text.append(buffer, static_cast<std::size_t>(n));
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return text;
 }
 
 nlohmann::json read_json_file(const std::string& path) { return parse_json_text(read_input_file(path, "a JSON file"), path); }

@@ -24,7 +24,9 @@ namespace oom {
 inline constexpr const char* kOomVersionKey = "oom_version";
 
 // Reads a whole input file. Throws InputError when it is missing, a directory (the message says
-// `expected`, e.g. "a JSON file"), or unreadable.
+// `expected`, e.g. "a JSON file"), anything else that is not a regular file after its links are
+// followed (a FIFO, a device, a socket: refused before it is opened, so a FIFO never blocks), or
+// unreadable. Every input file of the simulator side is read through here.
 std::string read_input_file(const std::string& path, const std::string& expected);
 
 // Loads and parses one JSON document. Throws InputError when the file is missing, is a

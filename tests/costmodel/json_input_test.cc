@@ -1,6 +1,9 @@
 // JsonReader: type and range checks with errors naming file, field path and value.
 #include "costmodel/json_input.h"
 
+#include <sys/stat.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -86,6 +89,21 @@ TEST(JsonInput, OomVersionIsKnownAtTheRootOnly) {
   const nlohmann::json number = {{"oom_version", 1.2}};
   EXPECT_EQ(error_of([&] { JsonReader(number, "x.json").reject_unknown_keys({"a"}); }),
             "x.json: field 'oom_version': value 1.2: expected a string (the oom release that wrote the file)");
+}
+
+// A FIFO (or a link to one) given as an input is refused at once, without opening it: opening a
+// FIFO for reading blocks until a writer comes.
+TEST(JsonInput, AFifoIsRefusedWithoutBlocking) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "oom-input-fifo-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::filesystem::path dir = tmpl;
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0644), 0);
+  std::filesystem::create_symlink("config.json", dir / "link.json");
+  for (const auto& p : {dir / "config.json", dir / "link.json"}) {
+    EXPECT_EQ(error_of([&] { read_json_file(p.string()); }), p.string() + ": is a FIFO, not a regular file: expected a JSON file");
+  }
+  EXPECT_EQ(error_of([&] { read_input_file("/dev/null", "a trace"); }), "/dev/null: is a character device, not a regular file: expected a trace");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

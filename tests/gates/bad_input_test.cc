@@ -8,12 +8,15 @@
 // File-level problems (missing, empty, directory, broken JSON at the root) name the file and
 // what is wrong with it; there is no field to name. An unknown model name names no file: the
 // name is the value.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -64,6 +67,7 @@ const char* kH200 = "configs/hardware/h200-node.json";
 const char* kWorkload = "experiments/default/workload.json";
 const char* kPlan = "experiments/default/plan-r23.json";
 constexpr const char* kDirectory = "\x01directory";  // file content that makes a folder instead
+constexpr const char* kFifo = "\x01fifo";            // file content that makes a FIFO (mkfifo) instead
 
 struct Case {
   std::string name;
@@ -73,6 +77,7 @@ struct Case {
   std::string field;              // "" = a file-level problem
   std::string value;              // the value as the line prints it
   std::string reason;             // a word of the reason (optional)
+  std::vector<std::pair<std::string, std::string>> env = {};  // variables set for the run ("{dir}" substituted)
 };
 
 // Commands of each input kind; the file under test is {dir}/x.json.
@@ -738,6 +743,11 @@ std::vector<Case> cases() {
                           "\"w\",\"LLEP\",slow,0.5,55.00,5.00,yes,dispatch,-0.5000,0.0100,-0.0800,1.0000\n"}},
                {"plot", "{dir}/a.csv", "--kind", "ablation", "-o", "{dir}/plot.png"}, "{dir}/a.csv:3", "step_s", "\"slow\"",
                "finite number"});
+  // --- the file system: an input that is no regular file, a configs folder that is not there
+  c.push_back({"model_fifo", {{"m.json", kFifo}}, model_show(), M, "", "", "is a FIFO, not a regular file"});
+  c.push_back({"records_fifo", {{"r.jsonl", kFifo}}, {"validate", R}, R, "", "", "is a FIFO, not a regular file"});
+  c.push_back({"config_dir_missing", {}, {"model", "list"}, "", "OOM_CONFIG_DIR", "\"{dir}/nowhere\"", "no such folder",
+               {{"OOM_CONFIG_DIR", "{dir}/nowhere"}}});
   return c;
 }
 
@@ -767,6 +777,8 @@ TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
   for (const auto& [name, content] : t.files) {
     if (content == kDirectory) {
       fs::create_directory(dir / name);
+    } else if (content == kFifo) {
+      ASSERT_EQ(::mkfifo((dir / name).c_str(), 0644), 0);
     } else {
       std::ofstream(dir / name, std::ios::binary) << substitute(content, dir);
     }
@@ -796,10 +808,23 @@ TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
       rc = oom::cli::kExitBadInput;
     }
   } else {
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    for (const auto& [name, value] : t.env) {
+      const char* was = std::getenv(name.c_str());
+      saved.emplace_back(name, was != nullptr ? std::optional<std::string>(was) : std::nullopt);
+      ::setenv(name.c_str(), substitute(value, dir).c_str(), 1);
+    }
     std::ostringstream out, err;
     rc = oom::cli::run(args, {out, err});
     out_text = out.str();
     err_text = err.str();
+    for (const auto& [name, was] : saved) {
+      if (was) {
+        ::setenv(name.c_str(), was->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());
+      }
+    }
   }
 
   EXPECT_EQ(rc, oom::cli::kExitBadInput) << err_text;
@@ -816,7 +841,7 @@ TEST_P(BadInput, OneLineNamingFileFieldValueExit2NothingWritten) {
   }
   if (!t.field.empty()) {
     EXPECT_NE(line.find("field '" + t.field + "'"), std::string::npos) << line;
-    EXPECT_NE(line.find("value " + t.value), std::string::npos) << line;
+    EXPECT_NE(line.find("value " + substitute(t.value, dir)), std::string::npos) << line;
   }
   if (!t.reason.empty()) {
     EXPECT_NE(line.find(t.reason), std::string::npos) << line;
