@@ -12,10 +12,12 @@
 #include <set>
 
 #include <CLI/CLI.hpp>
+#include <fmt/ranges.h>
 #include <fmt/format.h>
 
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
+#include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/output_path.h"
 #include "planner/calibration/calibrate.h"
@@ -36,12 +38,14 @@ struct SimulateArgs {
 };
 
 struct ValidateArgs {
-  std::string records_path, engine = "analytic", output, explain, published;
+  std::vector<std::string> records_paths;
+  std::string engine = "analytic", output, explain, published;
   bool json = false;
 };
 
 struct CalibrateArgs {
-  std::string records_path, hardware, output, cross_validate, published, engine = "analytic";
+  std::vector<std::string> records_paths, hardware;
+  std::string output, cross_validate, published, engine = "analytic";
   bool measured_device = false;
   double breakdown_weight = 0.0;
   // The fit's search (FitOptions): starting points, screening, finalists, the prior's pull.
@@ -57,15 +61,20 @@ struct CalibrateArgs {
 
 // The ids `--hold-out` names: "none" holds out nothing; otherwise comma-separated ids, each of a
 // record of `hw` in `records` (a misspelt id would silently fit the record it meant to check).
-std::vector<std::string> held_out_ids(const std::string& value, const RecordSet& records, const HardwareSpec& hw,
+std::vector<std::string> held_out_ids(const std::string& value, const RecordSet& records, const std::vector<HardwareSpec>& hws,
                                       const std::string& records_path) {
   if (value == "none") return {};
-  std::set<std::string> known;
+  std::set<std::string> known, names;
+  std::string hw_names;
+  for (const HardwareSpec& hw : hws) {
+    names.insert(hw.name);
+    hw_names += (hw_names.empty() ? "" : ", ") + hw.name;
+  }
   for (const auto& r : records.steps) {
-    if (r.workload.hardware == hw.name) known.insert(r.id);
+    if (names.count(r.workload.hardware)) known.insert(r.id);
   }
   for (const auto& o : records.operators) {
-    if (o.hardware == hw.name) known.insert(o.id);
+    if (names.count(o.hardware)) known.insert(o.id);
   }
   std::vector<std::string> ids;
   std::size_t begin = 0;
@@ -74,7 +83,7 @@ std::vector<std::string> held_out_ids(const std::string& value, const RecordSet&
     const std::string id = value.substr(begin, end - begin);
     if (id.empty()) throw InputError("", "--hold-out", "\"" + value + "\"", "an empty id (comma-separated ids, or none)");
     if (!known.count(id)) {
-      throw InputError("", "--hold-out", "\"" + id + "\"", fmt::format("no record of {} in {} has this id", hw.name, records_path));
+      throw InputError("", "--hold-out", "\"" + id + "\"", fmt::format("no record of {} in {} has this id", hw_names, records_path));
     }
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     if (end == value.size()) break;
@@ -117,6 +126,36 @@ std::string published_breakdowns_path(const std::string& records_path, const std
 std::vector<PublishedBreakdown> published_breakdowns(const std::string& records_path, const std::string& explicit_path) {
   const std::string path = published_breakdowns_path(records_path, explicit_path);
   return path.empty() ? std::vector<PublishedBreakdown>{} : load_published_breakdowns(path);
+}
+
+// The records files as one name for messages ("a.jsonl, b.jsonl").
+std::string joined(const std::vector<std::string>& paths) { return fmt::format("{}", fmt::join(paths, ", ")); }
+
+// The hardware `--hardware` names: names or paths, or "all": every hardware the records name, in
+// the order they first appear (step records with a measured time, then operator records).
+std::vector<HardwareSpec> hardware_to_fit(const std::vector<std::string>& given, const RecordSet& records) {
+  std::vector<std::string> names;
+  auto add = [&](const std::string& n) {
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  };
+  for (const std::string& g : given) {
+    if (g != "all") {
+      add(g);
+      continue;
+    }
+    for (const auto& r : records.steps) {
+      if (r.measured.step_s) add(r.workload.hardware);
+    }
+    for (const auto& o : records.operators) add(o.hardware);
+  }
+  std::vector<HardwareSpec> out;
+  for (const std::string& n : names) {
+    HardwareSpec h = load_hardware_spec(n);
+    const bool twice = std::any_of(out.begin(), out.end(), [&](const HardwareSpec& o) { return o.name == h.name; });
+    if (twice) throw InputError("", "--hardware", "\"" + n + "\"", "names a hardware given already (" + h.name + ")");
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 }  // namespace
@@ -166,7 +205,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto val = std::make_shared<ValidateArgs>();
   auto* v = app.add_subcommand("validate", "Predict every step record of a JSON Lines file and compare with the measurement");
   add_max_stages_option(v);
-  v->add_option("records", val->records_path, "Recorded measurements (JSON Lines)")->required();
+  v->add_option("records", val->records_paths, "Recorded measurements (JSON Lines; several files are read as one set)")->required();
   v->add_option("--engine", val->engine, engine_help);
   v->add_flag("--json", val->json, "Print one JSON object (count, median/max |relative error|, records)");
   v->add_option("-o,--output", val->output, "Write the output to this file (atomically) instead of stdout");
@@ -175,14 +214,16 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   v->add_option("--published", val->published,
                 "Published breakdowns (default: published-breakdowns.json beside the records file, when present)");
   v->callback([=] {
-    check_output_files({val->output}, {val->records_path, published_breakdowns_path(val->records_path, val->published)});
+    std::vector<std::string> inputs = val->records_paths;
+    inputs.push_back(published_breakdowns_path(val->records_paths.front(), val->published));
+    check_output_files({val->output}, inputs);
     if (!engines.has(val->engine)) {
       throw InputError("", "--engine", "\"" + val->engine + "\"", "unknown engine");
     }
-    const RecordSet records = load_records(val->records_path);
+    const RecordSet records = load_records(val->records_paths);
     if (!val->explain.empty()) {
-      const std::vector<PublishedBreakdown> breakdowns = published_breakdowns(val->records_path, val->published);
-      const StepExplanation e = explain_record(records, val->records_path, val->explain, engines, val->engine, breakdowns);
+      const std::vector<PublishedBreakdown> breakdowns = published_breakdowns(val->records_paths.front(), val->published);
+      const StepExplanation e = explain_record(records, joined(val->records_paths), val->explain, engines, val->engine, breakdowns);
       emit(val->output, val->json ? explanation_to_json(e).dump(2) + "\n" : explanation_text(e), io);
       return;
     }
@@ -193,9 +234,14 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   auto cal = std::make_shared<CalibrateArgs>();
   auto* c = app.add_subcommand("calibrate", "Fit a hardware's physical constants to recorded measurements (least squares)");
   add_max_stages_option(c);
-  c->add_option("--records", cal->records_path, "Recorded measurements (JSON Lines)");
-  c->add_option("--hardware", cal->hardware, "Hardware name or path (configs/hardware)");
-  c->add_option("-o,--output", cal->output, "Calibration file to write (e.g. configs/calibration/NAME.json)");
+  c->add_option("--records", cal->records_paths, "Recorded measurements (JSON Lines; several files are read as one set)");
+  c->add_option("--hardware", cal->hardware,
+                "Hardware names or paths (configs/hardware), or all: every hardware the records name. Several are fitted "
+                "together: GPU constants per GPU architecture, collectives per fabric kind, link and CPU rates as one fraction of "
+                "each datasheet's");
+  c->add_option("-o,--output", cal->output,
+                "Calibration file to write (e.g. configs/calibration/NAME.json); with several hardware, the folder that takes "
+                "NAME.json (NAME.ENGINE.json for another engine than analytic) of each");
   c->add_flag("--json", cal->json, "Print the fit summary (or the cross-validation) as JSON");
   c->add_option("--engine", cal->engine, "Engine the fit matches and that predicts: " + fmt::format("{}", fmt::join(engines.names(), " | ")));
   c->add_option("--published", cal->published,
@@ -233,13 +279,14 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
   c->callback([=] {
     if (backend()) return;
     const bool cross = !cal->cross_validate.empty();
-    for (const auto& [flag, value] : {std::pair{"--records", cal->records_path}, std::pair{"--hardware", cal->hardware},
-                                      std::pair{"--output", cross ? std::string("-") : cal->output}}) {
-      if (value.empty()) throw InputError("", flag, "missing", "required (or --backend to measure this machine)");
+    for (const auto& [flag, given] : {std::pair{"--records", !cal->records_paths.empty()}, std::pair{"--hardware", !cal->hardware.empty()},
+                                      std::pair{"--output", cross || !cal->output.empty()}}) {
+      if (!given) throw InputError("", flag, "missing", "required (or --backend to measure this machine)");
     }
     const std::optional<CvGrouping> grouping = cv_grouping_from_name(cal->cross_validate);
     if (cross && !grouping) {
-      throw InputError("", "--cross-validate", "\"" + cal->cross_validate + "\"", "unknown grouping (model, hardware, gpus, path, record)");
+      throw InputError("", "--cross-validate", "\"" + cal->cross_validate + "\"",
+                       "unknown grouping (model, hardware, gpus, path, record, class)");
     }
     if (!engines.has(cal->engine)) {
       throw InputError("", "--engine", "\"" + cal->engine + "\"", "unknown engine");
@@ -252,13 +299,25 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (cross && hold_out_given) {
       throw InputError("", "--hold-out", "\"" + cal->hold_out + "\"", "not with --cross-validate (each fold holds out its own group)");
     }
-    check_output_files({cal->output}, {cal->records_path, resolve_config("hardware", cal->hardware).value_or(cal->hardware),
-                                       published_breakdowns_path(cal->records_path, cal->published)});
+    std::vector<std::string> inputs = cal->records_paths;
+    for (const std::string& h : cal->hardware) inputs.push_back(resolve_config("hardware", h).value_or(h));
+    inputs.push_back(published_breakdowns_path(cal->records_paths.front(), cal->published));
+    // One hardware: -o is its calibration file, checked before anything is loaded. Several (or
+    // "all", which the records resolve): -o is the folder of their files.
+    const bool maybe_several = !cross && (cal->hardware.size() > 1 || cal->hardware.front() == "all");
+    if (!maybe_several) check_output_files({cal->output}, inputs);
     FitOptions search;  // the fit's search options, checked before anything is loaded
     apply_search_options(*cal, search);
-    const HardwareSpec hw = load_hardware_spec(cal->hardware);
-    const RecordSet records = load_records(cal->records_path);
-    const std::map<std::string, double> anchors = published_compute_times_s(published_breakdowns(cal->records_path, cal->published));
+    const RecordSet records = load_records(cal->records_paths);
+    const std::vector<HardwareSpec> hws = hardware_to_fit(cal->hardware, records);
+    if (hws.empty()) throw InputError(joined(cal->records_paths), "--hardware all: no record names a hardware");
+    const bool several = hws.size() > 1 && !cross;
+    std::vector<std::string> files;
+    for (const HardwareSpec& h : hws) files.push_back(h.name + (cal->engine == "analytic" ? "" : "." + cal->engine) + ".json");
+    if (several) check_output_folder(cal->output, files, inputs);
+    else if (maybe_several) check_output_files({cal->output}, inputs);
+    const std::map<std::string, double> anchors =
+        published_compute_times_s(published_breakdowns(cal->records_paths.front(), cal->published));
     if (cross) {
       CvOptions options;
       options.fit = search;
@@ -269,19 +328,26 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
       options.fit.compute_anchors_s = anchors;
       if (cal->measured_device) use_measured_device(options.fit);
       options.fit.breakdown_weight = cal->breakdown_weight;
-      const CrossValidation cv = cross_validate(records, hw, options);
+      const CrossValidation cv = cross_validate(records, hws, options);
       emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
     }
     FitOptions options = search;
-    if (hold_out_given) options.held_out_ids = held_out_ids(cal->hold_out, records, hw, cal->records_path);
+    if (hold_out_given) options.held_out_ids = held_out_ids(cal->hold_out, records, hws, joined(cal->records_paths));
     options.engine = cal->engine;
     options.engines = engines;
     options.compute_anchors_s = anchors;
     if (cal->measured_device) use_measured_device(options);
     options.breakdown_weight = cal->breakdown_weight;
-    const CalibrationFit fit = fit_calibration(records, hw, options);
-    emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
+    const CalibrationFit fit = fit_calibration(records, hws, options);
+    if (several) {
+      std::filesystem::create_directories(cal->output);
+      for (std::size_t h = 0; h < hws.size(); ++h) {
+        write_file_atomically((std::filesystem::path(cal->output) / files[h]).string(), calibration_to_json(fit.calibrations[h]).dump(2) + "\n");
+      }
+    } else {
+      emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
+    }
     io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));
   });
 }

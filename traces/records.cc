@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -108,6 +109,27 @@ RecordSet load_records(const std::string& path) {
     if (!ids.insert(id).second) throw InputError(origin, "id", "\"" + id + "\"", "duplicate record id");
   }
   if (number == 0 || set.steps.size() + set.operators.size() == 0) throw InputError(path, "empty, expected JSON Lines records");
+  return set;
+}
+
+RecordSet load_records(const std::vector<std::string>& paths) {
+  RecordSet set;
+  std::map<std::string, std::string> origin_of;  // id → "FILE:LINE" of its first record
+  for (const std::string& path : paths) {
+    RecordSet one = load_records(path);
+    for (auto& r : one.steps) {
+      if (auto [it, added] = origin_of.emplace(r.id, r.origin); !added) {
+        throw InputError(r.origin, "id", "\"" + r.id + "\"", "duplicate record id (also " + it->second + ")");
+      }
+      set.steps.push_back(std::move(r));
+    }
+    for (auto& o : one.operators) {
+      if (auto [it, added] = origin_of.emplace(o.id, o.origin); !added) {
+        throw InputError(o.origin, "id", "\"" + o.id + "\"", "duplicate record id (also " + it->second + ")");
+      }
+      set.operators.push_back(std::move(o));
+    }
+  }
   return set;
 }
 

@@ -77,6 +77,9 @@ struct RecordSet {
 const std::string& parse_record_line(const std::string& line, const std::string& origin, RecordSet& out);
 // Loads a JSON Lines file; the first bad line throws InputError. Duplicate ids are errors.
 RecordSet load_records(const std::string& path);
+// Loads several JSON Lines files as one set (steps, then operators, each in file order across the
+// files). An id in two files is an error naming both.
+RecordSet load_records(const std::vector<std::string>& paths);
 
 nlohmann::json step_record_to_json(const StepRecord& r);
 nlohmann::json operator_record_to_json(const OperatorRecord& r);

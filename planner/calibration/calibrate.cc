@@ -90,6 +90,25 @@ const std::vector<Constant>& constants() {
   return c;
 }
 
+// Where a fitted constant holds when several hardware are fitted together (one value per domain):
+//   - what a GPU's kernels and launches reach (efficiencies, ramps, per-stage, per-expert and
+//     per-operator costs): one value per GPU architecture, since GPUs of one architecture run the
+//     same kernels on the same SMs (transfer_calibration() carries them over on that ground);
+//   - collectives: one value per kind of fabric (NVLink, or PCIe peer to peer);
+//   - links and CPU throughputs: one fraction of the datasheet figure each hardware states, for
+//     every hardware alike (the PCIe DMA engines and the CPU update's memory-bound loops reach
+//     their datasheet rates in the same proportion: the same software on another part).
+std::string domain_of(double Calibration::*field, const HardwareSpec& h) {
+  if (field == &Calibration::fabric_efficiency || field == &Calibration::collective_overhead_s) {
+    return h.fabric.kind == FabricKind::kNvlink ? "nvlink" : "pcie_peer";
+  }
+  if (field == &Calibration::h2d_Bps || field == &Calibration::d2h_Bps || field == &Calibration::cpu_adamw_params_per_s ||
+      field == &Calibration::torch_adamw_params_per_s || field == &Calibration::host_prep_params_per_s) {
+    return "";
+  }
+  return h.gpu.architecture.empty() ? h.name : h.gpu.architecture;
+}
+
 // A record turned into something the fit can price with any calibration: lowered once, then
 // shared, unchanged, by every fit over the same records (prepare_fit_records()).
 struct Lowered {
@@ -115,6 +134,7 @@ struct Lowered {
   std::vector<Stage> priced;             // one representative per distinct pricing
   std::vector<std::int32_t> priced_of;  // stage id → index into `priced`
   std::shared_ptr<const HardwareSpec> hardware;  // ctx.hardware, set with it, shared by every evaluation's model
+  int hw = 0;  // index of its hardware among the fit's (FitRecords::hws)
 };
 
 // A record inside one fit: its lowering and what the fit holds of it.
@@ -401,7 +421,7 @@ void use_measured_device(FitOptions& o) {
 // The records of one hardware, each lowered once (a fifth of a fit's time when each fit lowered
 // its own): step records, then operator records, in file order.
 struct FitRecords {
-  HardwareSpec hw;
+  std::vector<HardwareSpec> hws;  // the hardware fitted together (one calibration each)
   bool breakdown = false;  // lowered with the measured breakdowns (FitOptions::breakdown_weight > 0)
   std::vector<std::shared_ptr<const Lowered>> records;
   std::vector<std::string> skipped;  // "id: reason" of the records that could not be lowered
@@ -440,21 +460,39 @@ double engine_step_s(const FitRecords& records, const Target& t, const Calibrati
 }
 
 std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const HardwareSpec& hw, const FitOptions& options) {
+  return prepare_fit_records(records, std::vector<HardwareSpec>{hw}, options);
+}
+
+std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const std::vector<HardwareSpec>& hws,
+                                                      const FitOptions& options) {
+  OOM_ASSERT(!hws.empty(), "a fit needs at least one hardware");
   auto out = std::make_shared<FitRecords>();
-  out->hw = hw;
+  out->hws = hws;
   out->breakdown = options.breakdown_weight > 0;
+  auto index_of = [&](const std::string& name) {
+    for (std::size_t h = 0; h < hws.size(); ++h) {
+      if (hws[h].name == name) return static_cast<int>(h);
+    }
+    return -1;
+  };
   for (const auto& r : records.steps) {
-    if (!r.measured.step_s || r.workload.hardware != hw.name) continue;
+    const int h = index_of(r.workload.hardware);
+    if (!r.measured.step_s || h < 0) continue;
     try {
-      out->records.push_back(std::make_shared<const Lowered>(step_target(r, out->breakdown)));
+      Lowered l = step_target(r, out->breakdown);
+      l.hw = h;
+      out->records.push_back(std::make_shared<const Lowered>(std::move(l)));
     } catch (const std::exception& e) {
       out->skipped.push_back(fmt::format("{}: {}", r.id, e.what()));
     }
   }
   for (const auto& o : records.operators) {
-    if (o.hardware != hw.name) continue;
+    const int h = index_of(o.hardware);
+    if (h < 0) continue;
     try {
-      out->records.push_back(std::make_shared<const Lowered>(operator_target(o, hw)));
+      Lowered l = operator_target(o, hws[static_cast<std::size_t>(h)]);
+      l.hw = h;
+      out->records.push_back(std::make_shared<const Lowered>(std::move(l)));
     } catch (const std::exception& e) {
       out->skipped.push_back(fmt::format("{}: {}", o.id, e.what()));
     }
@@ -472,9 +510,14 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   return fit_calibration(*prepare_fit_records(records, hw, options), options);
 }
 
+CalibrationFit fit_calibration(const RecordSet& records, const std::vector<HardwareSpec>& hws, const FitOptions& options) {
+  return fit_calibration(*prepare_fit_records(records, hws, options), options);
+}
+
 CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& options) {
   OOM_ASSERT(prepared.breakdown == (options.breakdown_weight > 0), "records prepared for another breakdown weight");
-  const HardwareSpec& hw = prepared.hw;
+  const std::vector<HardwareSpec>& hws = prepared.hws;
+  const std::size_t nh = hws.size();
   CalibrationFit fit;
   const std::unique_ptr<StepEngine> engine =
       options.engine == "analytic" ? nullptr : options.engines.make(options.engine);
@@ -495,24 +538,58 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     }
     targets.push_back(std::move(t));
   }
-  const Calibration estimate = [&] {
+  std::vector<Calibration> estimates;  // one per hardware
+  for (const HardwareSpec& hw : hws) {
     Calibration c = default_calibration(hw);
     c.hardware = hw.name;
     if (options.attention_half_keys >= 0) c.attention_half_keys = options.attention_half_keys;
     c.operator_overhead_s = options.operator_overhead_s;
-    return c;
-  }();
-  fit.calibration = estimate;
+    estimates.push_back(c);
+  }
+  fit.calibration = estimates.front();
+  fit.calibrations = estimates;
   const bool any_fitted = std::any_of(targets.begin(), targets.end(), [](const Target& t) { return !t.row.held_out; });
   if (!any_fitted) {
-    throw InputError("", "--hardware", hw.name, "no usable record names this hardware (nothing to fit)");
+    std::string names;
+    for (const HardwareSpec& hw : hws) names += (names.empty() ? "" : ",") + hw.name;
+    throw InputError("", "--hardware", names, nh > 1 ? "no usable record names these hardware (nothing to fit)"
+                                                     : "no usable record names this hardware (nothing to fit)");
   }
 
+  // The fitted parameters: one per constant and domain (domain_of()), in the order of constants();
+  // with one hardware, one per constant. A parameter is the log of its constant on the first
+  // hardware of its domain; on the domain's other hardware the constant keeps its ratio to that
+  // hardware's own estimate.
   const auto& k = constants();
-  const int p = static_cast<int>(k.size());
+  struct Param {
+    int constant;               // index into constants()
+    std::string domain;
+    std::vector<std::size_t> hws;  // the hardware it prices, the first one's value the parameter's
+    double max_estimate = 0;       // of an efficiency, the largest estimate over its hardware
+  };
+  std::vector<Param> params;
+  for (int i = 0; i < static_cast<int>(k.size()); ++i) {
+    const std::size_t first = params.size();
+    for (std::size_t h = 0; h < nh; ++h) {
+      const std::string d = domain_of(k[static_cast<std::size_t>(i)].field, hws[h]);
+      auto it = std::find_if(params.begin() + static_cast<std::ptrdiff_t>(first), params.end(),
+                             [&](const Param& q) { return q.domain == d; });
+      if (it == params.end()) {
+        params.push_back(Param{i, d, {}, 0});
+        it = params.end() - 1;
+      }
+      it->hws.push_back(h);
+      it->max_estimate = std::max(it->max_estimate, estimates[h].*(k[static_cast<std::size_t>(i)].field));
+    }
+  }
+  const int p = static_cast<int>(params.size());
+  auto param_name = [&](const Param& q) {
+    const std::string name = k[static_cast<std::size_t>(q.constant)].name;
+    return q.hws.size() == nh ? name : name + "[" + q.domain + "]";
+  };
   // A constant whose estimate is 0 (a mechanism this hardware is not priced with) stays 0.
   std::vector<bool> active(static_cast<std::size_t>(p));
-  Eigen::VectorXd theta0(p);  // log of each constant's estimate
+  Eigen::VectorXd theta0(p);  // log of each parameter's estimate
   // A device measured by its own probes (the CPU backend) runs one attention kernel, windowed or
   // not (backend/model.h's blocked attention): its windowed efficiency is its attention efficiency,
   // and its backward, which its traced breakdowns time apart, is fitted. On a GPU the flash
@@ -521,35 +598,47 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   // starting point wherever no long-context record of the model was fitted (0.32 to 0.41 with
   // Qwen3.6 left out), taking that model's long-context predictions from +4 to +24 %.
   const bool one_attention_kernel = options.measured_device_range > 0;
-  for (int i = 0; i < p; ++i) {
-    const double e = estimate.*(k[static_cast<std::size_t>(i)].field);
-    const auto field = k[static_cast<std::size_t>(i)].field;
-    active[static_cast<std::size_t>(i)] = e > 0 && !(one_attention_kernel && field == &Calibration::windowed_attention_efficiency) &&
+  for (int j = 0; j < p; ++j) {
+    const Param& q = params[static_cast<std::size_t>(j)];
+    const auto field = k[static_cast<std::size_t>(q.constant)].field;
+    const double e = estimates[q.hws.front()].*field;
+    active[static_cast<std::size_t>(j)] = e > 0 && !(one_attention_kernel && field == &Calibration::windowed_attention_efficiency) &&
                                           !(!one_attention_kernel && field == &Calibration::attention_backward_efficiency);
-    theta0[i] = e > 0 ? std::log(e) : 0.0;
+    theta0[j] = e > 0 ? std::log(e) : 0.0;
   }
-  auto to_calibration = [&](const Eigen::VectorXd& theta) {
-    Calibration c = estimate;
-    for (int i = 0; i < p; ++i) {
-      if (active[static_cast<std::size_t>(i)]) c.*(k[static_cast<std::size_t>(i)].field) = std::exp(theta[i]);
+  auto to_calibrations = [&](const Eigen::VectorXd& theta) {
+    std::vector<Calibration> out = estimates;
+    for (int j = 0; j < p; ++j) {
+      if (!active[static_cast<std::size_t>(j)]) continue;
+      const Param& q = params[static_cast<std::size_t>(j)];
+      const auto field = k[static_cast<std::size_t>(q.constant)].field;
+      for (const std::size_t h : q.hws) {
+        const double e = estimates[h].*field;
+        if (h == q.hws.front()) out[h].*field = std::exp(theta[j]);
+        else if (e > 0) out[h].*field = e * std::exp(theta[j] - theta0[j]);
+      }
     }
-    // FP32 accumulation of BF16 partials follows the fitted CPU rate (no record isolates it).
-    c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
-    if (one_attention_kernel) c.windowed_attention_efficiency = c.attention_efficiency;
-    else c.attention_backward_efficiency = kFlashBackwardRatio * c.attention_efficiency;  // no record separates them
-    return c;
+    for (Calibration& c : out) {
+      // FP32 accumulation of BF16 partials follows the fitted CPU rate (no record isolates it).
+      c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+      if (one_attention_kernel) c.windowed_attention_efficiency = c.attention_efficiency;
+      else c.attention_backward_efficiency = kFlashBackwardRatio * c.attention_efficiency;  // no record separates them
+    }
+    return out;
   };
   auto clamp = [&](Eigen::VectorXd& theta) {
-    for (int i = 0; i < p; ++i) {
-      const Constant& ci = k[static_cast<std::size_t>(i)];
-      if (!active[static_cast<std::size_t>(i)]) {
-        theta[i] = theta0[i];
+    for (int j = 0; j < p; ++j) {
+      const Param& q = params[static_cast<std::size_t>(j)];
+      const Constant& ci = k[static_cast<std::size_t>(q.constant)];
+      if (!active[static_cast<std::size_t>(j)]) {
+        theta[j] = theta0[j];
         continue;
       }
       const double down = options.measured_device_range > 0 ? options.measured_device_range : ci.down_factor;
       const double up = options.measured_device_range > 0 ? options.measured_device_range : ci.up_factor;
-      theta[i] = std::clamp(theta[i], theta0[i] - std::log(down), theta0[i] + std::log(up));
-      if (k[static_cast<std::size_t>(i)].efficiency) theta[i] = std::min(theta[i], 0.0);
+      theta[j] = std::clamp(theta[j], theta0[j] - std::log(down), theta0[j] + std::log(up));
+      // An efficiency stays ≤ 1 on every hardware of its domain (0 in log: one hardware).
+      if (ci.efficiency) theta[j] = std::min(theta[j], q.hws.size() == 1 ? 0.0 : theta0[j] - std::log(q.max_estimate));
     }
   };
   // Which constants price each record's stages: each moved by a factor e^0.5 from its estimate; a
@@ -566,12 +655,12 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     return out;
   };
   for (auto& t : targets) {
-    const std::vector<StageCost> base = costs_of(*t.l, to_calibration(theta0));
+    const std::vector<StageCost> base = costs_of(*t.l, to_calibrations(theta0)[static_cast<std::size_t>(t.l->hw)]);
     t.priced_by.assign(static_cast<std::size_t>(p), false);
     for (int j = 0; j < p; ++j) {
       Eigen::VectorXd moved = theta0;
       moved[j] += 0.5;
-      const std::vector<StageCost> c = costs_of(*t.l, to_calibration(moved));
+      const std::vector<StageCost> c = costs_of(*t.l, to_calibrations(moved)[static_cast<std::size_t>(t.l->hw)]);
       for (std::size_t i = 0; i < c.size(); ++i) {
         if (c[i].fixed_s != base[i].fixed_s || c[i].work != base[i].work || c[i].rate != base[i].rate ||
             c[i].exclusive_rate != base[i].exclusive_rate) {
@@ -605,7 +694,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   auto shares_host = [](const Target& t) { return t.row.kind == "step" && t.l->sharing && !t.l->sharing->empty(); };
   auto residuals = [&](const Eigen::VectorXd& theta, int column = -1, const Eigen::VectorXd* base = nullptr,
                        bool record = false, std::vector<Stretch>* settled = nullptr) {
-    const Calibration c = to_calibration(theta);
+    const std::vector<Calibration> cals = to_calibrations(theta);
     Eigen::VectorXd r(rows + p);
     for (int i = 0; i < n; ++i) {
       const Target& t = *fitted[static_cast<std::size_t>(i)];
@@ -620,7 +709,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
       }
       const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
       const Eq3Base eq3 = column >= 0 ? Eq3Base::kResume : record ? Eq3Base::kRecord : Eq3Base::kNone;
-      const Prediction pr = predict_detail(t, c, t.compute_anchor_s.has_value(),
+      const Prediction pr = predict_detail(t, cals[static_cast<std::size_t>(t.l->hw)], t.compute_anchor_s.has_value(),
                                            settled != nullptr && shares_host(t) ? &(*settled)[static_cast<std::size_t>(i)] : nullptr, eq3);
       r[i] = w * robust_residual(std::log(pr.time_s / t.row.measured_s), options.robust_scale);
       if (a >= 0) r[a] = options.anchor_weight * std::log(pr.compute_busy_s / *t.compute_anchor_s);
@@ -755,11 +844,12 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   // analytic model carries the gradient). Returns the largest relative change of a ratio.
   // Held-out records take no part: what the fit does must not depend on them (`held_out`: refresh
   // those instead, for their rows).
-  auto refresh_engine_factors = [&](const Calibration& c, bool held_out) {
+  auto refresh_engine_factors = [&](const std::vector<Calibration>& cals, bool held_out) {
     settle_exactly();
     double moved = 0;
     for (auto& t : targets) {
       if (t.row.kind != "step" || t.row.held_out != held_out) continue;
+      const Calibration& c = cals[static_cast<std::size_t>(t.l->hw)];
       const double before = t.engine_factor;
       t.engine_factor = 1;
       const double analytic_s = predict(t, c);
@@ -791,7 +881,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   for (int pass = 0; engine; ++pass) {
     // Past the last refit, a refresh only re-prices the fitted rows.
     if (pass > 0 && pass >= options.engine_passes && !options.engine_fitted_rows) break;
-    const double moved = refresh_engine_factors(to_calibration(theta), false);
+    const double moved = refresh_engine_factors(to_calibrations(theta), false);
     // The first refresh, at the estimate, is always followed by a fit.
     if (pass > 0 && (pass >= options.engine_passes || moved <= options.engine_ratio_tolerance)) break;
     const Eigen::VectorXd refreshed_at = theta;
@@ -799,31 +889,41 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     if (theta == refreshed_at) break;
   }
   // The last refresh was at `theta`: the held-out records' ratios there too.
-  if (engine && options.engine_held_out_rows) refresh_engine_factors(to_calibration(theta), true);
+  if (engine && options.engine_held_out_rows) refresh_engine_factors(to_calibrations(theta), true);
   settle_exactly();
   fit.iterations = it;
   fit.converged = converged;
-  fit.calibration = to_calibration(theta);
-  for (int i = 0; i < p; ++i) {
-    if (std::abs(theta[i] - theta0[i]) > 1e-3) fit.fitted.push_back(k[static_cast<std::size_t>(i)].name);
+  fit.calibrations = to_calibrations(theta);
+  for (int j = 0; j < p; ++j) {
+    if (std::abs(theta[j] - theta0[j]) > 1e-3) fit.fitted.push_back(param_name(params[static_cast<std::size_t>(j)]));
   }
   std::string fitted_ids, held_ids, anchored;
   int broken_down = 0;
   for (auto& t : targets) {
     if (t.compute_anchor_s && !t.row.held_out) anchored += (anchored.empty() ? "" : ", ") + t.row.id;
     if (!t.l->shares.empty() && !t.row.held_out) ++broken_down;
-    const Prediction pr = predict_detail(t, fit.calibration, true);
+    const Prediction pr = predict_detail(t, fit.calibrations[static_cast<std::size_t>(t.l->hw)], true);
     t.row.predicted_s = pr.time_s;
     t.row.predicted_compute_s = pr.compute_busy_s;
     t.row.compute_anchor_s = t.compute_anchor_s;
     fit.rows.push_back(t.row);
     (t.row.held_out ? held_ids : fitted_ids) += (t.row.held_out ? held_ids : fitted_ids).empty() ? t.row.id : ", " + t.row.id;
   }
-  fit.calibration.fitted_from = fmt::format(
-      "least squares ({} engine{}) over {}; held out: {}{}{}", options.engine,
-      options.robust_scale > 0 ? fmt::format(", soft-L1 at {:g}", options.robust_scale) : "", fitted_ids, held_ids.empty() ? "none" : held_ids,
-      anchored.empty() ? "" : "; published compute times of " + anchored,
-      broken_down == 0 ? "" : fmt::format("; measured compute breakdowns of the {} fitted step records that have one", broken_down));
+  std::string together;
+  if (nh > 1) {
+    for (const HardwareSpec& hw : hws) together += (together.empty() ? "" : ", ") + hw.name;
+    together = "; fitted together with " + together +
+               " (GPU constants per architecture, collectives per fabric kind, link and CPU rates as one fraction of each datasheet's)";
+  }
+  for (Calibration& c : fit.calibrations) {
+    c.fitted_from = fmt::format(
+        "least squares ({} engine{}) over {}; held out: {}{}{}{}", options.engine,
+        options.robust_scale > 0 ? fmt::format(", soft-L1 at {:g}", options.robust_scale) : "", fitted_ids, held_ids.empty() ? "none" : held_ids,
+        anchored.empty() ? "" : "; published compute times of " + anchored,
+        broken_down == 0 ? "" : fmt::format("; measured compute breakdowns of the {} fitted step records that have one", broken_down),
+        together);
+  }
+  fit.calibration = fit.calibrations.front();
   return fit;
 }
 

@@ -135,7 +135,8 @@ struct FitRow {
 };
 
 struct CalibrationFit {
-  Calibration calibration;
+  Calibration calibration;  // of the first hardware fitted (the only one, unless fitted together)
+  std::vector<Calibration> calibrations;  // one per hardware fitted, in the order they were given
   std::vector<std::string> fitted;   // names of the constants the records exercised and the fit moved
   std::vector<FitRow> rows;          // every record of the hardware that could be predicted
   std::vector<std::string> skipped;  // "id: reason" for records that could not be used
@@ -148,6 +149,12 @@ struct CalibrationFit {
 // Fits `hardware`'s constants to the records that name it (by HardwareSpec name). Throws
 // InputError when no usable record names the hardware or options.engines does not offer options.engine.
 CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options = {});
+// Fits several hardware together, one calibration each (CalibrationFit::calibrations): a GPU
+// constant is shared by the hardware of one GPU architecture, a collective's by those of one
+// fabric kind, and the link and CPU rates are one fraction of each hardware's datasheet rate for
+// all of them (the records of one hardware then inform the others'). With one hardware, the same
+// fit as above.
+CalibrationFit fit_calibration(const RecordSet& records, const std::vector<HardwareSpec>& hardware, const FitOptions& options = {});
 
 // The records of one hardware lowered for fitting (each plan lowered once). A caller that fits the
 // same records many times (a cross-validation's folds, on several threads) prepares them once:
@@ -156,6 +163,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& har
 // times another engine gave, which the fits share (each simulated once).
 struct FitRecords;
 std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const HardwareSpec& hardware, const FitOptions& options);
+std::shared_ptr<const FitRecords> prepare_fit_records(const RecordSet& records, const std::vector<HardwareSpec>& hardware,
+                                                      const FitOptions& options);
 CalibrationFit fit_calibration(const FitRecords& records, const FitOptions& options);
 
 nlohmann::json calibration_fit_to_json(const CalibrationFit& fit);

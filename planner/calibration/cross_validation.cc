@@ -22,15 +22,38 @@ std::string_view cv_grouping_name(CvGrouping g) {
     case CvGrouping::kGpus: return "gpus";
     case CvGrouping::kPath: return "path";
     case CvGrouping::kRecord: return "record";
+    case CvGrouping::kClass: return "class";
   }
   return "record";
 }
 
 std::optional<CvGrouping> cv_grouping_from_name(std::string_view name) {
-  for (const CvGrouping g : {CvGrouping::kModel, CvGrouping::kHardware, CvGrouping::kGpus, CvGrouping::kPath, CvGrouping::kRecord}) {
+  for (const CvGrouping g : {CvGrouping::kModel, CvGrouping::kHardware, CvGrouping::kGpus, CvGrouping::kPath, CvGrouping::kRecord,
+                               CvGrouping::kClass}) {
     if (cv_grouping_name(g) == name) return g;
   }
   return std::nullopt;
+}
+
+std::string record_experiment(const std::string& source) {
+  std::string s = source;
+  // Remarks in parentheses go: "§7.3 (22.4K tokens/s)".
+  for (std::size_t open = s.find('('); open != std::string::npos; open = s.find('(')) {
+    const std::size_t close = s.find(')', open);
+    s.erase(open, close == std::string::npos ? std::string::npos : close - open + 1);
+  }
+  // The first of several: "Table 4, §7.4".
+  s = s.substr(0, s.find(','));
+  // From the first word that names a table, figure, section or appendix.
+  std::size_t from = std::string::npos;
+  for (const char* word : {"Table", "Figure", "Fig.", "Appendix", "§"}) {
+    const std::size_t at = s.find(word);
+    if (at != std::string::npos) from = std::min(from, at);
+  }
+  if (from != std::string::npos) s = s.substr(from);
+  const auto first = s.find_first_not_of(' ');
+  const auto last = s.find_last_not_of(' ');
+  return first == std::string::npos ? source : s.substr(first, last - first + 1);
 }
 
 std::string cv_group_of(const StepRecord& r, CvGrouping g) {
@@ -43,6 +66,7 @@ std::string cv_group_of(const StepRecord& r, CvGrouping g) {
       if (r.plan.is_object() && r.plan.contains("path") && r.plan["path"].is_string()) return r.plan["path"].get<std::string>();
       return "unknown";
     case CvGrouping::kRecord: return r.id;
+    case CvGrouping::kClass: return record_experiment(r.source) + " " + r.workload.model;
   }
   return r.id;
 }
@@ -54,6 +78,7 @@ std::string cv_group_of(const OperatorRecord& r, CvGrouping g) {
     case CvGrouping::kGpus: return "1";
     case CvGrouping::kPath: return "operator";
     case CvGrouping::kRecord: return r.id;
+    case CvGrouping::kClass: return record_experiment(r.source) + " " + r.model;
   }
   return r.id;
 }
@@ -83,8 +108,8 @@ struct Errors {
 
 // Plan records and the records of the offload baselines (lowered by lower_baseline()) join the
 // fit; Megatron-LM and KT-FT records are predicted only.
-bool fittable(const StepRecord& r, const std::string& hw) {
-  if (!r.measured.step_s || r.workload.hardware != hw) return false;
+bool fittable(const StepRecord& r) {
+  if (!r.measured.step_s) return false;
   if (r.system.empty()) return true;
   const auto s = baseline_system_from_name(r.system);
   return s && *s != BaselineSystem::kMegatronLm && *s != BaselineSystem::kKtFt;
@@ -93,6 +118,10 @@ bool fittable(const StepRecord& r, const std::string& hw) {
 }  // namespace
 
 CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw, const CvOptions& options) {
+  return cross_validate(records, std::vector<HardwareSpec>{hw}, options);
+}
+
+CrossValidation cross_validate(const RecordSet& records, const std::vector<HardwareSpec>& hws, const CvOptions& options) {
   if (!options.engines.has(options.engine)) {
     throw InputError("", "--engine", "\"" + options.engine + "\"", "unknown engine");
   }
@@ -100,7 +129,11 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   cv.grouping = options.grouping;
   cv.engine = options.engine;
   cv.fit_engine = options.fit.engine;
-  cv.hardware = hw.name;
+  std::set<std::string> names;
+  for (const HardwareSpec& hw : hws) {
+    names.insert(hw.name);
+    cv.hardware += (cv.hardware.empty() ? "" : ", ") + hw.name;
+  }
 
   // The records of this hardware, by group, in file order.
   std::vector<std::string> order;
@@ -112,17 +145,17 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   };
   RecordSet scope;
   for (const auto& r : records.steps) {
-    if (r.workload.hardware != hw.name || !r.measured.step_s) continue;
+    if (!names.count(r.workload.hardware) || !r.measured.step_s) continue;
     scope.steps.push_back(r);
-    join(cv_group_of(r, options.grouping), r.id, fittable(r, hw.name));
+    join(cv_group_of(r, options.grouping), r.id, fittable(r));
   }
   for (const auto& o : records.operators) {
-    if (o.hardware != hw.name) continue;
+    if (!names.count(o.hardware)) continue;
     scope.operators.push_back(o);
     join(cv_group_of(o, options.grouping), o.id, true);
   }
   if (order.empty()) {
-    throw InputError("", "--hardware", hw.name, "no record with a measurement names this hardware (nothing to cross-validate)");
+    throw InputError("", "--hardware", cv.hardware, "no record with a measurement names this hardware (nothing to cross-validate)");
   }
 
   // One fit per distinct set of left-out fitted records, on parallel threads as the fit's engine
@@ -141,7 +174,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
   std::vector<std::string> errors(jobs.size());
   std::vector<std::exception_ptr> failures(jobs.size());
   // Every fold fits the same records: lowered once, shared by the folds.
-  const std::shared_ptr<const FitRecords> prepared = prepare_fit_records(scope, hw, options.fit);
+  const std::shared_ptr<const FitRecords> prepared = prepare_fit_records(scope, hws, options.fit);
   const int workers = engine_workers(options.engines, options.fit.engine, jobs.size());
   run_jobs(jobs.size(), workers, [&](std::size_t j) {
     FitOptions fo = options.fit;
@@ -172,10 +205,10 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
 
   // Step and baseline records, each predicted by the engine with its fold's calibration: one job
   // per record, on parallel threads as the engine allows (a simulation each).
-  std::vector<const Calibration*> fold_of(scope.steps.size(), nullptr);
+  std::vector<const std::vector<Calibration>*> fold_of(scope.steps.size(), nullptr);
   for (std::size_t i = 0; i < scope.steps.size(); ++i) {
     const std::optional<CalibrationFit>& fit = fit_without(fitted_members[cv_group_of(scope.steps[i], options.grouping)]);
-    if (fit) fold_of[i] = &fit->calibration;
+    if (fit) fold_of[i] = &fit->calibrations;
   }
   std::vector<std::vector<RecordPrediction>> step_predictions(scope.steps.size());
   std::vector<std::exception_ptr> step_failures(scope.steps.size());
@@ -184,7 +217,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     try {
       RecordSet one;
       one.steps.push_back(scope.steps[i]);
-      step_predictions[i] = validate_records(one, options.engines, options.engine, {*fold_of[i]}).records;
+      step_predictions[i] = validate_records(one, options.engines, options.engine, *fold_of[i]).records;
     } catch (...) {
       step_failures[i] = std::current_exception();  // rethrown on the calling thread
     }
@@ -207,6 +240,7 @@ CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hw,
     } else {
       for (const FitRow& row : fit->rows) result.fitted_records += row.held_out ? 0 : 1;
       result.calibration = fit->calibration;
+      result.calibrations = fit->calibrations;
     }
     const std::set<std::string> ids(result.ids.begin(), result.ids.end());
     // Step and baseline records of the group, as the fold's calibration predicted them above.
@@ -323,6 +357,10 @@ nlohmann::json cross_validation_to_json(const CrossValidation& cv) {
                         {"host", summary_json(g.host)}};
     if (!g.not_predicted.empty()) j["not_predicted"] = g.not_predicted;
     if (g.calibration) j["calibration"] = calibration_to_json(*g.calibration);
+    if (g.calibrations.size() > 1) {
+      j["calibrations"] = nlohmann::json::array();
+      for (const Calibration& c : g.calibrations) j["calibrations"].push_back(calibration_to_json(c));
+    }
     groups.push_back(std::move(j));
   }
   for (const auto& p : cv.predictions) {

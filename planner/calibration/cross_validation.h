@@ -1,7 +1,7 @@
 // Cross-validation of the calibration: how well the model predicts records it was not fitted on
 // (`oom calibrate --cross-validate GROUPING`).
 //
-// The records of one hardware are split into groups by a key (the model, the hardware, the GPU
+// The records of one hardware (or of several, fitted together) are split into groups by a key (the model, the hardware, the GPU
 // count, the expert path, or each record alone). For every group the calibration is refitted
 // (planner/calibration/calibrate.h) on all the other records and the group's records are predicted with that
 // fit: step records (a plan) by the chosen engine, baseline-system records by their lowering
@@ -28,14 +28,22 @@
 
 namespace oom {
 
-enum class CvGrouping { kModel, kHardware, kGpus, kPath, kRecord };
-std::string_view cv_grouping_name(CvGrouping g);  // "model", "hardware", "gpus", "path", "record"
+enum class CvGrouping { kModel, kHardware, kGpus, kPath, kRecord, kClass };
+// "model", "hardware", "gpus", "path", "record", "class"
+std::string_view cv_grouping_name(CvGrouping g);
 // The grouping of a name, or nullopt for an unknown name.
 std::optional<CvGrouping> cv_grouping_from_name(std::string_view name);
 
 // The group a record belongs to. Step records: the workload's model, hardware, GPU count, the
-// plan's path ("ep", "local") or the baseline system's name, or the id. Operator records: their
-// model, hardware, 1 GPU (one-sequence, one-GPU measurements), path "operator", or the id.
+// plan's path ("ep", "local") or the baseline system's name, the id, or the class. Operator
+// records: their model, hardware, 1 GPU (one-sequence, one-GPU measurements), path "operator", the
+// id, or the class. A class is one experiment of one model: the rows a what-if on an unmeasured
+// configuration resembles, since leaving it out leaves out every sibling batch, context, policy
+// and node size of that experiment (record_experiment() names the experiment).
+// The experiment a record's `source` names: its first table, figure or section, without the
+// publication's name and without remarks in parentheses ("OOM arXiv 2611.11364 Table 4, §7.4" →
+// "Table 4"; "… §7.3 (22.4K tokens/s)" → "§7.3"); the whole source when it names none.
+std::string record_experiment(const std::string& source);
 std::string cv_group_of(const StepRecord& r, CvGrouping g);
 std::string cv_group_of(const OperatorRecord& r, CvGrouping g);
 
@@ -72,6 +80,7 @@ struct CvGroupResult {
   int fitted_records = 0;        // records the fold's fit used
   std::string not_predicted;     // why the group could not be predicted ("" when it was)
   std::optional<Calibration> calibration;  // the fold's fit (none when not predicted)
+  std::vector<Calibration> calibrations;   // every hardware's, when several were fitted together
   ErrorSummary step, baseline, op, gpu_peak, host;
 };
 
@@ -89,6 +98,9 @@ struct CrossValidation {
 // Runs the cross-validation over the records of `hardware`. Throws InputError when no record
 // names the hardware or options.engines does not offer the engine.
 CrossValidation cross_validate(const RecordSet& records, const HardwareSpec& hardware, const CvOptions& options);
+// Over the records of every hardware given, fitted together (fit_calibration() over several
+// hardware): each fold leaves its group out of one joint fit, whatever hardware its records name.
+CrossValidation cross_validate(const RecordSet& records, const std::vector<HardwareSpec>& hardware, const CvOptions& options);
 
 nlohmann::json cross_validation_to_json(const CrossValidation& cv);
 std::string cross_validation_text(const CrossValidation& cv);

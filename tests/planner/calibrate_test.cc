@@ -387,6 +387,58 @@ TEST(FitCalibration, ConvergesOnThePublishedRecords) {
   EXPECT_LT(fit.calibration.windowed_attention_efficiency, fit.calibration.attention_efficiency);
 }
 
+// Several hardware fitted together: a GPU constant holds per GPU architecture, the CPU and link
+// rates as one fraction of each datasheet's rate. Records generated on the H100 node and the RTX
+// 4090 node from constants that differ per architecture (dense GEMMs at 0.45 on Hopper, 0.30 on
+// Ada) and share the CPU's fraction (0.75 of each socket's estimate) are fitted to within 3 %,
+// each hardware's GEMM efficiency is fitted apart, and the CPU rates keep one ratio to their
+// estimates. With one hardware, the joint fit is the plain one, bit for bit.
+TEST(FitCalibration, SeveralHardwareShareWhatTheirPartsShare) {
+  const HardwareSpec h100 = load_hardware_spec("h100-sxm-node"), r4090 = load_hardware_spec("rtx4090-node");
+  Calibration t100 = synthetic_truth(h100), t4090 = default_calibration(r4090);
+  t4090.gemm_efficiency = 0.30;
+  t100.cpu_adamw_params_per_s = 0.75 * default_calibration(h100).cpu_adamw_params_per_s;
+  t4090.cpu_adamw_params_per_s = 0.75 * default_calibration(r4090).cpu_adamw_params_per_s;
+  RecordSet records = synthetic_records(t100);
+  for (const auto& [id, batch] : {std::pair{"r4090-local-b64", 64}, std::pair{"r4090-local-b128", 128}}) {
+    StepRecord r = step(id, batch, {}, true);
+    r.workload.hardware = "rtx4090-node";
+    r.workload.seq_len = 1024;
+    RecordSet one;
+    one.steps = {r};
+    r.measured.step_s = validate_records(one, StepEngines(), "analytic", {t4090}).records.at(0).predicted_step_s;
+    ASSERT_TRUE(r.measured.step_s) << id;
+    records.steps.push_back(r);
+  }
+  FitOptions options;
+  options.held_out_ids = {};
+  options.starts = 2;
+  options.max_iterations = 30;
+  const CalibrationFit fit = fit_calibration(records, std::vector<HardwareSpec>{h100, r4090}, options);
+  ASSERT_EQ(fit.calibrations.size(), 2u);
+  EXPECT_EQ(fit.calibrations[0].hardware, "h100-sxm-node");
+  EXPECT_EQ(fit.calibrations[1].hardware, "rtx4090-node");
+  ASSERT_EQ(fit.rows.size(), 7u);
+  for (const FitRow& r : fit.rows) EXPECT_LT(std::abs(r.rel_error()), 0.03) << r.id;
+  // Each architecture's GEMMs fitted apart, in the truth's order (two Ada records do not pin
+  // every Ada constant: the others share the difference).
+  EXPECT_LT(fit.calibrations[1].gemm_efficiency, fit.calibrations[0].gemm_efficiency);
+  EXPECT_LT(fit.calibrations[1].gemm_efficiency, 0.5 * (0.30 + default_calibration(r4090).gemm_efficiency));
+  EXPECT_NEAR(fit.calibrations[0].cpu_adamw_params_per_s / default_calibration(h100).cpu_adamw_params_per_s,
+              fit.calibrations[1].cpu_adamw_params_per_s / default_calibration(r4090).cpu_adamw_params_per_s, 1e-9);
+  auto named = [&](const std::string& name) { return std::find(fit.fitted.begin(), fit.fitted.end(), name) != fit.fitted.end(); };
+  EXPECT_TRUE(named("gemm_efficiency[hopper]"));
+  EXPECT_TRUE(named("gemm_efficiency[ada]"));
+  EXPECT_NE(fit.calibrations[1].fitted_from.find("fitted together with h100-sxm-node, rtx4090-node"), std::string::npos);
+
+  RecordSet h100_only = synthetic_records(t100);
+  options.max_iterations = 6;
+  const CalibrationFit alone = fit_calibration(h100_only, h100, options);
+  const CalibrationFit joint = fit_calibration(h100_only, std::vector<HardwareSpec>{h100}, options);
+  EXPECT_EQ(calibration_to_json(alone.calibration), calibration_to_json(joint.calibration));
+  EXPECT_EQ(alone.fitted, joint.fitted);
+}
+
 TEST(FitCalibration, RefusesHardwareWithoutRecords) {
   RecordSet none;
   EXPECT_THROW(fit_calibration(none, load_hardware_spec("rtx4090-node")), InputError);

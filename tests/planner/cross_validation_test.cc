@@ -94,6 +94,29 @@ TEST(CvGrouping, StepRecordsGroupByTheirWorkloadPlanOrSystem) {
   EXPECT_EQ(cv_group_of(ep, CvGrouping::kRecord), "ep-b16");
 }
 
+// A class is one experiment of one model: leaving it out leaves every sibling row out.
+TEST(CvGrouping, ClassesAreAnExperimentOfOneModel) {
+  EXPECT_EQ(record_experiment("OOM arXiv 2611.11364 Table 4"), "Table 4");
+  EXPECT_EQ(record_experiment("OOM arXiv 2611.11364 Table 4, §7.4"), "Table 4");
+  EXPECT_EQ(record_experiment("OOM arXiv 2611.11364 §7.3 (22.4K tokens/s)"), "§7.3");
+  EXPECT_EQ(record_experiment("OOM arXiv 2611.11364 §7.5, Appendix C"), "§7.5");
+  EXPECT_EQ(record_experiment("OOM arXiv 2611.11364 Appendix G"), "Appendix G");
+  EXPECT_EQ(record_experiment("local run 2026-12-01"), "local run 2026-12-01");
+  const RecordSet set = records(5.0);
+  StepRecord a = set.steps[0], b = set.steps[1], c = set.steps[1];
+  a.source = "OOM arXiv 2611.11364 Table 4";
+  b.source = "OOM arXiv 2611.11364 Table 4, §7.4";
+  c.source = "OOM arXiv 2611.11364 Table 4";
+  c.workload.model = "qwen3-30b-a3b";
+  EXPECT_EQ(cv_group_of(a, CvGrouping::kClass), "Table 4 qwen3.6-35b-a3b");
+  EXPECT_EQ(cv_group_of(b, CvGrouping::kClass), cv_group_of(a, CvGrouping::kClass));
+  EXPECT_NE(cv_group_of(c, CvGrouping::kClass), cv_group_of(a, CvGrouping::kClass));
+  OperatorRecord o = set.operators[0];
+  o.source = "OOM arXiv 2611.11364 §5.3";
+  EXPECT_EQ(cv_group_of(o, CvGrouping::kClass), "§5.3 qwen3.6-35b-a3b");
+  EXPECT_EQ(cv_grouping_from_name("class"), CvGrouping::kClass);
+}
+
 TEST(CvGrouping, OperatorRecordsAreOneGpuMeasurementsOfTheirModel) {
   const OperatorRecord o = records(5.0).operators[0];
   EXPECT_EQ(cv_group_of(o, CvGrouping::kModel), "qwen3.6-35b-a3b");

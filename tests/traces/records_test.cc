@@ -108,5 +108,30 @@ TEST(Records, ComputeBreakdownLoadsAndBadKeysNameTheField) {
   }
 }
 
+// Several files are read as one set, in order; an id in two of them names both places.
+TEST(Records, SeveralFilesAreOneSetAndAnIdMayNotRepeatAcrossThem) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string a = (dir / "oom_records_a.jsonl").string(), b = (dir / "oom_records_b.jsonl").string();
+  const RecordSet paper = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-calibration.jsonl");
+  auto write = [](const std::string& path, const std::string& lines) { std::ofstream(path) << lines; };
+  write(a, step_record_to_json(paper.steps.at(0)).dump() + "\n");
+  write(b, step_record_to_json(paper.steps.at(1)).dump() + "\n" + operator_record_to_json(paper.operators.at(0)).dump() + "\n");
+  const RecordSet both = load_records(std::vector<std::string>{a, b});
+  ASSERT_EQ(both.steps.size(), 2u);
+  EXPECT_EQ(both.steps[0].id, paper.steps[0].id);
+  EXPECT_EQ(both.steps[1].id, paper.steps[1].id);
+  ASSERT_EQ(both.operators.size(), 1u);
+  write(b, step_record_to_json(paper.steps.at(0)).dump() + "\n");
+  try {
+    load_records(std::vector<std::string>{a, b});
+    ADD_FAILURE() << "an id in two files was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(b + ":1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("also " + a + ":1"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+}
+
 }  // namespace
 }  // namespace oom
