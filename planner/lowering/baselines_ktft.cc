@@ -410,7 +410,10 @@ StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
     dram += n.dram_Bps;
   }
   const bool backward = s.phase == Phase::kBackward;
-  const double compute_s = static_cast<double>(s.flops) / (amx * (backward ? kKtFtAmxBackwardEfficiency : kKtFtAmxForwardEfficiency));
+  const double efficiency = kKtFtAmxForwardEfficiency * (backward                        ? kKtFtBackwardOverForward
+                                                         : s.phase == Phase::kRecompute ? kKtFtRecomputeOverForward
+                                                                                        : 1.0);
+  const double compute_s = static_cast<double>(s.flops) / (amx * efficiency);
   const double dram_s = dram > 0 ? static_cast<double>(s.params * (backward ? kKtFtBackwardDramBytesPerParam : kKtFtForwardDramBytesPerParam)) / dram : 0.0;
   StageCost c;
   c.fixed_s = calibration().cpu_task_overhead_s;

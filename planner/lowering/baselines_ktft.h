@@ -32,16 +32,24 @@
 
 namespace oom {
 
-// Achieved fraction of the AMX BF16 peak by KT-FT's CPU experts, from KT-FT's own published
-// throughput while fine-tuning (kvcache-ai/ktransformers,
+// Achieved fraction of the AMX BF16 peak by KT-FT's CPU experts in the forward, from KT-FT's own
+// published throughput while fine-tuning (kvcache-ai/ktransformers,
 // doc/en/SFT/KTransformers-Fine-Tuning_Developer-Technical-Notes.md, "MoE Compute"): 17.55 TFLOP/s
-// forward and 18.41 TFLOP/s backward on Xeon Platinum 8488C, AMX on. Taken over that machine's two
-// sockets, as KT's SFT backend spreads the experts over every NUMA node (kt-kernel moe-sft-tp.hpp,
-// "Tensor-parallel wrapper for multi-NUMA"): 2 × 48 cores × 2.4 GHz base × 1,024 BF16 FLOPs per
-// cycle and core = 235.9 TFLOP/s. Not fitted.
+// forward on Xeon Platinum 8488C, AMX on. Taken over that machine's two sockets, as KT's SFT
+// backend spreads the experts over every NUMA node (kt-kernel moe-sft-tp.hpp, "Tensor-parallel
+// wrapper for multi-NUMA"): 2 × 48 cores × 2.4 GHz base × 1,024 BF16 FLOPs per cycle and core =
+// 235.9 TFLOP/s. Not fitted. (The same run's backward, 18.41 TFLOP/s, is LoRA's: it computes no
+// gradient of the frozen expert weights, so it does not stand for full fine-tuning's.)
 inline constexpr double kKtFtReferenceAmxPeak = 2 * 48 * 2.4e9 * 1024;
-inline constexpr double kKtFtAmxForwardEfficiency = 17.55e12 / kKtFtReferenceAmxPeak;   // 0.074
-inline constexpr double kKtFtAmxBackwardEfficiency = 18.41e12 / kKtFtReferenceAmxPeak;  // 0.078
+inline constexpr double kKtFtAmxForwardEfficiency = 17.55e12 / kKtFtReferenceAmxPeak;  // 0.074
+// The checkpoint's recompute and the full fine-tuning backward relative to the forward, per FLOP,
+// from KT-FT's full fine-tuning profile (doc/en/SFT/Qwen3-30B-A3B-Full-FT-BF16-Performance.md, the
+// CPU critical path of one step): initial CPU MoE forward 0.344 s, recompute forward 0.505 s (it
+// also fills the cache the backward reads), backward 1.447 s of which 0.352 s clears the TP
+// gradient buffers (a cost per parameter, left out) for twice the forward's FLOPs (input and
+// weight gradients; the weight gradient's packing is most of it).
+inline constexpr double kKtFtRecomputeOverForward = 0.344 / 0.505;                   // 0.681
+inline constexpr double kKtFtBackwardOverForward = 2 * 0.344 / (1.447 - 0.352);       // 0.628
 // DRAM bytes per expert parameter a CPU pass moves: the forward (and the recompute) reads the BF16
 // weights; the backward reads them for the input gradient and stores the BF16 weight gradient
 // (KT-FT full fine-tuning: "FP32 accumulation and BF16 gradient storage",
@@ -55,8 +63,8 @@ StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, con
 
 // Prices KT-FT's CPU expert passes (kExpertGemm stages on a CPU update executor: rank 0's, which
 // runs every rank's experts) on all the sockets of the node at once: the slower of their FLOPs at
-// the node's AMX BF16 peak × the published efficiency of the phase (forward and recompute, or
-// backward) and the expert weights' DRAM traffic (the stage's `params` × the bytes per parameter
+// the node's AMX BF16 peak × the published forward efficiency (× the recompute's or the
+// backward's factor above) and the expert weights' DRAM traffic (the stage's `params` × the bytes per parameter
 // above) at the node's DRAM bandwidth. One such stage runs at a time, so nothing shares it. Every
 // other stage as the calibrated model does (a CalibratedDurationModel, so the SimGrid engine finds
 // its hardware). Thread-safe.
