@@ -40,8 +40,10 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
     // Input, output and running gradient, the mixing activations, the hidden states sent to the
     // CPU experts and their outputs, the decoder's dense FP32 gradient.
     // With a mixing core's backward buffers, attention or GDN (held over the decoder's backward).
-    const Bytes w = 5 * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) + mixing_backward_total_bytes(m, l, b, S) +
-                    kFp32Bytes * dense_params(params.layers[static_cast<std::size_t>(l)]);
+    // Rank 0 (every rank's experts run through it) also holds the other ranks' gathered hidden
+    // states and their expert outputs, 2 (P − 1) boundaries more.
+    const Bytes w = (5 + 2 * (P - 1)) * boundary_bytes(1, b, S, m.hidden) + mixing_activation_bytes(m, l, b, S) +
+                    mixing_backward_total_bytes(m, l, b, S) + kFp32Bytes * dense_params(params.layers[static_cast<std::size_t>(l)]);
     if (w > work) {
       work = w;
       out.gpu_peak_at = fmt::format("decoder {} ({}) backward, micro-batch of {} sequences", l,
@@ -179,6 +181,22 @@ class KtFtLowering {
     }
     return out;
   }
+  // One stage of rank 0 on `res`, after `after` (any rank's stages).
+  StageId one(const StageWhat& what, OpKind op, Phase phase, int layer, ResourceId res, Flops flops, Bytes bytes, ParamCount params,
+              const OpShape& shape, const std::vector<StageId>& after) {
+    Stage st = make(what, op, phase, res, 0, layer);
+    st.flops = flops;
+    st.bytes = bytes;
+    st.params = params;
+    st.shape = shape;
+    for (const StageId u : after) {
+      if (u >= 0 && std::find(st.deps.begin(), st.deps.end(), u) == st.deps.end()) st.deps.push_back(u);
+    }
+    return b_.add(std::move(st));
+  }
+  void rank0_mem(StageId at, Bytes bytes, bool at_end) {
+    b_.graph().stages[static_cast<std::size_t>(at)].memory.push_back({MemorySpace::kGpu, 0, bytes, at_end});
+  }
   PerRank gpu(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape, Bytes bytes = 0) {
     last_ = each(what, op, phase, layer, [&](int r) { return rr(r).compute; }, flops, bytes, 0, shape, last_);
     return last_;
@@ -253,13 +271,27 @@ class KtFtLowering {
       gpu(what(StagePart::kMoe, backward ? StageOp::kRouterSharedBwd : StageOp::kRouterShared), OpKind::kGemm, phase, l,
           ratio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp), proj, traffic(moe_hbm_bytes(m_, l, tokens()).pre));
       if (!m_.moe_layer(l)) return;  // a dense layer: no experts on the host
-      // The hidden states (or their gradient) to the host, the experts on the socket's cores, back.
-      const PerRank out = each(what(StagePart::kExperts, backward ? StageOp::kGradD2h : StageOp::kInputD2h), OpKind::kD2h, phase, l,
-                               [&](int r) { return rr(r).d2h; }, 0, boundary(), 0, {}, last_);
-      const PerRank cpu = each(what(StagePart::kExperts, backward ? StageOp::kCpuBwd : StageOp::kCpu), OpKind::kExpertGemm, phase, l,
-                               [&](int r) { return rr(r).cpu; }, ratio * f.moe.routed_experts, 0, 0, experts, out);
-      last_ = each(what(StagePart::kExperts, backward ? StageOp::kGradH2d : StageOp::kOutputH2d), OpKind::kH2d, phase, l, [&](int r) { return rr(r).h2d; },
-                   0, boundary(), 0, {}, cpu);
+      // Rank 0 owns the experts: every rank's hidden states (or their gradient) gathered to it, to
+      // the host, the experts of all of them on the CPU, back, and scattered to their ranks.
+      const Bytes others = boundary() * (P_ - 1);
+      PerRank in = last_;
+      if (P_ > 1) {
+        in = collective(what(StagePart::kExperts, StageOp::kDispatch), OpKind::kAllGather, phase, l, others, last_);
+        rank0_mem(in[0], 2 * others, false);  // the gathered inputs and, later, the outputs to scatter
+      }
+      const StageId out = one(what(StagePart::kExperts, backward ? StageOp::kGradD2h : StageOp::kInputD2h), OpKind::kD2h, phase, l, rr(0).d2h, 0,
+                              boundary() * P_, 0, {}, in);
+      OpShape all = experts;
+      all.tokens *= P_;
+      const StageId cpu = one(what(StagePart::kExperts, backward ? StageOp::kCpuBwd : StageOp::kCpu), OpKind::kExpertGemm, phase, l, rr(0).cpu,
+                              ratio * f.moe.routed_experts * P_, 0, params_.layers[static_cast<std::size_t>(l)].routed_experts, all, {out});
+      const StageId back = one(what(StagePart::kExperts, backward ? StageOp::kGradH2d : StageOp::kOutputH2d), OpKind::kH2d, phase, l, rr(0).h2d, 0,
+                               boundary() * P_, 0, {}, {cpu});
+      last_.assign(static_cast<std::size_t>(P_), back);
+      if (P_ > 1) {
+        last_ = collective(what(StagePart::kExperts, StageOp::kReturn), OpKind::kAllGather, phase, l, others, last_);
+        rank0_mem(last_[0], -2 * others, true);
+      }
       if (backward) expert_grads_.push_back(cpu);
     };
     PerRank first;
@@ -311,8 +343,9 @@ class KtFtLowering {
     gpu_mem(bwd, -logits, true);
   }
 
-  // After the last backward: the expert gradients summed on the host, then each rank's CPU Adam
-  // over its 1/P of the dense shards and of the expert banks.
+  // After the last backward: each rank's CPU Adam over its 1/P of the dense shards; rank 0's
+  // over every expert besides (it owns them: their gradients are summed in its own buffers over
+  // the micro-batches, no host reduction over ranks).
   void optimizer() {
     micro_ = s_.accumulation_steps;
     const ParamCount experts = params_.layer_sum().routed_experts;
@@ -321,14 +354,18 @@ class KtFtLowering {
     for (int r = 0; r < P_; ++r) {
       Stage& st = b_.graph().stages[static_cast<std::size_t>(all[static_cast<std::size_t>(r)])];
       for (const auto& g : dense_grads_) dep(st, g, r);
-      for (const auto& g : expert_grads_) dep(st, g, r);
+      if (r == 0) {
+        for (const StageId g : expert_grads_) {
+          if (std::find(st.deps.begin(), st.deps.end(), g) == st.deps.end()) st.deps.push_back(g);
+        }
+      }
     }
-    const PerRank acc = each(what(StagePart::kExperts, StageOp::kHostAccumulate), OpKind::kHostAccumulate, Phase::kOptimizer, -1,
-                             [&](int r) { return rr(r).cpu; }, 0, gradient_bytes(experts / P_), experts / P_, {}, all);
-    const ParamCount shard = (dense + experts) / P_;
     // FSDP2's optimizer.step(): torch.optim.AdamW over the host shards.
-    each(what(StagePart::kModel, StageOp::kCpuAdamW), OpKind::kTorchCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0, canonical_state_bytes(shard), shard,
-         {}, acc);
+    const PerRank adam = each(what(StagePart::kModel, StageOp::kCpuAdamW), OpKind::kTorchCpuAdamW, Phase::kOptimizer, -1, [&](int r) { return rr(r).cpu; }, 0,
+                              canonical_state_bytes(dense / P_), dense / P_, {}, all);
+    Stage& owner = b_.graph().stages[static_cast<std::size_t>(adam[0])];
+    owner.params += experts;
+    owner.bytes = canonical_state_bytes(owner.params);
   }
 
   const BaselineSetup s_;
@@ -345,7 +382,8 @@ class KtFtLowering {
   PerRank slot_free_[2];
   int uses_ = 0;
   int micro_ = 0;
-  std::vector<PerRank> dense_grads_, expert_grads_;
+  std::vector<PerRank> dense_grads_;
+  std::vector<StageId> expert_grads_;  // rank 0's CPU expert backward stages
 };
 
 }  // namespace
@@ -360,19 +398,27 @@ StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, con
 }
 
 KtFtDurationModel::KtFtDurationModel(HardwareSpec hardware, Calibration calibration, int ranks)
-    : CalibratedDurationModel(hardware, std::move(calibration), ranks), ranks_per_numa_(hardware.ranks_per_numa(ranks)) {}
+    : CalibratedDurationModel(std::move(hardware), std::move(calibration), ranks) {}
 
 StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
   const Resource& r = g.resource(s.resource);
   if (s.op != OpKind::kExpertGemm || r.kind != ResourceKind::kCpuUpdate) return CalibratedDurationModel::cost(s, g);
   const HardwareSpec& hw = hardware();
-  const int numa = std::clamp(r.numa, 0, static_cast<int>(ranks_per_numa_.size()) - 1);
-  const double socket = hw.numa_spec(numa).amx_bf16_flops_per_s * kKtFtAmxEfficiency;
-  const int sharing = std::max(1, ranks_per_numa_[static_cast<std::size_t>(numa)]);
+  double amx = 0, dram = 0;  // the node's sockets together
+  for (const NumaSpec& n : hw.numa) {
+    amx += n.amx_bf16_flops_per_s;
+    dram += n.dram_Bps;
+  }
+  const bool backward = s.phase == Phase::kBackward;
+  const double efficiency = kKtFtAmxForwardEfficiency * (backward                        ? kKtFtBackwardOverForward
+                                                         : s.phase == Phase::kRecompute ? kKtFtRecomputeOverForward
+                                                                                        : 1.0);
+  const double compute_s = static_cast<double>(s.flops) / (amx * efficiency);
+  const double dram_s = dram > 0 ? static_cast<double>(s.params * (backward ? kKtFtBackwardDramBytesPerParam : kKtFtForwardDramBytesPerParam)) / dram : 0.0;
   StageCost c;
-  c.work = s.flops;
-  c.exclusive_rate = socket;
-  c.rate = socket / sharing;
+  c.fixed_s = calibration().cpu_task_overhead_s;
+  c.work = static_cast<double>(s.flops);
+  c.rate = c.exclusive_rate = c.work / std::max(compute_s, dram_s);
   return c;
 }
 
@@ -380,10 +426,10 @@ BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, 
                         const Calibration& calibration, const MemoryConstants& k) {
   const auto e = engines.make(engine);
   if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
-  const std::vector<int> ranks_on = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
-  for (std::size_t n = 0; n < ranks_on.size(); ++n) {
-    if (ranks_on[n] > 0 && !(ctx.hardware.numa_spec(static_cast<int>(n)).amx_bf16_flops_per_s > 0)) {
-      throw InputError(ctx.hardware.name, fmt::format("numa[{}].amx_bf16_flops_per_s", n % ctx.hardware.numa.size()), "0",
+  // Rank 0's experts run on every socket of its node.
+  for (std::size_t n = 0; n < ctx.hardware.numa.size(); ++n) {
+    if (!(ctx.hardware.numa[n].amx_bf16_flops_per_s > 0)) {
+      throw InputError(ctx.hardware.name, fmt::format("numa[{}].amx_bf16_flops_per_s", n), "0",
                        "KT-FT computes the routed experts with AMX BF16 on the CPU; this hardware names no AMX throughput");
     }
   }

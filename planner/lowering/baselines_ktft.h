@@ -7,11 +7,15 @@
 //     FSDP2-sharded: FP32 shard copied host-to-device, BF16 all-gather, FP32 reduce-scatter of
 //     its gradient and D2H of the rank's shard; decoder inputs stay on the GPU (activation
 //     checkpointing) and each decoder is recomputed in the backward;
-//   - at each MoE sublayer the rank's hidden states go to the host, the routed experts run on
-//     the CPU cores of the rank's socket (AMX BF16; the socket's throughput is shared by the ranks
-//     on it), and the expert outputs come back; the backward does the same with twice the FLOPs;
-//   - after the backward every rank's CPU Adam updates its 1/P of the dense shards and of the
-//     expert banks (expert gradients are summed in host memory first).
+//   - rank 0 owns the routed experts (kt-kernel/python/sft: "Rank-0-only expert pattern: only rank
+//     0 holds C++ wrapper and expert weights"; autograd.py KTMoEFunction, dist_utils.py): at each
+//     MoE sublayer every rank's hidden states are gathered to rank 0 over NCCL, rank 0 copies them
+//     to the host, the experts of all of them run on the CPU (AMX BF16, spread over every socket of
+//     the node), the outputs come back to rank 0 and are scattered to their ranks; the other ranks
+//     wait. The backward does the same with the output gradients and twice the FLOPs, after the
+//     checkpoint's recompute has run the CPU forward once more;
+//   - after the backward every rank's CPU Adam updates its 1/P of the dense shards, and rank 0's
+//     every expert.
 // Host: 16 B/param for the dense part (FSDP2) and 18 B/param for the experts (BF16 weights the
 // AMX kernels read, FP32 gradient, master and moments), plus process memory per rank. GPU: M_0,
 // the two-slot window of the largest dense decoder and its staging, the kept decoder inputs, the
@@ -28,25 +32,46 @@
 
 namespace oom {
 
-// Achieved fraction of the AMX BF16 peak by the CPU expert GEMMs (estimate: no published KT-FT
-// step record to fit it on; AMX GEMMs of expert size reach a few tenths of the tile peak).
-inline constexpr double kKtFtAmxEfficiency = 0.3;
+// Achieved fraction of the AMX BF16 peak by KT-FT's CPU experts in the forward, from KT-FT's own
+// published throughput while fine-tuning (kvcache-ai/ktransformers,
+// doc/en/SFT/KTransformers-Fine-Tuning_Developer-Technical-Notes.md, "MoE Compute"): 17.55 TFLOP/s
+// forward on Xeon Platinum 8488C, AMX on. Taken over that machine's two sockets, as KT's SFT
+// backend spreads the experts over every NUMA node (kt-kernel moe-sft-tp.hpp, "Tensor-parallel
+// wrapper for multi-NUMA"): 2 × 48 cores × 2.4 GHz base × 1,024 BF16 FLOPs per cycle and core =
+// 235.9 TFLOP/s. Not fitted. (The same run's backward, 18.41 TFLOP/s, is LoRA's: it computes no
+// gradient of the frozen expert weights, so it does not stand for full fine-tuning's.)
+inline constexpr double kKtFtReferenceAmxPeak = 2 * 48 * 2.4e9 * 1024;
+inline constexpr double kKtFtAmxForwardEfficiency = 17.55e12 / kKtFtReferenceAmxPeak;  // 0.074
+// The checkpoint's recompute and the full fine-tuning backward relative to the forward, per FLOP,
+// from KT-FT's full fine-tuning profile (doc/en/SFT/Qwen3-30B-A3B-Full-FT-BF16-Performance.md, the
+// CPU critical path of one step): initial CPU MoE forward 0.344 s, recompute forward 0.505 s (it
+// also fills the cache the backward reads), backward 1.447 s of which 0.352 s clears the TP
+// gradient buffers (a cost per parameter, left out) for twice the forward's FLOPs (input and
+// weight gradients; the weight gradient's packing is most of it).
+inline constexpr double kKtFtRecomputeOverForward = 0.344 / 0.505;                   // 0.681
+inline constexpr double kKtFtBackwardOverForward = 2 * 0.344 / (1.447 - 0.352);       // 0.628
+// DRAM bytes per expert parameter a CPU pass moves: the forward (and the recompute) reads the BF16
+// weights; the backward reads them for the input gradient and stores the BF16 weight gradient
+// (KT-FT full fine-tuning: "FP32 accumulation and BF16 gradient storage",
+// doc/en/SFT/Qwen3-30B-A3B-Full-FT-BF16-Performance.md).
+inline constexpr Bytes kKtFtForwardDramBytesPerParam = kBf16Bytes;
+inline constexpr Bytes kKtFtBackwardDramBytesPerParam = 2 * kBf16Bytes;
 
 BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& constants = {});
 BaselineFit configure_ktft(const WorkloadContext& ctx, const MemoryConstants& constants = {});
 StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options = {});
 
-// Prices KT-FT's CPU expert GEMMs (kExpertGemm stages on a CPU update executor) at the socket's
-// AMX BF16 throughput × kKtFtAmxEfficiency, shared by the ranks on the socket; every other stage
-// as the calibrated model does (a CalibratedDurationModel, so the SimGrid engine finds its
-// hardware). Thread-safe.
+// Prices KT-FT's CPU expert passes (kExpertGemm stages on a CPU update executor: rank 0's, which
+// runs every rank's experts) on all the sockets of the node at once: the slower of their FLOPs at
+// the node's AMX BF16 peak × the published forward efficiency (× the recompute's or the
+// backward's factor above) and the expert weights' DRAM traffic (the stage's `params` × the bytes per parameter
+// above) at the node's DRAM bandwidth. One such stage runs at a time, so nothing shares it. Every
+// other stage as the calibrated model does (a CalibratedDurationModel, so the SimGrid engine finds
+// its hardware). Thread-safe.
 class KtFtDurationModel : public CalibratedDurationModel {
  public:
   KtFtDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
   StageCost cost(const Stage& s, const StepGraph& g) const override;
-
- private:
-  std::vector<int> ranks_per_numa_;
 };
 
 // Configures, lowers and executes KT-FT with the StepEngine of `engines` named `engine`

@@ -25,6 +25,20 @@ namespace {
 // masters, both moments and a copy of the gradients live on the host.
 constexpr Bytes kMainGradBytesPerParam = kFp32Bytes;
 constexpr Bytes kHostBytesPerParam = kCanonicalBytesPerParam + kFp32Bytes;  // 16
+// The updated FP32 masters go back to the GPU's BF16 weights as FP32 (4 B/param): the hybrid
+// device optimizer copies them with `gpu_param.data.copy_(cpu_fp32_param, non_blocking=True)`
+// (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py, param_copy_back_gpu_hook), and
+// PyTorch converts the dtype of a non-blocking host-to-device copy on the GPU, after the transfer
+// (aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda: "If non_blocking is true - type
+// conversions are performed on the GPU").
+constexpr Bytes kParamH2dBytesPerParam = kFp32Bytes;
+
+// The loss's workset: Megatron's vocabulary-parallel cross entropy takes the BF16 logits of the
+// whole micro-batch (each TP rank 1/t of the vocabulary) and computes on an FP32 copy of them,
+// which it keeps as the softmax for the backward (megatron/core/tensor_parallel/cross_entropy.py,
+// VocabParallelCrossEntropy.calculate_logits_max: `vocab_parallel_logits.float()`; the fused
+// variant is off by default, --cross-entropy-loss-fusion): 6 B per logit, not chunked.
+Bytes megatron_loss_bytes(const ModelSpec& m, std::int64_t tokens, int t) { return logits_workspace_bytes(m, tokens) / t; }
 
 struct Split {
   ParamCount dense = 0;    // everything but the routed experts
@@ -104,7 +118,7 @@ BaselineMemory megatron_static_memory(const MegatronSetup& setup, const Workload
                                     layer_kind_name(m.layer_kinds[static_cast<std::size_t>(l)]), t, b);
     }
   }
-  const Bytes loss = 2 * boundary_bytes(1, b, S, m.hidden) + logits_workspace_bytes(m, std::min(k.loss_chunk_tokens, T)) / t;
+  const Bytes loss = 2 * boundary_bytes(1, b, S, m.hidden) + megatron_loss_bytes(m, T, t);
   if (loss > work) {
     work = loss;
     out.gpu_peak_at = fmt::format("loss (vocabulary-parallel projection), TP {}, micro-batch of {} sequences", t, b);
@@ -377,7 +391,7 @@ class MegatronLowering {
 
   void head() {
     const std::int64_t T = tokens();
-    const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T)) / t_;
+    const Bytes logits = megatron_loss_bytes(m_, T, t_);
     OpShape shape;
     shape.tokens = T;
     shape.k = m_.hidden;
@@ -411,7 +425,7 @@ class MegatronLowering {
       dep(a, d2h, r);
       adam[static_cast<std::size_t>(r)] = b_.add(std::move(a));
       Stage h = make(what(StagePart::kWeights, StageOp::kH2d), OpKind::kH2d, Phase::kOptimizer, rr(r).h2d, r, -1);
-      h.bytes = working_weight_bytes(shard);
+      h.bytes = kParamH2dBytesPerParam * shard;
       dep(h, adam, r);
       h2d[static_cast<std::size_t>(r)] = b_.add(std::move(h));
     }

@@ -11,8 +11,11 @@
 //     holds E/EP experts whole; tokens are dispatched and returned by all-to-all (Eq. 6);
 //   - data parallelism d = P/t with the distributed optimizer: after the backward the dense
 //     gradients are reduce-scattered over d ranks, each rank copies its shard's FP32 gradients to
-//     the host, CPU Adam updates the FP32 masters and moments there (CPU optimizer offload), the
-//     BF16 weights come back and the dense part is all-gathered;
+//     the host, CPU Adam (torch.optim.AdamW, fused) updates the FP32 masters and moments there
+//     (--optimizer-cpu-offload --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer,
+//     the flags megatron/core/optimizer/cpu_offloading/README.md gives; D2H, update and H2D one
+//     after the other, --overlap-cpu-optimizer-d2h-h2d being off by default), the masters come
+//     back as FP32 and are cast to the BF16 weights on the GPU, and the dense part is all-gathered;
 //   - pipeline parallelism 1: every decoder on every rank (one node; stages would only add bubbles
 //     when the weights fit, and the configuration below raises t first);
 //   - full recomputation: each decoder's input stays on the GPU (1/t of it with sequence
@@ -20,7 +23,8 @@
 //   - gradient accumulation over micro-batches of the rank's sequences.
 // GPU memory per rank: M_0, BF16 weights and FP32 main gradients of its dense share and its
 // experts, the kept decoder inputs, and the largest workset (a decoder's recompute and backward,
-// or the loss). Host: FP32 master, moments and gradients (16 B/param) plus process memory.
+// or the loss: the whole micro-batch's logits, BF16 and an FP32 copy, as the unfused
+// vocabulary-parallel cross entropy holds them). Host: FP32 master, moments and gradients (16 B/param) plus process memory.
 // The configuration tries t = 1, 2, 4, ... (dividing P and every head count) and, for each, the
 // largest micro-batch first; the first that fits the GPU and host budgets is taken. Nothing fits:
 // out-of-memory with where, at the largest t and the smallest micro-batch. Units: bytes,

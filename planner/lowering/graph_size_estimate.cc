@@ -645,20 +645,21 @@ GraphSize estimate_ktft_graph(const BaselineSetup& setup, const WorkloadContext&
   int moe_layers = 0;
   for (int l = 0; l < layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
   // Per micro-batch, decoder and pass (forward, recompute, backward): its weights, their
-  // readiness, the mixing's projections and core, the router; a MoE decoder's experts on the host
-  // (its input out, the CPU experts, the output back); the backward's gradient reduce-scatter and D2H.
+  // readiness, the mixing's projections and core, the router; a MoE decoder's experts on rank 0's
+  // host (every rank's input gathered to rank 0, out, the CPU experts, the output back, scattered);
+  // the backward's gradient reduce-scatter and D2H.
   deliver(3 * micro * layers);
   t.each(2, 3 * micro * layers);
   t.each(1, 3 * micro * layers * 3);
-  t.each(1, 3 * micro * moe_layers * 3);
+  t.each(static_cast<double>(P), 3 * micro * moe_layers * 3 / P);  // rank 0's three stages
+  if (P > 1) t.collective(all, 3 * micro * moe_layers * 2);
   if (P > 1) t.collective(all, micro * layers);
   t.each(1, micro * layers);
-  // The head: its weights, forward and backward; the optimizer: the gradients' join, the experts'
-  // host sum and the update.
+  // The head: its weights, forward and backward; the optimizer: the gradients' join and the update.
   deliver(micro);
   t.each(1, 2 * micro);
   t.each(2 * micro * layers, 1);
-  t.each(1, 2);
+  t.each(1, 1);
   return workload_sized(t, P);
 }
 

@@ -96,7 +96,55 @@ TEST(Megatron, SkewedRoutingSlowsTheExpertParallelStepAndRaisesItsPeak) {
   const BaselineResult rz = run_baseline(BaselineSystem::kMegatronLm, skewed, StepEngines(), "analytic", cal);
   ASSERT_TRUE(ru.fits() && rz.fits());
   EXPECT_GT(rz.step_s, ru.step_s);
-  EXPECT_GT(megatron_static_memory(*fit.setup, skewed).gpu_peak_bytes, megatron_static_memory(*fit.setup, even).gpu_peak_bytes);
+  // Qwen3.6's peak is its loss (248K-entry vocabulary); Mixtral's (32K) is a decoder's MoE.
+  const WorkloadContext mixtral = context("mixtral-8x7b", 8, 32, 4096);
+  Workload wm = mixtral.workload;
+  wm.routing = w.routing;
+  const WorkloadContext mixtral_skewed = resolve_workload(wm, "test");
+  const MegatronFit mfit = configure_megatron(mixtral);
+  ASSERT_TRUE(mfit.setup.has_value());
+  const BaselineMemory me = megatron_static_memory(*mfit.setup, mixtral), mz = megatron_static_memory(*mfit.setup, mixtral_skewed);
+  EXPECT_NE(me.gpu_peak_at.find("decoder"), std::string::npos) << me.gpu_peak_at;
+  EXPECT_GT(mz.gpu_peak_bytes, me.gpu_peak_bytes);
+}
+
+// Megatron's unfused vocabulary-parallel cross entropy holds the whole micro-batch's logits, BF16
+// and an FP32 copy: on four H100s at 4K the loss, not a decoder, bounds the micro-batch.
+TEST(Megatron, TheLossHoldsTheWholeMicroBatchsLogits) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 32, 4096);
+  const MegatronFit fit = configure_megatron(ctx);
+  ASSERT_TRUE(fit.setup.has_value());
+  EXPECT_EQ(fit.setup->tensor_parallel, 1);
+  EXPECT_EQ(fit.setup->micro_batch_seqs, 2);
+  EXPECT_EQ(fit.setup->accumulation_steps, 4);
+  MegatronSetup larger = *fit.setup;
+  larger.micro_batch_seqs = 4;
+  larger.accumulation_steps = 2;
+  const BaselineMemory mem = megatron_static_memory(larger, ctx);
+  EXPECT_GT(mem.gpu_peak_bytes, ctx.gpu_budget_bytes());
+  EXPECT_NE(mem.gpu_peak_at.find("loss"), std::string::npos) << mem.gpu_peak_at;
+  // 4 sequences of 4K tokens × 248,320 logits × 6 B.
+  const BaselineMemory at2 = megatron_static_memory(*fit.setup, ctx);
+  EXPECT_GT(mem.gpu_peak_bytes - at2.gpu_peak_bytes, 2 * 4096 * ctx.model.vocab * 6 * 9 / 10);
+}
+
+// The hybrid device optimizer copies the updated FP32 masters into the BF16 weights with a
+// non-blocking copy, which PyTorch converts on the GPU: FP32 crosses PCIe both ways.
+TEST(Megatron, TheUpdatedMastersCrossPcieAsFp32) {
+  const WorkloadContext ctx = context("qwen3.6-35b-a3b", 4, 32, 4096);
+  const MegatronFit fit = configure_megatron(ctx);
+  ASSERT_TRUE(fit.setup.has_value());
+  LoweringOptions o;
+  o.decoder_layers = 1;
+  const StepGraph g = lower_megatron(*fit.setup, ctx, o);
+  Bytes d2h = 0, h2d = 0;
+  for (const Stage& s : g.stages) {
+    if (s.gpu != 0 || s.phase != Phase::kOptimizer) continue;
+    if (s.op == OpKind::kD2h) d2h += s.bytes;
+    if (s.op == OpKind::kH2d) h2d += s.bytes;
+  }
+  EXPECT_GT(d2h, 0);
+  EXPECT_EQ(h2d, d2h) << "4 B per parameter of the rank's shard each way";
 }
 
 TEST(Megatron, HostOutOfMemoryNamesTheOffloadedOptimizerState) {
