@@ -166,6 +166,23 @@ TEST(CrossValidate, ALeftOutGroupIsPredictedByAFitWithoutAnyOfItsRecords) {
   EXPECT_TRUE(baseline == "ok" || baseline == "oom") << baseline;
 }
 
+// Megatron-LM and KT-FT records take no part in a fit (lowered apart from the offload baselines)
+// but are predicted, by their own lowering, with the fit that left their group out.
+TEST(CrossValidate, SystemsLoweredApartArePredictedNotFailed) {
+  RecordSet set = records(5.0);
+  StepRecord megatron = set.steps.back();
+  megatron.id = megatron.origin = "megatron-b32";
+  megatron.system = "megatron-lm";
+  megatron.measured.step_s = 20.0;
+  set.steps.push_back(megatron);
+  const CrossValidation cv = cross_validate(set, load_hardware_spec("h100-sxm-node"), quick(CvGrouping::kPath));
+  const CvPrediction& p = find(cv, "megatron-b32");
+  EXPECT_EQ(p.status, "ok") << p.reason;
+  EXPECT_EQ(p.kind, "baseline");
+  ASSERT_TRUE(p.predicted_s.has_value());
+  EXPECT_GT(*p.predicted_s, 0);
+}
+
 TEST(CrossValidate, AGroupWithoutWhichNothingIsLeftToFitIsReportedNotPredicted) {
   const HardwareSpec hw = load_hardware_spec("h100-sxm-node");
   const CrossValidation cv = cross_validate(records(5.0), hw, quick(CvGrouping::kHardware));
