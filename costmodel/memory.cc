@@ -232,6 +232,13 @@ RingDtpHops ring_dtp_hops(const ModelSpec& m, std::int64_t tokens, int ranks) {
   return r;
 }
 
+Bytes pinned_host_block_bytes(Bytes requested) {
+  if (requested <= 0) return 0;
+  Bytes block = 1;
+  while (block < requested) block *= 2;
+  return block;
+}
+
 GpuPeakTerms eq2_gpu_peak(Bytes fixed, Bytes state, Bytes keep, Bytes work, double headroom_fraction) {
   GpuPeakTerms t{fixed, state, keep, work, 0};
   t.headroom = static_cast<Bytes>(headroom_fraction * static_cast<double>(fixed + state + keep + work));

@@ -185,6 +185,12 @@ struct RingDtpHops {
 };
 RingDtpHops ring_dtp_hops(const ModelSpec& m, std::int64_t tokens, int ranks);
 
+// A pinned host block as PyTorch's caching host allocator hands it out: every request rounded up
+// to the next power of two ("Round up the allocation to the nearest power of two to improve
+// reuse", ATen/core/CachingHostAllocator.h: c10::llvm::PowerOf2Ceil(size)), and a freed block
+// kept cached for the next request, so the process holds the rounded size. 0 stays 0.
+Bytes pinned_host_block_bytes(Bytes requested);
+
 // Runtime constants that no equation gives (estimates until calibration replaces them).
 struct MemoryConstants {
   Bytes gpu_fixed_bytes = 3 * kGiB / 2;    // M_0: CUDA context, cuBLAS/NCCL workspaces (estimate)

@@ -118,6 +118,26 @@ std::vector<int> expert_unit_options(BaselineSystem s, const ModelSpec& m, int g
   return out;
 }
 
+Bytes fsdp2_pinned_rounding_bytes(const ModelSpec& m, int gpus) {
+  // Each routed expert's gate and up projections [I, h] and down projection [h, I], sharded on
+  // dim 0 and padded to ⌈dim 0 / P⌉ rows (the per-expert modules of Qwen3-MoE's and Mixtral's
+  // Hugging Face checkpoints; the fused [E, 2I, h] and [E, h, I] tensors of newer ones round
+  // alike wherever E/P is a power of two). FP32 shards, each the parameter's and its gradient's.
+  const std::int64_t P = std::max(1, gpus), h = m.hidden;
+  Bytes extra = 0;
+  for (int l = m.first_dense_layers; l < m.layers; ++l) {
+    const MoeSpec& moe = m.layer_moe(l);
+    const std::int64_t I = moe.expert_intermediate;
+    if (moe.experts == 0 || I == 0) continue;
+    const auto rounding = [&](std::int64_t rows, std::int64_t cols) {
+      const Bytes padded = kFp32Bytes * ((rows + P - 1) / P) * cols;
+      return pinned_host_block_bytes(padded) - kFp32Bytes * rows * cols / P;
+    };
+    extra += std::int64_t{moe.experts} * (2 * rounding(I, h) + rounding(h, I));
+  }
+  return 2 * extra;  // the parameter shards and the gradient shards
+}
+
 BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
   const ModelSpec& m = ctx.model;
   const HardwareSpec& hw = ctx.hardware;
@@ -200,6 +220,7 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     Bytes bytes = 0;
     if (r > 0) {
       bytes += t.host_bytes_per_param * params.total() * r / P;
+      if (setup.system == BaselineSystem::kFsdp2Offload) bytes += r * fsdp2_pinned_rounding_bytes(m, P);
       bytes += r * boundary_bytes(m.layers, b, S, m.hidden);  // offloaded decoder checkpoints
       bytes += r * 2 * t.h2d_bytes_per_param * shard;         // pinned copy buffers
       if (!t.sharded_params) {

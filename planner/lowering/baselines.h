@@ -117,6 +117,16 @@ struct BaselineMemory {
 };
 BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx,
                                       const MemoryConstants& constants = {});
+// What pinning adds to FSDP2's host state on each of `gpus` ranks, beyond its 16 B/param.
+// CPUOffloadPolicy (pin_memory=True, its default) pins each parameter's padded FP32 shard
+// (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: `padded_sharded_param.pin_memory()`), and
+// each reduced FP32 gradient shard reaches the host through `.to("cpu", non_blocking=True)`
+// (_fsdp_collectives.py foreach_reduce, for the first micro-batch and without accumulation), which
+// allocates it pinned (ATen's _to_copy, `pin_out`); the caching host allocator holds every pinned
+// block at the next power of two (pinned_host_block_bytes). Counted for the routed experts (most
+// of an MoE model's parameters): Qwen3.5-122B-A10B's [1024, 3072] experts pin 4/3 of their bytes,
+// Qwen3.6-35B-A3B's [512, 2048] none more.
+Bytes fsdp2_pinned_rounding_bytes(const ModelSpec& m, int gpus);
 
 // Out-of-memory: where and by how much.
 struct OutOfMemory {

@@ -135,6 +135,25 @@ TEST(BaselineStaticMemory, Fsdp2HoldsAtLeastSixteenBytesPerParameterOnTheHost) {
   EXPECT_GE(host, 16 * model_params(ctx.model).total());
 }
 
+// FSDP2's pinned FP32 shards round up to powers of two (fsdp2_pinned_rounding_bytes): per rank,
+// 48 MoE decoders × 256 experts × 3 projections of a [1024, 3072] expert, each shard 3 MiB pinned
+// as 4 MiB, parameter and gradient: 72 GiB. Qwen3.6's [512, 2048] experts shard to 1 MiB exactly.
+TEST(BaselineStaticMemory, Fsdp2PinsEachExpertShardAtThePowerOfTwoAbove) {
+  EXPECT_EQ(pinned_host_block_bytes(3 * kMiB), 4 * kMiB);
+  EXPECT_EQ(pinned_host_block_bytes(4 * kMiB), 4 * kMiB);
+  EXPECT_EQ(pinned_host_block_bytes(0), 0);
+  const WorkloadContext q122 = context("qwen3.5-122b-a10b", 4, 64, 4096);
+  EXPECT_EQ(fsdp2_pinned_rounding_bytes(q122.model, 4), 72 * kGiB);
+  EXPECT_EQ(fsdp2_pinned_rounding_bytes(context("qwen3.6-35b-a3b", 4, 16, 4096).model, 4), 0);
+  // The paper: FSDP2 runs out of host memory on Qwen3.5-122B at 4K, batch 64 (2 x 1008 GiB).
+  const BaselineFit fit = configure_baseline(BaselineSystem::kFsdp2Offload, q122);
+  ASSERT_TRUE(fit.oom.has_value());
+  EXPECT_EQ(fit.oom->space, "host") << fit.oom->message();
+  // Without the rounding it would fit: 16 B/param of 122B is 910 GiB per NUMA node.
+  EXPECT_GT(fit.oom->needed_bytes - 2 * fsdp2_pinned_rounding_bytes(q122.model, 4), 0);
+  EXPECT_LT(fit.oom->needed_bytes - 2 * fsdp2_pinned_rounding_bytes(q122.model, 4), fit.oom->available_bytes);
+}
+
 TEST(ConfigureBaseline, AccumulatesWhenTheWholeBatchDoesNotFitAndMegaTrainCannot) {
   Workload w = context("qwen3.6-35b-a3b", 4, 256, 4096).workload;
   w.gpu_budget_gib = 24;  // 64 sequences of 4K per GPU on a 24 GiB budget
