@@ -613,6 +613,13 @@ TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
   EXPECT_NE(md.find("| workload | system | plan |"), std::string::npos) << md;
   EXPECT_NE(md.find("Largest workload each system completes"), std::string::npos) << md;
   EXPECT_EQ(md.find("Predicted vs published"), std::string::npos) << "no records attached";
+  EXPECT_EQ(md.find("Capacity verdicts"), std::string::npos) << "no verdicts stated";
+  PaperSection verdicts;
+  verdicts.result = run_study(study_from_json(verdict_study(), "v.json"), StepEngines(), &fake_search_out_of_gpu);
+  const std::string v = paper_section_markdown(verdicts);
+  EXPECT_NE(v.find("### Capacity verdicts, published and predicted"), std::string::npos) << v;
+  EXPECT_NE(v.find("| search | fits | gpu | MISMATCH |"), std::string::npos) << v;
+  EXPECT_NE(v.find("capacity verdicts: 4 stated, 1 match, 3 MISMATCH"), std::string::npos) << v;
   attach_published(s.result, synthetic_records(), "syn.jsonl");
   md = paper_section_markdown(s);
   EXPECT_NE(md.find("| ep-r2 |"), std::string::npos) << md;
