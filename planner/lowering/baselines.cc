@@ -82,7 +82,10 @@ BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
       t.optimizer_overlaps_backward = true;
       t.publishes_bf16 = true;
       t.accumulates_gradients = gpus == 1;
-      t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes;  // 14
+      // FP32 master and moments, the BF16 layer copies the GPUs read, and an FP32 gradient of
+      // every parameter that the ranks' slabs are summed into (MegaTrain's SharedState:
+      // `layer_shared_flats`, `torch.zeros_like(p.data)` per parameter, shared by the ranks).
+      t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes + kFp32Bytes;  // 18
       break;
     case BaselineSystem::kMegatronLm:
     case BaselineSystem::kKtFt:
@@ -116,6 +119,21 @@ std::vector<int> expert_unit_options(BaselineSystem s, const ModelSpec& m, int g
     if (m.moe.experts % u == 0) out.push_back(u);
   }
   return out;
+}
+
+Bytes megatrain_pinned_buffer_bytes(const ModelParams& params, int gpus) {
+  ParamCount largest = 0;
+  for (const auto& l : params.layers) largest = std::max(largest, l.total());
+  const Bytes layer = pinned_host_block_bytes(kBf16Bytes * largest);
+  const ParamCount head = (params.lm_head > 0 ? params.lm_head : params.embedding) + params.final_norm;
+  Bytes bytes = kMegaTrainGradSlabs * layer + pinned_host_block_bytes(kBf16Bytes * head) +
+                pinned_host_block_bytes(kBf16Bytes * params.embedding);
+  if (gpus <= 1) {
+    // One GPU: two pinned staging buffers, and each layer's BF16 copy pinned on its own.
+    bytes += 2 * layer;
+    for (const auto& l : params.layers) bytes += pinned_host_block_bytes(kBf16Bytes * l.total()) - kBf16Bytes * l.total();
+  }
+  return bytes;
 }
 
 Bytes fsdp2_pinned_rounding_bytes(const ModelSpec& m, int gpus) {
@@ -222,10 +240,10 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
       bytes += t.host_bytes_per_param * params.total() * r / P;
       if (setup.system == BaselineSystem::kFsdp2Offload) bytes += r * fsdp2_pinned_rounding_bytes(m, P);
       bytes += r * boundary_bytes(m.layers, b, S, m.hidden);  // offloaded decoder checkpoints
-      bytes += r * 2 * t.h2d_bytes_per_param * shard;         // pinned copy buffers
-      if (!t.sharded_params) {
-        bytes += r * 2 * gradient_bytes(largest);  // two BF16 gradient slots per rank
-        bytes += 2 * kFp32Bytes * largest;         // FP32 sums of the ranks' partials
+      if (t.sharded_params) {
+        bytes += r * 2 * t.h2d_bytes_per_param * shard;  // pinned copy buffers
+      } else {
+        bytes += r * megatrain_pinned_buffer_bytes(params, P);  // gradient slabs, staging
       }
       bytes += r * k.host_process_bytes;
     }

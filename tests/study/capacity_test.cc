@@ -12,8 +12,6 @@
 #include <fmt/format.h>
 
 #include <iostream>
-#include <set>
-#include <utility>
 
 #include "costmodel/input_error.h"
 #include "experiments/plan_finder.h"
@@ -36,16 +34,6 @@ constexpr bool kSanitized = false;
 #endif
 
 StudySpec capacity_study() { return load_study(std::string(OOM_SOURCE_DIR) + "/experiments/paper/capacity.json"); }
-
-// The published verdicts that no sourced mechanism of the memory model reproduces yet, each with
-// why (sweep, system). The test holds them to their mismatch, so that one fixed is noticed.
-const std::set<std::pair<std::string, std::string>> kKnownMismatches = {
-    // MegaTrain on Qwen3.5-122B at 4K, batch 64: published out of host memory; predicted to fit
-    // with 1793 GiB over the two 1008 GiB sockets (14 B/param of state, checkpoints, gradient
-    // slots). Its host layout (which buffers it pins, whether ranks share its state) has no
-    // published source to model from.
-    {"122b-4k-b64", "megatrain"},
-};
 
 // The plan search's verdict at a fraction of its cost: the Local path first (see above).
 StudyPlan local_first(const WorkloadContext& ctx, const PlanVariant& system) {
@@ -91,14 +79,8 @@ TEST(CapacityStudy, EveryPublishedVerdictComesOutAsPublished) {
   for (const StudyRow& row : r.rows) {
     for (const VerdictCheck& c : verdict_checks(r, row)) {
       ++checked;
-      const bool known = kKnownMismatches.contains({row.study_case.sweep, c.system});
-      if (known) {
-        EXPECT_FALSE(c.matches()) << row.label() << ": " << c.system << " now comes out as published (" << c.predicted
-                                  << "): take it off kKnownMismatches";
-      } else {
-        EXPECT_TRUE(c.matches()) << row.label() << ": " << c.system << " published " << capacity_name(c.published) << ", predicted "
-                                 << c.predicted << " (" << c.detail << ")";
-      }
+      EXPECT_TRUE(c.matches()) << row.label() << ": " << c.system << " published " << capacity_name(c.published) << ", predicted "
+                               << c.predicted << " (" << c.detail << ")";
     }
   }
   EXPECT_EQ(checked, 15);
