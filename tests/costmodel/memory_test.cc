@@ -75,10 +75,12 @@ TEST(Memory, AttentionBackwardGradientsByHand) {
   const AttentionBackwardBytes all = attention_backward_bytes(a, m.hidden, 1, T, 0);
   EXPECT_EQ(all.held, held);
   EXPECT_EQ(all.per_call, T * (16 * 256 * 4 + 16 * 4 + 16 * 2 * 256 * 2));
-  // One group of every head is the same backward.
+  // A group is capped at the query heads of one KV group: 16 heads a group is 8, one per KV head.
   const AttentionBackwardBytes g16 = attention_backward_bytes(a, m.hidden, 1, T, 16);
-  EXPECT_EQ(g16.held, all.held);
-  EXPECT_EQ(g16.per_call, all.per_call);
+  const AttentionBackwardBytes g8 = attention_backward_bytes(a, m.hidden, 1, T, 8);
+  EXPECT_EQ(g16.held, g8.held);
+  EXPECT_EQ(g16.per_call, g8.per_call);
+  EXPECT_EQ(g8.held, T * (2048 * 2 + 2 * 256 * 2));
   // Two query heads on their one KV head per call, the sublayer's backward group by group (Split,
   // reference §4): held across the groups are the normalized input's gradient [T, 2048] and one KV
   // head's dK and dV [T, 256]; each group's dO, gate gradient and dQ at 2 heads live in its call
