@@ -94,7 +94,8 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t h, std::in
   return bytes;
 }
 
-AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t seqs, std::int64_t S, int head_group) {
+AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t h, std::int64_t seqs, std::int64_t S,
+                                               int head_group) {
   const std::int64_t T = seqs * S;
   const std::int64_t d = a.head_dim, dv = a.value_dim(), H = a.heads;
   // Query heads per call, and the KV heads they attend to in that call.
@@ -102,11 +103,21 @@ AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int
   const std::int64_t kv = a.latent() ? H : a.kv_heads;
   const std::int64_t kv_in_call = g < H ? std::max<std::int64_t>(1, g * kv / H) : kv;
   AttentionBackwardBytes b;
-  b.held += T * H * dv * kBf16Bytes;                             // dO [T, heads·d_v]
-  b.held += a.output_gate ? T * H * d * kBf16Bytes : 0;          // the output gate's gradient [T, heads·d]
-  b.held += T * H * d * kBf16Bytes;                              // dQ [T, heads·d]
-  b.held += T * kv * d * kBf16Bytes;                             // dK [T, kv·d]
-  b.held += a.k_eq_v ? 0 : T * kv * dv * kBf16Bytes;             // dV [T, kv·d_v]
+  if (g < H && !a.latent()) {
+    // Query-head groups: the sublayer's backward group by group, only the sums held across groups.
+    b.held += T * h * kBf16Bytes;                                // d(normalized input) [T, h]
+    b.held += T * d * kBf16Bytes;                                // dK of the current KV head [T, d]
+    b.held += a.k_eq_v ? 0 : T * dv * kBf16Bytes;                // dV of the current KV head [T, d_v]
+    b.per_call += T * g * dv * kBf16Bytes;                       // the group's dO [T, g·d_v]
+    b.per_call += a.output_gate ? T * g * d * kBf16Bytes : 0;    // the group's gate gradient [T, g·d]
+    b.per_call += T * g * d * kBf16Bytes;                        // the group's dQ [T, g·d]
+  } else {
+    b.held += T * H * dv * kBf16Bytes;                           // dO [T, heads·d_v]
+    b.held += a.output_gate ? T * H * d * kBf16Bytes : 0;        // the output gate's gradient [T, heads·d]
+    b.held += T * H * d * kBf16Bytes;                            // dQ [T, heads·d]
+    b.held += T * kv * d * kBf16Bytes;                           // dK [T, kv·d]
+    b.held += a.k_eq_v ? 0 : T * kv * dv * kBf16Bytes;           // dV [T, kv·d_v]
+  }
   b.per_call += T * g * d * kFp32Bytes;                          // FP32 dQ accumulator [T, g·d]
   b.per_call += T * g * kFp32Bytes;                              // softmax_d [T, g] FP32
   if (g > kv_in_call) b.per_call += T * g * (d + dv) * kBf16Bytes;  // dK, dV expanded to the g query heads
@@ -132,7 +143,7 @@ Bytes gdn_backward_bytes(const GdnSpec& g, std::int64_t seqs, std::int64_t S, st
 Bytes mixing_backward_total_bytes(const ModelSpec& m, int layer, std::int64_t seqs, std::int64_t S) {
   const LayerKind kind = m.layer_kinds[static_cast<std::size_t>(layer)];
   if (kind == LayerKind::kLinearAttention) return gdn_backward_bytes(m.gdn, seqs, S, 0);
-  const AttentionBackwardBytes b = attention_backward_bytes(m.attention(kind), seqs, S, 0);
+  const AttentionBackwardBytes b = attention_backward_bytes(m.attention(kind), m.hidden, seqs, S, 0);
   return b.held + b.per_call;
 }
 
@@ -219,6 +230,13 @@ RingDtpHops ring_dtp_hops(const ModelSpec& m, std::int64_t tokens, int ranks) {
     r.backward = tokens * (h * kBf16Bytes + 8 + kFp32Bytes + h * kFp32Bytes);
   }
   return r;
+}
+
+Bytes pinned_host_block_bytes(Bytes requested) {
+  if (requested <= 0) return 0;
+  Bytes block = 1;
+  while (block < requested) block *= 2;
+  return block;
 }
 
 GpuPeakTerms eq2_gpu_peak(Bytes fixed, Bytes state, Bytes keep, Bytes work, double headroom_fraction) {

@@ -81,23 +81,35 @@ Bytes attention_activation_bytes(const AttentionSpec& a, std::int64_t hidden, st
                                  std::int64_t seq_len, int head_group);
 // The gradient buffers of an attention sublayer's backward on one GPU, over `seqs` sequences of
 // S tokens (a GPU's piece under context parallelism), query heads processed `head_group` at a
-// time within one KV group (0 = all heads in one call):
+// time within one KV group (0 = all heads in one call).
+// All heads in one call (head_group 0, or a group of every head):
 //   held: from the output projection's backward to the Q/K/V projections' backward: the core
 //     output's gradient dO [T, heads·d_v] and, with an output gate, the gate's [T, heads·d]; dQ
-//     [T, heads·d], each call writing its heads; dK and dV [T, kv·d] (one under k_eq_v; per head
-//     under MLA, before kv_b's backward);
-//   per_call: inside one core backward call of g query heads: FlashAttention-2's FP32 dQ
+//     [T, heads·d]; dK and dV [T, kv·d] (one under k_eq_v; per head under MLA, before kv_b's
+//     backward);
+//   per_call: inside the core backward call of g query heads: FlashAttention-2's FP32 dQ
 //     accumulator [T, g·d] and softmax_d [T, g] (mha_bwd allocates both, loop = true, in PyTorch's
 //     vendored flash_api.cpp) and, when the call's g query heads share fewer KV heads (GQA), dK
 //     and dV expanded to the g heads [T, g·d] BF16 each before their sum over each KV group.
 //     Head dims past 256 (the memory-efficient kernel, which takes K and V already expanded to
 //     the query heads) are given the same buffers: its FP32 dQ accumulation and K/V gradients at
 //     the query heads.
+// In query-head groups (Split, reference §4 Table 1: groups of g query heads within one GQA group,
+// each group's causal sequence complete, backward rematerialized group by group in reverse; the
+// group's columns of the output projection and the group's rows of the Q and gate projections are
+// independent, so the whole sublayer's backward runs per group and only sums cross groups):
+//   held: the normalized input's gradient [T, h], summed over the groups' Q/K/V projection
+//     backward, and the current KV head's dK and dV [T, d] (one under k_eq_v), summed over the
+//     groups that share it before its K/V projection's backward (groups run KV group by KV group);
+//   per_call: the group's dO [T, g·d_v], gate gradient [T, g·d] and dQ [T, g·d] BF16 beside the
+//     core call's buffers above at g heads.
+// Not under MLA (kv_b expands K and V per head from one latent): its held buffers stay whole.
 struct AttentionBackwardBytes {
   Bytes held = 0;
   Bytes per_call = 0;
 };
-AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t seqs, std::int64_t seq_len, int head_group);
+AttentionBackwardBytes attention_backward_bytes(const AttentionSpec& a, std::int64_t hidden, std::int64_t seqs, std::int64_t seq_len,
+                                               int head_group);
 // The buffers of one chunked Gated DeltaNet backward call (flash-linear-attention's
 // chunk_gated_delta_rule_bwd, 64-token chunks) over a piece of the `seqs` sequences of S tokens
 // taken `chunk_tokens` at a time (gdn_activation_bytes' pieces; 0 = everything in one call). The
@@ -172,6 +184,12 @@ struct RingDtpHops {
   Bytes backward = 0;  // one hop's bytes in the backward
 };
 RingDtpHops ring_dtp_hops(const ModelSpec& m, std::int64_t tokens, int ranks);
+
+// A pinned host block as PyTorch's caching host allocator hands it out: every request rounded up
+// to the next power of two ("Round up the allocation to the nearest power of two to improve
+// reuse", ATen/core/CachingHostAllocator.h: c10::llvm::PowerOf2Ceil(size)), and a freed block
+// kept cached for the next request, so the process holds the rounded size. 0 stays 0.
+Bytes pinned_host_block_bytes(Bytes requested);
 
 // Runtime constants that no equation gives (estimates until calibration replaces them).
 struct MemoryConstants {

@@ -171,6 +171,19 @@ std::string published_table(const StudyResult& r) {
          published_errors_text(r) + "\n\n";
 }
 
+// The published capacity verdicts beside the predicted ones (a study that states them).
+std::string verdict_table(const StudyResult& r) {
+  if (!states_verdicts(r.spec)) return "";
+  std::string out = "### Capacity verdicts, published and predicted\n\n| workload | system | published | predicted | |\n|---|---|---|---|---|\n";
+  for (const auto& row : r.rows) {
+    for (const VerdictCheck& c : verdict_checks(r, row)) {
+      out += fmt::format("| {} | {} | {} | {} | {} |\n", workload_cell(row.study_case.workload), c.system, capacity_name(c.published),
+                         c.predicted, c.matches() ? "" : "MISMATCH");
+    }
+  }
+  return out + "\n" + verdict_summary_text(r) + "\n\n";
+}
+
 }  // namespace
 
 std::vector<std::string> paper_study_files(const std::string& dir) {
@@ -195,6 +208,7 @@ std::string paper_section_markdown(const PaperSection& s) {
   out += residency_grids(r);
   out += predictions_table(r) + "\n";
   out += largest_workloads(r);
+  out += verdict_table(r);
   if (!r.published_file.empty()) out += "### Predicted vs published\n\n" + published_table(r);
   return out;
 }

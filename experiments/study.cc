@@ -16,11 +16,15 @@
 #include "experiments/published.h"
 #include "planner/calibration/calibration.h"
 #include "planner/lowering/graph_size_estimate.h"
+#include "planner/search/plan_search.h"
 
 namespace oom {
 namespace {
 
 constexpr std::int64_t kMaxInt = std::int64_t{1} << 40;
+
+// A baseline's cell in a sweep that does not run it (StudySweep::baselines).
+constexpr const char* kNotInSweep = "not run: the sweep lists other baselines";
 
 // The columns every study CSV starts with (study_csv()); the baselines' and the published
 // records' follow.
@@ -55,7 +59,7 @@ std::vector<std::int64_t> non_empty(const JsonReader& r, const std::string& key,
 
 StudySweep sweep_from_json(const JsonReader& r) {
   r.reject_unknown_keys({"name", "models", "hardware", "nodes", "gpus", "global_batch", "seqs_per_gpu", "gpus_per_seq",
-                         "seq_len", "gpu_budget_gib", "host_budget_gib", "yarn_factor", "routing", "systems"});
+                         "seq_len", "gpu_budget_gib", "host_budget_gib", "yarn_factor", "routing", "systems", "baselines", "verdicts"});
   StudySweep s;
   s.name = r.string("name");
   s.models = r.string_list("models");
@@ -96,7 +100,61 @@ StudySweep sweep_from_json(const JsonReader& r) {
       s.systems.push_back(*v);
     }
   }
+  if (r.has("baselines")) {
+    // Checked against the study's baselines in study_from_json.
+    s.baselines.emplace();
+    const std::vector<std::string> names = r.string_list("baselines");
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const auto b = baseline_system_from_name(names[i]);
+      if (!b) r.fail_value(fmt::format("{}[{}]", r.field("baselines"), i), names[i], "unknown baseline system");
+      s.baselines->push_back(*b);
+    }
+  }
+  if (r.has("verdicts")) {
+    // {"system": "fits" | "gpu" | "host"}; which systems may be named is checked with the study's
+    // baselines (study_from_json).
+    const JsonReader v = r.object("verdicts");
+    if (v.raw().empty()) r.fail("verdicts", "expected an object of at least one system's verdict");
+    for (const auto& [system, value] : v.raw().items()) {
+      const auto c = value.is_string() ? capacity_from_name(value.get<std::string>()) : std::nullopt;
+      if (!c) v.fail_value(v.field(system), value, "expected \"fits\", \"gpu\" or \"host\" (the memory that runs out)");
+      s.verdicts.push_back({system, *c});
+    }
+  }
   return s;
+}
+
+// A sweep's baselines are the study's; its verdicts name one of its OOM systems or one of the
+// baselines it runs.
+void check_sweep_systems(const StudySpec& s, const std::string& file) {
+  for (std::size_t i = 0; i < s.sweeps.size(); ++i) {
+    const StudySweep& w = s.sweeps[i];
+    const auto in_study = [&](BaselineSystem b) { return std::find(s.baselines.begin(), s.baselines.end(), b) != s.baselines.end(); };
+    if (w.baselines) {
+      for (std::size_t k = 0; k < w.baselines->size(); ++k) {
+        const BaselineSystem b = (*w.baselines)[k];
+        if (!in_study(b)) {
+          throw InputError(file, fmt::format("sweeps[{}].baselines[{}]", i, k), "\"" + std::string(baseline_system_name(b)) + "\"",
+                           "a sweep runs some of the study's baselines, and this is not one of them");
+        }
+      }
+    }
+    for (const PublishedVerdict& v : w.verdicts) {
+      const auto variant = plan_variant_from_name(v.system);
+      const auto baseline = baseline_system_from_name(v.system);
+      const bool oom = variant && std::find(w.systems.begin(), w.systems.end(), *variant) != w.systems.end();
+      const bool base = baseline && in_study(*baseline) &&
+                        (!w.baselines || std::find(w.baselines->begin(), w.baselines->end(), *baseline) != w.baselines->end());
+      if (oom && plan_variant_name(*variant) != v.system) {
+        throw InputError(file, fmt::format("sweeps[{}].verdicts.{}", i, v.system), "\"" + v.system + "\"",
+                         fmt::format("spell the system as its \"systems\" entry does: {}", plan_variant_name(*variant)));
+      }
+      if (!oom && !base) {
+        throw InputError(file, fmt::format("sweeps[{}].verdicts.{}", i, v.system), "\"" + v.system + "\"",
+                         "a verdict names one of the sweep's systems or one of the baselines it runs");
+      }
+    }
+  }
 }
 
 nlohmann::json budgets_to_json(const std::vector<std::optional<double>>& v) {
@@ -259,6 +317,7 @@ StudySpec study_from_json(const nlohmann::json& j, const std::string& file) {
   for (std::size_t i = 0; i < sweeps.size(); ++i) {
     s.sweeps.push_back(sweep_from_json(JsonReader(sweeps[i], file, fmt::format("sweeps[{}]", i))));
   }
+  check_sweep_systems(s, file);
   return s;
 }
 
@@ -281,6 +340,16 @@ nlohmann::json study_to_json(const StudySpec& s) {
       nlohmann::json systems = nlohmann::json::array();
       for (const auto& v : w.systems) systems.push_back(plan_variant_name(v));
       j["systems"] = systems;
+    }
+    if (w.baselines) {
+      nlohmann::json names = nlohmann::json::array();
+      for (const auto b : *w.baselines) names.push_back(std::string(baseline_system_name(b)));
+      j["baselines"] = names;
+    }
+    if (!w.verdicts.empty()) {
+      nlohmann::json verdicts = nlohmann::json::object();
+      for (const auto& v : w.verdicts) verdicts[v.system] = capacity_name(v.verdict);
+      j["verdicts"] = verdicts;
     }
     sweeps.push_back(std::move(j));
   }
@@ -394,6 +463,9 @@ StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const P
       row.plan = find_plan(ctx, c.system);
     } catch (const InputError&) {
       throw;
+    } catch (const InfeasibleWorkload& e) {
+      row.infeasible = e.what();
+      row.infeasible_space = e.space();
     } catch (const std::runtime_error& e) {
       row.infeasible = e.what();
     }
@@ -405,7 +477,16 @@ StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const P
     } else {
       // The constants fitted with the engine that runs the baselines (NAME.ENGINE.json first).
       const Calibration calibration = load_calibration_for(ctx.hardware, spec.engine);
+      const StudySweep* sweep = nullptr;
+      for (const auto& w : spec.sweeps) sweep = w.name == c.sweep && !sweep ? &w : sweep;
       for (const auto system : spec.baselines) {
+        if (sweep && sweep->baselines && std::find(sweep->baselines->begin(), sweep->baselines->end(), system) == sweep->baselines->end()) {
+          BaselineResult skipped;
+          skipped.system = system;
+          skipped.not_run = kNotInSweep;
+          row.baselines.push_back(std::move(skipped));
+          continue;
+        }
         BaselineResult b = run_baseline(system, ctx, engines, spec.engine, calibration);
         b.trace = Trace{};  // rows keep the numbers only
         row.baselines.push_back(std::move(b));
@@ -492,7 +573,7 @@ std::string study_table_text(const StudyResult& r) {
   for (const auto& row : r.rows) {
     if (!row.plan) out += fmt::format("  {}: no plan fits: {}\n", row.label(), row.infeasible);
     for (const auto& b : row.baselines) {
-      if (!b.fits()) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.failure());
+      if (!b.fits() && b.not_run != kNotInSweep) out += fmt::format("  {}: {}: {}\n", row.label(), baseline_system_name(b.system), b.failure());
       if (b.fits() && b.setup && b.setup->expert_units > 1) {
         out += fmt::format("  {}: {}: experts wrapped in {} units per decoder (a whole decoder does not fit), micro-batch of {} x {}\n",
                            row.label(), baseline_system_name(b.system), b.setup->expert_units, b.setup->micro_batch_seqs,
@@ -512,6 +593,18 @@ std::string study_table_text(const StudyResult& r) {
                          e ? fmt::format("{:.2f} s, {:+.1f}%", b.step_s, 100 * *e) : std::string("out of memory"));
     }
   }
+  if (states_verdicts(r.spec)) {
+    // The paper's capacity verdicts beside the predicted ones, a mismatch marked.
+    out += "Capacity verdicts, published / predicted:\n";
+    for (const auto& row : r.rows) {
+      for (const VerdictCheck& c : verdict_checks(r, row)) {
+        const bool detail = c.matches() ? c.predicted == "fits" : true;
+        out += fmt::format("  {}: {} {} / {}{}{}\n", row.label(), c.system, capacity_name(c.published), c.predicted,
+                           detail && !c.detail.empty() ? " (" + c.detail + ")" : std::string(), c.matches() ? "" : "  MISMATCH");
+      }
+    }
+    out += verdict_summary_text(r) + "\n";
+  }
   if (published) out += published_errors_text(r) + "\n";
   out += fmt::format("{} cases in {:.1f} s\n", r.rows.size(), r.wall_s);
   return out;
@@ -530,6 +623,11 @@ std::string study_csv(const StudyResult& r) {
     for (const auto b : r.spec.baselines) {
       out += fmt::format(",{0}_published_id,{0}_published_step_s,{0}_published_tokens_per_s,{0}_step_error", baseline_system_name(b));
     }
+  }
+  const bool verdicts = states_verdicts(r.spec);
+  if (verdicts) {
+    out += ",published_verdict,verdict";
+    for (const auto b : r.spec.baselines) out += fmt::format(",{0}_published_verdict,{0}_verdict", baseline_system_name(b));
   }
   out += "\n";
   auto quoted = [](const std::string& s) {
@@ -578,6 +676,18 @@ std::string study_csv(const StudyResult& r) {
                            num(relative_error(fits ? std::optional<double>(row.baselines[i].step_s) : std::nullopt, bstep), "{:.4f}"));
       }
     }
+    if (verdicts) {
+      // Each system's stated verdict and the predicted one; empty cells where none is stated.
+      const std::vector<VerdictCheck> checks = verdict_checks(r, row);
+      const auto cells = [&](const std::string& system) {
+        for (const auto& c : checks) {
+          if (c.system == system) return fmt::format(",{},{}", capacity_name(c.published), c.predicted);
+        }
+        return std::string(",,");
+      };
+      out += cells(plan_variant_name(row.study_case.system));
+      for (const auto b : r.spec.baselines) out += cells(std::string(baseline_system_name(b)));
+    }
     out += "\n";
   }
   return out;
@@ -605,6 +715,14 @@ nlohmann::json study_result_to_json(const StudyResult& r) {
     j["baselines"] = baselines;
     j["best_baseline"] = row.best_baseline.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.best_baseline);
     j["speedup"] = row.speedup ? nlohmann::json(*row.speedup) : nlohmann::json(nullptr);
+    if (states_verdicts(r.spec)) {
+      nlohmann::json checks = nlohmann::json::array();
+      for (const VerdictCheck& c : verdict_checks(r, row)) {
+        checks.push_back({{"system", c.system}, {"published", capacity_name(c.published)}, {"predicted", c.predicted},
+                          {"matches", c.matches()}, {"detail", c.detail}});
+      }
+      j["verdicts"] = checks;
+    }
     if (!r.published_file.empty()) {
       auto point = [](const std::optional<PublishedPoint>& p) {
         if (!p) return nlohmann::json(nullptr);
@@ -620,6 +738,7 @@ nlohmann::json study_result_to_json(const StudyResult& r) {
     rows.push_back(std::move(j));
   }
   nlohmann::json out = {{"study", study_to_json(r.spec)}, {"rows", rows}, {"wall_s", r.wall_s}};
+  if (states_verdicts(r.spec)) out["verdict_summary"] = verdict_summary_text(r);
   if (!r.published_file.empty()) {
     out["published_file"] = r.published_file;
     out["published_errors"] = published_errors_to_json(published_errors(r));
@@ -630,7 +749,8 @@ nlohmann::json study_result_to_json(const StudyResult& r) {
 void check_study_csv(const std::string& text, const std::string& file) {
   check_csv_table(parse_csv(text, file), file, kStudyCsvColumns, [](const std::string& column) {
     if (column == "sweep" || column == "system" || column == "model" || column == "hardware" || column == "status" ||
-        column == "plan" || column == "best_baseline" || column.ends_with("_oom") || column.ends_with("_id")) {
+        column == "plan" || column == "best_baseline" || column.ends_with("_oom") || column.ends_with("_id") ||
+        column.ends_with("verdict")) {
       return CsvColumn::kText;
     }
     if (column == "gpus" || column == "global_batch" || column == "seq_len") return CsvColumn::kNumber;

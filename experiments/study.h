@@ -23,7 +23,12 @@
 // "local:3+1" (the Local planner's operator splits with a named boundary policy, reference §4:
 // Table 7), "search/noflat" (the search without FLAT's schedules). A sweep's optional "routing"
 // (costmodel/routing.h) applies to all its workloads. Every workload of a sweep is answered once
-// per system; the baselines once per workload.
+// per system; the baselines once per workload (a sweep's optional "baselines" runs only those of
+// the study's it lists, [] none). A sweep's optional "verdicts" states what the paper
+// published about each workload of the sweep, per system: "fits", or the memory that runs out,
+// "gpu" or "host" ({"search": "fits", "fsdp2-offload": "gpu"}; a key is one of the sweep's
+// "systems" or of the baselines it runs); `oom whatif` prints each beside the predicted verdict
+// (experiments/paper/capacity.json).
 // The plan search comes in through a PlanFinder (cli/cmd_whatif.cc wires planner/search/plan_search.h;
 // tests swap in a fake), so this runner depends only on the baselines and the workload types.
 // A case that the plan search cannot fit is a row with its reason; a baseline that does not fit
@@ -67,6 +72,21 @@ std::optional<PlanVariant> plan_variant_from_name(const std::string& name);
 // host; the plan's other schedules are kept as they are.
 Plan with_boundary_policy(Plan p, const std::string& policy, int layers);
 
+// A capacity verdict (`oom whatif` sets what a study states the paper published beside what it
+// predicts): the workload fits, or the memory that runs out first, the GPU's or the host's.
+enum class Capacity { kFits, kGpu, kHost };
+// "fits", "gpu", "host"
+std::string capacity_name(Capacity c);
+// The verdict of a spelling, or nullopt when `name` is none of the three.
+std::optional<Capacity> capacity_from_name(const std::string& name);
+// A published verdict on one system of a sweep: an OOM system of its "systems" (spelled as
+// plan_variant_name() spells it) or a baseline system of the study.
+struct PublishedVerdict {
+  std::string system;
+  Capacity verdict = Capacity::kFits;
+  bool operator==(const PublishedVerdict&) const = default;
+};
+
 struct StudySweep {
   std::string name;
   std::vector<std::string> models;
@@ -84,6 +104,12 @@ struct StudySweep {
   std::optional<double> yarn_factor;  // nullopt: the smallest whole factor that reaches seq_len
   RoutingSpec routing;                // every workload's routing (costmodel/routing.h; default uniform)
   std::vector<PlanVariant> systems{PlanVariant{}};  // the OOM plans of each workload
+  // The baselines the sweep runs ("baselines": a subset of the study's, possibly empty); nullopt:
+  // every baseline of the study. A row's cell of a baseline the sweep leaves out reads "n/a".
+  std::optional<std::vector<BaselineSystem>> baselines;
+  // The paper's capacity verdicts on every workload of the sweep ("verdicts": {"search": "fits",
+  // "fsdp2-offload": "gpu"}), in the order of their systems' names; empty: none stated.
+  std::vector<PublishedVerdict> verdicts;
 };
 
 struct StudySpec {
@@ -150,6 +176,7 @@ struct StudyRow {
   StudyCase study_case;
   std::optional<StudyPlan> plan;    // nullopt when no plan fits
   std::string infeasible;           // why no plan fits
+  std::string infeasible_space;     // the memory that runs out, "gpu" or "host"; "" when neither is why
   std::vector<BaselineResult> baselines;  // in the spec's order, traces dropped
   // Chosen plan's tokens/s over the best baseline that fits (nullopt when either is missing).
   std::optional<double> speedup;
@@ -200,6 +227,23 @@ inline constexpr double kSearchSecondsPerStage = 5.5e-4;
 inline constexpr double kPricingSecondsPerStage = 8.5e-6;
 // The estimate of every case of `spec` (workloads resolved as run_study resolves them).
 WorkEstimate estimate_study(const StudySpec& spec);
+
+// A stated verdict of a row against the predicted one: the row's OOM system's (a stated verdict on
+// it), and on the first of its workload's rows (the sweep's first system) each stated baseline's.
+// `predicted` is "fits", "gpu", "host", or "n/a" (not run, or no memory is why: a path that does
+// not apply); `detail` the GPU and host peaks of what fits, else why it does not.
+struct VerdictCheck {
+  std::string system;
+  Capacity published = Capacity::kFits;
+  std::string predicted;
+  std::string detail;
+  bool matches() const { return predicted == capacity_name(published); }
+};
+std::vector<VerdictCheck> verdict_checks(const StudyResult& r, const StudyRow& row);
+// Whether any sweep of the study states a verdict (the table, CSV and JSON then carry them).
+bool states_verdicts(const StudySpec& s);
+// "capacity verdicts: 14 stated, 14 match" (with the mismatches' count when there are any).
+std::string verdict_summary_text(const StudyResult& r);
 
 // The table `oom whatif` prints: workload, chosen plan, step time, tokens/s, GPU peak, host
 // memory, each baseline's step time or OOM, speedup over the best baseline.

@@ -82,7 +82,10 @@ BaselineTraits baseline_traits(BaselineSystem s, int gpus) {
       t.optimizer_overlaps_backward = true;
       t.publishes_bf16 = true;
       t.accumulates_gradients = gpus == 1;
-      t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes;  // 14
+      // FP32 master and moments, the BF16 layer copies the GPUs read, and an FP32 gradient of
+      // every parameter that the ranks' slabs are summed into (MegaTrain's SharedState:
+      // `layer_shared_flats`, `torch.zeros_like(p.data)` per parameter, shared by the ranks).
+      t.host_bytes_per_param = kCanonicalBytesPerParam + kBf16Bytes + kFp32Bytes;  // 18
       break;
     case BaselineSystem::kMegatronLm:
     case BaselineSystem::kKtFt:
@@ -116,6 +119,41 @@ std::vector<int> expert_unit_options(BaselineSystem s, const ModelSpec& m, int g
     if (m.moe.experts % u == 0) out.push_back(u);
   }
   return out;
+}
+
+Bytes megatrain_pinned_buffer_bytes(const ModelParams& params, int gpus) {
+  ParamCount largest = 0;
+  for (const auto& l : params.layers) largest = std::max(largest, l.total());
+  const Bytes layer = pinned_host_block_bytes(kBf16Bytes * largest);
+  const ParamCount head = (params.lm_head > 0 ? params.lm_head : params.embedding) + params.final_norm;
+  Bytes bytes = kMegaTrainGradSlabs * layer + pinned_host_block_bytes(kBf16Bytes * head) +
+                pinned_host_block_bytes(kBf16Bytes * params.embedding);
+  if (gpus <= 1) {
+    // One GPU: two pinned staging buffers, and each layer's BF16 copy pinned on its own.
+    bytes += 2 * layer;
+    for (const auto& l : params.layers) bytes += pinned_host_block_bytes(kBf16Bytes * l.total()) - kBf16Bytes * l.total();
+  }
+  return bytes;
+}
+
+Bytes fsdp2_pinned_rounding_bytes(const ModelSpec& m, int gpus) {
+  // Each routed expert's gate and up projections [I, h] and down projection [h, I], sharded on
+  // dim 0 and padded to ⌈dim 0 / P⌉ rows (the per-expert modules of Qwen3-MoE's and Mixtral's
+  // Hugging Face checkpoints; the fused [E, 2I, h] and [E, h, I] tensors of newer ones round
+  // alike wherever E/P is a power of two). FP32 shards, each the parameter's and its gradient's.
+  const std::int64_t P = std::max(1, gpus), h = m.hidden;
+  Bytes extra = 0;
+  for (int l = m.first_dense_layers; l < m.layers; ++l) {
+    const MoeSpec& moe = m.layer_moe(l);
+    const std::int64_t I = moe.expert_intermediate;
+    if (moe.experts == 0 || I == 0) continue;
+    const auto rounding = [&](std::int64_t rows, std::int64_t cols) {
+      const Bytes padded = kFp32Bytes * ((rows + P - 1) / P) * cols;
+      return pinned_host_block_bytes(padded) - kFp32Bytes * rows * cols / P;
+    };
+    extra += std::int64_t{moe.experts} * (2 * rounding(I, h) + rounding(h, I));
+  }
+  return 2 * extra;  // the parameter shards and the gradient shards
 }
 
 BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx, const MemoryConstants& k) {
@@ -200,11 +238,12 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
     Bytes bytes = 0;
     if (r > 0) {
       bytes += t.host_bytes_per_param * params.total() * r / P;
+      if (setup.system == BaselineSystem::kFsdp2Offload) bytes += r * fsdp2_pinned_rounding_bytes(m, P);
       bytes += r * boundary_bytes(m.layers, b, S, m.hidden);  // offloaded decoder checkpoints
-      bytes += r * 2 * t.h2d_bytes_per_param * shard;         // pinned copy buffers
-      if (!t.sharded_params) {
-        bytes += r * 2 * gradient_bytes(largest);  // two BF16 gradient slots per rank
-        bytes += 2 * kFp32Bytes * largest;         // FP32 sums of the ranks' partials
+      if (t.sharded_params) {
+        bytes += r * 2 * t.h2d_bytes_per_param * shard;  // pinned copy buffers
+      } else {
+        bytes += r * megatrain_pinned_buffer_bytes(params, P);  // gradient slabs, staging
       }
       bytes += r * k.host_process_bytes;
     }

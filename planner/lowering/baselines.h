@@ -15,7 +15,9 @@
 //   - "megatrain": single-GPU-style layer streaming: every GPU copies each decoder's whole BF16
 //     weights, gradients go to the host as BF16 and are summed there in FP32, each layer's CPU
 //     update overlaps the backward of the layers below; its multi-GPU path does not accumulate
-//     gradients, so the per-GPU batch must fit at once.
+//     gradients, so the per-GPU batch must fit at once. Host: FP32 master and moments, BF16 layer
+//     copies and an FP32 gradient of every parameter (18 B/param), and per rank pinned BF16
+//     gradient slabs (megatrain_pinned_buffer_bytes).
 // Every system computes the whole expert bank of a layer on each GPU over its own tokens (no
 // expert parallelism) and checkpoints every decoder with its input on the host.
 //
@@ -117,6 +119,25 @@ struct BaselineMemory {
 };
 BaselineMemory baseline_static_memory(const BaselineSetup& setup, const WorkloadContext& ctx,
                                       const MemoryConstants& constants = {});
+// MegaTrain's pinned host buffers on each of `gpus` ranks (its public code, DLYuanGod/MegaTrain
+// infinity/model/mp_worker.py and cpu_master.py): `num_grad_slabs` (12 by default,
+// infinity/config/training.py) BF16 gradient slabs of the largest decoder's parameters and one
+// each of the head's and the embedding's, all `pin_memory=True`, so each held at the power of two
+// above its bytes (pinned_host_block_bytes); several GPUs read the shared BF16 layer copies
+// directly (registered with cudaHostRegister, no staging), one GPU reads each layer's own pinned
+// copy (rounded alike) through two pinned staging buffers.
+inline constexpr int kMegaTrainGradSlabs = 12;
+Bytes megatrain_pinned_buffer_bytes(const ModelParams& params, int gpus);
+// What pinning adds to FSDP2's host state on each of `gpus` ranks, beyond its 16 B/param.
+// CPUOffloadPolicy (pin_memory=True, its default) pins each parameter's padded FP32 shard
+// (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: `padded_sharded_param.pin_memory()`), and
+// each reduced FP32 gradient shard reaches the host through `.to("cpu", non_blocking=True)`
+// (_fsdp_collectives.py foreach_reduce, for the first micro-batch and without accumulation), which
+// allocates it pinned (ATen's _to_copy, `pin_out`); the caching host allocator holds every pinned
+// block at the next power of two (pinned_host_block_bytes). Counted for the routed experts (most
+// of an MoE model's parameters): Qwen3.5-122B-A10B's [1024, 3072] experts pin 4/3 of their bytes,
+// Qwen3.6-35B-A3B's [512, 2048] none more.
+Bytes fsdp2_pinned_rounding_bytes(const ModelSpec& m, int gpus);
 
 // Out-of-memory: where and by how much.
 struct OutOfMemory {

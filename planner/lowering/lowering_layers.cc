@@ -371,13 +371,15 @@ PerRank Lowering::mixing_backward(int l, std::int64_t seqs, const PerRank& ready
       gpu_free(call[static_cast<std::size_t>(r)], r, bytes, MemoryUse::kActivations);
     }
   };
-  Bytes gradients_held = 0;  // the attention's dO, gate, dQ, dK, dV: from here to the projections' backward
+  // The attention's dO, gate, dQ, dK, dV (in head groups: the sums over the groups) from here to
+  // the projections' backward; a head group's own gradients live in its core call's stage.
+  Bytes gradients_held = 0;
   if (is_attention(kind)) {
     const AttentionSpec& a = m_.attention(kind);
     const int groups = attention_head_groups(a, plan_.split.attention_head_group);
     const OpShape core = attention_core_shape(a, groups, seqs, span_, S_);
     const Flops fwd = attention_core_flops(l, seqs) / groups;
-    const AttentionBackwardBytes grads = attention_backward_bytes(a, seqs, S_, plan_.split.attention_head_group);
+    const AttentionBackwardBytes grads = attention_backward_bytes(a, m_.hidden, seqs, S_, plan_.split.attention_head_group);
     gradients_held = grads.held;
     for (int r = 0; r < P_; ++r) gpu_alloc(last[static_cast<std::size_t>(r)], r, gradients_held, true, MemoryUse::kActivations);
     ring = ring_attention(l, Phase::kBackward, last);

@@ -167,9 +167,16 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
         add(core.items, "GDN core backward workspace (recomputed WY factors and chunk states, their gradients, the saved normalized q/k and A)",
             gdn_backward_bytes(m.gdn, live_seqs, S, plan.split.gdn_chunk_tokens));
       } else {
-        const AttentionBackwardBytes grads = attention_backward_bytes(m.attention(kind), live_seqs, S, plan.split.attention_head_group);
-        add(core.items, "attention gradients dO, dQ, dK, dV (BF16)", grads.held);
-        add(core.items, "attention core backward workspace (FP32 dQ accumulator, GQA-expanded dK/dV)", grads.per_call);
+        const AttentionBackwardBytes grads = attention_backward_bytes(m.attention(kind), m.hidden, live_seqs, S, plan.split.attention_head_group);
+        const bool grouped = attention_head_groups(m.attention(kind), plan.split.attention_head_group) > 1 && !m.attention(kind).latent();
+        add(core.items,
+            grouped ? "attention gradient sums over head groups: normalized input's, one KV head's dK, dV (BF16)"
+                    : "attention gradients dO, dQ, dK, dV (BF16)",
+            grads.held);
+        add(core.items,
+            grouped ? "attention head group's backward: its dO, gate gradient, dQ, FP32 dQ accumulator, GQA-expanded dK/dV"
+                    : "attention core backward workspace (FP32 dQ accumulator, GQA-expanded dK/dV)",
+            grads.per_call);
       }
       phases.push_back(std::move(core));
     }

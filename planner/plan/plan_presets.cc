@@ -60,7 +60,7 @@ PlanChoice price_fixed_plan(const Plan& plan, const WorkloadContext& ctx, const 
   const PricedPlan priced = pricer.price(plan);
   const auto shortfall = check_budgets(workload_budgets(ctx), priced.gpu_peak_max(), priced.numa_peak_bytes,
                                        fmt::format("the {} plan's step", path_name(plan.path)), "the plan's host state and pools");
-  if (shortfall) throw InfeasibleWorkload(shortfall->message());
+  if (shortfall) throw InfeasibleWorkload(shortfall->message(), shortfall->space());
   return plan_choice_of(priced, pricer);  // with the peak's composition and the peak that binds
 }
 
@@ -73,7 +73,7 @@ PlanSearchResult preset_plan_search(const std::string& preset, const WorkloadCon
   if (path != "local") paths.push_back(ExpertPath::kEp);
   if (path != "ep") paths.push_back(ExpertPath::kLocal);
   std::vector<PlanChoice> fitting;
-  std::vector<std::string> reasons;
+  std::vector<std::string> reasons, spaces;
   int priced = 0;
   for (const ExpertPath p : paths) {
     const std::optional<Plan> plan = preset_plan(preset, p, ctx);
@@ -90,9 +90,13 @@ PlanSearchResult preset_plan_search(const std::string& preset, const WorkloadCon
       fitting.push_back(price_fixed_plan(*plan, ctx, calibration));
     } catch (const InfeasibleWorkload& e) {
       reasons.push_back(fmt::format("{} {}: {}", preset, path_name(p), e.what()));
+      spaces.push_back(e.space());
     }
   }
-  if (fitting.empty()) throw InfeasibleWorkload(fmt::format("{}", fmt::join(reasons, "; ")));
+  // The memory that runs out, when every path that applies runs out of the same one.
+  const bool one_space = !spaces.empty() && spaces.size() == reasons.size() &&
+                         std::all_of(spaces.begin(), spaces.end(), [&](const std::string& x) { return x == spaces.front(); });
+  if (fitting.empty()) throw InfeasibleWorkload(fmt::format("{}", fmt::join(reasons, "; ")), one_space ? spaces.front() : "");
   std::sort(fitting.begin(), fitting.end(),
             [](const PlanChoice& a, const PlanChoice& b) { return a.predicted_step_s < b.predicted_step_s; });
   PlanSearchResult r;

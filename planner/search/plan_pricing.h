@@ -54,6 +54,8 @@ struct BudgetShortfall {
   Bytes needed_bytes = 0;
   std::string where;     // what needs the memory
   std::string message() const;  // one line
+  // The memory that runs out: "gpu" or "host" (as OutOfMemory::space of the baselines).
+  std::string space() const { return budget == "GPU" ? "gpu" : "host"; }
 };
 
 // The first budget `needed` exceeds (GPU peak first, then each NUMA node), or nothing when the

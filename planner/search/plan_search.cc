@@ -195,7 +195,7 @@ Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& 
       if (!skipped.empty()) throw InfeasibleWorkload(skipped);
       throw InfeasibleWorkload(not_applicable.empty() ? "no plan fits the budgets" : not_applicable);
     }
-    throw InfeasibleWorkload(skipped.empty() ? closest->message() : closest->message() + "; " + skipped);
+    throw InfeasibleWorkload(skipped.empty() ? closest->message() : closest->message() + "; " + skipped, closest->space());
   }
   const bool measure = measured_budget > 0;
   std::size_t winner = 0;
@@ -297,11 +297,13 @@ PlanSearchResult search_plan(const WorkloadContext& ctx, const Calibration& cali
     throw InfeasibleWorkload(fmt::format("GPU budget {}: the plans the memory model fits under {} measured over it on the {} executor "
                                          "(the fastest {}), and under {}: {}",
                                          memory_text(budget), memory_text(over_at), executor, memory_text(last_over),
-                                         memory_text(none_at), none_why));
+                                         memory_text(none_at), none_why),
+                             "gpu");
   }
   throw InfeasibleWorkload(fmt::format("GPU budget {}: the fastest plan configured under a model budget of {} measured {} on the {} "
                                        "executor ({} configurations)",
-                                       memory_text(budget), memory_text(over_at), memory_text(last_over), executor, kMeasuredPeakAttempts));
+                                       memory_text(budget), memory_text(over_at), memory_text(last_over), executor, kMeasuredPeakAttempts),
+                           "gpu");
 }
 
 nlohmann::json plan_choice_to_json(const PlanChoice& c) {

@@ -102,10 +102,16 @@ std::string flat_schedules_text(const FlatSchedules& f);
 
 // No plan of the requested path(s) fits the budgets. what() is one line naming the budget that
 // fails, by how much and where: "GPU budget 24.0 GiB < 31.2 GiB needed by decoder 17 backward
-// with the smallest partitions".
+// with the smallest partitions". space() is the memory that runs out, "gpu" or "host" (the
+// closest miss's budget), or "" when no budget was the reason (no path applies, every candidate
+// over the stage limit, a fixed plan that does not apply to the workload).
 class InfeasibleWorkload : public std::runtime_error {
  public:
-  explicit InfeasibleWorkload(const std::string& what) : std::runtime_error(what) {}
+  explicit InfeasibleWorkload(const std::string& what, std::string space = "") : std::runtime_error(what), space_(std::move(space)) {}
+  const std::string& space() const { return space_; }
+
+ private:
+  std::string space_;
 };
 
 // Configures the requested path(s) for `ctx` and returns the chosen plan and the best plan of

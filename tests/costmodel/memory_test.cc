@@ -72,22 +72,38 @@ TEST(Memory, AttentionBackwardGradientsByHand) {
   // Held: dO, the gate's gradient and dQ at 16 heads, dK and dV at 2 (BF16).
   const std::int64_t held = T * (3 * 16 * 256 * 2 + 2 * 2 * 256 * 2);
   // All heads in one call: FP32 dQ accumulator and softmax_d at 16 heads, dK/dV expanded to 16.
-  const AttentionBackwardBytes all = attention_backward_bytes(a, 1, T, 0);
+  const AttentionBackwardBytes all = attention_backward_bytes(a, m.hidden, 1, T, 0);
   EXPECT_EQ(all.held, held);
   EXPECT_EQ(all.per_call, T * (16 * 256 * 4 + 16 * 4 + 16 * 2 * 256 * 2));
-  // Two query heads on their one KV head per call: the per-call buffers at 2 heads, the held ones unchanged.
-  const AttentionBackwardBytes g2 = attention_backward_bytes(a, 1, T, 2);
-  EXPECT_EQ(g2.held, held);
-  EXPECT_EQ(g2.per_call, T * (2 * 256 * 4 + 2 * 4 + 2 * 2 * 256 * 2));
+  // A group is capped at the query heads of one KV group: 16 heads a group is 8, one per KV head.
+  const AttentionBackwardBytes g16 = attention_backward_bytes(a, m.hidden, 1, T, 16);
+  const AttentionBackwardBytes g8 = attention_backward_bytes(a, m.hidden, 1, T, 8);
+  EXPECT_EQ(g16.held, g8.held);
+  EXPECT_EQ(g16.per_call, g8.per_call);
+  EXPECT_EQ(g8.held, T * (2048 * 2 + 2 * 256 * 2));
+  // Two query heads on their one KV head per call, the sublayer's backward group by group (Split,
+  // reference §4): held across the groups are the normalized input's gradient [T, 2048] and one KV
+  // head's dK and dV [T, 256]; each group's dO, gate gradient and dQ at 2 heads live in its call
+  // beside the FP32 dQ accumulator, softmax_d and dK/dV expanded to the 2 heads.
+  const AttentionBackwardBytes g2 = attention_backward_bytes(a, m.hidden, 1, T, 2);
+  EXPECT_EQ(g2.held, T * (2048 * 2 + 2 * 256 * 2));
+  EXPECT_EQ(g2.per_call, T * (3 * 2 * 256 * 2 + 2 * 256 * 4 + 2 * 4 + 2 * 2 * 256 * 2));
+  EXPECT_LT(g2.held + g2.per_call, all.held + all.per_call);
   // Without GQA (MLA: per-head K and V) nothing is expanded; d_v 128 beside d 192; no gate.
   const ModelSpec k = load_model_spec("kimi-k2");
-  const AttentionBackwardBytes mla = attention_backward_bytes(k.latent_attention, 2, 5, 0);
+  const AttentionBackwardBytes mla = attention_backward_bytes(k.latent_attention, k.hidden, 2, 5, 0);
   EXPECT_EQ(mla.held, 10LL * (64 * 128 * 2 + 64 * 192 * 2 + 64 * 192 * 2 + 64 * 128 * 2));
   EXPECT_EQ(mla.per_call, 10LL * (64 * 192 * 4 + 64 * 4));
+  // MLA in head groups: kv_b expands K and V per head from one latent, so the held buffers stay whole.
+  const AttentionBackwardBytes mla8 = attention_backward_bytes(k.latent_attention, k.hidden, 2, 5, 8);
+  EXPECT_EQ(mla8.held, mla.held);
   // Gemma 4's global layers: V is K (one gradient), 16 query heads on 2 KV heads of width 512.
   const ModelSpec g = load_model_spec("gemma4-26b-a4b");
-  const AttentionBackwardBytes global = attention_backward_bytes(g.full_attention, 1, T, 0);
+  const AttentionBackwardBytes global = attention_backward_bytes(g.full_attention, g.hidden, 1, T, 0);
   EXPECT_EQ(global.held, T * (2 * 16 * 512 * 2 + 2 * 512 * 2));
+  // ... and in groups of 8 query heads: the input's gradient and the one KV head's dK (V is K).
+  const AttentionBackwardBytes global8 = attention_backward_bytes(g.full_attention, g.hidden, 1, T, 8);
+  EXPECT_EQ(global8.held, T * (g.hidden * 2 + 512 * 2));
 }
 
 TEST(Memory, GdnBackwardBuffersByHand) {
@@ -117,7 +133,7 @@ TEST(Memory, GdnBackwardBuffersByHand) {
   ASSERT_GE(gdn_layer, 0);
   ASSERT_GE(attention_layer, 0);
   EXPECT_EQ(mixing_backward_total_bytes(m, gdn_layer, 3, 1000), gdn_backward_bytes(g, 3, 1000, 0));
-  const AttentionBackwardBytes a = attention_backward_bytes(m.full_attention, 3, 1000, 0);
+  const AttentionBackwardBytes a = attention_backward_bytes(m.full_attention, m.hidden, 3, 1000, 0);
   EXPECT_EQ(mixing_backward_total_bytes(m, attention_layer, 3, 1000), a.held + a.per_call);
 }
 

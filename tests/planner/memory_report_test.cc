@@ -75,6 +75,38 @@ TEST_F(MemoryReportTest, HeadGroupsShrinkTheLocalWorkset) {
   EXPECT_LT(static_memory(ctx, p).gpu.eq2.work, whole);
 }
 
+// One 2M-token sequence of Qwen3.6 on one H100 (§7.3, run by the paper): in query-head groups of
+// one the attention sublayer's backward runs group by group (Split, reference §4), so its full
+// attention decoders hold the sums over the groups (the normalized input's gradient, one KV head's
+// dK and dV) and one group's gradients, not dO, the gate's gradient and dQ at all 16 heads: the
+// smallest partitions fit the 80 GiB (111.5 GiB needed before).
+TEST(AttentionBackwardMemory, HeadGroupsOfOneFitTwoMillionTokensOnOneH100) {
+  Workload w = default_workload();
+  w.gpus = 1;
+  w.global_batch = 1;
+  w.seq_len = 2097152;
+  w.yarn_factor = 8;
+  const WorkloadContext ctx = resolve_workload(w, "test workload");
+  Plan p;
+  p.path = ExpertPath::kLocal;
+  p.param_transfer = ParamTransfer::kShard;
+  p.cpu_grad_slots = 1;
+  p.keep_attention_results = true;
+  p.split.attention_head_group = 1;
+  p.split.gdn_chunk_tokens = 4096;
+  p.split.moe_chunk_tokens = 16384;
+  validate_plan(p, ctx.model, ctx.workload, "test plan");
+  const MemoryReport m = static_memory(ctx, p);
+  EXPECT_NE(m.gpu.work_peak_at.find("attention backward"), std::string::npos) << m.gpu.work_peak_at;
+  EXPECT_LT(m.gpu.eq2.total(), ctx.gpu_budget_bytes()) << to_gib(m.gpu.eq2.total());
+  // Held over the groups: [T, 2048] + 2 × [T, 256] BF16 at T = 2M, 10 GiB; each group's call 5 GiB.
+  const AttentionBackwardBytes g1 = attention_backward_bytes(ctx.model.full_attention, ctx.model.hidden, 1, w.seq_len, 1);
+  EXPECT_EQ(g1.held, 10 * kGiB);
+  EXPECT_NEAR(to_gib(g1.per_call), 5.0, 0.02);
+  // All 16 heads at once would hold 52 GiB across the core's backward.
+  EXPECT_EQ(attention_backward_bytes(ctx.model.full_attention, ctx.model.hidden, 1, w.seq_len, 0).held, 52 * kGiB);
+}
+
 // Gemma 4 at 256K tokens on one H100 with the MoE in 16K-token chunks: the largest workset is a
 // global layer's attention backward (head dim 512, 16 query heads on 2 KV heads), whose gradient
 // buffers (attention_backward_bytes: 8.5 GiB held, 16 GiB inside the core's call) both the static
@@ -90,7 +122,7 @@ TEST(AttentionBackwardMemory, Gemma4At256kPeaksInAGlobalAttentionCoreBackward) {
   p.path = ExpertPath::kLocal;
   p.split.moe_chunk_tokens = 16384;
   validate_plan(p, ctx.model, ctx.workload, "test plan");
-  const AttentionBackwardBytes grads = attention_backward_bytes(ctx.model.full_attention, 1, 262144, 0);
+  const AttentionBackwardBytes grads = attention_backward_bytes(ctx.model.full_attention, ctx.model.hidden, 1, 262144, 0);
   EXPECT_NEAR(to_gib(grads.held), 8.5, 0.01);
   EXPECT_NEAR(to_gib(grads.per_call), 16.0, 0.02);
 

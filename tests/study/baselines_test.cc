@@ -135,6 +135,41 @@ TEST(BaselineStaticMemory, Fsdp2HoldsAtLeastSixteenBytesPerParameterOnTheHost) {
   EXPECT_GE(host, 16 * model_params(ctx.model).total());
 }
 
+// FSDP2's pinned FP32 shards round up to powers of two (fsdp2_pinned_rounding_bytes): per rank,
+// 48 MoE decoders × 256 experts × 3 projections of a [1024, 3072] expert, each shard 3 MiB pinned
+// as 4 MiB, parameter and gradient: 72 GiB. Qwen3.6's [512, 2048] experts shard to 1 MiB exactly.
+TEST(BaselineStaticMemory, Fsdp2PinsEachExpertShardAtThePowerOfTwoAbove) {
+  EXPECT_EQ(pinned_host_block_bytes(3 * kMiB), 4 * kMiB);
+  EXPECT_EQ(pinned_host_block_bytes(4 * kMiB), 4 * kMiB);
+  EXPECT_EQ(pinned_host_block_bytes(0), 0);
+  const WorkloadContext q122 = context("qwen3.5-122b-a10b", 4, 64, 4096);
+  EXPECT_EQ(fsdp2_pinned_rounding_bytes(q122.model, 4), 72 * kGiB);
+  EXPECT_EQ(fsdp2_pinned_rounding_bytes(context("qwen3.6-35b-a3b", 4, 16, 4096).model, 4), 0);
+  // The paper: FSDP2 runs out of host memory on Qwen3.5-122B at 4K, batch 64 (2 x 1008 GiB).
+  const BaselineFit fit = configure_baseline(BaselineSystem::kFsdp2Offload, q122);
+  ASSERT_TRUE(fit.oom.has_value());
+  EXPECT_EQ(fit.oom->space, "host") << fit.oom->message();
+  // Without the rounding it would fit: 16 B/param of 122B is 910 GiB per NUMA node.
+  EXPECT_GT(fit.oom->needed_bytes - 2 * fsdp2_pinned_rounding_bytes(q122.model, 4), 0);
+  EXPECT_LT(fit.oom->needed_bytes - 2 * fsdp2_pinned_rounding_bytes(q122.model, 4), fit.oom->available_bytes);
+}
+
+// MegaTrain's host (its public code): 18 B/param (FP32 master and moments, BF16 layer copies, an
+// FP32 gradient of every parameter) and per rank 12 pinned BF16 gradient slabs of the largest
+// decoder, 4.7 GiB held as 8 GiB on Qwen3.5-122B, and the head's and the embedding's, 1.4 GiB as 2.
+TEST(BaselineStaticMemory, MegaTrainHoldsEighteenBytesPerParameterAndPinnedGradientSlabs) {
+  EXPECT_EQ(baseline_traits(BaselineSystem::kMegaTrain, 4).host_bytes_per_param, 18);
+  const WorkloadContext q122 = context("qwen3.5-122b-a10b", 4, 64, 4096);
+  const ModelParams params = model_params(q122.model);
+  EXPECT_EQ(megatrain_pinned_buffer_bytes(params, 4), (12 * 8 + 2 + 2) * kGiB);
+  // One GPU adds two pinned staging buffers and each layer's own pinned copy, rounded alike.
+  EXPECT_GT(megatrain_pinned_buffer_bytes(params, 1), megatrain_pinned_buffer_bytes(params, 4) + 2 * 8 * kGiB);
+  // The paper: MegaTrain runs out of host memory on Qwen3.5-122B at 4K, batch 64.
+  const BaselineFit fit = configure_baseline(BaselineSystem::kMegaTrain, q122);
+  ASSERT_TRUE(fit.oom.has_value());
+  EXPECT_EQ(fit.oom->space, "host") << fit.oom->message();
+}
+
 TEST(ConfigureBaseline, AccumulatesWhenTheWholeBatchDoesNotFitAndMegaTrainCannot) {
   Workload w = context("qwen3.6-35b-a3b", 4, 256, 4096).workload;
   w.gpu_budget_gib = 24;  // 64 sequences of 4K per GPU on a 24 GiB budget

@@ -189,7 +189,7 @@ TEST(ShippedInputs, EveryFileUnderConfigsAndExperimentsLoadsWithItsLoader) {
     }
   }
   EXPECT_GT(files, 50);
-  EXPECT_EQ(paper_studies.size(), 14u);
+  EXPECT_EQ(paper_studies.size(), 15u);
 }
 
 // A fresh output folder for one command.

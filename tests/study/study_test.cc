@@ -369,6 +369,110 @@ TEST(RunStudy, EachSystemGetsItsOwnRowAndTheBaselinesRunOncePerWorkload) {
   EXPECT_EQ(r.rows[1].label().find("["), std::string::npos) << "the default system is not named";
 }
 
+// A small study stating verdicts: the plan search fits at both batches, MegaTrain runs out of host
+// memory; the sweep runs MegaTrain only.
+nlohmann::json verdict_study() {
+  nlohmann::json j = small_study();
+  j["sweeps"][0]["host_budget_gib"] = {nullptr};
+  j["sweeps"][0]["baselines"] = {"megatrain"};
+  j["sweeps"][0]["verdicts"] = {{"search", "fits"}, {"megatrain", "host"}};
+  return j;
+}
+
+// The fake search, out of GPU memory as the plan search says it (InfeasibleWorkload with its space).
+StudyPlan fake_search_out_of_gpu(const WorkloadContext& ctx, const PlanVariant& system) {
+  if (ctx.workload.seqs_per_gpu() > 1) throw InfeasibleWorkload("GPU budget 1.0 GiB < 2.0 GiB needed by decoder 0 backward", "gpu");
+  return fake_search(ctx, system);
+}
+
+TEST(StudyVerdicts, PublishedVerdictsAndASweepsBaselinesRoundTrip) {
+  const StudySpec s = study_from_json(verdict_study(), "v.json");
+  ASSERT_EQ(s.sweeps[0].verdicts.size(), 2u);
+  EXPECT_EQ(s.sweeps[0].verdicts[0], (PublishedVerdict{"megatrain", Capacity::kHost}));
+  EXPECT_EQ(s.sweeps[0].verdicts[1], (PublishedVerdict{"search", Capacity::kFits}));
+  ASSERT_TRUE(s.sweeps[0].baselines.has_value());
+  EXPECT_EQ(*s.sweeps[0].baselines, std::vector<BaselineSystem>{BaselineSystem::kMegaTrain});
+  EXPECT_EQ(study_to_json(study_from_json(study_to_json(s), "again.json")), study_to_json(s));
+  EXPECT_TRUE(states_verdicts(s));
+  EXPECT_FALSE(states_verdicts(study_from_json(small_study(), "small.json")));
+  for (const Capacity c : {Capacity::kFits, Capacity::kGpu, Capacity::kHost}) EXPECT_EQ(capacity_from_name(capacity_name(c)), c);
+  EXPECT_FALSE(capacity_from_name("oom").has_value());
+}
+
+TEST(StudyVerdicts, AVerdictOrABaselineTheSweepCannotStateIsBadInputNamingIt) {
+  auto message = [](nlohmann::json j) {
+    try {
+      study_from_json(j, "v.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json j = verdict_study();
+  j["sweeps"][0]["verdicts"]["search"] = "oom";
+  EXPECT_NE(message(j).find("sweeps[0].verdicts.search"), std::string::npos) << message(j);
+  j = verdict_study();
+  j["sweeps"][0]["verdicts"]["fsdp2-offload"] = "gpu";  // a baseline of the study the sweep does not run
+  EXPECT_NE(message(j).find("sweeps[0].verdicts.fsdp2-offload"), std::string::npos) << message(j);
+  j = verdict_study();
+  j["sweeps"][0]["verdicts"]["zero-offload"] = "gpu";  // not a baseline of the study
+  EXPECT_NE(message(j).find("sweeps[0].verdicts.zero-offload"), std::string::npos) << message(j);
+  j = verdict_study();
+  j["sweeps"][0]["verdicts"]["search:ep"] = "fits";  // not a system of the sweep
+  EXPECT_NE(message(j).find("sweeps[0].verdicts.search:ep"), std::string::npos) << message(j);
+  j = verdict_study();
+  j["sweeps"][0]["verdicts"] = nlohmann::json::object();
+  EXPECT_NE(message(j).find("sweeps[0].verdicts"), std::string::npos) << message(j);
+  j = verdict_study();
+  j["sweeps"][0]["baselines"] = {"zero-offload"};
+  EXPECT_NE(message(j).find("sweeps[0].baselines[0]"), std::string::npos) << message(j);
+  j = verdict_study();
+  j["sweeps"][0]["verdict"] = {{"search", "fits"}};
+  EXPECT_NE(message(j).find("sweeps[0].verdict"), std::string::npos) << message(j);
+}
+
+TEST(StudyVerdicts, TheTableCsvAndJsonSetEachPublishedVerdictBesideThePredictedOneAndMarkAMismatch) {
+  const StudyResult r = run_study(study_from_json(verdict_study(), "v.json"), StepEngines(), &fake_search_out_of_gpu);
+  ASSERT_EQ(r.rows.size(), 2u);
+  // Batch 2: the search fits (as published); MegaTrain fits the tiny model (published: host).
+  const std::vector<VerdictCheck> b2 = verdict_checks(r, r.rows[0]);
+  ASSERT_EQ(b2.size(), 2u);
+  EXPECT_EQ(b2[0].system, "megatrain");
+  EXPECT_EQ(b2[0].predicted, "fits");
+  EXPECT_FALSE(b2[0].matches());
+  EXPECT_EQ(b2[1].system, "search");
+  EXPECT_TRUE(b2[1].matches());
+  // Batch 4: no plan fits the GPU.
+  const std::vector<VerdictCheck> b4 = verdict_checks(r, r.rows[1]);
+  ASSERT_EQ(b4.size(), 2u);
+  EXPECT_EQ(b4[1].predicted, "gpu");
+  EXPECT_FALSE(b4[1].matches());
+  // FSDP2 is a baseline of the study that the sweep does not run: n/a, and no reason line.
+  EXPECT_FALSE(r.rows[0].baselines[0].fits());
+  EXPECT_EQ(r.rows[0].baselines[0].failure_cell(), "n/a");
+  const std::string table = study_table_text(r);
+  EXPECT_NE(table.find("Capacity verdicts, published / predicted:"), std::string::npos) << table;
+  EXPECT_NE(table.find("search fits / gpu"), std::string::npos) << table;
+  EXPECT_NE(table.find("MISMATCH"), std::string::npos) << table;
+  EXPECT_NE(table.find("capacity verdicts: 4 stated, 1 match, 3 MISMATCH"), std::string::npos) << table;
+  EXPECT_EQ(table.find("fsdp2-offload: not run"), std::string::npos) << table;
+  const std::string csv = study_csv(r);
+  EXPECT_NE(csv.find(",published_verdict,verdict,fsdp2-offload_published_verdict,fsdp2-offload_verdict,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",fits,gpu,,,host,fits"), std::string::npos) << csv;  // batch 4: search, fsdp2 (none), megatrain
+  check_study_csv(csv, "v.csv");
+  const nlohmann::json j = study_result_to_json(r);
+  ASSERT_EQ(j["rows"][1]["verdicts"].size(), 2u);
+  EXPECT_EQ(j["rows"][1]["verdicts"][1]["predicted"], "gpu");
+  EXPECT_EQ(j["rows"][1]["verdicts"][1]["matches"], false);
+  EXPECT_EQ(j["verdict_summary"], "capacity verdicts: 4 stated, 1 match, 3 MISMATCH");
+  // A study that states none prints, writes and returns nothing of verdicts.
+  const StudyResult plain = run_study(study_from_json(small_study(), "small.json"), StepEngines(), &fake_search_out_of_gpu);
+  EXPECT_EQ(study_table_text(plain).find("verdict"), std::string::npos);
+  EXPECT_EQ(study_csv(plain).find("verdict"), std::string::npos);
+  EXPECT_FALSE(study_result_to_json(plain).contains("verdict_summary"));
+  EXPECT_FALSE(study_result_to_json(plain)["rows"][0].contains("verdicts"));
+}
+
 // Synthetic records: an OOM plan point at batch 2, a no-residency (Base) EP point at batch 2, a
 // baseline point, one at a workload the study does not cover, and an operator record.
 RecordSet synthetic_records() {
@@ -509,6 +613,13 @@ TEST(PaperReport, SectionHasFigurePlotsPredictionsAndPublishedErrors) {
   EXPECT_NE(md.find("| workload | system | plan |"), std::string::npos) << md;
   EXPECT_NE(md.find("Largest workload each system completes"), std::string::npos) << md;
   EXPECT_EQ(md.find("Predicted vs published"), std::string::npos) << "no records attached";
+  EXPECT_EQ(md.find("Capacity verdicts"), std::string::npos) << "no verdicts stated";
+  PaperSection verdicts;
+  verdicts.result = run_study(study_from_json(verdict_study(), "v.json"), StepEngines(), &fake_search_out_of_gpu);
+  const std::string v = paper_section_markdown(verdicts);
+  EXPECT_NE(v.find("### Capacity verdicts, published and predicted"), std::string::npos) << v;
+  EXPECT_NE(v.find("| search | fits | gpu | MISMATCH |"), std::string::npos) << v;
+  EXPECT_NE(v.find("capacity verdicts: 4 stated, 1 match, 3 MISMATCH"), std::string::npos) << v;
   attach_published(s.result, synthetic_records(), "syn.jsonl");
   md = paper_section_markdown(s);
   EXPECT_NE(md.find("| ep-r2 |"), std::string::npos) << md;
