@@ -212,7 +212,9 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   h.sources = r.has("sources") ? r.raw()["sources"] : nlohmann::json::object();
   if (!h.sources.is_object()) r.fail("sources", "expected an object of field → source");
   if (r.has("provenance")) {
-    // Field path -> "measured" | "assumed" (`oom hardware probe`): only the spec's own fields.
+    // Field path -> "measured" | "assumed", as `oom hardware probe` writes it
+    // (costmodel/hardware_probe.h): only the spec's own fields. Checked, and read no further: it
+    // tells a reader of the file which numbers are this machine's, the cost model uses them alike.
     const JsonReader pr = r.object("provenance");
     std::vector<std::string> fields = hardware_numeric_fields(h);
     for (const char* f : {"gpu.name", "gpu.count", "gpu.architecture", "gpu_numa", "pcie.generation", "fabric.kind"}) fields.push_back(f);
@@ -220,7 +222,6 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
     for (const auto& f : fields) known.push_back(f.c_str());
     pr.reject_unknown_keys(std::span<const char* const>(known.data(), known.size()));
     for (const auto& [key, value] : pr.raw().items()) pr.one_of(key, {"measured", "assumed"});
-    h.provenance = pr.raw();
   }
   return h;
 }
@@ -266,7 +267,6 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   if (h.network.nics > 0) j["network"] = network_to_json(h.network);
   if (h.node_name != h.name) j["node_name"] = h.node_name;
   j["sources"] = h.sources;
-  if (!h.provenance.empty()) j["provenance"] = h.provenance;
   return j;
 }
 

@@ -7,8 +7,7 @@
 // inter-node network. Peak numbers come from datasheets; achieved numbers are estimates until
 // calibration replaces them. Every number in a configs/hardware file names its source in the
 // file's "sources" object (field path → free text, the one object whose keys are not checked; an
-// unknown key anywhere else is an error); a probed spec also marks each field "measured" or
-// "assumed" in "provenance" (keys: the spec's field paths). Plain value type.
+// unknown key anywhere else is an error). Plain value type.
 #pragma once
 
 #include <string>
@@ -129,9 +128,6 @@ struct HardwareSpec {
   // calibration of that node applies to every cluster of it (planner/calibration/calibration.h).
   std::string node_name;
   nlohmann::json sources;      // field path → source ("NVIDIA H100 datasheet", "estimate: ...")
-  // Optional: field path → "measured" (read from this machine) or "assumed" (an estimate), as
-  // `oom hardware probe` writes (costmodel/hardware_probe.h); each key a field of this spec.
-  nlohmann::json provenance = nlohmann::json::object();
 
   int total_gpus() const { return nodes * gpus_per_node; }
   // NUMA node of the node-local GPU index `gpu` (0-based within a node).

@@ -212,13 +212,12 @@ TEST(HardwareSpec, GpuNumaOutOfRangeNamesTheEntry) {
 }
 
 // "provenance" (oom hardware probe): each key a field of the spec, each value measured or assumed;
-// it round-trips, and anything else is one error naming the field.
+// the spec is the same with or without it, and anything else is one error naming the field.
 TEST(HardwareSpec, ProvenanceMarksFieldsMeasuredOrAssumed) {
   nlohmann::json j = read_json_file(*resolve_config("hardware", "local-cpu"));
+  const HardwareSpec plain = hardware_spec_from_json(j, "hw.json");
   j["provenance"] = {{"numa.cores", "measured"}, {"gpu.bf16_flops", "assumed"}, {"gpu_numa", "assumed"}};
-  const HardwareSpec h = hardware_spec_from_json(j, "hw.json");
-  EXPECT_EQ(h.provenance["numa.cores"], "measured");
-  EXPECT_EQ(hardware_spec_from_json(hardware_spec_to_json(h), "again.json"), h);
+  EXPECT_EQ(hardware_spec_from_json(j, "hw.json"), plain);
   const auto error = [](const nlohmann::json& spec) {
     try {
       hardware_spec_from_json(spec, "hw.json");
