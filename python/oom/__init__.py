@@ -34,7 +34,13 @@ if _data is not None:
 #: The project's version ("0.1.0"); oom.version_text() adds the commit ("0.1.0+04ebad5c1234").
 __version__ = _oom.__version__
 
-from . import plots  # noqa: E402
+def __getattr__(name):
+    """oom.plots on first use: `import oom` (and the `oom` command's launcher) needs no matplotlib."""
+    if name == "plots":
+        import importlib
+
+        return importlib.import_module(".plots", __name__)
+    raise AttributeError(f"module 'oom' has no attribute {name!r}")
 
 
 def data_path(*parts):
