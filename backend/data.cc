@@ -185,8 +185,11 @@ std::unique_ptr<TrainingData> open_training_data(const std::string& path, std::i
 
 std::string default_corpus_path() {
   namespace fs = std::filesystem;
-  const fs::path beside_configs = fs::path(config_root()).parent_path() / "backend" / "data" / "corpus.txt";
-  if (fs::exists(beside_configs)) return beside_configs.string();
+  // The shipped copy (an install's share/oom, the Python package's data, the source tree).
+  if (const std::optional<DataLocation> root = shipped_data_root()) {
+    const fs::path shipped = fs::path(root->folder) / "backend" / "data" / "corpus.txt";
+    if (fs::exists(shipped)) return shipped.string();
+  }
   return (fs::path(OOM_SOURCE_DIR_BACKEND) / "data" / "corpus.txt").string();
 }
 

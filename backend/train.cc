@@ -27,6 +27,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
+#include "costmodel/version.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"
 
@@ -65,6 +66,7 @@ class StepLog {
     nlohmann::json j = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
                         {"tokens_per_s", r.tokens_per_s}, {"grad_norm", r.grad_norm}, {"elapsed_s", r.elapsed_s}};
     j["mfu"] = r.mfu >= 0 ? nlohmann::json(r.mfu) : nlohmann::json(nullptr);
+    stamp_oom_version(j);
     out_ << j.dump() << "\n";
     out_.flush();
     if (!out_) throw std::runtime_error(path_ + ": cannot write the step log");
@@ -251,7 +253,7 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   result.last_step = state.step;
   if (o.steps == 0 && !o.checkpoint_dir.empty()) save_checkpoint(o.checkpoint_dir, state, run_record());
   if (planned && !o.trace.empty() && o.steps > 0) {
-    write_file_atomically(o.trace, trace_to_chrome_json(planned->last_trace()).dump() + "\n");
+    write_file_atomically(o.trace, with_oom_version(trace_to_chrome_json(planned->last_trace())).dump() + "\n");
   }
   if (!o.save_weights.empty()) {
     if (plain) {  // the reference trainer keeps its own weights

@@ -16,6 +16,7 @@ extern "C" __attribute__((visibility("default"))) int oom_backend_main(const std
   add_train_commands(app, io);
   add_rank_worker_command(app, io);
   add_eval_command(app, io);
+  add_device_facts_command(app, io);
   // The plugin does not link the simulator: its `oom plan` offers the analytic engine and "torch".
   add_plan_commands(app, io, oom::StepEngines(), [](const std::string& name, bool measure_memory) -> std::unique_ptr<oom::Executor> {
     if (name != "torch") return nullptr;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +20,10 @@ namespace fs = std::filesystem;
 
 constexpr const char* kLibraryName = "liboom_torch.so";
 constexpr const char* kEntryName = "oom_backend_main";
+constexpr const char* kHowToGetBackend =
+    "build with LibTorch (scripts/install-deps.sh, then cmake --preset default), or with pip install PyTorch first and "
+    "then `pip install --no-build-isolation .` from the checkout (scikit-build-core and pybind11 installed), or set "
+    "OOM_BACKEND_LIBRARY";
 using Entry = int (*)(const std::vector<std::string>*, std::ostream*, std::ostream*);
 
 std::vector<std::string> candidates() {
@@ -28,7 +33,13 @@ std::vector<std::string> candidates() {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     out.push_back((exe.parent_path() / kLibraryName).string());
-    out.push_back((exe.parent_path().parent_path() / "lib" / kLibraryName).string());
+    out.push_back((exe.parent_path().parent_path() / "lib" / "oom" / kLibraryName).string());  // cmake --install
+    out.push_back((exe.parent_path().parent_path() / "lib" / kLibraryName).string());          // the Python package
+  }
+  // The library this build made, for a build tree's programs and tests; an install test turns it
+  // off to prove the install is whole (costmodel/config_paths.h).
+  if (const char* off = std::getenv("OOM_NO_BUILD_TREE_FALLBACK"); off != nullptr && std::string_view(off) == "1") {
+    return out;
   }
 #ifdef OOM_BACKEND_BUILD_PATH
   out.push_back(OOM_BACKEND_BUILD_PATH);
@@ -37,6 +48,8 @@ std::vector<std::string> candidates() {
 }
 
 }  // namespace
+
+std::string backend_install_hint() { return kHowToGetBackend; }
 
 std::string backend_library_path() {
   const auto c = candidates();
@@ -57,7 +70,9 @@ bool is_torch_compare(const std::vector<std::string>& args) {
 
 bool is_backend_command(const std::vector<std::string>& args) {
   if (args.empty()) return false;
-  if (args[0] == "train" || args[0] == "eval" || args[0] == "rank-worker" || is_torch_compare(args)) return true;
+  if (args[0] == "train" || args[0] == "eval" || args[0] == "rank-worker" || args[0] == "device-facts" || is_torch_compare(args)) {
+    return true;
+  }
   return args[0] == "calibrate" && std::find(args.begin(), args.end(), "--backend") != args.end();
 }
 
@@ -73,8 +88,8 @@ int run_backend(const std::vector<std::string>& args, Io io) {
       void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (handle == nullptr) {
         const char* why = dlerror();
-        io.err << "error: the LibTorch backend " << path << " cannot be loaded (" << (why ? why : "unknown reason")
-               << "); `oom " << args[0] << "` needs it: build with LibTorch (scripts/install-deps.sh) or set OOM_BACKEND_LIBRARY\n";
+        io.err << "error: the LibTorch backend " << path << " cannot be loaded (" << (why ? why : "unknown reason") << "); `oom "
+               << args[0] << "` needs it: " << kHowToGetBackend << "\n";
         return kExitInternal;
       }
       entry = reinterpret_cast<Entry>(dlsym(handle, kEntryName));

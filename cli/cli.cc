@@ -37,6 +37,8 @@ int run(const std::vector<std::string>& args, Io io) {
   CLI::App app{"oom: offload-optimized full-parameter MoE training: plan, simulate, validate and train", "oom"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Every command's help");
+  app.set_version_flag("--version", [] { return version_text(); },
+                       "The version, commit, compiler, backend, SimGrid, and the configs folder used");
   add_model_commands(app, io);
   add_memory_commands(app, io);
   add_simulate_commands(app, io, engines);
@@ -46,6 +48,7 @@ int run(const std::vector<std::string>& args, Io io) {
   add_report_paper_commands(app, io, engines);
   add_plot_commands(app, io);
   add_diff_commands(app, io);
+  add_hardware_commands(app, io);
   add_backend_command_stubs(app);
   return run_app(app, args, io);
 }

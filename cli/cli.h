@@ -60,6 +60,12 @@ void apply_nodes_option(Workload& w, const std::optional<int>& nodes);
 // default back before each command. N below 1 or not finite is an InputError.
 void add_max_stages_option(CLI::App* cmd);
 
+// `oom --version` (cli/cmd_version.cc): the version, commit, compiler, backend plugin, SimGrid,
+// plots, and the configs and data folders with how each was found; one "key: value" per line.
+std::string version_text();
+// `oom hardware probe [-o FILE]` (cli/cmd_hardware.cc): a HardwareSpec of this machine.
+void add_hardware_commands(CLI::App& app, Io io);
+
 // Each command file adds its subcommands; the callback runs after parsing succeeds. Commands that
 // pick a step engine by name keep a copy of `engines` and offer those.
 void add_model_commands(CLI::App& app, Io io);
@@ -84,6 +90,8 @@ void start_process_services(const std::vector<std::string>& args);
 int run_backend(const std::vector<std::string>& args, Io io);
 // The path run_backend would load (the first candidate that exists, else the first candidate).
 std::string backend_library_path();
+// How to get the plugin where it is missing (one clause, for error lines).
+std::string backend_install_hint();
 // `oom train` (and `--backend` of `oom calibrate`) as they appear in `oom --help` without the plugin.
 void add_backend_command_stubs(CLI::App& app);
 // `--backend` and its sibling options on `oom calibrate`, listed for help; the call itself is
@@ -115,6 +123,8 @@ bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptio
 void add_rank_worker_command(CLI::App& app, Io io);
 // `oom eval` (backend plugin): the mean next-token loss of a checkpoint over a token file.
 void add_eval_command(CLI::App& app, Io io);
+// `oom device-facts` (hidden): the backend's GPUs as JSON, for `oom hardware probe`.
+void add_device_facts_command(CLI::App& app, Io io);
 // `oom calibrate --backend`: its options on the plugin's calibrate subcommand; the returned
 // function runs it.
 std::function<bool()> add_backend_calibration_options(CLI::App& calibrate, Io io);

@@ -14,6 +14,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "experiments/ablation.h"
 #ifdef OOM_HAVE_PLOT
 #include "python/plot_bridge.h"
@@ -55,7 +56,7 @@ void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
     std::filesystem::create_directories(dir);
     const std::string csv = ablation_csv(r);
     write_file_atomically(dir + "/ablation.csv", csv);
-    write_file_atomically(dir + "/ablation.json", ablation_result_to_json(r).dump(2) + "\n");
+    write_file_atomically(dir + "/ablation.json", with_oom_version(ablation_result_to_json(r)).dump(2) + "\n");
     std::vector<std::string> written = {dir + "/ablation.csv", dir + "/ablation.json"};
     if (!a->no_plots) {
 #ifdef OOM_HAVE_PLOT
@@ -66,7 +67,7 @@ void add_ablation_commands(CLI::App& app, Io io, const StepEngines& engines) {
 #endif
     }
     if (a->json) {
-      io.out << ablation_result_to_json(r).dump(2) << "\n";
+      io.out << with_oom_version(ablation_result_to_json(r)).dump(2) << "\n";
     } else {
       io.out << ablation_table_text(r) << fmt::format("wrote {}\n", fmt::join(written, ", "));
     }

@@ -18,6 +18,7 @@
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "planner/calibration/calibrate.h"
 #include "traces/records.h"
 
@@ -58,7 +59,7 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
     mo.cpu_time = !a.wall;
     if (a.quick) mo.seconds_per_probe = 0.05;
     hw = backend::measure_local_hardware(mo);
-    write_file_atomically(hw_path, hardware_spec_to_json(hw).dump(2) + "\n");
+    write_file_atomically(hw_path, with_oom_version(hardware_spec_to_json(hw)).dump(2) + "\n");
     io.out << fmt::format("{}: {:.3g} GFLOP/s GEMM, {:.3g} GB/s memory, {:.3g} M AdamW params/s -> {}\n", hw.name,
                           hw.gpu.bf16_flops_per_s * 1e-9, hw.gpu.hbm_Bps * 1e-9, hw.numa[0].adamw_params_per_s * 1e-6,
                           hw_path);
@@ -70,7 +71,7 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
     for (const auto& r : records.steps) {
       StepRecord named = r;
       named.workload.hardware = hw.name;  // validated later by name
-      lines += step_record_to_json(named).dump() + "\n";
+      lines += with_oom_version(step_record_to_json(named)).dump() + "\n";
     }
     write_file_atomically(rec_path, lines);
     io.out << fmt::format("{} step records -> {}\n", records.steps.size(), rec_path);
@@ -88,7 +89,7 @@ void run_backend_calibration(const BackendCalibrationArgs& a, Io io) {
   use_measured_device(fo);  // the probes measured this device: the GPU ranges and attention ramp do not apply
   CalibrationFit fit = fit_calibration(named, by_path, fo);
   fit.calibration.hardware = hw.name;
-  write_file_atomically(cal_path, calibration_to_json(fit.calibration).dump(2) + "\n");
+  write_file_atomically(cal_path, with_oom_version(calibration_to_json(fit.calibration)).dump(2) + "\n");
   io.out << calibration_fit_text(fit) << fmt::format("-> {}\n", cal_path);
 }
 

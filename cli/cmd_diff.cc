@@ -24,6 +24,7 @@
 #include "costmodel/input_limits.h"
 #include "costmodel/json_input.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "traces/trace.h"
 
 namespace oom::cli {
@@ -183,7 +184,7 @@ void add_diff_commands(CLI::App& app, Io io) {
         j["stages"] = nlohmann::json::array();
         for (const auto& r : ordered) j["stages"].push_back(row_json(r));
       }
-      emit(a->output, j.dump(2) + "\n", io);
+      emit(a->output, with_oom_version(j).dump(2) + "\n", io);
       return;
     }
     std::string out;

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "costmodel/output_path.h"
 #include "costmodel/params.h"
+#include "costmodel/version.h"
 #include "planner/engine/cost_report.h"
 #include "planner/lowering/memory_report.h"
 
@@ -81,7 +82,7 @@ void add_memory_commands(CLI::App& app, Io io) {
       nlohmann::json j = memory_report_to_json(r);
       j["workload"] = workload_to_json(l.ctx.workload);
       j["plan"] = plan_to_json(l.plan);
-      emit(mem_in->output, j.dump(2) + "\n", io);
+      emit(mem_in->output, with_oom_version(j).dump(2) + "\n", io);
     } else {
       emit(mem_in->output, workload_line(l.ctx, l.plan) + memory_report_text(r), io);
     }
@@ -101,7 +102,7 @@ void add_memory_commands(CLI::App& app, Io io) {
       j["plan"] = plan_to_json(l.plan);
       j["cost"] = static_cost_to_json(c);
       j["memory"] = memory_report_to_json(r);
-      emit(rep_in->output, j.dump(2) + "\n", io);
+      emit(rep_in->output, with_oom_version(j).dump(2) + "\n", io);
     } else {
       emit(rep_in->output, workload_line(l.ctx, l.plan) + static_cost_text(c, l.ctx) + memory_report_text(r), io);
     }

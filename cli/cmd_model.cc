@@ -111,7 +111,10 @@ std::string model_text(const ModelSpec& m) {
 }  // namespace
 
 void add_model_commands(CLI::App& app, Io io) {
-  auto* model = app.add_subcommand("model", "Model specs: dimensions and parameter counts");
+  auto* model = app.add_subcommand(
+      "model",
+      "Model specs: dimensions and parameter counts. A model is a name in configs/models or the path of a Hugging Face "
+      "config.json (any model the project's layer kinds cover: its fields are read, others ignored)");
   model->require_subcommand(1);
 
   auto name = std::make_shared<std::string>();

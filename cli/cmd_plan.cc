@@ -19,6 +19,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/input_limits.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "planner/engine/step_engine.h"
 #include "planner/plan/plan_presets.h"
 #include "planner/search/plan_search.h"
@@ -101,12 +102,12 @@ void add_plan_commands(CLI::App& app, Io io, const StepEngines& engines, Compare
     }
     const PlanSearchResult r = a->preset.empty() ? search_plan(ctx, load_calibration_for(ctx.hardware), options)
                                                  : preset_plan_search(a->preset, ctx, load_calibration_for(ctx.hardware), a->path);
-    if (!a->output.empty()) emit(a->output, plan_to_json(r.chosen.plan).dump(2) + "\n", io);
+    if (!a->output.empty()) emit(a->output, with_oom_version(plan_to_json(r.chosen.plan)).dump(2) + "\n", io);
     if (a->json) {
       nlohmann::json j = plan_search_to_json(r);
       j["workload"] = workload_to_json(ctx.workload);
       if (!a->preset.empty()) j["preset"] = a->preset;
-      io.out << j.dump(2) << "\n";
+      io.out << with_oom_version(j).dump(2) << "\n";
     } else {
       io.out << fmt::format("{} on {} × {}, global batch {}, {} tokens per sequence\n", ctx.model.name, w.gpus,
                             ctx.hardware.gpu.name, w.global_batch, w.seq_len)

@@ -19,6 +19,7 @@
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "experiments/paper_report.h"
 #include "experiments/plan_finder.h"
 #include "experiments/published.h"
@@ -32,10 +33,9 @@ struct ReportPaperArgs {
   bool no_plots = false, smallest = false;
 };
 
-// experiments/paper/ beside the configs folder (the source tree, or $OOM_CONFIG_DIR/..).
-std::string default_studies_dir() {
-  return (std::filesystem::path(config_root()).parent_path() / "experiments" / "paper").string();
-}
+// experiments/paper/ of the shipped data (an install's share/oom, or the source tree:
+// costmodel/config_paths.h).
+std::string default_studies_dir() { return shipped_data_path("experiments/paper"); }
 
 }  // namespace
 
@@ -45,7 +45,7 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
   add_max_stages_option(c);
   c->add_option("-o,--output", a->output, "Folder for report.md and each study's CSV, JSON and plots")->required();
   c->add_option("--published", a->published, "Recorded step measurements (JSON Lines) to set against the predictions");
-  c->add_option("--studies", a->studies, "Folder of study files (default: experiments/paper of the source tree)");
+  c->add_option("--studies", a->studies, "Folder of study files (default: experiments/paper of the shipped data: share/oom of an install, or the source tree)");
   c->add_option("--engine", a->engine, "Step engine of the baselines (default: each study's, else analytic)");
   c->add_flag("--no-plots", a->no_plots, "Tables only");
   c->add_flag("--smallest", a->smallest, "Only each sweep's smallest workload, with every system: a quick check of the studies");
@@ -95,7 +95,7 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
       std::filesystem::create_directories(a->output + "/" + sub);
       const std::string csv = study_csv(s.result);
       write_file_atomically(a->output + "/" + sub + "/study.csv", csv);
-      write_file_atomically(a->output + "/" + sub + "/study.json", study_result_to_json(s.result).dump(2) + "\n");
+      write_file_atomically(a->output + "/" + sub + "/study.json", with_oom_version(study_result_to_json(s.result)).dump(2) + "\n");
       if (!a->no_plots) {
         for (const auto& p : write_study_plots(s.result, csv, a->output + "/" + sub, io)) {
           s.plots.push_back(sub + "/" + std::filesystem::path(p).filename().string());

@@ -20,6 +20,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "planner/calibration/calibrate.h"
 #include "planner/calibration/cross_validation.h"
 #include "planner/calibration/validation.h"
@@ -191,12 +192,12 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     const Calibration calibration = source.empty() ? load_calibration_for(ctx.hardware, sim->engine, &source)
                                                    : load_calibration_file(source, ctx.hardware);
     const SimulationResult r = simulate_plan(plan, ctx, engines, sim->engine, calibration, sim->every_rank);
-    if (!sim->trace_path.empty()) emit(sim->trace_path, trace_to_chrome_json(r.trace).dump() + "\n", io);
+    if (!sim->trace_path.empty()) emit(sim->trace_path, with_oom_version(trace_to_chrome_json(r.trace)).dump() + "\n", io);
     if (sim->json) {
       nlohmann::json j = simulation_to_json(r);
       j["workload"] = workload_to_json(ctx.workload);
       j["calibration"] = source;
-      emit(sim->output, j.dump(2) + "\n", io);
+      emit(sim->output, with_oom_version(j).dump(2) + "\n", io);
     } else {
       emit(sim->output, simulation_text(r) + "calibration: " + source + "\n", io);
     }
@@ -224,11 +225,11 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (!val->explain.empty()) {
       const std::vector<PublishedBreakdown> breakdowns = published_breakdowns(val->records_paths.front(), val->published);
       const StepExplanation e = explain_record(records, joined(val->records_paths), val->explain, engines, val->engine, breakdowns);
-      emit(val->output, val->json ? explanation_to_json(e).dump(2) + "\n" : explanation_text(e), io);
+      emit(val->output, val->json ? with_oom_version(explanation_to_json(e)).dump(2) + "\n" : explanation_text(e), io);
       return;
     }
     const ValidationReport r = validate_records(records, engines, val->engine);
-    emit(val->output, val->json ? validation_to_json(r).dump(2) + "\n" : validation_text(r), io);
+    emit(val->output, val->json ? with_oom_version(validation_to_json(r)).dump(2) + "\n" : validation_text(r), io);
   });
 
   auto cal = std::make_shared<CalibrateArgs>();
@@ -329,7 +330,7 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
       if (cal->measured_device) use_measured_device(options.fit);
       options.fit.breakdown_weight = cal->breakdown_weight;
       const CrossValidation cv = cross_validate(records, hws, options);
-      emit(cal->output, cal->json ? cross_validation_to_json(cv).dump(2) + "\n" : cross_validation_text(cv), io);
+      emit(cal->output, cal->json ? with_oom_version(cross_validation_to_json(cv)).dump(2) + "\n" : cross_validation_text(cv), io);
       return;
     }
     FitOptions options = search;
@@ -343,12 +344,13 @@ void add_simulate_commands(CLI::App& app, Io io, const StepEngines& engines) {
     if (several) {
       std::filesystem::create_directories(cal->output);
       for (std::size_t h = 0; h < hws.size(); ++h) {
-        write_file_atomically((std::filesystem::path(cal->output) / files[h]).string(), calibration_to_json(fit.calibrations[h]).dump(2) + "\n");
+        write_file_atomically((std::filesystem::path(cal->output) / files[h]).string(),
+                              with_oom_version(calibration_to_json(fit.calibrations[h])).dump(2) + "\n");
       }
     } else {
-      emit(cal->output, calibration_to_json(fit.calibration).dump(2) + "\n", io);
+      emit(cal->output, with_oom_version(calibration_to_json(fit.calibration)).dump(2) + "\n", io);
     }
-    io.out << (cal->json ? calibration_fit_to_json(fit).dump(2) + "\n" : calibration_fit_text(fit));
+    io.out << (cal->json ? with_oom_version(calibration_fit_to_json(fit)).dump(2) + "\n" : calibration_fit_text(fit));
   });
 }
 

@@ -21,6 +21,7 @@
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/output_path.h"
+#include "costmodel/version.h"
 #include "experiments/plan_finder.h"
 #include "experiments/published.h"
 #include "experiments/study.h"
@@ -135,13 +136,13 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
     std::filesystem::create_directories(dir);
     const std::string csv = study_csv(r);
     write_file_atomically(dir + "/study.csv", csv);
-    write_file_atomically(dir + "/study.json", study_result_to_json(r).dump(2) + "\n");
+    write_file_atomically(dir + "/study.json", with_oom_version(study_result_to_json(r)).dump(2) + "\n");
     std::vector<std::string> written = {dir + "/study.csv", dir + "/study.json"};
     if (!a->no_plots) {
       for (const auto& p : write_study_plots(r, csv, dir, io)) written.push_back(p);
     }
     if (a->json) {
-      io.out << study_result_to_json(r).dump(2) << "\n";
+      io.out << with_oom_version(study_result_to_json(r)).dump(2) << "\n";
     } else {
       io.out << study_table_text(r);
       io.out << fmt::format("wrote {}\n", fmt::join(written, ", "));

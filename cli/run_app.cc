@@ -60,6 +60,9 @@ int run_app(CLI::App& app, const std::vector<std::string>& args, Io io) {
   } catch (const CLI::CallForHelp&) {
     io.out << app.help();
     return kExitOk;
+  } catch (const CLI::CallForVersion& e) {
+    io.out << e.what();
+    return kExitOk;
   } catch (const CLI::CallForAllHelp&) {
     io.out << app.help("", CLI::AppFormatMode::All);
     return kExitOk;

@@ -136,7 +136,7 @@ namespace {
 // The spec of one JSON object with no "node" to merge.
 HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
-  r.reject_unknown_keys({"name", "description", "nodes", "node_name", "gpu", "gpu_numa", "pcie", "fabric", "numa", "network", "sources"});
+  r.reject_unknown_keys({"name", "description", "nodes", "node_name", "gpu", "gpu_numa", "pcie", "fabric", "numa", "network", "sources", "provenance"});
   HardwareSpec h;
   h.name = r.string("name");
   h.description = r.string_or("description", "");
@@ -211,6 +211,18 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   h.node_name = r.string_or("node_name", h.name);
   h.sources = r.has("sources") ? r.raw()["sources"] : nlohmann::json::object();
   if (!h.sources.is_object()) r.fail("sources", "expected an object of field → source");
+  if (r.has("provenance")) {
+    // Field path -> "measured" | "assumed", as `oom hardware probe` writes it
+    // (costmodel/hardware_probe.h): only the spec's own fields. Checked, and read no further: it
+    // tells a reader of the file which numbers are this machine's, the cost model uses them alike.
+    const JsonReader pr = r.object("provenance");
+    std::vector<std::string> fields = hardware_numeric_fields(h);
+    for (const char* f : {"gpu.name", "gpu.count", "gpu.architecture", "gpu_numa", "pcie.generation", "fabric.kind"}) fields.push_back(f);
+    std::vector<const char*> known;
+    for (const auto& f : fields) known.push_back(f.c_str());
+    pr.reject_unknown_keys(std::span<const char* const>(known.data(), known.size()));
+    for (const auto& [key, value] : pr.raw().items()) pr.one_of(key, {"measured", "assumed"});
+  }
   return h;
 }
 

@@ -8,6 +8,7 @@
 
 #include "costmodel/input_error.h"
 #include "costmodel/token_text.h"
+#include "costmodel/version.h"
 #include "experiments/published.h"
 
 namespace oom {
@@ -224,6 +225,7 @@ std::string paper_report_markdown(const std::vector<PaperSection>& sections, con
                      "out-of-memory with an x at the top edge{}.\n\n",
                      engine, wall_s, sections.size(),
                      published.empty() ? std::string() : fmt::format(" and published points (`{}`) with hollow stars", published));
+  out += fmt::format("Written by oom {}.\n\n", oom_version_text());
   out += "| section | cases | published points | median abs. error | max abs. error |\n|---|--:|--:|--:|--:|\n";
   for (const auto& s : sections) {
     const PublishedErrors e = published_errors(s.result);

@@ -18,6 +18,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
 #include "costmodel/params.h"
+#include "costmodel/version.h"
 #include "experiments/ablation.h"
 #include "experiments/published.h"
 #include "experiments/study.h"
@@ -140,12 +141,23 @@ py::list records(const std::string& path) {
 }  // namespace
 }  // namespace oom
 
-PYBIND11_MODULE(oom, m) {
+PYBIND11_MODULE(_oom, m) {
   using namespace oom;
   m.doc() = "OOM: offload-optimized full-parameter MoE training: specs, plan search, simulation, baselines, validation, studies";
   const StepEngines engines = module_engines();
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
   py::register_exception<PlotError>(m, "PlotError", PyExc_RuntimeError);
+
+  m.attr("__version__") = std::string(oom_project_version());
+  m.def("version_text", &oom_version_text, "The version and commit every file the project writes carries (\"oom_version\")");
+  m.def("_set_data_root", &set_program_data_root, py::arg("folder"),
+        "Where the package's shipped data is (configs/, experiments/, traces/paper/); called by oom/__init__.py");
+  m.def("data_root", [] {
+    const auto root = shipped_data_root();
+    if (!root) throw InputError("", "data", "(not found)", "no shipped data folder (an installed package holds oom/share/oom)");
+    return root->folder;
+  }, "The folder of the shipped data (configs/, experiments/, traces/paper/) and how it was found");
+  m.def("config_root", [] { return config_root(); }, "The configs folder in use ($OOM_CONFIG_DIR, else the shipped data's configs/)");
 
   m.def("model_names", [] { return config_names("models"); }, "Models in configs/models");
   m.def("hardware_names", [] { return config_names("hardware"); }, "Hardware in configs/hardware");

@@ -4,7 +4,8 @@
 #  - the project's virtual environment .venv/ (git-ignored) with PyTorch from PyPI, pinned to the
 #    GPU machines' minor version: its LibTorch (CUDA 13 build, c10d with Gloo and NCCL) is the one
 #    the backend compiles against, and its torchrun launches multi-node jobs. Test-only Python
-#    packages (DeepSpeed for the AdamW peer benchmark) go into the same environment.
+#    packages (DeepSpeed for the AdamW peer benchmark; scikit-build-core and pybind11, which build
+#    the wheel of `pip install .` and its test) go into the same environment.
 # Nothing is downloaded outside apt and PyPI. OOM_VENV overrides the environment's folder.
 #
 #   scripts/install-deps.sh [--simulator-only]   (--simulator-only: Debian's packages alone; the
@@ -28,7 +29,8 @@ packages=(
 # the reference implementation of the parity tests with its file formats (transformers pinned:
 # the parity fixtures are made with it).
 torch_spec="torch==2.11.*"
-venv_packages=(numpy "deepspeed==0.19.*" py-cpuinfo psutil "transformers==5.24.*" safetensors tokenizers)
+# scikit-build-core and pybind11 build the wheel (pyproject.toml; the wheel test builds one).
+venv_packages=(numpy "deepspeed==0.19.*" py-cpuinfo psutil "transformers==5.24.*" safetensors tokenizers scikit-build-core pybind11)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -59,7 +61,7 @@ if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__.s
   echo "install-deps: installing $torch_spec into $venv (PyPI)"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$torch_spec"
 fi
-if ! "$venv/bin/python" -c 'import numpy, deepspeed, cpuinfo, psutil, transformers, safetensors, tokenizers' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import numpy, deepspeed, cpuinfo, psutil, transformers, safetensors, tokenizers, scikit_build_core, pybind11' 2>/dev/null; then
   echo "install-deps: installing ${venv_packages[*]} into $venv (PyPI)"
   # DeepSpeed builds nothing at install time (its ops compile on first use) but imports torch.
   DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${venv_packages[@]}"

@@ -32,6 +32,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
 #include "costmodel/routing.h"
+#include "costmodel/version.h"
 #include "planner/plan/plan.h"
 #include "traces/merge.h"
 #include "traces/trace.h"
@@ -304,7 +305,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
       if (tj.is_discarded()) throw std::runtime_error("rank " + std::to_string(k) + " finished without a readable " + path);
       ranks_traces.push_back(trace_from_json(tj, path));
     }
-    write_file_atomically(o.trace, trace_to_chrome_json(merge_rank_traces(ranks_traces)).dump() + "\n");
+    write_file_atomically(o.trace, with_oom_version(trace_to_chrome_json(merge_rank_traces(ranks_traces))).dump() + "\n");
   }
   if (r.job_dir.empty()) {
     std::error_code ec;

@@ -1,6 +1,8 @@
 // The `oom` command in-process: outputs, help, and bad input answered with one line and exit 2.
 #include "cli/cli.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "costmodel/json_input.h"
+#include "costmodel/version.h"
 #include "tests/common/run_oom.h"
 
 namespace oom::cli {
@@ -241,6 +245,80 @@ TEST(Cli, UnknownCommandOrOptionExits2) {
   EXPECT_EQ(oom({"frobnicate"}).code, 2);
   EXPECT_EQ(oom({"model", "show", "tiny-moe", "--bogus"}).code, 2);
   EXPECT_EQ(lines(oom({"frobnicate"}).err), 1);
+}
+
+// `oom --version`: one "key: value" line per fact a bug report needs.
+TEST(CliVersion, PrintsVersionCommitCompilerBackendSimgridAndConfigs) {
+  const Result r = oom({"--version"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("oom " + oom_version_text() + "\n", 0), 0u) << r.out;
+  for (const char* key : {"\nversion: ", "\ncommit: ", "\ncompiler: ", "\nbackend: ", "\nbackend build: ", "\nsimgrid: ", "\nplots: ",
+                          "\nconfigs: ", "\ndata: "}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing from\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("\nversion: " + std::string(oom_project_version()) + "\n"), std::string::npos) << r.out;
+  // The tests run with OOM_CONFIG_DIR set: the line says so.
+  EXPECT_NE(r.out.find("\nconfigs: " + std::string(std::getenv("OOM_CONFIG_DIR")) + " (OOM_CONFIG_DIR)\n"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  const std::string commit(oom_git_commit());
+  EXPECT_TRUE(commit == "unknown" || commit.find_first_not_of("0123456789abcdef") >= 12) << commit;
+}
+
+// Every file the tool writes carries its version at the root, and the readers take it back: a
+// trace (`oom diff` reads it), a plan (`oom simulate` reads it), a study's JSON.
+TEST(CliVersion, TracesPlansAndStudiesCarryTheVersion) {
+  const TempDir dir;
+  const std::string workload = source("experiments/default/workload.json"), plan = source("experiments/default/plan-r23.json");
+  const std::string trace = dir.path("t.json");
+  ASSERT_EQ(oom({"simulate", "--workload", workload, "--plan", plan, "--trace", trace}).code, 0);
+  EXPECT_EQ(read_json_file(trace)[kOomVersionKey], oom_version_text());
+  const Result diff = oom({"diff", trace, trace, "--summary"});
+  EXPECT_EQ(diff.code, 0) << diff.err;
+  const std::string found = dir.path("plan.json");
+  ASSERT_EQ(oom({"plan", "--workload", workload, "-o", found}).code, 0);
+  EXPECT_EQ(read_json_file(found)[kOomVersionKey], oom_version_text());
+  const Result again = oom({"simulate", "--workload", workload, "--plan", found});
+  EXPECT_EQ(again.code, 0) << again.err;
+  const Result study = oom({"whatif", source("tests/study/data/small-study.json"), "--smallest", "--no-plots", "-o", dir.path("study")});
+  ASSERT_EQ(study.code, 0) << study.err;
+  EXPECT_EQ(read_json_file(dir.path("study/study.json"))[kOomVersionKey], oom_version_text());
+}
+
+// `oom hardware probe`: this machine's spec, which `oom plan` and `oom simulate` accept as the
+// workload's hardware; the CPUs and NUMA nodes are the OS's (costmodel tests check them in detail).
+TEST(CliHardwareProbe, WritesASpecThatSimulateAccepts) {
+  const TempDir dir;
+  const std::string spec = dir.path("this-machine.json");
+  const Result probe = oom({"hardware", "probe", "-o", spec});
+  ASSERT_EQ(probe.code, 0) << probe.err;
+  const nlohmann::json j = read_json_file(spec);
+  EXPECT_EQ(j[kOomVersionKey], oom_version_text());
+  EXPECT_EQ(j["provenance"]["numa.cores"], "measured");
+  EXPECT_EQ(j["provenance"]["numa.dram_gib"], "measured");
+  int cores = 0;
+  for (const auto& n : j["numa"]) cores += n["cores"].get<int>();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(cores, CPU_COUNT(&set));  // nproc
+  const std::string workload =
+      dir.file("w.json", nlohmann::json{{"model", "tiny-moe"}, {"hardware", spec}, {"gpus", 1}, {"global_batch", 2}, {"seq_len", 256}}.dump());
+  const std::string plan = dir.path("plan.json");
+  const Result planned = oom({"plan", "--workload", workload, "-o", plan});
+  ASSERT_EQ(planned.code, 0) << planned.err;
+  const Result sim = oom({"simulate", "--workload", workload, "--plan", plan, "--json"});
+  ASSERT_EQ(sim.code, 0) << sim.err;
+  EXPECT_GT(nlohmann::json::parse(sim.out)["step_s"].get<double>(), 0.0) << sim.out;
+  // Its output is checked like every other: a folder is refused before any probing.
+  const Result refused = oom({"hardware", "probe", "-o", dir.path("")});
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_EQ(lines(refused.err), 1) << refused.err;
+}
+
+TEST(CliModel, HelpSaysAModelMayBeAHuggingFaceConfig) {
+  const Result r = oom({"model", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Hugging Face config.json"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
 
 namespace oom {
 namespace {
@@ -208,6 +209,32 @@ TEST(HardwareSpec, GpuNumaOutOfRangeNamesTheEntry) {
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()), "hw.json: field 'gpu_numa[3]': value 5: out of range 0..1");
   }
+}
+
+// "provenance" (oom hardware probe): each key a field of the spec, each value measured or assumed;
+// the spec is the same with or without it, and anything else is one error naming the field.
+TEST(HardwareSpec, ProvenanceMarksFieldsMeasuredOrAssumed) {
+  nlohmann::json j = read_json_file(*resolve_config("hardware", "local-cpu"));
+  const HardwareSpec plain = hardware_spec_from_json(j, "hw.json");
+  j["provenance"] = {{"numa.cores", "measured"}, {"gpu.bf16_flops", "assumed"}, {"gpu_numa", "assumed"}};
+  EXPECT_EQ(hardware_spec_from_json(j, "hw.json"), plain);
+  const auto error = [](const nlohmann::json& spec) {
+    try {
+      hardware_spec_from_json(spec, "hw.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  nlohmann::json bad = j;
+  bad["provenance"]["numa.cores"] = "guessed";
+  EXPECT_EQ(error(bad), "hw.json: field 'provenance.numa.cores': value \"guessed\": expected one of measured, assumed");
+  bad = j;
+  bad["provenance"]["gpu.warp_size"] = "measured";
+  EXPECT_EQ(error(bad), "hw.json: field 'provenance.gpu.warp_size': value \"measured\": unknown field");
+  bad = j;
+  bad["provenance"] = "measured";
+  EXPECT_NE(error(bad).find("field 'provenance'"), std::string::npos) << error(bad);
 }
 
 }  // namespace

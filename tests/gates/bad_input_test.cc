@@ -654,6 +654,14 @@ std::vector<Case> cases() {
   c.push_back({"hardware_nested_oom_version",
                {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["gpu"]["oom_version"] = "0.9.0"; })}},
                memory_with_workload(), H, "gpu.oom_version", "\"0.9.0\"", "unknown field"});
+  c.push_back({"hardware_provenance_value",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["provenance"] = {{"numa.cores", "guessed"}}; })}},
+               memory_with_workload(), H, "provenance.numa.cores", "\"guessed\"", "expected one of measured, assumed"});
+  c.push_back({"hardware_provenance_unknown_field",
+               {{"w.json", workload_on_hw()}, {"hw.json", hw_with([](json& j) { j["provenance"] = {{"gpu.clock", "measured"}}; })}},
+               memory_with_workload(), H, "provenance.gpu.clock", "\"measured\"", "unknown field"});
+  // `oom hardware probe -o`: the output is checked like every other before anything is probed.
+  c.push_back({"hardware_probe_output_is_a_folder", {}, {"hardware", "probe", "-o", "{dir}"}, "{dir}", "", "", "is a directory"});
   c.push_back({"hardware_duplicate_key",
                {{"w.json", workload_on_hw()}, {"hw.json", duplicated(hw_with([](json&) {}), "\"gpu\": {", "\"hbm_gib\": 80,")}},
                memory_with_workload(), H, "gpu.hbm_gib", "139", "duplicate key"});
@@ -867,7 +875,8 @@ TEST(BadInputTable, HasAtLeastThirtyRowsOverEveryLoaderAndCommand) {
   std::set<std::string> commands;
   for (const auto& r : rows) commands.insert(r.args[0] == "model" ? "model show" : r.args[0]);
   EXPECT_EQ(commands, (std::set<std::string>{"model show", "memory", "report", "simulate", "plan", "whatif", "report-paper",
-                                             "calibrate", "validate", "ablation", "diff", "frobnicate", "plot", "@records"}));
+                                             "calibrate", "validate", "ablation", "diff", "frobnicate", "plot", "@records",
+                                             "hardware"}));
 }
 
 // The same inputs with nothing wrong are accepted: the rows fail for the reason they name.

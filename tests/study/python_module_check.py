@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 import oom
-import oom_plots
+from oom import plots as oom_plots
 
 src = os.environ["OOM_SOURCE_DIR"]
 records_path = os.path.join(src, "traces", "paper", "paper-calibration.jsonl")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs a Python check against Debian's python3 with the built `oom` module on its path.
+# Runs a Python check against Debian's python3 with the built `oom` package on its path
+# (PYTHONPATH=BUILD/python: the notebooks themselves edit no path).
 # Usage: run_python_check.sh PYTHON_DIR SOURCE_DIR (script | notebook.ipynb) [OUT_DIR [IMAGES]]
 # A notebook is executed into OUT_DIR; with IMAGES, the executed notebook must show exactly that
 # many PNG images (every chart it draws is displayed, none drawn into nothing).
@@ -13,8 +14,10 @@ case "$what" in *.ipynb) need+=(nbconvert nbformat ipykernel) ;; esac
 for m in "${need[@]}"; do
   "$python" -c "import $m" 2>/dev/null || { echo "skip: python module $m is not installed (scripts/install-deps.sh)"; exit 77; }
 done
-export OOM_PYTHON_DIR="$py_dir" OOM_SOURCE_DIR="$src" OOM_CONFIG_DIR="$src/configs" MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1
-export PYTHONPATH="$py_dir:$src/python${PYTHONPATH:+:$PYTHONPATH}"
+# The build tree's package (BUILD/python/oom) finds the source tree's configs and studies itself.
+export OOM_SOURCE_DIR="$src" MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1
+unset OOM_CONFIG_DIR
+export PYTHONPATH="$py_dir${PYTHONPATH:+:$PYTHONPATH}"
 case "$what" in
   *.ipynb)
     mkdir -p "$out"
