@@ -33,10 +33,13 @@ endif()
 install(TARGETS oom RUNTIME DESTINATION ${OOM_INSTALL_BINDIR} COMPONENT oom)
 if(TARGET oom_torch)
   # LibTorch's folder on the RPATH: the torch package beside ours in a wheel, else the LibTorch
-  # this build linked.
+  # this build linked. INSTALL_RPATH_USE_LINK_PATH keeps only link folders outside the project, and
+  # the project's own .venv (scripts/install-deps.sh) lies inside it: LibTorch's folder is named.
   set_target_properties(oom_torch PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
   if(SKBUILD)
     set_property(TARGET oom_torch APPEND PROPERTY INSTALL_RPATH "$ORIGIN/../../torch/lib")
+  elseif(TORCH_INSTALL_PREFIX)
+    set_property(TARGET oom_torch APPEND PROPERTY INSTALL_RPATH "${TORCH_INSTALL_PREFIX}/lib")
   endif()
   install(TARGETS oom_torch LIBRARY DESTINATION ${OOM_INSTALL_PLUGINDIR} COMPONENT oom)
 endif()
