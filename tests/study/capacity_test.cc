@@ -9,6 +9,8 @@
 // tests/study/shipped_inputs_test.cc does for every shipped study.
 #include <gtest/gtest.h>
 
+#include "tests/common/sanitized.h"
+
 #include <fmt/format.h>
 
 #include <iostream>
@@ -21,17 +23,7 @@
 namespace oom {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using test_support::kSanitized;
 
 StudySpec capacity_study() { return load_study(std::string(OOM_SOURCE_DIR) + "/experiments/paper/capacity.json"); }
 

@@ -18,6 +18,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "tests/common/sanitized.h"
+
 #include "cli/cli.h"
 #include "tests/common/run_oom.h"
 #include "costmodel/hardware_spec.h"
@@ -204,17 +206,7 @@ fs::path output_folder(const std::string& name) {
 // CTest's 600 s, where one plan search takes up to 160 s. There each study's smallest cases are
 // expanded, resolved and sized (estimate_study: every plan field and workload checked, the stage
 // counts estimated); the normal build, which CI runs as well, runs them all.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using test_support::kSanitized;
 
 // The sanitized form: every case of the study's smallest cases resolved, and the study sized.
 void resolve_and_size(const StudySpec& spec, const std::string& file) {
