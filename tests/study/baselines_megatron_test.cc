@@ -2,6 +2,8 @@
 // weights fit), out-of-memory with where, and a lowering both engines accept.
 #include "planner/lowering/baselines_megatron.h"
 
+#include <cstdint>
+
 #include <gtest/gtest.h>
 
 #include "planner/calibration/calibration.h"
@@ -125,7 +127,7 @@ TEST(Megatron, TheLossHoldsTheWholeMicroBatchsLogits) {
   EXPECT_NE(mem.gpu_peak_at.find("loss"), std::string::npos) << mem.gpu_peak_at;
   // 4 sequences of 4K tokens × 248,320 logits × 6 B.
   const BaselineMemory at2 = megatron_static_memory(*fit.setup, ctx);
-  EXPECT_GT(mem.gpu_peak_bytes - at2.gpu_peak_bytes, 2 * 4096 * ctx.model.vocab * 6 * 9 / 10);
+  EXPECT_GT(mem.gpu_peak_bytes - at2.gpu_peak_bytes, std::int64_t{2} * 4096 * ctx.model.vocab * 6 * 9 / 10);
 }
 
 // The hybrid device optimizer copies the updated FP32 masters into the BF16 weights with a
