@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -87,6 +88,24 @@ TEST(ValidateRecords, PublishedRecordsMeetTheFidelityTarget) {
   const nlohmann::json j = validation_to_json(r);
   for (const char* key : {"count", "median_abs_rel_error", "max_abs_rel_error", "records"}) EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_TRUE(j["records"][0].contains("predicted_gpu_peak_gib"));
+}
+
+// Every record file the project ships under traces/paper loads and every step record in it is
+// predicted (none fails to run): the files oom calibrate and the class cross-validation read.
+TEST(ValidateRecords, EveryShippedRecordFileIsPredicted) {
+  int files = 0, predicted = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(OOM_SOURCE_DIR) + "/traces/paper")) {
+    if (e.path().extension() != ".jsonl") continue;
+    ++files;
+    const ValidationReport r = validate_records(load_records(e.path().string()), StepEngines(), "analytic");
+    EXPECT_EQ(r.failures, 0) << e.path();
+    for (const auto& p : r.records) {
+      EXPECT_EQ(p.status == "failed", false) << e.path() << ": " << p.id << ": " << p.reason;
+      predicted += p.predicted_step_s ? 1 : 0;
+    }
+  }
+  EXPECT_GE(files, 3);  // paper-calibration, paper-records-2, published-baselines
+  EXPECT_GE(predicted, 20 + 31 + 2);
 }
 
 // The records are predicted on parallel threads (run_jobs); the report keeps the file's order,
