@@ -66,11 +66,7 @@ std::vector<std::string> held_out_ids(const std::string& value, const RecordSet&
                                       const std::string& records_path) {
   if (value == "none") return {};
   std::set<std::string> known, names;
-  std::string hw_names;
-  for (const HardwareSpec& hw : hws) {
-    names.insert(hw.name);
-    hw_names += (hw_names.empty() ? "" : ", ") + hw.name;
-  }
+  for (const HardwareSpec& hw : hws) names.insert(hw.name);
   for (const auto& r : records.steps) {
     if (names.count(r.workload.hardware)) known.insert(r.id);
   }
@@ -84,7 +80,7 @@ std::vector<std::string> held_out_ids(const std::string& value, const RecordSet&
     const std::string id = value.substr(begin, end - begin);
     if (id.empty()) throw InputError("", "--hold-out", "\"" + value + "\"", "an empty id (comma-separated ids, or none)");
     if (!known.count(id)) {
-      throw InputError("", "--hold-out", "\"" + id + "\"", fmt::format("no record of {} in {} has this id", hw_names, records_path));
+      throw InputError("", "--hold-out", "\"" + id + "\"", fmt::format("no record of {} in {} has this id", hardware_names(hws), records_path));
     }
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     if (end == value.size()) break;

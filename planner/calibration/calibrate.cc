@@ -510,6 +510,12 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& hw,
   return fit_calibration(*prepare_fit_records(records, hw, options), options);
 }
 
+std::string hardware_names(const std::vector<HardwareSpec>& hws, std::string_view separator) {
+  std::string out;
+  for (const HardwareSpec& hw : hws) out += (out.empty() ? "" : std::string(separator)) + hw.name;
+  return out;
+}
+
 CalibrationFit fit_calibration(const RecordSet& records, const std::vector<HardwareSpec>& hws, const FitOptions& options) {
   return fit_calibration(*prepare_fit_records(records, hws, options), options);
 }
@@ -550,9 +556,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   fit.calibrations = estimates;
   const bool any_fitted = std::any_of(targets.begin(), targets.end(), [](const Target& t) { return !t.row.held_out; });
   if (!any_fitted) {
-    std::string names;
-    for (const HardwareSpec& hw : hws) names += (names.empty() ? "" : ",") + hw.name;
-    throw InputError("", "--hardware", names, nh > 1 ? "no usable record names these hardware (nothing to fit)"
+    throw InputError("", "--hardware", hardware_names(hws, ","), nh > 1 ? "no usable record names these hardware (nothing to fit)"
                                                      : "no usable record names this hardware (nothing to fit)");
   }
 
@@ -911,8 +915,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   }
   std::string together;
   if (nh > 1) {
-    for (const HardwareSpec& hw : hws) together += (together.empty() ? "" : ", ") + hw.name;
-    together = "; fitted together with " + together +
+    together = "; fitted together with " + hardware_names(hws) +
                " (GPU constants per architecture, collectives per fabric kind, link and CPU rates as one fraction of each datasheet's)";
   }
   for (Calibration& c : fit.calibrations) {

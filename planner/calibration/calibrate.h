@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -155,6 +156,8 @@ CalibrationFit fit_calibration(const RecordSet& records, const HardwareSpec& har
 // all of them (the records of one hardware then inform the others'). With one hardware, the same
 // fit as above.
 CalibrationFit fit_calibration(const RecordSet& records, const std::vector<HardwareSpec>& hardware, const FitOptions& options = {});
+// The hardware's names, in order, between `separator`s: how messages and reports name a joint fit.
+std::string hardware_names(const std::vector<HardwareSpec>& hardware, std::string_view separator = ", ");
 
 // The records of one hardware lowered for fitting (each plan lowered once). A caller that fits the
 // same records many times (a cross-validation's folds, on several threads) prepares them once:

@@ -129,11 +129,9 @@ CrossValidation cross_validate(const RecordSet& records, const std::vector<Hardw
   cv.grouping = options.grouping;
   cv.engine = options.engine;
   cv.fit_engine = options.fit.engine;
+  cv.hardware = hardware_names(hws);
   std::set<std::string> names;
-  for (const HardwareSpec& hw : hws) {
-    names.insert(hw.name);
-    cv.hardware += (cv.hardware.empty() ? "" : ", ") + hw.name;
-  }
+  for (const HardwareSpec& hw : hws) names.insert(hw.name);
 
   // The records of this hardware, by group, in file order.
   std::vector<std::string> order;
