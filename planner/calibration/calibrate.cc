@@ -624,7 +624,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     }
     for (Calibration& c : out) {
       // FP32 accumulation of BF16 partials follows the fitted CPU rate (no record isolates it).
-      c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+      c.host_accumulate_params_per_s = accumulate_rate_of(c.cpu_adamw_params_per_s);
       if (one_attention_kernel) c.windowed_attention_efficiency = c.attention_efficiency;
       else c.attention_backward_efficiency = kFlashBackwardRatio * c.attention_efficiency;  // no record separates them
     }

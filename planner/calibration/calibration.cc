@@ -31,7 +31,7 @@ Calibration default_calibration(const HardwareSpec& h) {
   c.d2h_Bps = h.pcie.d2h_Bps;
   c.cpu_adamw_params_per_s = h.numa.empty() ? 0 : h.numa.front().adamw_params_per_s;
   c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
-  c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+  c.host_accumulate_params_per_s = accumulate_rate_of(c.cpu_adamw_params_per_s);
   c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
   price_as_probed_device(c, h);
   return c;
@@ -122,7 +122,7 @@ Calibration load_calibration_file(const std::string& path, const HardwareSpec& h
   if (c.d2h_Bps <= 0) c.d2h_Bps = d.d2h_Bps;
   if (c.cpu_adamw_params_per_s <= 0) c.cpu_adamw_params_per_s = d.cpu_adamw_params_per_s;
   if (c.host_prep_params_per_s <= 0) c.host_prep_params_per_s = 4 * c.cpu_adamw_params_per_s;
-  if (c.host_accumulate_params_per_s <= 0) c.host_accumulate_params_per_s = 2 * c.cpu_adamw_params_per_s;
+  if (c.host_accumulate_params_per_s <= 0) c.host_accumulate_params_per_s = accumulate_rate_of(c.cpu_adamw_params_per_s);
   if (c.torch_adamw_params_per_s <= 0) c.torch_adamw_params_per_s = c.cpu_adamw_params_per_s;
   return c;
 }

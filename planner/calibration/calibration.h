@@ -24,6 +24,19 @@ namespace oom {
 // Dao-AILab/flash-attention#2889, over the paper's 642 TFLOP/s forward gives 0.58.)
 inline constexpr double kFlashBackwardRatio = 305.0 / 500.0;
 
+// DRAM bytes a CPU task moves per parameter when the lowering leaves a stage's bytes at 0.
+inline constexpr Bytes kAdamWDramBytesPerParam = 28;          // r/w FP32 master, m, v (24) + BF16 grad in (2) + BF16 weight out (2)
+inline constexpr Bytes kTorchAdamWDramBytesPerParam = 28;     // r FP32 grad, master, m, v (16) + w master, m, v (12), fused
+inline constexpr Bytes kHostAccumulateDramBytesPerParam = 10;  // BF16 partial in (2) + FP32 sum read and written (8)
+inline constexpr Bytes kHostPrepDramBytesPerParam = 6;         // FP32 master in (4) + BF16 copy out (2)
+
+// The host accumulation of BF16 partials is not fitted (one published record runs it): like the
+// AdamW it streams host memory, so it runs at the AdamW rate times the ratio of their DRAM bytes
+// per parameter, 28 / 10.
+inline double accumulate_rate_of(double cpu_adamw_params_per_s) {
+  return cpu_adamw_params_per_s * static_cast<double>(kAdamWDramBytesPerParam) / static_cast<double>(kHostAccumulateDramBytesPerParam);
+}
+
 struct Calibration {
   std::string hardware;  // the HardwareSpec name it was fitted for
   std::string fitted_from;  // a note on the records the fit used (free text)
@@ -72,7 +85,7 @@ struct Calibration {
   // CPU: throughput per socket (0 = take the HardwareSpec's adamw_params_per_s).
   double cpu_adamw_params_per_s = 0;
   double host_prep_params_per_s = 0;        // BF16 staging; 0 = 4 × the AdamW rate
-  double host_accumulate_params_per_s = 0;  // FP32 accumulation of BF16 partials; 0 = 2 × AdamW
+  double host_accumulate_params_per_s = 0;  // FP32 accumulation of BF16 partials; 0 = accumulate_rate_of(AdamW)
   // torch.optim.AdamW stepping CPU tensors after the backward (FSDP2 with CPU offload, and the
   // FSDP2 part of KT-FT): another implementation than the update above; 0 = the AdamW rate.
   double torch_adamw_params_per_s = 0;

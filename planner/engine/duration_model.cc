@@ -22,7 +22,7 @@ CalibratedDurationModel::CalibratedDurationModel(std::shared_ptr<const HardwareS
   }
   if (calibration_.host_prep_params_per_s <= 0) calibration_.host_prep_params_per_s = 4 * calibration_.cpu_adamw_params_per_s;
   if (calibration_.host_accumulate_params_per_s <= 0) {
-    calibration_.host_accumulate_params_per_s = 2 * calibration_.cpu_adamw_params_per_s;
+    calibration_.host_accumulate_params_per_s = accumulate_rate_of(calibration_.cpu_adamw_params_per_s);
   }
   if (calibration_.torch_adamw_params_per_s <= 0) calibration_.torch_adamw_params_per_s = calibration_.cpu_adamw_params_per_s;
 }

@@ -32,11 +32,7 @@ struct StageCost {
   Seconds alone_s() const { return work > 0 && exclusive_rate > 0 ? work / exclusive_rate : 0.0; }
 };
 
-// DRAM bytes a CPU task moves per parameter when the lowering leaves a stage's bytes at 0.
-inline constexpr Bytes kAdamWDramBytesPerParam = 28;          // r/w FP32 master, m, v (24) + BF16 grad in (2) + BF16 weight out (2)
-inline constexpr Bytes kTorchAdamWDramBytesPerParam = 28;     // r FP32 grad, master, m, v (16) + w master, m, v (12), fused
-inline constexpr Bytes kHostAccumulateDramBytesPerParam = 10;  // BF16 partial in (2) + FP32 sum read and written (8)
-inline constexpr Bytes kHostPrepDramBytesPerParam = 6;         // FP32 master in (4) + BF16 copy out (2)
+// DRAM bytes a CPU task moves per parameter (kAdamWDramBytesPerParam and the others): calibration.h.
 
 // DRAM bytes of CPU stage `s`: its bytes when the lowering set them, else its parameters at the
 // per-kind rates above; 0 for stages that are not CPU tasks.

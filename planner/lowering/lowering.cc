@@ -364,7 +364,7 @@ PerRank Lowering::gradient_d2h(const StageWhat& what, int layer, Bytes bytes, By
                                bool expert_kind) {
   const int kind = expert_kind ? 1 : 0;
   const int index = grads_sent_[static_cast<std::size_t>(kind)]++;
-  const auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  const auto& landings = slot_landings_[static_cast<std::size_t>(kind)];
   const int slots = std::max(1, plan_.cpu_grad_slots);
   PerRank out(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
@@ -372,10 +372,10 @@ PerRank Lowering::gradient_d2h(const StageWhat& what, int layer, Bytes bytes, By
     Stage s = make(what, OpKind::kD2h, Phase::kBackward, expert_kind ? rr.expert_d2h : rr.d2h, r, layer);
     s.bytes = bytes;
     append(s.deps, after, r);
-    // CPU gradient slot reuse: wait for the update that consumed gradient index − slots.
+    // CPU gradient slot reuse: wait for the stage that consumed gradient index − slots.
     if (index >= slots) {
-      OOM_ASSERT(index - slots < static_cast<int>(updates.size()), "gradient slot reused before its update was lowered");
-      append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);
+      OOM_ASSERT(index - slots < static_cast<int>(landings.size()), "gradient slot reused before its consumer was lowered");
+      append(s.deps, landings[static_cast<std::size_t>(index - slots)], r);
     }
     out[static_cast<std::size_t>(r)] = add(std::move(s));
     gpu_free(out[static_cast<std::size_t>(r)], r, freed, MemoryUse::kOptimizer);
@@ -394,15 +394,25 @@ void Lowering::gradients_to_host(StagePart part, int layer, ParamCount params_on
 }
 
 PerRank Lowering::host_accumulate(const StageWhat& what, int layer, ParamCount params, const std::vector<PerRank>& d2h) {
-  // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum.
+  // Local host reduction: each rank's executor adds its BF16 partial into the FP32 sum. Partials
+  // are managed gradients (kind 0); the first one this accumulation consumes is `index`.
+  auto& landings = slot_landings_[0];
+  const auto& updates = slot_updates_[0];
+  const int index = static_cast<int>(landings.size());
+  const int slots = std::max(1, plan_.cpu_grad_slots);
   PerRank acc(static_cast<std::size_t>(P_));
   for (int r = 0; r < P_; ++r) {
     Stage s = make(what, OpKind::kHostAccumulate, Phase::kOptimizer, r_[static_cast<std::size_t>(r)].cpu, r, layer);
     s.params = params;
     s.bytes = gradient_bytes(params);
     for (const auto& d : d2h) append(s.deps, d, r);
+    if (index >= slots) {
+      OOM_ASSERT(index - slots < static_cast<int>(updates.size()), "FP32 sum slot reused before its update was lowered");
+      append(s.deps, updates[static_cast<std::size_t>(index - slots)], r);
+    }
     acc[static_cast<std::size_t>(r)] = add(std::move(s));
   }
+  while (static_cast<int>(landings.size()) < grads_sent_[0]) landings.push_back(acc);
   return acc;
 }
 
@@ -437,6 +447,14 @@ PerRank Lowering::update_and_publish(StagePart part, int bucket, int layer, Para
   return upd;
 }
 
+void Lowering::record_consumer(int kind, const PerRank& update) {
+  auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  auto& landings = slot_landings_[static_cast<std::size_t>(kind)];
+  const int sent = grads_sent_[static_cast<std::size_t>(kind)];
+  while (static_cast<int>(updates.size()) < sent) updates.push_back(update);
+  while (static_cast<int>(landings.size()) < sent) landings.push_back(update);  // not accumulated: the update read it
+}
+
 void Lowering::cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                           bool accumulate_partials, ParamCount partial_params) {
   if (d2h.empty() && params_per_rank <= 0) return;
@@ -445,10 +463,7 @@ void Lowering::cpu_update(StagePart part, int layer, ParamCount params_per_rank,
       accumulate_partials ? std::vector<PerRank>{host_accumulate(what(part, StageOp::kHostAccumulate), layer, partial_params, d2h)} : d2h;
   const PerRank upd = update_and_publish(part, -1, layer, params_per_rank, ready, accumulate_partials);
   // The updates free the CPU gradient slots of every gradient they consumed.
-  for (int kind = 0; kind < 2; ++kind) {
-    auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
-    while (static_cast<int>(updates.size()) < grads_sent_[static_cast<std::size_t>(kind)]) updates.push_back(upd);
-  }
+  for (int kind = 0; kind < 2; ++kind) record_consumer(kind, upd);
 }
 
 PerRank Lowering::gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready, ParamCount freed) {
@@ -481,7 +496,7 @@ void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_
   const Bytes bucket_bytes = plan_.flat.optimizer_bucket_mib * kMiB;
   const std::int64_t buckets = std::max<std::int64_t>(1, (gradient_bytes(sent) + bucket_bytes - 1) / bucket_bytes);
   const int kind = expert_kind ? 1 : 0;
-  auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
+  const auto& updates = slot_updates_[static_cast<std::size_t>(kind)];
   PerRank d2h;
   for (std::int64_t i = 0; i < buckets; ++i) {
     // Even buckets; the last takes the remainder.
@@ -493,8 +508,8 @@ void Lowering::stream_gradients(StagePart part, int layer, ParamCount params_on_
                        share(gradient_bytes(params_on_gpu)), after, expert_kind);
     const PerRank ready_for_update =
         accumulate_partials ? host_accumulate(what(part, StageOp::kHostAccumulate).at_bucket(static_cast<int>(i)), layer, part_params, {d2h}) : d2h;
-    updates.push_back(update_and_publish(part, static_cast<int>(i), layer, share(update_params_per_rank),
-                                         {ready_for_update}, accumulate_partials));
+    record_consumer(kind, update_and_publish(part, static_cast<int>(i), layer, share(update_params_per_rank),
+                                             {ready_for_update}, accumulate_partials));
   }
   pending_grad_frees_.push_back(d2h);
 }

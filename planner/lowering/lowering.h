@@ -254,10 +254,13 @@ class Lowering {
   // whole group.
   PerRank reduce_scatter(StagePart part, int layer, ParamCount params_on_gpu, const PerRank& ready, Over reduce,
                          ParamCount& sent);
-  // The D2H of one gradient (the `index`-th of its kind): it waits for `after` and for the update
-  // that freed its CPU gradient slot, and frees `freed` GPU bytes at its end.
+  // The D2H of one gradient (the `index`-th of its kind): it waits for `after` and for the stage
+  // that freed its CPU gradient slot (the update, or the host accumulation that consumed a
+  // partial), and frees `freed` GPU bytes at its end.
   PerRank gradient_d2h(const StageWhat& what, int layer, Bytes bytes, Bytes freed, const PerRank& after, bool expert_kind);
-  // Each rank adds its BF16 partial into the FP32 host sum once its D2Hs `d2h` are done.
+  // Each rank adds its BF16 partial into the FP32 host sum once its D2Hs `d2h` are done and the
+  // FP32 sum slot is free (the update of the gradient `cpu_grad_slots` earlier has read it). The
+  // accumulation frees the partial's landing slot: the next D2H need not wait for the update.
   PerRank host_accumulate(const StageWhat& what, int layer, ParamCount params, const std::vector<PerRank>& d2h);
   // CPU AdamW of `params` per rank (part.cpu_adamw, in gradient bucket `bucket` or −1), waiting for its own
   // rank's `ready` stages or, `after_every_rank`, for every rank's; then its BF16 publication.
@@ -269,6 +272,9 @@ class Lowering {
                          Over reduce, bool expert_kind, std::vector<PerRank>& d2h_out);
   void cpu_update(StagePart part, int layer, ParamCount params_per_rank, const std::vector<PerRank>& d2h,
                   bool accumulate_partials, ParamCount partial_params);
+  // `update` consumed every gradient of `kind` sent so far that has none yet: it frees their CPU
+  // slots (and their landing slots where no host accumulation freed them first).
+  void record_consumer(int kind, const PerRank& update);
   // GPU AdamW of `params` per rank after `ready`; frees the GPU gradient of `freed` parameters
   // (default: `params`) at its end.
   PerRank gpu_adamw(StagePart part, int layer, ParamCount params, const PerRank& ready, ParamCount freed = -1);
@@ -393,8 +399,11 @@ class Lowering {
   std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
   int window_uses_ = 0;
   Bytes window_slot_bytes_ = 0;  // the largest window use: each of the two slots has this size
-  // CPU gradient slots: per kind (0 managed, 1 expert), the CPU updates that consumed the slots.
+  // CPU gradient slots: per kind (0 managed, 1 expert) and gradient index, the CPU update that
+  // consumed it, and the stage that freed its landing slot (the update, or the host accumulation
+  // that added the partial into the FP32 sum).
   std::array<std::vector<PerRank>, 2> slot_updates_;
+  std::array<std::vector<PerRank>, 2> slot_landings_;
   std::array<int, 2> grads_sent_{0, 0};
   PerRank last_update_;  // last CPU update per rank
   // GPU gradient buffers (two slots): per decoder backward, the stages that free its buffer.

@@ -256,6 +256,11 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
                                     : largest_layer;
         add(h.items, fmt::format("FP32 gradient accumulation slots ({})", plan.cpu_grad_slots),
             plan.cpu_grad_slots * kFp32Bytes * slot);
+        // Full delivery: each rank's BF16 partial lands in its own slot before it is added.
+        if (plan.param_transfer == ParamTransfer::kFull) {
+          add(h.items, fmt::format("BF16 partial landing slots ({} per rank)", plan.cpu_grad_slots),
+              r * plan.cpu_grad_slots * kBf16Bytes * slot);
+        }
       }
       add(h.items, fmt::format("boundaries kept on host, {} layers", host_boundaries), r * boundary_bytes(host_boundaries, seqs, S, m.hidden),
           /*per_step=*/true);

@@ -320,6 +320,39 @@ TEST(LowerLocal, FullDeliveryAccumulatesPartialsOnTheHost) {
   }
 }
 
+TEST(LowerLocal, AnAccumulatedPartialFreesItsLandingSlotBeforeTheUpdate) {
+  // One CPU gradient slot: the next decoder's partial may land once this one is added into the
+  // FP32 sum; only its own accumulation waits for the update that reads the sum.
+  Plan plan;
+  plan.path = ExpertPath::kLocal;
+  plan.param_transfer = ParamTransfer::kFull;
+  plan.cpu_grad_slots = 1;
+  const StepGraph g = lower(plan, ctx_with(64, 4096));
+  const auto deps_of = [&g](const std::string& name) {
+    std::set<std::string> out;
+    for (const Stage& s : g.stages) {
+      if (s.name != name) continue;
+      for (const StageId d : s.deps) out.insert(g.stage(d).name);
+    }
+    return out;
+  };
+  const auto d2h = deps_of("g0.bwd.L3.layer.grad_d2h");
+  EXPECT_TRUE(d2h.count("g0.opt.L4.layer.host_accumulate"));
+  EXPECT_FALSE(d2h.count("g0.opt.L4.layer.cpu_adamw"));
+  const auto accumulate = deps_of("g0.opt.L3.layer.host_accumulate");
+  EXPECT_TRUE(accumulate.count("g0.bwd.L3.layer.grad_d2h"));
+  EXPECT_TRUE(accumulate.count("g0.opt.L4.layer.cpu_adamw"));
+  // Shard delivery reduces on the GPUs: its D2H still waits for the update that read the slot.
+  plan.param_transfer = ParamTransfer::kShard;
+  const StepGraph shard = lower(plan, ctx_with(64, 4096));
+  bool waits_for_update = false;
+  for (const Stage& s : shard.stages) {
+    if (s.name != "g0.bwd.L3.layer.grad_d2h") continue;
+    for (const StageId d : s.deps) waits_for_update |= shard.stage(d).name == "g0.opt.L4.layer.cpu_adamw";
+  }
+  EXPECT_TRUE(waits_for_update);
+}
+
 TEST(LowerLocal, OperatorPartitionsSplitAttentionGdnAndMoe) {
   Plan plan;
   plan.path = ExpertPath::kLocal;
