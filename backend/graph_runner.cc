@@ -45,159 +45,54 @@ StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
   return lower(plan, ctx);
 }
 
-namespace {
+namespace runner {
 
-// The kernels a stage can map to.
-enum class Kernel {
-  kNone,  // sync: no work
-  kOuterH2d, kGather, kRegather, kScatter, kLoss, kHeadBackward, kOuterGradD2h,
-  kBoundaryD2h, kBoundaryH2d, kWeightsH2d,
-  kMixProj, kAttnCore, kAttnCoreRefwd, kOlseD2h, kOlseH2d, kMixOut, kMixOutBwd, kMixCoreBwd, kMixProjBwd, kGdnCore,
-  kRouterShared, kExperts, kExpertsBwd, kRouterSharedBwd,
-  kA2aDispatch, kA2aReturn, kCombine, kA2aGradDispatch, kA2aGradReturn, kReduceScatter,
-  kLayerGradD2h, kPartGradD2h, kGpuAdamW, kHostAccumulate, kCpuAdamW, kPublish,
-  kRingLoss, kRingPass, kRingBackward, kRingGradPass,  // Ring-DTP
-  kLlepFetch, kLlepGradReturn,                         // PipelinedLLEP
+struct Runner;
+
+// Which stages of a (part, operator) a handler takes: Ring-DTP's loss and backward have a ring
+// step, the plain ones none; an expert bank's or a common part's CPU update and publication are a
+// streamed bucket's (OffloadStreamAdamW) only.
+enum class Variant { kAny, kRing, kWhole, kBucket };
+
+// What the driving thread needs to know of a stage's handler besides its work.
+enum HandlerFlag : unsigned {
+  kBuildsGraph = 1u << 0,      // outside a decoder pass: its kernels build autograd graphs
+  kOpensPass = 1u << 1,        // weights.h2d: opens a pass of its decoder
+  kLoadsBoundary = 1u << 2,    // a boundary load, issued early under SCO (issue_order)
+  kReadsLayerGrad = 1u << 3,   // of a decoder: reads its weight gradient (the backward pass lives on)
+  kReadsExpertGrad = 1u << 4,  // of a decoder: reads its experts' gradient (EP)
+  kReadsOuterGrad = 1u << 5,   // of the embedding or LM head: reads its group's gradient
+  kWaitsGradCopy = 1u << 6,    // a worker stage that waits for its gradients' copies to the host
 };
 
-// The table from (part, operator) to kernel; kNone for sync stages, nullopt for work this
-// runner has no kernel for.
-std::optional<Kernel> kernel_of(const Stage& s) {
-  if (s.op == OpKind::kSync) return Kernel::kNone;
-  using P = StagePart;
-  using O = StageOp;
-  const P p = s.key.part;
-  const bool mixing = p == P::kAttention || p == P::kGdn;
-  switch (s.key.op) {
-    case O::kH2d:
-      if (p == P::kEmbedding || p == P::kLmHead) return Kernel::kOuterH2d;
-      if (p == P::kBoundary) return Kernel::kBoundaryH2d;
-      if (p == P::kWeights) return Kernel::kWeightsH2d;
-      break;
-    case O::kD2h:
-      if (p == P::kBoundary) return Kernel::kBoundaryD2h;
-      break;
-    case O::kGather: if (p == P::kEmbedding) return Kernel::kGather; break;
-    case O::kRegather: if (p == P::kEmbedding) return Kernel::kRegather; break;
-    case O::kScatter: if (p == P::kEmbedding) return Kernel::kScatter; break;
-    case O::kLoss:
-      if (p == P::kLmHead) return s.key.ring_step >= 0 ? Kernel::kRingLoss : Kernel::kLoss;
-      break;
-    case O::kBackward:
-      if (p == P::kLmHead) return s.key.ring_step >= 0 ? Kernel::kRingBackward : Kernel::kHeadBackward;
-      break;
-    case O::kPass: if (p == P::kLmHead) return Kernel::kRingPass; break;
-    case O::kGradPass: if (p == P::kLmHead) return Kernel::kRingGradPass; break;
-    case O::kGradD2h:
-      if (p == P::kEmbedding || p == P::kLmHead) return Kernel::kOuterGradD2h;
-      if (p == P::kLayer) return Kernel::kLayerGradD2h;
-      if (p == P::kExperts || p == P::kCommon) return Kernel::kPartGradD2h;
-      break;
-    case O::kGpuAdamW: if (p == P::kExperts) return Kernel::kGpuAdamW; break;
-    case O::kProj: if (mixing) return Kernel::kMixProj; break;
-    case O::kCore:
-      if (p == P::kAttention) return Kernel::kAttnCore;
-      if (p == P::kGdn) return Kernel::kGdnCore;
-      break;
-    case O::kCoreRefwd: if (p == P::kAttention) return Kernel::kAttnCoreRefwd; break;
-    case O::kCoreBwd: if (mixing) return Kernel::kMixCoreBwd; break;
-    case O::kOlseD2h: if (p == P::kAttention) return Kernel::kOlseD2h; break;
-    case O::kOlseH2d: if (p == P::kAttention) return Kernel::kOlseH2d; break;
-    case O::kOut: if (mixing) return Kernel::kMixOut; break;
-    case O::kOutBwd: if (mixing) return Kernel::kMixOutBwd; break;
-    case O::kProjBwd: if (mixing) return Kernel::kMixProjBwd; break;
-    case O::kRouterShared: if (p == P::kMoe) return Kernel::kRouterShared; break;
-    case O::kExperts: if (p == P::kMoe) return Kernel::kExperts; break;
-    case O::kExpertsBwd: if (p == P::kMoe) return Kernel::kExpertsBwd; break;
-    case O::kRouterSharedBwd: if (p == P::kMoe) return Kernel::kRouterSharedBwd; break;
-    case O::kA2aDispatch: if (p == P::kMoe) return Kernel::kA2aDispatch; break;
-    case O::kA2aReturn: if (p == P::kMoe) return Kernel::kA2aReturn; break;
-    case O::kCombine: if (p == P::kMoe) return Kernel::kCombine; break;
-    case O::kA2aGradDispatch: if (p == P::kMoe) return Kernel::kA2aGradDispatch; break;
-    case O::kA2aGradReturn: if (p == P::kMoe) return Kernel::kA2aGradReturn; break;
-    case O::kFetch: if (p == P::kLlep) return Kernel::kLlepFetch; break;
-    case O::kGradReturn: if (p == P::kLlep) return Kernel::kLlepGradReturn; break;
-    case O::kReduceScatter:
-      if (p == P::kEmbedding || p == P::kLmHead || p == P::kCommon) return Kernel::kReduceScatter;
-      break;
-    case O::kHostAccumulate: if (p == P::kLayer) return Kernel::kHostAccumulate; break;
-    // A streamed update (OffloadStreamAdamW) updates and publishes each bucket of a part on its own.
-    case O::kCpuAdamW:
-      if (p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) return Kernel::kCpuAdamW;
-      if ((p == P::kExperts || p == P::kCommon) && s.key.bucket >= 0) return Kernel::kCpuAdamW;
-      break;
-    case O::kPublish:
-      if (p == P::kLayer || p == P::kEmbedding || p == P::kLmHead) return Kernel::kPublish;
-      if ((p == P::kExperts || p == P::kCommon) && s.key.bucket >= 0) return Kernel::kPublish;
-      break;
-    default: break;
-  }
-  return std::nullopt;
+constexpr unsigned part_set(std::initializer_list<StagePart> ps) {
+  unsigned m = 0;
+  for (const StagePart p : ps) m |= 1u << static_cast<unsigned>(p);
+  return m;
 }
 
-// The kernel of a stage this runner must run; std::logic_error naming the stage when it has none.
-Kernel runnable_kernel(const Stage& s) {
-  const auto k = kernel_of(s);
-  if (!k) throw std::logic_error(fmt::format("the graph runner has no kernel for stage {} ({})", s.name, op_kind_name(s.op)));
-  return *k;
-}
+// A stage's work by its (part, operator). A driving-thread stage runs `run`; a worker stage's `job`
+// runs on the driving thread in graph order and returns the work the worker thread does, timed
+// under the stage's key; a join (a sync stage) has neither and is recorded as an instant.
+struct Handler {
+  unsigned parts = 0;  // the StageParts it takes (part_set())
+  StageOp op = StageOp::kDone;
+  Variant variant = Variant::kAny;
+  MemoryUse use = MemoryUse::kOther;  // what its device allocations hold (memory model's tag)
+  unsigned flags = 0;                 // HandlerFlag
+  void (*run)(Runner&, const Stage&) = nullptr;
+  std::function<void()> (*job)(Runner&, const Stage&) = nullptr;
+  bool join() const { return run == nullptr && job == nullptr; }
+  bool on_worker() const { return job != nullptr; }
+};
 
-// The memory model's use (MemoryUse) of what a stage's kernel allocates on the device; tensors
-// whose role differs from their stage's are tagged where they are made or retagged when their role
-// is known (the decoder outputs and hidden-state gradients: activations; gradients: optimizer; held
-// and regenerated decoder inputs: boundaries). The loss stages run the final norm (activations)
-// around the cross-entropy, which counts its logits blocks as the vocabulary's (model.h).
-MemoryUse memory_use_of(Kernel k) {
-  switch (k) {
-    case Kernel::kRingLoss:
-    case Kernel::kRingPass:
-    case Kernel::kRingBackward:
-    case Kernel::kRingGradPass: return MemoryUse::kVocabulary;
-    case Kernel::kBoundaryH2d:
-    case Kernel::kRegather: return MemoryUse::kBoundaries;
-    case Kernel::kRouterShared:
-    case Kernel::kExperts:
-    case Kernel::kExpertsBwd:
-    case Kernel::kRouterSharedBwd:
-    case Kernel::kA2aDispatch:
-    case Kernel::kA2aReturn:
-    case Kernel::kCombine:
-    case Kernel::kA2aGradDispatch:
-    case Kernel::kA2aGradReturn:
-    case Kernel::kLlepFetch:
-    case Kernel::kLlepGradReturn: return MemoryUse::kDispatch;
-    case Kernel::kScatter:
-    case Kernel::kOuterGradD2h:
-    case Kernel::kLayerGradD2h:
-    case Kernel::kPartGradD2h:
-    case Kernel::kReduceScatter:
-    case Kernel::kGpuAdamW: return MemoryUse::kOptimizer;
-    case Kernel::kLoss:
-    case Kernel::kHeadBackward:
-    case Kernel::kGather:
-    case Kernel::kMixProj:
-    case Kernel::kAttnCore:
-    case Kernel::kAttnCoreRefwd:
-    case Kernel::kGdnCore:
-    case Kernel::kOlseH2d:
-    case Kernel::kMixOut:
-    case Kernel::kMixOutBwd:
-    case Kernel::kMixCoreBwd:
-    case Kernel::kMixProjBwd: return MemoryUse::kActivations;
-    default: return MemoryUse::kOther;
-  }
-}
-
-bool on_worker(Kernel k) { return k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW || k == Kernel::kPublish; }
+// The handler of a stage; std::logic_error naming the stage when the runner has none.
+const Handler& handler_of(const Stage& s);
 // The stages that read a decoder's weight gradient: its backward pass lives until the last of them.
-bool reads_layer_gradient(const Stage& s, Kernel k) {
-  return s.layer >= 0 &&
-         (k == Kernel::kLayerGradD2h || k == Kernel::kPartGradD2h || k == Kernel::kGpuAdamW || k == Kernel::kReduceScatter);
-}
+bool reads_layer_gradient(const Stage& s, const Handler& h) { return s.layer >= 0 && (h.flags & kReadsLayerGrad) != 0; }
 // The stages that read a decoder's experts' gradient (EP): their D2H and the device update.
-bool reads_expert_gradient(const Stage& s, Kernel k) {
-  return s.layer >= 0 && ((k == Kernel::kPartGradD2h && s.key.part == StagePart::kExperts) || k == Kernel::kGpuAdamW);
-}
+bool reads_expert_gradient(const Stage& s, const Handler& h) { return s.layer >= 0 && (h.flags & kReadsExpertGrad) != 0; }
+
 // A stage key's sub-batch (0 when the batch runs whole).
 std::size_t sub_index(const StageKey& k) { return static_cast<std::size_t>(std::max(k.sub_batch, 0)); }
 bool in_pass(const Stage& s) {
@@ -416,9 +311,7 @@ struct Pass {
   std::map<int, Sub> subs;
 };
 
-}  // namespace
-
-struct GraphRunner::Impl {
+struct Runner {
   HostState& st;
   TrainerConfig cfg;
   Plan plan;
@@ -503,7 +396,7 @@ struct GraphRunner::Impl {
   double coef = 1.0;
   int next_backward = 0;                       // the decoder whose backward comes next
 
-  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
+  Runner(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
       : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)),
         spec(s.spec()), group(g), R(g ? g->rank() : 0), P(g ? g->size() : 1) {
     experts_local = spec.moe.experts / P;
@@ -1639,11 +1532,11 @@ struct GraphRunner::Impl {
     return fn;
   }
   // The worker's part of a stage: timed under its key on its resource.
-  std::function<void()> worker_job(const Stage& s, Kernel k) {
+  std::function<void()> worker_job(const Stage& s, const Handler& h) {
     const StageKey key = s.key;
     const std::string kind(op_kind_name(s.op)), resource = graph->resource(s.resource).name;
     std::vector<std::function<void()>> waits;
-    if (k == Kernel::kHostAccumulate || k == Kernel::kCpuAdamW) {
+    if (h.flags & kWaitsGradCopy) {
       // A decoder's update reads the gradients of its parts (the EP path sends experts and common apart).
       for (const StagePart part : {key.part, StagePart::kExperts, StagePart::kCommon}) {
         if (part == key.part || key.part == StagePart::kLayer) {
@@ -1651,30 +1544,116 @@ struct GraphRunner::Impl {
         }
       }
     }
-    const int b = block_of(key.part, key.decoder);
-    const Ranges ranges = bucket_ranges(key.part, key.decoder, key.bucket);
-    std::vector<std::pair<Ranges, at::Tensor>> grads;
-    if (k == Kernel::kCpuAdamW) grads = take_host_gradients(key.part, key.decoder, key.bucket);
-    return [this, key, kind, resource, k, b, ranges, grads = std::move(grads), waits = std::move(waits)] {
+    auto work = h.job(*this, s);
+    return [this, key, kind, resource, work = std::move(work), waits = std::move(waits)] {
       for (const auto& w : waits) w();
       auto scope = rec.stage(key, kind, resource);
-      switch (k) {
-        case Kernel::kHostAccumulate:
-          // One rank: its partial is the sum; the D2H into the host buffer is the accumulation.
-          break;
-        case Kernel::kCpuAdamW:
-          for (const auto& [r, g] : grads) update_ranges(b, r, g);
-          break;
-        case Kernel::kPublish: publish_ranges(b, ranges); break;
-        default: OOM_ASSERT(false, "not a worker kernel");
-      }
+      work();
     };
   }
+  // The worker stages' work (Handler::job).
+  static std::function<void()> host_accumulate_job() {
+    return [] {};  // one rank: its partial is the sum; the D2H into the host buffer is the accumulation
+  }
+  std::function<void()> cpu_adamw_job(const Stage& s) {
+    const int b = block_of(s.key.part, s.key.decoder);
+    auto grads = take_host_gradients(s.key.part, s.key.decoder, s.key.bucket);
+    return [this, b, grads = std::move(grads)] {
+      for (const auto& [r, g] : grads) update_ranges(b, r, g);
+    };
+  }
+  std::function<void()> publish_job(const Stage& s) {
+    const int b = block_of(s.key.part, s.key.decoder);
+    const Ranges ranges = bucket_ranges(s.key.part, s.key.decoder, s.key.bucket);
+    return [this, b, ranges] { publish_ranges(b, ranges); };
+  }
 
-  void run_stage(StageId id, Kernel k) {
+  // ---- stages outside the decoder passes ----
+  // A new pass of the decoder: the copy is issued now, the pass starts at its first kernel.
+  void weights_h2d(const Stage& s) {
+    Pass p;
+    p.l = s.layer;
+    p.kind = s.phase == Phase::kForward ? PassKind::kForward : s.phase == Phase::kRecompute ? PassKind::kRegenerate : PassKind::kBackward;
+    passes[s.id] = std::move(p);
+    open_pass[s.layer] = s.id;
+    window.prefetch(1 + s.layer);
+  }
+  // The head's part; a tied head is the embedding table itself.
+  void outer_h2d(const Stage& s) {
+    bring_outer(s.key.part == StagePart::kLmHead, s.key.part == StagePart::kEmbedding || spec.tied_embeddings);
+  }
+  void regather() {
+    gather_embeddings();
+    origin[0] = Origin::kRegather;
+  }
+  void boundary_d2h(const Stage& s) { host[s.layer] = to_host(act.at(s.layer), st.pinned()); }
+  void boundary_h2d(const Stage& s) {
+    act[s.layer] = device_memory::to_device(host.at(s.layer), dev);
+    origin[s.layer] = Origin::kLoaded;
+  }
+  void head_loss_stage() {
+    hL = leaf(act.at(spec.layers));
+    act.erase(spec.layers);
+    // The plan's logits blocks (FLAT's vocab_chunk_tokens; 0: all of this rank's tokens at once).
+    loss = head_loss(hL, tgt, outer, spec, plan.flat.logits_block_tokens(hL.size(0) * hL.size(1)));
+  }
+  void head_backward() {
+    outer_gradient(true);
+    // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
+    (dist() ? loss / P : loss).backward();
+    loss = loss.detach();  // its graph's leaves (the head's weights) and their gradients go
+    dgrad[spec.layers] = hL.grad();
+    hL = at::Tensor();
+    drop_outer();
+  }
+  void outer_grad_d2h(const Stage& s) {
+    const bool head = s.key.part == StagePart::kLmHead;
+    send_gradient(s.key.part, -1, s.key.bucket, outer_block_grad(head));
+  }
+  // A decoder's gradient, or its experts' or common part's.
+  void layer_grad_d2h(const Stage& s) {
+    const auto summed = reduced.find({s.key.part, s.layer});
+    send_gradient(s.key.part, s.layer, s.key.bucket, summed != reduced.end() ? summed->second : layer_grad(s.layer));
+  }
+  // Every rank's gradient of the group summed (an all-reduce: each rank then sends and updates its
+  // 1/P, as a reduce-scatter would leave it).
+  void reduce_scatter(const Stage& s) {
+    const bool outer_part = s.layer < 0;
+    for (const auto& [a, n] : whole_ranges(s.key.part, s.layer)) {
+      auto v = outer_part ? outer_grad_range(a, n) : layer_grad(s.layer).range(a, n);
+      group->all_reduce_sum(v);
+    }
+    if (!outer_part) reduced[{s.key.part, s.layer}] = layer_grad(s.layer);
+  }
+  // A resident expert bank's update where its gradient is (the compute device), with its working
+  // copy refreshed.
+  void gpu_adamw(const Stage& s) {
+    const int b = 1 + s.layer;
+    const Ranges ranges = group_ranges(StagePart::kExperts, s.layer);
+    at::Tensor grad;
+    {
+      // The ranges in block coordinates on the host (on a CPU device, the parts themselves).
+      const BlockGrad& g = layer_grad(s.layer);
+      device_memory::OnHost on_host;
+      grad = at::empty({g.numel}, g.parts.front().second.options().device(at::kCPU));
+      for (const auto& [a, n] : ranges) grad.narrow(0, a, n).copy_(g.range(a, n));
+    }
+    auto update = [this, b, ranges, grad] {
+      update_ranges(b, ranges, grad);
+      publish_ranges(b, ranges);
+    };
+    if (cfg.max_grad_norm > 0) {
+      sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+      deferred_device.push_back(std::move(update));
+    } else {
+      update();
+    }
+  }
+
+  void run_stage(StageId id, const Handler& h) {
     const Stage& s = graph->stage(id);
-    if (on_worker(k)) {
-      auto job = worker_job(s, k);
+    if (h.on_worker()) {
+      auto job = worker_job(s, h);
       if (cfg.max_grad_norm > 0) {
         deferred.push_back(std::move(job));
       } else {
@@ -1689,147 +1668,30 @@ struct GraphRunner::Impl {
     // The driving thread runs the GPU resources' stages: what they allocate is the device's
     // (host buffers they fill say so where they are allocated).
     device_memory::OnDevice on_device;
-    device_memory::Tagged use(memory_use_of(k));
-    if (k == Kernel::kNone) {
+    device_memory::Tagged use(h.use);
+    if (h.join()) {
       // A join: recorded as the instant its dependencies are done.
       rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
       return;
     }
-    if (k == Kernel::kWeightsH2d) {
-      // A new pass of the decoder: the copy is issued now, the pass starts at its first kernel.
-      auto scope = rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
-      Pass p;
-      p.l = s.layer;
-      p.kind = s.phase == Phase::kForward ? PassKind::kForward : s.phase == Phase::kRecompute ? PassKind::kRegenerate : PassKind::kBackward;
-      passes[id] = std::move(p);
-      open_pass[s.layer] = id;
-      window.prefetch(1 + s.layer);
-      return;
-    }
     auto scope = rec.stage(s.key, std::string(op_kind_name(s.op)), graph->resource(s.resource).name);
-    bool grad_mode = k == Kernel::kLoss || k == Kernel::kRingLoss || k == Kernel::kGather || k == Kernel::kHeadBackward ||
-                     k == Kernel::kScatter;
+    bool grad_mode = (h.flags & kBuildsGraph) != 0;
     if (in_pass(s)) {
       const Pass& p = pass_of(s);
       grad_mode = s.key.part != StagePart::kLlep &&
                   (p.kind == PassKind::kBackward || (s.key.part == StagePart::kMoe && moe_graph(p)));
     }
     at::AutoGradMode mode(grad_mode);
-    switch (k) {
-      case Kernel::kOuterH2d:
-        // The head's part; a tied head is the embedding table itself.
-        bring_outer(s.key.part == StagePart::kLmHead, s.key.part == StagePart::kEmbedding || spec.tied_embeddings);
-        break;
-      case Kernel::kGather:
-        gather_embeddings();
-        break;
-      case Kernel::kRegather:
-        gather_embeddings();
-        origin[0] = Origin::kRegather;
-        break;
-      case Kernel::kBoundaryD2h: host[s.layer] = to_host(act.at(s.layer), st.pinned()); break;
-      case Kernel::kBoundaryH2d:
-        act[s.layer] = device_memory::to_device(host.at(s.layer), dev);
-        origin[s.layer] = Origin::kLoaded;
-        break;
-      case Kernel::kLoss:
-        hL = leaf(act.at(spec.layers));
-        act.erase(spec.layers);
-        // The plan's logits blocks (FLAT's vocab_chunk_tokens; 0: all of this rank's tokens at once).
-        loss = head_loss(hL, tgt, outer, spec, plan.flat.logits_block_tokens(hL.size(0) * hL.size(1)));
-        break;
-      case Kernel::kRingLoss: ring_loss(s); break;
-      case Kernel::kRingPass: ring_pass(); break;
-      case Kernel::kRingBackward: ring_backward(s); break;
-      case Kernel::kRingGradPass: ring_grad_pass(s); break;
-      case Kernel::kHeadBackward:
-        outer_gradient(true);
-        // Over ranks each rank's loss is its tokens' mean: 1/P of it sums to the global mean's gradient.
-        (dist() ? loss / P : loss).backward();
-        loss = loss.detach();  // its graph's leaves (the head's weights) and their gradients go
-        dgrad[spec.layers] = hL.grad();
-        hL = at::Tensor();
-        drop_outer();
-        break;
-      case Kernel::kScatter: scatter_embedding_gradient(); break;
-      case Kernel::kOuterGradD2h: {
-        const bool head = s.key.part == StagePart::kLmHead;
-        send_gradient(s.key.part, -1, s.key.bucket, outer_block_grad(head));
-        break;
-      }
-      case Kernel::kLayerGradD2h:
-      case Kernel::kPartGradD2h: {
-        const auto summed = reduced.find({s.key.part, s.layer});
-        send_gradient(s.key.part, s.layer, s.key.bucket, summed != reduced.end() ? summed->second : layer_grad(s.layer));
-        break;
-      }
-      case Kernel::kReduceScatter: {
-        // Every rank's gradient of the group summed (an all-reduce: each rank then sends and
-        // updates its 1/P, as a reduce-scatter would leave it).
-        const bool outer_part = s.layer < 0;
-        for (const auto& [a, n] : whole_ranges(s.key.part, s.layer)) {
-          auto v = outer_part ? outer_grad_range(a, n) : layer_grad(s.layer).range(a, n);
-          group->all_reduce_sum(v);
-        }
-        if (!outer_part) reduced[{s.key.part, s.layer}] = layer_grad(s.layer);
-        break;
-      }
-      case Kernel::kA2aDispatch: a2a_dispatch(s, pass_of(s)); break;
-      case Kernel::kA2aReturn: a2a_return(s, pass_of(s)); break;
-      case Kernel::kCombine: combine(s, pass_of(s)); break;
-      case Kernel::kA2aGradDispatch: a2a_grad_dispatch(s, pass_of(s)); break;
-      case Kernel::kA2aGradReturn: a2a_grad_return(s, pass_of(s)); break;
-      case Kernel::kLlepFetch: llep_fetch(pass_of(s)); break;
-      case Kernel::kLlepGradReturn: llep_grad_return(pass_of(s)); break;
-      case Kernel::kGpuAdamW: {
-        // A resident expert bank's update where its gradient is (the compute device), with its
-        // working copy refreshed.
-        const int b = 1 + s.layer;
-        const Ranges ranges = group_ranges(StagePart::kExperts, s.layer);
-        at::Tensor grad;
-        {
-          // The ranges in block coordinates on the host (on a CPU device, the parts themselves).
-          const BlockGrad& g = layer_grad(s.layer);
-          device_memory::OnHost on_host;
-          grad = at::empty({g.numel}, g.parts.front().second.options().device(at::kCPU));
-          for (const auto& [a, n] : ranges) grad.narrow(0, a, n).copy_(g.range(a, n));
-        }
-        auto update = [this, b, ranges, grad] {
-          update_ranges(b, ranges, grad);
-          publish_ranges(b, ranges);
-        };
-        if (cfg.max_grad_norm > 0) {
-          sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
-          deferred_device.push_back(std::move(update));
-        } else {
-          update();
-        }
-        break;
-      }
-      case Kernel::kMixProj: mix_proj(s, pass_of(s)); break;
-      case Kernel::kAttnCore: attn_core(s, pass_of(s)); break;
-      case Kernel::kAttnCoreRefwd: attn_core_refwd(s, pass_of(s)); break;
-      case Kernel::kGdnCore: gdn_core(s, pass_of(s)); break;
-      case Kernel::kOlseD2h: olse_d2h(s, pass_of(s)); break;
-      case Kernel::kOlseH2d: olse_h2d(s, pass_of(s)); break;
-      case Kernel::kMixOut: mix_out(s, pass_of(s)); break;
-      case Kernel::kMixOutBwd: mix_out_bwd(s, pass_of(s)); break;
-      case Kernel::kMixCoreBwd: mix_core_bwd(s, pass_of(s)); break;
-      case Kernel::kMixProjBwd: mix_proj_bwd(s, pass_of(s)); break;
-      case Kernel::kRouterShared: router_shared(s, pass_of(s)); break;
-      case Kernel::kExperts: experts(s, pass_of(s)); break;
-      case Kernel::kExpertsBwd: experts_bwd(s, pass_of(s)); break;
-      case Kernel::kRouterSharedBwd: router_shared_bwd(s, pass_of(s)); break;
-      default: OOM_ASSERT(false, "kernel dispatched to the wrong thread");
-    }
+    h.run(*this, s);
+    if (h.flags & kOpensPass) return;  // the pass has not started
     if (in_pass(s) && last_use[static_cast<std::size_t>(open_pass.at(s.layer))] == id) end_pass(open_pass.at(s.layer));
     for (const bool head : {false, true}) {
       if (last_outer_use[head ? 1 : 0] == id) outer_grad(head) = at::Tensor();  // its D2H has it
     }
-    if (ep() && reads_expert_gradient(s, k) && last_expert_use[static_cast<std::size_t>(backward_pass.at(s.layer))] == id) {
+    if (ep() && reads_expert_gradient(s, h) && last_expert_use[static_cast<std::size_t>(backward_pass.at(s.layer))] == id) {
       release_expert_gradient(s.layer);
     }
-    if (reads_layer_gradient(s, k)) {
+    if (reads_layer_gradient(s, h)) {
       const StageId pid = backward_pass.at(s.layer);
       if (last_grad_use[static_cast<std::size_t>(pid)] == id) {
         passes.erase(pid);
@@ -1876,7 +1738,7 @@ struct GraphRunner::Impl {
   // SCO a boundary's load is issued as soon as the stages it depends on have run and the backward
   // has begun (into the second buffer, while the decoder after it computes its backward), as a GPU's
   // copy engine prefetches it.
-  std::vector<StageId> issue_order(const StepGraph& g, const std::vector<Kernel>& kernels) const {
+  std::vector<StageId> issue_order(const StepGraph& g, const std::vector<const Handler*>& handlers) const {
     std::vector<StageId> order;
     const bool prefetch = plan.flat.selective_checkpoint_offload;
     std::vector<char> issued(g.stages.size(), 0);
@@ -1884,7 +1746,7 @@ struct GraphRunner::Impl {
     bool backward = false;
     if (prefetch) {
       for (const Stage& s : g.stages) {
-        if (s.key.rank == R && kernels[static_cast<std::size_t>(s.id)] == Kernel::kBoundaryH2d) waiting.push_back(s.id);
+        if (s.key.rank == R && (handlers[static_cast<std::size_t>(s.id)]->flags & kLoadsBoundary)) waiting.push_back(s.id);
       }
     }
     const auto ready = [&](StageId id) {
@@ -1912,7 +1774,7 @@ struct GraphRunner::Impl {
     };
     for (const Stage& s : g.stages) {
       if (s.key.rank != R || issued[static_cast<std::size_t>(s.id)]) continue;
-      if (prefetch && kernels[static_cast<std::size_t>(s.id)] == Kernel::kBoundaryH2d) {
+      if (prefetch && (handlers[static_cast<std::size_t>(s.id)]->flags & kLoadsBoundary)) {
         if (!ready(s.id)) continue;  // issued after its last dependency
         const auto it = std::find(waiting.begin(), waiting.end(), s.id);
         if (it != waiting.end()) waiting.erase(it);
@@ -1924,7 +1786,7 @@ struct GraphRunner::Impl {
   }
 };
 
-StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets) {
+StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Tensor& targets) {
   if (cfg.accumulate != 1) {
     throw InputError("", "--accumulate", std::to_string(cfg.accumulate),
                      "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
@@ -1941,7 +1803,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   B = tokens.size(0) / P, S = tokens.size(1);
   sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
   // Each pass ends at the last stage that belongs to it.
-  std::vector<Kernel> kernels(g.stages.size());
+  std::vector<const Handler*> handlers(g.stages.size(), nullptr);
   last_use.assign(g.stages.size(), -1);
   last_grad_use.assign(g.stages.size(), -1);
   last_outer_use = {-1, -1};
@@ -1950,17 +1812,17 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
     std::map<int, StageId> latest;
     for (const Stage& s : g.stages) {
       if (s.key.rank != R) continue;
-      const Kernel k = runnable_kernel(s);  // before any work: a graph the runner cannot run changes nothing
-      kernels[static_cast<std::size_t>(s.id)] = k;
+      const Handler& h = handler_of(s);  // before any work: a graph the runner cannot run changes nothing
+      handlers[static_cast<std::size_t>(s.id)] = &h;
       if (s.key.op == StageOp::kGradD2h && s.key.bucket >= 0) {
         int& n = buckets[{s.key.part, s.key.decoder}];
         n = std::max(n, s.key.bucket + 1);
       }
-      if (k == Kernel::kWeightsH2d) latest[s.layer] = s.id;
+      if (h.flags & kOpensPass) latest[s.layer] = s.id;
       if (in_pass(s)) last_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
-      if (reads_layer_gradient(s, k)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
-      if (reads_expert_gradient(s, k)) last_expert_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
-      if (s.layer < 0 && (k == Kernel::kOuterGradD2h || k == Kernel::kReduceScatter)) {
+      if (reads_layer_gradient(s, h)) last_grad_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      if (reads_expert_gradient(s, h)) last_expert_use[static_cast<std::size_t>(latest.at(s.layer))] = s.id;
+      if (s.layer < 0 && (h.flags & kReadsOuterGrad)) {
         last_outer_use[s.key.part == StagePart::kLmHead ? 1 : 0] = s.id;
       }
     }
@@ -1977,7 +1839,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
   coef = 1.0;
   next_backward = spec.layers - 1;
-  for (const StageId id : issue_order(g, kernels)) run_stage(id, kernels[static_cast<std::size_t>(id)]);
+  for (const StageId id : issue_order(g, handlers)) run_stage(id, *handlers[static_cast<std::size_t>(id)]);
   StepStats stats;
   // Over ranks: the global mean loss, and the norm of every rank's sent slices and own experts.
   const auto over_ranks = [&](double v) {
@@ -2014,7 +1876,7 @@ StepStats GraphRunner::Impl::run(const StepGraph& g, const at::Tensor& tokens, c
   return stats;
 }
 
-void GraphRunner::Impl::clear_step() {
+void Runner::clear_step() {
   deferred.clear();
   deferred_device.clear();
   retained_moe.clear();
@@ -2038,6 +1900,114 @@ void GraphRunner::Impl::clear_step() {
   outer = BlockWeights();
   graph = nullptr;
 }
+
+// ---- the handlers: one row per (parts, operator, variant) ----
+namespace {
+
+using P = StagePart;
+using O = StageOp;
+using U = MemoryUse;
+using V = Variant;
+// The pass a decoder stage belongs to (started at its first kernel).
+#define OOM_IN_PASS(method) [](Runner& r, const Stage& s) { r.method(s, r.pass_of(s)); }
+
+// The memory use (MemoryUse) is what the stage's kernels allocate on the device; tensors whose role
+// differs from their stage's are tagged where they are made or retagged when their role is known
+// (the decoder outputs and hidden-state gradients: activations; gradients: optimizer; held and
+// regenerated decoder inputs: boundaries). The loss stages run the final norm (activations) around
+// the cross-entropy, which counts its logits blocks as the vocabulary's (model.h).
+const Handler kHandlers[] = {
+    // Embedding and LM head: weights delivery, gather, loss, backward, scatter.
+    {part_set({P::kEmbedding, P::kLmHead}), O::kH2d, V::kAny, U::kOther, 0, [](Runner& r, const Stage& s) { r.outer_h2d(s); }},
+    {part_set({P::kEmbedding}), O::kGather, V::kAny, U::kActivations, kBuildsGraph, [](Runner& r, const Stage&) { r.gather_embeddings(); }},
+    {part_set({P::kEmbedding}), O::kRegather, V::kAny, U::kBoundaries, 0, [](Runner& r, const Stage&) { r.regather(); }},
+    {part_set({P::kLmHead}), O::kLoss, V::kWhole, U::kActivations, kBuildsGraph, [](Runner& r, const Stage&) { r.head_loss_stage(); }},
+    {part_set({P::kLmHead}), O::kBackward, V::kWhole, U::kActivations, kBuildsGraph, [](Runner& r, const Stage&) { r.head_backward(); }},
+    {part_set({P::kEmbedding}), O::kScatter, V::kAny, U::kOptimizer, kBuildsGraph, [](Runner& r, const Stage&) { r.scatter_embedding_gradient(); }},
+    // Ring-DTP.
+    {part_set({P::kLmHead}), O::kLoss, V::kRing, U::kVocabulary, kBuildsGraph, [](Runner& r, const Stage& s) { r.ring_loss(s); }},
+    {part_set({P::kLmHead}), O::kPass, V::kAny, U::kVocabulary, 0, [](Runner& r, const Stage&) { r.ring_pass(); }},
+    {part_set({P::kLmHead}), O::kBackward, V::kRing, U::kVocabulary, 0, [](Runner& r, const Stage& s) { r.ring_backward(s); }},
+    {part_set({P::kLmHead}), O::kGradPass, V::kAny, U::kVocabulary, 0, [](Runner& r, const Stage& s) { r.ring_grad_pass(s); }},
+    // Decoder weights and checkpoint boundaries.
+    {part_set({P::kWeights}), O::kH2d, V::kAny, U::kOther, kOpensPass, [](Runner& r, const Stage& s) { r.weights_h2d(s); }},
+    {part_set({P::kBoundary}), O::kD2h, V::kAny, U::kOther, 0, [](Runner& r, const Stage& s) { r.boundary_d2h(s); }},
+    {part_set({P::kBoundary}), O::kH2d, V::kAny, U::kBoundaries, kLoadsBoundary, [](Runner& r, const Stage& s) { r.boundary_h2d(s); }},
+    // Mixing: attention (query-head groups, kept O/LSE) and GDN (sequence chunks).
+    {part_set({P::kAttention, P::kGdn}), O::kProj, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_proj)},
+    {part_set({P::kAttention}), O::kCore, V::kAny, U::kActivations, 0, OOM_IN_PASS(attn_core)},
+    {part_set({P::kGdn}), O::kCore, V::kAny, U::kActivations, 0, OOM_IN_PASS(gdn_core)},
+    {part_set({P::kAttention}), O::kOlseD2h, V::kAny, U::kOther, 0, OOM_IN_PASS(olse_d2h)},
+    {part_set({P::kAttention}), O::kOlseH2d, V::kAny, U::kActivations, 0, OOM_IN_PASS(olse_h2d)},
+    {part_set({P::kAttention, P::kGdn}), O::kOut, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_out)},
+    {part_set({P::kAttention, P::kGdn}), O::kOutBwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_out_bwd)},
+    {part_set({P::kAttention}), O::kCoreRefwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(attn_core_refwd)},
+    {part_set({P::kAttention, P::kGdn}), O::kCoreBwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_core_bwd)},
+    {part_set({P::kAttention, P::kGdn}), O::kProjBwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_proj_bwd)},
+    // MoE per token chunk, and its all-to-alls over ranks (EP).
+    {part_set({P::kMoe}), O::kRouterShared, V::kAny, U::kDispatch, 0, OOM_IN_PASS(router_shared)},
+    {part_set({P::kMoe}), O::kExperts, V::kAny, U::kDispatch, 0, OOM_IN_PASS(experts)},
+    {part_set({P::kMoe}), O::kExpertsBwd, V::kAny, U::kDispatch, 0, OOM_IN_PASS(experts_bwd)},
+    {part_set({P::kMoe}), O::kRouterSharedBwd, V::kAny, U::kDispatch, 0, OOM_IN_PASS(router_shared_bwd)},
+    {part_set({P::kMoe}), O::kA2aDispatch, V::kAny, U::kDispatch, 0, OOM_IN_PASS(a2a_dispatch)},
+    {part_set({P::kMoe}), O::kA2aReturn, V::kAny, U::kDispatch, 0, OOM_IN_PASS(a2a_return)},
+    {part_set({P::kMoe}), O::kCombine, V::kAny, U::kDispatch, 0, OOM_IN_PASS(combine)},
+    {part_set({P::kMoe}), O::kA2aGradDispatch, V::kAny, U::kDispatch, 0, OOM_IN_PASS(a2a_grad_dispatch)},
+    {part_set({P::kMoe}), O::kA2aGradReturn, V::kAny, U::kDispatch, 0, OOM_IN_PASS(a2a_grad_return)},
+    // PipelinedLLEP.
+    {part_set({P::kLlep}), O::kFetch, V::kAny, U::kDispatch, 0, [](Runner& r, const Stage& s) { r.llep_fetch(r.pass_of(s)); }},
+    {part_set({P::kLlep}), O::kGradReturn, V::kAny, U::kDispatch, 0, [](Runner& r, const Stage& s) { r.llep_grad_return(r.pass_of(s)); }},
+    // Gradients: reduction over ranks, D2H, the device update of resident expert banks.
+    {part_set({P::kEmbedding, P::kLmHead, P::kCommon}), O::kReduceScatter, V::kAny, U::kOptimizer, kReadsLayerGrad | kReadsOuterGrad,
+     [](Runner& r, const Stage& s) { r.reduce_scatter(s); }},
+    {part_set({P::kEmbedding, P::kLmHead}), O::kGradD2h, V::kAny, U::kOptimizer, kReadsOuterGrad, [](Runner& r, const Stage& s) { r.outer_grad_d2h(s); }},
+    {part_set({P::kLayer, P::kCommon}), O::kGradD2h, V::kAny, U::kOptimizer, kReadsLayerGrad, [](Runner& r, const Stage& s) { r.layer_grad_d2h(s); }},
+    {part_set({P::kExperts}), O::kGradD2h, V::kAny, U::kOptimizer, kReadsLayerGrad | kReadsExpertGrad,
+     [](Runner& r, const Stage& s) { r.layer_grad_d2h(s); }},
+    {part_set({P::kExperts}), O::kGpuAdamW, V::kAny, U::kOptimizer, kReadsLayerGrad | kReadsExpertGrad, [](Runner& r, const Stage& s) { r.gpu_adamw(s); }},
+    // The worker thread: host accumulation, CPU AdamW and publication; a streamed update
+    // (OffloadStreamAdamW) updates and publishes each bucket of a part on its own.
+    {part_set({P::kLayer}), O::kHostAccumulate, V::kAny, U::kOther, kWaitsGradCopy, nullptr,
+     [](Runner&, const Stage&) { return Runner::host_accumulate_job(); }},
+    {part_set({P::kLayer, P::kEmbedding, P::kLmHead}), O::kCpuAdamW, V::kAny, U::kOther, kWaitsGradCopy, nullptr,
+     [](Runner& r, const Stage& s) { return r.cpu_adamw_job(s); }},
+    {part_set({P::kExperts, P::kCommon}), O::kCpuAdamW, V::kBucket, U::kOther, kWaitsGradCopy, nullptr,
+     [](Runner& r, const Stage& s) { return r.cpu_adamw_job(s); }},
+    {part_set({P::kLayer, P::kEmbedding, P::kLmHead}), O::kPublish, V::kAny, U::kOther, 0, nullptr,
+     [](Runner& r, const Stage& s) { return r.publish_job(s); }},
+    {part_set({P::kExperts, P::kCommon}), O::kPublish, V::kBucket, U::kOther, 0, nullptr, [](Runner& r, const Stage& s) { return r.publish_job(s); }},
+};
+#undef OOM_IN_PASS
+
+// A sync stage: no work.
+const Handler kJoin{};
+
+bool takes(const Handler& h, const Stage& s) {
+  if ((h.parts & (1u << static_cast<unsigned>(s.key.part))) == 0 || h.op != s.key.op) return false;
+  switch (h.variant) {
+    case Variant::kAny: return true;
+    case Variant::kRing: return s.key.ring_step >= 0;
+    case Variant::kWhole: return s.key.ring_step < 0;
+    case Variant::kBucket: return s.key.bucket >= 0;
+  }
+  return false;
+}
+
+}  // namespace
+
+const Handler& handler_of(const Stage& s) {
+  if (s.op == OpKind::kSync) return kJoin;
+  for (const Handler& h : kHandlers) {
+    if (takes(h, s)) return h;
+  }
+  throw std::logic_error(fmt::format("the graph runner has no kernel for stage {} ({})", s.name, op_kind_name(s.op)));
+}
+
+}  // namespace runner
+
+struct GraphRunner::Impl : runner::Runner {
+  using Runner::Runner;
+};
 
 GraphRunner::GraphRunner(HostState& state, TrainerConfig config, Plan plan, at::Device device, RankGroup* group)
     : impl_(std::make_unique<Impl>(state, config, std::move(plan), device, group)) {}
