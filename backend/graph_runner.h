@@ -54,6 +54,8 @@
 //               stage's own peak.
 // Exactness: losses and gradients equal the plain reference (tests/backend/plan_runtime_test.cc,
 // tests/backend/dist_ep_test.cc over ranks).
+// Where: backend/runner/, one file per mechanism (backend/README.md lists them); a stage's
+// (part, operator) maps to its handler in the one table of backend/runner/handlers.cc.
 // Not thread-safe: one thread drives run().
 #pragma once
 
