@@ -227,7 +227,7 @@ BlockWeights leaf_views(const BlockLayout& layout, const at::Tensor& flat) {
   BlockWeights w = block_views(layout, flat);
   for (auto& t : w.tensors) t = leaf(t);
   for (const char* bank : kExpertBanks) {
-    if (!layout.has(bank)) continue;
+    if (!layout.has(bank) || layout.at(bank).numel() == 0) continue;  // none, or a dense layer's empty bank
     const at::Tensor& all = w[bank];
     auto& each = w.experts[bank];
     for (std::int64_t e = 0; e < all.size(0); ++e) each.push_back(leaf(all.select(0, e)));
@@ -1299,6 +1299,10 @@ struct GraphRunner::Impl {
   void combine(const Stage& st_, Pass& p) {
     Sub& s = sub_of(p, st_.key);
     Chunk& c = chunk_of(p, s, st_.key);
+    if (!spec.moe_layer(p.l)) {  // a dense layer (DeepSeek's first ones): its MLP alone, no routed branch
+      c.routed = at::zeros_like(c.hc);
+      return chunk_output(p, s, st_.key, c);
+    }
     c.routed = lean_index_add(at::zeros_like(expert_input(c)), c.tokens_sorted,
                               c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
     chunk_output(p, s, st_.key, c);
