@@ -57,8 +57,8 @@ struct ModelLayout {
 // (q_a_proj, q_a_layernorm, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
 // o_proj); a dense first layer (first_k_dense_replace) holds "dense.*" and empty expert banks.
 // Throws InputError naming the field when the decoder has a feature the LibTorch backend does not
-// implement (group-limited or scaled softmax routing); decoder_layout and so every backend path
-// calls it.
+// implement (group-limited or scaled softmax routing, a load-balancing loss over sigmoid routing);
+// decoder_layout and so every backend path calls it.
 void check_backend_model(const ModelSpec& spec);
 ModelLayout model_layout(const ModelSpec& spec);
 BlockLayout decoder_layout(const ModelSpec& spec, int layer);

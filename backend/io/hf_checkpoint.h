@@ -33,7 +33,8 @@ ModelSpec hf_checkpoint_spec(const std::string& dir);
 std::vector<std::string> load_hf_checkpoint(const std::string& dir, HostState& state);
 
 struct SaveHfOptions {
-  bool bf16 = false;                                  // BF16 tensors (else FP32)
+  bool bf16 = false;                                  // BF16 tensors (else FP32); DeepSeek-V3's router
+                                                      // and selection bias stay FP32, as transformers keeps them
   std::uint64_t max_shard_bytes = 5ull << 30;         // as save_pretrained's default "5GB"
 };
 

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "backend/io/hf_checkpoint.h"
 #include "backend/io/hf_weights.h"
 #include "backend/model.h"
 #include "backend/plan_runtime.h"
@@ -287,6 +288,32 @@ TEST_P(HfParity, WeightsWrittenBackUnderTransformersNamesEqualTheCheckpoint) {
     }
   }
   EXPECT_EQ(n, f.weights.size()) << "every tensor of the checkpoint is written";
+}
+
+// Saved in BF16, DeepSeek-V3's router weight and selection bias stay FP32 (transformers keeps
+// them so) and equal the loaded ones; every other tensor is BF16.
+TEST(HfParityDeepSeek, Bf16CheckpointKeepsTheRouterAndItsBiasInFp32) {
+  const Fixture f = load_fixture("deepseek_v3");
+  HostState state(f.spec);
+  load_state(f, state);
+  const auto dir = fs::temp_directory_path() / ("oom_hf_bf16_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  SaveHfOptions o;
+  o.bf16 = true;
+  save_hf_checkpoint(dir.string(), state, nlohmann::json(), o);
+  const auto saved = read_safetensors((dir / "model.safetensors").string());
+  ASSERT_EQ(saved.size(), f.weights.size());
+  int fp32 = 0;
+  for (const auto& [name, t] : saved) {
+    const bool router = name.find(".mlp.gate.") != std::string::npos;
+    EXPECT_EQ(t.scalar_type(), router ? at::kFloat : at::kBFloat16) << name;
+    if (router) {
+      EXPECT_TRUE(at::equal(t, f.weights.at(name))) << name;
+    }
+    fp32 += router ? 1 : 0;
+  }
+  EXPECT_EQ(fp32, 2 * f.spec.moe_layers());
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, HfParity,
