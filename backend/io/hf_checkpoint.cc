@@ -52,9 +52,14 @@ ModelSpec hf_checkpoint_spec(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(dir, "", "", "is not a checkpoint folder");
   if (!fs::is_regular_file(config, ec)) throw InputError(config, "", "", "missing: a checkpoint folder needs its config.json");
-  const ModelSpec spec =
-      model_spec_from_hf_config(read_json_file(config), config, fs::path(dir).lexically_normal().filename().string());
+  const nlohmann::json json = read_json_file(config);
+  const ModelSpec spec = model_spec_from_hf_config(json, config, fs::path(dir).lexically_normal().filename().string());
   check_hf_architecture(spec, config);
+  // Latent attention's RoPE reads its pairs interleaved (transformers' default rope_interleave).
+  const auto interleave = json.find("rope_interleave");
+  if (spec.count(LayerKind::kLatentAttention) > 0 && interleave != json.end() && interleave->is_boolean() && !interleave->get<bool>()) {
+    throw InputError(config, "rope_interleave", "false", "latent attention is implemented with interleaved RoPE pairs only");
+  }
   return spec;
 }
 

@@ -23,7 +23,8 @@ namespace oom::backend {
 bool is_hf_checkpoint_dir(const std::string& path);
 
 // The model of the checkpoint in `dir` (its config.json), named after the folder. Throws
-// InputError naming the file for a missing or bad config, or an architecture without HF support.
+// InputError naming the file for a missing or bad config, or an architecture without HF support
+// (latent attention with rope_interleave false included).
 ModelSpec hf_checkpoint_spec(const std::string& dir);
 
 // Loads the checkpoint in `dir` into the masters of `state` (and republishes the working copies).

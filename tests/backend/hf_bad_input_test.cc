@@ -90,6 +90,15 @@ std::vector<Row> rows() {
          gemma4(c, [](auto& j) { j["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; });
        },
        "eval", {"config.json", "rope_parameters.full_attention.rope_type", "yarn"}},
+      {"deepseek rope without interleaved pairs",
+       [](const fs::path& c, const fs::path&) {
+         fs::remove_all(c);
+         fs::copy(fixture().parent_path() / "deepseek_v3", c);
+         auto config = nlohmann::json::parse(slurp(c / "config.json"));
+         config["rope_interleave"] = false;
+         write(c / "config.json", config.dump(1));
+       },
+       "eval", {"config.json", "rope_interleave", "false"}},
       // DeepSeek-V3's FP8 checkpoints (F8_E4M3 weights with 128 × 128 block scales weight_scale_inv)
       // are refused, naming the tensor and its dtype; a BF16 or FP32 copy of the weights is read.
       {"fp8 weights",
