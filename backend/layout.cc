@@ -68,17 +68,17 @@ BlockLayout outer_layout(const ModelSpec& s) {
 }
 
 void check_backend_model(const ModelSpec& s) {
-  // DeepSeek-V3 style decoders are modelled by the cost model and the engines (oom plan, simulate,
-  // memory, whatif); the LibTorch decoder does not implement them.
   const auto refuse = [&](const std::string& field, const std::string& value, const std::string& what) {
     throw InputError(s.name, field, value, what + " is not implemented in the LibTorch backend (oom plan, simulate and memory model it)");
   };
-  if (s.count(LayerKind::kLatentAttention) > 0) refuse("kv_lora_rank", std::to_string(s.latent_attention.kv_lora_rank), "latent attention (MLA)");
-  if (s.first_dense_layers > 0) refuse("first_k_dense_replace", std::to_string(s.first_dense_layers), "a dense first layer");
-  if (s.moe.shared_expert_intermediate > 0 && !s.moe.shared_expert_gate) refuse("shared_expert_gate", "false", "an ungated shared expert");
-  if (s.moe.scoring != "softmax") refuse("scoring_func", s.moe.scoring, "sigmoid routing");
-  if (s.moe.groups > 1) refuse("n_group", std::to_string(s.moe.groups), "group-limited routing");
-  if (s.moe.routed_scaling != 1.0) refuse("routed_scaling_factor", fmt::format("{}", s.moe.routed_scaling), "a routed scaling factor");
+  // transformers' DeepSeek-V3 router: sigmoid scores, grouped selection with the correction bias.
+  if (s.moe.scoring == "softmax" && s.moe.groups > 1) refuse("n_group", std::to_string(s.moe.groups), "group-limited softmax routing");
+  if (s.moe.scoring == "softmax" && s.moe.routed_scaling != 1.0) {
+    refuse("routed_scaling_factor", fmt::format("{}", s.moe.routed_scaling), "a routed scaling factor on softmax routing");
+  }
+  if (s.moe.scoring == "sigmoid" && s.router_aux_loss_coef > 0) {
+    refuse("router_aux_loss_coef", fmt::format("{}", s.router_aux_loss_coef), "a load-balancing loss over sigmoid routing (transformers' DeepSeek-V3 has none)");
+  }
 }
 
 BlockLayout decoder_layout(const ModelSpec& s, int layer) {
@@ -98,6 +98,21 @@ BlockLayout decoder_layout(const ModelSpec& s, int layer) {
     b.add("gdn.A_log", {g.value_heads}, InitKind::kALog);
     b.add("gdn.norm", {g.value_head_dim}, InitKind::kOnes);
     b.add("gdn.out_proj", {h, vd});
+  } else if (kind == LayerKind::kLatentAttention) {
+    // transformers' DeepseekV3Attention, its module names after "attn.".
+    const AttentionSpec& a = s.latent_attention;
+    const std::int64_t H = a.heads, dqk = a.head_dim, nope = a.head_dim - a.rope_head_dim, dv = a.value_dim();
+    if (a.q_lora_rank > 0) {
+      b.add("attn.q_a_proj", {a.q_lora_rank, h});
+      b.add("attn.q_a_layernorm", {a.q_lora_rank}, InitKind::kOnes);
+      b.add("attn.q_b_proj", {H * dqk, a.q_lora_rank});
+    } else {
+      b.add("attn.q_proj", {H * dqk, h});
+    }
+    b.add("attn.kv_a_proj_with_mqa", {a.kv_lora_rank + a.rope_head_dim, h});
+    b.add("attn.kv_a_layernorm", {a.kv_lora_rank}, InitKind::kOnes);
+    b.add("attn.kv_b_proj", {H * (nope + dv), a.kv_lora_rank});
+    b.add("attn.o_proj", {h, H * dv});
   } else {
     const AttentionSpec& a = s.attention(kind);
     const std::int64_t qw = std::int64_t{a.heads} * a.head_dim, kvw = std::int64_t{a.kv_heads} * a.head_dim;
@@ -110,7 +125,7 @@ BlockLayout decoder_layout(const ModelSpec& s, int layer) {
       b.add("attn.k_norm", {a.head_dim}, norm_init(s));
     }
   }
-  const MoeSpec& m = s.moe;
+  const MoeSpec& m = s.layer_moe(layer);
   if (s.gemma4()) {
     // Gemma 4's sandwich norms (transformers' names: post_attention_layernorm, pre_feedforward_layernorm,
     // post_feedforward_layernorm_1, pre_feedforward_layernorm_2, post_feedforward_layernorm_2,
@@ -127,13 +142,19 @@ BlockLayout decoder_layout(const ModelSpec& s, int layer) {
   } else {
     b.add("post_norm", {h}, norm_init(s));
   }
-  b.add("router", {m.experts, h});
+  if (m.experts > 0) {
+    b.add("router", {m.experts, h});
+    // The selection bias of sigmoid routing (e_score_correction_bias): a checkpoint buffer, read
+    // without gradient, which the cost model does not count.
+    if (m.scoring == "sigmoid") b.add("router.bias", {m.experts}, InitKind::kZeros);
+  }
+  // A dense layer (DeepSeek's first layers) keeps empty expert banks, so every decoder has them.
   b.add("experts.gate", {m.experts, m.expert_intermediate, h});
   b.add("experts.up", {m.experts, m.expert_intermediate, h});
   b.add("experts.down", {m.experts, h, m.expert_intermediate});
   if (m.shared_expert_intermediate > 0) {
     add_swiglu(b, "shared", h, m.shared_expert_intermediate);
-    b.add("shared.expert_gate", {1, h});
+    if (m.shared_expert_gate) b.add("shared.expert_gate", {1, h});
   }
   if (m.dense_intermediate > 0) add_swiglu(b, "dense", h, m.dense_intermediate);
   return b.take();

@@ -50,10 +50,15 @@ struct ModelLayout {
   std::int64_t total_numel() const;
 };
 
-// The layout of `spec`; its per-block totals equal costmodel::model_params (tested).
+// The layout of `spec`; its per-block totals equal costmodel::model_params (tested), plus, in a
+// layer with sigmoid routing, the router's selection bias "router.bias" [E] (DeepSeek-V3's
+// e_score_correction_bias: a checkpoint buffer, read without gradient, not counted as a parameter).
+// Latent attention (MLA) layers hold transformers' DeepseekV3Attention modules under "attn."
+// (q_a_proj, q_a_layernorm, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
+// o_proj); a dense first layer (first_k_dense_replace) holds "dense.*" and empty expert banks.
 // Throws InputError naming the field when the decoder has a feature the LibTorch backend does not
-// implement (latent attention, dense first layers, ungated shared experts, sigmoid or grouped
-// routing, a routed scaling factor); decoder_layout and so every backend path calls it.
+// implement (group-limited or scaled softmax routing, a load-balancing loss over sigmoid routing);
+// decoder_layout and so every backend path calls it.
 void check_backend_model(const ModelSpec& spec);
 ModelLayout model_layout(const ModelSpec& spec);
 BlockLayout decoder_layout(const ModelSpec& spec, int layer);

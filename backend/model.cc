@@ -188,7 +188,40 @@ at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind 
 }
 
 double attention_scale(const ModelSpec& spec, const AttentionSpec& a) {
-  return spec.gemma4() ? 1.0 : 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+  if (spec.gemma4()) return 1.0;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+  // transformers' DeepseekV3Attention (yarn_apply_mscale): × mscale(factor, mscale_all_dim)² under YaRN.
+  const RopeScaling& y = spec.rope_scaling;
+  if (!a.latent() || y.type == "default" || y.mscale_all_dim == 0) return scale;
+  const double m = yarn_mscale(y.factor, y.mscale_all_dim);
+  return scale * m * m;
+}
+
+at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec) {
+  const std::int64_t d = x.size(-1);
+  const auto f = rope_frequencies(spec, d, x.options());
+  const auto pairs = at::cat({x.slice(-1, 0, d, 2), x.slice(-1, 1, d, 2)}, -1);
+  return rotate(pairs, rotary_dims(spec, d), f.inv_freq, f.attention_factor);
+}
+
+LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec) {
+  const AttentionSpec& a = spec.latent_attention;
+  const std::int64_t B = x.size(0), S = x.size(1), H = a.heads, dqk = a.head_dim, dr = a.rope_head_dim;
+  const std::int64_t nope = dqk - dr, dv = a.value_dim(), r = a.kv_lora_rank;
+  // The latent norms are DeepseekV3RMSNorm(rank) with its default eps (1e-6), not rms_norm_eps.
+  const auto q = (a.q_lora_rank > 0 ? at::linear(rms_norm(at::linear(x, w["attn.q_a_proj"]), w["attn.q_a_layernorm"], kNormEps),
+                                                 w["attn.q_b_proj"])
+                                    : at::linear(x, w["attn.q_proj"]))
+                     .view({B, S, H, dqk});
+  const auto ckv = at::linear(x, w["attn.kv_a_proj_with_mqa"]);  // [B, S, r + dr]
+  const auto kv = at::linear(rms_norm(ckv.narrow(-1, 0, r), w["attn.kv_a_layernorm"], kNormEps), w["attn.kv_b_proj"])
+                      .view({B, S, H, nope + dv});
+  const auto k_rot = latent_rope(ckv.narrow(-1, r, dr).reshape({B, S, 1, dr}), spec).expand({B, S, H, dr});
+  LatentQkv out;
+  out.q = at::cat({q.narrow(-1, 0, nope), latent_rope(q.narrow(-1, nope, dr), spec)}, -1);
+  out.k = at::cat({kv.narrow(-1, 0, nope), k_rot}, -1);
+  out.v = kv.narrow(-1, nope, dv);
+  return out;
 }
 
 AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -228,6 +261,14 @@ at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const Mo
                             const ModelOptions& opt, at::Tensor* lse_out) {
   const AttentionSpec& a = spec.attention(kind);
   const std::int64_t B = x.size(0), S = x.size(1), H = a.heads, Hkv = a.kv_heads, d = a.head_dim;
+  if (a.latent()) {
+    const LatentQkv l = latent_qkv(x, w, spec);
+    const auto r = attention_core(l.q.transpose(1, 2), l.k.transpose(1, 2), l.v.transpose(1, 2), a.window_tokens,
+                                  opt.attention_query_block, attention_scale(spec, a));
+    if (lse_out != nullptr) *lse_out = r.lse;
+    const auto o = r.out.transpose(1, 2).to(x.scalar_type());  // [B, S, H, d_v]
+    return at::linear(o.reshape({B, S, H * a.value_dim()}), w["attn.o_proj"]);
+  }
   auto q_all = at::linear(x, w["attn.q_proj"]).view({B, S, H, a.output_gate ? 2 * d : d});
   at::Tensor q = q_all, gate;
   if (a.output_gate) {
@@ -329,7 +370,37 @@ at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpe
   return at::linear(gated.reshape({B, S, vd}).to(x.scalar_type()), w["gdn.out_proj"]);
 }
 
-Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe) {
+namespace {
+
+// transformers' DeepseekV3TopkRouter: FP32 sigmoid scores; the experts chosen on the scores plus
+// the selection bias (no gradient) within the best topk_groups groups (a group's score: the sum of
+// its two best); the weights are the chosen experts' scores, renormalized (+1e-20) where
+// norm_topk_prob, × routed_scaling.
+Routing route_sigmoid(const at::Tensor& x2d, const at::Tensor& router_weight, const at::Tensor& bias, const MoeSpec& moe) {
+  const auto scores = at::sigmoid(at::linear(x2d.to(at::kFloat), router_weight.to(at::kFloat)));  // [T, E]
+  at::Tensor ids;
+  {
+    at::NoGradGuard no_grad;
+    auto choice = bias.defined() ? scores.detach() + bias.detach().to(at::kFloat) : scores.detach();
+    if (moe.groups > 1) {
+      const std::int64_t T = choice.size(0), per = moe.experts / moe.groups;
+      const auto group_scores = std::get<0>(choice.view({T, moe.groups, per}).topk(std::min<std::int64_t>(2, per), -1)).sum(-1);
+      const auto group_idx = std::get<1>(at::topk(group_scores, moe.topk_groups, -1, /*largest=*/true, /*sorted=*/false));
+      const auto kept = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0).unsqueeze(-1).expand({T, moe.groups, per}).reshape({T, moe.experts});
+      choice = choice.masked_fill(kept == 0, -std::numeric_limits<float>::infinity());
+    }
+    ids = std::get<1>(at::topk(choice, moe.top_k, -1, /*largest=*/true, /*sorted=*/true));
+  }
+  auto weights = scores.gather(1, ids);
+  if (moe.norm_topk_prob) weights = weights / (weights.sum({-1}, true) + 1e-20);
+  if (moe.routed_scaling != 1.0) weights = weights * moe.routed_scaling;
+  return {ids, weights, scores};
+}
+
+}  // namespace
+
+Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe, const at::Tensor& bias) {
+  if (moe.scoring == "sigmoid") return route_sigmoid(x2d, router_weight, bias, moe);
   const auto probs = at::softmax(at::linear(x2d, router_weight).to(at::kFloat), -1);
   auto [weights, ids] = at::topk(probs, moe.top_k, -1, /*largest=*/true, /*sorted=*/true);
   if (moe.norm_topk_prob) weights = weights / weights.sum({-1}, true);
@@ -337,7 +408,13 @@ Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeS
 }
 
 Routing route_layer(const at::Tensor& router_in, const BlockWeights& w, const ModelSpec& spec) {
-  if (!spec.gemma4()) return route(router_in, w["router"], spec.moe);
+  if (!w.has("router")) {
+    // A dense layer: no expert takes a token.
+    const auto T = router_in.size(0);
+    return {at::empty({T, 0}, router_in.options().dtype(at::kLong)), at::empty({T, 0}, router_in.options().dtype(at::kFloat)),
+            at::empty({T, 0}, router_in.options().dtype(at::kFloat))};
+  }
+  if (!spec.gemma4()) return route(router_in, w["router"], spec.moe, w.has("router.bias") ? w["router.bias"] : at::Tensor());
   // transformers' Gemma4TextRouter.
   const auto xs = rms_norm(router_in, at::Tensor(), spec.norm_eps) * w["router.scale"] *
                   (1.0 / std::sqrt(static_cast<double>(spec.hidden)));
@@ -415,14 +492,20 @@ at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& 
   const MoeSpec& m = spec.moe;
   const auto shape = x.sizes().vec();
   const auto x2 = x.reshape({-1, x.size(-1)});
-  const auto r = route(x2, w["router"], m);
-  if (stats != nullptr) stats->add(r, m.experts);
-  auto out = routed_experts(x2, r, w, spec);
-  if (m.shared_expert_intermediate > 0) {
-    const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
-    out = out + at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s;
+  // Each branch the layer's weights have: routed experts (none in a dense layer), the shared
+  // expert (gated or not), the dense MLP.
+  at::Tensor out;
+  const auto add = [&out](const at::Tensor& t) { out = out.defined() ? out + t : t; };
+  if (w.has("router")) {
+    const auto r = route_layer(x2, w, spec);
+    if (stats != nullptr) stats->add(r, m.experts);
+    add(routed_experts(x2, r, w, spec));
   }
-  if (m.dense_intermediate > 0) out = out + gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
+  if (w.has("shared.gate")) {
+    const auto s = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);
+    add(w.has("shared.expert_gate") ? at::sigmoid(at::linear(x2, w["shared.expert_gate"])) * s : s);
+  }
+  if (w.has("dense.gate")) add(gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation));
   return out.view(shape);
 }
 

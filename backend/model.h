@@ -76,8 +76,23 @@ RopeFrequencies rope_frequencies(const ModelSpec& spec, std::int64_t head_dim, c
 // The RoPE of a layer of `kind` on x [B, S, heads, head_dim]: the model's (above), or the layer
 // type's own where the spec has one (Gemma 4: "default" over the whole head, or "proportional").
 at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind);
-// The softmax scale of the attention scores: 1/√head_dim, or 1 for Gemma 4 (its Q/K norms set it).
+// The softmax scale of the attention scores: 1/√head_dim, or 1 for Gemma 4 (its Q/K norms set it);
+// for latent attention 1/√(qk_nope + qk_rope) × mscale(factor, mscale_all_dim)² under YaRN
+// (transformers' DeepseekV3Attention).
 double attention_scale(const ModelSpec& spec, const AttentionSpec& a);
+
+// Multi-head Latent Attention (transformers' DeepseekV3Attention) on the normalized input x
+// [B, S, h]: Q = q_b(norm(q_a(x))) (or q_proj(x)); [c_kv, k_rot] = kv_a(x); [K_nope, V] =
+// kv_b(norm(c_kv)) per head; RoPE on the last qk_rope_head_dim of Q and on k_rot, whose pairs are
+// interleaved (rope_interleave, transformers' default), one k_rot shared by every head.
+// q, k [B, S, H, qk_nope + qk_rope], v [B, S, H, v_head_dim].
+struct LatentQkv {
+  at::Tensor q, k, v;
+};
+LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec);
+// The model's RoPE (YaRN included) on x [B, S, heads, d] whose rotated pairs are interleaved
+// (x0, x1), (x2, x3), …; the output holds the pairs' first elements, then their second ones.
+at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec);
 
 struct AttentionOutput {
   at::Tensor out;  // [B, H, S, d] FP32
@@ -119,13 +134,17 @@ at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const Mo
 at::Tensor gdn_mixing(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, const ModelOptions& opt);
 
 // Routing of x [T, h]: top-k expert ids [T, k] and weights [T, k] (softmax over all experts, then
-// renormalized over the chosen k when norm_topk_prob).
+// renormalized over the chosen k when norm_topk_prob). With moe.scoring "sigmoid", transformers'
+// DeepseekV3TopkRouter: sigmoid scores in FP32; the k experts chosen on scores + `bias` (the
+// selection bias, without gradient) among the experts of the best moe.topk_groups of moe.groups
+// groups (a group's score: the sum of its two best); weights = the chosen scores, renormalized
+// where norm_topk_prob, × moe.routed_scaling.
 struct Routing {
   at::Tensor expert_ids;
   at::Tensor weights;
-  at::Tensor probs;  // [T, E] FP32: the softmax over all experts (what the load-balancing loss reads)
+  at::Tensor probs;  // [T, E] FP32: the softmax over all experts (what the load-balancing loss reads); sigmoid: the scores
 };
-Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe);
+Routing route(const at::Tensor& x2d, const at::Tensor& router_weight, const MoeSpec& moe, const at::Tensor& bias = {});
 
 // What the load-balancing loss needs from the routers of a forward pass: per expert, how many of
 // the top-k slots it took (no gradient) and the sum of its softmax probability over the tokens.
@@ -149,7 +168,8 @@ at::Tensor gated_activation(const at::Tensor& g, const at::Tensor& u, const std:
 bool is_gelu(const std::string& activation);
 // Routed experts of the tokens x2d [T, h] under routing r (dispatch, expert MLPs, weighted combine) → [T, h].
 at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
-// Routed experts + shared expert + dense MLP on the normalized input x [B, S, h] → [B, S, h].
+// Routed experts + shared expert (gated where the layer has shared.expert_gate) + dense MLP, each
+// where the layer's weights have it, on the normalized input x [B, S, h] → [B, S, h].
 // With `stats`, the router's statistics are added to it. Not for Gemma 4, whose branches have
 // their own inputs (ffn_half).
 at::Tensor moe_ffn(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, RouterStats* stats = nullptr);
@@ -165,7 +185,9 @@ struct FfnInputs {
   at::Tensor router, experts, dense;
 };
 FfnInputs ffn_inputs(const at::Tensor& a2d, const BlockWeights& w, const ModelSpec& spec);
-// The layer's routing of its router input: route() on the router weight, or Gemma 4's router
+// The layer's routing of its router input: route() on the router weight (and the selection bias
+// "router.bias" where the layer has one), no expert at all in a layer without a router (a dense
+// layer: expert_ids [T, 0]), or Gemma 4's router
 // (weightless RMSNorm · router.scale · h^-1/2, softmax, top-k renormalized, × router.expert_scale).
 Routing route_layer(const at::Tensor& router_in, const BlockWeights& w, const ModelSpec& spec);
 // The feed-forward half's output from its parts (undefined parts absent): a + ((routed + shared) +

@@ -13,8 +13,15 @@ namespace oom::backend::plan_ops {
 AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind) {
   const AttentionSpec& a = spec.attention(kind);
   const std::int64_t B = x.size(0), S = x.size(1), H = a.heads, Hkv = a.kv_heads, d = a.head_dim;
-  auto q_all = at::linear(x, w["attn.q_proj"]).view({B, S, H, a.output_gate ? 2 * d : d});
   AttentionInputs r;
+  if (a.latent()) {
+    const LatentQkv l = latent_qkv(x, w, spec);
+    r.q = l.q.transpose(1, 2);
+    r.k = l.k.transpose(1, 2);
+    r.v = l.v.transpose(1, 2);
+    return r;
+  }
+  auto q_all = at::linear(x, w["attn.q_proj"]).view({B, S, H, a.output_gate ? 2 * d : d});
   at::Tensor q = q_all;
   if (a.output_gate) {
     q = q_all.narrow(-1, 0, d);
@@ -168,7 +175,9 @@ at::Tensor gdn_output(const at::Tensor& o_in, const at::Tensor& z, const BlockWe
 DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelSpec& spec) {
   // Gemma 4's dense MLP reads its own pre-norm: x2 is FfnInputs::dense there.
   DenseTerms d;
-  if (spec.moe.shared_expert_intermediate > 0) {
+  if (w.has("shared.gate") && !w.has("shared.expert_gate")) {
+    d.shared = gated_mlp(x2, w["shared.gate"], w["shared.up"], w["shared.down"], spec.activation);  // DeepSeek: no gate
+  } else if (w.has("shared.gate")) {
     // gated_mlp's operators, with the gate's product a lean kernel of the activation: it keeps the
     // activation (which the down projection keeps too) and recomputes the projection's output [T, h]
     // in its backward, instead of keeping that output from the forward to the backward.
@@ -179,7 +188,7 @@ DenseTerms dense_terms(const at::Tensor& x2, const BlockWeights& w, const ModelS
         [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{at::sigmoid(in[2]) * at::linear(in[0], in[1])}; },
         {gated, w["shared.down"], at::linear(x2, w["shared.expert_gate"])})[0];
   }
-  if (spec.moe.dense_intermediate > 0) {
+  if (w.has("dense.gate")) {
     d.dense = gated_mlp(x2, w["dense.gate"], w["dense.up"], w["dense.down"], spec.activation);
   }
   return d;

@@ -31,6 +31,8 @@ struct AttentionInputs {
   at::Tensor q, k, v;  // [B, H, S, d], [B, Hkv, S, d], [B, Hkv, S, d] after norms and rotary embedding
   at::Tensor gate;     // [B, S, H, d] output gate, undefined without one
 };
+// Latent attention (MLA) gives K and V per query head (Hkv = H, from latent_qkv: V's width is
+// v_head_dim, Q and K's qk_nope + qk_rope), so every query-head group has its own K/V head.
 AttentionInputs attention_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec, LayerKind kind);
 // Query heads per group → the groups (costmodel/memory.h attention_head_groups: g query heads of
 // one KV group each, numbered KV group by KV group; group_heads 0 = one group). query_group gives
@@ -75,7 +77,8 @@ at::Tensor gdn_output(const at::Tensor& o, const at::Tensor& z, const BlockWeigh
 
 // --- MoE (x2d [T, h], one token chunk's input of the shared expert and dense MLP: FfnInputs::dense;
 // routing, routed experts and the combination: model.h) ---
-// Shared expert (gated) and dense MLP terms; undefined when the model has none.
+// Shared expert (gated where the layer has shared.expert_gate) and dense MLP terms (DeepSeek's
+// dense first layers: the MLP alone); undefined where the layer has none.
 struct DenseTerms {
   at::Tensor shared, dense;
 };

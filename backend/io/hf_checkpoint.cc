@@ -52,9 +52,14 @@ ModelSpec hf_checkpoint_spec(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(dir, "", "", "is not a checkpoint folder");
   if (!fs::is_regular_file(config, ec)) throw InputError(config, "", "", "missing: a checkpoint folder needs its config.json");
-  const ModelSpec spec =
-      model_spec_from_hf_config(read_json_file(config), config, fs::path(dir).lexically_normal().filename().string());
+  const nlohmann::json json = read_json_file(config);
+  const ModelSpec spec = model_spec_from_hf_config(json, config, fs::path(dir).lexically_normal().filename().string());
   check_hf_architecture(spec, config);
+  // Latent attention's RoPE reads its pairs interleaved (transformers' default rope_interleave).
+  const auto interleave = json.find("rope_interleave");
+  if (spec.count(LayerKind::kLatentAttention) > 0 && interleave != json.end() && interleave->is_boolean() && !interleave->get<bool>()) {
+    throw InputError(config, "rope_interleave", "false", "latent attention is implemented with interleaved RoPE pairs only");
+  }
   return spec;
 }
 
@@ -81,6 +86,19 @@ std::vector<std::string> load_hf_checkpoint(const std::string& dir, HostState& s
   return unused;
 }
 
+namespace {
+
+// DeepSeek-V3's router weight and selection bias, which transformers keeps in FP32
+// (_keep_in_fp32_modules_strict) whatever the checkpoint's dtype.
+bool keeps_fp32(const ModelSpec& spec, const std::string& name) {
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return spec.moe.scoring == "sigmoid" && (ends_with(".mlp.gate.weight") || ends_with(".mlp.gate.e_score_correction_bias"));
+}
+
+}  // namespace
+
 void save_hf_checkpoint(const std::string& dir, const HostState& state, nlohmann::json config,
                         const SaveHfOptions& options) {
   const ModelSpec& spec = state.spec();
@@ -92,9 +110,9 @@ void save_hf_checkpoint(const std::string& dir, const HostState& state, nlohmann
     for (auto& [name, t] : hf_tensors_of_block(spec, state.layout(), b, state.master(b))) {
       io::TensorToWrite w;
       w.name = name;
-      w.dtype = dtype;
+      w.dtype = keeps_fp32(spec, name) ? io::DType::F32 : dtype;
       w.shape = t.sizes().vec();
-      w.fill = [t = t, dtype](std::byte* dst) {
+      w.fill = [t = t, dtype = w.dtype](std::byte* dst) {
         const auto c = t.to(at::kFloat).contiguous();
         io::convert_from_f32(c.data_ptr<float>(), c.numel(), dtype, dst);
       };

@@ -23,7 +23,8 @@ namespace oom::backend {
 bool is_hf_checkpoint_dir(const std::string& path);
 
 // The model of the checkpoint in `dir` (its config.json), named after the folder. Throws
-// InputError naming the file for a missing or bad config, or an architecture without HF support.
+// InputError naming the file for a missing or bad config, or an architecture without HF support
+// (latent attention with rope_interleave false included).
 ModelSpec hf_checkpoint_spec(const std::string& dir);
 
 // Loads the checkpoint in `dir` into the masters of `state` (and republishes the working copies).
@@ -33,7 +34,8 @@ ModelSpec hf_checkpoint_spec(const std::string& dir);
 std::vector<std::string> load_hf_checkpoint(const std::string& dir, HostState& state);
 
 struct SaveHfOptions {
-  bool bf16 = false;                                  // BF16 tensors (else FP32)
+  bool bf16 = false;                                  // BF16 tensors (else FP32); DeepSeek-V3's router
+                                                      // and selection bias stay FP32, as transformers keeps them
   std::uint64_t max_shard_bytes = 5ull << 30;         // as save_pretrained's default "5GB"
 };
 

@@ -13,6 +13,12 @@ bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 
 
 bool interleaved_gdn(const ModelSpec& s) { return starts_with(s.model_type, "qwen3_next"); }
 bool mixtral_names(const ModelSpec& s) { return starts_with(s.model_type, "mixtral"); }
+// DeepSeek-V3 (and Kimi-K2, the same modules): mlp.shared_experts, the dense first layers' mlp.*_proj.
+bool deepseek_names(const ModelSpec& s) { return starts_with(s.model_type, "deepseek_v3") || starts_with(s.model_type, "kimi_k2"); }
+std::string shared_name(const ModelSpec& s, const std::string& part) {
+  if (part == "expert_gate") return "shared_expert_gate.weight";
+  return (deepseek_names(s) ? "shared_experts." : "shared_expert.") + part + "_proj.weight";
+}
 
 // Gemma 4's per-layer tensors outside attention and the experts: our entry → transformers' name
 // under model.layers.N. (the router's projection, scales and the layer_scalar buffer included).
@@ -173,6 +179,12 @@ std::vector<Assign> plan_block(const ModelSpec& s, const BlockLayout& layout, in
       }
     } else if (n == "router") {
       out.push_back(copy(r.get(moe_prefix(s, r, lp) + "gate.weight", e.shape)));
+    } else if (n == "router.bias") {
+      out.push_back(copy(r.get(moe_prefix(s, r, lp) + "gate.e_score_correction_bias", e.shape)));
+    } else if (starts_with(n, "dense.")) {  // a dense first layer's MLP
+      out.push_back(copy(r.get(lp + "mlp." + n.substr(6) + "_proj.weight", e.shape)));
+    } else if (starts_with(n, "experts.") && e.numel() == 0) {
+      out.push_back([](const at::Tensor&) {});  // a dense layer's empty bank
     } else if (starts_with(n, "experts.")) {
       const MoeSpec& m = s.moe;
       const std::string M = moe_prefix(s, r, lp) + "experts.";
@@ -197,9 +209,7 @@ std::vector<Assign> plan_block(const ModelSpec& s, const BlockLayout& layout, in
       }
     } else if (starts_with(n, "shared.")) {
       const std::string M = moe_prefix(s, r, lp);
-      const std::string part = n.substr(7);  // gate, up, down, expert_gate
-      const std::string hf = part == "expert_gate" ? "shared_expert_gate.weight" : "shared_expert." + part + "_proj.weight";
-      out.push_back(copy(r.get(M + hf, e.shape)));
+      out.push_back(copy(r.get(M + shared_name(s, n.substr(7)), e.shape)));  // gate, up, down, expert_gate
     } else {
       throw InputError("", "model", s.name, "has weight " + n + ", which no Hugging Face checkpoint maps");
     }
@@ -210,11 +220,12 @@ std::vector<Assign> plan_block(const ModelSpec& s, const BlockLayout& layout, in
 }  // namespace
 
 void check_hf_architecture(const ModelSpec& s, const std::string& origin) {
-  for (const char* t : {"qwen3_5_moe", "qwen3_next", "qwen3_moe", "mixtral", "gemma4"}) {
+  for (const char* t : {"qwen3_5_moe", "qwen3_next", "qwen3_moe", "mixtral", "gemma4", "deepseek_v3", "kimi_k2"}) {
     if (starts_with(s.model_type, t)) return;
   }
   throw InputError(origin, "model_type", "\"" + s.model_type + "\"",
-                   "Hugging Face checkpoints are read and written for qwen3_5_moe, qwen3_next, qwen3_moe, mixtral and gemma4");
+                   "Hugging Face checkpoints are read and written for qwen3_5_moe, qwen3_next, qwen3_moe, mixtral, gemma4, "
+                   "deepseek_v3 and kimi_k2");
 }
 
 std::vector<std::string> load_hf_blocks(const ModelSpec& spec, const ModelLayout& layout, const HfTensorSource& source,
@@ -301,13 +312,17 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors_of_block(const ModelS
       }
     } else if (n == "router") {
       out.emplace_back(M + "gate.weight", t);
+    } else if (n == "router.bias") {
+      out.emplace_back(M + "gate.e_score_correction_bias", t);
+    } else if (starts_with(n, "dense.")) {
+      out.emplace_back(lp + "mlp." + n.substr(6) + "_proj.weight", t);
     } else if (starts_with(n, "experts.")) {
       const std::string part = n.substr(8);
       const std::string hf = mixtral_names(s) ? (part == "gate" ? "w1" : part == "up" ? "w3" : "w2") : part + "_proj";
       for (std::int64_t x = 0; x < t.size(0); ++x) out.emplace_back(fmt::format("{}experts.{}.{}.weight", M, x, hf), t[x]);
     } else if (starts_with(n, "shared.")) {
       const std::string part = n.substr(7);
-      out.emplace_back(M + (part == "expert_gate" ? "shared_expert_gate.weight" : "shared_expert." + part + "_proj.weight"), t);
+      out.emplace_back(M + shared_name(s, part), t);
     }
   }
   return out;

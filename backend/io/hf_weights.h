@@ -2,8 +2,11 @@
 //
 // Reads the tensor names of the transformers implementations of every architecture the backend
 // trains — Qwen3.5/Qwen3.6 MoE (split in_proj_qkv/z/b/a), Qwen3-Next (in_proj_qkvz and in_proj_ba
-// interleaved per key head), Qwen3-MoE, Mixtral and Gemma 4 (its sandwich norms, router scales and
-// layer_scalar buffer, experts fused) — under "model." or, for multimodal checkpoints,
+// interleaved per key head), Qwen3-MoE, Mixtral, Gemma 4 (its sandwich norms, router scales and
+// layer_scalar buffer, experts fused) and DeepSeek-V3 / Kimi-K2 (self_attn.q_a_proj, q_a_layernorm,
+// q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; mlp.gate.weight and
+// the mlp.gate.e_score_correction_bias buffer; mlp.shared_experts.*; the dense first layers'
+// mlp.gate_proj/up_proj/down_proj) — under "model." or, for multimodal checkpoints,
 // "model.language_model.", with the routed experts either per expert
 // (`mlp.experts.N.gate_proj.weight`, Mixtral's `block_sparse_moe.experts.N.w1.weight`) or fused
 // (`mlp.experts.gate_up_proj` [E, 2I, h], `mlp.experts.down_proj` [E, h, I]). Writes the names

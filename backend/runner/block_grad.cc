@@ -10,7 +10,7 @@ BlockWeights leaf_views(const BlockLayout& layout, const at::Tensor& flat) {
   BlockWeights w = block_views(layout, flat);
   for (auto& t : w.tensors) t = leaf(t);
   for (const char* bank : kExpertBanks) {
-    if (!layout.has(bank)) continue;
+    if (!layout.has(bank) || layout.at(bank).numel() == 0) continue;  // none, or a dense layer's empty bank
     const at::Tensor& all = w[bank];
     auto& each = w.experts[bank];
     for (std::int64_t e = 0; e < all.size(0); ++e) each.push_back(leaf(all.select(0, e)));

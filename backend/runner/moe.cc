@@ -277,6 +277,10 @@ void Runner::a2a_return(const Stage& st_, Pass& p) {
 void Runner::combine(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   Chunk& c = chunk_of(p, s, st_.key);
+  if (!spec.moe_layer(p.l)) {  // a dense layer (DeepSeek's first ones): its MLP alone, no routed branch
+    c.routed = at::zeros_like(c.hc);
+    return chunk_output(p, s, st_.key, c);
+  }
   c.routed = lean_index_add(at::zeros_like(expert_input(c)), c.tokens_sorted,
                             c.back * c.weights_sorted.unsqueeze(1).to(c.back.scalar_type()));
   chunk_output(p, s, st_.key, c);

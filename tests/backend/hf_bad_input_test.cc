@@ -1,7 +1,8 @@
 // Bad Hugging Face checkpoints and token files given to `oom train` and `oom eval`: one line on
 // stderr naming the file, the field and the value, exit code 2, and nothing written (the
 // --save-weights folder is not created). Each row starts from the tiny Qwen3.6-style fixture of
-// tests/backend/hf_reference.py ($OOM_HF_FIXTURES), or its Gemma 4 fixture, and breaks one thing.
+// tests/backend/hf_reference.py ($OOM_HF_FIXTURES), or its Gemma 4 or DeepSeek-V3 fixture, and
+// breaks one thing.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +90,40 @@ std::vector<Row> rows() {
          gemma4(c, [](auto& j) { j["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; });
        },
        "eval", {"config.json", "rope_parameters.full_attention.rope_type", "yarn"}},
+      {"deepseek rope without interleaved pairs",
+       [](const fs::path& c, const fs::path&) {
+         fs::remove_all(c);
+         fs::copy(fixture().parent_path() / "deepseek_v3", c);
+         auto config = nlohmann::json::parse(slurp(c / "config.json"));
+         config["rope_interleave"] = false;
+         write(c / "config.json", config.dump(1));
+       },
+       "eval", {"config.json", "rope_interleave", "false"}},
+      // DeepSeek-V3's FP8 checkpoints (F8_E4M3 weights with 128 × 128 block scales weight_scale_inv)
+      // are refused, naming the tensor and its dtype; a BF16 or FP32 copy of the weights is read.
+      {"fp8 weights",
+       [](const fs::path& c, const fs::path&) {
+         fs::remove_all(c);
+         fs::copy(fixture().parent_path() / "deepseek_v3", c);
+         auto t = read_safetensors((c / "model.safetensors").string());
+         const std::string fp8 = "model.layers.1.self_attn.q_b_proj.weight";
+         nlohmann::json header;
+         std::string data;
+         for (const auto& [name, tensor] : t) {
+           const bool q = name == fp8;
+           const auto bytes = q ? tensor.numel() : tensor.numel() * 4;
+           header[name] = {{"dtype", q ? "F8_E4M3" : "F32"}, {"shape", tensor.sizes().vec()}, {"data_offsets", {data.size(), data.size() + bytes}}};
+           data += q ? std::string(static_cast<std::size_t>(bytes), '\x38')
+                     : std::string(static_cast<const char*>(tensor.contiguous().data_ptr()), static_cast<std::size_t>(bytes));
+         }
+         header[fp8 + "_scale_inv"] = {{"dtype", "F32"}, {"shape", {1, 1}}, {"data_offsets", {data.size(), data.size() + 4}}};
+         data += std::string(4, '\0');
+         const std::string text = header.dump();
+         std::string file(8, '\0');
+         for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+         write(c / "model.safetensors", file + text + data);
+       },
+       "eval", {"{ckpt}", "model.layers.1.self_attn.q_b_proj.weight", "F8_E4M3"}},
       {"missing tensor",
        [rewrite](const fs::path& c, const fs::path&) {
          rewrite(c, [](auto& t) { t.erase("model.layers.1.linear_attn.in_proj_z.weight"); });

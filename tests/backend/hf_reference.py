@@ -30,6 +30,13 @@ def tiny_configs():
     common = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
                   output_router_logits=True, router_aux_loss_coef=0.01)
+    deepseek = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+                    q_lora_rank=32, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                    n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3, moe_intermediate_size=16,
+                    n_shared_experts=2, intermediate_size=48, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                    norm_topk_prob=True, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    scoring_func="sigmoid", topk_method="noaux_tc",
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     gdn = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                linear_conv_kernel_dim=4)
     return {
@@ -75,18 +82,31 @@ def tiny_configs():
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                 "rope_theta": 1000000.0}}),
+        # DeepSeek-V3 (the Kimi-K2 layer structure): latent attention with a query latent, a dense first
+        # layer, sigmoid routing over 4 groups of 2 experts (the best 2 groups, 3 experts per token) with
+        # the selection bias, renormalized and scaled top-k weights, an ungated shared expert of 2 experts'
+        # width. scoring_func and topk_method are written into config.json as DeepSeek's own configs have them.
+        "deepseek_v3": transformers.DeepseekV3Config(**deepseek),
+        # The same without the query latent (q_proj, as DeepSeek-V2-Lite) and with YaRN RoPE, whose
+        # mscale_all_dim scales the softmax and whose mscale / mscale_all_dim scales cos and sin.
+        "deepseek_v3_yarn": transformers.DeepseekV3Config(**dict(
+            deepseek, q_lora_rank=None, num_hidden_layers=2,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                             "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0})),
     }
 
 
 def randomize(model, seed):
     """Every parameter N(0, 0.05²) (norms and scales 1 ± N(0, 0.05²) where they multiply by w,
     N(0, 0.05²) where by 1 + w), so no weight sits at a special value that would hide a layout mistake;
-    Gemma 4's layer_scalar buffers U(0.5, 1.5)."""
+    Gemma 4's layer_scalar buffers U(0.5, 1.5), DeepSeek's selection biases N(0, 0.1²)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(torch.rand(b.shape, generator=g) + 0.5)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g) * 0.05
             if name.endswith("scale"):
@@ -129,7 +149,7 @@ def make(arch, config, out_dir, seed):
                 result[key + name] = g if g is not None else torch.zeros_like(p)
             # Buffers the checkpoint holds and the backend keeps among its parameters: no gradient.
             for name, b in m.named_buffers():
-                if name.endswith("layer_scalar"):
+                if name.endswith("layer_scalar") or name.endswith("e_score_correction_bias"):
                     result[key + name] = torch.zeros_like(b)
         return result
 

@@ -3,7 +3,7 @@
 1. For every fixture architecture: `oom eval --weights DIR --data tokens.bin --seq S --json` gives
    per-sequence losses equal to transformers' causal-LM loss (labels = input_ids) on the same
    consecutive sequences, within 1e-5 relative (transformers in FP64, oom in FP32).
-2. The tiny Qwen3.6-style (qwen3_5_moe) and Gemma 4 checkpoints train 20 steps under
+2. The tiny Qwen3.6-style (qwen3_5_moe), Gemma 4 and DeepSeek-V3 checkpoints train 20 steps under
    `oom train --weights DIR --data tokens.bin --save-weights OUT` with a falling loss; transformers
    loads OUT, and its per-sequence losses equal `oom eval --weights OUT` again.
 3. A checkpoint that save_pretrained splits into several shards (model.safetensors.index.json)
@@ -77,9 +77,9 @@ def main():
         write_tokens(tokens, ids)
         check_eval(binary, folder, tokens, ids, arch)
 
-    # Train the Qwen3.6-style and the Gemma 4 checkpoints on a repetitive token stream (learnable),
-    # save, load back.
-    for arch in ("qwen3_5_moe", "gemma4"):
+    # Train the Qwen3.6-style, the Gemma 4 and the DeepSeek-V3 checkpoints on a repetitive token
+    # stream (learnable), save, load back.
+    for arch in ("qwen3_5_moe", "gemma4", "deepseek_v3"):
         folder = os.path.join(fixtures, arch)
         vocab = json.load(open(os.path.join(folder, "config.json")))["vocab_size"]
         pattern = torch.randint(0, vocab, (24,), generator=g).tolist()

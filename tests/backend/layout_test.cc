@@ -14,31 +14,56 @@ namespace {
 TEST(ModelLayout, BlockSizesEqualCostModelParameterCountsForEveryShippedModel) {
   for (const auto& name : config_names("models")) {
     const ModelSpec spec = load_model_spec(name);
-    if (spec.count(LayerKind::kLatentAttention) > 0) continue;  // not built by the backend (next test)
     const ModelLayout layout = model_layout(spec);
     const ModelParams p = model_params(spec);
     ASSERT_EQ(static_cast<int>(layout.blocks.size()), spec.layers + 1) << name;
     EXPECT_EQ(layout.blocks[0].numel, p.embedding + p.lm_head + p.final_norm) << name;
+    std::int64_t buffers = 0;
     for (int l = 0; l < spec.layers; ++l) {
-      EXPECT_EQ(layout.blocks[static_cast<std::size_t>(1 + l)].numel, p.layers[static_cast<std::size_t>(l)].total())
+      // Sigmoid routing's selection bias [E] is a checkpoint buffer the cost model does not count.
+      const std::int64_t bias = spec.moe_layer(l) && spec.moe.scoring == "sigmoid" ? spec.moe.experts : 0;
+      buffers += bias;
+      EXPECT_EQ(layout.blocks[static_cast<std::size_t>(1 + l)].numel, p.layers[static_cast<std::size_t>(l)].total() + bias)
           << name << " layer " << l;
     }
-    EXPECT_EQ(layout.total_numel(), p.total()) << name;
+    EXPECT_EQ(layout.total_numel(), p.total() + buffers) << name;
   }
 }
 
-// DeepSeek-V3 and Kimi-K2 are cost-model models: the backend refuses them in one line naming
-// the model and the first feature it lacks, before allocating anything.
-TEST(ModelLayout, DeepSeekStyleDecodersAreRefusedNamingTheField) {
+// DeepSeek-V3: latent attention with the query latent, dense first layers (their MLP and empty
+// expert banks), the selection bias and an ungated shared expert in the MoE layers. Kimi-K2 alike.
+TEST(ModelLayout, DeepSeekStyleDecodersHaveLatentAttentionDenseFirstLayersAndTheSelectionBias) {
   for (const char* name : {"deepseek-v3", "kimi-k2"}) {
-    try {
-      model_layout(load_model_spec(name));
-      ADD_FAILURE() << name << " built";
-    } catch (const InputError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(std::string(name) + ": field 'kv_lora_rank': value 512: latent attention (MLA) is not implemented in the LibTorch backend"),
-                std::string::npos) << what;
-    }
+    const ModelSpec spec = load_model_spec(name);
+    ASSERT_GT(spec.first_dense_layers, 0) << name;
+    const ModelLayout layout = model_layout(spec);
+    const BlockLayout& dense = layout.blocks[1];
+    const BlockLayout& moe = layout.blocks[static_cast<std::size_t>(1 + spec.first_dense_layers)];
+    const AttentionSpec& a = spec.latent_attention;
+    EXPECT_EQ(dense.at("attn.kv_b_proj").shape,
+              (std::vector<std::int64_t>{std::int64_t{a.heads} * (a.head_dim - a.rope_head_dim + a.value_dim()), a.kv_lora_rank}))
+        << name;
+    EXPECT_TRUE(dense.has("attn.q_a_proj") && dense.has("attn.q_a_layernorm") && !dense.has("attn.q_proj")) << name;
+    EXPECT_EQ(dense.at("dense.gate").shape, (std::vector<std::int64_t>{spec.dense_layer.dense_intermediate, spec.hidden})) << name;
+    EXPECT_FALSE(dense.has("router")) << name;
+    EXPECT_EQ(dense.at("experts.gate").numel(), 0) << name;
+    EXPECT_EQ(moe.at("router.bias").shape, (std::vector<std::int64_t>{spec.moe.experts})) << name;
+    EXPECT_EQ(moe.at("router.bias").init, InitKind::kZeros) << name;
+    EXPECT_TRUE(moe.has("shared.gate") && !moe.has("shared.expert_gate") && !moe.has("dense.gate")) << name;
+  }
+}
+
+// Routing the backend does not implement is refused in one line naming the field.
+TEST(ModelLayout, GroupLimitedSoftmaxRoutingIsRefusedNamingTheField) {
+  ModelSpec spec = load_model_spec("deepseek-v3");
+  spec.moe.scoring = "softmax";
+  try {
+    model_layout(spec);
+    ADD_FAILURE() << "built";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("deepseek-v3: field 'n_group': value 8: group-limited softmax routing is not implemented in the LibTorch backend"),
+              std::string::npos) << what;
   }
 }
 

@@ -166,6 +166,39 @@ TEST(Route, PicksTheLargestProbabilitiesAndRenormalizes) {
   EXPECT_TRUE((std::get<0>(chosen.min(1)) >= kth).all().item<bool>());
 }
 
+// DeepSeek-V3's router on one token with chosen scores: 8 experts in 4 groups of 2, the best 2
+// groups, 3 experts. The bias moves the choice but not the weights.
+TEST(Route, SigmoidRoutingChoosesWithinTheBestGroupsByBiasedScoresAndWeighsByTheScores) {
+  MoeSpec moe;
+  moe.experts = 8;
+  moe.top_k = 3;
+  moe.scoring = "sigmoid";
+  moe.groups = 4;
+  moe.topk_groups = 2;
+  moe.norm_topk_prob = true;
+  moe.routed_scaling = 2.5;
+  const auto scores = torch::tensor({0.90, 0.05, 0.60, 0.55, 0.70, 0.10, 0.50, 0.48}, torch::kFloat);
+  // Scores σ(x·Wᵀ) with W = I and x = logit(scores).
+  const auto x = torch::log(scores / (1 - scores)).view({1, 8});
+  const auto eye = torch::eye(8);
+  const auto sorted_ids = [](const Routing& r) {
+    const auto ids = std::get<0>(r.expert_ids.sort(-1)).flatten().contiguous();
+    return std::vector<std::int64_t>(ids.data_ptr<std::int64_t>(), ids.data_ptr<std::int64_t>() + ids.numel());
+  };
+  // Groups' sums of their two best: 0.95, 1.15, 0.80, 0.98: groups 1 and 3, experts 2, 3, 6 (the
+  // best score, expert 0's, is in a group left out).
+  auto r = route(x, eye, moe);
+  EXPECT_EQ(sorted_ids(r), (std::vector<std::int64_t>{2, 3, 6}));
+  EXPECT_NEAR(r.weights.sum().item<double>(), 2.5, 1e-5);
+  EXPECT_NEAR(r.weights.max().item<double>(), 2.5 * 0.60 / (0.60 + 0.55 + 0.50), 1e-5);
+  // A bias of 0.6 on expert 1 lifts group 0 (1.55) first: experts 0, 1 (0.05 + 0.6), 2, expert 1
+  // weighed by its unbiased score.
+  const auto bias = torch::tensor({0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0}, torch::kFloat);
+  r = route(x, eye, moe, bias);
+  EXPECT_EQ(sorted_ids(r), (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_NEAR(r.weights.min().item<double>(), 2.5 * 0.05 / (0.90 + 0.05 + 0.60), 1e-5);
+}
+
 TEST(Rope, PartialRotationKeepsTheRestAndDependsOnlyOnRelativePosition) {
   torch::manual_seed(7);
   const auto x = torch::randn({1, 12, 2, 16});
