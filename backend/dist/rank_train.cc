@@ -274,6 +274,8 @@ struct RankPlan {
   Plan plan;
   std::string shared_state;
   std::string trace;
+  bool node_leader = false;  // makes its node's state file (the first rank of its node)
+  int nodes = 1;             // > 1: NodeStateSync keeps the nodes' states equal
 };
 
 // The body every rank runs, however it was started: data, state (seeded, weights, or resumed),
@@ -314,14 +316,14 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   {
     // One host state for the node: rank 0's (every rank initialized the same one) in a file
     // every rank maps; unlinked once all have it.
-    if (rank == 0) {
+    if (rp.node_leader) {
       ::unlink(rp.shared_state.c_str());
       share_host_state(state, rp.shared_state, /*create=*/true);
     }
     comm.barrier();
-    if (rank != 0) share_host_state(state, rp.shared_state, /*create=*/false);
+    if (!rp.node_leader) share_host_state(state, rp.shared_state, /*create=*/false);
     comm.barrier();
-    if (rank == 0) ::unlink(rp.shared_state.c_str());
+    if (rp.node_leader) ::unlink(rp.shared_state.c_str());
   }
 
   TrainerConfig cfg;
@@ -335,6 +337,8 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   const bool measured = o.device_memory && comm.device().is_cpu();
   const device_memory::Emulation emulation(measured);
   const auto planned = std::make_unique<PlanTrainer>(state, cfg, rp.plan, comm.device(), &comm);
+  std::optional<NodeStateSync> nodes;
+  if (rp.nodes > 1) nodes.emplace(state, comm, comm.device(), rp.node_leader);
 
   // PipelinedLLEP places the next step's fetched experts by the last step's routing histogram: the
   // checkpoint keeps it, and a resumed run starts from it (a checkpoint without one: uniform).
@@ -368,7 +372,9 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     const double lr = lr_at(schedule, state.step + 1);
     planned->set_lr(lr);
     if (!rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
+    if (nodes) nodes->before_step();
     const StepStats st = planned->step(b.tokens, b.targets);
+    if (nodes) nodes->after_step();  // collective
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (measured) {
       device_peak = std::max<std::int64_t>(device_peak, planned->last_device_peak());
@@ -464,6 +470,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   rp.shared_state = field<std::string>(j, "shared_state", job_path);
   rp.trace = field<std::string>(j, "trace", job_path);
   o.trace = rp.trace;
+  rp.node_leader = rank == 0;  // one node
 
   CommOptions co;
   co.store_path = field<std::string>(j, "store", job_path);
@@ -513,6 +520,8 @@ std::optional<TorchrunEnv> torchrun_env() {
   e.local_rank = local != nullptr ? env_int("LOCAL_RANK", local) : e.rank;
   const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
   e.local_world_size = local_world != nullptr ? env_int("LOCAL_WORLD_SIZE", local_world) : e.world_size;
+  const char* group = std::getenv("GROUP_RANK");
+  e.group_rank = group != nullptr ? env_int("GROUP_RANK", group) : e.rank / std::max(1, e.local_world_size);
   const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
   e.run_id = run_id != nullptr ? run_id : "none";
   for (char& c : e.run_id) {
@@ -536,9 +545,9 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   }
   RanksOptions r = r_in;
   r.ranks = env.world_size;
-  if (env.local_world_size != env.world_size) {
+  if (env.local_world_size < 1 || env.world_size % env.local_world_size != 0) {
     throw InputError("", "LOCAL_WORLD_SIZE", std::to_string(env.local_world_size),
-                     fmt::format("the ranks share their node's host state: all {} must run on one node", env.world_size));
+                     fmt::format("must divide WORLD_SIZE {} (every node runs as many ranks)", env.world_size));
   }
   if (!o_in.trace.empty()) {
     throw InputError("", "--trace", o_in.trace, "under torchrun the ranks record no trace (oom train --ranks P does)");
@@ -558,8 +567,10 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   RankPlan rp;
   rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
   const char* tmp = std::getenv("TMPDIR");
-  rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}", env.master_port, env.run_id),
+  rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
                                       tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+  rp.node_leader = env.local_rank == 0;
+  rp.nodes = env.world_size / env.local_world_size;
   const RankRun run = run_rank(o, r, env.rank, co, on_step, rp);
   RanksResult out;
   out.train.losses = run.losses;

@@ -71,6 +71,7 @@ struct TorchrunEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;  // LOCAL_WORLD_SIZE: the ranks on this node (unset: WORLD_SIZE)
+  int group_rank = 0;        // GROUP_RANK: this node's index (unset: RANK / LOCAL_WORLD_SIZE)
   std::string run_id;        // TORCHELASTIC_RUN_ID as a file name ("none" when unset)
   std::string master_addr;
   int master_port = 0;
@@ -79,17 +80,18 @@ struct TorchrunEnv {
 
 // The torchrun environment of this process: nullopt when WORLD_SIZE is unset; an InputError naming
 // the variable when one is missing or malformed (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT).
+// GROUP_RANK, MASTER_ADDR, MASTER_PORT).
 std::optional<TorchrunEnv> torchrun_env();
 
 // Runs this process as rank env.rank of a torchrun job of env.world_size ranks: the same training
 // as train_ranks() with P = WORLD_SIZE (ranks.ranks must be 1, i.e. not given, or equal to it):
 // the same plan (ranks_plan), each rank's share of its StepGraph through the graph runner, with
-// the rendezvous through a TCPStore served by rank 0 at MASTER_ADDR:MASTER_PORT. The ranks share
-// one host state in /dev/shm named by MASTER_PORT and TORCHELASTIC_RUN_ID, so all of them must
-// run on one node (LOCAL_WORLD_SIZE = WORLD_SIZE; an InputError otherwise); a run killed before
-// every rank mapped it leaves that file behind. Each rank uses GPU LOCAL_RANK with --device cuda
-// (NCCL). on_step is called on rank 0
+// the rendezvous through a TCPStore served by rank 0 at MASTER_ADDR:MASTER_PORT. The ranks of a
+// node (GROUP_RANK; LOCAL_WORLD_SIZE ranks each, which must divide WORLD_SIZE) share their node's
+// host state, a file in /dev/shm named by MASTER_PORT, TORCHELASTIC_RUN_ID and the node, made by
+// its LOCAL_RANK 0; over several nodes NodeStateSync (backend/shared_state.h) makes the nodes'
+// states equal after every step. A run killed before every rank of a node mapped its file leaves
+// that file behind. Each rank uses GPU LOCAL_RANK with --device cuda (NCCL). on_step is called on rank 0
 // only. Every rank returns the same losses; only rank 0 writes checkpoints and weights.
 RanksResult train_torchrun_rank(const TrainOptions& options, const RanksOptions& ranks, const TorchrunEnv& env,
                                 const std::function<void(const StepReport&)>& on_step = {});

@@ -860,10 +860,47 @@ TEST(OomTrainRanks, TorchrunEnvironmentRunsAPlanThroughTheGraphRunner) {
   fs::remove_all(dir);
 }
 
-// Ranks of a torchrun job that span nodes share no host state: one error naming LOCAL_WORLD_SIZE.
-TEST(OomTrainRanks, TorchrunRanksOnSeveralNodesAreOneError) {
+// Two torchrun-style launches standing for two nodes of one rank each (LOCAL_WORLD_SIZE 1,
+// GROUP_RANK 0 and 1): each node keeps its own host state (its own file), NodeStateSync makes them
+// equal after every step, and the run repeats `oom train --ranks 2` (one node, one shared state)
+// loss for loss and weight for weight, bit for bit: the same arithmetic on every rank, and the
+// nodes' states exchange every changed element exactly.
+TEST(OomTrainRanks, TwoNodesEachWithItsHostStateRepeatTheOneNodeRun) {
+  const auto dir = scratch("two-nodes");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const std::string args = " train --model tiny-moe --plan " + plan + " --steps 3 --seq 16 --batch 4 --lr 3e-3 --device cpu --json";
+  const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
+  const auto node_cmd = [&](int node) {
+    return fmt::format("env RANK={0} LOCAL_RANK=0 GROUP_RANK={0} WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT={1} "
+                       "{2}{3} --save-weights {4}/node.safetensors > {4}/out{0} 2> {4}/err{0}",
+                       node, port, OOM_BINARY, args, dir.string());
+  };
+  const std::string script = node_cmd(1) + " & p=$!; " + node_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
+  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
+  const auto slurp = [&](const std::string& name) {
+    std::ifstream in(dir / name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
+  int one_status = 0;
+  const auto one_node = run_capture(std::string(OOM_BINARY) + args + " --ranks 2 --save-weights " + (dir / "one.safetensors").string() +
+                                        " 2>/dev/null", one_status);
+  ASSERT_EQ(one_status, 0) << one_node;
+  const auto a = nlohmann::json::parse(slurp("out0")), b = last_json_line(one_node);
+  EXPECT_EQ(a["losses"], b["losses"]);
+  EXPECT_EQ(a["grad_norms"], b["grad_norms"]);
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState two(spec), one(spec);
+  two.load_safetensors((dir / "node.safetensors").string());
+  one.load_safetensors((dir / "one.safetensors").string());
+  for (int blk = 0; blk < one.blocks(); ++blk) EXPECT_TRUE(at::equal(two.master(blk), one.master(blk))) << "block " << blk;
+  fs::remove_all(dir);
+}
+
+// Nodes of unequal rank counts: LOCAL_WORLD_SIZE must divide WORLD_SIZE, one error naming it.
+TEST(OomTrainRanks, TorchrunLocalWorldSizeThatDoesNotDivideIsOneError) {
   int status = 0;
-  const auto out = run_capture("WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 " +
+  const auto out = run_capture("WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 " +
                                    std::string(OOM_BINARY) + " train --model tiny-moe --steps 1 2>&1", status);
   EXPECT_EQ(WEXITSTATUS(status), 2) << out;
   EXPECT_NE(out.find("LOCAL_WORLD_SIZE"), std::string::npos) << out;
