@@ -1,10 +1,15 @@
 #include "backend/plan_runtime.h"
 
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "backend/graph_runner.h"
+#include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
+#include "costmodel/workload.h"
 #include "planner/lowering/step_graph.h"
+#include "planner/plan/plan_presets.h"
 
 namespace oom::backend {
 
@@ -31,7 +36,7 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
   check_plan_shape(plan, model, batch, seq, ranks, file);
   if (model.router_aux_loss_coef > 0) {
     throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
-                     "the plan runtime trains without the load-balancing loss (the streamed trainer adds it)");
+                     "the graph runner trains without the load-balancing loss (oom train --reference adds it)");
   }
   if (plan.flat.ring_dtp(ranks) && model.tied_embeddings) {
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
@@ -62,6 +67,27 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(file, "split.moe_chunk_tokens", std::to_string(plan.split.moe_chunk_tokens),
                      fmt::format("exceeds the {} tokens of a sub-batch", sub * seq));
   }
+}
+
+Plan default_run_plan(const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks, const std::string& hardware) {
+  WorkloadContext ctx;
+  ctx.model = model;
+  ctx.hardware = load_hardware_spec(hardware);
+  ctx.workload.model = model.name;
+  ctx.workload.hardware = hardware;
+  ctx.workload.gpus = ranks;
+  ctx.workload.global_batch = batch;
+  ctx.workload.seq_len = seq;
+  const ExpertPath path = ranks > 1 ? ExpertPath::kEp : ExpertPath::kLocal;
+  // One EP group of all ranks (the runner's): the experts must split over every rank.
+  const std::optional<Plan> plan =
+      ranks > 1 && model.moe.experts % ranks != 0 ? std::nullopt : preset_plan("base", path, ctx);
+  if (!plan) {
+    throw InputError("", "--ranks", std::to_string(ranks),
+                     fmt::format("the Base EP plan shards the {} experts over the ranks: they must split evenly", model.moe.experts));
+  }
+  check_plan_for_run(*plan, model, batch, seq, ranks, "the default plan (Base " + std::string(path_name(path)) + ")");
+  return *plan;
 }
 
 struct PlanTrainer::Impl {

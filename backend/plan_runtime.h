@@ -27,7 +27,8 @@
 //   transfer_chunk_mib        the size of the parameter window's H2D copies (CUDA).
 // The EP path runs on one rank or, with a RankGroup, as one rank process of P (resident and
 // retained decoders, routing rounds, dispatch all-to-alls); check_plan_for_run() rejects a plan
-// this runtime cannot execute.
+// this runtime cannot execute. Every training launch runs here: a run without a plan runs
+// default_run_plan().
 //
 // Exactness: losses and parameters equal the plain trainer's (backend/plain_trainer.h) within FP32
 // rounding for every mechanism (tests/backend/plan_runtime_test.cc).
@@ -69,6 +70,16 @@ void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t bat
 // InputError naming `file` (or the model) and the field.
 void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
                         const std::string& file);
+
+// The plan a run executes when it is given none (`oom train` or `oom train --ranks P` without
+// --plan, and torchrun without it): the Base preset (planner/plan/plan_presets.h) of the Local path
+// on one rank, of the EP path over `ranks` ≥ 2 ranks (no resident or retained decoders, one
+// routing round up to 64K tokens, full delivery), for `model` with batch × seq tokens per step on
+// the machine the configs/hardware file `hardware` describes. Base rather than what `oom plan`
+// searches: it is fixed per path, costs no pricing, and depends on the hardware only through its
+// GPUs per node (EP groups). Then check_plan_for_run(). Throws InputError naming --ranks when the
+// experts do not split over the ranks, or as check_plan_for_run() does.
+Plan default_run_plan(const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks, const std::string& hardware);
 
 class PlanTrainer {
  public:

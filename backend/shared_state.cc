@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace oom::backend {
@@ -54,6 +55,47 @@ void share_host_state(HostState& state, const std::string& path, bool create) {
       t = view;
     }
   }
+}
+
+NodeStateSync::NodeStateSync(HostState& state, RankGroup& group, at::Device device, bool leader)
+    : state_(state), group_(group), device_(device), leader_(leader) {}
+
+void NodeStateSync::before_step() {
+  if (!leader_) return;
+  snapshot_.clear();
+  for (int b = 0; b < state_.blocks(); ++b) {
+    for (at::Tensor* t : {&state_.master(b), &state_.exp_avg(b), &state_.exp_avg_sq(b)}) snapshot_.push_back(t->clone());
+  }
+}
+
+void NodeStateSync::after_step() {
+  std::size_t k = 0;
+  for (int b = 0; b < state_.blocks(); ++b) {
+    for (at::Tensor* t : {&state_.master(b), &state_.exp_avg(b), &state_.exp_avg_sq(b)}) {
+      at::Tensor values, counts;
+      if (leader_) {
+        const at::Tensor changed = t->ne(snapshot_.at(k++));
+        values = at::where(changed, *t, at::zeros_like(*t));
+        counts = changed.to(at::kFloat);
+      } else {
+        values = at::zeros_like(*t);
+        counts = at::zeros_like(*t);
+      }
+      values = values.to(device_).contiguous();
+      counts = counts.to(device_).contiguous();
+      group_.all_reduce_sum(values);
+      group_.all_reduce_sum(counts);
+      if (!leader_) continue;
+      counts = counts.cpu();
+      if (counts.max().item<float>() > 1.0f) {
+        throw std::logic_error("node states: an element of block " + std::to_string(b) + " was updated on two nodes");
+      }
+      t->copy_(at::where(counts > 0, values.cpu(), *t));
+    }
+    if (leader_) state_.publish(b);
+  }
+  snapshot_.clear();
+  group_.barrier();
 }
 
 }  // namespace oom::backend

@@ -19,7 +19,6 @@
 #include "backend/io/hf_checkpoint.h"
 #include "backend/plain_trainer.h"
 #include "backend/plan_runtime.h"
-#include "backend/runtime.h"
 #include "backend/state.h"
 #include "backend/threads.h"
 #include "costmodel/atomic_file.h"
@@ -46,8 +45,8 @@ void check_options(const TrainOptions& o) {
   if (o.accumulate < 1) throw InputError("", "--accumulate", std::to_string(o.accumulate), "must be ≥ 1");
   if (o.peak_tflops < 0) throw InputError("", "--peak-tflops", std::to_string(o.peak_tflops), "must be ≥ 0");
   if (o.reference && !o.plan.empty()) throw InputError("", "--plan", o.plan, "the reference trainer runs no plan");
-  if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
-  if (o.device_memory && o.plan.empty()) throw InputError("", "--device-memory", "true", "device memory is measured for a plan (--plan)");
+  if (o.reference && !o.trace.empty()) throw InputError("", "--trace", o.trace, "the reference trainer records no stages");
+  if (o.reference && o.device_memory) throw InputError("", "--device-memory", "true", "the reference trainer has no device side");
   // The schedule's options, before any work (the run's last step is known only after a resume).
   resolve_lr_schedule(o.lr_schedule, o.lr, o.min_lr, o.warmup_steps, o.decay_steps,
                       std::max<std::int64_t>(o.steps, o.warmup_steps));
@@ -115,6 +114,19 @@ double device_peak_flops(double peak_tflops, const std::string& gpu) {
   return 0.0;
 }
 
+std::string run_hardware(const std::string& device) {
+  const std::string gpu = gpu_name(at::Device(device));
+  if (gpu.empty()) return "local-cpu";
+  for (const std::string& name : config_names("hardware")) {
+    try {
+      if (load_hardware_spec(name).gpu.name == gpu) return name;
+    } catch (const InputError&) {
+      // A broken hardware file says nothing about this GPU.
+    }
+  }
+  return "local-cpu";
+}
+
 std::string resolve_device(const std::string& device, int local_rank) {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     throw InputError("", "--device", device, "must be auto, cpu or cuda");
@@ -139,8 +151,14 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   // A Hugging Face checkpoint folder brings its own model (config.json).
   const ModelSpec spec = run_model_spec(options.model, options.weights);
   check_final_weights(spec, options.save_weights);
+  const at::Device device(resolve_device(options.device));
+  // Every run but the reference executes a plan: the given one, else the default for this machine.
   std::optional<Plan> plan;
-  if (!options.plan.empty()) {
+  const std::int64_t step_seqs = static_cast<std::int64_t>(options.batch) * options.accumulate;
+  if (options.plan.empty() && !options.reference) {
+    plan = default_run_plan(spec, step_seqs, options.seq, 1, run_hardware(device.str()));
+    if (options.accumulate > 1) plan->split.sub_batch_seqs = options.batch;
+  } else if (!options.plan.empty()) {
     plan = load_plan(options.plan);
     // Accumulation with a plan: one plan step over the K·B sequences, in sub-batches of at most B
     // (the plan's own split.sub_batch_seqs, or B when it runs whole batches). Sub-batches sum their
@@ -150,10 +168,8 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
                        "an EP plan runs its whole batch per step (use --batch for the K·B sequences)");
     }
     if (options.accumulate > 1 && plan->split.sub_batch_seqs == 0) plan->split.sub_batch_seqs = options.batch;
-    check_plan_for_run(*plan, spec, static_cast<std::int64_t>(options.batch) * options.accumulate, options.seq, 1,
-                       options.plan);
+    check_plan_for_run(*plan, spec, step_seqs, options.seq, 1, options.plan);
   }
-  const at::Device device(resolve_device(options.device));
   // `o` is the run as resolved: its precision is the one the checkpoint records.
   TrainOptions o = options;
   o.bf16 = bf16_working_weights(options, device.str());
@@ -183,24 +199,21 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
   cfg.max_grad_norm = o.max_grad_norm;
   cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
   cfg.accumulate = plan ? 1 : o.accumulate;  // a plan runs the K·B sequences as its sub-batches
-  std::optional<StreamedTrainer> streamed;
   std::optional<PlainTrainer> plain;
   std::optional<device_memory::Emulation> emulation;  // declared before the trainer, so it ends after it
   std::optional<PlanTrainer> planned;
   if (o.reference) {
     plain.emplace(state, cfg);
-  } else if (plan) {
+  } else {
     // Before the runner exists: its weight window allocates the device's slots.
     emulation.emplace(o.device_memory && device.is_cpu());
     planned.emplace(state, cfg, *plan, device);
-  } else {
-    streamed.emplace(state, cfg, device);
   }
   const double peak_flops = device_peak_flops(o.peak_tflops, gpu_name(device));
   const double model_flops_per_token = flops_per_token(spec, o.seq);
 
   TrainResult result;
-  result.trainer = o.reference ? "reference" : plan ? "plan" : "streamed";
+  result.trainer = o.reference ? "reference" : "plan";
   result.first_step = state.step + 1;
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t tokens = 0;
@@ -214,12 +227,9 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
       plain->set_lr(lr);
       st = plain->step(b.tokens, b.targets);
       ++state.step;  // the plain trainer keeps its own state; count its steps here
-    } else if (planned) {
+    } else {
       planned->set_lr(lr);
       st = planned->step(b.tokens, b.targets);
-    } else {
-      streamed->set_lr(lr);
-      st = streamed->step(b.tokens, b.targets);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (planned && device_memory::emulated()) {
@@ -233,6 +243,7 @@ TrainResult train(const TrainOptions& options, const std::function<void(const St
     tokens += b.tokens.numel();
     result.last_step_s = dt;
     result.losses.push_back(st.loss);
+    result.grad_norms.push_back(st.grad_norm);
     StepReport report;
     report.step = state.step;
     report.index = i;

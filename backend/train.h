@@ -2,8 +2,9 @@
 //
 // Builds a HostState for the model (seeded, from a Hugging Face checkpoint folder, or from a
 // safetensors file of the backend), draws batches from a text file (bytes) or a token file
-// (backend/data.h), and runs the streamed trainer (or, with `reference`, the plain in-memory
-// trainer; with `plan`, the plan runtime). Each optimizer step
+// (backend/data.h), and runs a plan through the graph runner (backend/plan_runtime.h): the `plan`
+// file, else the default plan for this machine (default_run_plan: Base Local on the hardware
+// run_hardware() names); with `reference`, the plain in-memory trainer. Each optimizer step
 // runs `accumulate` micro-batches of `batch` sequences (gradients summed, the loss their mean) at
 // the learning rate of the schedule (backend/lr_schedule.h) for its global step. With a checkpoint directory the whole training state (masters, moments, step, data
 // sampler state) is saved atomically at the end (and every `checkpoint_every` steps); `resume_dir`
@@ -39,7 +40,7 @@ struct TrainOptions {
   double weight_decay = 0.01;
   double max_grad_norm = 1.0;     // 0 = no clipping
   std::uint64_t seed = 0;
-  bool reference = false;          // plain in-memory trainer instead of the streamed runtime
+  bool reference = false;          // plain in-memory trainer instead of the graph runner
   bool bf16 = false;               // BF16 working weights (also the default on a GPU: see bf16_working_weights)
   bool fp32 = false;               // FP32 working weights even on a GPU
   std::string checkpoint_dir;      // empty = no checkpoints
@@ -47,9 +48,9 @@ struct TrainOptions {
   std::string resume_dir;          // empty = fresh start
   int threads = 0;                 // LibTorch intra-op threads; 0 = leave as is
   std::int64_t gdn_chunk_tokens = 32;
-  std::string plan;                // Plan JSON: run the plan-driven runtime (backend/plan_runtime.h)
-  std::string trace;               // with a plan: Chrome trace of the last step, written atomically
-  // With a plan on the CPU: the CPU stands in for a GPU with memory of its own (copies where a GPU
+  std::string plan;                // Plan JSON to run; empty = the default plan (default_run_plan)
+  std::string trace;               // Chrome trace of the last step, written atomically
+  // On the CPU: the CPU stands in for a GPU with memory of its own (copies where a GPU
   // copies; backend/device_memory.h), so the device side's bytes are measured: the trace's GPU
   // timeline and TrainResult::device_peak_bytes. A CUDA device always measures its own.
   bool device_memory = false;
@@ -67,13 +68,18 @@ bool bf16_working_weights(const TrainOptions& options, const std::string& device
 
 // Model FLOPs of training per token: 3 × the forward FLOPs of one sequence of `seq` tokens
 // (costmodel model_forward_flops: decoders + LM head, attention's quadratic part included) ÷ seq.
-// The recomputation of the streamed trainer is not counted (MFU, not hardware FLOPs utilization).
+// The runner's recomputation is not counted (MFU, not hardware FLOPs utilization).
 double training_flops_per_token(const std::string& model, std::int64_t seq);
 
 // The device's peak FLOP/s for MFU: `peak_tflops` × 10^12 when > 0; else, for a GPU named
 // `gpu_name` (LibTorch's device name), the BF16 dense peak of the configs/hardware file whose GPU has
 // that name; 0 when unknown (the CPU without --peak-tflops).
 double device_peak_flops(double peak_tflops, const std::string& gpu_name);
+
+// The configs/hardware file a run on `device` (resolve_device()'s answer) stands for, whose plan it
+// lowers: on a GPU the first file whose GPU has LibTorch's name of that device; "local-cpu" on the
+// CPU or for a GPU no file names.
+std::string run_hardware(const std::string& device);
 
 // The device `options.device` names, checked: "cuda" without a visible GPU (or in a build without
 // CUDA) is an InputError naming --device. `local_rank` picks the GPU of a rank on its node.
@@ -94,10 +100,11 @@ struct StepReport {
 
 struct TrainResult {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // per step: the global gradient norm before clipping (0 when clipping is off)
   double tokens_per_s = 0.0;  // over the whole run
   std::int64_t first_step = 1;
   std::int64_t last_step = 0;
-  std::string trainer;        // "streamed", "plan" or "reference"
+  std::string trainer;        // "plan" (the graph runner) or "reference"
   double last_step_s = 0.0;   // wall time of the last step
   std::int64_t device_peak_bytes = -1;  // the most the device side held in any step (-1: not measured)
   // With device_peak_bytes on a CPU standing in for a GPU: each memory use's own peak (MemoryUse

@@ -49,7 +49,7 @@ std::string device_use_peaks_line(const std::vector<std::int64_t>& peaks) {
 void add_train_commands(CLI::App& app, Io io) {
   auto opts = std::make_shared<backend::TrainOptions>();
   auto json = std::make_shared<bool>(false);
-  auto* cmd = app.add_subcommand("train", "Train a model on text (bytes) or a token file (streamed trainer, --plan, or --reference)");
+  auto* cmd = app.add_subcommand("train", "Train a model on text (bytes) or a token file (a plan through the graph runner, or --reference)");
   cmd->add_option("--model", opts->model, "Model name (configs/models) or path to a config.json")->capture_default_str();
   cmd->add_option("--data", opts->data, "Text file (trained on its bytes) or token file (llm.c layout, scripts/tokenize.py; recognized by its magic) to train on (default: the shipped corpus)");
   cmd->add_option("--weights", opts->weights,
@@ -62,7 +62,7 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--steps", opts->steps, "Steps to run")->capture_default_str();
   cmd->add_option("--seq", opts->seq, "Sequence length in tokens (bytes for a text file)")->capture_default_str();
   cmd->add_option("--batch", opts->batch, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--accumulate", opts->accumulate, "Micro-batches per optimizer step (gradients summed, one update; with --plan they run as its sub-batches; not with --ranks)")->capture_default_str();
+  cmd->add_option("--accumulate", opts->accumulate, "Micro-batches per optimizer step (gradients summed, one update, run as the plan's sub-batches; not with --ranks)")->capture_default_str();
   cmd->add_option("--lr", opts->lr, "AdamW (peak) learning rate")->capture_default_str();
   cmd->add_option("--lr-schedule", opts->lr_schedule, "constant or cosine (default: cosine when --warmup or --decay-steps is given, else constant)")
       ->check(CLI::IsMember({"constant", "cosine"}));
@@ -74,11 +74,11 @@ void add_train_commands(CLI::App& app, Io io) {
   cmd->add_option("--seed", opts->seed, "Seed of the weights and of the data sampler")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "LibTorch threads (0 = default)")->capture_default_str();
   cmd->add_option("--gdn-chunk", opts->gdn_chunk_tokens, "Gated DeltaNet sequence chunk in tokens")->capture_default_str();
-  cmd->add_option("--plan", opts->plan, "Execute this Plan JSON: local path on one rank (splits, kept O/LSE, boundaries), or EP path with --ranks P (resident and retained decoders, routing chunk, delivery)");
-  cmd->add_option("--trace", opts->trace, "With --plan: write the last step's Chrome/Perfetto trace (StepGraph stage names)");
+  cmd->add_option("--plan", opts->plan, "Execute this Plan JSON: local path on one rank (splits, kept O/LSE, boundaries), or EP path with --ranks P or torchrun (resident and retained decoders, routing chunk, delivery, FLAT schedules); default: the Base plan of the path (oom plan --preset base) for this machine");
+  cmd->add_option("--trace", opts->trace, "Write the last step's Chrome/Perfetto trace (StepGraph stage names)");
   cmd->add_option("--device", opts->device, "Compute device: auto (a GPU when LibTorch sees one), cpu or cuda; with ranks, cuda means NCCL and one GPU per rank")
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_flag("--device-memory", opts->device_memory, "With --plan on the CPU: stand the CPU in for a GPU with memory of its own and measure the device side's bytes (the trace's GPU timeline, the device peak reported; with --ranks P every rank's); a GPU always measures its own");
+  cmd->add_flag("--device-memory", opts->device_memory, "On the CPU: stand the CPU in for a GPU with memory of its own and measure the device side's bytes (the trace's GPU timeline, the device peak reported; with --ranks P every rank's); a GPU always measures its own");
   cmd->add_flag("--reference", opts->reference, "Plain in-memory trainer (autograd + torch::optim::AdamW)");
   cmd->add_flag("--bf16", opts->bf16, "BF16 working weights (FP32 masters and moments); the default on a GPU");
   cmd->add_flag("--fp32", opts->fp32, "FP32 working weights even on a GPU (the default on the CPU)");
@@ -103,6 +103,7 @@ void add_train_commands(CLI::App& app, Io io) {
     if (*json) {
       nlohmann::json j;
       j["losses"] = result.losses;
+      j["grad_norms"] = result.grad_norms;
       j["tokens_per_s"] = result.tokens_per_s;
       j["first_step"] = result.first_step;
       j["last_step"] = result.last_step;

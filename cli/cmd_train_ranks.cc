@@ -1,4 +1,5 @@
-// `oom train --ranks P` (the multi-rank trainer, backend/dist/rank_train.h) and the hidden
+// `oom train --ranks P` (P rank processes running a plan through the graph runner,
+// backend/dist/rank_train.h) and the hidden
 // `oom rank-worker` command each rank process runs.
 #include <memory>
 
@@ -17,7 +18,25 @@ struct TrainRanksOptions {
   backend::dist::RanksOptions ranks;
   bool given = false;
   CLI::App* cmd = nullptr;
+  std::string removed;  // the value of an option the plan replaced (see kRemovedOptions)
 };
+
+namespace {
+
+// Options of the schedules the graph runner replaced, each with the Plan field that now says it
+// (planner/plan/plan.h): refused with one line, so a script that passes one learns where it went.
+struct RemovedOption {
+  const char* name;
+  const char* message;
+};
+constexpr RemovedOption kRemovedOptions[] = {
+    {"--delivery", "removed: a plan's param_transfer (full or shard) sets the delivery (oom plan ..., then --plan)"},
+    {"--moe-chunk", "removed: a plan's routing_chunk_tokens sets the tokens per dispatch round (oom plan ..., then --plan)"},
+    {"--streamed-experts", "removed: a plan's resident_layers lists the decoders whose expert shards stay on the device (the default plan: none)"},
+    {"--no-expert-parallel", "removed: the ranks run an EP plan, its experts sharded over them"},
+};
+
+}  // namespace
 
 std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* cmd) {
   auto o = std::make_shared<TrainRanksOptions>();
@@ -27,14 +46,14 @@ std::shared_ptr<TrainRanksOptions> add_train_ranks_options(CLI::App* cmd) {
   const char* group = "Multi-rank (--ranks P ≥ 2: P processes on this host; or under torchrun, one rank per process)";
   cmd->add_option("--ranks", r.ranks, "Rank processes (experts sharded over them, batch split)")
       ->capture_default_str()->group(group);
-  cmd->add_option("--delivery", r.delivery, "Replicated weights: full (every rank updates all) or shard (+ all-gather)")
-      ->capture_default_str()->group(group);
-  cmd->add_flag("!--no-expert-parallel", r.expert_parallel, "Every rank holds all experts (data parallel only)")
-      ->group(group);
-  cmd->add_flag("!--streamed-experts", r.resident_experts, "Expert shards updated through host state and CPU AdamW")
-      ->group(group);
-  cmd->add_option("--moe-chunk", r.moe_chunk_tokens, "Local tokens per dispatch all-to-all (0 = one per layer)")
-      ->capture_default_str()->group(group);
+  for (const RemovedOption& removed : kRemovedOptions) {
+    const std::string name(removed.name);
+    if (name == "--delivery" || name == "--moe-chunk") {
+      cmd->add_option(name, o->removed, removed.message)->group("");
+    } else {
+      cmd->add_flag(name, removed.message)->group("");
+    }
+  }
   cmd->add_option("--rank-timeout", r.timeout_s, "Seconds a rendezvous or collective may wait for a peer")
       ->capture_default_str()->group(group);
   cmd->add_option("--deadline", r.deadline_s, "Seconds the whole run may take (0 = no limit)")
@@ -48,6 +67,7 @@ void print_ranks_result(const backend::dist::RanksResult& result, int ranks, boo
   if (json) {
     nlohmann::json j;
     j["losses"] = result.train.losses;
+    j["grad_norms"] = result.train.grad_norms;
     j["tokens_per_s"] = result.train.tokens_per_s;
     j["first_step"] = result.train.first_step;
     j["last_step"] = result.train.last_step;
@@ -83,6 +103,11 @@ void print_step(std::ostream& lines, const backend::StepReport& r) {
 }  // namespace
 
 bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptions& o_in, bool json, Io io) {
+  for (const RemovedOption& removed : kRemovedOptions) {
+    if (o_in.cmd->count(removed.name) > 0) {
+      throw InputError("", removed.name, o_in.removed.empty() ? "true" : o_in.removed, removed.message);
+    }
+  }
   TrainRanksOptions o = o_in;
   o.ranks.save_weights = options.save_weights;  // rank 0 writes the final weights
   // Started by torchrun (or any launcher that sets PyTorch's rank environment): this process is one
@@ -92,13 +117,6 @@ bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptio
       throw InputError("", "--deadline", o.cmd->get_option("--deadline")->as<std::string>(),
                        "torchrun supervises the ranks; drop the option");
     }
-    if (!options.plan.empty()) {
-      for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk"}) {
-        if (o.cmd->count(name) > 0) {
-          throw InputError(options.plan, name, o.cmd->get_option(name)->as<std::string>(), "the plan sets this; drop the option");
-        }
-      }
-    }
     std::ostream& lines = json ? io.err : io.out;
     const auto result = backend::dist::train_torchrun_rank(options, o.ranks, *env,
                                                           [&](const backend::StepReport& r) { print_step(lines, r); });
@@ -106,21 +124,13 @@ bool run_train_ranks(const backend::TrainOptions& options, const TrainRanksOptio
     return true;
   }
   if (o.ranks.ranks <= 1) {
-    for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk",
-                             "--rank-timeout", "--deadline"}) {
+    for (const char* name : {"--rank-timeout", "--deadline"}) {
       if (o.cmd->count(name) > 0) {
         throw InputError("", name, o.cmd->get_option(name)->as<std::string>(), "needs --ranks ≥ 2");
       }
     }
     if (o.ranks.ranks < 1) throw InputError("", "--ranks", std::to_string(o.ranks.ranks), "must be ≥ 1");
     return false;
-  }
-  if (!options.plan.empty()) {
-    for (const char* name : {"--delivery", "--no-expert-parallel", "--streamed-experts", "--moe-chunk"}) {
-      if (o.cmd->count(name) > 0) {
-        throw InputError(options.plan, name, o.cmd->get_option(name)->as<std::string>(), "the plan sets this; drop the option");
-      }
-    }
   }
   std::ostream& lines = json ? io.err : io.out;
   const auto result = backend::dist::train_ranks(options, o.ranks, [&](const backend::StepReport& r) { print_step(lines, r); });

@@ -7,10 +7,12 @@
 #   build  configures the backend-only build (-DOOM_SIMULATOR=OFF, CUDA and NCCL required) against
 #          the machine's PyTorch and builds `oom`, the backend plugin and the GPU tests. Needs the carried headers (scripts/carry-deps.sh, run where Debian's packages
 #          are) in $OOM_CARRIED_DEPS (default .carry).
-#   tests  runs oom_gpu_tests: streamed trainer, plan runtime with every split, device AdamW and the
-#          EP trainer's host-resident state, each on the GPU against the CPU: losses, gradient
-#          norms and every block's gradient (asserted, not printed).
-#   runs   (1) `oom train --device cuda` against `--device cpu` on the same run: losses asserted
+#   tests  runs oom_gpu_tests: the graph runner with the default plan (with and without
+#          sub-batches), a plan with every split, an EP plan with a resident shard on one rank, and
+#          the device AdamW, each on the GPU against the CPU: losses, gradient norms and every
+#          block's gradient (asserted, not printed).
+#   runs   (1) `oom train --device cuda` against `--device cpu` on the same run (the default plan
+#          through the graph runner): losses asserted
 #          within 1e-3 relative; (2) a plan-driven GPU step with a trace, diffed against the
 #          simulator's prediction of the same plan on configs/hardware/h200-node.json
 #          (`oom diff --summary --json`); (3) pinned H2D and D2H bandwidth against the hardware
@@ -73,7 +75,7 @@ stage_tests() {
 stage_runs() {
   local oom="$build/cli/oom"
   [ -x "$oom" ] || die "run the build stage first"
-  # (1) streamed trainer: GPU against CPU, loss for loss.
+  # (1) the default plan (no --plan): GPU against CPU, loss for loss.
   for d in cuda cpu; do
     "$oom" train --device "$d" --model tiny-moe --steps 10 --seq 128 --batch 8 --json > "$out/train-$d.json" 2> "$out/train-$d.log" ||
       die "oom train --device $d failed ($out/train-$d.log)"

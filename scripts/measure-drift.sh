@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
-filter="${2:-OomTrainPlan.AppliesTheLrSchedule*:StreamedTrainer.*:GradientAccumulation.*:PlanTrainer.*:Train.ReferenceTrainerAgreesWithStreamedOnTheSameRun:EpTrainer.*:TrainRanks.*:OomTrainRanks.*}"
+filter="${2:-OomTrainPlan.AppliesTheLrSchedule*:DefaultPlan.*:GradientAccumulation.*:PlanTrainer.*:Train.ReferenceTrainerAgreesWithTheDefaultPlanOnTheSameRun:TrainRanks.*:OomTrainRanks.*}"
 program="$build/tests/backend/oom_backend_tests"
 [ -x "$program" ] || { echo "measure-drift: $program not found: build the default preset first" >&2; exit 2; }
 

@@ -56,7 +56,10 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
       to.port = static_cast<std::uint16_t>(o.master_port);
       to.isServer = o.rank == 0 && o.rank0_serves_store;
       to.numWorkers = o.world_size;
-      to.waitWorkers = to.isServer;
+      // Every process registers with rank 0's store (and rank 0 waits for all of them), as
+      // torch.distributed's env:// rendezvous does; a worker that does not register leaves the
+      // serving rank waiting. torchrun's agent store is joined without it.
+      to.waitWorkers = o.rank0_serves_store;
       to.multiTenant = true;
       to.timeout = impl_->timeout;
       impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -20,8 +21,8 @@
 #include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/device_memory.h"
-#include "backend/dist/ep_trainer.h"
 #include "backend/dist/launcher.h"
+#include "backend/dist/process_group.h"
 #include "backend/io/hf_checkpoint.h"
 #include "backend/plan_runtime.h"
 #include "backend/shared_state.h"
@@ -46,13 +47,9 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   const std::string P = std::to_string(r.ranks);
   if (r.ranks < 1) throw InputError("", "--ranks", P, "must be ≥ 1");
   if (o.reference) throw InputError("", "--reference", "true", "the reference trainer runs in one process");
-  if (o.bf16 && o.plan.empty()) {
-    throw InputError("", "--bf16", "true", "the multi-rank trainer keeps FP32 working weights without a plan (--plan)");
-  }
   if (o.bf16 && (!o.checkpoint_dir.empty() || !o.resume_dir.empty())) {
     throw InputError("", "--bf16", "true", "multi-rank checkpoints keep FP32 working weights");
   }
-  if (o.device_memory && o.plan.empty()) throw InputError("", "--device-memory", "true", "device memory is measured for a plan (--plan)");
   if (o.accumulate != 1) {
     throw InputError("", "--accumulate", std::to_string(o.accumulate), "the multi-rank trainer runs one micro-batch per step");
   }
@@ -66,64 +63,31 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
     throw InputError("", "--batch", std::to_string(o.batch), "must be a positive multiple of --ranks " + P);
   }
   if (!(o.lr > 0)) throw InputError("", "--lr", std::to_string(o.lr), "must be > 0");
-  if (spec.router_aux_loss_coef > 0) {
-    throw InputError(spec.name, "router_aux_loss_coef", fmt::format("{}", spec.router_aux_loss_coef),
-                     "the multi-rank trainer trains without the load-balancing loss (the streamed trainer adds it)");
-  }
-  if (r.expert_parallel && spec.moe.experts % r.ranks != 0) {
-    throw InputError(o.model, "num_experts", std::to_string(spec.moe.experts),
-                     "expert parallelism needs a multiple of --ranks " + P);
-  }
-  if (r.delivery != "full" && r.delivery != "shard") {
-    throw InputError("", "--delivery", r.delivery, "must be full or shard");
-  }
-  if (r.moe_chunk_tokens < 0) throw InputError("", "--moe-chunk", std::to_string(r.moe_chunk_tokens), "must be ≥ 0");
   if (!(r.timeout_s > 0)) throw InputError("", "--rank-timeout", std::to_string(r.timeout_s), "must be > 0");
   if (spec.vocab < 256) throw InputError("", "vocab_size", std::to_string(spec.vocab), "byte-level training needs ≥ 256");
-  if (!o.trace.empty() && o.plan.empty()) throw InputError("", "--trace", o.trace, "a trace needs --plan");
 }
 
-nlohmann::json optional_layers(const std::optional<std::vector<int>>& layers) {
-  return layers ? nlohmann::json(*layers) : nlohmann::json(nullptr);
-}
-
-std::optional<std::vector<int>> optional_layers(const nlohmann::json& j, const char* key, const std::string& path) {
-  if (!j.contains(key)) throw InputError(path, key, "missing", "the job file lacks it");
-  if (j.at(key).is_null()) return std::nullopt;
-  try {
-    return j.at(key).get<std::vector<int>>();
-  } catch (const nlohmann::json::exception&) {
-    throw InputError(path, key, j.at(key).dump(), "has the wrong type");
-  }
-}
-
-// The file the rank processes of a plan run share their host state through: in /dev/shm where
-// there is one (memory, not disk), else in the job folder. Removed once every rank mapped it.
-std::string shared_state_path(const std::string& dir) {
+// The file the rank processes of a node share their host state through, named `name`: in
+// /dev/shm where there is one (memory, not disk), else in `fallback_dir`. Removed once every rank
+// mapped it.
+std::string shared_state_path(const std::string& name, const std::string& fallback_dir) {
   const fs::path shm("/dev/shm");
   std::error_code ec;
-  const std::string name = fmt::format("oom-state-{}-{}", getpid(), fs::path(dir).filename().string());
   if (fs::is_directory(shm, ec)) return (shm / name).string();
-  return (fs::path(dir) / "state").string();
+  return (fs::path(fallback_dir) / name).string();
 }
 
-nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const std::string& dir) {
+nlohmann::json job_json(const TrainOptions& o, const RanksOptions& r, const Plan& plan, const std::string& dir) {
   return {{"model", o.model}, {"data", o.data}, {"weights", o.weights}, {"steps", o.steps}, {"seq", o.seq},
           {"batch", o.batch}, {"lr", o.lr}, {"weight_decay", o.weight_decay}, {"max_grad_norm", o.max_grad_norm},
           {"seed", o.seed}, {"threads", o.threads}, {"gdn_chunk_tokens", o.gdn_chunk_tokens}, {"device", o.device},
           {"lr_schedule", o.lr_schedule}, {"warmup_steps", o.warmup_steps}, {"decay_steps", o.decay_steps},
           {"min_lr", o.min_lr}, {"device_memory", o.device_memory}, {"bf16", o.bf16},
-          {"ranks", r.ranks}, {"expert_parallel", r.expert_parallel}, {"delivery", r.delivery},
-          {"resident_experts", r.resident_experts}, {"moe_chunk_tokens", r.moe_chunk_tokens},
-          {"cpu_grad_slots", r.cpu_grad_slots},
-          {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights}, {"save_bf16", o.save_bf16},
+          {"ranks", r.ranks}, {"timeout_s", r.timeout_s}, {"save_weights", r.save_weights}, {"save_bf16", o.save_bf16},
           {"checkpoint_dir", o.checkpoint_dir}, {"checkpoint_every", o.checkpoint_every}, {"resume_dir", o.resume_dir},
-          {"plan", o.plan.empty() ? nlohmann::json(nullptr) : plan_to_json(load_plan(o.plan))},
-          {"plan_file", o.plan},
+          {"plan", plan_to_json(plan)}, {"plan_file", o.plan},
           {"trace", o.trace.empty() ? "" : (fs::path(dir) / "trace").string()},
-          {"shared_state", o.plan.empty() ? "" : shared_state_path(dir)},
-          {"resident_layers", optional_layers(r.resident_layers)},
-          {"moe_retained_layers", optional_layers(r.moe_retained_layers)},
+          {"shared_state", shared_state_path(fmt::format("oom-state-{}-{}", getpid(), fs::path(dir).filename().string()), dir)},
           {"store", (fs::path(dir) / "store").string()}, {"progress", (fs::path(dir) / "progress.jsonl").string()},
           {"result", (fs::path(dir) / "result.json").string()}};
 }
@@ -175,50 +139,21 @@ T field(const nlohmann::json& j, const char* key, const std::string& path) {
 
 }  // namespace
 
-void apply_ep_plan(const TrainOptions& o, RanksOptions& r) {
-  const Plan plan = load_plan(o.plan);
+Plan ranks_plan(const TrainOptions& o, int ranks, const std::string& hardware) {
   const ModelSpec spec = run_model_spec(o.model, o.weights);
+  if (o.plan.empty()) return default_run_plan(spec, o.batch, o.seq, ranks, hardware);
+  const Plan plan = load_plan(o.plan);
   const std::string& file = o.plan;
   if (plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"",
-                     fmt::format("the local path's splits and boundaries run on one rank (oom train --plan without --ranks), not {}", r.ranks));
+                     fmt::format("the local path's splits and boundaries run on one rank (oom train --plan without --ranks), not {}", ranks));
   }
-  if (r.ranks < 2) throw InputError(file, "path", "\"ep\"", "the EP path needs --ranks P ≥ 2");
-  check_plan_for_run(plan, spec, o.batch, o.seq, r.ranks, file);
-  r.expert_parallel = true;
-  r.delivery = plan.param_transfer == ParamTransfer::kShard ? "shard" : "full";
-  r.moe_chunk_tokens = plan.routing_chunk_tokens;
-  r.resident_layers = plan.resident_layers;
-  r.moe_retained_layers = plan.moe_retained_layers;
-  r.cpu_grad_slots = plan.cpu_grad_slots;
+  if (ranks < 2) throw InputError(file, "path", "\"ep\"", "the EP path needs --ranks P ≥ 2");
+  check_plan_for_run(plan, spec, o.batch, o.seq, ranks, file);
+  return plan;
 }
 
 namespace {
-
-// Under torchrun the ranks may span hosts, so they share no host state and run EpTrainer
-// (backend/dist/ep_trainer.h) with the plan's EP settings; what it does not execute is refused.
-void refuse_what_ep_trainer_does_not_run(const TrainOptions& o) {
-  const Plan plan = load_plan(o.plan);
-  const std::string& file = o.plan;
-  const auto unsupported = [&](const char* field, const std::string& value) {
-    throw InputError(file, field, value,
-                     "under torchrun the ranks run unsplit operators and keep every boundary on the host (oom train --ranks P runs the whole plan)");
-  };
-  if (plan.split.attention_head_group != 0) unsupported("split.attention_head_group", std::to_string(plan.split.attention_head_group));
-  if (plan.split.gdn_chunk_tokens != 0) unsupported("split.gdn_chunk_tokens", std::to_string(plan.split.gdn_chunk_tokens));
-  if (plan.split.moe_chunk_tokens != 0) unsupported("split.moe_chunk_tokens", std::to_string(plan.split.moe_chunk_tokens));
-  if (plan.split.sub_batch_seqs != 0) unsupported("split.sub_batch_seqs", std::to_string(plan.split.sub_batch_seqs));
-  if (plan.keep_attention_results) unsupported("keep_attention_results", "true");
-  if (!plan.boundaries.host_kept_all) unsupported("boundaries.host_kept", "a list");
-  if (!plan.boundaries.gpu_held.empty()) unsupported("boundaries.gpu_held", std::to_string(plan.boundaries.gpu_held.front()));
-  if (plan.flat.expert_dispatch != ExpertDispatch::kStandard) unsupported("flat.expert_dispatch", "\"pipelined_llep\"");
-  if (plan.flat.selective_checkpoint_offload) unsupported("flat.checkpoint_offload", "\"sco\"");
-  if (plan.flat.vocab_projection != VocabProjection::kChunked) unsupported("flat.vocab_projection", "\"ring_dtp\"");
-  if (plan.flat.optimizer_bucket_mib != 0) unsupported("flat.optimizer_bucket_mib", std::to_string(plan.flat.optimizer_bucket_mib));
-  if (plan.flat.vocab_chunk_tokens != FlatSchedules{}.vocab_chunk_tokens) {
-    unsupported("flat.vocab_chunk_tokens", std::to_string(plan.flat.vocab_chunk_tokens));
-  }
-}
 
 // The PipelinedLLEP routing histogram a checkpoint's run object keeps (run.llep_routing), checked
 // against the model; none when the checkpoint has none. Throws InputError naming `file` and the field.
@@ -233,12 +168,14 @@ std::optional<RoutingSpec> saved_llep_routing(const nlohmann::json& run, const M
 
 RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
                         const std::function<void(const StepReport&)>& on_step) {
-  RanksOptions r = r_in;
-  if (!o.plan.empty()) apply_ep_plan(o, r);
+  const RanksOptions& r = r_in;
   const ModelSpec spec = run_model_spec(o.model, o.weights);
+  if (r.ranks < 1) throw InputError("", "--ranks", std::to_string(r.ranks), "must be ≥ 1");
+  // --device cuda without a GPU: one error before any process starts. The ranks' plan is lowered
+  // for the machine rank 0's device stands for; a plan that does not fit is an error naming its file.
+  const Plan plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device)));
   check(o, r, spec);
   check_final_weights(spec, r.save_weights);
-  resolve_device(o.device);  // --device cuda without a GPU: one error before any process starts
   {
     // Data and checkpoint errors before any process starts.
     const auto probe = open_training_data(o.data.empty() ? default_corpus_path() : o.data, o.seq);
@@ -254,7 +191,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   if (resolved.data.empty()) resolved.data = default_corpus_path();
   const std::string dir = make_job_dir(r);
   const std::string job = (fs::path(dir) / "job.json").string();
-  const auto jj = job_json(resolved, r, dir);
+  const auto jj = job_json(resolved, r, plan, dir);
   write_file_atomically(job, jj.dump(2));
   const std::string program = r.worker_program.empty() ? self_executable() : r.worker_program;
   std::vector<std::vector<std::string>> argv;
@@ -272,7 +209,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   {
     // Rank 0 unlinks the shared state once every rank mapped it; not when a rank failed before.
     std::error_code ec;
-    if (!jj["shared_state"].get<std::string>().empty()) fs::remove(jj["shared_state"].get<std::string>(), ec);
+    fs::remove(jj["shared_state"].get<std::string>(), ec);
   }
   if (!launched.ok) throw std::runtime_error(launched.message + " (logs in " + dir + ")");
 
@@ -282,6 +219,7 @@ RanksResult train_ranks(const TrainOptions& o, const RanksOptions& r_in,
   if (res.is_discarded()) throw std::runtime_error("rank 0 finished without a readable " + result_path);
   RanksResult out;
   out.train.losses = field<std::vector<double>>(res, "losses", result_path);
+  out.train.grad_norms = field<std::vector<double>>(res, "grad_norms", result_path);
   out.train.tokens_per_s = field<double>(res, "tokens_per_s", result_path);
   out.train.first_step = field<std::int64_t>(res, "first_step", result_path);
   out.train.last_step = field<std::int64_t>(res, "last_step", result_path);
@@ -318,7 +256,7 @@ namespace {
 
 // What one rank's run gives back (every rank computes the same losses).
 struct RankRun {
-  std::vector<double> losses;
+  std::vector<double> losses, grad_norms;
   double tokens_per_s = 0.0;
   std::int64_t first_step = 1, last_step = 0;
   std::vector<std::vector<std::int64_t>> dispatch_rows;  // this rank's sends, last step
@@ -329,13 +267,15 @@ struct RankRun {
   std::vector<nlohmann::json> step_routing;  // a plan over ranks: each step's routing histogram (routing_to_json)
 };
 
-// How a rank trains: with `plan`, its share of the plan's StepGraph (the graph runner) on the host
-// state the ranks share through the file `shared_state`, its last step's trace (trace_to_json) in
-// `trace` when that is not empty; without, EpTrainer with the options' EP settings.
+// How a rank trains: its share of the plan's StepGraph (the graph runner) on the host state the
+// ranks of its node share through the file `shared_state`, its last step's trace (trace_to_json)
+// in `trace` when that is not empty.
 struct RankPlan {
-  std::optional<Plan> plan;
+  Plan plan;
   std::string shared_state;
   std::string trace;
+  bool node_leader = false;  // makes its node's state file (the first rank of its node)
+  int nodes = 1;             // > 1: NodeStateSync keeps the nodes' states equal
 };
 
 // The body every rank runs, however it was started: data, state (seeded, weights, or resumed),
@@ -352,7 +292,7 @@ std::vector<std::int64_t> most_on_any_rank(RankGroup& comm, const std::vector<st
 }
 
 RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOptions co,
-                 const std::function<void(const StepReport&)>& on_step, const RankPlan& rp = {}) {
+                 const std::function<void(const StepReport&)>& on_step, const RankPlan& rp) {
   const ModelSpec spec = run_model_spec(o.model, o.weights);
   check(o, r, spec);
   if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
@@ -364,7 +304,6 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   const auto data = open_training_data(o.data, o.seq);
   data->check_vocab(spec.vocab);
   data->seed(o.seed);
-  // BF16 working weights only with a plan (check()): the graph runner runs them.
   HostState state(spec, {o.bf16 ? WorkingPrecision::kBFloat16 : WorkingPrecision::kFloat32, {}});
   load_initial_weights(state, o.weights, o.seed);
   std::optional<nlohmann::json> saved_run;
@@ -374,72 +313,36 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   co.world_size = r.ranks;
   co.timeout_s = r.timeout_s;
   Communicator comm(co);
-  if (rp.plan) {
+  {
     // One host state for the node: rank 0's (every rank initialized the same one) in a file
     // every rank maps; unlinked once all have it.
-    if (rank == 0) {
+    if (rp.node_leader) {
       ::unlink(rp.shared_state.c_str());
       share_host_state(state, rp.shared_state, /*create=*/true);
     }
     comm.barrier();
-    if (rank != 0) share_host_state(state, rp.shared_state, /*create=*/false);
+    if (!rp.node_leader) share_host_state(state, rp.shared_state, /*create=*/false);
     comm.barrier();
-    if (rank == 0) ::unlink(rp.shared_state.c_str());
+    if (rp.node_leader) ::unlink(rp.shared_state.c_str());
   }
 
-  EpConfig cfg;
-  cfg.trainer.adam.lr = o.lr;
-  cfg.trainer.adam.weight_decay = o.weight_decay;
-  cfg.trainer.max_grad_norm = o.max_grad_norm;
-  cfg.trainer.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
-  cfg.trainer.adam_threads = o.threads > 0 ? o.threads : 1;
-  cfg.delivery = r.delivery == "shard" ? Delivery::kShard : Delivery::kFull;
-  cfg.expert_parallel = r.expert_parallel;
-  cfg.resident_experts = r.resident_experts;
-  cfg.moe_chunk_tokens = r.moe_chunk_tokens;
-  cfg.resident_layers = r.resident_layers;
-  cfg.moe_retained_layers = r.moe_retained_layers;
-  cfg.cpu_grad_slots = r.cpu_grad_slots;
-  // The trainer's interface here: EpTrainer, or the graph runner over the shared state.
-  std::unique_ptr<EpTrainer> ep;
+  TrainerConfig cfg;
+  cfg.adam.lr = o.lr;
+  cfg.adam.weight_decay = o.weight_decay;
+  cfg.max_grad_norm = o.max_grad_norm;
+  cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
+  cfg.adam_threads = o.threads > 0 ? o.threads : 1;
   // A CPU rank standing in for a GPU measures its device side (backend/device_memory.h), from
   // before the runner: its weight window allocates the device's slots.
-  const bool measured = rp.plan && o.device_memory && comm.device().is_cpu();
+  const bool measured = o.device_memory && comm.device().is_cpu();
   const device_memory::Emulation emulation(measured);
-  std::unique_ptr<PlanTrainer> planned;
-  if (rp.plan) {
-    planned = std::make_unique<PlanTrainer>(state, cfg.trainer, *rp.plan, comm.device(), &comm);
-  } else {
-    ep = std::make_unique<EpTrainer>(state, cfg, comm, comm.device());
-  }
-  struct {
-    EpTrainer* ep;
-    PlanTrainer* planned;
-    HostState& state;
-    std::int64_t steps() const { return ep ? ep->steps() : state.step; }
-    void set_lr(double lr) { ep ? ep->set_lr(lr) : planned->set_lr(lr); }
-    StepStats step(const at::Tensor& t, const at::Tensor& y) { return ep ? ep->step(t, y) : planned->step(t, y); }
-    // The shared state already is the whole state.
-    void export_state(HostState& out) {
-      if (ep) ep->export_state(out);
-    }
-    std::vector<at::Tensor> gather_flat_params() {
-      if (ep) return ep->gather_flat_params();
-      std::vector<at::Tensor> out;
-      for (int b = 0; b < state.blocks(); ++b) out.push_back(state.master(b).clone());
-      return out;
-    }
-    std::vector<std::vector<std::int64_t>> last_dispatch() const {
-      if (planned) return planned->last_dispatch();
-      std::vector<std::vector<std::int64_t>> out;
-      for (const auto& d : ep->last_dispatch()) out.push_back(d.send_rows);
-      return out;
-    }
-  } trainer{ep.get(), planned.get(), state};
+  const auto planned = std::make_unique<PlanTrainer>(state, cfg, rp.plan, comm.device(), &comm);
+  std::optional<NodeStateSync> nodes;
+  if (rp.nodes > 1) nodes.emplace(state, comm, comm.device(), rp.node_leader);
 
   // PipelinedLLEP places the next step's fetched experts by the last step's routing histogram: the
   // checkpoint keeps it, and a resumed run starts from it (a checkpoint without one: uniform).
-  const bool llep = rp.plan && rp.plan->flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
+  const bool llep = rp.plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep;
   if (llep && saved_run) {
     if (auto routing = saved_llep_routing(*saved_run, spec, checkpoint_file(o.resume_dir))) planned->set_routing(std::move(*routing));
   }
@@ -449,10 +352,12 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     if (llep) run["llep_routing"] = routing_to_json(planned->routing());
     return run;
   };
-  // Every rank gathers (collective); rank 0 writes the one checkpoint file.
+  // The shared state is the whole state: rank 0 writes the one checkpoint file once every rank
+  // finished the step (the runner ends each step with a barrier), and no rank updates it before
+  // the file is written (a barrier after it).
   const auto checkpoint = [&] {
-    trainer.export_state(state);
     if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run_with(*data));
+    comm.barrier();
   };
   RankRun run;
   run.first_step = state.step + 1;
@@ -464,10 +369,12 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   for (int i = 0; i < o.steps; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const Batch b = data->next(o.batch);
-    const double lr = lr_at(schedule, trainer.steps() + 1);
-    trainer.set_lr(lr);
-    if (planned && !rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
-    const StepStats st = trainer.step(b.tokens, b.targets);
+    const double lr = lr_at(schedule, state.step + 1);
+    planned->set_lr(lr);
+    if (!rp.trace.empty() && i + 1 == o.steps) planned->set_tracing(true);
+    if (nodes) nodes->before_step();
+    const StepStats st = planned->step(b.tokens, b.targets);
+    if (nodes) nodes->after_step();  // collective
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (measured) {
       device_peak = std::max<std::int64_t>(device_peak, planned->last_device_peak());
@@ -475,11 +382,12 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
       for (std::size_t u = 0; u < uses.size(); ++u) use_peaks[u] = std::max<std::int64_t>(use_peaks[u], uses[u]);
       run.step_use_peaks.push_back(most_on_any_rank(comm, std::vector<std::int64_t>(uses.begin(), uses.end())));  // collective
     }
-    if (planned && rp.plan->path == ExpertPath::kEp) run.step_routing.push_back(routing_to_json(planned->last_step_routing()));
+    if (rp.plan.path == ExpertPath::kEp) run.step_routing.push_back(routing_to_json(planned->last_step_routing()));
     tokens += b.tokens.numel();
     run.losses.push_back(st.loss);
+    run.grad_norms.push_back(st.grad_norm);
     if (rank == 0 && on_step) {
-      StepReport report{trainer.steps(), i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
+      StepReport report{state.step, i, o.steps, st.loss, static_cast<double>(b.tokens.numel()) / dt,
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
       report.lr = lr;
       report.tokens = b.tokens.numel();
@@ -489,17 +397,11 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     if (checkpoint_due(o, i)) checkpoint();
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!r.save_weights.empty()) {
-    const auto flats = trainer.gather_flat_params();  // collective: every rank takes part
-    if (rank == 0) {
-      for (int b = 0; b < state.blocks(); ++b) state.master(b).copy_(flats[static_cast<std::size_t>(b)]);
-      save_final_weights(state, r.save_weights, o.model, o.weights, o.save_bf16);
-    }
-  }
+  if (!r.save_weights.empty() && rank == 0) save_final_weights(state, r.save_weights, o.model, o.weights, o.save_bf16);
   run.tokens_per_s = total > 0 ? static_cast<double>(tokens) / total : 0.0;
-  run.last_step = trainer.steps();
-  run.dispatch_rows = trainer.last_dispatch();
-  if (planned && !rp.trace.empty() && o.steps > 0) {
+  run.last_step = state.step;
+  run.dispatch_rows = planned->last_dispatch();
+  if (!rp.trace.empty() && o.steps > 0) {
     write_file_atomically(fmt::format("{}.rank{}.json", rp.trace, rank), trace_to_json(planned->last_trace()).dump());
   }
   run.backend = comm.backend();
@@ -558,25 +460,17 @@ void run_rank_worker(const std::string& job_path, int rank) {
   o.resume_dir = field<std::string>(j, "resume_dir", job_path);
   RanksOptions r;
   r.ranks = field<int>(j, "ranks", job_path);
-  r.expert_parallel = field<bool>(j, "expert_parallel", job_path);
-  r.delivery = field<std::string>(j, "delivery", job_path);
-  r.resident_experts = field<bool>(j, "resident_experts", job_path);
-  r.moe_chunk_tokens = field<std::int64_t>(j, "moe_chunk_tokens", job_path);
-  r.cpu_grad_slots = field<int>(j, "cpu_grad_slots", job_path);
   r.timeout_s = field<double>(j, "timeout_s", job_path);
   r.save_weights = field<std::string>(j, "save_weights", job_path);
   o.save_bf16 = field<bool>(j, "save_bf16", job_path);
-  r.resident_layers = optional_layers(j, "resident_layers", job_path);
-  r.moe_retained_layers = optional_layers(j, "moe_retained_layers", job_path);
   RankPlan rp;
   if (!j.contains("plan")) throw InputError(job_path, "plan", "missing", "the job file lacks it");
-  if (!j.at("plan").is_null()) {
-    rp.plan = plan_from_json(j.at("plan"), job_path, "plan");
-    o.plan = field<std::string>(j, "plan_file", job_path);
-    rp.shared_state = field<std::string>(j, "shared_state", job_path);
-    rp.trace = field<std::string>(j, "trace", job_path);
-    o.trace = rp.trace;
-  }
+  rp.plan = plan_from_json(j.at("plan"), job_path, "plan");
+  o.plan = field<std::string>(j, "plan_file", job_path);
+  rp.shared_state = field<std::string>(j, "shared_state", job_path);
+  rp.trace = field<std::string>(j, "trace", job_path);
+  o.trace = rp.trace;
+  rp.node_leader = rank == 0;  // one node
 
   CommOptions co;
   co.store_path = field<std::string>(j, "store", job_path);
@@ -594,6 +488,7 @@ void run_rank_worker(const std::string& job_path, int rank) {
   }, rp);
   if (rank == 0) {
     const nlohmann::json res = {{"losses", run.losses},
+                                {"grad_norms", run.grad_norms},
                                 {"tokens_per_s", run.tokens_per_s},
                                 {"first_step", run.first_step},
                                 {"last_step", run.last_step},
@@ -623,6 +518,15 @@ std::optional<TorchrunEnv> torchrun_env() {
   if (e.rank >= e.world_size) throw InputError("", "RANK", std::to_string(e.rank), "must be below WORLD_SIZE " + std::string(world));
   const char* local = std::getenv("LOCAL_RANK");
   e.local_rank = local != nullptr ? env_int("LOCAL_RANK", local) : e.rank;
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  e.local_world_size = local_world != nullptr ? env_int("LOCAL_WORLD_SIZE", local_world) : e.world_size;
+  const char* group = std::getenv("GROUP_RANK");
+  e.group_rank = group != nullptr ? env_int("GROUP_RANK", group) : e.rank / std::max(1, e.local_world_size);
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  e.run_id = run_id != nullptr ? run_id : "none";
+  for (char& c : e.run_id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';  // a file name
+  }
   e.master_addr = need("MASTER_ADDR");
   e.master_port = env_int("MASTER_PORT", need("MASTER_PORT"));
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
@@ -641,9 +545,9 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   }
   RanksOptions r = r_in;
   r.ranks = env.world_size;
-  if (!o_in.plan.empty()) {
-    apply_ep_plan(o_in, r);
-    refuse_what_ep_trainer_does_not_run(o_in);
+  if (env.local_world_size < 1 || env.world_size % env.local_world_size != 0) {
+    throw InputError("", "LOCAL_WORLD_SIZE", std::to_string(env.local_world_size),
+                     fmt::format("must divide WORLD_SIZE {} (every node runs as many ranks)", env.world_size));
   }
   if (!o_in.trace.empty()) {
     throw InputError("", "--trace", o_in.trace, "under torchrun the ranks record no trace (oom train --ranks P does)");
@@ -658,9 +562,19 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   co.master_port = env.master_port;
   co.rank0_serves_store = !env.agent_store;
   co.cuda_device = env.local_rank;
-  const RankRun run = run_rank(o, r, env.rank, co, on_step);
+  // Every rank lowers the same plan (the default one is a function of the model, the batch and the
+  // hardware its GPU stands for) and maps the state rank 0 shares under a name of this job.
+  RankPlan rp;
+  rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
+  const char* tmp = std::getenv("TMPDIR");
+  rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
+                                      tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+  rp.node_leader = env.local_rank == 0;
+  rp.nodes = env.world_size / env.local_world_size;
+  const RankRun run = run_rank(o, r, env.rank, co, on_step, rp);
   RanksResult out;
   out.train.losses = run.losses;
+  out.train.grad_norms = run.grad_norms;
   out.train.tokens_per_s = run.tokens_per_s;
   out.train.first_step = run.first_step;
   out.train.last_step = run.last_step;

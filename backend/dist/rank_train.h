@@ -1,14 +1,16 @@
 // `oom train --ranks P`: one training run spread over P rank processes, and the rank side of it.
 //
-// train_ranks() (the parent) checks the options and the model against the rank count before any
-// process starts, writes a job file into a job folder, starts P copies of the `oom` program as
+// train_ranks() (the parent) checks the options and the model against the rank count and chooses
+// the plan (ranks_plan) before any process starts, writes a job file into a job folder, starts P copies of the `oom` program as
 // `oom rank-worker --job FILE --rank r` (backend/dist/launcher.h: one log per rank, a failing rank
 // stops the others, an optional overall deadline) and forwards rank 0's per-step progress.
 // run_rank_worker() (each child) joins the others through a FileStore in the job folder (Gloo over
-// 127.0.0.1), trains with EpTrainer (backend/dist/ep_trainer.h) on the same global batches the
-// single-process trainer would draw, and rank 0 writes the result (and, if asked, the final weights
-// as safetensors). Every rank uses one LibTorch thread unless `threads` says otherwise.
-// train_torchrun_rank() is the same rank body for processes that torchrun started.
+// 127.0.0.1), maps the host state rank 0 shares (backend/shared_state.h), runs its share of the
+// plan's StepGraph through the graph runner (PlanTrainer with the group) on the same global batches
+// the single-process trainer would draw, and rank 0 writes the result (and, if asked, the final
+// weights as safetensors). Every rank uses one LibTorch thread unless `threads` says otherwise.
+// train_torchrun_rank() is the same rank body for processes that torchrun started: only the
+// rendezvous differs (a TCPStore instead of the job folder's FileStore).
 // No LibTorch types in this header: the `oom` command includes it.
 #pragma once
 
@@ -21,37 +23,25 @@
 
 #include "backend/train.h"
 #include "costmodel/routing.h"
+#include "planner/plan/plan.h"
 
 namespace oom::backend::dist {
 
 struct RanksOptions {
   int ranks = 2;
-  bool expert_parallel = true;    // experts sharded over ranks (else every rank holds all experts)
-  std::string delivery = "full";  // replicated weights: "full" (every rank updates all) or "shard"
-  bool resident_experts = true;   // expert shards updated on the device; false: via host state + CPU AdamW
-  std::int64_t moe_chunk_tokens = 0;  // local tokens per dispatch all-to-all; 0 = one dispatch per layer
-  int cpu_grad_slots = 2;         // host gradient buffers in flight (an EP plan's cpu_grad_slots)
   double timeout_s = 120.0;       // rendezvous and every collective
   double deadline_s = 0.0;        // the whole run; 0 = none
   std::string worker_program;     // program started per rank; empty = the running executable
   std::string save_weights;       // safetensors file for the final weights; empty = none
   std::string job_dir;            // empty = a fresh folder under $TMPDIR (removed after success)
-  // Per decoder layer (set from an EP plan, see apply_ep_plan): resident expert shards and
-  // MoE-retained decoders. Unset: every shard follows resident_experts, every decoder is retained.
-  std::optional<std::vector<int>> resident_layers;
-  std::optional<std::vector<int>> moe_retained_layers;
 };
 
-// Takes the run's settings from an EP plan (TrainOptions::plan): resident_layers and
-// moe_retained_layers per decoder, routing_chunk_tokens as the tokens per dispatch all-to-all,
-// param_transfer as the delivery of the replicated weights; experts sharded over the ranks. Checks
-// the plan against the model and the run (validate_plan with P GPUs) and rejects what the
-// multi-rank trainer does not execute, each with one InputError naming the plan file and field: the
-// local path (its splits and boundary policy run on one rank), operator splits, kept attention
-// results, and boundaries that are not all kept on the host. cpu_grad_slots bounds the host
-// gradient buffers of the host updates; transfer_chunk_mib shapes transfers that the trainer makes
-// whole, and is accepted without effect.
-void apply_ep_plan(const TrainOptions& options, RanksOptions& ranks);
+// The plan P = `ranks` rank processes run: the options' --plan file (an EP plan, P ≥ 2), else
+// default_run_plan() for P ranks on `hardware` (Base EP: the experts sharded over the ranks, every
+// expert shard updated through the host state, one routing round, full delivery). Checked against
+// the model and the run (check_plan_for_run with P GPUs); throws one InputError naming the plan
+// file (or --ranks) and the field.
+Plan ranks_plan(const TrainOptions& options, int ranks, const std::string& hardware);
 
 struct RanksResult {
   TrainResult train;
@@ -80,20 +70,28 @@ struct TorchrunEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE: the ranks on this node (unset: WORLD_SIZE)
+  int group_rank = 0;        // GROUP_RANK: this node's index (unset: RANK / LOCAL_WORLD_SIZE)
+  std::string run_id;        // TORCHELASTIC_RUN_ID as a file name ("none" when unset)
   std::string master_addr;
   int master_port = 0;
   bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves the store
 };
 
 // The torchrun environment of this process: nullopt when WORLD_SIZE is unset; an InputError naming
-// the variable when one is missing or malformed (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-// MASTER_PORT).
+// the variable when one is missing or malformed (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK, MASTER_ADDR, MASTER_PORT).
 std::optional<TorchrunEnv> torchrun_env();
 
 // Runs this process as rank env.rank of a torchrun job of env.world_size ranks: the same training
-// as train_ranks() with P = WORLD_SIZE (ranks.ranks must be 1, i.e. not given, or equal to it),
-// rendezvous through a TCPStore served by rank 0 at MASTER_ADDR:MASTER_PORT, so the ranks may
-// span nodes. Each rank uses GPU LOCAL_RANK with --device cuda (NCCL). on_step is called on rank 0
+// as train_ranks() with P = WORLD_SIZE (ranks.ranks must be 1, i.e. not given, or equal to it):
+// the same plan (ranks_plan), each rank's share of its StepGraph through the graph runner, with
+// the rendezvous through a TCPStore served by rank 0 at MASTER_ADDR:MASTER_PORT. The ranks of a
+// node (GROUP_RANK; LOCAL_WORLD_SIZE ranks each, which must divide WORLD_SIZE) share their node's
+// host state, a file in /dev/shm named by MASTER_PORT, TORCHELASTIC_RUN_ID and the node, made by
+// its LOCAL_RANK 0; over several nodes NodeStateSync (backend/shared_state.h) makes the nodes'
+// states equal after every step. A run killed before every rank of a node mapped its file leaves
+// that file behind. Each rank uses GPU LOCAL_RANK with --device cuda (NCCL). on_step is called on rank 0
 // only. Every rank returns the same losses; only rank 0 writes checkpoints and weights.
 RanksResult train_torchrun_rank(const TrainOptions& options, const RanksOptions& ranks, const TorchrunEnv& env,
                                 const std::function<void(const StepReport&)>& on_step = {});

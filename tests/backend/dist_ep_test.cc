@@ -1,12 +1,14 @@
-// backend/dist/ep_trainer.h, process_group.h and rank_train.h: training on P rank processes (Gloo
-// over 127.0.0.1) matches the single-process PlainTrainer at the same global batch. Tolerances, FP32
+// backend/dist/process_group.h and rank_train.h: training on P rank processes (Gloo over
+// 127.0.0.1), each running its share of an EP plan's StepGraph through the graph runner (the
+// --plan file, or the default Base EP plan), matches the single-process PlainTrainer at the same
+// global batch. Tolerances, FP32
 // on CPU: losses ≤ 1e-5 relative; every parameter block ≤ 1e-5 in relative L2 norm and ≤ 1e-4 in
 // max |difference| / max |weight|. The ranks sum gradients in another order (partial sums per rank,
 // then the all-reduce), and AdamW's m/√v turns the rounding of gradients that nearly cancel into
 // differences of a fraction of one update (lr) on those few elements, hence the looser max bound.
 // Each case also checks that the dispatch all-to-alls had uneven splits. Rank processes are the
 // `oom` program (OOM_BINARY).
-#include "backend/dist/ep_trainer.h"
+#include "backend/dist/rank_train.h"
 
 #include <unistd.h>
 
@@ -34,7 +36,6 @@
 #include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/dist/process_group.h"
-#include "backend/dist/rank_train.h"
 #include "backend/io/token_file.h"
 #include "backend/model.h"
 #include "backend/plain_trainer.h"
@@ -150,46 +151,14 @@ void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::
   std::cout << tag << ": worst block max-relative " << worst_max << ", relative L2 " << worst_l2 << "\n";
   testing::record_drift(tag + " params max", worst_max);
   testing::record_drift(tag + " params l2", worst_l2);
-  if (r.expert_parallel) {
-    const std::size_t chunks_per_layer =
-        r.moe_chunk_tokens > 0 ? static_cast<std::size_t>((o.batch / r.ranks * o.seq + r.moe_chunk_tokens - 1) / r.moe_chunk_tokens) : 1;
+  {
+    // One dispatch per routing round of every decoder's forward (local tokens per round: the plan's).
+    const std::int64_t chunk = ranks_plan(o, r.ranks, "local-cpu").routing_chunk_tokens, local = o.batch / r.ranks * o.seq;
+    const auto chunks_per_layer = static_cast<std::size_t>((local + chunk - 1) / chunk);
     EXPECT_EQ(got.last_dispatch_rows.size(), chunks_per_layer * static_cast<std::size_t>(load_model_spec(o.model).layers));
     EXPECT_TRUE(uneven(got.last_dispatch_rows)) << tag << ": every dispatch split was even";
   }
   fs::remove_all(dir);
-}
-
-TEST(EpTrainer, TwoRanksExpertParallelMatchPlainTrainer) {
-  RanksOptions r;
-  r.ranks = 2;
-  expect_ranks_match_plain(small_run("tiny-moe", 4), r, "ep2");
-}
-
-TEST(EpTrainer, TwoRanksChunkedDispatchShardDeliveryStreamedExpertsMatchPlainTrainer) {
-  RanksOptions r;
-  r.ranks = 2;
-  r.delivery = "shard";
-  r.resident_experts = false;
-  r.moe_chunk_tokens = 12;  // 32 local tokens: chunks of 12, 12 and 8
-  expect_ranks_match_plain(small_run("tiny-moe-qwen", 4), r, "ep2-chunked");
-}
-
-TEST(EpTrainer, TwoRanksDataParallelWithShardDeliveryMatchPlainTrainer) {
-  RanksOptions r;
-  r.ranks = 2;
-  r.expert_parallel = false;
-  r.delivery = "shard";
-  // Gemma 4's first-step gradients differ by 3–6e-6 between two exact orders of summation (its
-  // sandwich norms; tests/backend/runtime_test.cc), ~10× the other families', and AdamW turns that
-  // into parameter differences: measured 6.1e-4 max and 4.9e-5 L2 relative on AVX2, 3.7e-3 and
-  // 3.8e-4 with the scalar kernels (AMD EPYC; tests/backend/drift.h): held to 2e-2 and 2e-3.
-  expect_ranks_match_plain(small_run("tiny-moe-gemma", 2), r, "dp2", 2e-2, 2e-3);
-}
-
-TEST(EpTrainer, FourRanksExpertParallelMatchPlainTrainer) {
-  RanksOptions r;
-  r.ranks = 4;
-  expect_ranks_match_plain(small_run("tiny-moe-mixtral", 4), r, "ep4");
 }
 
 std::string write_plan(const fs::path& dir, const std::string& name, const nlohmann::json& fields) {
@@ -206,30 +175,57 @@ std::string write_plan(const fs::path& dir, const std::string& name, const nlohm
   return path;
 }
 
+// Without --plan the ranks run the Base EP plan (default_run_plan): experts sharded over the
+// ranks, every expert shard updated through the host state, one routing round per decoder.
+TEST(TrainRanks, TwoRanksWithoutAPlanRunTheBaseEpPlanAndMatchPlainTrainer) {
+  const Plan plan = ranks_plan(small_run("tiny-moe", 4), 2, "local-cpu");
+  EXPECT_EQ(plan.path, ExpertPath::kEp);
+  EXPECT_TRUE(plan.resident_layers.empty());
+  EXPECT_TRUE(plan.moe_retained_layers.empty());
+  RanksOptions r;
+  r.ranks = 2;
+  expect_ranks_match_plain(small_run("tiny-moe", 4), r, "ep2");
+}
+
+TEST(TrainRanks, FourRanksWithoutAPlanMatchPlainTrainer) {
+  RanksOptions r;
+  r.ranks = 4;
+  expect_ranks_match_plain(small_run("tiny-moe-mixtral", 4), r, "ep4");
+}
+
+// Chunked dispatch on the zero-centred norms' family, and Gemma 4 over two ranks.
+TEST(TrainRanks, ChunkedDispatchAndGemmaOverTwoRanksMatchPlainTrainer) {
+  const auto dir = scratch("ep-plan-families");
+  RanksOptions r;
+  r.ranks = 2;
+  auto qwen = small_run("tiny-moe-qwen", 4);
+  qwen.plan = write_plan(dir, "chunked.json", {{"routing_chunk_tokens", 12}});  // 32 local tokens: 12, 12 and 8
+  expect_ranks_match_plain(qwen, r, "ep2-chunked");
+  // Gemma 4's first-step gradients differ by 3–6e-6 between two exact orders of summation (its
+  // sandwich norms), ~10× the other families', and AdamW turns that into parameter differences:
+  // measured (with two data-parallel ranks) 6.1e-4 max and 4.9e-5 L2 relative on AVX2, 3.7e-3 and
+  // 3.8e-4 with the scalar kernels (AMD EPYC; tests/backend/drift.h): held to 2e-2 and 2e-3.
+  expect_ranks_match_plain(small_run("tiny-moe-gemma", 2), r, "ep2-gemma", 2e-2, 2e-3);
+  fs::remove_all(dir);
+}
+
 // An EP plan drives the ranks through the graph runner (each rank runs its share of the plan's
 // StepGraph on the host state the rank processes share): decoders 0 and 2 resident (1 and 3
 // streamed through host state and CPU AdamW), decoders 1 and 2 MoE-retained (0 and 3 replayed
 // whole, all-to-alls included), a 12-token routing chunk; the same losses and weights as the
 // plain trainer.
-TEST(EpTrainer, TwoRanksDrivenByAnEpPlanMatchPlainTrainer) {
+TEST(TrainRanks, TwoRanksDrivenByAnEpPlanMatchPlainTrainer) {
   const auto dir = scratch("ep-plan");
   auto o = small_run("tiny-moe", 4);
   o.plan = write_plan(dir, "ep.json", {{"resident_layers", {0, 2}}, {"moe_retained_layers", {1, 2}},
                                        {"routing_chunk_tokens", 12}});
   RanksOptions r;
   r.ranks = 2;
-  apply_ep_plan(o, r);
-  EXPECT_EQ(r.delivery, "full");
-  EXPECT_EQ(r.moe_chunk_tokens, 12);
-  EXPECT_EQ(r.resident_layers, (std::vector<int>{0, 2}));
-  EXPECT_EQ(r.moe_retained_layers, (std::vector<int>{1, 2}));
+  EXPECT_EQ(ranks_plan(o, 2, "local-cpu"), load_plan(o.plan));
   expect_ranks_match_plain(o, r, "ep2-plan");
   // Nothing retained and nothing resident: every decoder replayed whole, every shard streamed.
   auto o2 = small_run("tiny-moe-mixtral", 4);
   o2.plan = write_plan(dir, "ep-none.json", {});
-  r = RanksOptions{};
-  r.ranks = 2;
-  apply_ep_plan(o2, r);
   expect_ranks_match_plain(o2, r, "ep2-plan-none");
   fs::remove_all(dir);
 }
@@ -237,7 +233,7 @@ TEST(EpTrainer, TwoRanksDrivenByAnEpPlanMatchPlainTrainer) {
 // The plan the EP planner emits (`oom plan --path ep`) drives the ranks as it is: tiny-moe on two
 // H100s with a 1.6 GiB GPU budget gives a mixed plan (two resident decoders), and the two-rank run
 // agrees with the plain trainer.
-TEST(EpTrainer, ThePlannersEpPlanRunsOnTheRanks) {
+TEST(TrainRanks, ThePlannersEpPlanRunsOnTheRanks) {
   const auto dir = scratch("planner-ep");
   const auto workload = (dir / "workload.json").string();
   std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 2, "global_batch": 4,
@@ -306,7 +302,6 @@ RanksRun run_plan_on_ranks(const fs::path& dir, const nlohmann::json& fields, co
   o.trace = (dir / "measured.json").string();
   RanksOptions r;
   r.ranks = ranks;
-  apply_ep_plan(o, r);
   expect_ranks_match_plain(o, r, label);
   RanksRun run{o.plan, o.trace, {}};
   std::ifstream in(o.trace);
@@ -401,7 +396,6 @@ TEST(TrainRanks, DeviceMemoryIsMeasuredOnEveryRank) {
   o.plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"flat", {{"expert_dispatch", "pipelined_llep"}}}});
   RanksOptions r;
   r.ranks = 2;
-  apply_ep_plan(o, r);
   r.worker_program = OOM_BINARY;
   r.timeout_s = 60;
   r.deadline_s = 120;
@@ -487,14 +481,13 @@ std::pair<std::vector<double>, TrainOptions> expect_resume_repeats_the_run(const
   return {whole, second};
 }
 
-// A multi-rank run checkpointed after 2 steps and resumed for 2 more repeats the uninterrupted
-// run's losses bit for bit (masters, both moments, step and data position survive the gather).
-// The checkpoint is the single-process format: the streamed trainer resumes it too.
+// A multi-rank run (the Base EP plan) checkpointed after 2 steps and resumed for 2 more repeats
+// the uninterrupted run's losses bit for bit (masters, both moments, step and data position of
+// the shared state). The checkpoint is the single-process format: one process resumes it too.
 TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
   const auto dir = scratch("ranks-ckpt");
   RanksOptions r;
   r.ranks = 2;
-  r.delivery = "shard";  // moments sliced over the ranks: the gather must reassemble them
   r.worker_program = OOM_BINARY;
   r.timeout_s = 60;
   r.deadline_s = 120;
@@ -520,7 +513,7 @@ TEST(TrainRanks, CheckpointedRunResumesWithTheUninterruptedLosses) {
     EXPECT_LE(testing::record_drift(fmt::format("ranks-vs-one-process step {}", i), single_whole[i], whole[i]), i == 0 ? kTol : kAfterUpdateTol)
         << "step " << i;
   }
-  // The same checkpoint in one process (the streamed trainer): the same losses within float rounding.
+  // The same checkpoint in one process (the Base Local plan): the same losses within float rounding.
   const auto single = train(second).losses;
   ASSERT_EQ(single.size(), 2u);
   for (std::size_t i = 0; i < 2; ++i) {
@@ -615,11 +608,8 @@ TEST(TrainRanks, BadOptionsAreRejectedBeforeAnyProcessStarts) {
     train_ranks(small_run("tiny-moe", 3), r);  // 8 experts over 3 ranks
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.field(), "num_experts");
+    EXPECT_EQ(e.field(), "--ranks");
   }
-  r.ranks = 2;
-  r.delivery = "sideways";
-  EXPECT_THROW(train_ranks(small_run("tiny-moe", 4), r), InputError);
 }
 
 TEST(TrainRanks, RankFailureStopsPeersWaitingInACollective) {
@@ -653,12 +643,11 @@ TEST(TrainRanks, RankFailureStopsPeersWaitingInACollective) {
 }
 
 // Gradient scale (AdamW hides a uniformly scaled gradient): two ranks in two threads of this
-// process, one step on the same global batch, the gathered gradients compared directly with
-// autograd over the whole model. The run mixes everything that moves gradients: shard delivery,
-// one resident and one streamed decoder, a replayed decoder, chunked dispatch, one host gradient
-// slot (with clipping computed). Also: host updates never used more than the one slot, and
-// streamed expert shards leave the device between steps.
-TEST(EpTrainer, GradientsOfAStepEqualAutogradOverTheWholeModel) {
+// process, one step of an EP plan on the same global batch, the gradients the ranks sent to the
+// host compared directly with autograd over the whole model. The plan mixes what moves gradients:
+// a replayed and a retained decoder, chunked dispatch, kept O/LSE with query-head groups, one host
+// gradient buffer per kind (with clipping computed, so the buffers are whole-step ones).
+TEST(TrainRanks, GradientsOfAStepEqualAutogradOverTheWholeModel) {
   const ModelSpec spec = load_model_spec("tiny-moe");
   ASSERT_GE(spec.layers, 2);
   const auto dir = scratch("grads");
@@ -667,41 +656,30 @@ TEST(EpTrainer, GradientsOfAStepEqualAutogradOverTheWholeModel) {
   torch::manual_seed(52);
   const auto tokens = torch::randint(0, 256, {4, 16}, torch::kLong);
   const auto targets = torch::randint(0, 256, {4, 16}, torch::kLong);
-  EpConfig cfg;
-  cfg.trainer.adam.lr = 3e-3;
-  cfg.trainer.max_grad_norm = 1e9;  // the norm is computed, never binding
-  cfg.trainer.model.gdn_chunk_tokens = 8;
-  cfg.delivery = Delivery::kShard;
-  cfg.moe_chunk_tokens = 12;
-  cfg.resident_layers = std::vector<int>{0};
-  cfg.moe_retained_layers = std::vector<int>{1};
-  cfg.cpu_grad_slots = 1;
+  TrainerConfig cfg;
+  cfg.adam.lr = 3e-3;
+  cfg.max_grad_norm = 1e9;  // the norm is computed, never binding
+  cfg.model.gdn_chunk_tokens = 8;
+  Plan plan = load_plan(write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12},
+                                                    {"keep_attention_results", true}, {"cpu_grad_slots", 1}}));
+  plan.split.attention_head_group = 1;
 
-  const auto run = testing::ep_step_in_threads(init, tokens, targets, cfg, 2, (dir / "threads").string());
-  const auto& [losses, norms, slots_used, resident_bytes, errors, grads] = run;
-  ASSERT_EQ(errors[0], "");
-  ASSERT_EQ(errors[1], "");
+  const auto run = testing::ep_step_in_threads(init, tokens, targets, cfg, plan, 2, (dir / "threads").string());
+  ASSERT_EQ(run.errors[0], "");
+  ASSERT_EQ(run.errors[1], "");
 
-  const auto ref = testing::reference_gradients(init, tokens, targets, cfg.trainer.model);
+  const auto ref = testing::reference_gradients(init, tokens, targets, cfg.model);
   for (int r = 0; r < 2; ++r) {
-    EXPECT_NEAR(losses[static_cast<std::size_t>(r)], ref.loss, kTol * ref.loss);
-    EXPECT_NEAR(norms[static_cast<std::size_t>(r)], ref.norm, kTol * ref.norm) << "rank " << r;
-    EXPECT_EQ(slots_used[static_cast<std::size_t>(r)], 1) << "rank " << r;
+    EXPECT_NEAR(run.losses[static_cast<std::size_t>(r)], ref.loss, kTol * ref.loss);
+    EXPECT_NEAR(run.norms[static_cast<std::size_t>(r)], ref.norm, kTol * ref.norm) << "rank " << r;
   }
-  ASSERT_EQ(grads.size(), ref.blocks.size());
-  for (std::size_t b = 0; b < grads.size(); ++b) {
-    EXPECT_LE(rel_l2(grads[b], ref.blocks[b]), kTol) << "gradient of block " << b;
+  ASSERT_EQ(run.grads.size(), ref.blocks.size());
+  for (std::size_t b = 0; b < run.grads.size(); ++b) {
+    EXPECT_LE(rel_l2(run.grads[b], ref.blocks[b]), kTol) << "gradient of block " << b;
     // One step's gradients on the same weights (no update between): the zero-centred norms' blocks
     // read rounding 10× larger in max-relative terms, as kParamMaxTol says; 3e-4 as before.
-    EXPECT_LE(rel_diff(grads[b], ref.blocks[b]), 3e-4) << "gradient of block " << b;
+    EXPECT_LE(rel_diff(run.grads[b], ref.blocks[b]), 3e-4) << "gradient of block " << b;
   }
-  // Between steps only decoder 0's shard (resident) stays on the device: 1/2 of its experts.
-  const auto& d0 = init.layout().blocks[1];
-  std::int64_t expert_numel = 0;
-  for (const auto& e : d0.entries) {
-    if (e.name.rfind("experts.", 0) == 0) expert_numel += e.numel();
-  }
-  EXPECT_EQ(resident_bytes[0], expert_numel / 2 * 4);
   fs::remove_all(dir);
 }
 
@@ -734,38 +712,32 @@ TEST(Communicator, SingleRankCollectivesAreIdentities) {
 TEST(OomTrainRanks, BadRankOptionsAreOneLineErrorsWithExitCode2) {
   std::ostringstream out, err;
   EXPECT_EQ(cli::run({"train", "--ranks", "3", "--model", "tiny-moe", "--batch", "3"}, {out, err}), cli::kExitBadInput);
-  EXPECT_NE(err.str().find("num_experts"), std::string::npos) << err.str();
-  err.str("");
-  EXPECT_EQ(cli::run({"train", "--moe-chunk", "8"}, {out, err}), cli::kExitBadInput);
-  EXPECT_NE(err.str().find("needs --ranks"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("--ranks"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("8 experts"), std::string::npos) << err.str();
+  // The options of the replaced schedules: one line naming the plan field that says it now.
+  for (const auto& [option, field] : {std::pair{"--moe-chunk", "routing_chunk_tokens"}, std::pair{"--delivery", "param_transfer"},
+                                      std::pair{"--streamed-experts", "resident_layers"}, std::pair{"--no-expert-parallel", "EP plan"}}) {
+    err.str("");
+    std::vector<std::string> args = {"train", "--ranks", "2", option};
+    if (std::string(option) == "--moe-chunk" || std::string(option) == "--delivery") args.push_back("8");
+    EXPECT_EQ(cli::run(args, {out, err}), cli::kExitBadInput) << option;
+    const std::string e = err.str();
+    EXPECT_NE(e.find(option), std::string::npos) << e;
+    EXPECT_NE(e.find(field), std::string::npos) << e;
+    EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
+  }
   err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--reference"}, {out, err}), cli::kExitBadInput);
   EXPECT_NE(err.str().find("--reference"), std::string::npos) << err.str();
   const auto dir = scratch("ep-plan-cli");
   const auto plan = write_plan(dir, "ep.json", {});
-  err.str("");
-  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--plan", plan, "--delivery", "shard"}, {out, err}), cli::kExitBadInput);
-  EXPECT_NE(err.str().find("--delivery"), std::string::npos) << err.str();
-  err.str("");
-  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--device-memory"}, {out, err}), cli::kExitBadInput);
-  EXPECT_NE(err.str().find("--device-memory"), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("--plan"), std::string::npos) << err.str();
-  // BF16 working weights over ranks only for a plan (the graph runner), and without checkpoints.
-  err.str("");
-  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--bf16"}, {out, err}), cli::kExitBadInput);
-  EXPECT_NE(err.str().find("--bf16"), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("--plan"), std::string::npos) << err.str();
+  // BF16 working weights over ranks without checkpoints (multi-rank checkpoints keep FP32).
   err.str("");
   EXPECT_EQ(cli::run({"train", "--ranks", "2", "--bf16", "--plan", plan, "--checkpoint", (dir / "ck").string()}, {out, err}),
             cli::kExitBadInput);
   EXPECT_NE(err.str().find("--bf16"), std::string::npos) << err.str();
   EXPECT_NE(err.str().find("checkpoints"), std::string::npos) << err.str();
   EXPECT_FALSE(fs::exists(dir / "ck"));
-  err.str("");
-  EXPECT_EQ(cli::run({"train", "--ranks", "2", "--trace", (dir / "t.json").string()}, {out, err}), cli::kExitBadInput);
-  EXPECT_NE(err.str().find("--trace"), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("needs --plan"), std::string::npos) << err.str();
-  EXPECT_FALSE(fs::exists(dir / "t.json"));
   EXPECT_TRUE(out.str().empty());
   fs::remove_all(dir);
 }
@@ -823,6 +795,115 @@ TEST(OomTrainRanks, TorchrunLaunchMatchesTheRanksLauncher) {
   }
   // One JSON result, from rank 0 only.
   EXPECT_EQ(std::count(launched.begin(), launched.end(), '{'), 1) << launched;
+}
+
+// A torchrun-style launch without torchrun: two `oom train` processes started here with PyTorch's
+// rank environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) meet
+// through a TCPStore on 127.0.0.1 and run their shares of an EP plan's StepGraph through the graph
+// runner, with what the ranks used to refuse under torchrun: query-head groups, GDN chunks, kept
+// O/LSE, boundaries held and regenerated, logits blocks. The first step's loss and gradient norm
+// equal the reference's (autograd over the whole model) within 1e-5 relative, and the weights after
+// that step the plain trainer's (the first AdamW step moves each weight by about lr × the sign of
+// its gradient, so they check every gradient's sign), within expect_ranks_match_plain's bounds.
+TEST(OomTrainRanks, TorchrunEnvironmentRunsAPlanThroughTheGraphRunner) {
+  const auto dir = scratch("torchrun-env");
+  auto o = small_run("tiny-moe", 4);
+  o.steps = 1;
+  o.max_grad_norm = 1e9;  // the norm is computed, never binding
+  o.plan = write_plan(dir, "ep.json",
+                      {{"moe_retained_layers", {1, 3}}, {"routing_chunk_tokens", 12},
+                       {"split", {{"attention_head_group", 1}, {"gdn_chunk_tokens", 8}, {"moe_chunk_tokens", 0}, {"sub_batch_seqs", 0}}},
+                       {"keep_attention_results", true},
+                       {"boundaries", {{"host_kept", {0, 2}}, {"gpu_held", {1}}, {"regenerate_cap", 1}}},
+                       {"flat", {{"vocab_chunk_tokens", 5}}}});
+  const std::string weights = (dir / "final.safetensors").string();
+  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  const auto rank_cmd = [&](int rank) {
+    return fmt::format("env RANK={0} LOCAL_RANK={0} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={1} {2} train "
+                       "--model tiny-moe --plan {3} --steps 1 --seq 16 --batch 4 --lr 3e-3 --clip 1e9 --seed 7 --gdn-chunk 8 "
+                       "--device cpu --save-weights {4} --json > {5}/out{0} 2> {5}/err{0}",
+                       rank, port, OOM_BINARY, o.plan, weights, dir.string());
+  };
+  const std::string script = rank_cmd(1) + " & p=$!; " + rank_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
+  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
+  const auto slurp = [&](const std::string& name) {
+    std::ifstream in(dir / name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
+  const auto j = nlohmann::json::parse(slurp("out0"));
+  EXPECT_TRUE(slurp("out1").empty()) << "rank 1 prints nothing";
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["backend"], "gloo");
+  ASSERT_EQ(j["losses"].size(), 1u);
+  ASSERT_EQ(j["grad_norms"].size(), 1u);
+  // The reference: autograd over the whole model on the first global batch.
+  const ModelSpec spec = load_model_spec(o.model);
+  HostState init(spec);
+  init.init_from_seed(o.seed);
+  ByteCorpus data(default_corpus_path(), o.seq);
+  data.seed(o.seed);
+  const Batch b = data.next(o.batch);
+  ModelOptions mo;
+  mo.gdn_chunk_tokens = o.gdn_chunk_tokens;
+  const auto ref = testing::reference_gradients(init, b.tokens, b.targets, mo);
+  EXPECT_NEAR(j["losses"][0].get<double>(), ref.loss, kTol * ref.loss);
+  EXPECT_NEAR(j["grad_norms"][0].get<double>(), ref.norm, kTol * ref.norm);
+  const auto [losses, params] = reference(o);
+  EXPECT_NEAR(j["losses"][0].get<double>(), losses[0], kTol * losses[0]);
+  HostState trained(spec);
+  trained.load_safetensors(weights);
+  for (int blk = 0; blk < trained.blocks(); ++blk) {
+    EXPECT_LE(rel_diff(trained.master(blk), params[static_cast<std::size_t>(blk)]), kParamMaxTol) << "block " << blk;
+    EXPECT_LE(rel_l2(trained.master(blk), params[static_cast<std::size_t>(blk)]), kParamL2Tol) << "block " << blk;
+  }
+  fs::remove_all(dir);
+}
+
+// Two torchrun-style launches standing for two nodes of one rank each (LOCAL_WORLD_SIZE 1,
+// GROUP_RANK 0 and 1): each node keeps its own host state (its own file), NodeStateSync makes them
+// equal after every step, and the run repeats `oom train --ranks 2` (one node, one shared state)
+// loss for loss and weight for weight, bit for bit: the same arithmetic on every rank, and the
+// nodes' states exchange every changed element exactly.
+TEST(OomTrainRanks, TwoNodesEachWithItsHostStateRepeatTheOneNodeRun) {
+  const auto dir = scratch("two-nodes");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const std::string args = " train --model tiny-moe --plan " + plan + " --steps 3 --seq 16 --batch 4 --lr 3e-3 --device cpu --json";
+  const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
+  const auto node_cmd = [&](int node) {
+    return fmt::format("env RANK={0} LOCAL_RANK=0 GROUP_RANK={0} WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT={1} "
+                       "{2}{3} --save-weights {4}/node.safetensors > {4}/out{0} 2> {4}/err{0}",
+                       node, port, OOM_BINARY, args, dir.string());
+  };
+  const std::string script = node_cmd(1) + " & p=$!; " + node_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
+  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
+  const auto slurp = [&](const std::string& name) {
+    std::ifstream in(dir / name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
+  int one_status = 0;
+  const auto one_node = run_capture(std::string(OOM_BINARY) + args + " --ranks 2 --save-weights " + (dir / "one.safetensors").string() +
+                                        " 2>/dev/null", one_status);
+  ASSERT_EQ(one_status, 0) << one_node;
+  const auto a = nlohmann::json::parse(slurp("out0")), b = last_json_line(one_node);
+  EXPECT_EQ(a["losses"], b["losses"]);
+  EXPECT_EQ(a["grad_norms"], b["grad_norms"]);
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState two(spec), one(spec);
+  two.load_safetensors((dir / "node.safetensors").string());
+  one.load_safetensors((dir / "one.safetensors").string());
+  for (int blk = 0; blk < one.blocks(); ++blk) EXPECT_TRUE(at::equal(two.master(blk), one.master(blk))) << "block " << blk;
+  fs::remove_all(dir);
+}
+
+// Nodes of unequal rank counts: LOCAL_WORLD_SIZE must divide WORLD_SIZE, one error naming it.
+TEST(OomTrainRanks, TorchrunLocalWorldSizeThatDoesNotDivideIsOneError) {
+  int status = 0;
+  const auto out = run_capture("WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 " +
+                                   std::string(OOM_BINARY) + " train --model tiny-moe --steps 1 2>&1", status);
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("LOCAL_WORLD_SIZE"), std::string::npos) << out;
 }
 
 // A malformed torchrun environment is one error naming the variable, before any rendezvous.

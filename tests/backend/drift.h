@@ -1,6 +1,6 @@
 // Comparisons of two implementations after optimizer steps, and the measurement behind their bounds.
 //
-// Two exact implementations (the plan runtime and the streamed trainer, ranks and one process, K
+// Two exact implementations (the graph runner and the plain reference, ranks and one process, K
 // micro-batches and one batch) agree at the first step to float rounding, ~1e-7 relative. AdamW
 // then divides each gradient element by the root of its second moment, so an element whose
 // gradient is at rounding level moves its parameter by a fraction of lr whichever way the rounding

@@ -4,19 +4,23 @@
 #include <thread>
 
 #include "backend/dist/process_group.h"
+#include "backend/plan_runtime.h"
+#include "backend/shared_state.h"
 
 namespace oom::backend::testing {
 
 EpThreadsStep ep_step_in_threads(const HostState& init, const at::Tensor& tokens, const at::Tensor& targets,
-                                 const dist::EpConfig& config, int ranks, const std::string& dir) {
+                                 const TrainerConfig& config, const Plan& plan, int ranks, const std::string& dir) {
   const auto n = static_cast<std::size_t>(ranks);
   EpThreadsStep out;
   out.losses.resize(n);
   out.norms.resize(n);
-  out.slots_used.resize(n);
-  out.resident_bytes.resize(n);
+  out.host_buffers.resize(n);
   out.errors.resize(n);
+  std::vector<std::vector<at::Tensor>> sent(n);
   std::filesystem::create_directories(dir);
+  const std::string shared = (std::filesystem::path(dir) / "state").string();
+  std::filesystem::remove(shared);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -28,20 +32,39 @@ EpThreadsStep ep_step_in_threads(const HostState& init, const at::Tensor& tokens
         co.store_path = (std::filesystem::path(dir) / "store").string();
         co.timeout_s = 60;
         dist::Communicator comm(co);
-        dist::EpTrainer trainer(init, config, comm);
+        HostState state(init.spec());
+        if (r == 0) {
+          for (int b = 0; b < state.blocks(); ++b) {
+            state.master(b).copy_(init.master(b));
+            state.publish(b);
+          }
+          share_host_state(state, shared, /*create=*/true);
+        }
+        comm.barrier();
+        if (r != 0) share_host_state(state, shared, /*create=*/false);
+        comm.barrier();
+        PlanTrainer trainer(state, config, plan, at::kCPU, &comm);
+        trainer.capture_gradients(&sent[i]);
         const auto st = trainer.step(tokens, targets);
         out.losses[i] = st.loss;
         out.norms[i] = st.grad_norm;
-        out.slots_used[i] = trainer.host_grad_slots_used();
-        out.resident_bytes[i] = trainer.device_expert_bytes_between_steps();
-        auto g = trainer.gather_flat_grads();
-        if (r == 0) out.grads = std::move(g);
+        out.host_buffers[i] = trainer.host_gradient_buffers().first;
       } catch (const std::exception& e) {
         out.errors[i] = e.what();
       }
     });
   }
   for (auto& t : threads) t.join();
+  std::filesystem::remove(shared);
+  for (int b = 0; b < init.blocks(); ++b) {
+    at::Tensor sum = at::zeros({init.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
+    for (const auto& blocks : sent) {
+      if (static_cast<std::size_t>(b) < blocks.size() && blocks[static_cast<std::size_t>(b)].defined()) {
+        sum += blocks[static_cast<std::size_t>(b)];
+      }
+    }
+    out.grads.push_back(sum);
+  }
   return out;
 }
 

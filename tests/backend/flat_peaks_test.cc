@@ -123,7 +123,6 @@ Measured measured_over_ranks(const Plan& plan, const WorkloadContext& ctx, int r
   std::ofstream(o.plan) << plan_to_json(plan).dump(2);
   dist::RanksOptions r;
   r.ranks = ranks;
-  dist::apply_ep_plan(o, r);
   r.worker_program = OOM_BINARY;
   r.timeout_s = 60;
   r.deadline_s = 180;

@@ -1,5 +1,5 @@
-// GPU exactness of the backend (scripts/gpu-check.sh, stage `tests`): the same trainers on a CUDA
-// device against the same trainers on the CPU, from the same weights and batches. Compared are the
+// GPU exactness of the backend (scripts/gpu-check.sh, stage `tests`): the same plans through the
+// graph runner on a CUDA device against the same plans on the CPU, from the same weights and batches. Compared are the
 // losses, the gradient norms and every block's gradient of a step (AdamW would hide a uniformly
 // scaled gradient), and the parameters after steps. TF32 is off, so the differences are float
 // summation order: 1e-4 relative on gradients and norms, 1e-3 on parameters after Adam.
@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -21,7 +20,6 @@
 
 #include "backend/adamw.h"
 #include "backend/checkpoint.h"
-#include "backend/dist/ep_trainer.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "backend/state.h"
@@ -53,22 +51,21 @@ std::pair<at::Tensor, at::Tensor> batch(int seed) {
   return {torch::randint(0, 256, {4, 32}, torch::kLong), torch::randint(0, 256, {4, 32}, torch::kLong)};
 }
 
-// Runs `steps` steps of `make(state, device)` on CPU and on the GPU; compares as described above.
-template <typename Make>
-void expect_gpu_matches_cpu(const char* model, Make make, int steps, const char* what) {
+// Runs `steps` steps of `plan` (a function of the model) on CPU and on the GPU; compares as
+// described above.
+template <typename MakePlan>
+void expect_gpu_matches_cpu(const char* model, const TrainerConfig& cfg, MakePlan make_plan, int steps, const char* what) {
   const ModelSpec spec = load_model_spec(model);
   HostState cpu_state(spec), gpu_state(spec);
   cpu_state.init_from_seed(61);
   gpu_state.init_from_seed(61);
-  auto cpu = make(cpu_state, at::Device(at::kCPU));
-  auto gpu = make(gpu_state, kGpu);
-  // The plan runtime's gradients go through its own host buffers: read what it sends.
+  const Plan plan = make_plan(spec);
+  auto cpu = std::make_unique<PlanTrainer>(cpu_state, cfg, plan, at::Device(at::kCPU));
+  auto gpu = std::make_unique<PlanTrainer>(gpu_state, cfg, plan, kGpu);
+  // The runner's gradients go through its own host buffers: read what it sends.
   std::vector<at::Tensor> cpu_sent, gpu_sent;
-  constexpr bool runner = std::is_same_v<typename decltype(cpu)::element_type, PlanTrainer>;
-  if constexpr (runner) {
-    cpu->capture_gradients(&cpu_sent);
-    gpu->capture_gradients(&gpu_sent);
-  }
+  cpu->capture_gradients(&cpu_sent);
+  gpu->capture_gradients(&gpu_sent);
   for (int s = 0; s < steps; ++s) {
     const auto [tokens, targets] = batch(62 + s);
     const auto a = cpu->step(tokens, targets);
@@ -77,14 +74,12 @@ void expect_gpu_matches_cpu(const char* model, Make make, int steps, const char*
     EXPECT_NEAR(b.grad_norm, a.grad_norm, kGradTol * a.grad_norm) << what << " " << model << " step " << s;
     if (s == 0) {
       for (int blk = 0; blk < cpu_state.blocks(); ++blk) {
-        const at::Tensor g = runner ? gpu_sent.at(static_cast<std::size_t>(blk)) : gpu_state.grad_slot(blk);
-        const at::Tensor c = runner ? cpu_sent.at(static_cast<std::size_t>(blk)) : cpu_state.grad_slot(blk);
+        const at::Tensor g = gpu_sent.at(static_cast<std::size_t>(blk));
+        const at::Tensor c = cpu_sent.at(static_cast<std::size_t>(blk));
         EXPECT_LE(rel_diff(g, c), kGradTol) << what << " " << model << " gradient of block " << blk;
       }
-      if constexpr (runner) {
-        cpu->capture_gradients(nullptr);
-        gpu->capture_gradients(nullptr);
-      }
+      cpu->capture_gradients(nullptr);
+      gpu->capture_gradients(nullptr);
     }
   }
   for (int blk = 0; blk < cpu_state.blocks(); ++blk) {
@@ -92,20 +87,24 @@ void expect_gpu_matches_cpu(const char* model, Make make, int steps, const char*
   }
 }
 
-TEST(Gpu, StreamedTrainerMatchesTheCpu) {
+// The plan `oom train` runs without --plan (Base Local; its hardware only names GPUs per node).
+Plan default_plan(const ModelSpec& spec) { return default_run_plan(spec, 4, 32, 1, "local-cpu"); }
+
+TEST(Gpu, DefaultPlanMatchesTheCpu) {
   for (const char* model : {"tiny-moe", "tiny-moe-gemma", "tiny-moe-mixtral", "tiny-moe-qwen"}) {
-    expect_gpu_matches_cpu(model, [](HostState& st, at::Device d) { return std::make_unique<StreamedTrainer>(st, config(1e9), d); },
-                           3, "streamed");
+    expect_gpu_matches_cpu(model, config(1e9), default_plan, 3, "default plan");
   }
 }
 
-// Gradient accumulation on the GPU: each micro-batch's gradients summed into the FP32 host buffers.
-TEST(Gpu, StreamedTrainerAccumulatingMicroBatchesMatchesTheCpu) {
+// Gradient accumulation on the GPU (`oom train --accumulate 2`): the default plan's two sub-batches
+// summed into the FP32 host buffers.
+TEST(Gpu, DefaultPlanAccumulatingSubBatchesMatchesTheCpu) {
   for (double clip : {1e9, 0.0}) {
-    TrainerConfig cfg = config(clip);
-    cfg.accumulate = 2;
-    expect_gpu_matches_cpu("tiny-moe", [&](HostState& st, at::Device d) { return std::make_unique<StreamedTrainer>(st, cfg, d); },
-                           2, "streamed, 2 micro-batches");
+    expect_gpu_matches_cpu("tiny-moe", config(clip), [](const ModelSpec& spec) {
+      Plan p = default_plan(spec);
+      p.split.sub_batch_seqs = 2;
+      return p;
+    }, 2, "default plan, 2 sub-batches");
   }
 }
 
@@ -142,8 +141,7 @@ TEST(Gpu, PlanTrainerWithEverySplitMatchesTheCpu) {
   plan.split.sub_batch_seqs = 2;
   plan.keep_attention_results = true;
   for (const char* model : {"tiny-moe", "tiny-moe-qwen"}) {
-    expect_gpu_matches_cpu(model, [&](HostState& st, at::Device d) { return std::make_unique<PlanTrainer>(st, config(1e9), plan, d); },
-                           2, "plan");
+    expect_gpu_matches_cpu(model, config(1e9), [&](const ModelSpec&) { return plan; }, 2, "plan");
   }
 }
 
@@ -164,32 +162,14 @@ TEST(Gpu, DeviceAdamWMatchesTheCpuKernel) {
   EXPECT_LE(rel_diff(vg.cpu(), v), 1e-6);
 }
 
-// The EP trainer's host-resident state on a GPU (one rank; its collectives are identities): the
-// replicated masters and streamed shards updated on the host, the resident shard on the device.
-TEST(Gpu, EpTrainerHostResidentStateMatchesTheCpu) {
-  const ModelSpec spec = load_model_spec("tiny-moe");
-  HostState init(spec);
-  init.init_from_seed(64);
-  dist::CommOptions co;
-  co.store_path = (std::filesystem::temp_directory_path() / ("oom-gpu-test-store-" + std::to_string(getpid()))).string();
-  dist::Communicator comm(co);
-  dist::EpConfig cfg;
-  cfg.trainer = config(1e9);
-  cfg.resident_layers = std::vector<int>{0};
-  cfg.cpu_grad_slots = 1;
-  dist::EpTrainer cpu(init, cfg, comm, at::Device(at::kCPU)), gpu(init, cfg, comm, kGpu);
-  for (int s = 0; s < 2; ++s) {
-    const auto [tokens, targets] = batch(65 + s);
-    const auto a = cpu.step(tokens, targets), b = gpu.step(tokens, targets);
-    EXPECT_NEAR(b.loss, a.loss, kGradTol * a.loss);
-    EXPECT_NEAR(b.grad_norm, a.grad_norm, kGradTol * a.grad_norm);
-    const auto ga = cpu.gather_flat_grads(), gb = gpu.gather_flat_grads();
-    for (std::size_t i = 0; i < ga.size(); ++i) EXPECT_LE(rel_diff(gb[i], ga[i]), kGradTol) << "gradient of block " << i;
-  }
-  const auto pa = cpu.gather_flat_params(), pb = gpu.gather_flat_params();
-  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_LE(rel_diff(pb[i], pa[i]), kParamTol) << "block " << i;
-  EXPECT_GT(gpu.device_expert_bytes_between_steps(), 0);
-  std::filesystem::remove(co.store_path);
+// An EP plan on one rank on a GPU: the masters and the streamed expert shard updated on the host,
+// the resident shard (decoder 0's; its gradient stays on the device) by the device AdamW.
+TEST(Gpu, EpPlanOnOneRankWithAResidentShardMatchesTheCpu) {
+  Plan plan;
+  plan.path = ExpertPath::kEp;
+  plan.resident_layers = {0};
+  plan.cpu_grad_slots = 1;
+  expect_gpu_matches_cpu("tiny-moe", config(1e9), [&](const ModelSpec&) { return plan; }, 2, "EP plan");
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 // run by CTest as a fixture into $OOM_HF_FIXTURES), loaded by backend/io/hf_weights.h and run in
 // FP32 on CPU on the same tokens, against transformers' values in FP64. Checked: the logits and
 // the loss within 1e-5 relative, the load-balancing loss, and every parameter's gradient within
-// 1e-4 relative — for autograd over the whole model (with the auxiliary loss), the streamed
-// trainer and the plan runtime with every split (without it). A gradient that transformers itself
+// 1e-4 relative — for autograd over the whole model (with the auxiliary loss; the plain reference
+// trainer's loss), and through the graph runner (without it) the default plan, a plan with every
+// split, and an EP plan over two ranks. A gradient that transformers itself
 // gets wrong by more than 1e-5 in FP32 (reference.json "fp32_grad_error": the GDN decay
 // parameters A_log and dt_bias, sums of many cancelling terms) is held to 10× that error instead.
 // Also: the weights written back under transformers' names equal the file.
@@ -24,6 +25,7 @@
 #include "backend/model.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
+#include "planner/plan/plan.h"
 #include "backend/safetensors.h"
 #include "backend/state.h"
 #include "costmodel/json_input.h"
@@ -200,30 +202,27 @@ TEST_P(HfParity, LogitsLossAuxLossAndGradientsOfAutogradOverTheWholeModel) {
   expect_grads(f, state, got, want_grads, "autograd");
 }
 
-TEST_P(HfParity, StreamedTrainerAndPlanRuntimeGradientsEqualTheReference) {
+TEST_P(HfParity, DefaultPlanAndPlanWithEverySplitGradientsEqualTheReference) {
   Fixture f = load_fixture(GetParam());
   const auto& tokens = f.reference.at("tokens");
   const auto& targets = f.reference.at("targets");
-  const auto g = f.grads("grad."), a = f.grads("aux_grad.");
+  const auto g = f.grads("grad.");
   TrainerConfig cfg;
   cfg.model = model_options();
   cfg.max_grad_norm = 0.0;
-  {  // The streamed trainer with the load-balancing loss the config asks for.
+  f.spec.router_aux_loss_coef = 0.0;  // the graph runner runs the language-model loss alone
+  {  // What `oom train --weights` runs without --plan.
     HostState state(f.spec);
     load_state(f, state);
-    StreamedTrainer streamed(state, cfg);
-    const auto st = streamed.step(tokens, targets);
-    const double want = f.ref("loss") + f.spec.router_aux_loss_coef * f.ref("aux_loss");
-    EXPECT_NEAR(st.loss, want, kOutTol * want) << "streamed";
-    report(f, "streamed loss", st.loss, want);
-    std::vector<at::Tensor> got, with_aux;
-    for (int b = 0; b < state.blocks(); ++b) {
-      got.push_back(state.grad_slot(b));
-      with_aux.push_back(g[static_cast<std::size_t>(b)] + f.spec.router_aux_loss_coef * a[static_cast<std::size_t>(b)]);
-    }
-    expect_grads(f, state, got, with_aux, "streamed trainer");
+    PlanTrainer plan(state, cfg, default_run_plan(f.spec, tokens.size(0), tokens.size(1), 1, "local-cpu"));
+    std::vector<at::Tensor> got;
+    plan.capture_gradients(&got);
+    const auto st = plan.step(tokens, targets);
+    EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << "default plan";
+    report(f, "default plan loss", st.loss, f.ref("loss"));
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(state.blocks()));
+    expect_grads(f, state, got, g, "default plan");
   }
-  f.spec.router_aux_loss_coef = 0.0;  // the plan runtime runs the language-model loss alone
   {
     HostState state(f.spec);
     load_state(f, state);
@@ -246,32 +245,32 @@ TEST_P(HfParity, StreamedTrainerAndPlanRuntimeGradientsEqualTheReference) {
   }
 }
 
-// Two expert-parallel ranks (threads) with shard delivery, a resident and a streamed decoder, a
-// replayed decoder, chunked dispatch and one host gradient slot. Not for DeepSeek-V3 (its dense
-// first layers and latent attention run on one host only: check_plan_for_run refuses more ranks).
+// Two ranks (threads) running an EP plan through the graph runner: a replayed and a retained
+// decoder, routing rounds of 10 tokens and one host gradient buffer per kind. Not for DeepSeek-V3
+// (its dense first layers run on one host only: check_plan_for_run refuses more ranks).
 using HfParityEp = HfParity;
-TEST_P(HfParityEp, EpTrainerGradientsEqualTheReference) {
+TEST_P(HfParityEp, EpPlanOverTwoRanksGradientsEqualTheReference) {
   Fixture f = load_fixture(GetParam());
-  f.spec.router_aux_loss_coef = 0.0;  // the multi-rank trainer runs the language-model loss alone
+  f.spec.router_aux_loss_coef = 0.0;  // the graph runner runs the language-model loss alone
   HostState init(f.spec);
   load_state(f, init);
-  dist::EpConfig cfg;
-  cfg.trainer.model = model_options();
-  cfg.trainer.max_grad_norm = 0.0;
-  cfg.delivery = dist::Delivery::kShard;
-  cfg.moe_chunk_tokens = 10;
-  cfg.resident_layers = std::vector<int>{0};
-  cfg.moe_retained_layers = std::vector<int>{1};
-  cfg.cpu_grad_slots = 1;
+  TrainerConfig cfg;
+  cfg.model = model_options();
+  cfg.max_grad_norm = 0.0;
+  Plan plan;
+  plan.path = ExpertPath::kEp;
+  plan.routing_chunk_tokens = 10;
+  plan.moe_retained_layers = {1};
+  plan.cpu_grad_slots = 1;
   const auto dir = fs::temp_directory_path() / ("oom_hf_ep_" + GetParam() + "_" + std::to_string(::getpid()));
-  const auto run = testing::ep_step_in_threads(init, f.reference.at("tokens"), f.reference.at("targets"), cfg, 2,
+  const auto run = testing::ep_step_in_threads(init, f.reference.at("tokens"), f.reference.at("targets"), cfg, plan, 2,
                                                dir.string());
   fs::remove_all(dir);
   ASSERT_EQ(run.errors[0], "");
   ASSERT_EQ(run.errors[1], "");
   EXPECT_NEAR(run.losses[0], f.ref("loss"), kOutTol * f.ref("loss")) << "EP";
   report(f, "EP loss", run.losses[0], f.ref("loss"));
-  expect_grads(f, init, run.grads, f.grads("grad."), "EP trainer");
+  expect_grads(f, init, run.grads, f.grads("grad."), "EP plan over two ranks");
 }
 
 // Writing the loaded weights under transformers' names gives back every tensor of the file.

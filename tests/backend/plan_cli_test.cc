@@ -63,7 +63,7 @@ const std::string kPlan = plan_json(R"({"split": {"attention_head_group": 1, "gd
   "moe_chunk_tokens": 8, "sub_batch_seqs": 1}, "keep_attention_results": true,
   "boundaries": {"host_kept": [0], "regenerate_cap": 1}})");
 
-// After an AdamW update the plan runtime and the streamed trainer sit on weights one amplified
+// After an AdamW update the plan runtime and the reference trainer sit on weights one amplified
 // rounding apart (tests/backend/drift.h), so their losses from the second step on are held to the
 // drift measured over instruction sets (scripts/measure-drift.sh): at most 1.0e-7 relative on AVX2
 // and 5.3e-7 with the scalar kernels (AMD EPYC, lr 1e-2), 7e-5 reported on an AMD EPYC with AVX-512
@@ -77,13 +77,13 @@ std::vector<double> logged_lrs(const fs::path& log) {
   return lrs;
 }
 
-// The plan runtime runs the lr schedule like the streamed trainer: each step's lr, as the step log
+// The plan runtime runs the lr schedule like the reference trainer: each step's lr, as the step log
 // writes it, is the schedule's (warm-up 1, decay to 0 at step 3: 1e-2, 5e-3, 0) in both, exactly;
 // the losses match at the first step within 1e-5 and after it within kAfterUpdateTol. Gradient
 // accumulation runs as sub-batches of the K·B sequences: K = 2 at batch 1 gives the first step's
-// loss of K = 1 at batch 2 and of the streamed trainer's K = 2 within 1e-5, the later ones within
-// kAfterUpdateTol.
-TEST(OomTrainPlan, AppliesTheLrScheduleLikeTheStreamedTrainer) {
+// loss of K = 1 at batch 2 and of the reference trainer's K = 2 within 1e-5, the later ones within
+// kAfterUpdateTol; so does the default plan (no --plan) with --accumulate 2.
+TEST(OomTrainPlan, AppliesTheLrScheduleLikeTheReferenceTrainer) {
   using backend::testing::record_drift;
   const auto dir = temp_dir("schedule");
   write(dir / "plan.json", plan_json("{}"));
@@ -103,24 +103,28 @@ TEST(OomTrainPlan, AppliesTheLrScheduleLikeTheStreamedTrainer) {
   const std::vector<std::string> schedule = {"--warmup", "1", "--decay-steps", "3", "--min-lr", "0"};
   auto plan_args = schedule;
   plan_args.insert(plan_args.end(), {"--plan", (dir / "plan.json").string()});
+  auto reference_args = schedule;
+  reference_args.push_back("--reference");
   std::vector<double> planned_lrs, streamed_lrs, constant_lrs;
-  const auto planned = with(plan_args, &planned_lrs), streamed = with(schedule, &streamed_lrs);
+  const auto planned = with(plan_args, &planned_lrs), streamed = with(reference_args, &streamed_lrs);
   const auto constant = with({"--plan", (dir / "plan.json").string()}, &constant_lrs);
   ASSERT_EQ(planned.size(), 3u);
   EXPECT_EQ(planned_lrs, streamed_lrs);
   EXPECT_EQ(planned_lrs, (std::vector<double>{1e-2, 5e-3, 0.0}));
   EXPECT_EQ(constant_lrs, (std::vector<double>{1e-2, 1e-2, 1e-2}));
   for (std::size_t i = 0; i < 3; ++i) {
-    EXPECT_LE(record_drift(fmt::format("planned-vs-streamed step {}", i), planned[i], streamed[i]), i == 0 ? 1e-5 : kAfterUpdateTol)
+    EXPECT_LE(record_drift(fmt::format("planned-vs-reference step {}", i), planned[i], streamed[i]), i == 0 ? 1e-5 : kAfterUpdateTol)
         << "step " << i;
   }
   auto accumulated = std::vector<std::string>{"--plan", (dir / "plan.json").string(), "--accumulate", "2", "--batch", "1"};
   const auto plan_k2 = with(accumulated);
-  const auto streamed_k2 = with({"--accumulate", "2", "--batch", "1"});
+  const auto streamed_k2 = with({"--accumulate", "2", "--batch", "1", "--reference"});
+  const auto default_k2 = with({"--accumulate", "2", "--batch", "1"});
   for (std::size_t i = 0; i < 3; ++i) {
     const double tol = i == 0 ? 1e-5 : kAfterUpdateTol;
     EXPECT_LE(record_drift(fmt::format("plan-k2-vs-k1 step {}", i), plan_k2[i], constant[i]), tol) << "step " << i;
-    EXPECT_LE(record_drift(fmt::format("plan-k2-vs-streamed-k2 step {}", i), plan_k2[i], streamed_k2[i]), tol) << "step " << i;
+    EXPECT_LE(record_drift(fmt::format("plan-k2-vs-reference-k2 step {}", i), plan_k2[i], streamed_k2[i]), tol) << "step " << i;
+    EXPECT_LE(record_drift(fmt::format("default-k2-vs-reference-k2 step {}", i), default_k2[i], streamed_k2[i]), tol) << "step " << i;
   }
   fs::remove_all(dir);
 }
@@ -154,7 +158,7 @@ TEST(OomTrainPlan, WritesAStageTraceWithTheStepGraphNames) {
 // for a GPU: the peak is reported, at least the weight window's two slots of BF16 decoder weights
 // and the decoder's BF16 gradient, and the traced step's GPU timeline reaches that peak no more
 // than the run's (each stage's own peak is sampled), and each memory use's own peak beside it.
-// Without a plan the option is an input error.
+// Without a plan the default plan is measured; the reference trainer refuses the option.
 TEST(OomTrainPlan, DeviceMemoryOnTheCpuIsMeasuredAndTraced) {
   const auto dir = temp_dir("device_memory");
   write(dir / "plan.json", kPlan);
@@ -190,7 +194,10 @@ TEST(OomTrainPlan, DeviceMemoryOnTheCpuIsMeasuredAndTraced) {
   }
   EXPECT_GE(traced_gib, 3 * decoder_bf16_gib);
   EXPECT_LE(traced_gib, peak_gib * (1 + 1e-12));
-  const auto bad = oom({"train", "--steps", "1", "--seq", "16", "--batch", "2", "--device-memory"});
+  const auto plain = oom({"train", "--steps", "1", "--seq", "16", "--batch", "2", "--device", "cpu", "--device-memory", "--json"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_GT(nlohmann::json::parse(plain.out)["device_peak_gib"].get<double>(), 0.0) << plain.out;
+  const auto bad = oom({"train", "--steps", "1", "--seq", "16", "--batch", "2", "--reference", "--device-memory"});
   EXPECT_EQ(bad.code, cli::kExitBadInput);
   EXPECT_NE(bad.err.find("--device-memory"), std::string::npos) << bad.err;
   fs::remove_all(dir);

@@ -1,7 +1,8 @@
-// One training step of the tiny MoE on the CPU: the streamed runtime (layer windows, host
-// checkpoints and recomputation, AdamW on a worker thread) against the plain in-memory trainer
-// (autograd over the whole model + torch::optim::AdamW). Ends with the wall-time ratio and the
-// process-CPU-time ratio (the latter is robust to other load sharing the machine).
+// One training step of the tiny MoE on the CPU: the graph runner executing the default plan of
+// `oom train` (Base Local: layer windows, host checkpoints and recomputation, AdamW on a worker
+// thread), with and without clipping, and a plan keeping O/LSE, against the plain in-memory
+// trainer (autograd over the whole model + torch::optim::AdamW). Ends with the wall-time ratio and
+// the process-CPU-time ratio (the latter is robust to other load sharing the machine).
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -39,23 +40,14 @@ void BM_PlainStep(benchmark::State& st) {
   st.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(s.tokens.numel()), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_StreamedStep(benchmark::State& st) {
-  Setup s(st.range(0), st.range(1));
-  s.cfg.max_grad_norm = static_cast<double>(st.range(2));
-  s.cfg.retain_last_decoder = st.range(3) == 1;  // 0: recompute every decoder (the default)
-  StreamedTrainer trainer(s.state, s.cfg);
-  trainer.step(s.tokens, s.targets);  // warm-up
-  for (auto _ : st) benchmark::DoNotOptimize(trainer.step(s.tokens, s.targets).loss);
-  st.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(s.tokens.numel()), benchmark::Counter::kIsIterationInvariantRate);
-}
-
-// The plan-driven runtime: range(2) selects the plan. 0: every boundary kept on the host (the
-// streamed trainer's schedule); 1: O/LSE kept on the host, so backward differentiates the
-// attention cores from them instead of recomputing them.
+// The graph runner: range(2) selects the plan. 0: the default plan (default_run_plan, Base Local:
+// every boundary kept on the host, O/LSE recomputed); 1: the same with O/LSE kept on the host, so
+// backward differentiates the attention cores from them instead of recomputing them. range(3):
+// clipping (1: the updates wait for the whole backward).
 void BM_PlanStep(benchmark::State& st) {
   Setup s(st.range(0), st.range(1));
-  oom::Plan plan;
-  plan.path = oom::ExpertPath::kLocal;
+  s.cfg.max_grad_norm = static_cast<double>(st.range(3));
+  oom::Plan plan = default_run_plan(s.spec, st.range(0), st.range(1), 1, "local-cpu");
   plan.keep_attention_results = st.range(2) == 1;
   PlanTrainer trainer(s.state, s.cfg, plan);
   trainer.step(s.tokens, s.targets);  // warm-up
@@ -64,11 +56,9 @@ void BM_PlanStep(benchmark::State& st) {
 }
 
 BENCHMARK(BM_PlainStep)->Args({4, 128})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
-BENCHMARK(BM_StreamedStep)->Args({4, 128, 0, 0})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
-BENCHMARK(BM_StreamedStep)->Args({4, 128, 0, 1})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
-BENCHMARK(BM_StreamedStep)->Args({4, 128, 1, 1})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
-BENCHMARK(BM_PlanStep)->Args({4, 128, 0})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
-BENCHMARK(BM_PlanStep)->Args({4, 128, 1})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
+BENCHMARK(BM_PlanStep)->Args({4, 128, 0, 0})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
+BENCHMARK(BM_PlanStep)->Args({4, 128, 0, 1})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
+BENCHMARK(BM_PlanStep)->Args({4, 128, 1, 0})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime()->MinTime(3);
 
 }  // namespace
 
@@ -78,28 +68,17 @@ int main(int argc, char** argv) {
   oom::bench::RecordingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   const auto* plain = reporter.find("BM_PlainStep/4/128/");
-  const auto* before = reporter.find("BM_StreamedStep/4/128/0/0/");
-  const auto* streamed = reporter.find("BM_StreamedStep/4/128/0/1/");
-  const auto* clipped = reporter.find("BM_StreamedStep/4/128/1/1/");
-  if (plain != nullptr && before != nullptr) {
-    fmt::print("\nevery decoder recomputed (default): streamed / plain wall {:.2f}x, CPU {:.2f}x\n",
-               before->real_time_s / plain->real_time_s, before->cpu_time_s / plain->cpu_time_s);
-  }
-  if (plain != nullptr && streamed != nullptr) {
-    fmt::print("threads {}: last decoder retained (option): streamed / plain step wall time {:.2f}x (target ≤ 1.25x)\n", at::get_num_threads(),
-               streamed->real_time_s / plain->real_time_s);
-    fmt::print("process CPU time (all threads; robust to other load on the machine): streamed / plain {:.2f}x\n",
-               streamed->cpu_time_s / plain->cpu_time_s);
-    if (clipped != nullptr) {
-      fmt::print("with clipping (updates after backward): wall {:.2f}x, CPU {:.2f}x\n", clipped->real_time_s / plain->real_time_s,
-                 clipped->cpu_time_s / plain->cpu_time_s);
-    }
-  }
-  for (const char* name : {"BM_PlanStep/4/128/0/", "BM_PlanStep/4/128/1/"}) {
-    const auto* p = reporter.find(name);
+  const struct {
+    const char* name;
+    const char* what;
+  } runs[] = {{"BM_PlanStep/4/128/0/0/", "default plan"},
+              {"BM_PlanStep/4/128/0/1/", "default plan with clipping (updates after backward)"},
+              {"BM_PlanStep/4/128/1/0/", "default plan with O/LSE kept"}};
+  for (const auto& run : runs) {
+    const auto* p = reporter.find(run.name);
     if (plain != nullptr && p != nullptr) {
-      fmt::print("{} / plain: wall {:.2f}x, CPU {:.2f}x\n", name, p->real_time_s / plain->real_time_s,
-                 p->cpu_time_s / plain->cpu_time_s);
+      fmt::print("threads {}: {} / plain: wall {:.2f}x, process CPU time (all threads) {:.2f}x\n", at::get_num_threads(), run.what,
+                 p->real_time_s / plain->real_time_s, p->cpu_time_s / plain->cpu_time_s);
     }
   }
   benchmark::Shutdown();
