@@ -281,7 +281,10 @@ void read_deepseek_moe(const JsonReader& r, ModelSpec& s) {
   }
   s.first_dense_layers = static_cast<int>(r.integer_or("first_k_dense_replace", 0, 0, s.layers - 1));
   if (s.first_dense_layers > 0) s.dense_layer.dense_intermediate = dim(r, "intermediate_size");
-  m.scoring = r.has("scoring_func") ? r.one_of("scoring_func", {"softmax", "sigmoid"}) : "softmax";
+  // transformers' DeepseekV3Config has no scoring_func (its router is always sigmoid, noaux_tc), so
+  // a config it writes for deepseek_v3 or kimi_k2 leaves it out; DeepSeek-V2's default is softmax.
+  const bool v3 = s.model_type == "deepseek_v3" || starts_with(s.model_type, "kimi") || r.string_or("topk_method", "") == "noaux_tc";
+  m.scoring = r.has("scoring_func") ? r.one_of("scoring_func", {"softmax", "sigmoid"}) : (v3 ? "sigmoid" : "softmax");
   m.groups = dim_or(r, "n_group", 1);
   m.topk_groups = static_cast<int>(r.integer_or("topk_group", 1, 1, m.groups));
   if (m.experts % m.groups != 0) r.fail_value(r.field("n_group"), m.groups, fmt::format("must divide the {} routed experts", m.experts));

@@ -207,6 +207,14 @@ TEST(ModelSpec, DeepSeekV3HasLatentAttentionDenseFirstLayersAndGroupedSigmoidRou
   nlohmann::json j = model_spec_to_hf_config(m);
   j["q_lora_rank"] = nullptr;
   EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", "x").latent_attention.q_lora_rank, 0);
+  // transformers writes DeepSeek-V3 configs without scoring_func: the V3 router is sigmoid.
+  j.erase("scoring_func");
+  j.erase("topk_method");
+  EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", "x").moe.scoring, "sigmoid");
+  j["model_type"] = "deepseek_v2";
+  EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", "x").moe.scoring, "softmax");
+  j["topk_method"] = "noaux_tc";
+  EXPECT_EQ(model_spec_from_hf_config(j, "cfg.json", "x").moe.scoring, "sigmoid");
 }
 
 TEST(ModelSpec, DeepSeekFieldsOutsideTheModelAreRefusedByField) {
