@@ -211,38 +211,30 @@ TEST_P(HfParity, DefaultPlanAndPlanWithEverySplitGradientsEqualTheReference) {
   cfg.model = model_options();
   cfg.max_grad_norm = 0.0;
   f.spec.router_aux_loss_coef = 0.0;  // the graph runner runs the language-model loss alone
-  {  // What `oom train --weights` runs without --plan.
+  // One step of `plan` from the checkpoint: the loss and the gradients the runner sends to the host.
+  const auto check = [&](const Plan& plan, const std::string& what) {
     HostState state(f.spec);
     load_state(f, state);
-    PlanTrainer plan(state, cfg, default_run_plan(f.spec, tokens.size(0), tokens.size(1), 1, "local-cpu"));
+    PlanTrainer trainer(state, cfg, plan);
     std::vector<at::Tensor> got;
-    plan.capture_gradients(&got);
-    const auto st = plan.step(tokens, targets);
-    EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << "default plan";
-    report(f, "default plan loss", st.loss, f.ref("loss"));
+    trainer.capture_gradients(&got);
+    const auto st = trainer.step(tokens, targets);
+    EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << what;
+    report(f, what + " loss", st.loss, f.ref("loss"));
     ASSERT_EQ(got.size(), static_cast<std::size_t>(state.blocks()));
-    expect_grads(f, state, got, g, "default plan");
-  }
-  {
-    HostState state(f.spec);
-    load_state(f, state);
-    Plan p;
-    p.path = ExpertPath::kLocal;
-    p.keep_attention_results = true;
-    p.split = {1, 8, 20, 1};  // head group, GDN chunk, MoE token chunk, sub-batch
-    p.boundaries.host_kept_all = false;
-    p.boundaries.host_kept = {0};
-    p.boundaries.regenerate_cap = 1;
-    p.cpu_grad_slots = 1;
-    PlanTrainer plan(state, cfg, p);
-    std::vector<at::Tensor> got;  // the gradients the runner sends to the host
-    plan.capture_gradients(&got);
-    const auto st = plan.step(tokens, targets);
-    EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << "plan";
-    report(f, "plan loss", st.loss, f.ref("loss"));
-    ASSERT_EQ(got.size(), static_cast<std::size_t>(state.blocks()));
-    expect_grads(f, state, got, g, "plan runtime");
-  }
+    expect_grads(f, state, got, g, what);
+  };
+  // What `oom train --weights` runs without --plan.
+  check(default_run_plan(f.spec, tokens.size(0), tokens.size(1), 1, "local-cpu"), "default plan");
+  Plan p;
+  p.path = ExpertPath::kLocal;
+  p.keep_attention_results = true;
+  p.split = {1, 8, 20, 1};  // head group, GDN chunk, MoE token chunk, sub-batch
+  p.boundaries.host_kept_all = false;
+  p.boundaries.host_kept = {0};
+  p.boundaries.regenerate_cap = 1;
+  p.cpu_grad_slots = 1;
+  check(p, "plan");
 }
 
 // Two ranks (threads) running an EP plan through the graph runner: a replayed and a retained
