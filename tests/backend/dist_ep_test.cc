@@ -797,6 +797,18 @@ TEST(OomTrainRanks, TorchrunLaunchMatchesTheRanksLauncher) {
   EXPECT_EQ(std::count(launched.begin(), launched.end(), '{'), 1) << launched;
 }
 
+// Two launches of one job (rank or node 1 in the background, 0 in front) under a 120 s timeout: the
+// exit status is nonzero when either fails.
+int run_two_launches(const std::string& first, const std::string& second) {
+  const std::string script = second + " & p=$!; " + first + "; s=$?; wait $p; exit $((s | $?))";
+  return std::system(("timeout 120 sh -c '" + script + "'").c_str());
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // A torchrun-style launch without torchrun: two `oom train` processes started here with PyTorch's
 // rank environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) meet
 // through a TCPStore on 127.0.0.1 and run their shares of an EP plan's StepGraph through the graph
@@ -824,12 +836,8 @@ TEST(OomTrainRanks, TorchrunEnvironmentRunsAPlanThroughTheGraphRunner) {
                        "--device cpu --save-weights {4} --json > {5}/out{0} 2> {5}/err{0}",
                        rank, port, OOM_BINARY, o.plan, weights, dir.string());
   };
-  const std::string script = rank_cmd(1) + " & p=$!; " + rank_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
-  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
-  const auto slurp = [&](const std::string& name) {
-    std::ifstream in(dir / name);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
+  const int status = run_two_launches(rank_cmd(0), rank_cmd(1));
+  const auto slurp = [&](const std::string& name) { return read_text(dir / name); };
   ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
   const auto j = nlohmann::json::parse(slurp("out0"));
   EXPECT_TRUE(slurp("out1").empty()) << "rank 1 prints nothing";
@@ -875,12 +883,8 @@ TEST(OomTrainRanks, TwoNodesEachWithItsHostStateRepeatTheOneNodeRun) {
                        "{2}{3} --save-weights {4}/node.safetensors > {4}/out{0} 2> {4}/err{0}",
                        node, port, OOM_BINARY, args, dir.string());
   };
-  const std::string script = node_cmd(1) + " & p=$!; " + node_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
-  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
-  const auto slurp = [&](const std::string& name) {
-    std::ifstream in(dir / name);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
+  const int status = run_two_launches(node_cmd(0), node_cmd(1));
+  const auto slurp = [&](const std::string& name) { return read_text(dir / name); };
   ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
   int one_status = 0;
   const auto one_node = run_capture(std::string(OOM_BINARY) + args + " --ranks 2 --save-weights " + (dir / "one.safetensors").string() +
