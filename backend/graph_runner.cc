@@ -13,7 +13,7 @@
 namespace oom::backend {
 
 StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
-                        const RoutingSpec& routing) {
+                        const RoutingSpec& routing, int nodes) {
   WorkloadContext ctx;
   ctx.workload.model = model.name;
   ctx.workload.hardware = "h100-sxm-node";
@@ -23,6 +23,11 @@ StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
   ctx.workload.routing = routing;
   ctx.model = model;
   ctx.hardware = load_hardware_spec(ctx.workload.hardware);
+  if (nodes > 1) {
+    ctx.workload.nodes = nodes;
+    ctx.workload.gpus_per_node = ranks / nodes;
+    ctx.hardware = with_gpus_per_node(with_nodes(std::move(ctx.hardware), nodes, "", "nodes"), ranks / nodes, "", "gpus_per_node");
+  }
   return lower(plan, ctx);
 }
 

@@ -82,9 +82,10 @@ namespace oom::backend {
 // or test model needs no config file) and a node spec whose structure is the lowering's (its
 // timings are not used). Preconditions: check_plan_for_run() accepted the plan.
 // `routing` is the workload's routing model, which places PipelinedLLEP's fetched experts
-// (GraphRunner::routing()).
+// (GraphRunner::routing()). Over `nodes` > 1 nodes (torchrun's --nnodes) the ranks fill
+// ranks / nodes GPUs of each node, and each node's host work runs on its own sockets.
 StepGraph lower_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks = 1,
-                        const RoutingSpec& routing = {});
+                        const RoutingSpec& routing = {}, int nodes = 1);
 
 class GraphRunner {
  public:

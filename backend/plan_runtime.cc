@@ -94,13 +94,14 @@ struct PlanTrainer::Impl {
   const ModelSpec& spec;
   Plan plan;
   int ranks = 1;
+  int nodes = 1;
   GraphRunner runner;
   std::pair<std::int64_t, std::int64_t> shape{-1, -1};
   RoutingSpec routing;  // PipelinedLLEP's placement of fetched experts (GraphRunner::routing())
   StepGraph graph;      // lowered for `shape` and `routing`
 
-  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
-      : spec(s.spec()), plan(p), ranks(g ? g->size() : 1), runner(s, c, std::move(p), d, g) {}
+  Impl(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g, int n)
+      : spec(s.spec()), plan(p), ranks(g ? g->size() : 1), nodes(n), runner(s, c, std::move(p), d, g) {}
 
   StepStats step(const at::Tensor& tokens, const at::Tensor& targets) {
     if (tokens.dim() != 2 || !targets.sizes().equals(tokens.sizes())) {
@@ -110,15 +111,15 @@ struct PlanTrainer::Impl {
     if (now != shape) check_plan_for_run(plan, spec, now.first, now.second, ranks, "plan");
     if (now != shape || runner.routing() != routing) {
       routing = runner.routing();
-      graph = lower_for_run(plan, spec, now.first, now.second, ranks, routing);
+      graph = lower_for_run(plan, spec, now.first, now.second, ranks, routing, nodes);
       shape = now;
     }
     return runner.run(graph, tokens, targets);
   }
 };
 
-PlanTrainer::PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device, RankGroup* group)
-    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device, group)) {}
+PlanTrainer::PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device, RankGroup* group, int nodes)
+    : impl_(std::make_unique<Impl>(state, config, std::move(plan), device, group, nodes)) {}
 PlanTrainer::~PlanTrainer() = default;
 StepStats PlanTrainer::step(const at::Tensor& tokens, const at::Tensor& targets) { return impl_->step(tokens, targets); }
 void PlanTrainer::set_lr(double lr) { impl_->runner.set_lr(lr); }

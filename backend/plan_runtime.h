@@ -87,7 +87,9 @@ class PlanTrainer {
   // batches step() will see (step() re-checks their shape and throws InputError otherwise). With a
   // `group` of P ranks this process runs rank group->rank()'s share of an EP plan's graph for P
   // GPUs; `state` is then the host state the ranks share (share_host_state, backend/shared_state.h).
-  PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU, RankGroup* group = nullptr);
+  // Over `nodes` nodes (torchrun's --nnodes) the graph places P / nodes ranks on each node.
+  PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU, RankGroup* group = nullptr,
+              int nodes = 1);
   ~PlanTrainer();
   PlanTrainer(const PlanTrainer&) = delete;
   PlanTrainer& operator=(const PlanTrainer&) = delete;

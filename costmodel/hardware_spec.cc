@@ -242,6 +242,25 @@ HardwareSpec with_nodes(HardwareSpec h, int nodes, const std::string& file, cons
   return h;
 }
 
+HardwareSpec with_gpus_per_node(HardwareSpec h, int gpus, const std::string& file, const std::string& field) {
+  if (gpus < 1 || gpus > h.gpus_per_node) {
+    throw InputError(file, field, std::to_string(gpus), fmt::format("must be 1 to the {} GPUs of a {} node", h.gpus_per_node, h.name));
+  }
+  if (gpus == h.gpus_per_node) return h;
+  // The node's first GPUs (torchrun's LOCAL_RANK 0 to gpus − 1 on CUDA devices 0 to gpus − 1): their
+  // sockets and their switches as the full node has them; a switch with fewer of them in use is
+  // shared by fewer.
+  const int per_switch = std::min(h.pcie.gpus_per_switch, gpus);
+  if (gpus % per_switch != 0) {
+    throw InputError(file, field, std::to_string(gpus),
+                     fmt::format("must fill whole PCIe switches of {} GPUs on a {} node", h.pcie.gpus_per_switch, h.name));
+  }
+  h.gpus_per_node = gpus;
+  h.pcie.gpus_per_switch = per_switch;
+  h.gpu_numa.resize(static_cast<std::size_t>(gpus));
+  return h;
+}
+
 nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   nlohmann::json j;
   j["name"] = h.name;

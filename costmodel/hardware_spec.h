@@ -168,6 +168,11 @@ HardwareSpec load_hardware_spec(const std::string& name_or_path);
 // workload's "nodes"). Throws InputError naming `file` and `field` when nodes > 1 and the spec has
 // no network (network.nic).
 HardwareSpec with_nodes(HardwareSpec h, int nodes, const std::string& file, const std::string& field);
+// `h` with only the first `gpus` GPUs of each node in use (a workload's "gpus_per_node", e.g.
+// torchrun's --nproc-per-node below a node's GPUs): ranks fill `gpus` per node, node after node.
+// Throws InputError naming `file` and `field` unless 1 ≤ gpus ≤ the node's GPUs and the GPUs fill
+// whole PCIe switches.
+HardwareSpec with_gpus_per_node(HardwareSpec h, int gpus, const std::string& file, const std::string& field);
 // Field paths of the numeric fields that the "sources" object must name.
 std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h);
 

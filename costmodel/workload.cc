@@ -47,7 +47,7 @@ Bytes node_host_bytes(const HardwareSpec& h) {
 Workload workload_from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
   const JsonReader r(j, file, path);
   r.reject_unknown_keys({"model", "hardware", "gpus", "global_batch", "seq_len", "gpu_budget_gib",
-                         "host_budget_gib", "yarn_factor", "routing", "nodes"});
+                         "host_budget_gib", "yarn_factor", "routing", "nodes", "gpus_per_node"});
   Workload w;
   w.model = r.string("model");
   w.hardware = r.string("hardware");
@@ -58,6 +58,7 @@ Workload workload_from_json(const nlohmann::json& j, const std::string& file, co
   w.host_budget_gib = r.optional_number("host_budget_gib", 0.001, 1e9);
   w.yarn_factor = r.number_or("yarn_factor", 1.0, 1.0, 1024.0);
   if (const auto n = r.optional_integer("nodes", 1, kMaxNodes)) w.nodes = static_cast<int>(*n);
+  if (const auto g = r.optional_integer("gpus_per_node", 1, kMaxGpusPerNode)) w.gpus_per_node = static_cast<int>(*g);
   if (r.has("routing")) w.routing = routing_from_json(r.object("routing").raw(), file, r.field("routing"));
   if (w.global_batch % w.gpus != 0 && w.gpus % w.global_batch != 0) {
     r.fail("global_batch", fmt::format("must be a multiple of gpus = {} (whole sequences per GPU) or divide it (each "
@@ -77,6 +78,7 @@ nlohmann::json workload_to_json(const Workload& w) {
   j["yarn_factor"] = w.yarn_factor;
   if (!w.routing.uniform()) j["routing"] = routing_to_json(w.routing);
   if (w.nodes) j["nodes"] = *w.nodes;
+  if (w.gpus_per_node) j["gpus_per_node"] = *w.gpus_per_node;
   return j;
 }
 
@@ -135,6 +137,7 @@ WorkloadContext resolve_workload(const Workload& w, const std::string& file) {
   c.model = load_model_spec(w.model);
   c.hardware = load_hardware_spec(w.hardware);
   if (w.nodes) c.hardware = with_nodes(std::move(c.hardware), *w.nodes, file, r.field("nodes"));
+  if (w.gpus_per_node) c.hardware = with_gpus_per_node(std::move(c.hardware), *w.gpus_per_node, file, r.field("gpus_per_node"));
   if (w.gpus > c.hardware.total_gpus()) {
     r.fail("gpus", fmt::format("hardware {} has {} GPUs", c.hardware.name, c.hardware.total_gpus()));
   }

@@ -31,6 +31,8 @@ struct Workload {
   std::optional<double> host_budget_gib;  // per node (split over its NUMA nodes by capacity)
   // Nodes of the hardware's node spec (its network joins them); unset: the hardware's own count.
   std::optional<int> nodes;
+  // GPUs in use per node, the node's first ones (torchrun's --nproc-per-node); unset: all of them.
+  std::optional<int> gpus_per_node;
   double yarn_factor = 1.0;               // context extension factor over max_position_embeddings
   RoutingSpec routing;                    // how tokens spread over experts (default: uniform)
 
@@ -66,7 +68,8 @@ struct WorkloadContext {
   std::vector<Bytes> host_budget_bytes_per_numa() const;
 };
 
-// Loads the model and hardware the workload names (repeated over `nodes` when set) and checks:
+// Loads the model and hardware the workload names (repeated over `nodes` when set, `gpus_per_node`
+// of each node in use when set) and checks:
 // gpus ≤ GPUs of the hardware, budgets within its capacity (check_budgets, costmodel/input_limits.h),
 // global_batch a multiple of gpus or dividing it (then seq_len a multiple of gpus / global_batch), seq_len ≤ max_position_embeddings · yarn_factor.
 // Errors name `file` and the workload field (model, hardware, gpus, ...).

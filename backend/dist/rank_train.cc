@@ -8,6 +8,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -274,6 +275,7 @@ struct RankPlan {
   Plan plan;
   std::string shared_state;
   std::string trace;
+  bool gather_trace = false;  // every rank's trace goes to rank 0, which writes `trace` merged (torchrun)
   bool node_leader = false;  // makes its node's state file (the first rank of its node)
   int nodes = 1;             // > 1: NodeStateSync keeps the nodes' states equal
 };
@@ -281,6 +283,25 @@ struct RankPlan {
 // The body every rank runs, however it was started: data, state (seeded, weights, or resumed),
 // the communicator, the trainer, checkpoints and weights (rank 0 writes them). `on_step` is called
 // on rank 0 after every step.
+// Every rank's `mine` at rank 0, merged into one trace (merge_rank_traces) and written to `path`;
+// a collective over the process group, so ranks on other nodes need no shared folder.
+void gather_traces(Communicator& comm, const Trace& mine, const std::string& path) {
+  const std::string text = trace_to_json(mine).dump();
+  const at::Tensor lengths = comm.all_gather_counts({static_cast<std::int64_t>(text.size())});
+  const std::int64_t longest = lengths.max().item<std::int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  const at::Tensor all = comm.all_gather(bytes.to(comm.device())).to(at::kCPU).contiguous();  // [ranks × longest]
+  if (comm.rank() != 0) return;
+  std::vector<Trace> ranks;
+  for (int k = 0; k < comm.size(); ++k) {
+    const char* at = reinterpret_cast<const char*>(all.data_ptr<std::uint8_t>()) + static_cast<std::ptrdiff_t>(k) * longest;
+    const std::string from = fmt::format("rank {}'s trace", k);
+    ranks.push_back(trace_from_json(nlohmann::json::parse(at, at + lengths[k][0].item<std::int64_t>()), from));
+  }
+  write_file_atomically(path, with_oom_version(trace_to_chrome_json(merge_rank_traces(ranks))).dump() + "\n");
+}
+
 // Each entry's most over the ranks (a collective: every rank calls it with as many entries).
 std::vector<std::int64_t> most_on_any_rank(RankGroup& comm, const std::vector<std::int64_t>& mine) {
   const at::Tensor all = comm.all_gather_counts(mine);  // [ranks, entries]
@@ -336,7 +357,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   // before the runner: its weight window allocates the device's slots.
   const bool measured = o.device_memory && comm.device().is_cpu();
   const device_memory::Emulation emulation(measured);
-  const auto planned = std::make_unique<PlanTrainer>(state, cfg, rp.plan, comm.device(), &comm);
+  const auto planned = std::make_unique<PlanTrainer>(state, cfg, rp.plan, comm.device(), &comm, rp.nodes);
   std::optional<NodeStateSync> nodes;
   if (rp.nodes > 1) nodes.emplace(state, comm, comm.device(), rp.node_leader);
 
@@ -402,7 +423,11 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   run.last_step = state.step;
   run.dispatch_rows = planned->last_dispatch();
   if (!rp.trace.empty() && o.steps > 0) {
-    write_file_atomically(fmt::format("{}.rank{}.json", rp.trace, rank), trace_to_json(planned->last_trace()).dump());
+    if (rp.gather_trace) {
+      gather_traces(comm, planned->last_trace(), rp.trace);  // collective
+    } else {
+      write_file_atomically(fmt::format("{}.rank{}.json", rp.trace, rank), trace_to_json(planned->last_trace()).dump());
+    }
   }
   run.backend = comm.backend();
   if (measured) {
@@ -549,9 +574,6 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
     throw InputError("", "LOCAL_WORLD_SIZE", std::to_string(env.local_world_size),
                      fmt::format("must divide WORLD_SIZE {} (every node runs as many ranks)", env.world_size));
   }
-  if (!o_in.trace.empty()) {
-    throw InputError("", "--trace", o_in.trace, "under torchrun the ranks record no trace (oom train --ranks P does)");
-  }
   if (o_in.device_memory) {
     throw InputError("", "--device-memory", "true", "under torchrun the ranks measure no device memory (oom train --ranks P does)");
   }
@@ -571,6 +593,8 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
                                       tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
   rp.node_leader = env.local_rank == 0;
   rp.nodes = env.world_size / env.local_world_size;
+  rp.trace = o.trace;
+  rp.gather_trace = true;
   const RankRun run = run_rank(o, r, env.rank, co, on_step, rp);
   RanksResult out;
   out.train.losses = run.losses;

@@ -769,14 +769,18 @@ nlohmann::json last_json_line(const std::string& out) {
 // processes, which read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and meet
 // through c10d's TCPStore. Rank 0 alone prints; its losses equal `oom train --ranks 2` loss for
 // loss (the same arithmetic: bit-equal is not required, 1e-6 relative is).
+// Whether the virtual environment's torchrun is there; under CI=true its absence is a failure.
+bool have_torchrun() {
+  if (fs::exists(OOM_TORCHRUN)) return true;
+  if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
+    ADD_FAILURE() << "torchrun not found at " << OOM_TORCHRUN << " (scripts/install-deps.sh installs torch into .venv)";
+  }
+  return false;
+}
+
 TEST(OomTrainRanks, TorchrunLaunchMatchesTheRanksLauncher) {
   const std::string torchrun = OOM_TORCHRUN;
-  if (!fs::exists(torchrun)) {
-    if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
-      FAIL() << "torchrun not found at " << torchrun << " (scripts/install-deps.sh installs torch into .venv)";
-    }
-    GTEST_SKIP() << "torchrun not found at " << torchrun;
-  }
+  if (!have_torchrun()) GTEST_SKIP() << "torchrun not found at " << torchrun;
   const std::string args = " train --model tiny-moe --steps 4 --seq 16 --batch 4 --json";
   int status = 0;
   const auto launched = run_capture(torchrun + " --standalone --nnodes 1 --nproc-per-node 2 --no-python " +
@@ -898,6 +902,67 @@ TEST(OomTrainRanks, TwoNodesEachWithItsHostStateRepeatTheOneNodeRun) {
   two.load_safetensors((dir / "node.safetensors").string());
   one.load_safetensors((dir / "one.safetensors").string());
   for (int blk = 0; blk < one.blocks(); ++blk) EXPECT_TRUE(at::equal(two.master(blk), one.master(blk))) << "block " << blk;
+  fs::remove_all(dir);
+}
+
+// `torchrun --nnodes 2 --nproc-per-node 2`, launched once per node as on two machines (each node
+// its own host state file): the four ranks repeat `oom train --ranks 4` (one node, one state) loss
+// for loss and weight for weight, bit for bit, and rank 0 gathers every rank's last step into one
+// trace. The runner lowered the graph for two nodes of two GPUs, so `oom diff` holds that trace
+// against `oom simulate` of the same workload on two HGX H100 nodes with two GPUs each: no stage
+// on one side only, every rank's stages there; and the ranks dispatched, kind by kind, the
+// operators the one-node run dispatches.
+TEST(OomTrainRanks, TwoTorchrunNodesOfTwoRanksRepeatOneNodeAndTraceAsPredicted) {
+  if (!have_torchrun()) GTEST_SKIP() << "torchrun not found at " << OOM_TORCHRUN;
+  const auto dir = scratch("torchrun-2x2");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const std::string args = " train --model tiny-moe --plan " + plan + " --steps 2 --seq 16 --batch 4 --lr 3e-3 --device cpu --json";
+  const int port = 20000 + static_cast<int>((getpid() + 4241) % 20000);
+  const auto node_cmd = [&](int node) {
+    return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python "
+                       "{3}{4} --trace {5}/measured.json --save-weights {5}/nodes.safetensors > {5}/out{1} 2> {5}/err{1}",
+                       OOM_TORCHRUN, node, port, OOM_BINARY, args, dir.string());
+  };
+  const int status = run_two_launches(node_cmd(0), node_cmd(1));
+  const auto slurp = [&](const std::string& name) { return read_text(dir / name); };
+  ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
+  int one_status = 0;
+  const auto one_node = run_capture(std::string(OOM_BINARY) + args + " --ranks 4 --save-weights " + (dir / "one.safetensors").string() +
+                                        " --trace " + (dir / "one-node.json").string() + " 2>/dev/null", one_status);
+  ASSERT_EQ(one_status, 0) << one_node;
+  const auto a = last_json_line(slurp("out0")), b = last_json_line(one_node);
+  EXPECT_EQ(a["ranks"], 4);
+  EXPECT_EQ(a["losses"], b["losses"]);
+  EXPECT_EQ(a["grad_norms"], b["grad_norms"]);
+  EXPECT_TRUE(slurp("out1").empty()) << "node 1 prints nothing";
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState nodes(spec), one(spec);
+  nodes.load_safetensors((dir / "nodes.safetensors").string());
+  one.load_safetensors((dir / "one.safetensors").string());
+  for (int blk = 0; blk < one.blocks(); ++blk) EXPECT_TRUE(at::equal(nodes.master(blk), one.master(blk))) << "block " << blk;
+
+  const auto workload = (dir / "workload.json").string();
+  std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "nodes": 2, "gpus_per_node": 2, "gpus": 4,
+                                 "global_batch": 4, "seq_len": 16})";
+  std::ostringstream sout, serr;
+  ASSERT_EQ(cli::run({"simulate", "--workload", workload, "--plan", plan, "--every-rank", "--trace", (dir / "predicted.json").string()},
+                     {sout, serr}), 0) << serr.str();
+  const auto diff = [&](const std::string& predicted, const std::string& measured) {
+    std::ostringstream dout, derr;
+    EXPECT_EQ(cli::run({"diff", (dir / predicted).string(), (dir / measured).string(), "--json"}, {dout, derr}), 0) << derr.str();
+    return nlohmann::json::parse(dout.str());
+  };
+  const auto d = diff("predicted.json", "measured.json");
+  EXPECT_EQ(d["only_measured"], 0);
+  EXPECT_EQ(d["only_predicted"], 0);
+  std::set<int> ranks;
+  for (const auto& st : d["stages"]) {
+    if (const auto k = parse_stage_key(st["name"].get<std::string>())) ranks.insert(k->rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  const auto same = diff("one-node.json", "measured.json");
+  ASSERT_FALSE(same["kinds"].empty());
+  for (const auto& k : same["kinds"]) EXPECT_EQ(k.value("measured_ops", 0), k.value("predicted_ops", 0)) << k["name"];
   fs::remove_all(dir);
 }
 

@@ -1,5 +1,6 @@
 // HardwareSpec: shipped node configs load, every number names its source, rank placement.
 #include "costmodel/hardware_spec.h"
+#include "costmodel/workload.h"
 
 #include <gtest/gtest.h>
 
@@ -146,6 +147,47 @@ TEST(HardwareSpec, NodesOverrideNeedsANetwork) {
     FAIL();
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()), "w.json: field 'nodes': value 2: hardware rtx4090-node has no network (network.nic) to join 2 nodes");
+  }
+}
+
+// torchrun's --nproc-per-node 2 on an HGX H100 node runs on CUDA devices 0 and 1: both on socket 0,
+// behind one PCIe switch; two such nodes hold four ranks, two on each node's socket 0.
+TEST(HardwareSpec, GpusPerNodeKeepsEachNodesFirstGpus) {
+  const HardwareSpec full = with_nodes(load_hardware_spec("h100-sxm-node"), 2, "w.json", "nodes");
+  const HardwareSpec h = with_gpus_per_node(full, 2, "w.json", "gpus_per_node");
+  EXPECT_EQ(h.gpus_per_node, 2);
+  EXPECT_EQ(h.total_gpus(), 4);
+  EXPECT_EQ(h.gpu_numa, (std::vector<int>{0, 0}));
+  EXPECT_EQ(h.pcie.gpus_per_switch, 2);
+  EXPECT_EQ(h.nodes_used(4), 2);
+  EXPECT_EQ(h.ranks_per_numa(4), (std::vector<int>{2, 0, 2, 0}));
+  EXPECT_EQ(h.numa_of_rank(3, 4), 2);  // node 1's socket 0
+  EXPECT_EQ(with_gpus_per_node(full, 1, "w.json", "gpus_per_node").pcie.gpus_per_switch, 1);
+  EXPECT_EQ(with_gpus_per_node(full, 8, "w.json", "gpus_per_node"), full);
+  const auto error = [&](int gpus) {
+    try {
+      with_gpus_per_node(full, gpus, "w.json", "gpus_per_node");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(9), "w.json: field 'gpus_per_node': value 9: must be 1 to the 8 GPUs of a h100-sxm-node node");
+  EXPECT_EQ(error(3), "w.json: field 'gpus_per_node': value 3: must fill whole PCIe switches of 2 GPUs on a h100-sxm-node node");
+  Workload w;
+  w.model = "qwen3.6-35b-a3b";
+  w.hardware = "h100-sxm-node";
+  w.gpus = 6;
+  w.global_batch = 6;
+  w.seq_len = 4096;
+  w.nodes = 2;
+  w.gpus_per_node = 2;
+  EXPECT_EQ(workload_from_json(workload_to_json(w), "w.json"), w);
+  try {
+    resolve_workload(w, "w.json");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "w.json: field 'gpus': value 6: hardware h100-sxm-node has 4 GPUs");
   }
 }
 
