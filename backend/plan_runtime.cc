@@ -34,10 +34,6 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
                      "this runtime runs whole sequences per rank; splitting a sequence over GPUs (ring attention) is simulated only");
   }
   check_plan_shape(plan, model, batch, seq, ranks, file);
-  if (model.router_aux_loss_coef > 0) {
-    throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
-                     "the graph runner trains without the load-balancing loss (oom train --reference adds it)");
-  }
   if (plan.flat.ring_dtp(ranks) && model.tied_embeddings) {
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
