@@ -43,10 +43,6 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
                      fmt::format("this runtime runs one EP group of all {} ranks; groups that replicate expert shards are simulated only",
                                  ranks));
   }
-  if (ranks > 1 && model.first_dense_layers > 0) {
-    throw InputError(model.name, "first_k_dense_replace", std::to_string(model.first_dense_layers),
-                     "the multi-rank plan runtime runs MoE decoders only; a model with dense first layers trains on one rank");
-  }
   if (ranks != 1 && plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));
   }

@@ -143,7 +143,9 @@ void Runner::router_shared_bwd(const Stage& st_, Pass& p) {
   const auto tokens = chunk_tokens(s, st_.key);
   const auto dyc = rows(p.dy, s, tokens);
   auto dh = s.dh.reshape({-1, s.dh.size(-1)}).narrow(0, tokens.first, tokens.second);
-  if (dist()) {
+  // Over ranks a dense decoder (DeepSeek's first ones) sends nothing: its MLP is data-parallel,
+  // each rank's on its own rows, as on one rank.
+  if (dist() && spec.moe_layer(p.l)) {
     // The combination (residual, shared expert, dense MLP), then the experts' input: the
     // gradient its rows got back from their owners plus what the router and the dense branch
     // gave the normalized input. Outside Gemma 4 the combination is a sum: each branch gets the

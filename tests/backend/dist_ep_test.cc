@@ -155,10 +155,10 @@ void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::
   testing::record_drift(tag + " params max", worst_max);
   testing::record_drift(tag + " params l2", worst_l2);
   {
-    // One dispatch per routing round of every decoder's forward (local tokens per round: the plan's).
+    // One dispatch per routing round of every MoE decoder's forward (local tokens per round: the plan's).
     const std::int64_t chunk = ranks_plan(o, r.ranks, "local-cpu").routing_chunk_tokens, local = o.batch / r.ranks * o.seq;
     const auto chunks_per_layer = static_cast<std::size_t>((local + chunk - 1) / chunk);
-    EXPECT_EQ(got.last_dispatch_rows.size(), chunks_per_layer * static_cast<std::size_t>(load_model_spec(o.model).layers));
+    EXPECT_EQ(got.last_dispatch_rows.size(), chunks_per_layer * static_cast<std::size_t>(load_model_spec(o.model).moe_layers()));
     EXPECT_TRUE(uneven(got.last_dispatch_rows)) << tag << ": every dispatch split was even";
   }
   fs::remove_all(dir);
@@ -695,6 +695,19 @@ nlohmann::json tiny_moe_with_load_balancing() {
   return config;
 }
 
+// A tiny DeepSeek-V3-style model: latent attention with the query latent, one dense first decoder,
+// sigmoid routing with the selection bias over 4 groups of 2 experts (top 2 groups, top-3 experts),
+// two shared experts, routed_scaling_factor.
+nlohmann::json tiny_deepseek() {
+  return {{"model_type", "deepseek_v3"}, {"vocab_size", 256}, {"hidden_size", 64}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 4}, {"num_hidden_layers", 3}, {"q_lora_rank", 32}, {"kv_lora_rank", 24},
+          {"qk_rope_head_dim", 8}, {"qk_nope_head_dim", 16}, {"v_head_dim", 12}, {"n_routed_experts", 8}, {"n_group", 4},
+          {"topk_group", 2}, {"num_experts_per_tok", 3}, {"moe_intermediate_size", 16}, {"n_shared_experts", 2},
+          {"intermediate_size", 48}, {"first_k_dense_replace", 1}, {"routed_scaling_factor", 2.5}, {"norm_topk_prob", true},
+          {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false},
+          {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
+}
+
 ModelSpec spec_of(const nlohmann::json& config, const std::string& name) { return model_spec_from_hf_config(config, name + ".json", name); }
 
 // One EP step over two ranks (threads) against autograd over the whole model: each rank's loss,
@@ -760,17 +773,40 @@ TEST(TrainRanks, LoadBalancingLossOverTwoRanksEqualsAutograd) {
   std::cout << "load-balancing gradient share over two ranks: worst " << worst << " relative\n";
 }
 
+// DeepSeek-V3-style over two ranks: the dense first decoder is data-parallel (each rank its
+// sequences, its MLP's gradient summed over the ranks like the attention's), the MoE decoders run
+// the EP dispatch; the dense decoder retained and a MoE one replayed, then the dense decoder
+// replayed with kept O/LSE in query-head groups of the latent attention.
+TEST(TrainRanks, DenseFirstDecoderOverTwoRanksEqualsAutograd) {
+  Plan plan;
+  plan.path = ExpertPath::kEp;
+  plan.routing_chunk_tokens = 12;
+  plan.moe_retained_layers = {0, 2};
+  plan.cpu_grad_slots = 1;
+  const ModelSpec spec = spec_of(tiny_deepseek(), "tiny-deepseek");
+  ASSERT_EQ(spec.first_dense_layers, 1);
+  expect_two_rank_step_equals_autograd(spec, plan, "deepseek-ep2");
+  plan.moe_retained_layers = {1};
+  plan.keep_attention_results = true;
+  plan.split.attention_head_group = 1;
+  expect_two_rank_step_equals_autograd(spec, plan, "deepseek-ep2-replayed");
+}
+
 // Rank processes (`oom train --ranks 2`) against the plain trainer over two steps: tiny-moe with
-// the load-balancing loss, given as a config file.
-TEST(TrainRanks, LoadBalancingLossOverTwoRanksMatchesPlainTrainer) {
-  const auto dir = scratch("lb");
+// the load-balancing loss, and the DeepSeek-V3-style model with its dense first decoder, each
+// given as a config file.
+TEST(TrainRanks, LoadBalancingLossAndDenseFirstDecoderOverTwoRanksMatchPlainTrainer) {
+  const auto dir = scratch("lb-dense");
   RanksOptions r;
   r.ranks = 2;
-  const auto path = (dir / "tiny-moe-lb.json").string();
-  std::ofstream(path) << tiny_moe_with_load_balancing().dump(2);
-  auto o = small_run(path.c_str(), 4);
-  o.plan = write_plan(dir, "plan.json", {{"routing_chunk_tokens", 12}, {"moe_retained_layers", {1}}});
-  expect_ranks_match_plain(o, r, "tiny-moe-lb-ep2");
+  for (const auto& [name, config] : {std::pair{std::string("tiny-moe-lb"), tiny_moe_with_load_balancing()},
+                                     std::pair{std::string("tiny-deepseek"), tiny_deepseek()}}) {
+    const auto path = (dir / (name + ".json")).string();
+    std::ofstream(path) << config.dump(2);
+    auto o = small_run(path.c_str(), 4);
+    o.plan = write_plan(dir, name + "-plan.json", {{"routing_chunk_tokens", 12}, {"moe_retained_layers", {1}}});
+    expect_ranks_match_plain(o, r, name + "-ep2");
+  }
   fs::remove_all(dir);
 }
 

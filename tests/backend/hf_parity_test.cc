@@ -243,8 +243,9 @@ TEST_P(HfParity, DefaultPlanAndPlanWithEverySplitGradientsEqualTheReference) {
 }
 
 // Two ranks (threads) running an EP plan through the graph runner: a replayed and a retained
-// decoder, routing rounds of 10 tokens and one host gradient buffer per kind. Not for DeepSeek-V3
-// (its dense first layers run on one host only: check_plan_for_run refuses more ranks).
+// decoder, routing rounds of 10 tokens and one host gradient buffer per kind. DeepSeek-V3's dense
+// first decoder is data-parallel over the ranks (and retained here: decoder 1 is its first MoE one,
+// decoder 0 the dense one).
 using HfParityEp = HfParity;
 TEST_P(HfParityEp, EpPlanOverTwoRanksGradientsEqualTheReference) {
   const Fixture f = load_fixture(GetParam());
@@ -256,7 +257,7 @@ TEST_P(HfParityEp, EpPlanOverTwoRanksGradientsEqualTheReference) {
   Plan plan;
   plan.path = ExpertPath::kEp;
   plan.routing_chunk_tokens = 10;
-  plan.moe_retained_layers = {1};
+  plan.moe_retained_layers = f.spec.first_dense_layers > 0 ? std::vector<int>{0, 1} : std::vector<int>{1};
   plan.cpu_grad_slots = 1;
   const auto dir = fs::temp_directory_path() / ("oom_hf_ep_" + GetParam() + "_" + std::to_string(::getpid()));
   const auto run = testing::ep_step_in_threads(init, f.reference.at("tokens"), f.reference.at("targets"), cfg, plan, 2,
@@ -317,7 +318,7 @@ INSTANTIATE_TEST_SUITE_P(Architectures, HfParity,
                                            "gemma4", "deepseek_v3", "deepseek_v3_yarn"));
 INSTANTIATE_TEST_SUITE_P(Architectures, HfParityEp,
                          ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3_moe", "mixtral", "qwen3_moe_yarn",
-                                           "gemma4"));
+                                           "gemma4", "deepseek_v3", "deepseek_v3_yarn"));
 
 }  // namespace
 }  // namespace oom::backend
