@@ -34,10 +34,6 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
                      "this runtime runs whole sequences per rank; splitting a sequence over GPUs (ring attention) is simulated only");
   }
   check_plan_shape(plan, model, batch, seq, ranks, file);
-  if (model.router_aux_loss_coef > 0) {
-    throw InputError(model.name, "router_aux_loss_coef", fmt::format("{}", model.router_aux_loss_coef),
-                     "the graph runner trains without the load-balancing loss (oom train --reference adds it)");
-  }
   if (plan.flat.ring_dtp(ranks) && model.tied_embeddings) {
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
@@ -46,10 +42,6 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(file, "ep_group_gpus", std::to_string(plan.ep_group_gpus),
                      fmt::format("this runtime runs one EP group of all {} ranks; groups that replicate expert shards are simulated only",
                                  ranks));
-  }
-  if (ranks > 1 && model.first_dense_layers > 0) {
-    throw InputError(model.name, "first_k_dense_replace", std::to_string(model.first_dense_layers),
-                     "the multi-rank plan runtime runs MoE decoders only; a model with dense first layers trains on one rank");
   }
   if (ranks != 1 && plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));

@@ -64,8 +64,8 @@ void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t bat
 
 // Checks, before any work, that `plan` can run on `model` with batch × seq tokens per step on
 // `ranks` ranks: validate_plan() (layer indices, partitions that divide, path-specific fields),
-// then this runtime's own rules: the Local path on one rank, dense first layers
-// (first_k_dense_replace, named on the model) on one rank only,
+// then this runtime's own rules: the Local path on one rank, Ring-DTP only on an LM head
+// that is not tied to the embedding,
 // a GDN chunk that divides the sequence, a MoE chunk within the tokens of a sub-batch. Throws one
 // InputError naming `file` (or the model) and the field.
 void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,

@@ -106,7 +106,8 @@ void Runner::release_expert_gradient(int l) {
 
 // The host gradients a CPU update reads, with the ranges each covers; taken from host_grad (the
 // update owns them until it is done). A decoder's EP update reads its common part and, when
-// streamed, its own experts, which were sent apart; a bucket's update reads that bucket.
+// streamed, its own experts, which were sent apart (a dense decoder has none to send); a
+// bucket's update reads that bucket.
 std::vector<std::pair<Ranges, at::Tensor>> Runner::take_host_gradients(StagePart part, int layer, int bucket) {
   std::vector<std::pair<Ranges, at::Tensor>> out;
   const auto take = [&](StagePart from) {
@@ -117,7 +118,7 @@ std::vector<std::pair<Ranges, at::Tensor>> Runner::take_host_gradients(StagePart
   };
   if (part == StagePart::kLayer && ep() && bucket < 0) {
     take(StagePart::kCommon);
-    if (!plan.is_resident(layer)) take(StagePart::kExperts);
+    if (!plan.is_resident(layer) && spec.moe_layer(layer)) take(StagePart::kExperts);
   } else {
     take(part);
   }

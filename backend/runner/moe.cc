@@ -24,6 +24,7 @@ void Runner::router_shared(const Stage& st_, Pass& p) {
     c.in = ffn_inputs(c.hc, p.w, spec);
     c.r = route_layer(c.in.router, p.w, spec);
     c.d = plan_ops::dense_terms(c.in.dense, p.w, spec);
+    count_routing(c, p);
     return;
   }
   // Router, experts and dense MLP read one normalized input, except Gemma 4's (its router reads
@@ -34,6 +35,7 @@ void Runner::router_shared(const Stage& st_, Pass& p) {
   c.xn_l = leaf(c.in.experts);
   c.r = route_layer(one_input ? c.xn_l : c.in.router, p.w, spec);
   c.d = plan_ops::dense_terms(one_input ? c.xn_l : c.in.dense, p.w, spec);
+  count_routing(c, p);
   if (p.kind == PassKind::kBackward) keep_dense_graphs(c);
 }
 
@@ -126,12 +128,12 @@ void Runner::experts_bwd(const Stage& st_, Pass& p) {
   }
   const auto dyc = rows(p.dy, s, chunk_tokens(s, st_.key));
   if (!spec.gemma4()) {
-    c.routed.backward(dyc);
+    routed_backward(c, p, dyc);
     return;
   }
   // Gemma 4 combines the branches through norms: the routed branch's output gradient first, then
   // its backward.
-  c.routed.backward(routed_gradient(c, p, dyc));
+  routed_backward(c, p, routed_gradient(c, p, dyc));
   c.in.experts.backward(c.xn_l.grad());
 }
 
@@ -141,7 +143,9 @@ void Runner::router_shared_bwd(const Stage& st_, Pass& p) {
   const auto tokens = chunk_tokens(s, st_.key);
   const auto dyc = rows(p.dy, s, tokens);
   auto dh = s.dh.reshape({-1, s.dh.size(-1)}).narrow(0, tokens.first, tokens.second);
-  if (dist()) {
+  // Over ranks a dense decoder (DeepSeek's first ones) sends nothing: its MLP is data-parallel,
+  // each rank's on its own rows, as on one rank.
+  if (dist() && spec.moe_layer(p.l)) {
     // The combination (residual, shared expert, dense MLP), then the experts' input: the
     // gradient its rows got back from their owners plus what the router and the dense branch
     // gave the normalized input. Outside Gemma 4 the combination is a sum: each branch gets the
@@ -293,7 +297,7 @@ void Runner::a2a_grad_dispatch(const Stage& st_, Pass& p) {
   // The routed branch's output gradient through the combination (outside Gemma 4 a sum: the
   // output's), then through the weighted sum: the returned rows' gradients (and the routing
   // weights').
-  c.routed.backward(spec.gemma4() ? routed_gradient(c, p, dyc) : dyc);
+  routed_backward(c, p, spec.gemma4() ? routed_gradient(c, p, dyc) : dyc);
   const auto d_back = c.back.grad().defined() ? c.back.grad() : at::zeros_like(c.back);
   c.dy_recv = group->all_to_all(d_back.contiguous(), c.send, c.recv);
   c.back = c.routed = at::Tensor();  // the returned rows and their gradient are done with

@@ -181,6 +181,7 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
     return t.item<double>();
   };
   stats.loss = over_ranks(loss.item<double>() / P);
+  if (balance_on()) stats.loss += (load_balance_grad(), balance_loss);  // the same on every rank
   if (cfg.max_grad_norm > 0) {
     double total = 0;
     for (double v : sq_norm) total += v;
@@ -212,6 +213,8 @@ void Runner::clear_step() {
   deferred.clear();
   deferred_device.clear();
   retained_moe.clear();
+  balance_stats = balance_grad = at::Tensor();
+  balance_loss = 0.0;
   ring = Ring{};
   retained_weights.clear();
   reduced.clear();

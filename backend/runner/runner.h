@@ -35,7 +35,7 @@
 
 namespace oom::backend::runner {
 
-struct Runner : TensorStore, OuterBlock, DispatchLog, LlepPlacement, GradientPipeline {
+struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement, GradientPipeline {
   HostState& st;
   TrainerConfig cfg;
   Plan plan;
@@ -139,6 +139,12 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LlepPlacement, GradientPip
   void combine(const Stage& st_, Pass& p);
   void a2a_grad_dispatch(const Stage& st_, Pass& p);
   void a2a_grad_return(const Stage& st_, Pass& p);
+
+  // ---- load_balance.cc: the load-balancing loss (LoadBalance) ----
+  bool balance_on() const { return spec.router_aux_loss_coef > 0; }
+  void count_routing(const Chunk& c, const Pass& p);
+  const at::Tensor& load_balance_grad();
+  void routed_backward(Chunk& c, const Pass& p, const at::Tensor& grad);
 
   // ---- llep.cc: PipelinedLLEP's fetched experts ----
   const ExpertWeights& fetched_expert(const Pass& p, int e) const;

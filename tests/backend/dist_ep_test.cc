@@ -40,7 +40,10 @@
 #include "backend/model.h"
 #include "backend/plain_trainer.h"
 #include "cli/cli.h"
+#include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"
+#include "costmodel/json_input.h"
+#include "costmodel/model_spec.h"
 #include "planner/plan/plan.h"
 #include "tests/backend/drift.h"
 #include "tests/backend/ep_threads.h"
@@ -152,10 +155,10 @@ void expect_ranks_match_plain(const TrainOptions& o, RanksOptions r, const std::
   testing::record_drift(tag + " params max", worst_max);
   testing::record_drift(tag + " params l2", worst_l2);
   {
-    // One dispatch per routing round of every decoder's forward (local tokens per round: the plan's).
+    // One dispatch per routing round of every MoE decoder's forward (local tokens per round: the plan's).
     const std::int64_t chunk = ranks_plan(o, r.ranks, "local-cpu").routing_chunk_tokens, local = o.batch / r.ranks * o.seq;
     const auto chunks_per_layer = static_cast<std::size_t>((local + chunk - 1) / chunk);
-    EXPECT_EQ(got.last_dispatch_rows.size(), chunks_per_layer * static_cast<std::size_t>(load_model_spec(o.model).layers));
+    EXPECT_EQ(got.last_dispatch_rows.size(), chunks_per_layer * static_cast<std::size_t>(load_model_spec(o.model).moe_layers()));
     EXPECT_TRUE(uneven(got.last_dispatch_rows)) << tag << ": every dispatch split was even";
   }
   fs::remove_all(dir);
@@ -679,6 +682,130 @@ TEST(TrainRanks, GradientsOfAStepEqualAutogradOverTheWholeModel) {
     // One step's gradients on the same weights (no update between): the zero-centred norms' blocks
     // read rounding 10× larger in max-relative terms, as kParamMaxTol says; 3e-4 as before.
     EXPECT_LE(rel_diff(run.grads[b], ref.blocks[b]), 3e-4) << "gradient of block " << b;
+  }
+  fs::remove_all(dir);
+}
+
+// tiny-moe asking for the load-balancing loss (router_aux_loss_coef, a large one so that its
+// gradient weighs in), as a Hugging Face config that outputs router logits.
+nlohmann::json tiny_moe_with_load_balancing() {
+  auto config = read_json_file(*resolve_config("models", "tiny-moe"));
+  config["output_router_logits"] = true;
+  config["router_aux_loss_coef"] = 0.5;
+  return config;
+}
+
+// A tiny DeepSeek-V3-style model: latent attention with the query latent, one dense first decoder,
+// sigmoid routing with the selection bias over 4 groups of 2 experts (top 2 groups, top-3 experts),
+// two shared experts, routed_scaling_factor.
+nlohmann::json tiny_deepseek() {
+  return {{"model_type", "deepseek_v3"}, {"vocab_size", 256}, {"hidden_size", 64}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 4}, {"num_hidden_layers", 3}, {"q_lora_rank", 32}, {"kv_lora_rank", 24},
+          {"qk_rope_head_dim", 8}, {"qk_nope_head_dim", 16}, {"v_head_dim", 12}, {"n_routed_experts", 8}, {"n_group", 4},
+          {"topk_group", 2}, {"num_experts_per_tok", 3}, {"moe_intermediate_size", 16}, {"n_shared_experts", 2},
+          {"intermediate_size", 48}, {"first_k_dense_replace", 1}, {"routed_scaling_factor", 2.5}, {"norm_topk_prob", true},
+          {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false},
+          {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
+}
+
+ModelSpec spec_of(const nlohmann::json& config, const std::string& name) { return model_spec_from_hf_config(config, name + ".json", name); }
+
+// One EP step over two ranks (threads) against autograd over the whole model: each rank's loss,
+// the norm and every block's gradient within 1e-5 relative; returns the ranks' gradients and the
+// reference's.
+std::pair<std::vector<at::Tensor>, testing::ReferenceGradients> expect_two_rank_step_equals_autograd(
+    const ModelSpec& spec, const Plan& plan, const std::string& tag) {
+  const auto dir = scratch(tag);
+  HostState init(spec);
+  init.init_from_seed(51);
+  torch::manual_seed(52);
+  const auto tokens = torch::randint(0, spec.vocab, {4, 16}, torch::kLong);
+  const auto targets = torch::randint(0, spec.vocab, {4, 16}, torch::kLong);
+  TrainerConfig cfg;
+  cfg.max_grad_norm = 1e9;  // the norm is computed, never binding
+  cfg.model.gdn_chunk_tokens = 8;
+  const auto run = testing::ep_step_in_threads(init, tokens, targets, cfg, plan, 2, (dir / "threads").string());
+  fs::remove_all(dir);
+  EXPECT_EQ(run.errors[0], "") << tag;
+  EXPECT_EQ(run.errors[1], "") << tag;
+  auto ref = testing::reference_gradients(init, tokens, targets, cfg.model);
+  double worst = 0;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NEAR(run.losses[static_cast<std::size_t>(r)], ref.loss, kTol * ref.loss) << tag << " rank " << r;
+    EXPECT_NEAR(run.norms[static_cast<std::size_t>(r)], ref.norm, kTol * ref.norm) << tag << " rank " << r;
+  }
+  EXPECT_EQ(run.grads.size(), ref.blocks.size());
+  for (std::size_t b = 0; b < std::min(run.grads.size(), ref.blocks.size()); ++b) {
+    const double d = rel_l2(run.grads[b], ref.blocks[b]);
+    EXPECT_LE(d, kTol) << tag << " gradient of block " << b;
+    EXPECT_LE(rel_diff(run.grads[b], ref.blocks[b]), 3e-4) << tag << " gradient of block " << b;
+    worst = std::max(worst, d);
+  }
+  std::cout << tag << ": loss " << std::abs(run.losses[0] - ref.loss) / ref.loss << " relative, worst block gradient " << worst
+            << " relative L2\n";
+  return {run.grads, std::move(ref)};
+}
+
+// The load-balancing loss over two ranks: its f and P are means over the global batch (the
+// reference's), so the forward's counts and probability sums are summed over the ranks before any
+// backward; a retained and a replayed decoder, three routing rounds per decoder. The loss and
+// every gradient equal autograd's, and so does the load-balancing loss's own share of the
+// gradients (with the coefficient minus without: 1e-4 of its largest element).
+TEST(TrainRanks, LoadBalancingLossOverTwoRanksEqualsAutograd) {
+  Plan plan;
+  plan.path = ExpertPath::kEp;
+  plan.routing_chunk_tokens = 12;
+  plan.moe_retained_layers = {1};
+  plan.cpu_grad_slots = 1;
+  const ModelSpec with = spec_of(tiny_moe_with_load_balancing(), "tiny-moe-lb");
+  ASSERT_GT(with.router_aux_loss_coef, 0.0);
+  ModelSpec without = with;
+  without.router_aux_loss_coef = 0.0;
+  const auto [got1, ref1] = expect_two_rank_step_equals_autograd(with, plan, "lb-ep2");
+  const auto [got0, ref0] = expect_two_rank_step_equals_autograd(without, plan, "lb-ep2-without");
+  ASSERT_GT(ref1.loss - ref0.loss, 0.1) << "the load-balancing loss weighs in";
+  double worst = 0;
+  for (std::size_t b = 0; b < got1.size(); ++b) {
+    const double d = rel_diff(got1[b] - got0[b], ref1.blocks[b] - ref0.blocks[b]);
+    EXPECT_LE(d, 1e-4) << "load-balancing gradient of block " << b;
+    worst = std::max(worst, d);
+  }
+  std::cout << "load-balancing gradient share over two ranks: worst " << worst << " relative\n";
+}
+
+// DeepSeek-V3-style over two ranks: the dense first decoder is data-parallel (each rank its
+// sequences, its MLP's gradient summed over the ranks like the attention's), the MoE decoders run
+// the EP dispatch; the dense decoder retained and a MoE one replayed, then the dense decoder
+// replayed with kept O/LSE in query-head groups of the latent attention.
+TEST(TrainRanks, DenseFirstDecoderOverTwoRanksEqualsAutograd) {
+  Plan plan;
+  plan.path = ExpertPath::kEp;
+  plan.routing_chunk_tokens = 12;
+  plan.moe_retained_layers = {0, 2};
+  plan.cpu_grad_slots = 1;
+  const ModelSpec spec = spec_of(tiny_deepseek(), "tiny-deepseek");
+  ASSERT_EQ(spec.first_dense_layers, 1);
+  expect_two_rank_step_equals_autograd(spec, plan, "deepseek-ep2");
+  plan.moe_retained_layers = {1};
+  plan.keep_attention_results = true;
+  plan.split.attention_head_group = 1;
+  expect_two_rank_step_equals_autograd(spec, plan, "deepseek-ep2-replayed");
+}
+
+// Rank processes (`oom train --ranks 2`) against the plain trainer over two steps: tiny-moe with
+// the load-balancing loss, and the DeepSeek-V3-style model with its dense first decoder, each
+// given as a config file.
+TEST(TrainRanks, LoadBalancingLossAndDenseFirstDecoderOverTwoRanksMatchPlainTrainer) {
+  const auto dir = scratch("lb-dense");
+  RanksOptions r;
+  r.ranks = 2;
+  for (const auto& [name, config] : {std::pair{std::string("tiny-moe-lb"), tiny_moe_with_load_balancing()},
+                                     std::pair{std::string("tiny-deepseek"), tiny_deepseek()}}) {
+    const auto path = (dir / (name + ".json")).string();
+    std::ofstream(path) << config.dump(2);
+    auto o = small_run(path.c_str(), 4);
+    o.plan = write_plan(dir, name + "-plan.json", {{"routing_chunk_tokens", 12}, {"moe_retained_layers", {1}}});
+    expect_ranks_match_plain(o, r, name + "-ep2");
   }
   fs::remove_all(dir);
 }

@@ -4,7 +4,7 @@
 // FP32 on CPU on the same tokens, against transformers' values in FP64. Checked: the logits and
 // the loss within 1e-5 relative, the load-balancing loss, and every parameter's gradient within
 // 1e-4 relative — for autograd over the whole model (with the auxiliary loss; the plain reference
-// trainer's loss), and through the graph runner (without it) the default plan, a plan with every
+// trainer's loss), and through the graph runner (with it too) the default plan, a plan with every
 // split, and an EP plan over two ranks. A gradient that transformers itself
 // gets wrong by more than 1e-5 in FP32 (reference.json "fp32_grad_error": the GDN decay
 // parameters A_log and dt_bias, sums of many cancelling terms) is held to 10× that error instead.
@@ -81,6 +81,16 @@ Fixture load_fixture(const std::string& arch) {
   f.reference = read_safetensors((dir / "reference.safetensors").string());
   f.fp32_error = read_json_file((dir / "reference.json").string()).at("fp32_grad_error");
   return f;
+}
+
+// transformers' loss and gradients of the training objective: the language-model loss plus, where
+// the config asks for it, router_aux_loss_coef × the load-balancing loss.
+double objective(const Fixture& f) { return f.ref("loss") + f.spec.router_aux_loss_coef * f.ref("aux_loss"); }
+std::vector<at::Tensor> objective_grads(const Fixture& f) {
+  auto g = f.grads("grad.");
+  const auto a = f.grads("aux_grad.");
+  for (std::size_t b = 0; b < g.size(); ++b) g[b] = g[b] + f.spec.router_aux_loss_coef * a[b];
+  return g;
 }
 
 void load_state(const Fixture& f, HostState& state) {
@@ -188,29 +198,24 @@ TEST_P(HfParity, LogitsLossAuxLossAndGradientsOfAutogradOverTheWholeModel) {
     std::cout << f.arch << " logits: " << d << " relative\n";
   }
   const auto loss = model_loss(tokens, targets, w, f.spec, opt);
-  const double want = f.ref("loss") + f.spec.router_aux_loss_coef * f.ref("aux_loss");
+  const double want = objective(f);
   EXPECT_NEAR(loss.item<double>(), want, kOutTol * want);
   report(f, "autograd loss", loss.item<double>(), want);
   loss.backward();
-  const auto g = f.grads("grad.");
-  const auto a = f.grads("aux_grad.");
-  std::vector<at::Tensor> want_grads, got;
-  for (std::size_t b = 0; b < g.size(); ++b) {
-    want_grads.push_back(g[b] + f.spec.router_aux_loss_coef * a[b]);
-    got.push_back(leaves[b].grad());
-  }
-  expect_grads(f, state, got, want_grads, "autograd");
+  std::vector<at::Tensor> got;
+  for (const auto& leaf : leaves) got.push_back(leaf.grad());
+  expect_grads(f, state, got, objective_grads(f), "autograd");
 }
 
 TEST_P(HfParity, DefaultPlanAndPlanWithEverySplitGradientsEqualTheReference) {
   Fixture f = load_fixture(GetParam());
   const auto& tokens = f.reference.at("tokens");
   const auto& targets = f.reference.at("targets");
-  const auto g = f.grads("grad.");
+  const auto g = objective_grads(f);
+  const double want = objective(f);
   TrainerConfig cfg;
   cfg.model = model_options();
   cfg.max_grad_norm = 0.0;
-  f.spec.router_aux_loss_coef = 0.0;  // the graph runner runs the language-model loss alone
   // One step of `plan` from the checkpoint: the loss and the gradients the runner sends to the host.
   const auto check = [&](const Plan& plan, const std::string& what) {
     HostState state(f.spec);
@@ -219,8 +224,8 @@ TEST_P(HfParity, DefaultPlanAndPlanWithEverySplitGradientsEqualTheReference) {
     std::vector<at::Tensor> got;
     trainer.capture_gradients(&got);
     const auto st = trainer.step(tokens, targets);
-    EXPECT_NEAR(st.loss, f.ref("loss"), kOutTol * f.ref("loss")) << what;
-    report(f, what + " loss", st.loss, f.ref("loss"));
+    EXPECT_NEAR(st.loss, want, kOutTol * want) << what;
+    report(f, what + " loss", st.loss, want);
     ASSERT_EQ(got.size(), static_cast<std::size_t>(state.blocks()));
     expect_grads(f, state, got, g, what);
   };
@@ -238,12 +243,12 @@ TEST_P(HfParity, DefaultPlanAndPlanWithEverySplitGradientsEqualTheReference) {
 }
 
 // Two ranks (threads) running an EP plan through the graph runner: a replayed and a retained
-// decoder, routing rounds of 10 tokens and one host gradient buffer per kind. Not for DeepSeek-V3
-// (its dense first layers run on one host only: check_plan_for_run refuses more ranks).
+// decoder, routing rounds of 10 tokens and one host gradient buffer per kind. DeepSeek-V3's dense
+// first decoder is data-parallel over the ranks (and retained here: decoder 1 is its first MoE one,
+// decoder 0 the dense one).
 using HfParityEp = HfParity;
 TEST_P(HfParityEp, EpPlanOverTwoRanksGradientsEqualTheReference) {
-  Fixture f = load_fixture(GetParam());
-  f.spec.router_aux_loss_coef = 0.0;  // the graph runner runs the language-model loss alone
+  const Fixture f = load_fixture(GetParam());
   HostState init(f.spec);
   load_state(f, init);
   TrainerConfig cfg;
@@ -252,7 +257,7 @@ TEST_P(HfParityEp, EpPlanOverTwoRanksGradientsEqualTheReference) {
   Plan plan;
   plan.path = ExpertPath::kEp;
   plan.routing_chunk_tokens = 10;
-  plan.moe_retained_layers = {1};
+  plan.moe_retained_layers = f.spec.first_dense_layers > 0 ? std::vector<int>{0, 1} : std::vector<int>{1};
   plan.cpu_grad_slots = 1;
   const auto dir = fs::temp_directory_path() / ("oom_hf_ep_" + GetParam() + "_" + std::to_string(::getpid()));
   const auto run = testing::ep_step_in_threads(init, f.reference.at("tokens"), f.reference.at("targets"), cfg, plan, 2,
@@ -260,9 +265,10 @@ TEST_P(HfParityEp, EpPlanOverTwoRanksGradientsEqualTheReference) {
   fs::remove_all(dir);
   ASSERT_EQ(run.errors[0], "");
   ASSERT_EQ(run.errors[1], "");
-  EXPECT_NEAR(run.losses[0], f.ref("loss"), kOutTol * f.ref("loss")) << "EP";
-  report(f, "EP loss", run.losses[0], f.ref("loss"));
-  expect_grads(f, init, run.grads, f.grads("grad."), "EP plan over two ranks");
+  const double want = objective(f);
+  EXPECT_NEAR(run.losses[0], want, kOutTol * want) << "EP";
+  report(f, "EP loss", run.losses[0], want);
+  expect_grads(f, init, run.grads, objective_grads(f), "EP plan over two ranks");
 }
 
 // Writing the loaded weights under transformers' names gives back every tensor of the file.
@@ -312,7 +318,7 @@ INSTANTIATE_TEST_SUITE_P(Architectures, HfParity,
                                            "gemma4", "deepseek_v3", "deepseek_v3_yarn"));
 INSTANTIATE_TEST_SUITE_P(Architectures, HfParityEp,
                          ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3_moe", "mixtral", "qwen3_moe_yarn",
-                                           "gemma4"));
+                                           "gemma4", "deepseek_v3", "deepseek_v3_yarn"));
 
 }  // namespace
 }  // namespace oom::backend

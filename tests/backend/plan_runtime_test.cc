@@ -5,6 +5,9 @@
 // rejected before any work; the trace's stage names are those of the plan's StepGraph.
 #include "backend/plan_runtime.h"
 
+#include <algorithm>
+#include <cmath>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -290,6 +293,78 @@ TEST(PlanTrainer, EpOnOneRankMatchesPlain) {
   // embeddings) on the Local path too, just above this test's rounding tolerance.
   p.routing_chunk_tokens = 96;
   expect_plan_matches_plain("tiny-moe-gemma", p);
+}
+
+// One step of `plan` from seeded weights: the loss and the gradients sent to the host.
+std::pair<double, std::vector<at::Tensor>> plan_step(const ModelSpec& spec, const Plan& plan, const at::Tensor& tokens,
+                                                     const at::Tensor& targets) {
+  HostState state(spec);
+  state.init_from_seed(31);
+  PlanTrainer runtime(state, config(), plan);
+  std::vector<at::Tensor> sent;
+  runtime.capture_gradients(&sent);
+  const double loss = runtime.step(tokens, targets).loss;
+  return {loss, sent};
+}
+
+// The load-balancing loss (router_aux_loss_coef), whose f and P are means over every MoE decoder
+// and every token of the step together, through plans that cut the step: sub-batches, MoE token
+// chunks, a regenerated boundary (its routing again, not counted twice), and on the EP path
+// dispatch rounds, a retained MoE and a resident bank. Against autograd over the whole model
+// (transformers' load_balancing_loss_func, model.h): the loss and every block's gradient within
+// 1e-5, and the load-balancing loss's own share (the loss and the gradients with the coefficient
+// minus those without) within 1e-5 of the loss and 1e-4 of the gradient's largest share. A large
+// coefficient, so its gradient weighs in every router and the decoders' inputs below it. Then
+// steps against the plain trainer.
+TEST(PlanTrainer, LoadBalancingLossMatchesAutogradThroughSplitsAndOnTheEpPath) {
+  ModelSpec with = load_model_spec("tiny-moe"), without = with;
+  with.router_aux_loss_coef = 0.5;
+  torch::manual_seed(32);
+  const auto tokens = torch::randint(0, 256, {4, 24}, torch::kLong);
+  const auto targets = torch::randint(0, 256, {4, 24}, torch::kLong);
+  const auto reference = [&](const ModelSpec& spec) {
+    HostState state(spec);
+    state.init_from_seed(31);
+    return testing::reference_gradients(state, tokens, targets, config().model);
+  };
+  const auto ref1 = reference(with), ref0 = reference(without);
+  const ModelLayout layouts = model_layout(with);
+  Plan split = local_plan();
+  split.split = {0, 0, 40, 2};  // sub-batches of two sequences, MoE chunks of 40 and 8 tokens
+  split.boundaries.host_kept_all = false;
+  split.boundaries.host_kept = {0};
+  split.boundaries.regenerate_cap = 1;
+  Plan ep = ep_plan();
+  ep.resident_layers = {1};
+  ep.moe_retained_layers = {2};
+  for (const auto& [name, plan] : std::vector<std::pair<std::string, Plan>>{{"local", local_plan()}, {"local split", split}, {"ep", ep}}) {
+    const auto [loss1, got1] = plan_step(with, plan, tokens, targets);
+    const auto [loss0, got0] = plan_step(without, plan, tokens, targets);
+    EXPECT_NEAR(loss1, ref1.loss, kTol * ref1.loss) << name;
+    const double aux = ref1.loss - ref0.loss;
+    ASSERT_GT(aux, 0.1) << "the load-balancing loss weighs in";
+    const double loss_share = std::abs((loss1 - loss0) - aux) / aux;
+    EXPECT_LE(loss_share, kTol) << name;
+    double worst = 0, worst_share = 0;
+    for (int b = 0; b < static_cast<int>(got1.size()); ++b) {
+      const auto i = static_cast<std::size_t>(b);
+      at::Tensor g1 = got1[i], g0 = got0[i], r1 = ref1.blocks[i], r0 = ref0.blocks[i];
+      if (b > 0 && plan.path == ExpertPath::kEp && plan.is_resident(b - 1)) {
+        // A resident expert bank's gradient stays on the device; compare the rest.
+        const auto& layout = layouts.blocks[i];
+        const auto e0 = layout.at("experts.gate").offset, e1 = layout.at("experts.down").offset + layout.at("experts.down").numel();
+        for (at::Tensor* t : {&g1, &g0, &r1, &r0}) *t = at::cat({t->narrow(0, 0, e0), t->narrow(0, e1, t->numel() - e1)});
+      }
+      const double d = rel_diff(g1, r1), share = rel_diff(g1 - g0, r1 - r0);
+      EXPECT_LE(d, kTol) << name << " gradient of block " << b;
+      EXPECT_LE(share, 1e-4) << name << " load-balancing gradient of block " << b;
+      worst = std::max(worst, d);
+      worst_share = std::max(worst_share, share);
+    }
+    std::cout << name << ": loss " << std::abs(loss1 - ref1.loss) / ref1.loss << " relative, load-balancing loss " << loss_share
+              << ", worst gradient " << worst << ", worst load-balancing gradient share " << worst_share << "\n";
+  }
+  expect_plan_matches_plain(with, split, 2, /*clip=*/0.05);
 }
 
 // The EP owner's expert kernel without autograd (plan_ops::expert_forward, expert_backward) against
