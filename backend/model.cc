@@ -109,11 +109,13 @@ at::Tensor default_inv_freq(double theta, std::int64_t rot, const at::TensorOpti
   return at::pow(theta, at::arange(0, rot, 2, opts) / static_cast<double>(rot)).reciprocal();
 }
 
-at::Tensor rotate(const at::Tensor& x, std::int64_t rot, const at::Tensor& inv_freq, double attention_factor) {
+at::Tensor rotate(const at::Tensor& x, std::int64_t rot, const at::Tensor& inv_freq, double attention_factor,
+                  const at::Tensor& positions = {}) {
   if (rot <= 0) return x;
   const auto S = x.size(1);
   const auto opts = x.options().dtype(at::kFloat);
-  const auto angles = at::outer(at::arange(S, opts), inv_freq);        // [S, rot/2]
+  const auto pos = positions.defined() ? positions.to(opts) : at::arange(S, opts);
+  const auto angles = at::outer(pos, inv_freq);                         // [S, rot/2]
   const auto emb = at::cat({angles, angles}, -1).view({1, S, 1, rot});  // [1, S, 1, rot]
   auto cos = emb.cos(), sin = emb.sin();
   if (attention_factor != 1.0) {
@@ -167,24 +169,24 @@ RopeFrequencies rope_frequencies(const ModelSpec& spec, std::int64_t head_dim, c
   return {inv_freq, attention};
 }
 
-at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t head_dim) {
+at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t head_dim, const at::Tensor& positions) {
   const auto rot = rotary_dims(spec, head_dim);
   if (rot <= 0) return x;
   const auto f = rope_frequencies(spec, head_dim, x.options());
-  return rotate(x, rot, f.inv_freq, f.attention_factor);
+  return rotate(x, rot, f.inv_freq, f.attention_factor, positions);
 }
 
-at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind) {
+at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind, const at::Tensor& positions) {
   const AttentionSpec& a = spec.attention(kind);
   const std::int64_t d = x.size(-1);
-  if (a.rope_theta <= 0) return apply_rope(x, spec, d);
+  if (a.rope_theta <= 0) return apply_rope(x, spec, d, positions);
   const auto opts = x.options().dtype(at::kFloat);
-  if (!a.rope_proportional) return rotate(x, d, default_inv_freq(a.rope_theta, d, opts), 1.0);
+  if (!a.rope_proportional) return rotate(x, d, default_inv_freq(a.rope_theta, d, opts), 1.0, positions);
   // transformers' _compute_proportional_rope_parameters: int(factor · d // 2) rotating frequencies
   // θ^(−2i/d) (exponents over the whole head), zeros for the rest of the d/2 pairs (i, i + d/2).
   const auto angles = static_cast<std::int64_t>(std::floor(a.rope_partial_factor * static_cast<double>(d) / 2));
   const auto rotating = at::pow(a.rope_theta, at::arange(0, 2 * angles, 2, opts) / static_cast<double>(d)).reciprocal();
-  return rotate(x, d, at::cat({rotating, at::zeros({d / 2 - angles}, opts)}), 1.0);
+  return rotate(x, d, at::cat({rotating, at::zeros({d / 2 - angles}, opts)}), 1.0, positions);
 }
 
 double attention_scale(const ModelSpec& spec, const AttentionSpec& a) {
@@ -197,14 +199,14 @@ double attention_scale(const ModelSpec& spec, const AttentionSpec& a) {
   return scale * m * m;
 }
 
-at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec) {
+at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec, const at::Tensor& positions) {
   const std::int64_t d = x.size(-1);
   const auto f = rope_frequencies(spec, d, x.options());
   const auto pairs = at::cat({x.slice(-1, 0, d, 2), x.slice(-1, 1, d, 2)}, -1);
-  return rotate(pairs, rotary_dims(spec, d), f.inv_freq, f.attention_factor);
+  return rotate(pairs, rotary_dims(spec, d), f.inv_freq, f.attention_factor, positions);
 }
 
-LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec) {
+LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, const at::Tensor& positions) {
   const AttentionSpec& a = spec.latent_attention;
   const std::int64_t B = x.size(0), S = x.size(1), H = a.heads, dqk = a.head_dim, dr = a.rope_head_dim;
   const std::int64_t nope = dqk - dr, dv = a.value_dim(), r = a.kv_lora_rank;
@@ -216,19 +218,20 @@ LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec
   const auto ckv = at::linear(x, w["attn.kv_a_proj_with_mqa"]);  // [B, S, r + dr]
   const auto kv = at::linear(rms_norm(ckv.narrow(-1, 0, r), w["attn.kv_a_layernorm"], kNormEps), w["attn.kv_b_proj"])
                       .view({B, S, H, nope + dv});
-  const auto k_rot = latent_rope(ckv.narrow(-1, r, dr).reshape({B, S, 1, dr}), spec).expand({B, S, H, dr});
+  const auto k_rot = latent_rope(ckv.narrow(-1, r, dr).reshape({B, S, 1, dr}), spec, positions).expand({B, S, H, dr});
   LatentQkv out;
-  out.q = at::cat({q.narrow(-1, 0, nope), latent_rope(q.narrow(-1, nope, dr), spec)}, -1);
+  out.q = at::cat({q.narrow(-1, 0, nope), latent_rope(q.narrow(-1, nope, dr), spec, positions)}, -1);
   out.k = at::cat({kv.narrow(-1, 0, nope), k_rot}, -1);
   out.v = kv.narrow(-1, nope, dv);
   return out;
 }
 
 AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                               std::int64_t window, std::int64_t query_block, double scale_in) {
+                               std::int64_t window, std::int64_t query_block, double scale_in, std::int64_t query0) {
   const auto H = q_in.size(1), S = q_in.size(2), d = q_in.size(3);
   const auto group = H / k_in.size(1);
   OOM_ASSERT(group * k_in.size(1) == H, "query heads must be a multiple of KV heads");
+  OOM_ASSERT(k_in.size(2) >= query0 + S, "the keys reach the last query");
   const auto q = q_in.to(at::kFloat);
   const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
   const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
@@ -236,8 +239,9 @@ AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, c
   const auto block = std::max<std::int64_t>(1, query_block);
   const auto idx_opts = q.options().dtype(at::kLong);
   std::vector<at::Tensor> outs, lses;
-  for (std::int64_t s0 = 0; s0 < S; s0 += block) {
-    const auto s1 = std::min(S, s0 + block);
+  for (std::int64_t b0 = 0; b0 < S; b0 += block) {
+    const auto b1 = std::min(S, b0 + block);
+    const auto s0 = query0 + b0, s1 = query0 + b1;  // the block's places in the sequence
     const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
     // Queries s0..s1 over keys lo..s1 → {O block, LSE block}.
     const RecomputeFn attend = [=](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
@@ -250,7 +254,7 @@ AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, c
       const auto lse = at::logsumexp(scores, {-1});                  // [B, H, blk]
       return {at::matmul(at::exp(scores - lse.unsqueeze(-1)), x[2]), lse};  // [B, H, blk, d]
     };
-    const auto r = lean_kernel(attend, {q.narrow(2, s0, s1 - s0), k.narrow(2, lo, s1 - lo), v.narrow(2, lo, s1 - lo)});
+    const auto r = lean_kernel(attend, {q.narrow(2, b0, b1 - b0), k.narrow(2, lo, s1 - lo), v.narrow(2, lo, s1 - lo)});
     outs.push_back(r[0]);
     lses.push_back(r[1]);
   }

@@ -64,8 +64,10 @@ at::Tensor model_norm_keeping_output(const at::Tensor& x, const at::Tensor& weig
 // Rotates the first rotary_dims of the last dimension of x [B, S, heads, d] at positions 0..S-1.
 at::Tensor apply_rope(const at::Tensor& x, std::int64_t rotary_dims, double theta);
 // The model's RoPE for heads of head_dim: partial rotation, theta, and YaRN scaling of the
-// frequencies (with its cos/sin attention factor) where spec.rope_scaling asks for it.
-at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t head_dim);
+// frequencies (with its cos/sin attention factor) where spec.rope_scaling asks for it. `positions`
+// [S] (int64) are the tokens' places in their sequence where they are not 0..S-1 (context
+// parallelism: a rank's zig-zag pieces); the same below.
+at::Tensor apply_rope(const at::Tensor& x, const ModelSpec& spec, std::int64_t head_dim, const at::Tensor& positions = {});
 std::int64_t rotary_dims(const ModelSpec& spec, std::int64_t head_dim);
 // Inverse frequencies [rotary_dims / 2] (FP32) and the cos/sin scale of the model's RoPE.
 struct RopeFrequencies {
@@ -75,7 +77,7 @@ struct RopeFrequencies {
 RopeFrequencies rope_frequencies(const ModelSpec& spec, std::int64_t head_dim, const at::TensorOptions& options);
 // The RoPE of a layer of `kind` on x [B, S, heads, head_dim]: the model's (above), or the layer
 // type's own where the spec has one (Gemma 4: "default" over the whole head, or "proportional").
-at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind);
+at::Tensor attention_rope(const at::Tensor& x, const ModelSpec& spec, LayerKind kind, const at::Tensor& positions = {});
 // The softmax scale of the attention scores: 1/√head_dim, or 1 for Gemma 4 (its Q/K norms set it);
 // for latent attention 1/√(qk_nope + qk_rope) × mscale(factor, mscale_all_dim)² under YaRN
 // (transformers' DeepseekV3Attention).
@@ -89,10 +91,10 @@ double attention_scale(const ModelSpec& spec, const AttentionSpec& a);
 struct LatentQkv {
   at::Tensor q, k, v;
 };
-LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec);
+LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, const at::Tensor& positions = {});
 // The model's RoPE (YaRN included) on x [B, S, heads, d] whose rotated pairs are interleaved
 // (x0, x1), (x2, x3), …; the output holds the pairs' first elements, then their second ones.
-at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec);
+at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec, const at::Tensor& positions = {});
 
 struct AttentionOutput {
   at::Tensor out;  // [B, H, S, d] FP32
@@ -103,8 +105,12 @@ struct AttentionOutput {
 // that only visit the keys inside the window. Scores are q·k·scale; scale 0 means 1/√d. Under
 // LeanKernels, autograd keeps only each block's q, k, v and recomputes its scores in the backward,
 // as flash attention does; otherwise it keeps every block's FP32 scores and probabilities.
+// query0 > 0: the queries are the sequence's tokens query0 … query0 + S − 1 and k, v hold its keys
+// from token 0 on (at least query0 + S of them; context parallelism's pieces over the whole
+// sequence's K/V).
 AttentionOutput attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               std::int64_t window_tokens, std::int64_t query_block, double scale = 0.0);
+                               std::int64_t window_tokens, std::int64_t query_block, double scale = 0.0,
+                               std::int64_t query0 = 0);
 
 // Recurrent state carried between GDN sequence chunks: FP32 S [B, Hv, dk, dv] and the last
 // conv_kernel − 1 pre-conv q/k/v channels [B, conv_dim, K − 1] (the causal-conv left context).

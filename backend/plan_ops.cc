@@ -10,12 +10,13 @@
 
 namespace oom::backend::plan_ops {
 
-AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind) {
+AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec& spec, LayerKind kind,
+                                 const at::Tensor& positions) {
   const AttentionSpec& a = spec.attention(kind);
   const std::int64_t B = x.size(0), S = x.size(1), H = a.heads, Hkv = a.kv_heads, d = a.head_dim;
   AttentionInputs r;
   if (a.latent()) {
-    const LatentQkv l = latent_qkv(x, w, spec);
+    const LatentQkv l = latent_qkv(x, w, spec, positions);
     r.q = l.q.transpose(1, 2);
     r.k = l.k.transpose(1, 2);
     r.v = l.v.transpose(1, 2);
@@ -34,8 +35,8 @@ AttentionInputs attention_inputs(const at::Tensor& x, const BlockWeights& w, con
     k = model_norm(k, w["attn.k_norm"], spec);
   }
   if (spec.gemma4()) v = rms_norm(v, at::Tensor(), spec.norm_eps);
-  r.q = attention_rope(q, spec, kind).transpose(1, 2);
-  r.k = attention_rope(k, spec, kind).transpose(1, 2);
+  r.q = attention_rope(q, spec, kind, positions).transpose(1, 2);
+  r.k = attention_rope(k, spec, kind, positions).transpose(1, 2);
   r.v = v.transpose(1, 2);
   return r;
 }
@@ -71,8 +72,8 @@ at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const
 
 AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                        const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& dout_in,
-                                       std::int64_t window, std::int64_t query_block, double scale_in) {
-  const auto B = q_in.size(0), H = q_in.size(1), S = q_in.size(2), d = q_in.size(3), Hkv = k_in.size(1);
+                                       std::int64_t window, std::int64_t query_block, double scale_in, std::int64_t query0) {
+  const auto B = q_in.size(0), H = q_in.size(1), S = q_in.size(2), d = q_in.size(3), Hkv = k_in.size(1), Sk = k_in.size(2);
   const auto group = H / Hkv;
   const auto q = q_in.to(at::kFloat);
   const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
@@ -84,16 +85,17 @@ AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor&
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   // Tiles of `block` queries × `block` keys, as a flash backward's thread blocks: the score-sized
   // temporaries (P, dP, dS) of one tile at a time, not of a query block over all its keys.
-  for (std::int64_t s0 = 0; s0 < S; s0 += block) {
-    const auto s1 = std::min(S, s0 + block);
+  for (std::int64_t b0 = 0; b0 < S; b0 += block) {
+    const auto b1 = std::min(S, b0 + block);
+    const auto s0 = query0 + b0, s1 = query0 + b1;  // the block's places in the sequence
     const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
-    const auto qb = q.narrow(2, s0, s1 - s0);
+    const auto qb = q.narrow(2, b0, b1 - b0);
     // O and dO in FP32 a query block at a time (O is kept in the activations' dtype).
-    const auto dob = dout_in.narrow(2, s0, s1 - s0).to(at::kFloat);
-    const auto lse_b = lse.narrow(2, s0, s1 - s0).unsqueeze(-1);
-    const auto D_b = (dob * out_in.narrow(2, s0, s1 - s0).to(at::kFloat)).sum(-1, /*keepdim=*/true);  // D = Σ dO ⊙ O
+    const auto dob = dout_in.narrow(2, b0, b1 - b0).to(at::kFloat);
+    const auto lse_b = lse.narrow(2, b0, b1 - b0).unsqueeze(-1);
+    const auto D_b = (dob * out_in.narrow(2, b0, b1 - b0).to(at::kFloat)).sum(-1, /*keepdim=*/true);  // D = Σ dO ⊙ O
     const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
-    auto dq_b = dq.narrow(2, s0, s1 - s0);
+    auto dq_b = dq.narrow(2, b0, b1 - b0);
     for (std::int64_t k0 = lo; k0 < s1; k0 += block) {
       const auto k1 = std::min(s1, k0 + block);
       const auto kb = k.narrow(2, k0, k1 - k0), vb = v.narrow(2, k0, k1 - k0);
@@ -108,8 +110,8 @@ AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor&
     }
   }
   if (group > 1) {
-    dk = dk.view({B, Hkv, group, S, d}).sum(2);
-    dv = dv.view({B, Hkv, group, S, d}).sum(2);
+    dk = dk.view({B, Hkv, group, Sk, d}).sum(2);
+    dv = dv.view({B, Hkv, group, Sk, d}).sum(2);
   }
   return {dq.to(q_in.scalar_type()), dk.to(k_in.scalar_type()), dv.to(v_in.scalar_type())};
 }
@@ -131,14 +133,19 @@ GdnInputs gdn_inputs(const at::Tensor& x, const BlockWeights& w, const ModelSpec
 }
 
 at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const BlockWeights& w, const ModelSpec& spec,
-                    std::int64_t kernel_chunk, at::Tensor& state) {
+                    std::int64_t kernel_chunk, at::Tensor& state, const at::Tensor& left_context) {
   const GdnSpec& g = spec.gdn;
   const auto B = in.qkv.size(0);
   const std::int64_t K = g.conv_kernel, conv_dim = 2 * g.key_dim() + g.value_dim();
   // Left context: the K − 1 pre-conv channels before s0 (zeros before the sequence start).
   const auto from = std::max<std::int64_t>(0, s0 - (K - 1));
   std::vector<at::Tensor> parts;
-  if (s0 - from < K - 1) parts.push_back(at::zeros({B, conv_dim, K - 1 - (s0 - from)}, in.qkv.options()));
+  if (left_context.defined()) {
+    OOM_ASSERT(s0 == 0 && left_context.size(2) == K - 1, "a given left context precedes the first token");
+    parts.push_back(left_context);
+  } else if (s0 - from < K - 1) {
+    parts.push_back(at::zeros({B, conv_dim, K - 1 - (s0 - from)}, in.qkv.options()));
+  }
   if (s0 > from) parts.push_back(in.qkv.narrow(2, from, s0 - from));
   parts.push_back(in.qkv.narrow(2, s0, C));
   const auto with_ctx = at::cat(parts, 2);  // [B, conv_dim, K − 1 + C]

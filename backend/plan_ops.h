@@ -33,7 +33,9 @@ struct AttentionInputs {
 };
 // Latent attention (MLA) gives K and V per query head (Hkv = H, from latent_qkv: V's width is
 // v_head_dim, Q and K's qk_nope + qk_rope), so every query-head group has its own K/V head.
-AttentionInputs attention_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec, LayerKind kind);
+// `positions`: the tokens' places in their sequence where not 0..S-1 (model.h apply_rope).
+AttentionInputs attention_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec, LayerKind kind,
+                                 const at::Tensor& positions = {});
 // Query heads per group → the groups (costmodel/memory.h attention_head_groups: g query heads of
 // one KV group each, numbered KV group by KV group; group_heads 0 = one group). query_group gives
 // group `index`'s queries [B, g, S, d] (heads index·g …) of q [B, H, S, d] (or of any tensor with
@@ -51,12 +53,14 @@ at::Tensor attention_output(const at::Tensor& out, const at::Tensor& gate, const
 // (the flash-attention backward: P = exp(q·kᵀ·scale − lse), D = Σ dO ⊙ O, dS = P ⊙ (dP − D)), in
 // FP32, without recomputing the forward. q [B, H, S, d], k, v [B, Hkv, S, d]; returns dq, dk, dv
 // with the shapes and dtypes of q, k, v (dk, dv summed over the query heads sharing a KV head).
+// query0: the queries' first place in the sequence, k and v from its start (model.h attention_core).
 struct AttentionGrads {
   at::Tensor dq, dk, dv;
 };
 AttentionGrads attention_core_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                                       std::int64_t window, std::int64_t query_block, double scale = 0.0);
+                                       std::int64_t window, std::int64_t query_block, double scale = 0.0,
+                                       std::int64_t query0 = 0);
 
 // --- Gated DeltaNet ---
 struct GdnInputs {
@@ -68,9 +72,11 @@ struct GdnInputs {
 GdnInputs gdn_inputs(const at::Tensor& xn, const BlockWeights& w, const ModelSpec& spec);
 // The recurrence over tokens [s0, s0 + C) of every sequence, starting from `state` [B, Hv, dk, dv]
 // (replaced by the end state): causal conv with the left context read from `in.qkv`, SiLU, L2 norms,
-// the WY-form chunks of `kernel_chunk` tokens. Returns [B, Hv, C, dv] FP32.
+// the WY-form chunks of `kernel_chunk` tokens. Returns [B, Hv, C, dv] FP32. A defined
+// `left_context` [B, conv_dim, K − 1] is the conv's left context instead (s0 = 0: the channels
+// before `in`'s tokens live elsewhere, as a context-parallel piece's on the rank before it).
 at::Tensor gdn_core(const GdnInputs& in, std::int64_t s0, std::int64_t C, const BlockWeights& w, const ModelSpec& spec,
-                    std::int64_t kernel_chunk, at::Tensor& state);
+                    std::int64_t kernel_chunk, at::Tensor& state, const at::Tensor& left_context = {});
 // Gated RMSNorm and output projection of the recurrence outputs o [B, Hv, S, dv] → [B, S, h].
 at::Tensor gdn_output(const at::Tensor& o, const at::Tensor& z, const BlockWeights& w, const ModelSpec& spec,
                       at::ScalarType dtype);

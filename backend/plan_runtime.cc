@@ -1,5 +1,6 @@
 #include "backend/plan_runtime.h"
 
+#include <algorithm>
 #include <optional>
 
 #include <fmt/format.h>
@@ -16,8 +17,10 @@ namespace oom::backend {
 void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
                       const std::string& file) {
   if (ranks < 1) throw InputError(file, "ranks", std::to_string(ranks), "must be ≥ 1");
-  if (batch < 1 || batch % ranks != 0) {
-    throw InputError(file, "batch", std::to_string(batch), fmt::format("must be a positive multiple of the {} ranks", ranks));
+  // Fewer sequences than ranks: each sequence over ranks / batch of them (context parallelism).
+  if (batch < 1 || (batch % ranks != 0 && ranks % batch != 0)) {
+    throw InputError(file, "batch", std::to_string(batch),
+                     fmt::format("must be a positive multiple or divisor of the {} ranks (a divisor splits each sequence)", ranks));
   }
   Workload w;
   w.model = model.name;
@@ -29,11 +32,17 @@ void check_plan_shape(const Plan& plan, const ModelSpec& model, std::int64_t bat
 
 void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t batch, std::int64_t seq, int ranks,
                         const std::string& file) {
-  if (plan.context_parallel() > 1) {
-    throw InputError(file, "context_parallel_gpus", std::to_string(plan.context_parallel_gpus),
-                     "this runtime runs whole sequences per rank; splitting a sequence over GPUs (ring attention) is simulated only");
-  }
   check_plan_shape(plan, model, batch, seq, ranks, file);
+  if (const int C = plan.context_parallel(); C > 1) {
+    // Zig-zag pieces: 2C equal chunks; a GDN chunk holds its successor's conv context.
+    const bool gdn = std::find(model.layer_kinds.begin(), model.layer_kinds.end(), LayerKind::kLinearAttention) != model.layer_kinds.end();
+    const std::int64_t chunk = seq / (2 * C), context = gdn ? model.gdn.conv_kernel - 1 : 0;
+    if (seq % (2 * C) != 0 || chunk < std::max<std::int64_t>(1, context)) {
+      throw InputError(file, "context_parallel_gpus", std::to_string(C),
+                       fmt::format("the sequence of {} tokens must split into {} equal chunks (zig-zag pieces) of at least {} tokens", seq,
+                                   2 * C, std::max<std::int64_t>(1, context)));
+    }
+  }
   if (plan.flat.ring_dtp(ranks) && model.tied_embeddings) {
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");

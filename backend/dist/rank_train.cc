@@ -60,8 +60,9 @@ void check(const TrainOptions& o, const RanksOptions& r, const ModelSpec& spec) 
   if (o.checkpoint_every < 0) throw InputError("", "--checkpoint-every", std::to_string(o.checkpoint_every), "must be ≥ 0");
   if (o.steps < 0) throw InputError("", "--steps", std::to_string(o.steps), "must be ≥ 0");
   if (o.seq < 2) throw InputError("", "--seq", std::to_string(o.seq), "must be ≥ 2");
-  if (o.batch < 1 || o.batch % r.ranks != 0) {
-    throw InputError("", "--batch", std::to_string(o.batch), "must be a positive multiple of --ranks " + P);
+  if (o.batch < 1 || (o.batch % r.ranks != 0 && r.ranks % o.batch != 0)) {
+    throw InputError("", "--batch", std::to_string(o.batch),
+                     "must be a positive multiple or divisor of --ranks " + P + " (a divisor splits each sequence: context parallelism)");
   }
   if (!(o.lr > 0)) throw InputError("", "--lr", std::to_string(o.lr), "must be > 0");
   if (!(r.timeout_s > 0)) throw InputError("", "--rank-timeout", std::to_string(r.timeout_s), "must be > 0");

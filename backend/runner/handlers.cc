@@ -51,6 +51,14 @@ const Handler kHandlers[] = {
     {part_set({P::kAttention}), O::kCoreRefwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(attn_core_refwd)},
     {part_set({P::kAttention, P::kGdn}), O::kCoreBwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_core_bwd)},
     {part_set({P::kAttention, P::kGdn}), O::kProjBwd, V::kAny, U::kActivations, 0, OOM_IN_PASS(mix_proj_bwd)},
+    // Context parallelism (context.cc): the sequence's K/V. Work-free: the K/V gradients'
+    // reduce-scatter, which runs in the projections' backward once the core's backward has made
+    // them (the lowering emits its stage before the core's), and the GDN state's hops, which run
+    // in the correction's stage (gdn.core / gdn.core_bwd) with the pieces they connect.
+    {part_set({P::kAttention}), O::kAllGather, V::kAny, U::kActivations, 0, OOM_IN_PASS(attn_gather)},
+    {part_set({P::kAttention}), O::kReduceScatter, V::kAny, U::kActivations, 0, [](Runner&, const Stage&) {}},
+    {part_set({P::kGdn}), O::kPass, V::kAny, U::kActivations, 0, [](Runner&, const Stage&) {}},
+    {part_set({P::kGdn}), O::kGradPass, V::kAny, U::kActivations, 0, [](Runner&, const Stage&) {}},
     // MoE per token chunk, and its all-to-alls over ranks (EP).
     {part_set({P::kMoe}), O::kRouterShared, V::kAny, U::kDispatch, 0, OOM_IN_PASS(router_shared)},
     {part_set({P::kMoe}), O::kExperts, V::kAny, U::kDispatch, 0, OOM_IN_PASS(experts)},

@@ -49,7 +49,7 @@ void Runner::mix_proj(const Stage& st_, Pass& p) {
   // In a backward the input norm keeps its output, not the decoder input (released by mix_out).
   const auto xn = bwd ? model_norm_keeping_output(x, p.w["input_norm"], spec) : model_norm(x, p.w["input_norm"], spec);
   if (attention(l)) {
-    s.in = plan_ops::attention_inputs(xn, p.w, spec, spec.layer_kinds[static_cast<std::size_t>(l)]);
+    s.in = plan_ops::attention_inputs(xn, p.w, spec, spec.layer_kinds[static_cast<std::size_t>(l)], positions);
     if (bwd) {
       // K/V leaves in FP32: their gradients accumulate over the query-head groups in FP32.
       s.q_l = leaf(s.in.q), s.k_l = leaf(s.in.k.to(at::kFloat)), s.v_l = leaf(s.in.v.to(at::kFloat)), s.gate_l = leaf(s.in.gate);
@@ -64,24 +64,33 @@ void Runner::mix_proj(const Stage& st_, Pass& p) {
   }
 }
 
+// The core over queries q and keys k, v of layer l: over the piece's own keys, or under context
+// parallelism over the sequence's (context.cc).
+AttentionOutput Runner::core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int l) {
+  if (cp_ranks > 1) return piece_attention(q, k, v, l);
+  return attention_core(q, k, v, attn(l).window_tokens, cfg.model.attention_query_block, scale(l));
+}
+
 void Runner::attn_core(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   const int l = p.l, G = groups(l), g = st_.key.head_group;
-  const AttentionSpec& a = attn(l);
   if (p.kind != PassKind::kBackward) {
-    auto r = attention_core(plan_ops::query_group(s.in.q, G, g), plan_ops::kv_group(s.in.k, G, g), plan_ops::kv_group(s.in.v, G, g),
-                            a.window_tokens, cfg.model.attention_query_block, scale(l));
+    const at::Tensor& k = cp_ranks > 1 ? s.kf : s.in.k;
+    const at::Tensor& v = cp_ranks > 1 ? s.vf : s.in.v;
+    auto r = core(plan_ops::query_group(s.in.q, G, g), plan_ops::kv_group(k, G, g), plan_ops::kv_group(v, G, g), l);
     s.outs[static_cast<std::size_t>(g)] = r.out;
     s.lses[static_cast<std::size_t>(g)] = r.lse.unsqueeze(-1);
-  } else if (G == 1) {
-    s.out_graph = attention_core(s.q_l, s.k_l, s.v_l, a.window_tokens, cfg.model.attention_query_block, scale(l)).out;
+    return;
+  }
+  const at::Tensor& k = cp_ranks > 1 ? s.kf : s.k_l;
+  const at::Tensor& v = cp_ranks > 1 ? s.vf : s.v_l;
+  if (G == 1) {
+    s.out_graph = core(s.q_l, k, v, l).out;
     s.outs[0] = s.out_graph.detach();
   } else {
     at::NoGradGuard no_grad;  // the groups' statistics are recomputed per group in backward
     s.outs[static_cast<std::size_t>(g)] =
-        attention_core(plan_ops::query_group(s.q_l, G, g), plan_ops::kv_group(s.k_l, G, g), plan_ops::kv_group(s.v_l, G, g), a.window_tokens,
-                       cfg.model.attention_query_block, scale(l))
-            .out;
+        core(plan_ops::query_group(s.q_l, G, g), plan_ops::kv_group(k, G, g), plan_ops::kv_group(v, G, g), l).out;
   }
 }
 
@@ -132,6 +141,11 @@ at::Tensor Runner::gdn_calls(const plan_ops::GdnInputs& in, std::int64_t s0, std
 }
 
 void Runner::gdn_core(const Stage& st_, Pass& p) {
+  if (cp_ranks > 1) {
+    // The pieces run in the state chain, in the lowering's correction stage (context.cc).
+    if (st_.key.chunk == gdn_call_shape(B, S, plan.split.gdn_chunk_tokens).pieces) gdn_chain(st_, p);
+    return;
+  }
   Sub& s = sub_of(p, st_.key);
   const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
   if (p.kind != PassKind::kBackward) {
@@ -186,6 +200,11 @@ void Runner::mix_core_bwd(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   const int l = p.l;
   if (!attention(l)) {
+    if (cp_ranks > 1) {
+      // The pieces' backward runs in the state chain, in the lowering's correction stage (context.cc).
+      if (st_.key.chunk == gdn_call_shape(B, S, plan.split.gdn_chunk_tokens).pieces) gdn_grad_chain(st_, p);
+      return;
+    }
     const auto [s0, C] = piece(S, plan.split.gdn_chunk_tokens, st_.key.chunk);
     const at::Tensor& start0 = s.starts.at(static_cast<std::size_t>(st_.key.chunk));
     // Each call recomputed and differentiated on its own, so one call's autograd graph lives at a time.
@@ -205,15 +224,21 @@ void Runner::mix_core_bwd(const Stage& st_, Pass& p) {
   const int G = groups(l), g = st_.key.head_group;
   if (plan.keep_attention_results) {
     // Flash-style backward from the kept O/LSE, without recomputing the core.
+    // Under context parallelism dK and dV are the whole sequence's (context.cc scatters them).
+    const at::Tensor& k = cp_ranks > 1 ? s.kf : s.k_l;
     if (!s.dq.defined()) {
       s.dq = at::zeros(s.q_l.sizes(), s.q_l.options().dtype(at::kFloat));
-      s.dk = at::zeros(s.k_l.sizes(), s.k_l.options().dtype(at::kFloat));
-      s.dv = at::zeros(s.v_l.sizes(), s.v_l.options().dtype(at::kFloat));
+      s.dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat));
+      s.dv = at::zeros((cp_ranks > 1 ? s.vf : s.v_l).sizes(), k.options().dtype(at::kFloat));
     }
-    auto grads = plan_ops::attention_core_backward(
-        plan_ops::query_group(s.in.q.detach(), G, g), plan_ops::kv_group(s.in.k.detach(), G, g), plan_ops::kv_group(s.in.v.detach(), G, g),
-        plan_ops::query_group(s.out, G, g), plan_ops::query_group(s.lse.unsqueeze(-1), G, g).squeeze(-1),
-        plan_ops::query_group(s.dout, G, g), a.window_tokens, cfg.model.attention_query_block, scale(l));
+    const auto q = plan_ops::query_group(s.in.q.detach(), G, g);
+    const auto kg = plan_ops::kv_group((cp_ranks > 1 ? s.kf : s.in.k).detach(), G, g);
+    const auto vg = plan_ops::kv_group((cp_ranks > 1 ? s.vf : s.in.v).detach(), G, g);
+    const auto out = plan_ops::query_group(s.out, G, g), lse = plan_ops::query_group(s.lse.unsqueeze(-1), G, g).squeeze(-1);
+    const auto dout = plan_ops::query_group(s.dout, G, g);
+    auto grads = cp_ranks > 1 ? piece_attention_backward(q, kg, vg, out, lse, dout, l)
+                              : plan_ops::attention_core_backward(q, kg, vg, out, lse, dout, a.window_tokens,
+                                                                  cfg.model.attention_query_block, scale(l));
     plan_ops::query_group(s.dq, G, g).copy_(grads.dq);
     plan_ops::kv_group(s.dk, G, g).add_(grads.dk.to(at::kFloat));  // the group's KV head
     plan_ops::kv_group(s.dv, G, g).add_(grads.dv.to(at::kFloat));
@@ -226,18 +251,20 @@ void Runner::mix_core_bwd(const Stage& st_, Pass& p) {
 
 void Runner::attn_core_refwd(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
-  const AttentionSpec& a = attn(p.l);
   const int G = groups(p.l), g = st_.key.head_group;
-  s.group_graph = attention_core(plan_ops::query_group(s.q_l, G, g), plan_ops::kv_group(s.k_l, G, g), plan_ops::kv_group(s.v_l, G, g),
-                                 a.window_tokens, cfg.model.attention_query_block, scale(p.l))
-                      .out;
+  const at::Tensor& k = cp_ranks > 1 ? s.kf : s.k_l;
+  const at::Tensor& v = cp_ranks > 1 ? s.vf : s.v_l;
+  s.group_graph = core(plan_ops::query_group(s.q_l, G, g), plan_ops::kv_group(k, G, g), plan_ops::kv_group(v, G, g), p.l).out;
 }
 
 void Runner::mix_proj_bwd(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   if (attention(p.l)) {
     at::Tensor dq = s.dq, dk = s.dk, dv = s.dv;
-    if (!plan.keep_attention_results) dq = s.q_l.grad(), dk = s.k_l.grad(), dv = s.v_l.grad();
+    if (!plan.keep_attention_results) {
+      dq = s.q_l.grad(), dk = (cp_ranks > 1 ? s.kf : s.k_l).grad(), dv = (cp_ranks > 1 ? s.vf : s.v_l).grad();
+    }
+    if (cp_ranks > 1) dk = scatter_sequence(dk), dv = scatter_sequence(dv);  // the ring's reduce-scatter
     backward_defined({s.in.q, s.in.k, s.in.v, s.in.gate},
                      {dq.to(s.in.q.scalar_type()), dk.to(s.in.k.scalar_type()), dv.to(s.in.v.scalar_type()), grad_of(s.gate_l)});
   } else {

@@ -124,7 +124,9 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
                      "the plan runtime runs one micro-batch per step (a plan splits a step with split.sub_batch_seqs)");
   }
   OOM_ASSERT(g.gpus == P, "the graph was lowered for another rank count");
-  OOM_ASSERT(tokens.size(0) % P == 0, "the batch splits over the ranks");
+  // Context parallelism: fewer sequences than ranks, each over cp_ranks of them (context.cc).
+  cp_ranks = ep() ? std::max(1, plan.context_parallel()) : 1;
+  OOM_ASSERT(cp_ranks > 1 ? tokens.size(0) * cp_ranks == P : tokens.size(0) % P == 0, "the batch splits over the ranks");
   worker.wait_all();  // a step that threw may have left updates queued
   clear_step();
   graph = &g;
@@ -132,7 +134,7 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
   if (llep()) place_fetched_experts(g);
   routed_pairs.assign(static_cast<std::size_t>(spec.layers), std::vector<double>(static_cast<std::size_t>(spec.moe.experts), 0.0));
   // Rank R trains its share of the global batch's sequences.
-  B = tokens.size(0) / P, S = tokens.size(1);
+  B = cp_ranks > 1 ? 1 : tokens.size(0) / P, S = tokens.size(1) / cp_ranks;
   sb = plan.split.sub_batch_seqs > 0 ? std::min(plan.split.sub_batch_seqs, B) : B;
   // Each pass ends at the last stage that belongs to it.
   std::vector<const Handler*> handlers(g.stages.size(), nullptr);
@@ -166,8 +168,12 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
   if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
 #endif
   rec.start_step(tracing);
-  tok = device_memory::to_device(tokens.narrow(0, R * B, B), dev);
-  tgt = device_memory::to_device(targets.narrow(0, R * B, B), dev);
+  if (cp_ranks > 1) {
+    take_piece(tokens, targets);
+  } else {
+    tok = device_memory::to_device(tokens.narrow(0, R * B, B), dev);
+    tgt = device_memory::to_device(targets.narrow(0, R * B, B), dev);
+  }
   sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
   coef = 1.0;
   next_backward = spec.layers - 1;
@@ -231,7 +237,7 @@ void Runner::clear_step() {
   passes.clear();
   open_pass.clear();
   backward_pass.clear();
-  tok = tgt = outer_flat = head_grad = embed_grad = hL = loss = at::Tensor();
+  tok = tgt = outer_flat = head_grad = embed_grad = hL = loss = positions = pieces_order = sequence_order = at::Tensor();
   outer = BlockWeights();
   graph = nullptr;
 }

@@ -55,6 +55,10 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   std::int64_t B = 0, S = 0, sb = 0;  // this rank's sequences, their length, a sub-batch's sequences
   at::Tensor tok, tgt;                // this rank's tokens and targets on the device
   Ring ring;
+  // Context parallelism (context.cc): the ranks of a sequence, this rank's piece of it.
+  int cp_ranks = 1, cp_piece = 0;
+  at::Tensor positions;                     // this rank's tokens' places in their sequence (C > 1)
+  at::Tensor pieces_order, sequence_order;  // the gathered pieces' tokens; each token's row among them
 
   Runner(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g);
 
@@ -108,6 +112,7 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
 
   // ---- mixing.cc: attention (query-head groups, kept O/LSE) and GDN (sequence chunks) ----
   void mix_proj(const Stage& st_, Pass& p);
+  AttentionOutput core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int l);
   void attn_core(const Stage& st_, Pass& p);
   void olse_d2h(const Stage& st_, Pass& p);
   void olse_h2d(const Stage& st_, Pass& p);
@@ -119,6 +124,20 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   void mix_core_bwd(const Stage& st_, Pass& p);
   void attn_core_refwd(const Stage& st_, Pass& p);
   void mix_proj_bwd(const Stage& st_, Pass& p);
+
+  // ---- context.cc: context parallelism (zig-zag pieces, the sequence's K/V, the GDN state chain) ----
+  at::Tensor piece_positions(std::int64_t seq, int p) const;
+  void take_piece(const at::Tensor& tokens, const at::Tensor& targets);
+  at::Tensor sequence_exchange(const at::Tensor& rows, int from = -1, int to = -1);
+  at::Tensor gather_sequence(const at::Tensor& t);
+  at::Tensor scatter_sequence(const at::Tensor& t);
+  void attn_gather(const Stage& st_, Pass& p);
+  AttentionOutput piece_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int l);
+  plan_ops::AttentionGrads piece_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout, int l);
+  std::pair<at::Tensor, at::Tensor> hand_state(const at::Tensor& state, const at::Tensor& context, int from, int to);
+  void gdn_chain(const Stage& st_, Pass& p);
+  void gdn_grad_chain(const Stage& st_, Pass& p);
 
   // ---- moe.cc: MoE per token chunk; over ranks its all-to-alls ----
   bool moe_graph(const Pass& p) const;

@@ -64,6 +64,8 @@ struct Sub {
   plan_ops::GdnInputs gin, glin;
   at::Tensor state, dstate;
   std::vector<at::Tensor> starts, outs, lses;  // GDN chunk start states / per group or chunk outputs
+  at::Tensor kf, vf;                           // context parallelism: the sequence's K/V (a backward's: leaves)
+  std::vector<at::Tensor> contexts;            // context parallelism: the GDN chunks' conv left contexts
   at::Tensor out_graph, group_graph, out, lse, out_l, mixed, h, dh, dout, dq, dk, dv;
   std::map<int, Chunk> chunks;
 };

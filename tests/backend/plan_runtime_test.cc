@@ -532,8 +532,11 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   p.ep_group_gpus = 1;  // two EP groups of one rank: replicated expert shards, simulated only
   expect_rejected(p, "ep_group_gpus", 4, 24, 2);
   p = Plan{};
-  p.context_parallel_gpus = 2;  // one sequence over two ranks: ring attention, simulated only
-  expect_rejected(p, "context_parallel_gpus", 1, 24, 2);
+  p.context_parallel_gpus = 2;  // one sequence over two ranks: zig-zag pieces of 4 chunks
+  EXPECT_NO_THROW(check_plan_for_run(p, load_model_spec("tiny-moe"), 1, 24, 2, "p.json"));
+  expect_rejected(p, "context_parallel_gpus", 1, 22, 2);  // 22 tokens make no 4 equal chunks
+  p.context_parallel_gpus = 4;
+  expect_rejected(p, "context_parallel_gpus", 1, 16, 4);  // chunks of 2 tokens: the GDN conv's context is 3
   expect_rejected(Plan{}, "path", 3, 24, 3);         // 8 experts over 3 ranks
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 1, "p.json"));  // EP on one rank
   EXPECT_NO_THROW(check_plan_for_run(Plan{}, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));  // and on two
