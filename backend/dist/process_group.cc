@@ -1,10 +1,12 @@
 #include "backend/dist/process_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
 // USE_C10D_GLOO (and with NCCL, USE_C10D_NCCL) come from backend/CMakeLists.txt.
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef OOM_BACKEND_NCCL
@@ -22,6 +24,24 @@ struct Communicator::Impl {
   // Since PyTorch 2.0 ProcessGroupGloo and ProcessGroupNCCL are c10d::Backend implementations.
   c10::intrusive_ptr<c10d::Backend> group;
   std::chrono::milliseconds timeout{0};
+  std::string host;  // Gloo's address (sub-groups bind to it too)
+
+  // The process group of `size` ranks on `on` (NCCL on `device` when it is a GPU, else Gloo).
+  c10::intrusive_ptr<c10d::Backend> make_group(const c10::intrusive_ptr<c10d::Store>& on, int rank, int size,
+                                               const at::Device& device) const {
+#ifdef OOM_BACKEND_NCCL
+    if (device.is_cuda()) {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(on, rank, size, opts);
+    }
+#endif
+    (void)device;
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+    opts->threads = 1;
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(on, rank, size, opts);
+  }
 
   // Waits for `work` with the timeout; a failure names the collective.
   // Waits for `work`. A collective that failed may still be writing into the tensors it was handed
@@ -48,6 +68,7 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   }
   if (!(o.timeout_s > 0)) throw InputError("", "timeout_s", std::to_string(o.timeout_s), "must be > 0");
   impl_->timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
+  impl_->host = o.host;
   try {
     if (!o.store_path.empty()) {
       impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
@@ -69,18 +90,13 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
 #ifdef OOM_BACKEND_NCCL
       device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device));
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(o.cuda_device));
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = impl_->timeout;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, o.rank, o.world_size, opts);
+      impl_->group = impl_->make_group(impl_->store, o.rank, o.world_size, device_);
       backend_ = "nccl";
 #else
       throw InputError("", "cuda", "true", "this build has no NCCL process group (LibTorch without CUDA, or nccl.h not found)");
 #endif
     } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create(impl_->timeout);
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.host));
-      opts->threads = 1;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.rank, o.world_size, opts);
+      impl_->group = impl_->make_group(impl_->store, o.rank, o.world_size, device_);
       backend_ = "gloo";
     }
   } catch (const InputError&) {
@@ -91,7 +107,27 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   }
 }
 
+Communicator::Communicator(std::unique_ptr<Impl> impl, int rank, int size, std::string backend, at::Device device)
+    : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)), device_(device) {}
+
 Communicator::~Communicator() = default;
+
+std::unique_ptr<RankGroup> Communicator::sub_group(const std::vector<int>& members, const std::string& tag) {
+  const auto at = std::find(members.begin(), members.end(), rank_);
+  OOM_ASSERT(at != members.end() && std::is_sorted(members.begin(), members.end()) && members.back() < size_,
+             "a sub-group of ascending ranks of the group, this rank among them");
+  auto impl = std::make_unique<Impl>();
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(tag, impl_->store);
+  impl->timeout = impl_->timeout;
+  impl->host = impl_->host;
+  const int rank = static_cast<int>(at - members.begin()), size = static_cast<int>(members.size());
+  try {
+    impl->group = impl->make_group(impl->store, rank, size, device_);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": sub-group " + tag + " failed: " + e.what());
+  }
+  return std::unique_ptr<RankGroup>(new Communicator(std::move(impl), rank, size, backend_, device_));
+}
 
 namespace {
 
