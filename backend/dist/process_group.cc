@@ -1,7 +1,10 @@
 #include "backend/dist/process_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <thread>
 #include <stdexcept>
 
 // USE_C10D_GLOO (and with NCCL, USE_C10D_NCCL) come from backend/CMakeLists.txt.
@@ -19,8 +22,18 @@
 
 namespace oom::backend::dist {
 
+namespace {
+// A rank that stops with an error writes "rank R of P" here (~Communicator, while the error
+// unwinds, before its connections close); a peer whose collective then fails names it.
+constexpr const char* kFailedKey = "oom/failed-rank";
+}  // namespace
+
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> root;  // the group's store, without a sub-group's prefix
+  bool sub = false;                      // a sub-group (sub_group()): its root group announces
+  // Set when a collective of the group or of a sub-group failed: this rank stops because a peer did.
+  std::shared_ptr<std::atomic<bool>> peer_failed = std::make_shared<std::atomic<bool>>(false);
   // Since PyTorch 2.0 ProcessGroupGloo and ProcessGroupNCCL are c10d::Backend implementations.
   c10::intrusive_ptr<c10d::Backend> group;
   std::chrono::milliseconds timeout{0};
@@ -52,8 +65,30 @@ struct Communicator::Impl {
     } catch (const std::exception& e) {
       static auto* kept = new std::vector<at::Tensor>();  // never freed, on purpose
       kept->insert(kept->end(), buffers.begin(), buffers.end());
+      peer_failed->store(true);
+      const std::string who = failed_rank();
+      if (!who.empty()) {
+        throw std::runtime_error(std::string(what) + " failed: " + who + " stopped with an error (its own output says which); this rank stops too");
+      }
       throw std::runtime_error(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
     }
+  }
+
+  // The rank that announced its failure (kFailedKey), waited for up to 2 s (its connections may
+  // close before it wrote it); empty when none did (a rank killed) or the store is gone.
+  std::string failed_rank() const {
+    for (int i = 0; i < 20; ++i) {
+      try {
+        if (root->check({kFailedKey})) {
+          const auto v = root->get(kFailedKey);
+          return std::string(v.begin(), v.end());
+        }
+      } catch (const std::exception&) {
+        return "";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "";
   }
 };
 
@@ -86,6 +121,7 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
       impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
     }
     impl_->store->setTimeout(impl_->timeout);
+    impl_->root = impl_->store;
     if (o.cuda) {
 #ifdef OOM_BACKEND_NCCL
       device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device));
@@ -110,7 +146,16 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
 Communicator::Communicator(std::unique_ptr<Impl> impl, int rank, int size, std::string backend, at::Device device)
     : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)), device_(device) {}
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // This rank stops with an error of its own (not a peer's): it says so for the peers, once.
+  if (std::uncaught_exceptions() == 0 || !impl_ || impl_->sub || impl_->peer_failed->load() || size_ == 1) return;
+  try {
+    const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    impl_->root->compareSet(kFailedKey, {}, std::vector<std::uint8_t>(me.begin(), me.end()));
+  } catch (const std::exception&) {
+    // The store is gone: the peers fall back to naming the collective.
+  }
+}
 
 std::unique_ptr<RankGroup> Communicator::sub_group(const std::vector<int>& members, const std::string& tag) {
   const auto at = std::find(members.begin(), members.end(), rank_);
@@ -118,6 +163,9 @@ std::unique_ptr<RankGroup> Communicator::sub_group(const std::vector<int>& membe
              "a sub-group of ascending ranks of the group, this rank among them");
   auto impl = std::make_unique<Impl>();
   impl->store = c10::make_intrusive<c10d::PrefixStore>(tag, impl_->store);
+  impl->root = impl_->root;
+  impl->sub = true;
+  impl->peer_failed = impl_->peer_failed;
   impl->timeout = impl_->timeout;
   impl->host = impl_->host;
   const int rank = static_cast<int>(at - members.begin()), size = static_cast<int>(members.size());

@@ -7,6 +7,7 @@
 // resume from their checkpoint bit for bit.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -224,8 +225,9 @@ class TwoNodes : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  // Both nodes with `more` options: node 0's JSON result (null when a launch failed).
-  nlohmann::json on_two_nodes(const std::string& more) {
+  // Both nodes with `more` options: node 0's JSON result (null when a launch failed, which fails
+  // the test unless `may_fail`); each node's stderr in dir_/err<node>-<launch>.
+  nlohmann::json on_two_nodes(const std::string& more, bool may_fail = false) {
     const int port = 20000 + static_cast<int>((getpid() * 7 + 101 * launch_) % 20000);
     const auto node_cmd = [&](int node) {
       return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python "
@@ -234,7 +236,9 @@ class TwoNodes : public ::testing::Test {
     };
     const int status = run_two_launches(node_cmd(0), node_cmd(1));
     const auto slurp = [&](const std::string& name) { return read_text(dir_ / fmt::format("{}-{}", name, launch_)); };
-    EXPECT_EQ(status, 0) << slurp("err0") << slurp("err1");
+    if (!may_fail) {
+      EXPECT_EQ(status, 0) << slurp("err0") << slurp("err1");
+    }
     const std::string out = slurp("out0");
     ++launch_;
     return status == 0 ? last_json_line(out) : nlohmann::json();
@@ -291,6 +295,26 @@ TEST_F(TwoNodes, EpGroupsRepeatTheOneNodeRunAndTheReference) {
 // Two steps on two nodes with a checkpoint (rank 0 writes node 0's state, whole after the
 // exchange), then a third resumed from it on two fresh nodes: the third step's loss and gradient
 // norm are the uninterrupted one-node run's, bit for bit.
+TEST_F(TwoNodes, ARankThatFailsStopsEveryRankNamingIt) {
+  // Rank 0 (node 0) fails writing the weights after the step while the others wait for it in the
+  // last barrier; the collective timeout is long, so only the failure itself ends them quickly.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto failed = on_two_nodes(" --steps 1 --rank-timeout 100 --save-weights /nonexistent-dir/w.safetensors", true);
+  EXPECT_TRUE(failed.is_null());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+  const std::string node0 = read_text(dir_ / "err0-0"), node1 = read_text(dir_ / "err1-0");
+  EXPECT_NE(node0.find("nonexistent-dir"), std::string::npos) << node0;
+  // Rank 1 on node 0 and ranks 2 and 3 on node 1 each print one line naming rank 0.
+  const auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string line = "failed: rank 0 of 4 stopped with an error";
+  EXPECT_EQ(count(node0, line), 1u) << node0;
+  EXPECT_EQ(count(node1, line), 2u) << node1;
+}
+
 TEST_F(TwoNodes, EpGroupsResumeFromACheckpointBitExactly) {
   const std::string ckpt = (dir_ / "ckpt").string();
   const auto first = on_two_nodes(" --steps 2 --checkpoint " + ckpt);
