@@ -22,6 +22,7 @@
 #include "backend/data.h"
 #include "backend/dist/rank_train.h"
 #include "backend/plain_trainer.h"
+#include "cli/cli.h"
 #include "planner/plan/plan.h"
 #include "tests/backend/ep_threads.h"
 #include "tests/backend/reference_ops.h"
@@ -154,7 +155,8 @@ TEST(EpGroups, GradientsOfFourRanksInTwoGroupsEqualAutograd) {
 
 // `oom train --ranks 4` (the rank processes share one host state) with EP groups of two, decoders
 // 0 and 2 resident: the first step's loss and gradient norm equal autograd's, and the weights after
-// two steps the plain trainer's.
+// two steps the plain trainer's. The merged trace of the four ranks holds every stage the
+// four-GPU prediction has (the replicas' reduce-scatters and all-gathers included), and no other.
 TEST(EpGroups, FourRanksInTwoGroupsMatchThePlainTrainer) {
   const auto dir = scratch("ranks");
   TrainOptions o;
@@ -167,6 +169,7 @@ TEST(EpGroups, FourRanksInTwoGroupsMatchThePlainTrainer) {
   o.seed = 7;
   o.gdn_chunk_tokens = 8;
   o.plan = write_group_plan(dir, {{"resident_layers", {0, 2}}, {"moe_retained_layers", {1}}});
+  o.trace = (dir / "measured.json").string();
   RanksOptions r;
   r.ranks = 4;
   r.worker_program = OOM_BINARY;
@@ -181,6 +184,16 @@ TEST(EpGroups, FourRanksInTwoGroupsMatchThePlainTrainer) {
   std::cout << "loss relative difference " << std::abs(got.train.losses[0] - ref.loss) / ref.loss << ", gradient norm "
             << std::abs(got.train.grad_norms[0] - ref.norm) / ref.norm << "\n";
   expect_params_match(r.save_weights, plain_params(o), "ranks 4, EP groups of 2");
+  const auto workload = (dir / "workload.json").string();
+  std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 4, "global_batch": 4, "seq_len": 16})";
+  std::ostringstream sout, serr;
+  ASSERT_EQ(cli::run({"simulate", "--workload", workload, "--plan", o.plan, "--trace", (dir / "predicted.json").string()},
+                     {sout, serr}), 0) << serr.str();
+  std::ostringstream dout, derr;
+  ASSERT_EQ(cli::run({"diff", (dir / "predicted.json").string(), o.trace, "--json"}, {dout, derr}), 0) << derr.str();
+  const auto d = nlohmann::json::parse(dout.str());
+  EXPECT_EQ(d["only_measured"], 0);
+  EXPECT_EQ(d["only_predicted"], 0);
   fs::remove_all(dir);
 }
 
