@@ -53,8 +53,8 @@ Runner::Runner(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g
     : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)),
       spec(s.spec()), group(g), R(g ? g->rank() : 0), P(g ? g->size() : 1) {
   ep_group = group;
-  if (g != nullptr && ep()) {
-    ep_size = plan.ep_group(P);
+  if (g != nullptr) {
+    ep_size = plan.ep_group(P);  // all P ranks but for EP groups (the Local path: all of them)
     replicas = P / ep_size;
     ep_rank = R % ep_size;
     replica = R / ep_size;
