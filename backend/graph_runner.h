@@ -133,7 +133,8 @@ class GraphRunner {
   // cpu_grad_slots per kind: routed experts, everything else; a whole decoder's gradient on a CPU
   // device is adopted, not copied) and their bytes.
   std::pair<int, std::int64_t> host_gradient_buffers() const;
-  // From the next step on, every gradient this rank sends to the host is also copied into
+  // From the next step on, every gradient this rank sends to the host (or updates on the device:
+  // its slice of a resident expert bank) is also copied into
   // (*blocks)[b] (FP32, one flat tensor per block, zero where nothing was sent); null stops it.
   // For checks: the host gradient buffers themselves are reused.
   void capture_gradients(std::vector<at::Tensor>* blocks);

@@ -47,10 +47,10 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
     throw InputError(file, "flat.vocab_projection", "\"ring_dtp\"",
                      "the backend's Ring-DTP shards an LM head of its own; " + model.name + " ties it to the embedding");
   }
-  if (plan.ep_replicas(ranks) > 1) {
-    throw InputError(file, "ep_group_gpus", std::to_string(plan.ep_group_gpus),
-                     fmt::format("this runtime runs one EP group of all {} ranks; groups that replicate expert shards are simulated only",
-                                 ranks));
+  if (plan.ep_replicas(ranks) > 1 && plan.flat.expert_dispatch == ExpertDispatch::kPipelinedLlep) {
+    throw InputError(file, "flat.expert_dispatch", "\"pipelined_llep\"",
+                     fmt::format("this runtime places PipelinedLLEP's helpers over one EP group of all {} ranks, not in groups of {}",
+                                 ranks, plan.ep_group(ranks)));
   }
   if (ranks != 1 && plan.path != ExpertPath::kEp) {
     throw InputError(file, "path", "\"local\"", fmt::format("this runtime executes the local path on 1 rank, not {}", ranks));

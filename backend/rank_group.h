@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -26,6 +28,10 @@ class RankGroup {
   virtual at::Tensor all_to_all(const at::Tensor& input, const std::vector<std::int64_t>& send_rows,
                                 const std::vector<std::int64_t>& recv_rows) = 0;
   virtual void barrier() = 0;
+  // The group of `members` (ranks of this group, ascending, this rank among them), ranked by their
+  // order there; `tag` tells it from the other sub-groups (its members pass the same one). Every
+  // member calls it, in the same order as its other sub-groups.
+  virtual std::unique_ptr<RankGroup> sub_group(const std::vector<int>& members, const std::string& tag) = 0;
 };
 
 }  // namespace oom::backend

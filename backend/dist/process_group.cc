@@ -1,10 +1,15 @@
 #include "backend/dist/process_group.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <thread>
 #include <stdexcept>
 
 // USE_C10D_GLOO (and with NCCL, USE_C10D_NCCL) come from backend/CMakeLists.txt.
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef OOM_BACKEND_NCCL
@@ -17,11 +22,39 @@
 
 namespace oom::backend::dist {
 
+namespace {
+// A rank that stops with an error writes "rank R of P" here (~Communicator, while the error
+// unwinds, before its connections close); a peer whose collective then fails names it.
+constexpr const char* kFailedKey = "oom/failed-rank";
+}  // namespace
+
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> root;  // the group's store, without a sub-group's prefix
+  bool sub = false;                      // a sub-group (sub_group()): its root group announces
+  // Set when a collective of the group or of a sub-group failed: this rank stops because a peer did.
+  std::shared_ptr<std::atomic<bool>> peer_failed = std::make_shared<std::atomic<bool>>(false);
   // Since PyTorch 2.0 ProcessGroupGloo and ProcessGroupNCCL are c10d::Backend implementations.
   c10::intrusive_ptr<c10d::Backend> group;
   std::chrono::milliseconds timeout{0};
+  std::string host;  // Gloo's address (sub-groups bind to it too)
+
+  // The process group of `size` ranks on `on` (NCCL on `device` when it is a GPU, else Gloo).
+  c10::intrusive_ptr<c10d::Backend> make_group(const c10::intrusive_ptr<c10d::Store>& on, int rank, int size,
+                                               const at::Device& device) const {
+#ifdef OOM_BACKEND_NCCL
+    if (device.is_cuda()) {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(on, rank, size, opts);
+    }
+#endif
+    (void)device;
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+    opts->threads = 1;
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(on, rank, size, opts);
+  }
 
   // Waits for `work` with the timeout; a failure names the collective.
   // Waits for `work`. A collective that failed may still be writing into the tensors it was handed
@@ -32,8 +65,30 @@ struct Communicator::Impl {
     } catch (const std::exception& e) {
       static auto* kept = new std::vector<at::Tensor>();  // never freed, on purpose
       kept->insert(kept->end(), buffers.begin(), buffers.end());
+      peer_failed->store(true);
+      const std::string who = failed_rank();
+      if (!who.empty()) {
+        throw std::runtime_error(std::string(what) + " failed: " + who + " stopped with an error (its own output says which); this rank stops too");
+      }
       throw std::runtime_error(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
     }
+  }
+
+  // The rank that announced its failure (kFailedKey), waited for up to 2 s (its connections may
+  // close before it wrote it); empty when none did (a rank killed) or the store is gone.
+  std::string failed_rank() const {
+    for (int i = 0; i < 20; ++i) {
+      try {
+        if (root->check({kFailedKey})) {
+          const auto v = root->get(kFailedKey);
+          return std::string(v.begin(), v.end());
+        }
+      } catch (const std::exception&) {
+        return "";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "";
   }
 };
 
@@ -48,6 +103,7 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   }
   if (!(o.timeout_s > 0)) throw InputError("", "timeout_s", std::to_string(o.timeout_s), "must be > 0");
   impl_->timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
+  impl_->host = o.host;
   try {
     if (!o.store_path.empty()) {
       impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
@@ -65,22 +121,18 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
       impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
     }
     impl_->store->setTimeout(impl_->timeout);
+    impl_->root = impl_->store;
     if (o.cuda) {
 #ifdef OOM_BACKEND_NCCL
       device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device));
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(o.cuda_device));
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = impl_->timeout;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, o.rank, o.world_size, opts);
+      impl_->group = impl_->make_group(impl_->store, o.rank, o.world_size, device_);
       backend_ = "nccl";
 #else
       throw InputError("", "cuda", "true", "this build has no NCCL process group (LibTorch without CUDA, or nccl.h not found)");
 #endif
     } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create(impl_->timeout);
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.host));
-      opts->threads = 1;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.rank, o.world_size, opts);
+      impl_->group = impl_->make_group(impl_->store, o.rank, o.world_size, device_);
       backend_ = "gloo";
     }
   } catch (const InputError&) {
@@ -91,7 +143,39 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   }
 }
 
-Communicator::~Communicator() = default;
+Communicator::Communicator(std::unique_ptr<Impl> impl, int rank, int size, std::string backend, at::Device device)
+    : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)), device_(device) {}
+
+Communicator::~Communicator() {
+  // This rank stops with an error of its own (not a peer's): it says so for the peers, once.
+  if (std::uncaught_exceptions() == 0 || !impl_ || impl_->sub || impl_->peer_failed->load() || size_ == 1) return;
+  try {
+    const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    impl_->root->compareSet(kFailedKey, {}, std::vector<std::uint8_t>(me.begin(), me.end()));
+  } catch (const std::exception&) {
+    // The store is gone: the peers fall back to naming the collective.
+  }
+}
+
+std::unique_ptr<RankGroup> Communicator::sub_group(const std::vector<int>& members, const std::string& tag) {
+  const auto at = std::find(members.begin(), members.end(), rank_);
+  OOM_ASSERT(at != members.end() && std::is_sorted(members.begin(), members.end()) && members.back() < size_,
+             "a sub-group of ascending ranks of the group, this rank among them");
+  auto impl = std::make_unique<Impl>();
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(tag, impl_->store);
+  impl->root = impl_->root;
+  impl->sub = true;
+  impl->peer_failed = impl_->peer_failed;
+  impl->timeout = impl_->timeout;
+  impl->host = impl_->host;
+  const int rank = static_cast<int>(at - members.begin()), size = static_cast<int>(members.size());
+  try {
+    impl->group = impl->make_group(impl->store, rank, size, device_);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": sub-group " + tag + " failed: " + e.what());
+  }
+  return std::unique_ptr<RankGroup>(new Communicator(std::move(impl), rank, size, backend_, device_));
+}
 
 namespace {
 

@@ -69,9 +69,13 @@ class Communicator : public RankGroup {
   at::Tensor all_to_all(const at::Tensor& input, const std::vector<std::int64_t>& send_rows,
                         const std::vector<std::int64_t>& recv_rows) override;
   void barrier() override;
+  // A c10d group of the members on this group's store under the prefix `tag` (c10d keys each
+  // group's rendezvous by its store: sub-groups need their own prefix).
+  std::unique_ptr<RankGroup> sub_group(const std::vector<int>& members, const std::string& tag) override;
 
  private:
   struct Impl;
+  Communicator(std::unique_ptr<Impl> impl, int rank, int size, std::string backend, at::Device device);
   std::unique_ptr<Impl> impl_;
   int rank_ = 0;
   int size_ = 1;

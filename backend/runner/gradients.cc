@@ -47,6 +47,17 @@ at::Tensor Runner::grad_buffer(int kind, int index, std::int64_t numel, const at
   return buf;
 }
 
+// capture_gradients(): the ranges of block b's gradient this rank sends or updates, copied.
+template <typename Grad>
+void Runner::capture(int b, const Ranges& ranges, const Grad& grad) {
+  if (captured == nullptr) return;
+  captured->resize(static_cast<std::size_t>(st.blocks()));
+  at::Tensor& c = (*captured)[static_cast<std::size_t>(b)];
+  device_memory::OnHost on_host;
+  if (!c.defined()) c = at::zeros({st.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
+  for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(range_of(grad, a, n));
+}
+
 // A parameter group's gradient (or one bucket of it) into a host buffer (a whole decoder's adopted
 // as is on a CPU device).
 void Runner::send_gradient(StagePart part, int layer, int bucket, const BlockGrad& grad) {
@@ -54,13 +65,7 @@ void Runner::send_gradient(StagePart part, int layer, int bucket, const BlockGra
   const Ranges ranges = bucket_ranges(part, layer, bucket);
   const GradKey key{part, layer, bucket};
   if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
-  if (captured != nullptr) {
-    captured->resize(static_cast<std::size_t>(st.blocks()));
-    at::Tensor& c = (*captured)[static_cast<std::size_t>(b)];
-    device_memory::OnHost on_host;
-    if (!c.defined()) c = at::zeros({st.layout().blocks[static_cast<std::size_t>(b)].numel}, at::kFloat);
-    for (const auto& [a, n] : ranges) c.narrow(0, a, n).copy_(grad.range(a, n));
-  }
+  capture(b, ranges, grad);
   const int kind = part == StagePart::kExperts ? 1 : 0;
   const int index = grads_sent[static_cast<std::size_t>(kind)]++;
   const at::Tensor& first = grad.parts.front().second;
@@ -205,6 +210,17 @@ void Runner::reduce_scatter(const Stage& s) {
   if (!outer_part) reduced[{s.key.part, s.layer}] = layer_grad(s.layer);
 }
 
+// EP groups: the shard's gradient summed over its replicas (an all-reduce: each replica then sends or
+// updates its slice, as a reduce-scatter would leave it).
+void Runner::expert_reduce_scatter(const Stage& s) {
+  OOM_ASSERT(replica_group != nullptr, "an expert reduce-scatter without EP-group replicas");
+  for (const auto& [a, n] : owned_experts(s.layer)) {
+    auto v = layer_grad(s.layer).range(a, n);
+    replica_group->all_reduce_sum(v);
+  }
+  reduced[{StagePart::kExperts, s.layer}] = layer_grad(s.layer);
+}
+
 // A resident expert bank's update where its gradient is (the compute device), with its working
 // copy refreshed.
 void Runner::gpu_adamw(const Stage& s) {
@@ -218,6 +234,7 @@ void Runner::gpu_adamw(const Stage& s) {
     grad = at::empty({g.numel}, g.parts.front().second.options().device(at::kCPU));
     for (const auto& [a, n] : ranges) grad.narrow(0, a, n).copy_(g.range(a, n));
   }
+  capture(b, ranges, grad);
   auto update = [this, b, ranges, grad] {
     update_ranges(b, ranges, grad);
     publish_ranges(b, ranges);

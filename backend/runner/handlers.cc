@@ -75,6 +75,11 @@ const Handler kHandlers[] = {
     // Gradients: reduction over ranks, D2H, the device update of resident expert banks.
     {part_set({P::kEmbedding, P::kLmHead, P::kCommon}), O::kReduceScatter, V::kAny, U::kOptimizer, kReadsLayerGrad | kReadsOuterGrad,
      [](Runner& r, const Stage& s) { r.reduce_scatter(s); }},
+    // EP groups: an expert shard's gradient over its replicas; the bank all-gathers (before a pass,
+    // after a resident bank's update) find it whole, as the window copies the node's host state.
+    {part_set({P::kExperts}), O::kReduceScatter, V::kAny, U::kOptimizer, kReadsLayerGrad | kReadsExpertGrad,
+     [](Runner& r, const Stage& s) { r.expert_reduce_scatter(s); }},
+    {part_set({P::kWeights, P::kExperts}), O::kAllGather, V::kAny, U::kOther, 0, [](Runner&, const Stage&) {}},
     {part_set({P::kEmbedding, P::kLmHead}), O::kGradD2h, V::kAny, U::kOptimizer, kReadsOuterGrad, [](Runner& r, const Stage& s) { r.outer_grad_d2h(s); }},
     {part_set({P::kLayer, P::kCommon}), O::kGradD2h, V::kAny, U::kOptimizer, kReadsLayerGrad, [](Runner& r, const Stage& s) { r.layer_grad_d2h(s); }},
     {part_set({P::kExperts}), O::kGradD2h, V::kAny, U::kOptimizer, kReadsLayerGrad | kReadsExpertGrad,

@@ -181,9 +181,9 @@ void Runner::a2a_dispatch(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   Chunk& c = chunk_of(p, s, st_.key);
   const plan_ops::SortedSlots slots = plan_ops::sort_slots_by_expert(c.r, spec.moe);
-  const at::Tensor all_counts = group->all_gather_counts(slots.counts);
-  plan_ops::DispatchSplits d = llep() ? plan_ops::balanced_dispatch_splits(all_counts, R, experts_local, llep_spills[static_cast<std::size_t>(p.l)])
-                                      : plan_ops::dispatch_splits(all_counts, R, experts_local);
+  const at::Tensor all_counts = ep_group->all_gather_counts(slots.counts);  // the EP group's
+  plan_ops::DispatchSplits d = llep() ? plan_ops::balanced_dispatch_splits(all_counts, ep_rank, experts_local, llep_spills[static_cast<std::size_t>(p.l)])
+                                      : plan_ops::dispatch_splits(all_counts, ep_rank, experts_local);
   c.send = std::move(d.send);
   c.recv = std::move(d.recv);
   const auto index = [&](const std::vector<std::int64_t>& r) {
@@ -195,7 +195,7 @@ void Runner::a2a_dispatch(const Stage& st_, Pass& p) {
   for (const auto& [e, r] : d.fetched_rows) c.fetched_rows[e] = index(r);
   if (st_.phase == Phase::kForward) {
     dispatch_log.push_back(c.send);
-    // The step's routing histogram, the same on every rank (every rank's counts).
+    // The step's routing histogram of the EP group's tokens (run() sums the groups').
     const auto summed = all_counts.sum(0).contiguous();
     const auto* n = summed.data_ptr<std::int64_t>();
     auto& pairs = routed_pairs[static_cast<std::size_t>(p.l)];
@@ -209,7 +209,7 @@ void Runner::a2a_dispatch(const Stage& st_, Pass& p) {
     c.weights_sorted = c.weights_sorted.index_select(0, order);
   }
   const auto sent = expert_input(c).detach().index_select(0, c.tokens_sorted);
-  c.recv_x = group->all_to_all(sent, c.send, c.recv);
+  c.recv_x = ep_group->all_to_all(sent, c.send, c.recv);
 }
 
 // The experts a chunk's received rows go to: this rank's, then (PipelinedLLEP) the fetched ones
@@ -273,7 +273,7 @@ void Runner::owned_experts_forward(Chunk& c, const Pass& p) {
 void Runner::a2a_return(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   Chunk& c = chunk_of(p, s, st_.key);
-  const auto back = group->all_to_all(c.y_recv.contiguous(), c.recv, c.send);
+  const auto back = ep_group->all_to_all(c.y_recv.contiguous(), c.recv, c.send);
   c.y_recv = at::Tensor();  // the outputs have left (the experts' backward reads the kept activations)
   c.back = moe_graph(p) ? leaf(back) : back;
 }
@@ -299,14 +299,14 @@ void Runner::a2a_grad_dispatch(const Stage& st_, Pass& p) {
   // weights').
   routed_backward(c, p, spec.gemma4() ? routed_gradient(c, p, dyc) : dyc);
   const auto d_back = c.back.grad().defined() ? c.back.grad() : at::zeros_like(c.back);
-  c.dy_recv = group->all_to_all(d_back.contiguous(), c.send, c.recv);
+  c.dy_recv = ep_group->all_to_all(d_back.contiguous(), c.send, c.recv);
   c.back = c.routed = at::Tensor();  // the returned rows and their gradient are done with
 }
 
 void Runner::a2a_grad_return(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   Chunk& c = chunk_of(p, s, st_.key);
-  const auto d_sorted = group->all_to_all(c.d_recv, c.recv, c.send);
+  const auto d_sorted = ep_group->all_to_all(c.d_recv, c.recv, c.send);
   c.d_recv = c.order = at::Tensor();  // the received rows' gradient is done with
   c.dxn = at::zeros_like(expert_input(c)).index_add(0, c.tokens_sorted, d_sorted);
 }

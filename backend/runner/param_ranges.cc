@@ -77,8 +77,17 @@ Ranges Runner::owned_experts(int layer) const {
   return out;
 }
 
+// EP groups: this replica's 1/replicas of a shard's ranges (the concatenated ranges cut into pieces
+// of ⌈n/replicas⌉), which its host updates; the whole ranges without replicas.
+Ranges Runner::replica_slice(const Ranges& ranges) const {
+  if (replicas == 1) return ranges;
+  const std::int64_t n = count(ranges), cap = (n + replicas - 1) / replicas, lo = std::min(n, replica * cap), hi = std::min(n, lo + cap);
+  return cut(ranges, lo, hi);
+}
+
 // The ranges rank R sends and updates of a group: on one rank the whole group; over ranks its
-// slice of a summed group (embedding, LM head, a decoder's common part) and its own experts.
+// slice of a summed group (embedding, LM head, a decoder's common part) and its own experts (with
+// EP groups its replica's slice of them).
 // Ring-DTP: the head rows of this rank's vocabulary shard, and (rank 0 only, so the shared host
 // state is updated once) the final norm, whose gradient is summed over the ranks.
 Ranges Runner::ring_head_ranges() const {
@@ -94,12 +103,12 @@ Ranges Runner::ring_head_ranges() const {
 Ranges Runner::group_ranges(StagePart part, int layer) const {
   if (part == StagePart::kLmHead && ring_dtp()) return ring_head_ranges();
   if (!dist()) return whole_ranges(part, layer);
-  if (part == StagePart::kExperts) return owned_experts(layer);
+  if (part == StagePart::kExperts) return replica_slice(owned_experts(layer));
   if (part != StagePart::kLayer) return slice(whole_ranges(part, layer));
   OOM_ASSERT(ep(), "the local path runs on one rank");
   Ranges out = slice(whole_ranges(StagePart::kCommon, layer));
   if (!plan.is_resident(layer)) {
-    const Ranges own = owned_experts(layer);
+    const Ranges own = replica_slice(owned_experts(layer));
     out.insert(out.end(), own.begin(), own.end());
   }
   return out;

@@ -52,8 +52,26 @@ StageRecorder::Callbacks recorder_callbacks(const at::Device& device) {
 Runner::Runner(HostState& s, TrainerConfig c, Plan p, at::Device d, RankGroup* g)
     : st(s), cfg(c), plan(std::move(p)), dev(d), window(s, d, plan.transfer_chunk_mib * kMiB), rec(recorder_callbacks(d)),
       spec(s.spec()), group(g), R(g ? g->rank() : 0), P(g ? g->size() : 1) {
-  experts_local = spec.moe.experts / P;
-  expert0 = R * experts_local;
+  ep_group = group;
+  if (g != nullptr) {
+    ep_size = plan.ep_group(P);  // all P ranks but for EP groups (the Local path: all of them)
+    replicas = P / ep_size;
+    ep_rank = R % ep_size;
+    replica = R / ep_size;
+  }
+  if (replicas > 1) {
+    // Every rank makes the sub-groups in one order: the EP groups, then the replica sets.
+    std::vector<int> members;
+    for (int k = 0; k < ep_size; ++k) members.push_back(replica * ep_size + k);
+    ep_sub = g->sub_group(members, fmt::format("ep-group-{}-of-{}", replica, replicas));
+    members.clear();
+    for (int k = 0; k < replicas; ++k) members.push_back(k * ep_size + ep_rank);
+    replica_sub = g->sub_group(members, fmt::format("ep-replicas-{}-of-{}", ep_rank, ep_size));
+    ep_group = ep_sub.get();
+    replica_group = replica_sub.get();
+  }
+  experts_local = spec.moe.experts / ep_size;
+  expert0 = ep_rank * experts_local;
 }
 
 void Runner::run_stage(StageId id, const Handler& h) {
@@ -104,6 +122,7 @@ void Runner::run_stage(StageId id, const Handler& h) {
       backward_pass.erase(s.layer);
       retained_weights.erase(s.layer);
       reduced.erase({StagePart::kCommon, s.layer});
+      reduced.erase({StagePart::kExperts, s.layer});
     }
   }
 }
@@ -199,6 +218,15 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
   worker.wait_all();
   OOM_ASSERT(passes.empty() && ready.empty() && host_grad.empty(), "every pass ended and every gradient was updated");
   if (dist() && ep()) {
+    if (replica_group != nullptr) {
+      // Each EP group counted its own tokens: the step's histogram sums the groups'.
+      for (auto& layer : routed_pairs) {
+        auto t = at::tensor(layer, at::TensorOptions().dtype(at::kDouble)).to(dev);
+        replica_group->all_reduce_sum(t);
+        const at::Tensor h = t.cpu();
+        for (std::size_t e = 0; e < layer.size(); ++e) layer[e] = h[static_cast<std::int64_t>(e)].item<double>();
+      }
+    }
     step_routing = RoutingSpec{};
     step_routing.kind = RoutingKind::kHistogram;
     step_routing.counts = routed_pairs;

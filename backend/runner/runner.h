@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,14 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   const ModelSpec& spec;
   RankGroup* group = nullptr;  // null: one rank
   int R = 0, P = 1;            // this rank, the ranks
+  // EP groups (Plan::ep_group_gpus): ep_size consecutive ranks a group, each group holding every
+  // expert, so each expert shard has `replicas` copies (the rank at its place in every group).
+  // The all-to-alls run over ep_group (`group` itself for one group); replica_group sums a shard's
+  // gradient over its replicas (null without replicas).
+  int ep_size = 1, ep_rank = 0, replicas = 1, replica = 0;
+  std::unique_ptr<RankGroup> ep_sub, replica_sub;
+  RankGroup* ep_group = nullptr;
+  RankGroup* replica_group = nullptr;
   int experts_local = 0, expert0 = 0;  // EP over ranks: owned experts [expert0, expert0 + experts_local)
 
   // Per step.
@@ -106,6 +115,7 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   Ranges slice(const Ranges& ranges) const;
   Ranges bucket_ranges(StagePart part, int layer, int bucket) const;
   Ranges owned_experts(int layer) const;
+  Ranges replica_slice(const Ranges& ranges) const;
   Ranges ring_head_ranges() const;
   Ranges group_ranges(StagePart part, int layer) const;
   static int block_of(StagePart part, int layer);
@@ -207,6 +217,8 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   static at::Tensor range_of(const at::Tensor& grad, std::int64_t a, std::int64_t n);
   template <typename Grad>
   double sq_norm_of(const Grad& grad, const Ranges& ranges) const;
+  template <typename Grad>
+  void capture(int b, const Ranges& ranges, const Grad& grad);
   at::Tensor grad_buffer(int kind, int index, std::int64_t numel, const at::TensorOptions& options);
   void send_gradient(StagePart part, int layer, int bucket, const BlockGrad& grad);
   const BlockGrad& layer_grad(int l);
@@ -221,6 +233,7 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   std::function<void()> publish_job(const Stage& s);
   void layer_grad_d2h(const Stage& s);
   void reduce_scatter(const Stage& s);
+  void expert_reduce_scatter(const Stage& s);
   void gpu_adamw(const Stage& s);
 };
 

@@ -529,8 +529,10 @@ TEST(CheckPlanForRun, RejectsPlansThatDoNotFitTheModelOrRun) {
   expect_rejected(p, "moe_chunk_tokens");
   expect_rejected(local_plan(), "path", 4, 24, 2);   // two ranks on the local runtime
   p = Plan{};
-  p.ep_group_gpus = 1;  // two EP groups of one rank: replicated expert shards, simulated only
-  expect_rejected(p, "ep_group_gpus", 4, 24, 2);
+  p.ep_group_gpus = 1;  // two EP groups of one rank: replicated expert shards run
+  EXPECT_NO_THROW(check_plan_for_run(p, load_model_spec("tiny-moe"), 4, 24, 2, "p.json"));
+  p.flat.expert_dispatch = ExpertDispatch::kPipelinedLlep;  // but PipelinedLLEP within the groups does not
+  expect_rejected(p, "expert_dispatch", 4, 24, 2);
   p = Plan{};
   p.context_parallel_gpus = 2;  // one sequence over two ranks: zig-zag pieces of 4 chunks
   EXPECT_NO_THROW(check_plan_for_run(p, load_model_spec("tiny-moe"), 1, 24, 2, "p.json"));
