@@ -32,25 +32,43 @@ struct Communicator::Impl {
     } catch (const std::exception& e) {
       static auto* kept = new std::vector<at::Tensor>();  // never freed, on purpose
       kept->insert(kept->end(), buffers.begin(), buffers.end());
-      throw std::runtime_error(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
+      throw PeerError(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
     }
   }
 };
 
-Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>()), rank_(o.rank), size_(o.world_size) {
+namespace {
+
+void check_options(const CommOptions& o) {
   if (o.world_size < 1) throw InputError("", "world_size", std::to_string(o.world_size), "must be ≥ 1");
   if (o.rank < 0 || o.rank >= o.world_size) {
     throw InputError("", "rank", std::to_string(o.rank), "must be in [0, " + std::to_string(o.world_size) + ")");
   }
-  if (o.store_path.empty() && (o.master_addr.empty() || o.master_port <= 0 || o.master_port > 65535)) {
+  if (o.store == nullptr && o.store_path.empty() && (o.master_addr.empty() || o.master_port <= 0 || o.master_port > 65535)) {
     throw InputError("", "MASTER_ADDR/MASTER_PORT", o.master_addr + ":" + std::to_string(o.master_port),
                      "a rendezvous file or a master address with a port in [1, 65535] is needed");
   }
   if (!(o.timeout_s > 0)) throw InputError("", "timeout_s", std::to_string(o.timeout_s), "must be > 0");
-  impl_->timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
+}
+
+std::chrono::milliseconds timeout_of(const CommOptions& o) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
+}
+
+[[noreturn]] void rendezvous_failed(const CommOptions& o, const std::exception& e) {
+  const std::string where = o.store_path.empty() ? o.master_addr + ":" + std::to_string(o.master_port) : o.store_path;
+  throw PeerError("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) + ": rendezvous through " + where +
+                  " failed: " + e.what());
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> connect_store(const CommOptions& o) {
+  check_options(o);
   try {
+    c10::intrusive_ptr<c10d::Store> store;
     if (!o.store_path.empty()) {
-      impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
+      store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
     } else {
       c10d::TCPStoreOptions to;
       to.port = static_cast<std::uint16_t>(o.master_port);
@@ -61,10 +79,21 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
       // serving rank waiting. torchrun's agent store is joined without it.
       to.waitWorkers = o.rank0_serves_store;
       to.multiTenant = true;
-      to.timeout = impl_->timeout;
-      impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
+      to.timeout = timeout_of(o);
+      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
     }
-    impl_->store->setTimeout(impl_->timeout);
+    store->setTimeout(timeout_of(o));
+    return store;
+  } catch (const std::exception& e) {
+    rendezvous_failed(o, e);
+  }
+}
+
+Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>()), rank_(o.rank), size_(o.world_size) {
+  check_options(o);
+  impl_->timeout = timeout_of(o);
+  impl_->store = o.store != nullptr ? o.store : connect_store(o);
+  try {
     if (o.cuda) {
 #ifdef OOM_BACKEND_NCCL
       device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device));
@@ -86,8 +115,7 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
-                             ": rendezvous through " + o.store_path + " failed: " + e.what());
+    rendezvous_failed(o, e);
   }
 }
 

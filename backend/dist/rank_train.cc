@@ -21,6 +21,7 @@
 #include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/device_memory.h"
+#include "backend/dist/failure_watch.h"
 #include "backend/dist/launcher.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/hf_checkpoint.h"
@@ -562,16 +563,41 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   co.master_port = env.master_port;
   co.rank0_serves_store = !env.agent_store;
   co.cuda_device = env.local_rank;
-  // Every rank lowers the same plan (the default one is a function of the model, the batch and the
-  // hardware its GPU stands for) and maps the state rank 0 shares under a name of this job.
-  RankPlan rp;
-  rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
-  const char* tmp = std::getenv("TMPDIR");
-  rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
-                                      tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
-  rp.node_leader = env.local_rank == 0;
-  rp.nodes = env.world_size / env.local_world_size;
-  const RankRun run = run_rank(o, r, env.rank, co, on_step, rp);
+  co.rank = env.rank;
+  co.world_size = r.ranks;
+  co.timeout_s = r.timeout_s;
+  // The store first, and the failure watch on it: from here on a rank that fails, or dies, is
+  // named to every other rank within seconds (failure_watch.h).
+  co.store = connect_store(co);
+  FailureWatchOptions fw;
+  fw.rank = env.rank;
+  fw.world_size = env.world_size;
+  fw.node = env.group_rank;
+  fw.master_addr = env.master_addr;
+  fw.master_port = env.master_port;
+  fw.serves_store = env.rank == 0 && co.rank0_serves_store;
+  fw.store_rank = co.rank0_serves_store ? 0 : -1;
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  fw.run = env.run_id + "-" + (restart != nullptr ? restart : "0");
+  fw.timeout_s = r.timeout_s;
+  FailureWatch watch(fw);
+  RankRun run;
+  try {
+    // Every rank lowers the same plan (the default one is a function of the model, the batch and
+    // the hardware its GPU stands for) and maps the state rank 0 shares under a name of this job.
+    RankPlan rp;
+    rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
+    const char* tmp = std::getenv("TMPDIR");
+    rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
+                                        tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+    rp.node_leader = env.local_rank == 0;
+    rp.nodes = env.world_size / env.local_world_size;
+    run = run_rank(o, r, env.rank, co, on_step, rp);
+  } catch (const std::exception& e) {
+    watch.on_failure(e);
+    throw;
+  }
+  watch.finish();
   RanksResult out;
   out.train.losses = run.losses;
   out.train.grad_norms = run.grad_norms;

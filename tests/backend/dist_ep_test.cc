@@ -16,11 +16,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <map>
@@ -898,6 +900,130 @@ TEST(OomTrainRanks, TwoNodesEachWithItsHostStateRepeatTheOneNodeRun) {
   two.load_safetensors((dir / "node.safetensors").string());
   one.load_safetensors((dir / "one.safetensors").string());
   for (int blk = 0; blk < one.blocks(); ++blk) EXPECT_TRUE(at::equal(two.master(blk), one.master(blk))) << "block " << blk;
+  fs::remove_all(dir);
+}
+
+// Two torchrun-style nodes of two ranks each, as torchrun --nnodes 2 --nproc-per-node 2 starts them:
+// four `oom train` processes with RANK 2n + l, LOCAL_RANK l, GROUP_RANK n, WORLD_SIZE 4,
+// LOCAL_WORLD_SIZE 2, meeting through a TCPStore on 127.0.0.1:port. Each runs `args(n)` (the rest of
+// its command line) with its stdout and stderr in dir/TAG.outR and dir/TAG.errR.
+class TwoNodes {
+ public:
+  static constexpr int kRanks = 4;
+  TwoNodes(const fs::path& dir, const std::string& tag, int port, const std::function<std::string(int node)>& args) : dir_(dir), tag_(tag) {
+    t0_ = std::chrono::steady_clock::now();
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const int node = rank / 2;
+      const std::string cmd = fmt::format(
+          "exec env RANK={0} LOCAL_RANK={1} GROUP_RANK={2} WORLD_SIZE={3} LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={4} "
+          "{5} train {6} > {7}.out{0} 2> {7}.err{0}",
+          rank, rank % 2, node, kRanks, port, OOM_BINARY, args(node), (dir / tag).string());
+      const pid_t pid = fork();
+      if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      pids_.push_back(pid);
+    }
+  }
+  ~TwoNodes() {
+    for (std::size_t k = 0; k < pids_.size(); ++k) {
+      if (status_.size() <= k || status_[k] == kRunning) kill(pids_[k], SIGKILL);
+    }
+    wait(0.0);
+  }
+  pid_t pid(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
+  std::string out(int rank) const { return read(fmt::format("{}.out{}", tag_, rank)); }
+  std::string err(int rank) const { return read(fmt::format("{}.err{}", tag_, rank)); }
+  std::string errs() const {
+    std::string all;
+    for (int k = 0; k < kRanks; ++k) all += fmt::format("--- rank {} stderr:\n{}", k, err(k));
+    return all;
+  }
+  // Waits up to `limit_s` for every process (then kills what is left); each one's wait status.
+  const std::vector<int>& wait(double limit_s = 120.0) {
+    status_.resize(pids_.size(), kRunning);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+    for (;;) {
+      bool running = false;
+      for (std::size_t k = 0; k < pids_.size(); ++k) {
+        if (status_[k] != kRunning) continue;
+        int st = 0;
+        if (waitpid(pids_[k], &st, WNOHANG) == pids_[k]) {
+          status_[k] = st;
+          last_exit_ = std::chrono::steady_clock::now();
+        } else {
+          running = true;
+        }
+      }
+      if (!running) return status_;
+      if (std::chrono::steady_clock::now() > until) {
+        for (std::size_t k = 0; k < pids_.size(); ++k) {
+          if (status_[k] == kRunning) kill(pids_[k], SIGKILL);
+        }
+        limit_s = 1e9;  // reap them
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  // Seconds from `since` to the last process's exit.
+  double seconds_to_last_exit(std::chrono::steady_clock::time_point since) const {
+    return std::chrono::duration<double>(last_exit_ - since).count();
+  }
+  std::chrono::steady_clock::time_point started() const { return t0_; }
+
+ private:
+  static constexpr int kRunning = -1;
+  std::string read(const std::string& name) const {
+    std::ifstream in(dir_ / name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  fs::path dir_;
+  std::string tag_;
+  std::vector<pid_t> pids_;
+  std::vector<int> status_;
+  std::chrono::steady_clock::time_point t0_, last_exit_;
+};
+
+// The lines of `text` that contain `what`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& what) {
+  std::vector<std::string> found;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(what) != std::string::npos) found.push_back(line);
+  }
+  return found;
+}
+
+// A rank killed by a signal on node 1 (no chance to say why) stops every other rank well before the
+// 120 s collective timeout, each with one line naming it: its heartbeat stopped.
+TEST(OomTrainRanks, RankKilledOnOneNodeStopsEveryRankNamingIt) {
+  const auto dir = scratch("two-nodes-kill");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const int port = 20000 + static_cast<int>((getpid() + 12007) % 20000);
+  TwoNodes run(dir, "kill", port, [&](int) {
+    return "--model tiny-moe --plan " + plan + " --seq 16 --batch 4 --lr 3e-3 --device cpu --steps 100000";
+  });
+  // Once rank 0 has printed its first step, every rank is past the rendezvous and in the steps.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (run.out(0).find("step") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(run.out(0).find("step"), std::string::npos) << run.errs();
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(run.pid(3), SIGKILL), 0);
+  const auto& status = run.wait();
+  EXPECT_TRUE(WIFSIGNALED(status[3]) && WTERMSIG(status[3]) == SIGKILL);
+  for (int rank : {0, 1, 2}) {
+    EXPECT_TRUE(WIFEXITED(status[static_cast<std::size_t>(rank)]) && WEXITSTATUS(status[static_cast<std::size_t>(rank)]) == 1)
+        << "rank " << rank << " " << run.errs();
+    const auto named = lines_with(run.err(rank), "rank 3 (node 1) failed:");
+    EXPECT_EQ(named.size(), 1u) << run.errs();
+    EXPECT_EQ(lines_with(run.err(rank), "error:").size(), 1u) << run.errs();
+  }
+  const double took = run.seconds_to_last_exit(killed);
+  std::cout << "every rank stopped " << took << " s after rank 3 was killed\n";
+  EXPECT_LT(took, 30.0) << run.errs();
   fs::remove_all(dir);
 }
 
