@@ -985,6 +985,8 @@ class TwoNodes {
   std::chrono::steady_clock::time_point t0_, last_exit_;
 };
 
+bool exited_zero(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
 // The lines of `text` that contain `what`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& what) {
   std::vector<std::string> found;
@@ -993,6 +995,71 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
     if (line.find(what) != std::string::npos) found.push_back(line);
   }
   return found;
+}
+
+// Checkpoint and resume over two nodes of two ranks, each node with its own host state and its
+// own checkpoint folder (nothing shared between the nodes but the TCP connections): each node's
+// LOCAL_RANK 0 writes its node's copy, the copies are the same bytes, and 2 steps resumed from them
+// repeat steps 3 and 4 of the uninterrupted 4-step run bit for bit, losses and final weights. A
+// node without its copy, or with a copy of another step, is one error; every rank stops.
+TEST(OomTrainRanks, TwoNodesCheckpointOnEveryNodeAndResumeBitForBit) {
+  const auto dir = scratch("two-nodes-ckpt");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const std::string common = "--model tiny-moe --plan " + plan + " --seq 16 --batch 4 --lr 3e-3 --device cpu --json";
+  const int port = 20000 + static_cast<int>((getpid() + 4099) % 20000);
+  const auto node_dir = [&](const char* run, int node) { return (dir / fmt::format("{}-node{}", run, node)).string(); };
+  const auto losses_of = [](const std::string& out) { return nlohmann::json::parse(out)["losses"].get<std::vector<double>>(); };
+  // Uninterrupted, 4 steps (its final checkpoint: a copy of another step below).
+  TwoNodes whole(dir, "whole", port, [&](int node) {
+    return fmt::format("{} --steps 4 --checkpoint {} --save-weights {}/whole.safetensors", common, node_dir("whole", node), dir.string());
+  });
+  for (int st : whole.wait()) ASSERT_TRUE(exited_zero(st)) << whole.errs();
+  const auto four = losses_of(whole.out(0));
+  ASSERT_EQ(four.size(), 4u);
+  // 2 steps with a checkpoint: one copy per node, the same bytes.
+  TwoNodes first(dir, "first", port + 1, [&](int node) { return fmt::format("{} --steps 2 --checkpoint {}", common, node_dir("ckpt", node)); });
+  for (int st : first.wait()) ASSERT_TRUE(exited_zero(st)) << first.errs();
+  const std::string copy0 = read_text(checkpoint_file(node_dir("ckpt", 0))), copy1 = read_text(checkpoint_file(node_dir("ckpt", 1)));
+  ASSERT_FALSE(copy0.empty());
+  EXPECT_TRUE(copy0 == copy1) << "the nodes' checkpoint copies differ";
+  // 2 more resumed, each node from its own copy: steps 3 and 4 bit for bit.
+  TwoNodes second(dir, "second", port + 2, [&](int node) {
+    return fmt::format("{} --steps 2 --resume {} --save-weights {}/resumed.safetensors", common, node_dir("ckpt", node), dir.string());
+  });
+  for (int st : second.wait()) ASSERT_TRUE(exited_zero(st)) << second.errs();
+  const auto resumed = nlohmann::json::parse(second.out(0));
+  EXPECT_EQ(resumed["first_step"], 3);
+  ASSERT_EQ(resumed["losses"].size(), 2u);
+  EXPECT_EQ(resumed["losses"][0].get<double>(), four[2]);
+  EXPECT_EQ(resumed["losses"][1].get<double>(), four[3]);
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState a(spec), b(spec);
+  a.load_safetensors((dir / "whole.safetensors").string());
+  b.load_safetensors((dir / "resumed.safetensors").string());
+  for (int blk = 0; blk < a.blocks(); ++blk) EXPECT_TRUE(at::equal(a.master(blk), b.master(blk))) << "block " << blk;
+  // Node 1 resumes another step's checkpoint: one error on every rank, naming node 1's copy.
+  TwoNodes stale(dir, "stale", port + 3, [&](int node) {
+    return fmt::format("{} --steps 2 --resume {}", common, node == 0 ? node_dir("ckpt", 0) : node_dir("whole", 1));
+  });
+  for (int st : stale.wait()) EXPECT_FALSE(exited_zero(st)) << stale.errs();
+  EXPECT_EQ(lines_with(stale.err(0), "error:").size(), 1u) << stale.errs();
+  EXPECT_EQ(lines_with(stale.err(0), "rank 2 (node 1) resumed another checkpoint (step 4)").size(), 1u) << stale.errs();
+  // Node 1 without its copy: its ranks say so, and every other rank stops with one line naming a
+  // rank of node 1 and why, long before the 120 s collective timeout.
+  fs::remove_all(node_dir("ckpt", 1));
+  TwoNodes missing(dir, "missing", port + 4, [&](int node) { return fmt::format("{} --steps 2 --resume {}", common, node_dir("ckpt", node)); });
+  const auto& status = missing.wait();
+  for (int st : status) EXPECT_FALSE(exited_zero(st)) << missing.errs();
+  EXPECT_LT(missing.seconds_to_last_exit(missing.started()), 40.0) << missing.errs();
+  for (int rank : {2, 3}) EXPECT_EQ(lines_with(missing.err(rank), "this node has no copy of the checkpoint").size(), 1u) << missing.errs();
+  for (int rank : {0, 1}) {
+    const auto named = lines_with(missing.err(rank), "(node 1) failed:");
+    ASSERT_EQ(named.size(), 1u) << missing.errs();
+    EXPECT_EQ(lines_with(missing.err(rank), "error:").size(), 1u) << missing.errs();
+    EXPECT_TRUE(named[0].find("rank 2 (node 1)") != std::string::npos || named[0].find("rank 3 (node 1)") != std::string::npos) << named[0];
+    EXPECT_NE(named[0].find("this node has no copy of the checkpoint"), std::string::npos) << named[0];
+  }
+  fs::remove_all(dir);
 }
 
 // A rank killed by a signal on node 1 (no chance to say why) stops every other rank well before the
