@@ -104,12 +104,14 @@ bool FailureWatch::poll(RankFailure& found) {
     found = from_json(store_->get_to_str(key("failure")));
     if (found.rank != o_.rank) return true;
   }
-  return suspicious_.load() && find_silent(found);
+  return find_silent(found, suspicious_.load());
 }
 
-bool FailureWatch::find_silent(RankFailure& found) {
+bool FailureWatch::find_silent(RankFailure& found, bool suspicious) {
   const auto now = std::chrono::steady_clock::now();
-  for (int k = 0; k < o_.world_size; ++k) {
+  const auto silence = suspicious ? kSilence : kUnpromptedSilence;
+  const int next = (o_.rank + 1) % o_.world_size;
+  for (int k = suspicious ? 0 : next; k < (suspicious ? o_.world_size : next + 1); ++k) {
     if (k == o_.rank) continue;
     const auto i = static_cast<std::size_t>(k);
     const std::int64_t beat = store_->add(key("beat/" + std::to_string(k)), 0);
@@ -118,16 +120,18 @@ bool FailureWatch::find_silent(RankFailure& found) {
       last_change_[i] = now;
       continue;
     }
-    if (now - last_change_[i] < kSilence) continue;
+    if (now - last_change_[i] < silence || (!suspicious && beat == 0)) continue;
+    if (store_->add(key("done/" + std::to_string(k)), 0) > 0) continue;  // it finished its run
     RankFailure silent;
     silent.rank = k;
     silent.by = o_.rank;
     const std::string node_key = key("node/" + std::to_string(k));
     if (store_->check({node_key})) silent.node = std::stoi(store_->get_to_str(node_key));
-    const double s = std::chrono::duration<double>(kSilence).count();
+    const double s = std::chrono::duration<double>(silence).count();
     silent.reason = beat == 0 ? fmt::format("never joined the job (no heartbeat {:.1f} s after a rendezvous or collective failed)", s)
-                              : fmt::format("stopped answering: no heartbeat for {:.1f} s after a collective failed "
-                                            "(killed by a signal, or its node is down)", s);
+                    : suspicious ? fmt::format("stopped answering: no heartbeat for {:.1f} s after a collective failed "
+                                               "(killed by a signal, or its node is down)", s)
+                                 : fmt::format("stopped answering: no heartbeat for {:.1f} s (stopped, killed, or its node is cut off)", s);
     publish(silent);
     found = from_json(store_->get_to_str(key("failure")));
     if (found.by == o_.rank) count_stopped(1);  // this watcher's record won: count the silent rank
@@ -193,6 +197,7 @@ void FailureWatch::on_failure(const std::exception& error) {
 void FailureWatch::finish() {
   stop_watcher();
   try {
+    store_->add(key("done/" + std::to_string(o_.rank)), 1);
     store_->add(key("done"), 1);
     if (!o_.serves_store) return;
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(o_.timeout_s * 1000.0));

@@ -10,13 +10,15 @@
 //   failure   the job's first failure, {"rank", "node", "reason", "by"} as JSON (compareSet: the
 //             first wins; "by": the rank that wrote it, which for a silent rank is not the rank)
 //   stopped   how many ranks have stopped after the failure (a silent rank counted by its publisher)
-//   done      how many ranks finished their run
+//   done      how many ranks finished their run; done/R: rank R did
 // A rank whose own work throws (anything but a PeerError: a bad --data path, a checkpoint its node
 // lacks, a full disk) publishes the first line of its error, and its own stderr shows the error. A
 // rank whose rendezvous or collective fails (PeerError) waits up to kCauseWait for the cause: its
 // watcher then also reads every rank's heartbeat, and publishes a rank whose beat has not moved for
 // kSilence (killed by a signal, or its node is down) as the failure; if no cause turns up, the rank
-// publishes its PeerError. Every watcher reads `failure` every kBeatPeriod; finding another rank's,
+// publishes its PeerError. Without a failure, each watcher reads the heartbeat of the next rank
+// (R + 1 mod P) and publishes it after kUnpromptedSilence: a rank stopped or cut off while its peers
+// wait in a collective that does not notice (NCCL; a network partition keeps sockets open). Every watcher reads `failure` every kBeatPeriod; finding another rank's,
 // it writes one line, "error: rank R (node N) failed: REASON", to stderr, counts itself in `stopped`
 // and ends the process with _exit(1) (its main thread may be blocked in a collective for up to the
 // timeout). The rank that serves the store (rank 0 without torchrun's agent store) stays up until
@@ -24,8 +26,8 @@
 // normal end until every rank is done (at most the timeout). When the store stops answering, the
 // rank that served it is named as the failed one.
 //
-// Costs: per rank and kBeatPeriod, two store requests (beat, failure check), and after a PeerError
-// one per rank (the heartbeats). Only train_torchrun_rank (rank_train.cc) uses it: under
+// Costs: per rank and kBeatPeriod, three store requests (beat, failure check, the next rank's
+// beat), and after a PeerError one per rank (the heartbeats). Only train_torchrun_rank (rank_train.cc) uses it: under
 // `oom train --ranks P` the parent supervises its children (launcher.h).
 #pragma once
 
@@ -72,6 +74,9 @@ class FailureWatch {
   // A heartbeat that has not moved for 6 periods after a collective failed: the rank is gone (its
   // watcher thread does nothing else but beat, so a live rank misses at most a period or two).
   static constexpr std::chrono::milliseconds kSilence{3000};
+  // With no failure seen: 20 periods of silence from the next rank. Longer than kSilence, since
+  // nothing else says that a rank is gone; far below the collective timeout (120 s by default).
+  static constexpr std::chrono::milliseconds kUnpromptedSilence{10000};
   // How long a rank whose collective failed waits for the watchers to find the cause: the silence,
   // and as long again for the slowest watcher to see it and for the failed rank's publisher.
   static constexpr std::chrono::milliseconds kCauseWait{2 * kSilence + 4 * kBeatPeriod};
@@ -99,7 +104,7 @@ class FailureWatch {
   // Beats, and finds the failure to report (another rank's; after a PeerError also a silent rank,
   // which it publishes). Throws when the store does not answer.
   bool poll(RankFailure& found);
-  bool find_silent(RankFailure& found);
+  bool find_silent(RankFailure& found, bool suspicious);
   [[noreturn]] void report_and_exit(const RankFailure& f);
   void stop_watcher();
   void publish(const RankFailure& f);  // compareSet: a failure already there stays

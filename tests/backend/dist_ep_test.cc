@@ -940,14 +940,15 @@ class TwoNodes {
     for (int k = 0; k < kRanks; ++k) all += fmt::format("--- rank {} stderr:\n{}", k, err(k));
     return all;
   }
-  // Waits up to `limit_s` for every process (then kills what is left); each one's wait status.
-  const std::vector<int>& wait(double limit_s = 120.0) {
+  // Waits up to `limit_s` for every process but rank `skip` (then kills what is left); each one's
+  // wait status.
+  const std::vector<int>& wait(double limit_s = 120.0, int skip = -1) {
     status_.resize(pids_.size(), kRunning);
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
     for (;;) {
       bool running = false;
       for (std::size_t k = 0; k < pids_.size(); ++k) {
-        if (status_[k] != kRunning) continue;
+        if (status_[k] != kRunning || static_cast<int>(k) == skip) continue;
         int st = 0;
         if (waitpid(pids_[k], &st, WNOHANG) == pids_[k]) {
           status_[k] = st;
@@ -959,9 +960,8 @@ class TwoNodes {
       if (!running) return status_;
       if (std::chrono::steady_clock::now() > until) {
         for (std::size_t k = 0; k < pids_.size(); ++k) {
-          if (status_[k] == kRunning) kill(pids_[k], SIGKILL);
+          if (status_[k] == kRunning && static_cast<int>(k) != skip) kill(pids_[k], SIGKILL);
         }
-        limit_s = 1e9;  // reap them
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -1091,6 +1091,37 @@ TEST(OomTrainRanks, RankKilledOnOneNodeStopsEveryRankNamingIt) {
   const double took = run.seconds_to_last_exit(killed);
   std::cout << "every rank stopped " << took << " s after rank 3 was killed\n";
   EXPECT_LT(took, 30.0) << run.errs();
+  fs::remove_all(dir);
+}
+
+// A rank stopped (SIGSTOP) on node 1 keeps its sockets open, so its peers' collectives do not fail
+// and would wait out the 120 s timeout: the heartbeat its predecessor watches names it instead.
+TEST(OomTrainRanks, RankStoppedOnOneNodeIsNamedByItsSilentHeartbeat) {
+  const auto dir = scratch("two-nodes-stop");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const int port = 20000 + static_cast<int>((getpid() + 15013) % 20000);
+  TwoNodes run(dir, "stop", port, [&](int) {
+    return "--model tiny-moe --plan " + plan + " --seq 16 --batch 4 --lr 3e-3 --device cpu --steps 100000";
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (run.out(0).find("step") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(run.out(0).find("step"), std::string::npos) << run.errs();
+  const auto stopped = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(run.pid(3), SIGSTOP), 0);
+  const auto& status = run.wait(120.0, /*skip=*/3);
+  const double took = run.seconds_to_last_exit(stopped);
+  kill(run.pid(3), SIGKILL);
+  run.wait();
+  for (int rank : {0, 1, 2}) {
+    EXPECT_TRUE(WIFEXITED(status[static_cast<std::size_t>(rank)]) && WEXITSTATUS(status[static_cast<std::size_t>(rank)]) == 1)
+        << "rank " << rank << " " << run.errs();
+    EXPECT_EQ(lines_with(run.err(rank), "rank 3 (node 1) failed: stopped answering").size(), 1u) << run.errs();
+    EXPECT_EQ(lines_with(run.err(rank), "error:").size(), 1u) << run.errs();
+  }
+  std::cout << "every rank stopped " << took << " s after rank 3 was stopped\n";
+  EXPECT_LT(took, 40.0) << run.errs();
   fs::remove_all(dir);
 }
 
