@@ -18,17 +18,18 @@
 // kSilence (killed by a signal, or its node is down) as the failure; if no cause turns up, the rank
 // publishes its PeerError. Without a failure, each watcher reads the heartbeat of the next rank
 // (R + 1 mod P) and publishes it after kUnpromptedSilence: a rank stopped or cut off while its peers
-// wait in a collective that does not notice (NCCL; a network partition keeps sockets open). Every watcher reads `failure` every kBeatPeriod; finding another rank's,
-// it writes one line, "error: rank R (node N) failed: REASON", to stderr, counts itself in `stopped`
-// and ends the process with _exit(1) (its main thread may be blocked in a collective for up to the
-// timeout). The rank that serves the store (rank 0 without torchrun's agent store) stays up until
+// wait in a collective that does not notice (NCCL; a network partition keeps sockets open). Every
+// watcher reads `failure` every kBeatPeriod; finding another rank's, it writes one line,
+// "error: rank R (node N) failed: REASON", to stderr, counts itself in `stopped` and ends the
+// process with _exit(1) (its main thread may be blocked in a collective for up to the timeout). The rank that serves the store (rank 0 without torchrun's agent store) stays up until
 // every rank stopped (at most kLinger) so that the others can still read the failure, and at a
 // normal end until every rank is done (at most the timeout). When the store stops answering, the
 // rank that served it is named as the failed one.
 //
 // Costs: per rank and kBeatPeriod, three store requests (beat, failure check, the next rank's
-// beat), and after a PeerError one per rank (the heartbeats). Only train_torchrun_rank (rank_train.cc) uses it: under
-// `oom train --ranks P` the parent supervises its children (launcher.h).
+// beat), and after a PeerError one per rank (the heartbeats). Only train_torchrun_rank
+// (rank_train.cc) uses it: under `oom train --ranks P` the parent supervises its children
+// (launcher.h).
 #pragma once
 
 #include <atomic>

@@ -692,7 +692,7 @@ TEST(Communicator, RendezvousWithoutPeersTimesOut) {
   o.world_size = 2;
   o.store_path = (dir / "store").string();
   o.timeout_s = 0.5;
-  EXPECT_THROW(Communicator c(o), std::runtime_error);
+  EXPECT_THROW(Communicator c(o), PeerError);  // what FailureWatch takes for a peer's failure
   o.rank = 2;
   EXPECT_THROW(Communicator c(o), InputError);
   fs::remove_all(dir);
