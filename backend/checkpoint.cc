@@ -1,5 +1,6 @@
 #include "backend/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,32 @@ void save_checkpoint(const std::string& dir, const HostState& state, const nlohm
   file += payload;
   std::filesystem::create_directories(dir);
   write_file_atomically(checkpoint_file(dir), file);
+}
+
+CheckpointStamp checkpoint_stamp(const std::string& dir) {
+  const std::string path = checkpoint_file(dir);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "cannot open the checkpoint");
+  std::string head(16, '\0');
+  if (!in.read(head.data(), 16) || head.compare(0, 8, kMagic, 8) != 0) throw InputError(path, "not an OOM checkpoint (bad magic)");
+  const std::uint64_t hlen = get_u64(head, 8);
+  std::string text(static_cast<std::size_t>(std::min<std::uint64_t>(hlen, std::uint64_t{1} << 30)), '\0');
+  if (hlen > text.size() || !in.read(text.data(), static_cast<std::streamsize>(hlen))) {
+    throw InputError(path, "header_length", std::to_string(hlen), "runs past the end of the file");
+  }
+  const auto header = parse_json_text(text, path);
+  const JsonReader r(header, path);
+  CheckpointStamp stamp;
+  stamp.step = r.integer("step", 0, std::int64_t{1} << 50);
+  const std::string sum = r.string("payload_fnv1a64");
+  try {
+    std::size_t used = 0;
+    stamp.payload_fnv1a64 = std::stoull(sum, &used, 16);
+    if (used != sum.size()) throw std::invalid_argument(sum);
+  } catch (const std::exception&) {
+    r.fail("payload_fnv1a64", "not a hexadecimal checksum");
+  }
+  return stamp;
 }
 
 nlohmann::json load_checkpoint(const std::string& dir, HostState& state) {

@@ -9,6 +9,7 @@
 // state, so a corrupt or mismatched checkpoint raises one InputError and changes nothing.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,16 @@ std::string checkpoint_file(const std::string& dir);
 
 // Writes the state of `state` and `run` into DIR/checkpoint.oom (creating DIR).
 void save_checkpoint(const std::string& dir, const HostState& state, const nlohmann::json& run);
+
+// What tells two copies of a checkpoint apart: the step and the payload checksum its header states.
+struct CheckpointStamp {
+  std::int64_t step = 0;
+  std::uint64_t payload_fnv1a64 = 0;
+};
+
+// The stamp of DIR/checkpoint.oom, from its header only (the payload is checked by
+// load_checkpoint). Throws InputError naming the file when it is missing or its header is bad.
+CheckpointStamp checkpoint_stamp(const std::string& dir);
 
 // Restores masters, moments and step into `state` (then republishes its working copies) and
 // returns the saved `run` object. Throws InputError naming the file and the field when the file is

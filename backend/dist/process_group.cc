@@ -1,10 +1,7 @@
 #include "backend/dist/process_group.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <exception>
-#include <thread>
 #include <stdexcept>
 
 // USE_C10D_GLOO (and with NCCL, USE_C10D_NCCL) come from backend/CMakeLists.txt.
@@ -22,18 +19,8 @@
 
 namespace oom::backend::dist {
 
-namespace {
-// A rank that stops with an error writes "rank R of P" here (~Communicator, while the error
-// unwinds, before its connections close); a peer whose collective then fails names it.
-constexpr const char* kFailedKey = "oom/failed-rank";
-}  // namespace
-
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Store> root;  // the group's store, without a sub-group's prefix
-  bool sub = false;                      // a sub-group (sub_group()): its root group announces
-  // Set when a collective of the group or of a sub-group failed: this rank stops because a peer did.
-  std::shared_ptr<std::atomic<bool>> peer_failed = std::make_shared<std::atomic<bool>>(false);
   // Since PyTorch 2.0 ProcessGroupGloo and ProcessGroupNCCL are c10d::Backend implementations.
   c10::intrusive_ptr<c10d::Backend> group;
   std::chrono::milliseconds timeout{0};
@@ -65,48 +52,43 @@ struct Communicator::Impl {
     } catch (const std::exception& e) {
       static auto* kept = new std::vector<at::Tensor>();  // never freed, on purpose
       kept->insert(kept->end(), buffers.begin(), buffers.end());
-      peer_failed->store(true);
-      const std::string who = failed_rank();
-      if (!who.empty()) {
-        throw std::runtime_error(std::string(what) + " failed: " + who + " stopped with an error (its own output says which); this rank stops too");
-      }
-      throw std::runtime_error(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
+      throw PeerError(std::string(what) + " failed (a peer rank died or stalled): " + e.what());
     }
-  }
-
-  // The rank that announced its failure (kFailedKey), waited for up to 2 s (its connections may
-  // close before it wrote it); empty when none did (a rank killed) or the store is gone.
-  std::string failed_rank() const {
-    for (int i = 0; i < 20; ++i) {
-      try {
-        if (root->check({kFailedKey})) {
-          const auto v = root->get(kFailedKey);
-          return std::string(v.begin(), v.end());
-        }
-      } catch (const std::exception&) {
-        return "";
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return "";
   }
 };
 
-Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>()), rank_(o.rank), size_(o.world_size) {
+namespace {
+
+void check_options(const CommOptions& o) {
   if (o.world_size < 1) throw InputError("", "world_size", std::to_string(o.world_size), "must be ≥ 1");
   if (o.rank < 0 || o.rank >= o.world_size) {
     throw InputError("", "rank", std::to_string(o.rank), "must be in [0, " + std::to_string(o.world_size) + ")");
   }
-  if (o.store_path.empty() && (o.master_addr.empty() || o.master_port <= 0 || o.master_port > 65535)) {
+  if (o.store == nullptr && o.store_path.empty() && (o.master_addr.empty() || o.master_port <= 0 || o.master_port > 65535)) {
     throw InputError("", "MASTER_ADDR/MASTER_PORT", o.master_addr + ":" + std::to_string(o.master_port),
                      "a rendezvous file or a master address with a port in [1, 65535] is needed");
   }
   if (!(o.timeout_s > 0)) throw InputError("", "timeout_s", std::to_string(o.timeout_s), "must be > 0");
-  impl_->timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
-  impl_->host = o.host;
+}
+
+std::chrono::milliseconds timeout_of(const CommOptions& o) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000.0));
+}
+
+[[noreturn]] void rendezvous_failed(const CommOptions& o, const std::exception& e) {
+  const std::string where = o.store_path.empty() ? o.master_addr + ":" + std::to_string(o.master_port) : o.store_path;
+  throw PeerError("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) + ": rendezvous through " + where +
+                  " failed: " + e.what());
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> connect_store(const CommOptions& o) {
+  check_options(o);
   try {
+    c10::intrusive_ptr<c10d::Store> store;
     if (!o.store_path.empty()) {
-      impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
+      store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.world_size);
     } else {
       c10d::TCPStoreOptions to;
       to.port = static_cast<std::uint16_t>(o.master_port);
@@ -117,11 +99,22 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
       // serving rank waiting. torchrun's agent store is joined without it.
       to.waitWorkers = o.rank0_serves_store;
       to.multiTenant = true;
-      to.timeout = impl_->timeout;
-      impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
+      to.timeout = timeout_of(o);
+      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, to);
     }
-    impl_->store->setTimeout(impl_->timeout);
-    impl_->root = impl_->store;
+    store->setTimeout(timeout_of(o));
+    return store;
+  } catch (const std::exception& e) {
+    rendezvous_failed(o, e);
+  }
+}
+
+Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>()), rank_(o.rank), size_(o.world_size) {
+  check_options(o);
+  impl_->timeout = timeout_of(o);
+  impl_->host = o.host;
+  impl_->store = o.store != nullptr ? o.store : connect_store(o);
+  try {
     if (o.cuda) {
 #ifdef OOM_BACKEND_NCCL
       device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device));
@@ -138,24 +131,14 @@ Communicator::Communicator(const CommOptions& o) : impl_(std::make_unique<Impl>(
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
-                             ": rendezvous through " + o.store_path + " failed: " + e.what());
+    rendezvous_failed(o, e);
   }
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl, int rank, int size, std::string backend, at::Device device)
     : impl_(std::move(impl)), rank_(rank), size_(size), backend_(std::move(backend)), device_(device) {}
 
-Communicator::~Communicator() {
-  // This rank stops with an error of its own (not a peer's): it says so for the peers, once.
-  if (std::uncaught_exceptions() == 0 || !impl_ || impl_->sub || impl_->peer_failed->load() || size_ == 1) return;
-  try {
-    const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(size_);
-    impl_->root->compareSet(kFailedKey, {}, std::vector<std::uint8_t>(me.begin(), me.end()));
-  } catch (const std::exception&) {
-    // The store is gone: the peers fall back to naming the collective.
-  }
-}
+Communicator::~Communicator() = default;
 
 std::unique_ptr<RankGroup> Communicator::sub_group(const std::vector<int>& members, const std::string& tag) {
   const auto at = std::find(members.begin(), members.end(), rank_);
@@ -163,16 +146,13 @@ std::unique_ptr<RankGroup> Communicator::sub_group(const std::vector<int>& membe
              "a sub-group of ascending ranks of the group, this rank among them");
   auto impl = std::make_unique<Impl>();
   impl->store = c10::make_intrusive<c10d::PrefixStore>(tag, impl_->store);
-  impl->root = impl_->root;
-  impl->sub = true;
-  impl->peer_failed = impl_->peer_failed;
   impl->timeout = impl_->timeout;
   impl->host = impl_->host;
   const int rank = static_cast<int>(at - members.begin()), size = static_cast<int>(members.size());
   try {
     impl->group = impl->make_group(impl->store, rank, size, device_);
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(rank_) + ": sub-group " + tag + " failed: " + e.what());
+    throw PeerError("rank " + std::to_string(rank_) + ": sub-group " + tag + " failed: " + e.what());
   }
   return std::unique_ptr<RankGroup>(new Communicator(std::move(impl), rank, size, backend_, device_));
 }

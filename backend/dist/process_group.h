@@ -9,7 +9,8 @@
 // returns tensors of that device; count exchanges are moved there and back.
 //
 // Every store access and every collective has a timeout (`timeout_s`): a peer that died or hangs
-// makes the call throw std::runtime_error naming the collective, instead of blocking forever.
+// makes the call throw PeerError naming the collective, instead of blocking forever (under
+// torchrun, FailureWatch (failure_watch.h) names the rank that failed well before the timeout).
 // Collectives are blocking and must be called by all ranks in the same order with matching shapes
 // (all-to-all: the receive counts must equal the peers' send counts; exchange them first with
 // all_gather_counts). Counts and splits are in rows (dimension 0). Not thread-safe: one thread per
@@ -18,14 +19,23 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/rank_group.h"
 
 namespace oom::backend::dist {
+
+// A call that waits on the other ranks (the rendezvous, a collective) failed or timed out: a peer
+// died, stalled or left, or the connection to it broke. What else a rank throws is its own failure.
+class PeerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct CommOptions {
   int rank = 0;
@@ -40,12 +50,20 @@ struct CommOptions {
   std::string host = "127.0.0.1";  // address Gloo binds to
   bool cuda = false;            // NCCL on CUDA tensors (only in builds with OOM_BACKEND_NCCL)
   int cuda_device = 0;          // with cuda: this rank's GPU (torchrun's LOCAL_RANK)
+  // The store the caller already connected (connect_store); null: the Communicator connects one.
+  c10::intrusive_ptr<c10d::Store> store;
 };
+
+// Connects this rank to the job's store as `options` say (FileStore at store_path, else the
+// TCPStore at master_addr:master_port, served by rank 0 unless torchrun's agent serves it; a
+// serving rank 0 waits until every rank connected). Throws PeerError when that fails within
+// timeout_s, InputError for bad options.
+c10::intrusive_ptr<c10d::Store> connect_store(const CommOptions& options);
 
 class Communicator : public RankGroup {
  public:
-  // Rendezvous with the other ranks. Throws InputError for a bad rank/world size, and
-  // std::runtime_error when the peers do not show up within timeout_s.
+  // Rendezvous with the other ranks (through options.store, else connect_store(options)). Throws
+  // InputError for a bad rank/world size, and PeerError when the peers do not show up within timeout_s.
   explicit Communicator(const CommOptions& options);
   ~Communicator() override;
   Communicator(const Communicator&) = delete;

@@ -22,6 +22,7 @@
 #include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/device_memory.h"
+#include "backend/dist/failure_watch.h"
 #include "backend/dist/launcher.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/hf_checkpoint.h"
@@ -329,12 +330,33 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   HostState state(spec, {o.bf16 ? WorkingPrecision::kBFloat16 : WorkingPrecision::kFloat32, {}});
   load_initial_weights(state, o.weights, o.seed);
   std::optional<nlohmann::json> saved_run;
-  if (!o.resume_dir.empty()) saved_run = resume_training(o, state, *data);
+  if (!o.resume_dir.empty()) {
+    if (rp.nodes > 1 && !fs::exists(checkpoint_file(o.resume_dir))) {
+      throw InputError(checkpoint_file(o.resume_dir),
+                       "this node has no copy of the checkpoint: every node resumes from the one its LOCAL_RANK 0 wrote into "
+                       "its --checkpoint folder (copy a node's folder here, or put it on a filesystem every node mounts)");
+    }
+    saved_run = resume_training(o, state, *data);
+  }
   const LrSchedule schedule = run_lr_schedule(o, state.step, saved_run ? &*saved_run : nullptr, checkpoint_file(o.resume_dir));
   co.rank = rank;
   co.world_size = r.ranks;
   co.timeout_s = r.timeout_s;
   Communicator comm(co);
+  if (saved_run && rp.nodes > 1) {
+    // Each node read its own copy: every rank must have resumed the same checkpoint.
+    const CheckpointStamp mine = checkpoint_stamp(o.resume_dir);
+    const at::Tensor all = comm.all_gather_counts({mine.step, static_cast<std::int64_t>(mine.payload_fnv1a64)});  // collective
+    const int per_node = r.ranks / rp.nodes;
+    for (std::int64_t k = 1; k < all.size(0); ++k) {
+      if (all[k][0].item<std::int64_t>() == all[0][0].item<std::int64_t>() && all[k][1].item<std::int64_t>() == all[0][1].item<std::int64_t>()) continue;
+      throw InputError(checkpoint_file(o.resume_dir), "payload_fnv1a64", fmt::format("{:016x}", static_cast<std::uint64_t>(all[k][1].item<std::int64_t>())),
+                       fmt::format("rank {} (node {}) resumed another checkpoint (step {}) than rank 0 (node 0: step {}, {:016x}): every "
+                                   "node's copy must be the same file",
+                                   k, k / per_node, all[k][0].item<std::int64_t>(), all[0][0].item<std::int64_t>(),
+                                   static_cast<std::uint64_t>(all[0][1].item<std::int64_t>())));
+    }
+  }
   {
     // One host state for the node: rank 0's (every rank initialized the same one) in a file
     // every rank maps; unlinked once all have it.
@@ -374,11 +396,14 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
     if (llep) run["llep_routing"] = routing_to_json(planned->routing());
     return run;
   };
-  // The shared state is the whole state: rank 0 writes the one checkpoint file once every rank
-  // finished the step (the runner ends each step with a barrier), and no rank updates it before
-  // the file is written (a barrier after it).
+  // A node's shared state is the whole state (over several nodes NodeStateSync made them equal
+  // after the step): each node's leader writes the checkpoint file into its --checkpoint folder
+  // once every rank finished the step (the runner ends each step with a barrier), so every node
+  // holds a copy; the copies are the same bytes (on a folder the nodes share, each replaces the
+  // file atomically with the same content). No rank updates the state before the files are
+  // written (a barrier after them).
   const auto checkpoint = [&] {
-    if (rank == 0) save_checkpoint(o.checkpoint_dir, state, checkpoint_run_with(*data));
+    if (rp.node_leader) save_checkpoint(o.checkpoint_dir, state, checkpoint_run_with(*data));
     comm.barrier();
   };
   RankRun run;
@@ -585,18 +610,43 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
   co.master_port = env.master_port;
   co.rank0_serves_store = !env.agent_store;
   co.cuda_device = env.local_rank;
-  // Every rank lowers the same plan (the default one is a function of the model, the batch and the
-  // hardware its GPU stands for) and maps the state rank 0 shares under a name of this job.
-  RankPlan rp;
-  rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
-  const char* tmp = std::getenv("TMPDIR");
-  rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
-                                      tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
-  rp.node_leader = env.local_rank == 0;
-  rp.nodes = env.world_size / env.local_world_size;
-  rp.trace = o.trace;
-  rp.gather_trace = true;
-  const RankRun run = run_rank(o, r, env.rank, co, on_step, rp);
+  co.rank = env.rank;
+  co.world_size = r.ranks;
+  co.timeout_s = r.timeout_s;
+  // The store first, and the failure watch on it: from here on a rank that fails, or dies, is
+  // named to every other rank within seconds (failure_watch.h).
+  co.store = connect_store(co);
+  FailureWatchOptions fw;
+  fw.rank = env.rank;
+  fw.world_size = env.world_size;
+  fw.node = env.group_rank;
+  fw.master_addr = env.master_addr;
+  fw.master_port = env.master_port;
+  fw.serves_store = env.rank == 0 && co.rank0_serves_store;
+  fw.store_rank = co.rank0_serves_store ? 0 : -1;
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  fw.run = env.run_id + "-" + (restart != nullptr ? restart : "0");
+  fw.timeout_s = r.timeout_s;
+  FailureWatch watch(fw);
+  RankRun run;
+  try {
+    // Every rank lowers the same plan (the default one is a function of the model, the batch and
+    // the hardware its GPU stands for) and maps the state rank 0 shares under a name of this job.
+    RankPlan rp;
+    rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
+    const char* tmp = std::getenv("TMPDIR");
+    rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
+                                        tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+    rp.node_leader = env.local_rank == 0;
+    rp.nodes = env.world_size / env.local_world_size;
+    rp.trace = o.trace;
+    rp.gather_trace = true;
+    run = run_rank(o, r, env.rank, co, on_step, rp);
+  } catch (const std::exception& e) {
+    watch.on_failure(e);
+    throw;
+  }
+  watch.finish();
   RanksResult out;
   out.train.losses = run.losses;
   out.train.grad_norms = run.grad_norms;

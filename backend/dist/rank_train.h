@@ -92,7 +92,11 @@ std::optional<TorchrunEnv> torchrun_env();
 // its LOCAL_RANK 0; over several nodes NodeStateSync (backend/shared_state.h) makes the nodes'
 // states equal after every step. A run killed before every rank of a node mapped its file leaves
 // that file behind. Each rank uses GPU LOCAL_RANK with --device cuda (NCCL). on_step is called on rank 0
-// only. Every rank returns the same losses; only rank 0 writes checkpoints and weights.
+// only. Every rank returns the same losses; each node's LOCAL_RANK 0 writes its node's copy of the
+// checkpoints (into --checkpoint as its node sees it; a --resume reads each node's own copy, and
+// the ranks check that they resumed the same one), rank 0 the final weights. A rank that fails
+// publishes its failure through the store, and every other rank, told by its FailureWatch
+// (failure_watch.h), prints one line naming it and ends its process with status 1.
 RanksResult train_torchrun_rank(const TrainOptions& options, const RanksOptions& ranks, const TorchrunEnv& env,
                                 const std::function<void(const StepReport&)>& on_step = {});
 

@@ -305,9 +305,6 @@ TEST_F(TwoNodes, EpGroupsRepeatTheOneNodeRunAndTheReference) {
             << std::abs(norm - ref.norm) / ref.norm << "\n";
 }
 
-// Two steps on two nodes with a checkpoint (rank 0 writes node 0's state, whole after the
-// exchange), then a third resumed from it on two fresh nodes: the third step's loss and gradient
-// norm are the uninterrupted one-node run's, bit for bit.
 TEST_F(TwoNodes, ARankThatFailsStopsEveryRankNamingIt) {
   // Rank 0 (node 0) fails writing the weights after the step while the others wait for it in the
   // last barrier; the collective timeout is long, so only the failure itself ends them quickly.
@@ -317,17 +314,21 @@ TEST_F(TwoNodes, ARankThatFailsStopsEveryRankNamingIt) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
   const std::string node0 = read_text(dir_ / "err0-0"), node1 = read_text(dir_ / "err1-0");
   EXPECT_NE(node0.find("nonexistent-dir"), std::string::npos) << node0;
-  // Rank 1 on node 0 and ranks 2 and 3 on node 1 each print one line naming rank 0.
+  // Rank 1 on node 0 and ranks 2 and 3 on node 1 each print one line naming rank 0 (the failure
+  // watch, backend/dist/failure_watch.h).
   const auto count = [](const std::string& text, const std::string& what) {
     std::size_t n = 0;
     for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
     return n;
   };
-  const std::string line = "failed: rank 0 of 4 stopped with an error";
+  const std::string line = "rank 0 (node 0) failed:";
   EXPECT_EQ(count(node0, line), 1u) << node0;
   EXPECT_EQ(count(node1, line), 2u) << node1;
 }
 
+// Two steps on two nodes with a checkpoint (each node's first rank writes its node's copy,
+// whole after the exchange), then a third resumed from it on two fresh nodes: the third step's loss and gradient
+// norm are the uninterrupted one-node run's, bit for bit.
 TEST_F(TwoNodes, EpGroupsResumeFromACheckpointBitExactly) {
   const std::string ckpt = (dir_ / "ckpt").string();
   const auto first = on_two_nodes(" --steps 2 --checkpoint " + ckpt);

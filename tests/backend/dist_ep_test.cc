@@ -16,11 +16,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <map>
@@ -817,7 +819,7 @@ TEST(Communicator, RendezvousWithoutPeersTimesOut) {
   o.world_size = 2;
   o.store_path = (dir / "store").string();
   o.timeout_s = 0.5;
-  EXPECT_THROW(Communicator c(o), std::runtime_error);
+  EXPECT_THROW(Communicator c(o), PeerError);  // what FailureWatch takes for a peer's failure
   o.rank = 2;
   EXPECT_THROW(Communicator c(o), InputError);
   fs::remove_all(dir);
@@ -1090,6 +1092,228 @@ TEST(OomTrainRanks, TwoTorchrunNodesOfTwoRanksRepeatOneNodeAndTraceAsPredicted) 
   const auto same = diff("one-node.json", "measured.json");
   ASSERT_FALSE(same["kinds"].empty());
   for (const auto& k : same["kinds"]) EXPECT_EQ(k.value("measured_ops", 0), k.value("predicted_ops", 0)) << k["name"];
+  fs::remove_all(dir);
+}
+
+// Two torchrun-style nodes of two ranks each, as torchrun --nnodes 2 --nproc-per-node 2 starts them:
+// four `oom train` processes with RANK 2n + l, LOCAL_RANK l, GROUP_RANK n, WORLD_SIZE 4,
+// LOCAL_WORLD_SIZE 2, meeting through a TCPStore on 127.0.0.1:port. Each runs `args(n)` (the rest of
+// its command line) with its stdout and stderr in dir/TAG.outR and dir/TAG.errR.
+class TwoNodes {
+ public:
+  static constexpr int kRanks = 4;
+  TwoNodes(const fs::path& dir, const std::string& tag, int port, const std::function<std::string(int node)>& args) : dir_(dir), tag_(tag) {
+    t0_ = std::chrono::steady_clock::now();
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const int node = rank / 2;
+      const std::string cmd = fmt::format(
+          "exec env RANK={0} LOCAL_RANK={1} GROUP_RANK={2} WORLD_SIZE={3} LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={4} "
+          "{5} train {6} > {7}.out{0} 2> {7}.err{0}",
+          rank, rank % 2, node, kRanks, port, OOM_BINARY, args(node), (dir / tag).string());
+      const pid_t pid = fork();
+      if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      pids_.push_back(pid);
+    }
+  }
+  ~TwoNodes() {
+    for (std::size_t k = 0; k < pids_.size(); ++k) {
+      if (status_.size() <= k || status_[k] == kRunning) kill(pids_[k], SIGKILL);
+    }
+    wait(0.0);
+  }
+  pid_t pid(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
+  std::string out(int rank) const { return read(fmt::format("{}.out{}", tag_, rank)); }
+  std::string err(int rank) const { return read(fmt::format("{}.err{}", tag_, rank)); }
+  std::string errs() const {
+    std::string all;
+    for (int k = 0; k < kRanks; ++k) all += fmt::format("--- rank {} stderr:\n{}", k, err(k));
+    return all;
+  }
+  // Waits up to `limit_s` for every process but rank `skip` (then kills what is left); each one's
+  // wait status.
+  const std::vector<int>& wait(double limit_s = 120.0, int skip = -1) {
+    status_.resize(pids_.size(), kRunning);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+    for (;;) {
+      bool running = false;
+      for (std::size_t k = 0; k < pids_.size(); ++k) {
+        if (status_[k] != kRunning || static_cast<int>(k) == skip) continue;
+        int st = 0;
+        if (waitpid(pids_[k], &st, WNOHANG) == pids_[k]) {
+          status_[k] = st;
+          last_exit_ = std::chrono::steady_clock::now();
+        } else {
+          running = true;
+        }
+      }
+      if (!running) return status_;
+      if (std::chrono::steady_clock::now() > until) {
+        for (std::size_t k = 0; k < pids_.size(); ++k) {
+          if (status_[k] == kRunning && static_cast<int>(k) != skip) kill(pids_[k], SIGKILL);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  // Seconds from `since` to the last process's exit.
+  double seconds_to_last_exit(std::chrono::steady_clock::time_point since) const {
+    return std::chrono::duration<double>(last_exit_ - since).count();
+  }
+  std::chrono::steady_clock::time_point started() const { return t0_; }
+
+ private:
+  static constexpr int kRunning = -1;
+  std::string read(const std::string& name) const {
+    std::ifstream in(dir_ / name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  fs::path dir_;
+  std::string tag_;
+  std::vector<pid_t> pids_;
+  std::vector<int> status_;
+  std::chrono::steady_clock::time_point t0_, last_exit_;
+};
+
+bool exited_zero(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// The lines of `text` that contain `what`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& what) {
+  std::vector<std::string> found;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(what) != std::string::npos) found.push_back(line);
+  }
+  return found;
+}
+
+// Checkpoint and resume over two nodes of two ranks, each node with its own host state and its
+// own checkpoint folder (nothing shared between the nodes but the TCP connections): each node's
+// LOCAL_RANK 0 writes its node's copy, the copies are the same bytes, and 2 steps resumed from them
+// repeat steps 3 and 4 of the uninterrupted 4-step run bit for bit, losses and final weights. A
+// node without its copy, or with a copy of another step, is one error; every rank stops.
+TEST(OomTrainRanks, TwoNodesCheckpointOnEveryNodeAndResumeBitForBit) {
+  const auto dir = scratch("two-nodes-ckpt");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const std::string common = "--model tiny-moe --plan " + plan + " --seq 16 --batch 4 --lr 3e-3 --device cpu --json";
+  const int port = 20000 + static_cast<int>((getpid() + 4099) % 20000);
+  const auto node_dir = [&](const char* run, int node) { return (dir / fmt::format("{}-node{}", run, node)).string(); };
+  const auto losses_of = [](const std::string& out) { return nlohmann::json::parse(out)["losses"].get<std::vector<double>>(); };
+  // Uninterrupted, 4 steps (its final checkpoint: a copy of another step below).
+  TwoNodes whole(dir, "whole", port, [&](int node) {
+    return fmt::format("{} --steps 4 --checkpoint {} --save-weights {}/whole.safetensors", common, node_dir("whole", node), dir.string());
+  });
+  for (int st : whole.wait()) ASSERT_TRUE(exited_zero(st)) << whole.errs();
+  const auto four = losses_of(whole.out(0));
+  ASSERT_EQ(four.size(), 4u);
+  // 2 steps with a checkpoint: one copy per node, the same bytes.
+  TwoNodes first(dir, "first", port + 1, [&](int node) { return fmt::format("{} --steps 2 --checkpoint {}", common, node_dir("ckpt", node)); });
+  for (int st : first.wait()) ASSERT_TRUE(exited_zero(st)) << first.errs();
+  const std::string copy0 = read_text(checkpoint_file(node_dir("ckpt", 0))), copy1 = read_text(checkpoint_file(node_dir("ckpt", 1)));
+  ASSERT_FALSE(copy0.empty());
+  EXPECT_TRUE(copy0 == copy1) << "the nodes' checkpoint copies differ";
+  // 2 more resumed, each node from its own copy: steps 3 and 4 bit for bit.
+  TwoNodes second(dir, "second", port + 2, [&](int node) {
+    return fmt::format("{} --steps 2 --resume {} --save-weights {}/resumed.safetensors", common, node_dir("ckpt", node), dir.string());
+  });
+  for (int st : second.wait()) ASSERT_TRUE(exited_zero(st)) << second.errs();
+  const auto resumed = nlohmann::json::parse(second.out(0));
+  EXPECT_EQ(resumed["first_step"], 3);
+  ASSERT_EQ(resumed["losses"].size(), 2u);
+  EXPECT_EQ(resumed["losses"][0].get<double>(), four[2]);
+  EXPECT_EQ(resumed["losses"][1].get<double>(), four[3]);
+  const ModelSpec spec = load_model_spec("tiny-moe");
+  HostState a(spec), b(spec);
+  a.load_safetensors((dir / "whole.safetensors").string());
+  b.load_safetensors((dir / "resumed.safetensors").string());
+  for (int blk = 0; blk < a.blocks(); ++blk) EXPECT_TRUE(at::equal(a.master(blk), b.master(blk))) << "block " << blk;
+  // Node 1 resumes another step's checkpoint: one error on every rank, naming node 1's copy.
+  TwoNodes stale(dir, "stale", port + 3, [&](int node) {
+    return fmt::format("{} --steps 2 --resume {}", common, node == 0 ? node_dir("ckpt", 0) : node_dir("whole", 1));
+  });
+  for (int st : stale.wait()) EXPECT_FALSE(exited_zero(st)) << stale.errs();
+  EXPECT_EQ(lines_with(stale.err(0), "error:").size(), 1u) << stale.errs();
+  EXPECT_EQ(lines_with(stale.err(0), "rank 2 (node 1) resumed another checkpoint (step 4)").size(), 1u) << stale.errs();
+  // Node 1 without its copy: its ranks say so, and every other rank stops with one line naming a
+  // rank of node 1 and why, long before the 120 s collective timeout.
+  fs::remove_all(node_dir("ckpt", 1));
+  TwoNodes missing(dir, "missing", port + 4, [&](int node) { return fmt::format("{} --steps 2 --resume {}", common, node_dir("ckpt", node)); });
+  const auto& status = missing.wait();
+  for (int st : status) EXPECT_FALSE(exited_zero(st)) << missing.errs();
+  EXPECT_LT(missing.seconds_to_last_exit(missing.started()), 40.0) << missing.errs();
+  for (int rank : {2, 3}) EXPECT_EQ(lines_with(missing.err(rank), "this node has no copy of the checkpoint").size(), 1u) << missing.errs();
+  for (int rank : {0, 1}) {
+    const auto named = lines_with(missing.err(rank), "(node 1) failed:");
+    ASSERT_EQ(named.size(), 1u) << missing.errs();
+    EXPECT_EQ(lines_with(missing.err(rank), "error:").size(), 1u) << missing.errs();
+    EXPECT_TRUE(named[0].find("rank 2 (node 1)") != std::string::npos || named[0].find("rank 3 (node 1)") != std::string::npos) << named[0];
+    EXPECT_NE(named[0].find("this node has no copy of the checkpoint"), std::string::npos) << named[0];
+  }
+  fs::remove_all(dir);
+}
+
+// A rank killed by a signal on node 1 (no chance to say why) stops every other rank well before the
+// 120 s collective timeout, each with one line naming it: its heartbeat stopped.
+TEST(OomTrainRanks, RankKilledOnOneNodeStopsEveryRankNamingIt) {
+  const auto dir = scratch("two-nodes-kill");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const int port = 20000 + static_cast<int>((getpid() + 12007) % 20000);
+  TwoNodes run(dir, "kill", port, [&](int) {
+    return "--model tiny-moe --plan " + plan + " --seq 16 --batch 4 --lr 3e-3 --device cpu --steps 100000";
+  });
+  // Once rank 0 has printed its first step, every rank is past the rendezvous and in the steps.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (run.out(0).find("step") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(run.out(0).find("step"), std::string::npos) << run.errs();
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(run.pid(3), SIGKILL), 0);
+  const auto& status = run.wait();
+  EXPECT_TRUE(WIFSIGNALED(status[3]) && WTERMSIG(status[3]) == SIGKILL);
+  for (int rank : {0, 1, 2}) {
+    EXPECT_TRUE(WIFEXITED(status[static_cast<std::size_t>(rank)]) && WEXITSTATUS(status[static_cast<std::size_t>(rank)]) == 1)
+        << "rank " << rank << " " << run.errs();
+    const auto named = lines_with(run.err(rank), "rank 3 (node 1) failed:");
+    EXPECT_EQ(named.size(), 1u) << run.errs();
+    EXPECT_EQ(lines_with(run.err(rank), "error:").size(), 1u) << run.errs();
+  }
+  const double took = run.seconds_to_last_exit(killed);
+  std::cout << "every rank stopped " << took << " s after rank 3 was killed\n";
+  EXPECT_LT(took, 30.0) << run.errs();
+  fs::remove_all(dir);
+}
+
+// A rank stopped (SIGSTOP) on node 1 keeps its sockets open, so its peers' collectives do not fail
+// and would wait out the 120 s timeout: the heartbeat its predecessor watches names it instead.
+TEST(OomTrainRanks, RankStoppedOnOneNodeIsNamedByItsSilentHeartbeat) {
+  const auto dir = scratch("two-nodes-stop");
+  const std::string plan = write_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
+  const int port = 20000 + static_cast<int>((getpid() + 15013) % 20000);
+  TwoNodes run(dir, "stop", port, [&](int) {
+    return "--model tiny-moe --plan " + plan + " --seq 16 --batch 4 --lr 3e-3 --device cpu --steps 100000";
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (run.out(0).find("step") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(run.out(0).find("step"), std::string::npos) << run.errs();
+  const auto stopped = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(run.pid(3), SIGSTOP), 0);
+  const auto& status = run.wait(120.0, /*skip=*/3);
+  const double took = run.seconds_to_last_exit(stopped);
+  kill(run.pid(3), SIGKILL);
+  run.wait();
+  for (int rank : {0, 1, 2}) {
+    EXPECT_TRUE(WIFEXITED(status[static_cast<std::size_t>(rank)]) && WEXITSTATUS(status[static_cast<std::size_t>(rank)]) == 1)
+        << "rank " << rank << " " << run.errs();
+    EXPECT_EQ(lines_with(run.err(rank), "rank 3 (node 1) failed: stopped answering").size(), 1u) << run.errs();
+    EXPECT_EQ(lines_with(run.err(rank), "error:").size(), 1u) << run.errs();
+  }
+  std::cout << "every rank stopped " << took << " s after rank 3 was stopped\n";
+  EXPECT_LT(took, 40.0) << run.errs();
   fs::remove_all(dir);
 }
 
