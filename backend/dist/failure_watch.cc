@@ -166,7 +166,11 @@ void FailureWatch::publish(const RankFailure& f) { store_->compareSet(key("failu
 void FailureWatch::count_stopped(int ranks) { store_->add(key("stopped"), ranks); }
 
 void FailureWatch::linger() {
-  if (!o_.serves_store) return;
+  // The store lives as long as the process serving it: this rank when it serves it; under
+  // torchrun's agent store, node 0's agent, which stops it (and its other ranks) as soon as one of
+  // its ranks exits, so node 0's ranks stay until every rank has read the failure.
+  const bool keeps_store = o_.serves_store || (o_.store_rank < 0 && o_.node == 0);
+  if (!keeps_store) return;
   const auto until = std::chrono::steady_clock::now() + kLinger;
   while (std::chrono::steady_clock::now() < until && store_->add(key("stopped"), 0) < o_.world_size) {
     std::this_thread::sleep_for(kBeatPeriod / 5);

@@ -21,8 +21,9 @@
 // wait in a collective that does not notice (NCCL; a network partition keeps sockets open). Every
 // watcher reads `failure` every kBeatPeriod; finding another rank's, it writes one line,
 // "error: rank R (node N) failed: REASON", to stderr, counts itself in `stopped` and ends the
-// process with _exit(1) (its main thread may be blocked in a collective for up to the timeout). The rank that serves the store (rank 0 without torchrun's agent store) stays up until
-// every rank stopped (at most kLinger) so that the others can still read the failure, and at a
+// process with _exit(1) (its main thread may be blocked in a collective for up to the timeout). The rank that serves the store (rank 0 without torchrun's agent store; under it, node 0's
+// ranks, whose agent stops the store once one of them exits) stays up until every rank stopped
+// (at most kLinger) so that the others can still read the failure, and at a
 // normal end until every rank is done (at most the timeout). When the store stops answering, the
 // rank that served it is named as the failed one.
 //

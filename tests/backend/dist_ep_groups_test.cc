@@ -314,16 +314,21 @@ TEST_F(TwoNodes, ARankThatFailsStopsEveryRankNamingIt) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
   const std::string node0 = read_text(dir_ / "err0-0"), node1 = read_text(dir_ / "err1-0");
   EXPECT_NE(node0.find("nonexistent-dir"), std::string::npos) << node0;
-  // Rank 1 on node 0 and ranks 2 and 3 on node 1 each print one line naming rank 0 (the failure
-  // watch, backend/dist/failure_watch.h).
+  // Node 1, which shares no parent with rank 0, learns of it through the failure watch
+  // (backend/dist/failure_watch.h): its ranks print one line each naming rank 0, or the first to
+  // print exits and its torchrun agent stops the other (SIGTERM) before it prints; rank 1 is
+  // stopped by node 0's agent the same way. Node 0's ranks keep the agent's store up until node 1
+  // has read the failure.
   const auto count = [](const std::string& text, const std::string& what) {
     std::size_t n = 0;
     for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
     return n;
   };
   const std::string line = "rank 0 (node 0) failed:";
-  EXPECT_EQ(count(node0, line), 1u) << node0;
-  EXPECT_EQ(count(node1, line), 2u) << node1;
+  EXPECT_LE(count(node0, line), 1u) << node0;
+  EXPECT_GE(count(node1, line), 1u) << node1;
+  EXPECT_LE(count(node1, line), 2u) << node1;
+  EXPECT_EQ(node1.find("stopped answering"), std::string::npos) << node1;
 }
 
 // Two steps on two nodes with a checkpoint (each node's first rank writes its node's copy,
