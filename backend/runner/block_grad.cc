@@ -4,6 +4,17 @@
 
 namespace oom::backend::runner {
 
+void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> o, g;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && grads[i].defined() && outputs[i].requires_grad()) {
+      o.push_back(outputs[i]);
+      g.push_back(grads[i]);
+    }
+  }
+  if (!o.empty()) torch::autograd::backward(o, g);
+}
+
 at::Tensor leaf(const at::Tensor& t) { return t.defined() ? t.detach().requires_grad_(true) : t; }
 
 BlockWeights leaf_views(const BlockLayout& layout, const at::Tensor& flat) {

@@ -18,6 +18,9 @@ namespace oom::backend::runner {
 // A tensor detached as a leaf that requires its gradient (undefined stays undefined).
 at::Tensor leaf(const at::Tensor& t);
 
+// autograd backward over the (output, gradient) pairs whose gradient is defined.
+void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads);
+
 // The routed-expert banks of a decoder block, each [experts, ...].
 inline constexpr const char* kExpertBanks[] = {"experts.gate", "experts.up", "experts.down"};
 

@@ -22,22 +22,11 @@
 #include <torch/torch.h>
 
 #include "backend/device_memory.h"
+#include "backend/runner/block_grad.h"
 
 namespace oom::backend::runner {
 
 namespace {
-
-// autograd backward over the (output, gradient) pairs whose gradient is defined.
-void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {
-  std::vector<at::Tensor> o, g;
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    if (outputs[i].defined() && grads[i].defined() && outputs[i].requires_grad()) {
-      o.push_back(outputs[i]);
-      g.push_back(grads[i]);
-    }
-  }
-  if (!o.empty()) torch::autograd::backward(o, g);
-}
 
 at::Tensor time_rows(const at::Tensor& t, std::int64_t t0, std::int64_t n) { return t.defined() ? t.narrow(2, t0, n) : t; }
 

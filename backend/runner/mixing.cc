@@ -12,23 +12,12 @@
 
 #include "backend/device_memory.h"
 #include "backend/host_copies.h"
+#include "backend/runner/block_grad.h"
 #include "costmodel/memory.h"
 
 namespace oom::backend::runner {
 
 namespace {
-
-// autograd backward over the (output, gradient) pairs whose gradient is defined.
-void backward_defined(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {
-  std::vector<at::Tensor> o, g;
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    if (outputs[i].defined() && grads[i].defined() && outputs[i].requires_grad()) {
-      o.push_back(outputs[i]);
-      g.push_back(grads[i]);
-    }
-  }
-  if (!o.empty()) torch::autograd::backward(o, g);
-}
 
 at::Tensor grad_of(const at::Tensor& t) { return t.defined() ? t.grad() : t; }
 

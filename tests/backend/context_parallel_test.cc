@@ -31,6 +31,7 @@
 namespace oom::backend {
 namespace {
 
+using testing::rel_l2;
 namespace fs = std::filesystem;
 
 constexpr double kTol = 1e-5;
@@ -39,17 +40,7 @@ constexpr double kAfterUpdateTol = testing::kLossAfterUpdateTol;
 constexpr double kParamMaxTol = 1e-3;
 constexpr double kParamL2Tol = 5e-5;
 
-double rel_l2(const at::Tensor& a, const at::Tensor& b) {
-  const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
-  return (ad - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-30);
-}
-
-fs::path scratch(const std::string& tag) {
-  auto dir = fs::temp_directory_path() / ("oom-cp-test-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& tag) { return testing::scratch_dir("oom-cp-test", tag); }
 
 // A plan's split: query-head groups of one head.
 const nlohmann::json kHeadGroupsOfOne = {

@@ -32,23 +32,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::rel_diff;
+using testing::rel_l2;
 
 constexpr double kTol = 1e-5;
 // Weights after AdamW steps against the plain trainer: dist_ep_test.cc's bounds and their reasons.
 constexpr double kParamMaxTol = 1e-3;
 constexpr double kParamL2Tol = 5e-5;
 
-double rel_l2(const at::Tensor& a, const at::Tensor& b) {
-  const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
-  return (ad - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-30);
-}
-
-fs::path scratch(const std::string& tag) {
-  auto dir = fs::temp_directory_path() / ("oom-ep-groups-test-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& tag) { return testing::scratch_dir("oom-ep-groups-test", tag); }
 
 // Four ranks in EP groups of two with `fields` over a plain EP plan of tiny-moe (8 experts: 4 a
 // shard), routing rounds of 12 tokens.

@@ -57,6 +57,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::rel_diff;
+using testing::rel_l2;
 
 constexpr double kTol = 1e-5;
 // Losses after an AdamW update (tests/backend/drift.h): measured at most 4.7e-7 relative on AVX2 and
@@ -72,17 +73,7 @@ constexpr double kParamMaxTol = 1e-3;
 // The same in relative L2 norm: measured at most 5.2e-6 on AVX2 and 4.1e-6 scalar: held to 5e-5.
 constexpr double kParamL2Tol = 5e-5;
 
-double rel_l2(const at::Tensor& a, const at::Tensor& b) {
-  const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
-  return (ad - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-30);
-}
-
-fs::path scratch(const std::string& tag) {
-  auto dir = fs::temp_directory_path() / ("oom-dist-test-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& tag) { return testing::scratch_dir("oom-dist-test", tag); }
 
 TrainOptions small_run(const char* model, int batch) {
   TrainOptions o;

@@ -1,5 +1,7 @@
 #include "tests/backend/reference_ops.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <limits>
 
@@ -9,6 +11,18 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   const auto af = a.detach().to(at::kDouble), bf = b.detach().to(at::kDouble);
   const double scale = std::max(bf.abs().max().item<double>(), 1e-30);
   return (af - bf).abs().max().item<double>() / scale;
+}
+
+double rel_l2(const at::Tensor& a, const at::Tensor& b) {
+  const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  return (ad - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-30);
+}
+
+std::filesystem::path scratch_dir(const std::string& prefix, const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() / (prefix + "-" + tag + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 AttentionOutput reference_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "backend/model.h"
@@ -27,6 +29,10 @@ at::Tensor reference_moe(const at::Tensor& x, const BlockWeights& w, const Model
 
 // Relative difference max|a − b| / max(max|b|, tiny).
 double rel_diff(const at::Tensor& a, const at::Tensor& b);
+// ‖a − b‖₂ / ‖b‖₂ in double precision.
+double rel_l2(const at::Tensor& a, const at::Tensor& b);
+// An empty folder <temp>/<prefix>-<tag>-<pid> (emptied when it exists).
+std::filesystem::path scratch_dir(const std::string& prefix, const std::string& tag);
 
 // One step's loss and gradients by autograd over the whole model (the plain trainer's arithmetic)
 // from the masters of `state`: the reference the trainers' gradients are compared with.
