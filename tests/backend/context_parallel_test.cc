@@ -26,6 +26,7 @@
 #include "planner/plan/plan.h"
 #include "tests/backend/drift.h"
 #include "tests/backend/ep_threads.h"
+#include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {
@@ -48,16 +49,9 @@ const nlohmann::json kHeadGroupsOfOne = {
 
 // An EP plan with each sequence over `C` ranks; `fields` override the rest.
 std::string write_cp_plan(const fs::path& dir, int C, const nlohmann::json& fields = {}) {
-  nlohmann::json plan = {{"version", 1}, {"path", "ep"}, {"context_parallel_gpus", C}, {"resident_layers", nlohmann::json::array()},
-                         {"moe_retained_layers", nlohmann::json::array()}, {"routing_chunk_tokens", 65536},
-                         {"param_transfer", "full"}, {"transfer_chunk_mib", 64}, {"cpu_grad_slots", 2},
-                         {"split", {{"attention_head_group", 0}, {"gdn_chunk_tokens", 0}, {"moe_chunk_tokens", 0}, {"sub_batch_seqs", 0}}},
-                         {"keep_attention_results", false},
-                         {"boundaries", {{"host_kept", "all"}, {"gpu_held", nlohmann::json::array()}, {"regenerate_cap", 1}}}};
+  nlohmann::json plan = {{"context_parallel_gpus", C}};
   if (fields.is_object()) plan.update(fields);
-  const auto path = (dir / "cp.json").string();
-  std::ofstream(path) << plan.dump(2);
-  return path;
+  return testing::write_ep_plan(dir, "cp.json", plan);
 }
 
 struct Case {
@@ -135,40 +129,8 @@ TrainOptions small_run(int batch, std::int64_t seq, const std::string& plan) {
   return o;
 }
 
-// The plain trainer on the same seeded weights and global batches: its losses and final weights.
-std::pair<std::vector<double>, std::vector<at::Tensor>> plain_run(const TrainOptions& o) {
-  const ModelSpec spec = load_model_spec(o.model);
-  HostState state(spec);
-  state.init_from_seed(o.seed);
-  TrainerConfig cfg;
-  cfg.adam.lr = o.lr;
-  cfg.adam.weight_decay = o.weight_decay;
-  cfg.max_grad_norm = o.max_grad_norm;
-  cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
-  PlainTrainer plain(state, cfg);
-  ByteCorpus data(default_corpus_path(), o.seq);
-  data.seed(o.seed);
-  std::vector<double> losses;
-  for (int i = 0; i < o.steps; ++i) {
-    const Batch b = data.next(o.batch);
-    losses.push_back(plain.step(b.tokens, b.targets).loss);
-  }
-  return {losses, plain.flat_params()};
-}
-
 void expect_weights_match(const std::string& file, const std::vector<at::Tensor>& params, const std::string& tag) {
-  HostState trained(load_model_spec("tiny-moe"));
-  trained.load_safetensors(file);
-  double worst_max = 0, worst_l2 = 0;
-  for (int b = 0; b < trained.blocks(); ++b) {
-    const auto& ref = params[static_cast<std::size_t>(b)];
-    const double dmax = testing::rel_diff(trained.master(b), ref), dl2 = rel_l2(trained.master(b), ref);
-    EXPECT_LE(dmax, kParamMaxTol) << tag << " block " << b;
-    EXPECT_LE(dl2, kParamL2Tol) << tag << " block " << b;
-    worst_max = std::max(worst_max, dmax);
-    worst_l2 = std::max(worst_l2, dl2);
-  }
-  std::cout << tag << ": worst block max-relative " << worst_max << ", relative L2 " << worst_l2 << "\n";
+  testing::expect_weights_match("tiny-moe", file, params, tag, kParamMaxTol, kParamL2Tol);
 }
 
 // `oom train --ranks 2` on one sequence a step (rank processes, the host state shared): two steps
@@ -183,7 +145,7 @@ TEST(ContextParallel, OomTrainTwoRanksOnOneSequenceMatchesPlainTrainer) {
   r.timeout_s = 60;
   r.deadline_s = 120;
   const auto got = dist::train_ranks(o, r);
-  const auto [losses, params] = plain_run(o);
+  const auto [losses, params] = testing::plain_run(o);
   ASSERT_EQ(got.train.losses.size(), losses.size());
   for (std::size_t i = 0; i < losses.size(); ++i) {
     const double d = testing::record_drift(fmt::format("cp ranks2 loss step {}", i), got.train.losses[i], losses[i]);
@@ -239,7 +201,7 @@ TEST(ContextParallel, TorchrunOnTwoNodesRepeatsTheOneNodeRun) {
     EXPECT_LE(testing::record_drift(fmt::format("cp two nodes vs one step {}", i), j["losses"][i].get<double>(), one.train.losses[i]), 1e-6)
         << "step " << i;
   }
-  const auto [losses, params] = plain_run(o);
+  const auto [losses, params] = testing::plain_run(o);
   EXPECT_LE(testing::record_drift("cp two nodes loss step 0", j["losses"][0].get<double>(), losses[0]), kTol);
   expect_weights_match((dir / "node.safetensors").string(), params, "cp two nodes");
   expect_weights_match(r.save_weights, params, "cp ranks4");

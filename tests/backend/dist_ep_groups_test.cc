@@ -25,6 +25,7 @@
 #include "cli/cli.h"
 #include "planner/plan/plan.h"
 #include "tests/backend/ep_threads.h"
+#include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend::dist {
@@ -44,64 +45,13 @@ fs::path scratch(const std::string& tag) { return testing::scratch_dir("oom-ep-g
 // Four ranks in EP groups of two with `fields` over a plain EP plan of tiny-moe (8 experts: 4 a
 // shard), routing rounds of 12 tokens.
 std::string write_group_plan(const fs::path& dir, const nlohmann::json& fields) {
-  nlohmann::json plan = {{"version", 1}, {"path", "ep"}, {"ep_group_gpus", 2}, {"resident_layers", nlohmann::json::array()},
-                         {"moe_retained_layers", nlohmann::json::array()}, {"routing_chunk_tokens", 12},
-                         {"param_transfer", "full"}, {"transfer_chunk_mib", 64}, {"cpu_grad_slots", 2},
-                         {"split", {{"attention_head_group", 0}, {"gdn_chunk_tokens", 0}, {"moe_chunk_tokens", 0},
-                                    {"sub_batch_seqs", 0}}},
-                         {"keep_attention_results", false},
-                         {"boundaries", {{"host_kept", "all"}, {"gpu_held", nlohmann::json::array()}, {"regenerate_cap", 1}}}};
+  nlohmann::json plan = {{"ep_group_gpus", 2}, {"routing_chunk_tokens", 12}};
   plan.update(fields);
-  const auto path = (dir / "groups.json").string();
-  std::ofstream(path) << plan.dump(2);
-  return path;
-}
-
-// The first global batch of `o`'s data and the gradients of the whole model on it.
-testing::ReferenceGradients first_step_reference(const TrainOptions& o) {
-  HostState init(load_model_spec(o.model));
-  init.init_from_seed(o.seed);
-  ByteCorpus data(default_corpus_path(), o.seq);
-  data.seed(o.seed);
-  const Batch b = data.next(o.batch);
-  ModelOptions mo;
-  mo.gdn_chunk_tokens = o.gdn_chunk_tokens;
-  return testing::reference_gradients(init, b.tokens, b.targets, mo);
-}
-
-// The plain trainer's masters after o.steps steps.
-std::vector<at::Tensor> plain_params(const TrainOptions& o) {
-  HostState state(load_model_spec(o.model));
-  state.init_from_seed(o.seed);
-  TrainerConfig cfg;
-  cfg.adam.lr = o.lr;
-  cfg.adam.weight_decay = o.weight_decay;
-  cfg.max_grad_norm = o.max_grad_norm;
-  cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
-  PlainTrainer plain(state, cfg);
-  ByteCorpus data(default_corpus_path(), o.seq);
-  data.seed(o.seed);
-  for (int i = 0; i < o.steps; ++i) {
-    const Batch b = data.next(o.batch);
-    plain.step(b.tokens, b.targets);
-  }
-  return plain.flat_params();
+  return testing::write_ep_plan(dir, "groups.json", plan);
 }
 
 void expect_params_match(const std::string& weights, const std::vector<at::Tensor>& params, const std::string& tag) {
-  HostState trained(load_model_spec("tiny-moe"));
-  trained.load_safetensors(weights);
-  double worst_max = 0, worst_l2 = 0;
-  for (int b = 0; b < trained.blocks(); ++b) {
-    const auto& ref = params[static_cast<std::size_t>(b)];
-    const double dmax = rel_diff(trained.master(b), ref), dl2 = rel_l2(trained.master(b), ref);
-    EXPECT_LE(dmax, kParamMaxTol) << tag << " block " << b;
-    EXPECT_LE(dl2, kParamL2Tol) << tag << " block " << b;
-    worst_max = std::max(worst_max, dmax);
-    worst_l2 = std::max(worst_l2, dl2);
-  }
-  std::cout << tag << ": weights against the plain trainer, worst block max-relative " << worst_max << ", relative L2 "
-            << worst_l2 << "\n";
+  testing::expect_weights_match("tiny-moe", weights, params, tag, kParamMaxTol, kParamL2Tol);
 }
 
 // Four ranks in threads of this process, one step: the gradients each rank sent to the host (its
@@ -169,12 +119,12 @@ TEST(EpGroups, FourRanksInTwoGroupsMatchThePlainTrainer) {
   r.deadline_s = 120;
   const auto got = train_ranks(o, r);
   ASSERT_EQ(got.train.losses.size(), 2u);
-  const auto ref = first_step_reference(o);
+  const auto ref = testing::first_step_gradients(o);
   EXPECT_NEAR(got.train.losses[0], ref.loss, kTol * ref.loss);
   EXPECT_NEAR(got.train.grad_norms[0], ref.norm, kTol * ref.norm);
   std::cout << "loss relative difference " << std::abs(got.train.losses[0] - ref.loss) / ref.loss << ", gradient norm "
             << std::abs(got.train.grad_norms[0] - ref.norm) / ref.norm << "\n";
-  expect_params_match(r.save_weights, plain_params(o), "ranks 4, EP groups of 2");
+  expect_params_match(r.save_weights, testing::plain_run(o).second, "ranks 4, EP groups of 2");
   const auto workload = (dir / "workload.json").string();
   std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 4, "global_batch": 4, "seq_len": 16})";
   std::ostringstream sout, serr;
@@ -288,7 +238,7 @@ TEST_F(TwoNodes, EpGroupsRepeatTheOneNodeRunAndTheReference) {
   o.batch = 4;
   o.seed = 7;
   o.gdn_chunk_tokens = 8;
-  const auto ref = first_step_reference(o);
+  const auto ref = testing::first_step_gradients(o);
   const double loss = a["losses"][0].get<double>(), norm = a["grad_norms"][0].get<double>();
   EXPECT_NEAR(loss, ref.loss, kTol * ref.loss);
   EXPECT_NEAR(norm, ref.norm, kTol * ref.norm);
