@@ -253,12 +253,27 @@ void Lowering::host_free(StageId s, int rank, Bytes bytes) {
   }
 }
 
+OperatorRun Lowering::operator_run(const StageWhat& what, Phase phase) const {
+  OperatorRun run;
+  run.pass = phase == Phase::kBackward                                  ? OperatorPass::kBackward
+             : replaying_ || what.op == StageOp::kCoreRefwd ? OperatorPass::kReplay
+                                                             : OperatorPass::kForward;
+  run.first_in_layer = sub_batch_ <= 0;
+  run.experts_over_ranks = ep_ && E_ > 1;
+  run.moe_retained = moe_retained_;
+  run.context_ranks = C_;
+  run.context_chain = context_chain_;
+  return run;
+}
+
+void Lowering::collective_operators(const PerRank& stages, const StageWhat& what, Phase phase, int layer, const OpShape& shape) {
+  const std::int64_t ops = backend_operators(m_, layer, what.part, what.op, operator_run(what, phase), shape);
+  for (int r = 0; r < emit_; ++r) b_.graph().stages[static_cast<std::size_t>(stages[static_cast<std::size_t>(r)])].ops = ops;
+}
+
 PerRank Lowering::compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                               const OpShape& shape, const std::vector<PerRank>& deps) {
-  const OperatorPass pass = phase == Phase::kBackward ? OperatorPass::kBackward
-                            : replaying_ || what.op == StageOp::kCoreRefwd ? OperatorPass::kReplay
-                                                                           : OperatorPass::kForward;
-  const std::int64_t ops = op_calls_ * backend_operators(m_, layer, what.part, what.op, pass, shape, sub_batch_ <= 0);
+  const std::int64_t ops = op_calls_ * backend_operators(m_, layer, what.part, what.op, operator_run(what, phase), shape);
   const PerRank out = stages_per_rank(
       P_, emit_,
       [&](int r) {

@@ -28,6 +28,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/memory.h"
 #include "costmodel/params.h"
+#include "planner/lowering/operator_counts.h"
 #include "planner/lowering/step_graph.h"
 
 namespace oom::lowering {
@@ -226,6 +227,11 @@ class Lowering {
   void gpu_free(StageId s, int rank, Bytes bytes, MemoryUse use = MemoryUse::kOther);  // at the stage's end
   void host_alloc(StageId s, int rank, Bytes bytes, bool at_end = true);
   void host_free(StageId s, int rank, Bytes bytes);
+  // How the backend runs a stage of `what` in `phase` where the lowering is now (Stage::ops).
+  OperatorRun operator_run(const StageWhat& what, Phase phase) const;
+  // Sets the operators the backend dispatches in the emitted members of a collective (an EP
+  // all-to-all's bookkeeping) over `shape`.
+  void collective_operators(const PerRank& stages, const StageWhat& what, Phase phase, int layer, const OpShape& shape);
   // A compute stage on every rank; `deps` per rank (may be empty), plus extra common deps.
   PerRank compute_all(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes,
                       const OpShape& shape, const std::vector<PerRank>& deps);
@@ -395,6 +401,8 @@ class Lowering {
   // The backend calls one compute stage makes (Stage::ops counts each): a whole-sequence GDN piece
   // over a sub-batch runs C/S sequences a call.
   std::int64_t op_calls_ = 1;
+  bool moe_retained_ = false;   // lowering a retained MoE's forward (Stage::ops: it builds graphs)
+  bool context_chain_ = false;  // lowering the GDN stage that runs the sequence's chain (Stage::ops)
   PerRank last_compute_;  // the most recent compute stage per rank (data flow between sublayers)
   std::array<PerRank, 2> slot_last_use_;  // last consumer of each window slot per rank
   int window_uses_ = 0;

@@ -48,6 +48,16 @@ OpShape output_projection_shape(const ModelSpec& m, LayerKind kind, std::int64_t
   return s;
 }
 
+// The routed experts' shape on one rank: the token–expert assignments of `tokens` tokens it
+// processes, over the experts it holds.
+OpShape routed_experts_shape(const ModelSpec& m, std::int64_t tokens, bool over_ranks, int ep_ranks) {
+  OpShape s;
+  s.tokens = tokens * m.moe.top_k;
+  s.k = m.hidden;
+  s.experts = over_ranks ? m.moe.experts / ep_ranks : m.moe.experts;
+  return s;
+}
+
 }  // namespace
 
 PerRank Lowering::mixing_forward(int l, Phase phase, std::int64_t seqs, const WindowUse& w, const PerRank& input,
@@ -157,6 +167,7 @@ Lowering::MoeRound Lowering::moe_dispatch_half(int l, Phase phase, std::int64_t 
   const std::vector<double>& load = rank_load(l);
   round.dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aDispatch).at_chunk(chunk), OpKind::kAllToAll, phase, l,
                                    a2a_bytes_per_rank(m_, tokens, E_, load), round.pre, Over::kGroup);
+  collective_operators(round.dispatch, what(StagePart::kMoe, StageOp::kA2aDispatch), phase, l, routed_experts_shape(m_, tokens, ep_, E_));
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(round.dispatch[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]),
               false, MemoryUse::kDispatch);
@@ -174,10 +185,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
                        add, {round.pre});
   }
   const MoeFlops f = moe_flops(m_, l, round.tokens);
-  OpShape experts;
-  experts.tokens = round.tokens * m_.moe.top_k;  // token–expert assignments this GPU's experts process
-  experts.k = m_.hidden;
-  experts.experts = ep_ ? m_.moe.experts / E_ : m_.moe.experts;
+  const OpShape experts = routed_experts_shape(m_, round.tokens, ep_, E_);
   const int chunk = round.chunk;
   if (round.dispatch.empty()) {
     return compute_all(what(StagePart::kMoe, StageOp::kExperts).at_chunk(chunk), OpKind::kExpertGemm, phase, l, f.routed_experts,
@@ -189,6 +197,7 @@ PerRank Lowering::moe_expert_half(int l, Phase phase, const MoeRound& round, con
                                      f.routed_experts, t.experts, experts, load, {round.dispatch, w.ready, round.fetched});
   const PerRank ret = collective_each(what(StagePart::kMoe, StageOp::kA2aReturn).at_chunk(chunk), OpKind::kAllToAll, phase, l,
                                       a2a_bytes_per_rank(m_, round.tokens, E_, load), exp, Over::kGroup);
+  collective_operators(ret, what(StagePart::kMoe, StageOp::kA2aReturn), phase, l, experts);
   for (int r = 0; r < P_; ++r) {
     gpu_free(ret[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, round.tokens, load[static_cast<std::size_t>(r)]),
              MemoryUse::kDispatch);
@@ -202,6 +211,7 @@ PerRank Lowering::moe_forward(int l, Phase phase, std::int64_t tokens, const Win
                               bool retained) {
   const PerRank fetched = llep_fetch(l, phase, w.ready);
   PerRank x = input;
+  moe_retained_ = retained;  // its stages build the graphs the backward uses (Stage::ops)
   const auto finish = [&](const MoeRound& round) {
     const PerRank out = moe_expert_half(l, phase, round, w);
     for (int r = 0; r < P_; ++r) {
@@ -229,6 +239,7 @@ PerRank Lowering::moe_forward(int l, Phase phase, std::int64_t tokens, const Win
       x = finish(round);
     }
   }
+  moe_retained_ = false;
   if (!fetched.empty()) {
     for (int r = 0; r < P_; ++r) gpu_free(x[static_cast<std::size_t>(r)], r, llep_weight_bytes(l, r), MemoryUse::kDispatch);
   }
@@ -310,10 +321,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
     }
     return out;
   }
-  OpShape experts;
-  experts.tokens = tokens * m_.moe.top_k;
-  experts.k = m_.hidden;
-  experts.experts = ep_ ? m_.moe.experts / E_ : m_.moe.experts;
+  const OpShape experts = routed_experts_shape(m_, tokens, ep_, E_);
   const bool over_ranks = ep_ && E_ > 1;
   const std::vector<double> balanced(static_cast<std::size_t>(P_), 1.0);
   const std::vector<double>& load = over_ranks ? rank_load(l) : balanced;
@@ -323,6 +331,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   if (over_ranks) {
     const PerRank dispatch = collective_each(what(StagePart::kMoe, StageOp::kA2aGradDispatch).at_chunk(chunk), OpKind::kAllToAll,
                                              Phase::kBackward, l, a2a_bytes_per_rank(m_, tokens, E_, load), ready, Over::kGroup);
+    collective_operators(dispatch, what(StagePart::kMoe, StageOp::kA2aGradDispatch), Phase::kBackward, l, experts);
     exp = compute_loaded(what(StagePart::kMoe, StageOp::kExpertsBwd).at_chunk(chunk), OpKind::kExpertGemm, Phase::kBackward, l,
                          kMatmulBackwardRatio * f.routed_experts, kMemoryBackwardRatio * t.experts, experts, load,
                          {dispatch, fetched});
@@ -345,6 +354,7 @@ PerRank Lowering::moe_backward_chunk(int l, std::int64_t tokens, const PerRank& 
   if (over_ranks) {
     exp = collective_each(what(StagePart::kMoe, StageOp::kA2aGradReturn).at_chunk(chunk), OpKind::kAllToAll, Phase::kBackward, l,
                           a2a_bytes_per_rank(m_, tokens, E_, load), exp, Over::kGroup);
+    collective_operators(exp, what(StagePart::kMoe, StageOp::kA2aGradReturn), Phase::kBackward, l, experts);
     for (int r = 0; r < P_; ++r) {
       gpu_free(exp[static_cast<std::size_t>(r)], r, a2a_buffer_bytes_at_load(m_, l, tokens, load[static_cast<std::size_t>(r)]),
                MemoryUse::kDispatch);
@@ -439,8 +449,11 @@ PerRank Lowering::gdn_state_chain(int l, Phase phase, const PerRank& local, int 
                              OpKind::kAllGather, phase, l, gdn_state_bytes(g, seqs_), arrived, Over::kContext);
   }
   const Flops correction = (backward ? 2.0 : 1.0) * gdn_state_correction_flops(g, N_);
-  return compute_all(what(StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore).at_chunk(chunks), OpKind::kGdn, phase, l,
-                     correction, 0, gdn_core_shape(g, seqs_, S_, 1), {arrived, local});
+  context_chain_ = true;  // the backend runs the whole chain here (Stage::ops)
+  const PerRank out = compute_all(what(StagePart::kGdn, backward ? StageOp::kCoreBwd : StageOp::kCore).at_chunk(chunks), OpKind::kGdn,
+                                  phase, l, correction, 0, gdn_core_shape(g, seqs_, S_, 1), {arrived, local});
+  context_chain_ = false;
+  return out;
 }
 
 Flops Lowering::attention_core_flops(int l, std::int64_t seqs) const { return context_parallel_core_flops(m_, l, seqs, span_, C_); }
@@ -455,6 +468,7 @@ PerRank Lowering::ring_attention(int l, Phase phase, const PerRank& after) {
   const Bytes wire = static_cast<Bytes>(C_ - 1) * ring_kv_bytes(a, N_);
   PerRank ring = collective_all(what(StagePart::kAttention, StageOp::kAllGather), OpKind::kAllGather, phase, l, wire, after,
                                 Over::kContext);
+  collective_operators(ring, what(StagePart::kAttention, StageOp::kAllGather), phase, l, OpShape{});
   const bool backward = phase == Phase::kBackward;
   for (int r = 0; r < P_; ++r) {
     gpu_alloc(ring[static_cast<std::size_t>(r)], r, ring_attention_buffer_bytes(a, N_, backward), false, MemoryUse::kActivations);

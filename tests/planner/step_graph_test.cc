@@ -3,6 +3,7 @@
 // allocation is freed by the end of the step, and the graph's memory matches the static Eq. 2 model.
 #include "planner/lowering/step_graph.h"
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -301,6 +302,49 @@ TEST(LowerLocal, ComputeStagesCarryTheBackendsOperators) {
   const auto [longer, longer_total] = ops_of(lower(plan, resolve_workload(w, "test")));
   EXPECT_GT(longer.at("g0.fwd.L3.attn.h0.core"), plain.at("g0.fwd.L3.attn.h0.core"));
   EXPECT_EQ(longer.at("g0.fwd.L1.moe.c0.experts"), plain.at("g0.fwd.L1.moe.c0.experts"));
+}
+
+// Over EP ranks and under context parallelism the stages carry what the backend's cluster paths
+// dispatch: a rank's expert stage pays per expert it holds that receives rows (more with EP groups
+// of 2, which hold 4 of tiny-moe's 8 experts, than over 4 ranks, which hold 2), the all-to-alls
+// their bookkeeping, a combine after the return; under context parallelism the attention core
+// runs twice (one call per zig-zag chunk of the piece) and the GDN's chain runs in one stage,
+// the pieces' stages none.
+TEST(LowerClusters, StagesOverRanksCarryTheBackendsOperators) {
+  const auto lower_ops = [](std::int64_t seqs, const std::function<void(Plan&)>& fields) {
+    Workload w;
+    w.model = "tiny-moe";
+    w.hardware = "h100-sxm-node";
+    w.gpus = 4;
+    w.nodes = 2;
+    w.gpus_per_node = 2;
+    w.global_batch = seqs;
+    w.seq_len = 16;
+    Plan plan;
+    plan.path = ExpertPath::kEp;
+    plan.routing_chunk_tokens = 12;
+    fields(plan);
+    std::map<std::string, std::int64_t> by_name;
+    for (const Stage& s : lower(plan, resolve_workload(w, "test")).stages) by_name[s.name] = s.ops;
+    return by_name;
+  };
+  const auto four = lower_ops(4, [](Plan&) {});
+  const auto groups = lower_ops(4, [](Plan& p) { p.ep_group_gpus = 2; });
+  EXPECT_GT(groups.at("g0.fwd.L0.moe.c0.experts"), four.at("g0.fwd.L0.moe.c0.experts"));
+  EXPECT_GT(groups.at("g0.bwd.L0.moe.c0.experts_bwd"), four.at("g0.bwd.L0.moe.c0.experts_bwd"));
+  for (const char* name : {"g0.fwd.L0.moe.c0.a2a_dispatch", "g0.fwd.L0.moe.c0.a2a_return", "g0.fwd.L0.moe.c0.combine",
+                           "g0.bwd.L0.moe.c0.a2a_grad_dispatch", "g0.bwd.L0.moe.c0.a2a_grad_return"}) {
+    EXPECT_GT(four.at(name), 0) << name;
+  }
+  // A replay builds graphs: the owner keeps the rows and activations and writes no output rows.
+  EXPECT_LT(four.at("g0.recompute.L0.moe.c0.combine"), four.at("g0.fwd.L0.moe.c0.combine"));
+  const auto cp = lower_ops(2, [](Plan& p) { p.context_parallel_gpus = 2; });
+  const auto whole = lower_ops(4, [](Plan&) {});  // the same 16 tokens a GPU, whole sequences
+  EXPECT_GT(cp.at("g0.fwd.L1.attn.h0.core"), 2 * whole.at("g0.fwd.L1.attn.h0.core") - 2);
+  EXPECT_GT(cp.at("g0.fwd.L1.attn.allgather"), 0);
+  EXPECT_EQ(cp.at("g0.fwd.L0.gdn.c0.core"), 0);
+  EXPECT_EQ(cp.at("g0.bwd.L0.gdn.c0.core_bwd"), 0);
+  EXPECT_GT(cp.at("g0.fwd.L0.gdn.c1.core"), whole.at("g0.fwd.L0.gdn.c0.core"));
 }
 
 TEST(LowerLocal, FullDeliveryAccumulatesPartialsOnTheHost) {
