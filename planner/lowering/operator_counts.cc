@@ -36,22 +36,26 @@ CoreCalls core_calls(const OperatorRun& run, const OpShape& shape) {
 }
 
 // A MoE stage over EP ranks (backend/runner/moe.cc) with `hit` of the rank's experts receiving
-// rows and `peers` ranks in its EP group. The owner runs its experts without autograd, one after
-// another (plan_ops::expert_forward, expert_backward); where a backward follows (a replay, a
-// retained forward) the rows and activations are kept, so the forward frees less. The dispatch
+// rows and `peers` ranks in its EP group; `shared`, `dense`: 1 with a shared expert, with Gemma
+// 4's dense MLP and norms around the branches. The owner runs its experts without autograd, one
+// after another (plan_ops::expert_forward, expert_backward); where a backward follows (a replay,
+// a retained forward) the rows and activations are kept, so the forward frees less. The dispatch
 // gathers the group's counts (per peer) and turns each owned expert's rows into an index; the
 // forward's also logs the step's routing. The return's rows become a leaf where a graph is built.
-// The combine weighs the returned rows and adds them into the chunk's output (written in a
-// forward, the graph's values for a retained one; a replay writes nothing). The gradient dispatch
-// runs the combination's backward for the returned rows' gradients.
-double ep_operators(StageOp op, const OperatorRun& run, double hit, double peers) {
+// The combine weighs the returned rows and adds them into the chunk's output with the other
+// branches (written in a forward, from the graph's values for a retained one; a replay writes
+// nothing). The gradient dispatch runs the combination's backward for the returned rows'
+// gradients (through Gemma 4's norms).
+double ep_operators(StageOp op, const OperatorRun& run, double hit, double peers, double shared, double dense) {
   const bool graph = run.pass == OperatorPass::kReplay || run.moe_retained;
   switch (op) {
     case StageOp::kA2aDispatch: return (run.pass == OperatorPass::kForward ? 49 : 46) + 2 * peers + 2 * hit;
     case StageOp::kExperts: return 17 + (graph ? 41 : 47) * hit;
     case StageOp::kA2aReturn: return graph ? 3 : 1;
-    case StageOp::kCombine: return run.pass == OperatorPass::kReplay ? 12 : run.moe_retained ? 32 : 24;
-    case StageOp::kA2aGradDispatch: return 98;
+    case StageOp::kCombine:
+      if (run.pass == OperatorPass::kReplay) return 12;
+      return run.moe_retained ? 27 + 6 * shared + 79 * dense : 23 + shared + 77 * dense;
+    case StageOp::kA2aGradDispatch: return 98 + 352 * dense;
     case StageOp::kExpertsBwd: return 13 + 79 * hit;
     case StageOp::kA2aGradReturn: return 9;
     default: return 0;
@@ -128,7 +132,7 @@ std::int64_t backend_operators(const ModelSpec& m, int layer, StagePart part, St
       const double dense = gemma ? 1 : 0;  // Gemma 4's dense MLP beside the experts, with its own norms
       const double hit = experts_hit(shape.experts, m.moe.experts, shape.tokens);
       if (run.experts_over_ranks && m.moe_layer(layer) && op != StageOp::kRouterShared && op != StageOp::kRouterSharedBwd) {
-        n = ep_operators(op, run, hit, static_cast<double>(m.moe.experts / std::max<std::int64_t>(1, shape.experts)));
+        n = ep_operators(op, run, hit, static_cast<double>(m.moe.experts / std::max<std::int64_t>(1, shape.experts)), shared, dense);
         break;
       }
       switch (op) {

@@ -11,8 +11,8 @@
 // autograd over every expert; over EP ranks the owner's kernels on the rows it received, the
 // all-to-alls' bookkeeping per EP-group peer and per owned expert, a combine after the return).
 // The numbers are the backend's own, counted with `oom train --plan P --trace` (TraceStage::ops,
-// nested calls included) on the four tiny models and, over ranks, on tiny-moe with EP groups of 2
-// and 4 and with context parallelism; tests/backend check them against fresh counts.
+// nested calls included) on the four tiny models, over four EP ranks too, and on tiny-moe with
+// EP groups of 2 and with context parallelism; tests/backend check them against fresh counts.
 #pragma once
 
 #include <cstdint>
