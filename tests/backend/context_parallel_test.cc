@@ -8,7 +8,7 @@
 // ranks each repeat `oom train --ranks 4`. With the other plan fields: EP groups of two (C = 2 and
 // 4), Ring-DTP, boundaries held and regenerated, FLAT's update buckets, SCO and logits blocks, the
 // GDN split equal autograd the same way; PipelinedLLEP over `oom train --ranks 4` matches the plain
-// trainer, and in EP groups is refused in one line. A checkpoint after two steps resumes the third
+// trainer and resumes bit for bit, and in EP groups is refused in one line. A checkpoint after two steps resumes the third
 // bit for bit on one node and on two torchrun nodes (with and without EP groups). Rank processes
 // are the `oom` program (OOM_BINARY).
 #include <unistd.h>
@@ -290,7 +290,8 @@ TEST(ContextParallel, PipelinedLlepInEpGroupsIsRefused) {
 // PipelinedLLEP with context parallelism: `oom train --ranks 4` on two sequences of 16 tokens, each
 // over two ranks, dispatch rounds of 12 tokens; the second step places fetched experts from the
 // first step's routing. Two steps equal the plain trainer's losses and weights, and experts were
-// fetched.
+// fetched. A run checkpointed after the first step and resumed (the checkpoint keeps the routing
+// the placement follows) repeats the second step bit for bit.
 TEST(ContextParallel, PipelinedLlepOverSequencePiecesMatchesPlainTrainer) {
   const auto dir = scratch("llep");
   auto o = small_run(2, 16, write_cp_plan(dir, 2, {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12},
@@ -320,6 +321,23 @@ TEST(ContextParallel, PipelinedLlepOverSequencePiecesMatchesPlainTrainer) {
     if (k && k->part == StagePart::kLlep && k->op == StageOp::kFetch) ++fetches;
   }
   EXPECT_GT(fetches, 0) << "the routing overloaded no decoder: nothing was fetched";
+  o.trace.clear();
+  o.steps = 1;
+  o.checkpoint_dir = (dir / "ckpt").string();
+  r.save_weights.clear();
+  dist::train_ranks(o, r);
+  o.checkpoint_dir.clear();
+  o.resume_dir = (dir / "ckpt").string();
+  r.save_weights = (dir / "resumed.safetensors").string();
+  const auto resumed = dist::train_ranks(o, r);
+  ASSERT_EQ(resumed.train.losses.size(), 1u);
+  EXPECT_EQ(resumed.train.first_step, 2);
+  EXPECT_EQ(resumed.train.losses[0], got.train.losses[1]);
+  EXPECT_EQ(resumed.train.grad_norms[0], got.train.grad_norms[1]);
+  HostState whole(load_model_spec("tiny-moe")), again(load_model_spec("tiny-moe"));
+  whole.load_safetensors((dir / "final.safetensors").string());
+  again.load_safetensors(r.save_weights);
+  for (int blk = 0; blk < whole.blocks(); ++blk) EXPECT_TRUE(at::equal(again.master(blk), whole.master(blk))) << "block " << blk;
   fs::remove_all(dir);
 }
 
