@@ -8,9 +8,10 @@
 // ranks each repeat `oom train --ranks 4`. With the other plan fields: EP groups of two (C = 2 and
 // 4), Ring-DTP, boundaries held and regenerated, FLAT's update buckets, SCO and logits blocks, the
 // GDN split equal autograd the same way; PipelinedLLEP over `oom train --ranks 4` matches the plain
-// trainer and resumes bit for bit, and in EP groups is refused in one line. A checkpoint after two steps resumes the third
-// bit for bit on one node and on two torchrun nodes (with and without EP groups). Rank processes
-// are the `oom` program (OOM_BINARY).
+// trainer and resumes bit for bit, and in EP groups is refused in one line; a measured trace holds
+// the prediction's stages. A checkpoint after two steps resumes the third bit for bit on one node
+// and on two torchrun nodes (with and without EP groups). Rank processes are the `oom` program
+// (OOM_BINARY).
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -32,6 +34,7 @@
 #include "backend/data.h"
 #include "backend/dist/rank_train.h"
 #include "backend/plain_trainer.h"
+#include "cli/cli.h"
 #include "planner/plan/plan.h"
 #include "tests/backend/drift.h"
 #include "tests/backend/ep_threads.h"
@@ -338,6 +341,48 @@ TEST(ContextParallel, PipelinedLlepOverSequencePiecesMatchesPlainTrainer) {
   whole.load_safetensors((dir / "final.safetensors").string());
   again.load_safetensors(r.save_weights);
   for (int blk = 0; blk < whole.blocks(); ++blk) EXPECT_TRUE(at::equal(again.master(blk), whole.master(blk))) << "block " << blk;
+  fs::remove_all(dir);
+}
+
+// The measured trace of `oom train --ranks 4` with each sequence over two ranks, in EP groups of
+// two, with Ring-DTP, a resident and a retained decoder, a boundary held and one regenerated, holds
+// every stage of the four-GPU prediction (the K/V all-gathers and reduce-scatters, the GDN pieces,
+// hops and corrections included) and no other.
+TEST(ContextParallel, MeasuredTraceHasThePredictedStages) {
+  const auto dir = scratch("trace");
+  auto o = small_run(2, 16, write_cp_plan(dir, 2, {{"ep_group_gpus", 2}, {"resident_layers", {0}}, {"moe_retained_layers", {1}},
+                                                   {"boundaries", {{"host_kept", {2}}, {"gpu_held", {0}}, {"regenerate_cap", 1}}},
+                                                   {"flat", {{"vocab_projection", "ring_dtp"}, {"vocab_chunk_tokens", 7}}}}));
+  o.steps = 1;
+  o.trace = (dir / "measured.json").string();
+  dist::RanksOptions r;
+  r.ranks = 4;
+  r.worker_program = OOM_BINARY;
+  r.timeout_s = 60;
+  r.deadline_s = 120;
+  dist::train_ranks(o, r);
+  const auto workload = (dir / "workload.json").string();
+  std::ofstream(workload) << R"({"model": "tiny-moe", "hardware": "h100-sxm-node", "gpus": 4, "global_batch": 2, "seq_len": 16})";
+  std::ostringstream sout, serr;
+  ASSERT_EQ(cli::run({"simulate", "--workload", workload, "--plan", o.plan, "--trace", (dir / "predicted.json").string()}, {sout, serr}),
+            0)
+      << serr.str();
+  std::ostringstream dout, derr;
+  ASSERT_EQ(cli::run({"diff", (dir / "predicted.json").string(), o.trace, "--json"}, {dout, derr}), 0) << derr.str();
+  const auto d = nlohmann::json::parse(dout.str());
+  EXPECT_EQ(d["only_measured"], 0);
+  EXPECT_EQ(d["only_predicted"], 0);
+  std::set<std::string> gathers, hops;  // rank 0's forward K/V all-gathers and GDN state passes
+  std::ifstream in(o.trace);
+  const auto chrome = nlohmann::json::parse(in);
+  for (const auto& e : chrome["traceEvents"]) {
+    const std::string name = e["name"].get<std::string>();
+    if (e["ph"] != "X" || name.rfind("g0.fwd.", 0) != 0) continue;
+    if (name.find(".attn.allgather") != std::string::npos) gathers.insert(name);
+    if (name.find(".gdn.s0.pass") != std::string::npos) hops.insert(name);
+  }
+  EXPECT_EQ(gathers, (std::set<std::string>{"g0.fwd.L1.attn.allgather", "g0.fwd.L3.attn.allgather"}));
+  EXPECT_EQ(hops, (std::set<std::string>{"g0.fwd.L0.gdn.s0.pass", "g0.fwd.L2.gdn.s0.pass"}));
   fs::remove_all(dir);
 }
 
