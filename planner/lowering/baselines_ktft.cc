@@ -415,11 +415,24 @@ StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
                                                                                         : 1.0);
   const double compute_s = static_cast<double>(s.flops) / (amx * efficiency);
   const double dram_s = dram > 0 ? static_cast<double>(s.params * (backward ? kKtFtBackwardDramBytesPerParam : kKtFtForwardDramBytesPerParam)) / dram : 0.0;
+  const double core_s = backward ? ktft_backward_core_s(hw, s.shape.tokens, s.shape.k, s.shape.experts, s.params) : 0.0;
   StageCost c;
   c.fixed_s = calibration().cpu_task_overhead_s;
   c.work = static_cast<double>(s.flops);
-  c.rate = c.exclusive_rate = c.work / std::max(compute_s, dram_s);
+  c.rate = c.exclusive_rate = c.work / (std::max(compute_s, dram_s) + core_s);
   return c;
+}
+
+double ktft_backward_core_s(const HardwareSpec& hw, std::int64_t routes, std::int64_t hidden, std::int64_t experts, ParamCount params) {
+  const auto n = static_cast<double>(hw.numa.size());
+  if (n == 0 || routes <= 0 || hidden <= 0 || experts <= 0 || params <= 0) return 0.0;
+  const double h = static_cast<double>(hidden);
+  const double i = static_cast<double>(params) / (3.0 * static_cast<double>(experts) * h);  // the experts' intermediate size
+  const double cycles = static_cast<double>(routes) * (2 * h + 3 * i / n) * kKtFtDwPackCyclesPerElement +
+                        static_cast<double>(params) / n * kKtFtGradClearCyclesPerParam;
+  double slowest = 0;  // each socket packs and clears its own TP slice; the pass waits for the last
+  for (const NumaSpec& socket : hw.numa) slowest = std::max(slowest, cycles / (socket.amx_bf16_flops_per_s / kAmxBf16FlopsPerCoreCycle));
+  return slowest;
 }
 
 BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,

@@ -42,14 +42,42 @@ namespace oom {
 // gradient of the frozen expert weights, so it does not stand for full fine-tuning's.)
 inline constexpr double kKtFtReferenceAmxPeak = 2 * 48 * 2.4e9 * 1024;
 inline constexpr double kKtFtAmxForwardEfficiency = 17.55e12 / kKtFtReferenceAmxPeak;  // 0.074
-// The checkpoint's recompute and the full fine-tuning backward relative to the forward, per FLOP,
-// from KT-FT's full fine-tuning profile (doc/en/SFT/Qwen3-30B-A3B-Full-FT-BF16-Performance.md, the
-// CPU critical path of one step): initial CPU MoE forward 0.344 s, recompute forward 0.505 s (it
-// also fills the cache the backward reads), backward 1.447 s of which 0.352 s clears the TP
-// gradient buffers (a cost per parameter, left out) for twice the forward's FLOPs (input and
-// weight gradients; the weight gradient's packing is most of it).
-inline constexpr double kKtFtRecomputeOverForward = 0.344 / 0.505;                   // 0.681
-inline constexpr double kKtFtBackwardOverForward = 2 * 0.344 / (1.447 - 0.352);       // 0.628
+// The checkpoint's recompute relative to the forward, per FLOP, from KT-FT's full fine-tuning
+// profile (doc/en/SFT/Qwen3-30B-A3B-Full-FT-BF16-Performance.md, "Detailed Profile": the TP0
+// critical path of one step of Qwen3-30B-A3B, 1,024 tokens, on a two-socket EPYC 9355, TP = 2
+// NUMA partitions): initial CPU MoE forward 0.344 s, recompute forward 0.505 s (it also fills the
+// cache the backward reads).
+inline constexpr double kKtFtRecomputeOverForward = 0.344 / 0.505;  // 0.681
+// The full fine-tuning backward, from the same profile: TP backward total 1.447 s, of which the
+// weight gradient (dW) 0.933 s wall and the TP wrapper's gradient-buffer clear 0.352 s. The dW
+// workers' summed CPU time (one socket's pool) is mostly packing: pack A 11.248 s, pack B 9.933 s
+// and the BF16 store 1.960 s against 3.614 + 1.881 s in the gate/up and down kernels, so 23.141 /
+// 28.636 of the dW wall time, 0.754 s, packs route-major panels and stores gradients on the cores.
+// AMX speeds only the kernels (the dW driver and its packing are shared by the AVX-512 and AMX
+// paths), so on an AMX socket the packing does not shrink with the forward. The backward is priced
+// in three parts:
+// - its matmuls (input and weight gradients, twice the forward's FLOPs) and the rest, 1.447 −
+//   0.352 − 0.754 = 0.341 s against the forward's 0.344 s: per FLOP at 2 · 0.344 / 0.341 times the
+//   forward's rate;
+inline constexpr double kKtFtDwPackSeconds = 0.933 * (11.248 + 9.933 + 1.960) / (11.248 + 9.933 + 3.614 + 1.881 + 1.960);  // 0.754
+inline constexpr double kKtFtBackwardOverForward = 2 * 0.344 / (1.447 - 0.352 - kKtFtDwPackSeconds);  // 2.018
+// - the packing: each socket packs, per route (a token routed to an expert) and decoder, the input
+//   X [H] and the output gradient [H] once each, and its TP slice of the gate and up gradients
+//   (2·I/N) and of the activation (I/N): 2H + 3I/N elements with N sockets; in the profile 1,024 ×
+//   8 routes × 48 decoders × (2 · 2048 + 3 · 768 / 2) elements in 0.754 s on a socket of 32 cores at
+//   3.55 GHz base (AMD EPYC 9355): 41.5 core cycles per element. Core-bound, not DRAM-bound (about
+//   11 GB/s of a socket's 614 GB/s), so it scales with a socket's cores × clock (a Zen 5 and a
+//   Golden Cove core taken to pack alike per cycle). Not fitted;
+inline constexpr double kKtFtReferenceSocketCyclesPerS = 32 * 3.55e9;
+inline constexpr double kKtFtDwPackCyclesPerElement =
+    kKtFtDwPackSeconds * kKtFtReferenceSocketCyclesPerS / (1024.0 * 8 * 48 * (2 * 2048 + 3 * 768 / 2.0));  // 41.5
+// - the gradient-buffer clear, per expert parameter of a socket's TP slice and per backward pass:
+//   Qwen3-30B-A3B's 48 × 128 experts of 3 · 2048 · 768 parameters, half on each socket, in 0.352 s:
+//   2.76 core cycles per parameter.
+inline constexpr double kKtFtGradClearCyclesPerParam = 0.352 * kKtFtReferenceSocketCyclesPerS / (48.0 * 128 * 3 * 2048 * 768 / 2);  // 2.76
+// A socket's core cycles per second are its AMX BF16 peak over the 1,024 BF16 FLOPs AMX does per
+// core and cycle (the HardwareSpec states the peak as cores × base clock × 1,024).
+inline constexpr double kAmxBf16FlopsPerCoreCycle = 1024;
 // DRAM bytes per expert parameter a CPU pass moves: the forward (and the recompute) reads the BF16
 // weights; the backward reads them for the input gradient and stores the BF16 weight gradient
 // (KT-FT full fine-tuning: "FP32 accumulation and BF16 gradient storage",
@@ -61,11 +89,19 @@ BaselineMemory ktft_static_memory(const BaselineSetup& setup, const WorkloadCont
 BaselineFit configure_ktft(const WorkloadContext& ctx, const MemoryConstants& constants = {});
 StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options = {});
 
+// Seconds a backward CPU expert pass spends packing dW panels and clearing gradient buffers on the
+// cores of each of `hw`'s sockets (they run at once, each on its TP slice): `routes` routed
+// tokens, hidden size `hidden`, `experts` experts of `params` parameters in all (3 · H · I each).
+// 0 without routes.
+double ktft_backward_core_s(const HardwareSpec& hw, std::int64_t routes, std::int64_t hidden, std::int64_t experts, ParamCount params);
+
 // Prices KT-FT's CPU expert passes (kExpertGemm stages on a CPU update executor: rank 0's, which
 // runs every rank's experts) on all the sockets of the node at once: the slower of their FLOPs at
 // the node's AMX BF16 peak × the published forward efficiency (× the recompute's or the
-// backward's factor above) and the expert weights' DRAM traffic (the stage's `params` × the bytes per parameter
-// above) at the node's DRAM bandwidth. One such stage runs at a time, so nothing shares it. Every
+// backward's factor above) and the expert weights' DRAM traffic (the stage's `params` × the bytes
+// per parameter above) at the node's DRAM bandwidth; a backward pass adds its dW packing and its
+// gradient-buffer clear on the cores (ktft_backward_core_s; the stage's shape gives the routes,
+// `tokens`, H, `k`, and the experts). One such stage runs at a time, so nothing shares it. Every
 // other stage as the calibrated model does (a CalibratedDurationModel, so the SimGrid engine finds
 // its hardware). Thread-safe.
 class KtFtDurationModel : public CalibratedDurationModel {
