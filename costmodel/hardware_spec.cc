@@ -136,7 +136,8 @@ namespace {
 // The spec of one JSON object with no "node" to merge.
 HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
-  r.reject_unknown_keys({"name", "description", "nodes", "node_name", "gpu", "gpu_numa", "pcie", "fabric", "numa", "network", "sources", "provenance"});
+  r.reject_unknown_keys({"name", "description", "nodes", "node_name", "gpu", "gpu_numa", "rank_placement", "socket_link_Bps", "pcie", "fabric", "numa",
+                       "network", "sources", "provenance"});
   HardwareSpec h;
   h.name = r.string("name");
   h.description = r.string_or("description", "");
@@ -200,6 +201,10 @@ HardwareSpec parse_hardware(const nlohmann::json& j, const std::string& file) {
     r.fail("gpu_numa", fmt::format("has {} entries, gpu.count is {}", gpu_numa.size(), h.gpus_per_node));
   }
   for (auto n : gpu_numa) h.gpu_numa.push_back(static_cast<int>(n));
+  if (r.has("rank_placement")) {
+    h.rank_placement = r.one_of("rank_placement", {"spread", "fill"}) == "fill" ? RankPlacement::kFill : RankPlacement::kSpread;
+  }
+  h.socket_link_Bps = r.optional_number("socket_link_Bps", 0, kMaxRate).value_or(0.0);
   for (int g = 0; g < h.gpus_per_node; ++g) {
     if (h.gpu_numa[static_cast<std::size_t>(g)] != h.gpu_numa[static_cast<std::size_t>(g - g % h.pcie.gpus_per_switch)]) {
       p.fail("gpus_per_switch", fmt::format("puts GPU {} behind one switch with GPUs of another NUMA node (gpu_numa)", g));
@@ -272,6 +277,8 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
   if (h.gpu.gemm_half_rows > 0) j["gpu"]["gemm_half_rows"] = h.gpu.gemm_half_rows;
   if (!h.gpu.architecture.empty()) j["gpu"]["architecture"] = h.gpu.architecture;
   j["gpu_numa"] = h.gpu_numa;
+  if (h.rank_placement == RankPlacement::kFill) j["rank_placement"] = "fill";
+  if (h.socket_link_Bps > 0) j["socket_link_Bps"] = h.socket_link_Bps;
   j["pcie"] = {{"generation", h.pcie.generation}, {"h2d_Bps", h.pcie.h2d_Bps}, {"d2h_Bps", h.pcie.d2h_Bps},
                {"latency_s", h.pcie.latency_s}};
   if (h.pcie.gpus_per_switch != 1) j["pcie"]["gpus_per_switch"] = h.pcie.gpus_per_switch;
@@ -290,6 +297,11 @@ nlohmann::json hardware_spec_to_json(const HardwareSpec& h) {
 }
 
 std::vector<int> HardwareSpec::rank_gpus(int ranks) const {
+  if (rank_placement == RankPlacement::kFill) {
+    std::vector<int> out;
+    for (int r = 0; r < ranks; ++r) out.push_back(r % gpus_per_node);
+    return out;
+  }
   std::vector<std::vector<int>> by_numa(numa.size());
   for (int g = 0; g < gpus_per_node; ++g) by_numa[static_cast<std::size_t>(gpu_numa[g])].push_back(g);
   std::vector<int> order;  // round robin over sockets
@@ -313,6 +325,13 @@ std::string HardwareSpec::numa_label(int n) const {
   const int per_node = static_cast<int>(numa.size());
   if (nodes <= 1) return fmt::format("NUMA node {}", n);
   return fmt::format("node {} NUMA node {}", n / per_node, n % per_node);
+}
+
+std::string HardwareSpec::node_numa_label(int node) const {
+  const int per_node = static_cast<int>(numa.size());
+  const std::string sockets = per_node <= 1 ? "NUMA node 0" : fmt::format("NUMA nodes 0-{}", per_node - 1);
+  if (nodes <= 1) return sockets;
+  return fmt::format("node {} {}", node, sockets);
 }
 
 int HardwareSpec::numa_of_rank(int rank, int ranks) const {
@@ -345,6 +364,7 @@ std::vector<std::string> hardware_numeric_fields(const HardwareSpec& h) {
     f.push_back("numa.amx_bf16_flops_per_s");
   }
   if (h.pcie.gpus_per_switch != 1) f.push_back("pcie.gpus_per_switch");
+  if (h.socket_link_Bps > 0) f.push_back("socket_link_Bps");
   if (h.gpu.l2_bytes > 0) f.push_back("gpu.l2_mib");
   if (h.gpu.gemm_half_rows > 0) f.push_back("gpu.gemm_half_rows");
   if (h.network.nics > 0) {

@@ -110,6 +110,13 @@ struct NetworkSpec {
   bool operator==(const NetworkSpec&) const = default;
 };
 
+// Which GPUs a job of fewer ranks than the node's GPUs takes. kSpread: round robin over the
+// sockets, lowest GPU index first (each socket's CPU shared by as few ranks as possible). kFill:
+// GPUs 0, 1, 2, ... in index order, as a launcher that maps local rank i to device i does
+// (torchrun's LOCAL_RANK with torch.cuda.set_device), so a half node sits on the sockets its first
+// GPUs hang off.
+enum class RankPlacement { kSpread, kFill };
+
 std::string_view nic_attach_name(NicAttach a);
 std::string_view network_topology_name(NetworkTopology t);
 
@@ -120,6 +127,11 @@ struct HardwareSpec {
   int gpus_per_node = 0;
   GpuSpec gpu;
   std::vector<int> gpu_numa;  // per GPU of a node: the NUMA node (socket) its PCIe link hangs off
+  RankPlacement rank_placement = RankPlacement::kSpread;
+  // What the links between a node's sockets (Intel UPI, AMD xGMI) carry per direction in all, the
+  // path of every access a socket's cores make to another socket's DRAM; 0 when not stated (then
+  // a remote byte is taken to cost what a local one does).
+  BytesPerS socket_link_Bps = 0;
   PcieSpec pcie;
   FabricSpec fabric;
   std::vector<NumaSpec> numa;  // per node
@@ -132,9 +144,9 @@ struct HardwareSpec {
   int total_gpus() const { return nodes * gpus_per_node; }
   // NUMA node of the node-local GPU index `gpu` (0-based within a node).
   int numa_of_gpu(int gpu) const { return gpu_numa.at(static_cast<std::size_t>(gpu % gpus_per_node)); }
-  // The node-local GPUs that `ranks` training ranks use: spread evenly over the NUMA nodes
-  // (round robin over sockets, lowest GPU index first), so that each rank's CPU work runs on its
-  // own socket and a partial node uses every socket. Ranks beyond one node wrap to the next node.
+  // The node-local GPUs that `ranks` training ranks use, by rank_placement: spread evenly over the
+  // NUMA nodes (round robin over sockets, lowest GPU index first), so that a partial node uses
+  // every socket; or the first GPUs in index order. Ranks beyond one node wrap to the next node.
   std::vector<int> rank_gpus(int ranks) const;
   // The GPU (global index over all nodes) of training rank r under rank_gpus().
   int global_gpu_of_rank(int rank, int ranks) const;
@@ -150,6 +162,9 @@ struct HardwareSpec {
   int node_of_numa(int n) const { return n / static_cast<int>(numa.size()); }
   // "NUMA node 1" on a single node; "node 3 NUMA node 1" on a cluster.
   std::string numa_label(int n) const;
+  // A node's sockets together, whose DRAM its host memory fills before it runs out
+  // (costmodel/host_placement.h): "NUMA nodes 0-1", "node 3 NUMA nodes 0-1".
+  std::string node_numa_label(int node) const;
   // Host NUMA node (cluster-wide) of training rank r under rank_gpus().
   int numa_of_rank(int rank, int ranks) const;
   // Ranks per host NUMA node, host_numa_count(ranks) entries.

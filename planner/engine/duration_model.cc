@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "costmodel/host_placement.h"
 #include "costmodel/input_error.h"
 
 namespace oom {
@@ -56,6 +57,17 @@ Bytes host_dram_bytes(const Stage& s) {
     default:
       return 0;
   }
+}
+
+double spilled_state_fraction(const HardwareSpec& h, const StepGraph& g, int numa) {
+  if (numa < 0 || static_cast<std::size_t>(numa) >= g.numa_base_bytes.size() || h.numa.empty() || h.socket_link_Bps <= 0) return 0;
+  return spilled_fraction(g.numa_base_bytes[static_cast<std::size_t>(numa)], h.numa_spec(numa).dram_bytes);
+}
+
+double cpu_rate_with_remote_state(double socket_rate, double remote, double dram_bytes_per_param, BytesPerS link_Bps) {
+  if (remote <= 0 || link_Bps <= 0 || dram_bytes_per_param <= 0 || socket_rate <= 0) return socket_rate;
+  const double remote_rate = std::min(socket_rate, link_Bps / (dram_bytes_per_param / 2));
+  return 1 / ((1 - remote) / socket_rate + remote / remote_rate);
 }
 
 void CalibratedDurationModel::collective_cost(const Stage& s, StageCost& out) const {
@@ -168,6 +180,11 @@ StageCost CalibratedDurationModel::cost(const Stage& s, const StepGraph& g) cons
                             : 1;
     out.fixed_s = c.cpu_task_overhead_s;
     out.work = static_cast<double>(s.params);
+    const double remote = spilled_state_fraction(*hardware_, g, r.numa);
+    if (remote > 0 && s.params > 0) {
+      const double per_param = static_cast<double>(cpu_stage_dram_bytes(s)) / static_cast<double>(s.params);
+      socket_rate = cpu_rate_with_remote_state(socket_rate, remote, per_param, hardware_->socket_link_Bps);
+    }
     out.exclusive_rate = socket_rate;
     out.rate = socket_rate / sharing;
   };

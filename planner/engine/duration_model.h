@@ -41,6 +41,18 @@ Bytes cpu_stage_dram_bytes(const Stage& s);
 // A property of the stage, not of a calibration: both engines' host sharing read it.
 Bytes host_dram_bytes(const Stage& s);
 
+// A socket's host state past its DRAM spills into the node's other sockets (costmodel/
+// host_placement.h, Linux's default NUMA policy); that share of its CPU tasks' parameters is
+// reached across the socket links. A CPU task streams its DRAM bytes half each way (AdamW: master,
+// moments and the gradient read, 14 B; the same written back), so a remote parameter costs its
+// half of the stage's DRAM bytes on the links' one-direction rate (HardwareSpec::socket_link_Bps)
+// when that is slower than the socket's cores. The share is NUMA node `numa`'s base footprint
+// (StepGraph::numa_base_bytes) beyond its DRAM; 0 when it fits or the links are not stated.
+double spilled_state_fraction(const HardwareSpec& h, const StepGraph& g, int numa);
+// The rate of a CPU task of `dram_bytes_per_param` on a socket of `socket_rate` parameters/s of
+// which `remote` share of the parameters sit on another socket behind `link_Bps`.
+double cpu_rate_with_remote_state(double socket_rate, double remote, double dram_bytes_per_param, BytesPerS link_Bps);
+
 // PyTorch's memory-efficient attention (ATen's CUTLASS mem_eff_attention, the kernel SDPA picks
 // for head dims past 256, which FlashAttention does not take) works in tiles of 32 queries × 128
 // keys once the head dim exceeds 64 (kernel_forward.h: 64 × 64 only up to 64). Each query tile

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/host_placement.h"
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
 #include "planner/engine/duration_model.h"
@@ -98,6 +99,14 @@ std::string OutOfMemory::message() const {
   const std::string what = space == "gpu" ? fmt::format("GPU {}", device)
                                               : "host " + (device_label.empty() ? fmt::format("NUMA node {}", device) : device_label);
   return fmt::format("{} out of memory: {} needed > {} available at {}", what, gib(needed_bytes), gib(available_bytes), where);
+}
+
+std::optional<OutOfMemory> host_out_of_memory(const WorkloadContext& ctx, const std::vector<Bytes>& bytes,
+                                              const std::vector<Bytes>& budget, const std::string& where) {
+  const int per_node = std::max<int>(1, static_cast<int>(ctx.hardware.numa.size()));
+  const auto over = host_overflow(bytes, budget, per_node);
+  if (!over) return std::nullopt;
+  return OutOfMemory{"host", over->node * per_node, where, over->needed, over->capacity, ctx.hardware.node_numa_label(over->node)};
 }
 
 DecoderUnits decoder_units(const LayerParams& layer, int expert_units) {
@@ -302,17 +311,12 @@ BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, con
         gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
         continue;
       }
-      bool host_fits = true;
-      for (std::size_t n = 0; n < mem.host_bytes_per_numa.size() && host_fits; ++n) {
-        if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
-          host_oom = OutOfMemory{"host", static_cast<int>(n),
-                                 fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
-                                             t.host_bytes_per_param, mb),
-                                 mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
-          host_fits = false;
-        }
+      if (auto oom = host_out_of_memory(ctx, mem.host_bytes_per_numa, mem.host_budget_per_numa,
+                                        fmt::format("host state, checkpoints and buffers ({} B/param of state, micro-batch of {} sequences)",
+                                                    t.host_bytes_per_param, mb))) {
+        host_oom = std::move(oom);
+        continue;  // finer units pin smaller copy buffers; a smaller micro-batch offloads fewer checkpoints
       }
-      if (!host_fits) continue;  // finer units pin smaller copy buffers; a smaller micro-batch offloads fewer checkpoints
       fit.setup = setup;
       return fit;
     }
@@ -381,13 +385,7 @@ BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const 
   // The executed timeline may hold more than the static estimate: check it against the budgets too.
   const BaselineMemory mem = baseline_static_memory(*r.setup, ctx, k);
   if (!execute_baseline_step(r, *e, lowered.graph, durations, ctx, mem.gpu_peak_at)) return r;
-  for (std::size_t n = 0; n < r.host_bytes_per_numa.size() && n < mem.host_budget_per_numa.size(); ++n) {
-    if (r.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
-      r.oom = OutOfMemory{"host", static_cast<int>(n), "host state, checkpoints and buffers (executed step)",
-                          r.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
-      return r;
-    }
-  }
+  r.oom = host_out_of_memory(ctx, r.host_bytes_per_numa, mem.host_budget_per_numa, "host state, checkpoints and buffers (executed step)");
   return r;
 }
 

@@ -152,6 +152,12 @@ struct OutOfMemory {
   std::string message() const;
 };
 
+// The host of the first node whose sockets together cannot hold `bytes` (per NUMA node) within
+// `budget` (per NUMA node): a socket's overflow spills into its node's other sockets
+// (costmodel/host_placement.h). `where` names what fills it.
+std::optional<OutOfMemory> host_out_of_memory(const WorkloadContext& ctx, const std::vector<Bytes>& bytes,
+                                              const std::vector<Bytes>& budget, const std::string& where);
+
 // Chooses the largest micro-batch (a divisor of the sequences per GPU; only the whole per-GPU
 // batch when the system does not accumulate), and at it the fewest expert units
 // (expert_unit_options()), whose static GPU peak fits the workload's GPU budget and whose host

@@ -85,15 +85,12 @@ BaselineFit configure_ktft(const WorkloadContext& ctx, const MemoryConstants& k)
       gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
       continue;
     }
-    for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
-      if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
-        // The state dominates and does not shrink with the micro-batch.
-        fit.oom = OutOfMemory{"host", static_cast<int>(n),
-                              fmt::format("dense FSDP2 state ({} B/param) and CPU expert banks ({} B/param)",
-                                          kDenseHostBytesPerParam, kExpertHostBytesPerParam),
-                              mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
-        return fit;
-      }
+    // The state dominates and does not shrink with the micro-batch.
+    if (auto oom = host_out_of_memory(ctx, mem.host_bytes_per_numa, mem.host_budget_per_numa,
+                                      fmt::format("dense FSDP2 state ({} B/param) and CPU expert banks ({} B/param)",
+                                                  kDenseHostBytesPerParam, kExpertHostBytesPerParam))) {
+      fit.oom = std::move(oom);
+      return fit;
     }
     fit.setup = setup;
     return fit;

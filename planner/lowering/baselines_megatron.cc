@@ -154,15 +154,12 @@ MegatronFit configure_megatron(const WorkloadContext& ctx, const MemoryConstants
         gpu_oom = OutOfMemory{"gpu", 0, mem.gpu_peak_at, mem.gpu_peak_bytes, gpu_budget, ""};
         continue;
       }
-      for (std::size_t n = 0; n < mem.host_bytes_per_numa.size(); ++n) {
-        if (mem.host_bytes_per_numa[n] > mem.host_budget_per_numa[n]) {
-          // Host state does not shrink with t or the micro-batch: nothing else can fit.
-          fit.oom = OutOfMemory{"host", static_cast<int>(n),
-                                fmt::format("CPU optimizer offload state ({} B/param: FP32 masters, moments and gradients)",
-                                            kHostBytesPerParam),
-                                mem.host_bytes_per_numa[n], mem.host_budget_per_numa[n], ctx.hardware.numa_label(static_cast<int>(n))};
-          return fit;
-        }
+      // Host state does not shrink with t or the micro-batch: nothing else can fit.
+      if (auto oom = host_out_of_memory(ctx, mem.host_bytes_per_numa, mem.host_budget_per_numa,
+                                        fmt::format("CPU optimizer offload state ({} B/param: FP32 masters, moments and gradients)",
+                                                    kHostBytesPerParam))) {
+        fit.oom = std::move(oom);
+        return fit;
       }
       fit.setup = setup;
       return fit;

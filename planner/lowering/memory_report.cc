@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/host_placement.h"
 #include "costmodel/params.h"
 #include "costmodel/routing.h"
 
@@ -269,6 +270,10 @@ MemoryReport static_memory(const WorkloadContext& ctx, const Plan& plan, const M
     }
     report.host.push_back(std::move(h));
   }
+  std::vector<Bytes> demand, capacity;
+  for (const auto& h : report.host) demand.push_back(h.total()), capacity.push_back(h.capacity);
+  const HostPlacement placed = place_host_memory(demand, capacity, std::max<int>(1, static_cast<int>(hw.numa.size())));
+  for (std::size_t n = 0; n < report.host.size(); ++n) report.host[n].spilled = placed.spilled[n];
   return report;
 }
 
@@ -290,7 +295,7 @@ nlohmann::json memory_report_to_json(const MemoryReport& r) {
   nlohmann::json host = nlohmann::json::array();
   for (const auto& h : r.host) {
     host.push_back({{"numa", h.numa}, {"name", h.label}, {"ranks", h.ranks}, {"bytes", h.total()}, {"gib", to_gib(h.total())},
-                    {"capacity_gib", to_gib(h.capacity)}, {"items", items(h.items)}});
+                    {"capacity_gib", to_gib(h.capacity)}, {"spilled_gib", to_gib(h.spilled)}, {"items", items(h.items)}});
   }
   j["host"] = host;
   j["host_total_bytes"] = r.host_total();
@@ -312,8 +317,9 @@ std::string memory_report_text(const MemoryReport& r) {
   out += fmt::format("  ε       headroom                   {:9.2f} GiB\n", to_gib(e.headroom));
   out += fmt::format("Host memory: {:.1f} GiB\n", to_gib(r.host_total()));
   for (const auto& h : r.host) {
-    out += fmt::format("  {} ({} ranks): {:.1f} of {:.0f} GiB\n", h.label.empty() ? fmt::format("NUMA node {}", h.numa) : h.label, h.ranks,
-                       to_gib(h.total()), to_gib(h.capacity));
+    out += fmt::format("  {} ({} ranks): {:.1f} of {:.0f} GiB{}\n", h.label.empty() ? fmt::format("NUMA node {}", h.numa) : h.label, h.ranks,
+                       to_gib(h.total()), to_gib(h.capacity),
+                       h.spilled > 0 ? fmt::format(" ({:.1f} GiB of it on the node's other sockets)", to_gib(h.spilled)) : "");
     for (const auto& i : h.items) out += fmt::format("    {:<56} {:9.2f} GiB\n", i.name, to_gib(i.bytes));
   }
   return out;

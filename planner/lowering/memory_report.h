@@ -42,6 +42,8 @@ struct HostNumaReport {
   std::vector<MemoryItem> items;  // canonical state, pinned pools, boundaries, O/LSE, process
   Bytes total() const;
   Bytes capacity = 0;
+  // Of total(), what lands in the DRAM of the node's other sockets (costmodel/host_placement.h).
+  Bytes spilled = 0;
 };
 
 struct MemoryReport {

@@ -303,16 +303,27 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   bare = pricer.with_flat(std::move(bare));
   const MemoryReport bare_memory = static_memory(ctx, bare, pricer.constants());
   const std::vector<int> ranks_on = ctx.hardware.ranks_per_numa(ctx.workload.gpus);
+  // A socket's overflow spills into its node's other sockets (costmodel/host_placement.h): the
+  // room is each node's, shared by the ranks on it.
   Bytes host_room = -1;
-  for (const HostNumaReport& h : bare_memory.host) {
-    if (h.ranks == 0) continue;
-    const Bytes budget = budgets.numa_bytes.at(static_cast<std::size_t>(h.numa));
-    if (h.total() > budget) {
-      out.shortfall = BudgetShortfall{budgets.numa_name(static_cast<std::size_t>(h.numa)), budget, h.total(),
+  const int per_node = std::max(1, budgets.numa_per_node);
+  for (std::size_t first = 0; first < bare_memory.host.size(); first += static_cast<std::size_t>(per_node)) {
+    Bytes budget = 0, needed = 0;
+    int ranks = 0;
+    for (std::size_t n = first; n < std::min(bare_memory.host.size(), first + static_cast<std::size_t>(per_node)); ++n) {
+      const HostNumaReport& h = bare_memory.host[n];
+      budget += budgets.numa_bytes.at(static_cast<std::size_t>(h.numa));
+      needed += h.total();
+      ranks += h.ranks;
+    }
+    if (ranks == 0) continue;
+    const auto node = first / static_cast<std::size_t>(per_node);
+    if (needed > budget) {
+      out.shortfall = BudgetShortfall{node < budgets.node_names.size() ? budgets.node_names[node] : budgets.numa_name(first), budget, needed,
                                       "the Local path's canonical state and pinned pools with every boundary regenerated"};
       return out;
     }
-    const Bytes room = (budget - h.total()) / h.ranks;
+    const Bytes room = (budget - needed) / ranks;
     host_room = host_room < 0 ? room : std::min(host_room, room);
   }
 

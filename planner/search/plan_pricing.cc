@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/host_placement.h"
 #include "costmodel/input_error.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/lowering/graph_size_estimate.h"
@@ -18,6 +19,10 @@ Budgets workload_budgets(const WorkloadContext& ctx) {
   b.gpu_bytes = ctx.gpu_budget_bytes();
   b.numa_bytes = ctx.host_budget_bytes_per_numa();
   for (std::size_t n = 0; n < b.numa_bytes.size(); ++n) b.numa_names.push_back("host " + ctx.hardware.numa_label(static_cast<int>(n)));
+  b.numa_per_node = std::max<int>(1, static_cast<int>(ctx.hardware.numa.size()));
+  for (int node = 0; node < ctx.hardware.nodes_used(ctx.workload.gpus); ++node) {
+    b.node_names.push_back("host " + ctx.hardware.node_numa_label(node));
+  }
   return b;
 }
 
@@ -57,10 +62,11 @@ std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_by
                                              const std::vector<Bytes>& numa_peak_bytes, const std::string& gpu_where,
                                              const std::string& host_where) {
   if (gpu_peak_bytes > b.gpu_bytes) return BudgetShortfall{"GPU", b.gpu_bytes, gpu_peak_bytes, gpu_where};
-  for (std::size_t n = 0; n < numa_peak_bytes.size() && n < b.numa_bytes.size(); ++n) {
-    if (numa_peak_bytes[n] > b.numa_bytes[n]) {
-      return BudgetShortfall{b.numa_name(n), b.numa_bytes[n], numa_peak_bytes[n], host_where};
-    }
+  // A socket's overflow spills into its node's other sockets: a node runs out when all are full.
+  if (const auto over = host_overflow(numa_peak_bytes, b.numa_bytes, b.numa_per_node)) {
+    const auto node = static_cast<std::size_t>(over->node);
+    return BudgetShortfall{node < b.node_names.size() ? b.node_names[node] : fmt::format("host of node {}", node), over->capacity,
+                           over->needed, host_where};
   }
   return std::nullopt;
 }

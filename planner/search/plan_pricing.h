@@ -33,6 +33,10 @@ struct Budgets {
   std::vector<Bytes> numa_bytes;
   std::vector<std::string> numa_names;  // "host NUMA node 1", "host node 3 NUMA node 1"
   std::string numa_name(std::size_t n) const;
+  // Sockets per node, whose DRAM a node's host memory fills together (costmodel/host_placement.h),
+  // and each node's name ("host NUMA nodes 0-1").
+  int numa_per_node = 1;
+  std::vector<std::string> node_names;
 };
 Budgets workload_budgets(const WorkloadContext& ctx);
 

@@ -52,6 +52,21 @@ TEST(HardwareSpec, RanksSpreadOverSocketsSoFourOfEightGpusUseBothSockets) {
   EXPECT_EQ(h.numa_of_rank(1, 4), 1);
 }
 
+TEST(HardwareSpec, FilledRanksTakeTheFirstGpusAndTheirSocket) {
+  HardwareSpec h = load_hardware_spec("h100-sxm-node");
+  h.rank_placement = RankPlacement::kFill;  // local rank i on device i (torchrun's LOCAL_RANK)
+  EXPECT_EQ(h.rank_gpus(4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(h.ranks_per_numa(4), (std::vector<int>{4, 0}));
+  EXPECT_EQ(h.ranks_per_numa(8), (std::vector<int>{4, 4}));
+  EXPECT_EQ(h.numa_of_rank(3, 4), 0);
+  // Written and read back.
+  const HardwareSpec back = hardware_spec_from_json(hardware_spec_to_json(h), "h.json");
+  EXPECT_EQ(back.rank_placement, RankPlacement::kFill);
+  EXPECT_EQ(back.socket_link_Bps, h.socket_link_Bps);
+  EXPECT_GT(h.socket_link_Bps, 0);  // 4 UPI links at 16 GT/s (sourced in the file)
+  EXPECT_EQ(h.node_numa_label(0), "NUMA nodes 0-1");
+}
+
 TEST(HardwareSpec, PairsOfGpusShareAPcieSwitchAndRanksFindTheirs) {
   const HardwareSpec h = load_hardware_spec("h100-sxm-node");
   EXPECT_EQ(h.pcie.gpus_per_switch, 2);

@@ -72,11 +72,14 @@ TEST(ClusterHost, BudgetsAreCheckedPerNodeAndAShortfallNamesTheNode) {
   ASSERT_EQ(b.numa_bytes.size(), 4u);
   for (const Bytes bytes : b.numa_bytes) EXPECT_EQ(bytes, 32 * kGiB);  // each node's budget over its two sockets
   EXPECT_EQ(b.numa_name(2), "host node 1 NUMA node 0");
-  // Node 0's sockets fit, node 1's first one does not.
-  const std::vector<Bytes> peaks = {10 * kGiB, 10 * kGiB, 40 * kGiB, 10 * kGiB};
+  // A socket past its share spills into its node's other socket (costmodel/host_placement.h):
+  // node 1's first socket at 40 GiB fits beside 10 GiB on its second.
+  EXPECT_FALSE(check_budgets(b, 0, {10 * kGiB, 10 * kGiB, 40 * kGiB, 10 * kGiB}, "", "the step").has_value());
+  // Node 0's sockets fit, node 1's do not together; nothing spills from one node to another.
+  const std::vector<Bytes> peaks = {10 * kGiB, 10 * kGiB, 40 * kGiB, 30 * kGiB};
   const auto miss = check_budgets(b, 0, peaks, "", "the step");
   ASSERT_TRUE(miss.has_value());
-  EXPECT_EQ(miss->message(), "host node 1 NUMA node 0 budget 32.0 GiB < 40.0 GiB needed by the step");
+  EXPECT_EQ(miss->message(), "host node 1 NUMA nodes 0-1 budget 64.0 GiB < 70.0 GiB needed by the step");
 }
 
 TEST(ClusterHost, OneNodeKeepsItsNumbering) {

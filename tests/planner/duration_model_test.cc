@@ -224,6 +224,31 @@ TEST(CalibratedDurationModel, RanksOnOneSocketShareItsCpuUpdateRate) {
   EXPECT_DOUBLE_EQ(c.rate, 2e9);
 }
 
+TEST(CalibratedDurationModel, ASocketsSpilledStateRunsAtTheSocketLinksRate) {
+  Fixture f = fixture();
+  HardwareSpec h = two_socket_node();  // 1,000 GiB per socket, 4 G params/s
+  h.socket_link_Bps = 28e9;            // 2 G params/s of AdamW's 14 B each way
+  const CalibratedDurationModel m(h, round_calibration(h), 2);  // one rank per socket
+  Stage s;
+  s.resource = f.cpu;
+  s.op = OpKind::kCpuAdamW;
+  s.params = 4'000'000'000;
+  // A state that fits its socket stays local: the socket's rate.
+  f.g.numa_base_bytes = {800 * kGiB, 0};
+  EXPECT_NEAR(m.duration_s(s, f.g), 1.0, 1e-12);
+  // 1,250 GiB: a fifth of it spills to socket 1 and runs at the links' 2 G/s.
+  f.g.numa_base_bytes = {1250 * kGiB, 0};
+  EXPECT_DOUBLE_EQ(spilled_state_fraction(h, f.g, 0), 0.2);
+  EXPECT_NEAR(m.duration_s(s, f.g), 0.8 * 1.0 + 0.2 * 2.0, 1e-12);
+  EXPECT_NEAR(m.cost(s, f.g).exclusive_rate, 4e9 / 1.2, 1e-3);
+  // Links faster than the cores: a remote parameter costs what a local one does.
+  h.socket_link_Bps = 128e9;
+  EXPECT_NEAR(CalibratedDurationModel(h, round_calibration(h), 2).duration_s(s, f.g), 1.0, 1e-12);
+  // Links not stated: nothing is priced as remote.
+  h.socket_link_Bps = 0;
+  EXPECT_EQ(spilled_state_fraction(h, f.g, 0), 0.0);
+}
+
 TEST(CalibratedDurationModel, EachSeparateCopyOfATransferPaysTheLatency) {
   const Fixture f = fixture();
   Calibration c = round_calibration(two_socket_node());

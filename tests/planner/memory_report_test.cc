@@ -65,6 +65,32 @@ TEST_F(MemoryReportTest, HostSplitsOverBothSocketsForFourRanks) {
   EXPECT_EQ(m.host[0].total(), m.host[1].total());
 }
 
+TEST_F(MemoryReportTest, FourRanksOnOneSocketSpillItsExcessAndKeepTheirState) {
+  // Qwen3.5-122B-A10B at 4K on four H100s: spread, each socket holds two ranks' state; with the
+  // four ranks on socket 0 its ~1.5 TiB passes the socket's 1,008 GiB and the rest lands on socket 1.
+  const RecordSet more = load_records(std::string(OOM_SOURCE_DIR) + "/traces/paper/paper-records-2.jsonl");
+  const StepRecord& r = record(more, "q122-4k-b128");
+  WorkloadContext ctx = resolve_workload(r.workload, r.origin);
+  const Plan plan = plan_from_json(r.plan, r.origin);
+  const MemoryReport spread = static_memory(ctx, plan);
+  ctx.hardware.rank_placement = RankPlacement::kFill;
+  const MemoryReport fill = static_memory(ctx, plan);
+  ASSERT_EQ(fill.host.size(), 2u);
+  EXPECT_EQ(fill.host[0].ranks, 4);
+  EXPECT_EQ(fill.host[1].ranks, 0);
+  for (const auto& h : spread.host) EXPECT_EQ(h.spilled, 0) << h.label;
+  EXPECT_EQ(fill.host[0].spilled, fill.host[0].total() - 1008 * kGiB);
+  EXPECT_GT(to_gib(fill.host[0].spilled), 400.0);
+  // The same state in all; one socket in use keeps one set of FP32 accumulation slots, not two.
+  Bytes slots = 0;
+  for (const auto& i : spread.host[1].items) {
+    if (i.name.starts_with("FP32 gradient accumulation slots")) slots += i.bytes;
+  }
+  EXPECT_GT(slots, 0);
+  EXPECT_EQ(fill.host_total(), spread.host_total() - slots);
+  EXPECT_NE(memory_report_text(fill).find("on the node's other sockets"), std::string::npos) << memory_report_text(fill);
+}
+
 TEST_F(MemoryReportTest, HeadGroupsShrinkTheLocalWorkset) {
   StepRecord r = record(set, "t6-512k-split");
   Plan p = plan_from_json(r.plan, r.origin);
