@@ -5,7 +5,7 @@
 
 #include "backend/io/hf_checkpoint.h"
 #include "backend/io/token_file.h"
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "backend/state.h"
 #include "backend/threads.h"
 #include "backend/train.h"

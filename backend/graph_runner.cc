@@ -5,7 +5,7 @@
 #include <torch/torch.h>
 
 #include "backend/device_memory.h"
-#include "backend/recompute.h"
+#include "backend/model/recompute.h"
 #include "backend/runner/runner.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/workload.h"

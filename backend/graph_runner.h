@@ -1,5 +1,5 @@
 // GraphRunner: executes one rank's share of a lowered StepGraph (planner/lowering/step_graph.h)
-// with the LibTorch kernels of backend/plan_ops.h and backend/model.h. The StepGraph is the
+// with the LibTorch kernels of backend/model/plan_ops.h and backend/model/model.h. The StepGraph is the
 // schedule: the runner adds no stage, drops none, and takes no scheduling decision of its own.
 //
 //   dispatch    each stage runs the kernel its (part, operator) maps to (attention projections,

@@ -1,7 +1,7 @@
 // The plain in-memory trainer: the reference the streamed runtime is checked against.
 //
 // Every weight is its own FP32 leaf tensor on the CPU, the loss is one autograd graph over the
-// whole model (backend/model.h, the same functions the streamed runtime calls), gradients are
+// whole model (backend/model/model.h, the same functions the streamed runtime calls), gradients are
 // clipped with torch::nn::utils::clip_grad_norm_ and the update is torch::optim::AdamW. Nothing
 // is streamed, checkpointed or overlapped. Not thread-safe.
 #pragma once

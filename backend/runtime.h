@@ -15,7 +15,7 @@
 #include <ATen/ATen.h>
 
 #include "backend/adamw.h"
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "backend/state.h"
 
 namespace oom::backend {

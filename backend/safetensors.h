@@ -3,7 +3,7 @@
 // (offsets into the data section that follows; an optional "__metadata__" object of strings),
 // then the raw little-endian tensor bytes. Supported dtypes: F32, F16, BF16 (read), F32 (written).
 //
-// Used to load model weights (named as in backend/layout.h: "embed", "final_norm", "lm_head",
+// Used to load model weights (named as in backend/model/layout.h: "embed", "final_norm", "lm_head",
 // "layers.L.<entry>") instead of the seeded initialization. Stateless; thread-safe.
 #pragma once
 

@@ -22,7 +22,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/layout.h"
+#include "backend/model/layout.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {

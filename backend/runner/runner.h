@@ -17,7 +17,7 @@
 #include <ATen/ATen.h>
 
 #include "backend/job_queue.h"
-#include "backend/plan_ops.h"
+#include "backend/model/plan_ops.h"
 #include "backend/rank_group.h"
 #include "backend/runner/block_grad.h"
 #include "backend/runner/gradients.h"

@@ -3,7 +3,7 @@
 // On a device that runs each operator on the dispatching thread (the CPU backend), a small
 // model's step is mostly dispatch: the stages of a tiny MoE issue 20 to 10,000 ATen calls each,
 // and a call costs microseconds whatever its FLOPs (backend/README.md). The counts follow the
-// backend's kernels (backend/plan_ops.cc, backend/model.cc): a fixed number per stage and pass
+// backend's kernels (backend/model/plan_ops.cc, backend/model/model.cc): a fixed number per stage and pass
 // for each part, plus what its loops repeat: the attention core per 64-query block, the GDN core
 // per 32-token kernel chunk, the routed experts per expert that receives tokens. The numbers are
 // the backend's own, counted with `oom train --plan P --trace` (TraceStage::ops, nested calls

@@ -39,7 +39,7 @@
 #include "backend/data.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/token_file.h"
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "backend/plain_trainer.h"
 #include "cli/cli.h"
 #include "costmodel/config_paths.h"

@@ -22,7 +22,7 @@
 
 #include "backend/io/hf_checkpoint.h"
 #include "backend/io/hf_weights.h"
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "planner/plan/plan.h"

@@ -16,8 +16,8 @@
 #include <torch/torch.h>
 
 #include "backend/graph_runner.h"
+#include "backend/model/plan_ops.h"
 #include "backend/plain_trainer.h"
-#include "backend/plan_ops.h"
 #include "backend/torch_executor.h"
 #include "costmodel/input_error.h"
 #include "planner/lowering/step_graph.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "backend/state.h"
 
 namespace oom::backend::testing {

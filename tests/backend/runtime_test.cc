@@ -19,7 +19,7 @@
 
 #include "backend/data.h"
 #include "backend/job_queue.h"
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "backend/plain_trainer.h"
 #include "backend/plan_runtime.h"
 #include "costmodel/input_error.h"

@@ -1,4 +1,4 @@
-#include "backend/layout.h"
+#include "backend/model/layout.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "backend/plan_ops.h"
+#include "backend/model/plan_ops.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "backend/model.h"
+#include "backend/model/model.h"
 
 #include <algorithm>
 #include <cmath>

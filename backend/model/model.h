@@ -18,8 +18,8 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/layout.h"
-#include "backend/recompute.h"
+#include "backend/model/layout.h"
+#include "backend/model/recompute.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {

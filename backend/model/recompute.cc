@@ -1,4 +1,4 @@
-#include "backend/recompute.h"
+#include "backend/model/recompute.h"
 
 #include <memory>
 #include <utility>
