@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/data.h"
-#include "backend/lr_schedule.h"
+#include "backend/optim/lr_schedule.h"
 #include "backend/state.h"
 #include "backend/train.h"
 

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backend/adamw.h"
+#include "backend/optim/adamw.h"
 #include "backend/plan_runtime.h"
 #include "backend/threads.h"
 #include "backend/torch_executor.h"

@@ -14,8 +14,8 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/adamw.h"
 #include "backend/model/model.h"
+#include "backend/optim/adamw.h"
 #include "backend/state.h"
 
 namespace oom::backend {

@@ -6,7 +6,7 @@
 // file, else the default plan for this machine (default_run_plan: Base Local on the hardware
 // run_hardware() names); with `reference`, the plain in-memory trainer. Each optimizer step
 // runs `accumulate` micro-batches of `batch` sequences (gradients summed, the loss their mean) at
-// the learning rate of the schedule (backend/lr_schedule.h) for its global step. With a checkpoint directory the whole training state (masters, moments, step, data
+// the learning rate of the schedule (backend/optim/lr_schedule.h) for its global step. With a checkpoint directory the whole training state (masters, moments, step, data
 // sampler state) is saved atomically at the end (and every `checkpoint_every` steps); `resume_dir`
 // restores it so that the run continues bit-exactly — the same losses as an uninterrupted run.
 // No LibTorch types in this header: the `oom` command includes it.
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/lr_schedule.h"
+#include "backend/optim/lr_schedule.h"
 
 namespace oom::backend {
 

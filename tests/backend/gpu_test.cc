@@ -18,8 +18,8 @@
 
 #include <ATen/cuda/CUDAContext.h>
 
-#include "backend/adamw.h"
 #include "backend/checkpoint.h"
+#include "backend/optim/adamw.h"
 #include "backend/plan_runtime.h"
 #include "backend/runtime.h"
 #include "backend/state.h"

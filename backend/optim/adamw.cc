@@ -1,4 +1,4 @@
-#include "backend/adamw.h"
+#include "backend/optim/adamw.h"
 
 #include <cmath>
 #include <cstring>
