@@ -16,7 +16,7 @@
 
 #include "backend/data.h"
 #include "backend/optim/lr_schedule.h"
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 #include "backend/train.h"
 
 namespace oom::backend {

@@ -6,8 +6,8 @@
 #include "backend/io/hf_checkpoint.h"
 #include "backend/io/token_file.h"
 #include "backend/model/model.h"
-#include "backend/state.h"
-#include "backend/threads.h"
+#include "backend/runtime/state.h"
+#include "backend/runtime/threads.h"
 #include "backend/train.h"
 #include "costmodel/input_error.h"
 

@@ -4,9 +4,9 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
 #include "backend/model/recompute.h"
 #include "backend/runner/runner.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/workload.h"
 

@@ -50,7 +50,7 @@
 //   memory      weights are leaves per tensor (and per expert) whose gradients accumulate in
 //               place into one flat gradient per block; the embedding and head are on the device
 //               only while a stage uses them; on a CPU standing in for a GPU every device-side
-//               allocation is counted (backend/device_memory.h) and the trace keeps each GPU
+//               allocation is counted (backend/runtime/device_memory.h) and the trace keeps each GPU
 //               stage's own peak.
 // Exactness: losses and gradients equal the plain reference (tests/backend/plan_runtime_test.cc,
 // tests/backend/dist_ep_test.cc over ranks).
@@ -68,8 +68,8 @@
 #include <ATen/ATen.h>
 
 #include "backend/rank_group.h"
-#include "backend/runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
 #include "costmodel/routing.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
@@ -111,12 +111,12 @@ class GraphRunner {
   // (layer, then chunk order).
   const std::vector<std::vector<std::int64_t>>& last_dispatch() const;
   // The most the device side held during the last step, on a CPU standing in for a GPU
-  // (backend/device_memory.h): a traced step's from its trace (each stage marks its own peak, so
+  // (backend/runtime/device_memory.h): a traced step's from its trace (each stage marks its own peak, so
   // the meter holds only the last stage's), else the meter's.
   Bytes last_device_peak() const;
   // Each memory use's own peak over the last step on a CPU standing in for a GPU, as the memory
   // model tags its bytes (dispatch, vocabulary, boundaries, optimizer, activations, other): what
-  // FLAT's schedules bound, measured (backend/device_memory.h). Zeros when nothing is emulated.
+  // FLAT's schedules bound, measured (backend/runtime/device_memory.h). Zeros when nothing is emulated.
   std::array<Bytes, kMemoryUses> last_use_peaks() const;
   // The routing the next step's graph must be lowered with (lower_for_run): under PipelinedLLEP
   // the histogram of the last step's forward dispatches, over every rank and round, which places

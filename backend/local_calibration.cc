@@ -19,7 +19,7 @@
 
 #include "backend/optim/adamw.h"
 #include "backend/plan_runtime.h"
-#include "backend/threads.h"
+#include "backend/runtime/threads.h"
 #include "backend/torch_executor.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"

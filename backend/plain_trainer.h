@@ -11,8 +11,8 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
 
 namespace oom::backend {
 

@@ -48,8 +48,8 @@
 #include <ATen/ATen.h>
 
 #include "backend/rank_group.h"
-#include "backend/runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"
@@ -86,7 +86,7 @@ class PlanTrainer {
   // `state` must outlive the trainer. Preconditions: check_plan_for_run() accepted the plan for the
   // batches step() will see (step() re-checks their shape and throws InputError otherwise). With a
   // `group` of P ranks this process runs rank group->rank()'s share of an EP plan's graph for P
-  // GPUs; `state` is then the host state the ranks share (share_host_state, backend/shared_state.h).
+  // GPUs; `state` is then the host state the ranks share (share_host_state, backend/runtime/shared_state.h).
   // Over `nodes` nodes (torchrun's --nnodes) the graph places P / nodes ranks on each node.
   PlanTrainer(HostState& state, TrainerConfig config, Plan plan, at::Device device = at::kCPU, RankGroup* group = nullptr,
               int nodes = 1);

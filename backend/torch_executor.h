@@ -30,7 +30,7 @@ struct TorchExecutorOptions {
   // step runs on one thread and its CPU updates are small).
   enum class Clock { kWall, kProcessCpu };
   Clock clock = Clock::kWall;
-  // On the CPU, stand in for a GPU (backend/device_memory.h): BF16 working weights, as the memory
+  // On the CPU, stand in for a GPU (backend/runtime/device_memory.h): BF16 working weights, as the memory
   // model assumes, and the device side's allocations measured, so that the Measurement's GPU peak
   // is what a device would hold (on a CUDA device its allocator says so in any case).
   bool device_memory = false;

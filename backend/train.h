@@ -51,7 +51,7 @@ struct TrainOptions {
   std::string plan;                // Plan JSON to run; empty = the default plan (default_run_plan)
   std::string trace;               // Chrome trace of the last step, written atomically
   // On the CPU: the CPU stands in for a GPU with memory of its own (copies where a GPU
-  // copies; backend/device_memory.h), so the device side's bytes are measured: the trace's GPU
+  // copies; backend/runtime/device_memory.h), so the device side's bytes are measured: the trace's GPU
   // timeline and TrainResult::device_peak_bytes. A CUDA device always measures its own.
   bool device_memory = false;
   // Compute device: "cpu", "cuda" (GPU 0; with ranks each rank's own GPU and NCCL), or "auto"

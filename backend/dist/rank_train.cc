@@ -21,15 +21,15 @@
 
 #include "backend/checkpoint.h"
 #include "backend/data.h"
-#include "backend/device_memory.h"
 #include "backend/dist/failure_watch.h"
 #include "backend/dist/launcher.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/hf_checkpoint.h"
 #include "backend/plan_runtime.h"
-#include "backend/shared_state.h"
-#include "backend/state.h"
-#include "backend/threads.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/shared_state.h"
+#include "backend/runtime/state.h"
+#include "backend/runtime/threads.h"
 #include "backend/train.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
@@ -376,7 +376,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   cfg.max_grad_norm = o.max_grad_norm;
   cfg.model.gdn_chunk_tokens = o.gdn_chunk_tokens;
   cfg.adam_threads = o.threads > 0 ? o.threads : 1;
-  // A CPU rank standing in for a GPU measures its device side (backend/device_memory.h), from
+  // A CPU rank standing in for a GPU measures its device side (backend/runtime/device_memory.h), from
   // before the runner: its weight window allocates the device's slots.
   const bool measured = o.device_memory && comm.device().is_cpu();
   const device_memory::Emulation emulation(measured);

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/input_error.h"
 #include "costmodel/memory.h"
 

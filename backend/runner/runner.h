@@ -16,7 +16,6 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/job_queue.h"
 #include "backend/model/plan_ops.h"
 #include "backend/rank_group.h"
 #include "backend/runner/block_grad.h"
@@ -27,9 +26,10 @@
 #include "backend/runner/outer.h"
 #include "backend/runner/ring_dtp.h"
 #include "backend/runner/tensor_store.h"
-#include "backend/runtime.h"
+#include "backend/runtime/job_queue.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
 #include "backend/stage_recorder.h"
-#include "backend/state.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"

@@ -45,7 +45,7 @@ struct PlanSearchOptions {
   bool hold_measured_gpu_peak = false;
   bool flat = true;                         // offer FLAT's schedules (false: plans without them)
   // M_0, ε and the rest of the memory model's runtime constants: the CUDA defaults; a CPU standing
-  // in for a GPU (backend/device_memory.h) has no CUDA context and no caching allocator.
+  // in for a GPU (backend/runtime/device_memory.h) has no CUDA context and no caching allocator.
   MemoryConstants memory;
 };
 

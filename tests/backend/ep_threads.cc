@@ -5,7 +5,7 @@
 
 #include "backend/dist/process_group.h"
 #include "backend/plan_runtime.h"
-#include "backend/shared_state.h"
+#include "backend/runtime/shared_state.h"
 
 namespace oom::backend::testing {
 

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {

@@ -8,7 +8,7 @@
 
 #include "backend/data.h"
 #include "backend/plain_trainer.h"
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 
 namespace oom::backend::testing {
 

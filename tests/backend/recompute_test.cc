@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
 #include "backend/model/model.h"
 #include "backend/model/plan_ops.h"
-#include "backend/state.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/state.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {

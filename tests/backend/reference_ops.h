@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/model/model.h"
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 
 namespace oom::backend::testing {
 

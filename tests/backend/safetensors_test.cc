@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {

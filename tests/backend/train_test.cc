@@ -18,7 +18,7 @@
 #include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/io/token_file.h"
-#include "backend/threads.h"
+#include "backend/runtime/threads.h"
 #include "cli/cli.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"

@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 
 #include "backend/optim/adamw.h"
-#include "backend/threads.h"
+#include "backend/runtime/threads.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {

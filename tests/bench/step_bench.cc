@@ -11,8 +11,8 @@
 
 #include "backend/plain_trainer.h"
 #include "backend/plan_runtime.h"
-#include "backend/runtime.h"
-#include "backend/threads.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/threads.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {

@@ -1,4 +1,4 @@
-#include "backend/job_queue.h"
+#include "backend/runtime/job_queue.h"
 
 namespace oom::backend {
 

@@ -1,4 +1,4 @@
-#include "backend/shared_state.h"
+#include "backend/runtime/shared_state.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

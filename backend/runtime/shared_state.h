@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "backend/rank_group.h"
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 
 namespace oom::backend {
 

@@ -1,4 +1,4 @@
-#include "backend/runtime.h"
+#include "backend/runtime/runtime.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
-#include "backend/host_copies.h"
+#include "backend/runtime/host_copies.h"
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/input_error.h"
 
 #ifdef OOM_BACKEND_CUDA

@@ -1,6 +1,6 @@
 // Device ↔ host copies the trainers share: gradients into host slots (whole or a range) with a
 // function that waits for the copy, and tensors kept on the host. On a CPU device nothing is
-// copied where the tensor can be adopted, unless a device is emulated (backend/device_memory.h).
+// copied where the tensor can be adopted, unless a device is emulated (backend/runtime/device_memory.h).
 // No LibTorch CUDA types in this header.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "backend/threads.h"
+#include "backend/runtime/threads.h"
 
 #include <dlfcn.h>
 

@@ -16,7 +16,7 @@
 
 #include "backend/model/model.h"
 #include "backend/optim/adamw.h"
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 
 namespace oom::backend {
 

@@ -1,10 +1,10 @@
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 
 #include <cmath>
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "backend/safetensors.h"
 #include "costmodel/input_error.h"
 
@@ -123,7 +123,7 @@ void HostState::publish(int block) { working_[idx(block)].copy_(master_[idx(bloc
 
 ParamWindow::ParamWindow(HostState& state, at::Device device, std::int64_t transfer_chunk_bytes)
     : state_(state), device_(device), transfer_chunk_bytes_(transfer_chunk_bytes) {
-  // Two slots of the largest block on a GPU, and on a CPU standing in for one (backend/device_memory.h:
+  // Two slots of the largest block on a GPU, and on a CPU standing in for one (backend/runtime/device_memory.h:
   // counted as the device's); a plain CPU window hands out the host's working copies instead.
   if (device_.is_cuda() || device_memory::emulated()) {
     std::int64_t max_numel = 0;

@@ -1,4 +1,4 @@
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 
 #include <atomic>
 #include <mutex>
