@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/graph_runner.h"
+#include "backend/runner/graph_runner.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"
 #include "costmodel/workload.h"

@@ -1,6 +1,6 @@
 // PlanTrainer: one training step executed as a Plan says (planner/plan/plan.h), on the Local path of
 // one rank: the plan is lowered to its StepGraph (planner/lowering/step_graph.h, once per batch
-// shape) and the graph runner (backend/graph_runner.h) executes that graph's stages, so the run
+// shape) and the graph runner (backend/runner/graph_runner.h) executes that graph's stages, so the run
 // follows the schedule the simulator predicts, stage for stage, and its trace has the same keys.
 //
 // What each Plan field does here (reference §4 "Split–Keep–Replay"), as the lowering schedules it:

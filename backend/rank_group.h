@@ -1,4 +1,4 @@
-// RankGroup: the collectives a rank's share of a multi-rank StepGraph needs (backend/graph_runner.h),
+// RankGroup: the collectives a rank's share of a multi-rank StepGraph needs (backend/runner/graph_runner.h),
 // without naming the process group that provides them. backend/dist/process_group.h's
 // Communicator (Gloo or NCCL over c10d) is the implementation; the interface keeps c10d out of the
 // single-rank backend. Counts and splits are in rows (dimension 0); every collective is blocking

@@ -1,4 +1,4 @@
-// The trainer configuration the graph runner (backend/plan_runtime.h, backend/graph_runner.h) shares
+// The trainer configuration the graph runner (backend/plan_runtime.h, backend/runner/graph_runner.h) shares
 // with the plain in-memory trainer (backend/plain_trainer.h) it must match, the statistics a step
 // returns, and the clipping rule both apply.
 //

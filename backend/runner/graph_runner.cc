@@ -1,6 +1,6 @@
 // The public face of the graph runner: its machinery is backend/runner/ (runner.h for the whole,
 // handlers.cc for the table of stages' handlers, one file per mechanism).
-#include "backend/graph_runner.h"
+#include "backend/runner/graph_runner.h"
 
 #include <torch/torch.h>
 
