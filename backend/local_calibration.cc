@@ -18,9 +18,9 @@
 #include <unistd.h>
 
 #include "backend/optim/adamw.h"
-#include "backend/plan_runtime.h"
 #include "backend/runtime/threads.h"
 #include "backend/torch_executor.h"
+#include "backend/train/plan_runtime.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"
 #include "planner/lowering/step_graph.h"

@@ -1,6 +1,6 @@
 // StageRecorder: the measured timeline of one training step, stage by stage, as an oom::Trace.
 //
-// The plan-driven runtime (backend/plan_runtime.h) wraps each piece of work it does in a stage
+// The plan-driven runtime (backend/train/plan_runtime.h) wraps each piece of work it does in a stage
 // keyed exactly as the StepGraph lowering keys it (traces/stage_key.h: "g0.fwd.L3.attn.proj",
 // "g0.bwd.L3.moe.c1.experts_bwd", "g0.opt.L3.layer.cpu_adamw", ...), with the lowering's operator
 // kind ("gemm", "attention", "cpu_adamw", ...) and resource ("gpu0.compute", "gpu0.h2d",

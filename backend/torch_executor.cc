@@ -8,10 +8,10 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
-#include "backend/plan_runtime.h"
 #include "backend/runtime/device_memory.h"
 #include "backend/runtime/state.h"
 #include "backend/runtime/threads.h"
+#include "backend/train/plan_runtime.h"
 
 namespace oom::backend {
 namespace {

@@ -5,7 +5,7 @@
 // run() builds the workload's model (only its first `units.decoder_layers` decoders when given),
 // seeds its weights, draws random byte tokens for global_batch × seq_len, checks the plan
 // (check_plan_for_run: one rank, Local path) and runs `warmup_steps` and then `measured_steps`
-// untraced steps with the plan-driven runtime (backend/plan_runtime.h) on the CPU
+// untraced steps with the plan-driven runtime (backend/train/plan_runtime.h) on the CPU
 // (or the first CUDA device when LibTorch has one), then one traced step. The Measurement: the
 // median of the untraced steps' times, the traced step's stage trace (engine "torch"), its device
 // allocator peak (CUDA, or the emulated device's with `device_memory` on the CPU) and host resident-set peak (`clock` chooses wall or process CPU time).

@@ -19,18 +19,18 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/dist/failure_watch.h"
 #include "backend/dist/launcher.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/hf_checkpoint.h"
-#include "backend/plan_runtime.h"
 #include "backend/runtime/device_memory.h"
 #include "backend/runtime/shared_state.h"
 #include "backend/runtime/state.h"
 #include "backend/runtime/threads.h"
-#include "backend/train.h"
+#include "backend/train/checkpoint.h"
+#include "backend/train/plan_runtime.h"
+#include "backend/train/train.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"

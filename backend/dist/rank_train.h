@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/train.h"
+#include "backend/train/train.h"
 #include "costmodel/routing.h"
 #include "planner/plan/plan.h"
 

@@ -1,5 +1,5 @@
 // The decoder layer taken apart along the partitions of a Plan (planner/plan/plan.h "split"), for the
-// plan-driven runtime (backend/plan_runtime.h). Built from the functions of backend/model/model.h, so the
+// plan-driven runtime (backend/train/plan_runtime.h). Built from the functions of backend/model/model.h, so the
 // arithmetic is the model's; only where the work is cut differs:
 //   - attention: projections, the softmax core per query-head group over complete sequences
 //     (each group sees the shared K/V of its GQA group), the output projection; the core's backward

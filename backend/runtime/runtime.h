@@ -1,10 +1,10 @@
-// The trainer configuration the graph runner (backend/plan_runtime.h, backend/runner/graph_runner.h) shares
-// with the plain in-memory trainer (backend/plain_trainer.h) it must match, the statistics a step
+// The trainer configuration the graph runner (backend/train/plan_runtime.h, backend/runner/graph_runner.h) shares
+// with the plain in-memory trainer (backend/train/plain_trainer.h) it must match, the statistics a step
 // returns, and the clipping rule both apply.
 //
 // Every launch of `oom train` (one process, --ranks P, torchrun) runs a lowered StepGraph through
 // the graph runner; without --plan the run lowers a default plan (default_run_plan,
-// backend/plan_runtime.h). The plain trainer is the reference the runner is tested against.
+// backend/train/plan_runtime.h). The plain trainer is the reference the runner is tested against.
 #pragma once
 
 #include <cstdint>

@@ -22,7 +22,7 @@
 
 #include "backend/data.h"
 #include "backend/dist/rank_train.h"
-#include "backend/plain_trainer.h"
+#include "backend/train/plain_trainer.h"
 #include "planner/plan/plan.h"
 #include "tests/backend/drift.h"
 #include "tests/backend/ep_threads.h"

@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backend/plan_runtime.h"
 #include "backend/runtime/state.h"
 #include "backend/torch_executor.h"
+#include "backend/train/plan_runtime.h"
 #include "planner/calibration/calibration.h"
 #include "planner/search/plan_search.h"
 #include "tests/common/emulated_device_peak.h"

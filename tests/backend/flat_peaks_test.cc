@@ -17,9 +17,9 @@
 #include <torch/torch.h>
 
 #include "backend/dist/rank_train.h"
-#include "backend/plan_runtime.h"
 #include "backend/runtime/device_memory.h"
 #include "backend/runtime/state.h"
+#include "backend/train/plan_runtime.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/peak_composition.h"

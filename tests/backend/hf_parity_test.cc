@@ -23,7 +23,7 @@
 #include "backend/io/hf_checkpoint.h"
 #include "backend/io/hf_weights.h"
 #include "backend/model/model.h"
-#include "backend/plan_runtime.h"
+#include "backend/train/plan_runtime.h"
 #include "backend/runtime/runtime.h"
 #include "planner/plan/plan.h"
 #include "backend/safetensors.h"

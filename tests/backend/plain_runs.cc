@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "backend/data.h"
-#include "backend/plain_trainer.h"
 #include "backend/runtime/state.h"
+#include "backend/train/plain_trainer.h"
 
 namespace oom::backend::testing {
 

@@ -1,4 +1,4 @@
-// What a run without --plan executes: the default plan (backend/plan_runtime.h default_run_plan,
+// What a run without --plan executes: the default plan (backend/train/plan_runtime.h default_run_plan,
 // the Base Local preset) through the graph runner matches the plain in-memory trainer (autograd
 // over the whole model + torch::optim::AdamW) for every model family's layer kinds: the first
 // step's loss and gradients within 1e-5 relative, later steps within the bounds measured on two
@@ -19,9 +19,9 @@
 
 #include "backend/data.h"
 #include "backend/model/model.h"
-#include "backend/plain_trainer.h"
-#include "backend/plan_runtime.h"
 #include "backend/runtime/job_queue.h"
+#include "backend/train/plain_trainer.h"
+#include "backend/train/plan_runtime.h"
 #include "costmodel/input_error.h"
 #include "tests/backend/drift.h"
 #include "tests/backend/reference_ops.h"

@@ -8,9 +8,9 @@
 
 #include <torch/torch.h>
 
-#include "backend/plan_runtime.h"
 #include "backend/runtime/device_memory.h"
 #include "backend/runtime/state.h"
+#include "backend/train/plan_runtime.h"
 
 namespace oom::test_support {
 

@@ -1,4 +1,4 @@
-#include "backend/checkpoint.h"
+#include "backend/train/checkpoint.h"
 
 #include <algorithm>
 #include <cstring>

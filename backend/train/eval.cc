@@ -1,4 +1,4 @@
-#include "backend/eval.h"
+#include "backend/train/eval.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -8,7 +8,7 @@
 #include "backend/model/model.h"
 #include "backend/runtime/state.h"
 #include "backend/runtime/threads.h"
-#include "backend/train.h"
+#include "backend/train/train.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {

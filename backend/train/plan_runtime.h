@@ -30,7 +30,7 @@
 // this runtime cannot execute. Every training launch runs here: a run without a plan runs
 // default_run_plan().
 //
-// Exactness: losses and parameters equal the plain trainer's (backend/plain_trainer.h) within FP32
+// Exactness: losses and parameters equal the plain trainer's (backend/train/plain_trainer.h) within FP32
 // rounding for every mechanism (tests/backend/plan_runtime_test.cc).
 // Tracing (set_tracing(true)): the step's stages with their lowering names, kinds and resources,
 // host RSS and device allocator samples (backend/stage_recorder.h); on CUDA the device is

@@ -1,4 +1,4 @@
-#include "backend/plan_runtime.h"
+#include "backend/train/plan_runtime.h"
 
 #include <algorithm>
 #include <optional>

@@ -17,7 +17,7 @@
 #include "backend/data.h"
 #include "backend/optim/lr_schedule.h"
 #include "backend/runtime/state.h"
-#include "backend/train.h"
+#include "backend/train/train.h"
 
 namespace oom::backend {
 

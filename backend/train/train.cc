@@ -1,4 +1,4 @@
-#include "backend/train.h"
+#include "backend/train/train.h"
 
 #include <ATen/Context.h>
 
@@ -13,14 +13,14 @@
 #endif
 #include <nlohmann/json.hpp>
 
-#include "backend/checkpoint.h"
 #include "backend/data.h"
 #include "backend/io/hf_checkpoint.h"
-#include "backend/plain_trainer.h"
-#include "backend/plan_runtime.h"
 #include "backend/runtime/device_memory.h"
 #include "backend/runtime/state.h"
 #include "backend/runtime/threads.h"
+#include "backend/train/checkpoint.h"
+#include "backend/train/plain_trainer.h"
+#include "backend/train/plan_runtime.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/flops.h"

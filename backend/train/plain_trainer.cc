@@ -1,4 +1,4 @@
-#include "backend/plain_trainer.h"
+#include "backend/train/plain_trainer.h"
 
 #include <torch/torch.h>
 
