@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include "backend/measure/stage_recorder.h"
 #include "backend/model/plan_ops.h"
 #include "backend/rank_group.h"
 #include "backend/runner/block_grad.h"
@@ -29,7 +30,6 @@
 #include "backend/runtime/job_queue.h"
 #include "backend/runtime/runtime.h"
 #include "backend/runtime/state.h"
-#include "backend/stage_recorder.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"

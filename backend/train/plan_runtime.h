@@ -33,7 +33,7 @@
 // Exactness: losses and parameters equal the plain trainer's (backend/train/plain_trainer.h) within FP32
 // rounding for every mechanism (tests/backend/plan_runtime_test.cc).
 // Tracing (set_tracing(true)): the step's stages with their lowering names, kinds and resources,
-// host RSS and device allocator samples (backend/stage_recorder.h); on CUDA the device is
+// host RSS and device allocator samples (backend/measure/stage_recorder.h); on CUDA the device is
 // synchronized at every stage boundary while tracing.
 // Not thread-safe: one thread drives step(); the CPU updates run on an internal worker thread.
 #pragma once

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "backend/measure/torch_executor.h"
 #include "backend/runtime/state.h"
-#include "backend/torch_executor.h"
 #include "backend/train/plan_runtime.h"
 #include "planner/calibration/calibration.h"
 #include "planner/search/plan_search.h"

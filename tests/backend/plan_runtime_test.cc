@@ -15,9 +15,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "backend/measure/torch_executor.h"
 #include "backend/model/plan_ops.h"
 #include "backend/runner/graph_runner.h"
-#include "backend/torch_executor.h"
 #include "backend/train/plain_trainer.h"
 #include "costmodel/input_error.h"
 #include "planner/lowering/step_graph.h"

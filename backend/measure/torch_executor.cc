@@ -1,4 +1,4 @@
-#include "backend/torch_executor.h"
+#include "backend/measure/torch_executor.h"
 
 #include <algorithm>
 #include <chrono>

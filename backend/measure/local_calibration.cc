@@ -1,4 +1,4 @@
-#include "backend/local_calibration.h"
+#include "backend/measure/local_calibration.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -17,9 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/measure/torch_executor.h"
 #include "backend/optim/adamw.h"
 #include "backend/runtime/threads.h"
-#include "backend/torch_executor.h"
 #include "backend/train/plan_runtime.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"

@@ -1,4 +1,4 @@
-#include "backend/stage_recorder.h"
+#include "backend/measure/stage_recorder.h"
 
 #include <algorithm>
 #include <fstream>
