@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/dist/failure_watch.h"
 #include "backend/dist/launcher.h"
 #include "backend/dist/process_group.h"

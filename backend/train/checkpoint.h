@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/optim/lr_schedule.h"
 #include "backend/runtime/state.h"
 #include "backend/train/train.h"

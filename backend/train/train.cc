@@ -13,7 +13,7 @@
 #endif
 #include <nlohmann/json.hpp>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/io/hf_checkpoint.h"
 #include "backend/runtime/device_memory.h"
 #include "backend/runtime/state.h"

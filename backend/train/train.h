@@ -2,7 +2,7 @@
 //
 // Builds a HostState for the model (seeded, from a Hugging Face checkpoint folder, or from a
 // safetensors file of the backend), draws batches from a text file (bytes) or a token file
-// (backend/data.h), and runs a plan through the graph runner (backend/train/plan_runtime.h): the `plan`
+// (backend/data/data.h), and runs a plan through the graph runner (backend/train/plan_runtime.h): the `plan`
 // file, else the default plan for this machine (default_run_plan: Base Local on the hardware
 // run_hardware() names); with `reference`, the plain in-memory trainer. Each optimizer step
 // runs `accumulate` micro-batches of `batch` sequences (gradients summed, the loss their mean) at

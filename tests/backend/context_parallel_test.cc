@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/dist/rank_train.h"
 #include "backend/train/plain_trainer.h"
 #include "planner/plan/plan.h"

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/dist/rank_train.h"
 #include "backend/train/plain_trainer.h"
 #include "cli/cli.h"

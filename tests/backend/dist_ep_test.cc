@@ -35,7 +35,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/token_file.h"
 #include "backend/model/model.h"

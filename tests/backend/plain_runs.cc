@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/runtime/state.h"
 #include "backend/train/plain_trainer.h"
 

@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/model/model.h"
 #include "backend/runtime/job_queue.h"
 #include "backend/train/plain_trainer.h"

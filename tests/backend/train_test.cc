@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/io/token_file.h"
 #include "backend/runtime/threads.h"
 #include "backend/train/checkpoint.h"

@@ -1,4 +1,4 @@
-#include "backend/data.h"
+#include "backend/data/data.h"
 
 #include <filesystem>
 #include <fstream>
