@@ -4,8 +4,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "backend/io/safetensors.h"
 #include "backend/runtime/device_memory.h"
-#include "backend/safetensors.h"
 #include "costmodel/input_error.h"
 
 #ifdef OOM_BACKEND_CUDA

@@ -49,7 +49,7 @@ class HostState {
   // Seeded initialization of the masters (N(0, std²) matrices, ones for norms, GDN decay
   // parameters as in the reference implementation); zeroes moments; publishes working copies.
   void init_from_seed(std::uint64_t seed);
-  // Loads masters from a safetensors file named as in backend/safetensors.h; every tensor of the
+  // Loads masters from a safetensors file named as in backend/io/safetensors.h; every tensor of the
   // layout must be present with its shape. Throws InputError otherwise (state left unchanged).
   void load_safetensors(const std::string& path);
   void save_safetensors(const std::string& path) const;

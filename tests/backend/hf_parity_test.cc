@@ -26,7 +26,7 @@
 #include "backend/train/plan_runtime.h"
 #include "backend/runtime/runtime.h"
 #include "planner/plan/plan.h"
-#include "backend/safetensors.h"
+#include "backend/io/safetensors.h"
 #include "backend/runtime/state.h"
 #include "costmodel/json_input.h"
 #include "tests/backend/ep_threads.h"

@@ -1,5 +1,5 @@
-// backend/safetensors.h: round trip, BF16 reading, and one clear error per kind of bad file.
-#include "backend/safetensors.h"
+// backend/io/safetensors.h: round trip, BF16 reading, and one clear error per kind of bad file.
+#include "backend/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "backend/safetensors.h"
+#include "backend/io/safetensors.h"
 
 #include <cstring>
 #include <fstream>
