@@ -16,9 +16,9 @@
 
 #include <ATen/ATen.h>
 
+#include "backend/dist/rank_group.h"
 #include "backend/measure/stage_recorder.h"
 #include "backend/model/plan_ops.h"
-#include "backend/rank_group.h"
 #include "backend/runner/block_grad.h"
 #include "backend/runner/gradients.h"
 #include "backend/runner/handlers.h"

@@ -9,7 +9,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/rank_group.h"
+#include "backend/dist/rank_group.h"
 #include "backend/runtime/state.h"
 
 namespace oom::backend {

@@ -47,7 +47,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/rank_group.h"
+#include "backend/dist/rank_group.h"
 #include "backend/runtime/runtime.h"
 #include "backend/runtime/state.h"
 #include "planner/lowering/step_graph.h"
