@@ -3,7 +3,7 @@
 // parsed and run with the `oom` program's exit codes.
 #include <CLI/CLI.hpp>
 
-#include "backend/torch_executor.h"
+#include "backend/measure/torch_executor.h"
 #include "cli/cli.h"
 #include "planner/engine/step_engine.h"
 

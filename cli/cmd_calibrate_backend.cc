@@ -1,6 +1,6 @@
 // `oom calibrate --backend [--name local-cpu] [--quick]`: measures this machine with short
 // executions of the LibTorch backend, records plan-driven steps of tiny models, and fits the cost
-// model's constants to them (backend/local_calibration.h). Writes, atomically:
+// model's constants to them (backend/measure/local_calibration.h). Writes, atomically:
 //   configs/hardware/NAME.json      the measured HardwareSpec (every number names its measurement)
 //   traces/recorded/NAME.jsonl      the recorded step records (model, shape, plan, measured step)
 //   configs/calibration/NAME.json   the fitted Calibration (every third record held out)
@@ -12,7 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "backend/local_calibration.h"
+#include "backend/measure/local_calibration.h"
 #include "cli/cli.h"
 #include "costmodel/atomic_file.h"
 #include "costmodel/config_paths.h"

@@ -1,12 +1,12 @@
 // `oom eval`: the mean next-token loss of a Hugging Face checkpoint over a token file
-// (backend/eval.h); part of the backend plugin (cli/backend_main.cc).
+// (backend/train/eval.h); part of the backend plugin (cli/backend_main.cc).
 #include <memory>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/eval.h"
+#include "backend/train/eval.h"
 #include "cli/cli.h"
 
 namespace oom::cli {

@@ -1,4 +1,4 @@
-// `oom train`: trains a model on text (bytes) or a token file with the LibTorch backend (backend/train.h); part
+// `oom train`: trains a model on text (bytes) or a token file with the LibTorch backend (backend/train/train.h); part
 // of the backend plugin (cli/backend_main.cc).
 #include <filesystem>
 #include <memory>
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/train.h"
+#include "backend/train/train.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "costmodel/units.h"

@@ -14,7 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::dist {

@@ -1,4 +1,4 @@
-// Communicator: the collectives the multi-rank trainers need (backend/rank_group.h), over a c10d
+// Communicator: the collectives the multi-rank trainers need (backend/dist/rank_group.h), over a c10d
 // process group.
 //
 // One Communicator per rank process. Ranks rendezvous through a c10d store: a FileStore (a file
@@ -26,7 +26,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "backend/rank_group.h"
+#include "backend/dist/rank_group.h"
 
 namespace oom::backend::dist {
 

@@ -5,7 +5,7 @@
 // `oom rank-worker --job FILE --rank r` (backend/dist/launcher.h: one log per rank, a failing rank
 // stops the others, an optional overall deadline) and forwards rank 0's per-step progress.
 // run_rank_worker() (each child) joins the others through a FileStore in the job folder (Gloo over
-// 127.0.0.1), maps the host state rank 0 shares (backend/shared_state.h), runs its share of the
+// 127.0.0.1), maps the host state rank 0 shares (backend/runtime/shared_state.h), runs its share of the
 // plan's StepGraph through the graph runner (PlanTrainer with the group) on the same global batches
 // the single-process trainer would draw, and rank 0 writes the result (and, if asked, the final
 // weights as safetensors). Every rank uses one LibTorch thread unless `threads` says otherwise.
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/train.h"
+#include "backend/train/train.h"
 #include "costmodel/routing.h"
 #include "planner/plan/plan.h"
 
@@ -89,7 +89,7 @@ std::optional<TorchrunEnv> torchrun_env();
 // the rendezvous through a TCPStore served by rank 0 at MASTER_ADDR:MASTER_PORT. The ranks of a
 // node (GROUP_RANK; LOCAL_WORLD_SIZE ranks each, which must divide WORLD_SIZE) share their node's
 // host state, a file in /dev/shm named by MASTER_PORT, TORCHELASTIC_RUN_ID and the node, made by
-// its LOCAL_RANK 0; over several nodes NodeStateSync (backend/shared_state.h) makes the nodes'
+// its LOCAL_RANK 0; over several nodes NodeStateSync (backend/runtime/shared_state.h) makes the nodes'
 // states equal after every step. A run killed before every rank of a node mapped its file leaves
 // that file behind. Each rank uses GPU LOCAL_RANK with --device cuda (NCCL). on_step is called on rank 0
 // only. Every rank returns the same losses; each node's LOCAL_RANK 0 writes its node's copy of the

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {

@@ -1,4 +1,4 @@
-// Hugging Face checkpoint tensors ↔ the backend's flat per-block layout (backend/layout.h).
+// Hugging Face checkpoint tensors ↔ the backend's flat per-block layout (backend/model/layout.h).
 //
 // Reads the tensor names of the transformers implementations of every architecture the backend
 // trains — Qwen3.5/Qwen3.6 MoE (split in_proj_qkv/z/b/a), Qwen3-Next (in_proj_qkvz and in_proj_ba
@@ -23,7 +23,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/layout.h"
+#include "backend/model/layout.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {

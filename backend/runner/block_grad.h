@@ -9,8 +9,8 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/layout.h"
-#include "backend/model.h"
+#include "backend/model/layout.h"
+#include "backend/model/model.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::runner {

@@ -21,8 +21,8 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
 #include "backend/runner/block_grad.h"
+#include "backend/runtime/device_memory.h"
 
 namespace oom::backend::runner {
 

@@ -5,8 +5,8 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
-#include "backend/host_copies.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/host_copies.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::runner {

@@ -10,9 +10,9 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
-#include "backend/host_copies.h"
 #include "backend/runner/block_grad.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/host_copies.h"
 #include "costmodel/memory.h"
 
 namespace oom::backend::runner {

@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
-#include "backend/recompute.h"
+#include "backend/model/recompute.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::runner {

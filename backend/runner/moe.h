@@ -13,7 +13,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/plan_ops.h"
+#include "backend/model/plan_ops.h"
 #include "costmodel/routing.h"
 
 namespace oom::backend::runner {

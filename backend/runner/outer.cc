@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 
 namespace oom::backend::runner {
 

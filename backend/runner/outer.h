@@ -10,7 +10,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "planner/lowering/step_graph.h"
 
 namespace oom::backend::runner {

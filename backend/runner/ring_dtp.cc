@@ -3,7 +3,7 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/memory.h"
 
 namespace oom::backend::runner {

@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/plan_ops.h"
+#include "backend/model/plan_ops.h"
 
 namespace oom::backend::runner {
 

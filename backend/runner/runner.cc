@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/input_error.h"
 
 #ifdef OOM_BACKEND_CUDA
@@ -39,7 +39,7 @@ StageRecorder::Callbacks recorder_callbacks(const at::Device& device) {
   }
 #endif
   if (!device.is_cuda() && device_memory::emulated()) {
-    // A CPU standing in for a GPU: the bytes its device-side allocations hold (backend/device_memory.h).
+    // A CPU standing in for a GPU: the bytes its device-side allocations hold (backend/runtime/device_memory.h).
     cb.device_bytes = [] { return device_memory::current_bytes(); };
     cb.device_peak = [] { return device_memory::peak_bytes(); };
     cb.device_mark = [] { device_memory::reset_peak(); };

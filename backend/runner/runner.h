@@ -16,9 +16,9 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/job_queue.h"
-#include "backend/plan_ops.h"
-#include "backend/rank_group.h"
+#include "backend/dist/rank_group.h"
+#include "backend/measure/stage_recorder.h"
+#include "backend/model/plan_ops.h"
 #include "backend/runner/block_grad.h"
 #include "backend/runner/gradients.h"
 #include "backend/runner/handlers.h"
@@ -27,9 +27,9 @@
 #include "backend/runner/outer.h"
 #include "backend/runner/ring_dtp.h"
 #include "backend/runner/tensor_store.h"
-#include "backend/runtime.h"
-#include "backend/stage_recorder.h"
-#include "backend/state.h"
+#include "backend/runtime/job_queue.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"
 #include "traces/trace.h"

@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend::runner {

@@ -17,8 +17,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/edge.h>
 
-#include "backend/model.h"
-#include "backend/plan_ops.h"
+#include "backend/model/model.h"
+#include "backend/model/plan_ops.h"
 #include "backend/runner/block_grad.h"
 #include "planner/lowering/step_graph.h"
 

@@ -595,7 +595,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   std::vector<bool> active(static_cast<std::size_t>(p));
   Eigen::VectorXd theta0(p);  // log of each parameter's estimate
   // A device measured by its own probes (the CPU backend) runs one attention kernel, windowed or
-  // not (backend/model.h's blocked attention): its windowed efficiency is its attention efficiency,
+  // not (backend/model/model.h's blocked attention): its windowed efficiency is its attention efficiency,
   // and its backward, which its traced breakdowns time apart, is fitted. On a GPU the flash
   // backward follows the forward at the published ratio (Calibration::attention_backward_efficiency):
   // a step record times the two together, and fitted apart the backward drifted with the fit's

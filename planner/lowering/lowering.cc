@@ -82,7 +82,7 @@ bool nodes_run_alike(const Plan& plan, const WorkloadContext& ctx, const std::ve
   return true;
 }
 
-// The loss keeps only each token's log-sum-exp, never the logits (backend/model.cc
+// The loss keeps only each token's log-sum-exp, never the logits (backend/model/model.cc
 // ChunkedCrossEntropy, plan_ops ring_backward): its backward computes every block's logits again
 // before their two products, dL/dx and dL/dW.
 inline constexpr double kLossBackwardRatio = 1 + kMatmulBackwardRatio;

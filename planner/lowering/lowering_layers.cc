@@ -598,7 +598,7 @@ PerRank Lowering::boundary_for_backward(int l) {
 
 // The decoder's input is read by the replayed mixing forward only (its input norm and the residual
 // add): the norm's backward needs the normalized output, which the projections keep, and the FP32
-// 1/rms, not the input (backend/model.h model_norm_keeping_output). Released once the last
+// 1/rms, not the input (backend/model/model.h model_norm_keeping_output). Released once the last
 // sub-batch has read it (`replayed`), it is not beside the MoE backward, the usual peak. The
 // published Local peaks say so: holding it, the 512K split and keep records and both 256K records
 // came out 1.8-3.2 GiB over (+3.8 to +7.4 %), about a boundary (2 GiB at 512K, 1 GiB at 256K),

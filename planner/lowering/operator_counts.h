@@ -3,8 +3,8 @@
 // On a device that runs each operator on the dispatching thread (the CPU backend), a small
 // model's step is mostly dispatch: the stages of a tiny MoE issue 20 to 10,000 ATen calls each,
 // and a call costs microseconds whatever its FLOPs (backend/README.md). The counts follow the
-// backend's kernels (backend/plan_ops.cc, backend/model.cc, backend/runner/): a fixed number per
-// stage and pass for each part, plus what its loops repeat: the attention core per 64-query block
+// backend's kernels (backend/model/, backend/runner/): a fixed number per stage and pass for
+// each part, plus what its loops repeat: the attention core per 64-query block
 // (under context parallelism twice, once per zig-zag chunk of the piece), the GDN core per 32-token
 // kernel chunk (under context parallelism in the stage that runs the sequence's chain, per chunk of
 // the piece), the routed experts per expert that receives tokens (on the Local path the rank's

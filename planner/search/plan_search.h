@@ -33,7 +33,7 @@ struct PlanSearchOptions {
   std::string compare_engine = "analytic";  // StepEngine for Configure-then-Compare short executions
   StepEngines engines;                      // where compare_engine is found (default: "analytic" only)
   // Runs the short executions instead of a GraphExecutor of compare_engine when set: real ones
-  // with the LibTorch backend (backend/torch_executor.h). Not owned; used from the calling thread.
+  // with the LibTorch backend (backend/measure/torch_executor.h). Not owned; used from the calling thread.
   Executor* compare_executor = nullptr;
   // With compare_executor: hold each configured plan's GPU peak as that executor measures it to
   // the GPU budget, not only the memory model's prediction (measured_gpu_peak() below). A plan that
@@ -45,7 +45,7 @@ struct PlanSearchOptions {
   bool hold_measured_gpu_peak = false;
   bool flat = true;                         // offer FLAT's schedules (false: plans without them)
   // M_0, ε and the rest of the memory model's runtime constants: the CUDA defaults; a CPU standing
-  // in for a GPU (backend/device_memory.h) has no CUDA context and no caching allocator.
+  // in for a GPU (backend/runtime/device_memory.h) has no CUDA context and no caching allocator.
   MemoryConstants memory;
 };
 

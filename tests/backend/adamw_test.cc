@@ -1,6 +1,6 @@
-// backend/adamw.h: the vectorized, multithreaded CPU AdamW and the device AdamW against
+// backend/optim/adamw.h: the vectorized, multithreaded CPU AdamW and the device AdamW against
 // torch::optim::AdamW on the same buffers (float tolerance: the kernels may fuse a multiply-add).
-#include "backend/adamw.h"
+#include "backend/optim/adamw.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,6 +1,6 @@
-// backend/checkpoint.h: full training state round trip; corrupt or mismatched files raise one
+// backend/train/checkpoint.h: full training state round trip; corrupt or mismatched files raise one
 // InputError and leave the state untouched.
-#include "backend/checkpoint.h"
+#include "backend/train/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -22,7 +22,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/train.h"
+#include "backend/train/train.h"
 #include "cli/cli.h"
 #include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"

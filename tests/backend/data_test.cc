@@ -1,6 +1,6 @@
-// backend/data.h: byte-level and token-file batches, next-token targets, the token sampler's
+// backend/data/data.h: byte-level and token-file batches, next-token targets, the token sampler's
 // epoch permutation, and sampler state round trips (resumed samplers draw the same batches).
-#include "backend/data.h"
+#include "backend/data/data.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
-// backend/device_memory.h: the metering allocator counts what is allocated inside an OnDevice
+// backend/runtime/device_memory.h: the metering allocator counts what is allocated inside an OnDevice
 // scope until it is freed; a run that stands a CPU in for a GPU computes exactly what the run that
 // does not computes.
-#include "backend/device_memory.h"
+#include "backend/runtime/device_memory.h"
 
 #include <cstdio>
 #include <optional>
@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backend/plan_runtime.h"
-#include "backend/state.h"
-#include "backend/torch_executor.h"
+#include "backend/measure/torch_executor.h"
+#include "backend/runtime/state.h"
+#include "backend/train/plan_runtime.h"
 #include "planner/calibration/calibration.h"
 #include "planner/search/plan_search.h"
 #include "tests/common/emulated_device_peak.h"

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/dist/rank_train.h"
-#include "backend/plain_trainer.h"
+#include "backend/train/plain_trainer.h"
 #include "cli/cli.h"
 #include "planner/plan/plan.h"
 #include "tests/backend/ep_threads.h"

@@ -35,12 +35,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "backend/checkpoint.h"
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/dist/process_group.h"
 #include "backend/io/token_file.h"
-#include "backend/model.h"
-#include "backend/plain_trainer.h"
+#include "backend/model/model.h"
+#include "backend/train/checkpoint.h"
+#include "backend/train/plain_trainer.h"
 #include "cli/cli.h"
 #include "costmodel/config_paths.h"
 #include "costmodel/input_error.h"

@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "backend/dist/process_group.h"
-#include "backend/plan_runtime.h"
-#include "backend/shared_state.h"
+#include "backend/runtime/shared_state.h"
+#include "backend/train/plan_runtime.h"
 
 namespace oom::backend::testing {
 

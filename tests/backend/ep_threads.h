@@ -12,8 +12,8 @@
 
 #include <ATen/ATen.h>
 
-#include "backend/runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
 #include "planner/plan/plan.h"
 
 namespace oom::backend::testing {

@@ -1,5 +1,5 @@
 // Issue-level check of FLAT's bounded peaks on the CPU backend (backend/README.md "Device memory by
-// use"): a CPU stands in for a GPU (backend/device_memory.h), BF16 working weights as the memory
+// use"): a CPU stands in for a GPU (backend/runtime/device_memory.h), BF16 working weights as the memory
 // model assumes, and each allocation is counted under the memory model's use. For each schedule the
 // peak it bounds — the vocabulary's under logits blocks and under Ring-DTP over two ranks, the
 // boundaries' under SCO, the optimizer's under OffloadStreamAdamW's buckets — is measured over two
@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
 #include "backend/dist/rank_train.h"
-#include "backend/plan_runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/state.h"
+#include "backend/train/plan_runtime.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/peak_composition.h"

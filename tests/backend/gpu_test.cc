@@ -18,12 +18,12 @@
 
 #include <ATen/cuda/CUDAContext.h>
 
-#include "backend/adamw.h"
-#include "backend/checkpoint.h"
-#include "backend/plan_runtime.h"
-#include "backend/runtime.h"
-#include "backend/state.h"
-#include "backend/train.h"
+#include "backend/optim/adamw.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/state.h"
+#include "backend/train/checkpoint.h"
+#include "backend/train/plan_runtime.h"
+#include "backend/train/train.h"
 #include "costmodel/input_error.h"
 #include "tests/backend/reference_ops.h"
 

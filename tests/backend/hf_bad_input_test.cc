@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "backend/io/safetensors.h"
 #include "backend/io/token_file.h"
-#include "backend/safetensors.h"
 #include "cli/cli.h"
 
 namespace oom::backend {

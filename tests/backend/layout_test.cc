@@ -1,5 +1,5 @@
-// backend/layout.h: the flat per-block layout agrees with the parameter counts of costmodel/params.h.
-#include "backend/layout.h"
+// backend/model/layout.h: the flat per-block layout agrees with the parameter counts of costmodel/params.h.
+#include "backend/model/layout.h"
 
 #include <gtest/gtest.h>
 

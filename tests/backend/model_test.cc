@@ -1,13 +1,13 @@
-// backend/model.h: each layer kernel against a plain reference (reference_ops.h), forward and
+// backend/model/model.h: each layer kernel against a plain reference (reference_ops.h), forward and
 // gradients, with the tolerance stated per test (FP32 rounding of differently ordered sums).
-#include "backend/model.h"
+#include "backend/model/model.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend {

@@ -6,9 +6,9 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/data.h"
-#include "backend/plain_trainer.h"
-#include "backend/state.h"
+#include "backend/data/data.h"
+#include "backend/runtime/state.h"
+#include "backend/train/plain_trainer.h"
 
 namespace oom::backend::testing {
 

@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/train.h"
+#include "backend/train/train.h"
 #include "tests/backend/reference_ops.h"
 
 namespace oom::backend::testing {

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/local_calibration.h"
+#include "backend/measure/local_calibration.h"
 #include "cli/cli.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"

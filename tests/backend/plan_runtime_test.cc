@@ -1,9 +1,9 @@
-// backend/plan_runtime.h: every Plan mechanism of the Local path against the plain in-memory
+// backend/train/plan_runtime.h: every Plan mechanism of the Local path against the plain in-memory
 // reference (autograd over the whole model + torch::optim::AdamW): the loss and every block's
 // gradient of a step within 1e-5 relative, then losses (1e-5) and parameters (1e-3) after steps. Also: the flash-style attention
 // backward from kept O/LSE and the GDN reverse-order chunk backward against autograd; bad plans
 // rejected before any work; the trace's stage names are those of the plan's StepGraph.
-#include "backend/plan_runtime.h"
+#include "backend/train/plan_runtime.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,10 +15,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backend/graph_runner.h"
-#include "backend/plain_trainer.h"
-#include "backend/plan_ops.h"
-#include "backend/torch_executor.h"
+#include "backend/measure/torch_executor.h"
+#include "backend/model/plan_ops.h"
+#include "backend/runner/graph_runner.h"
+#include "backend/train/plain_trainer.h"
 #include "costmodel/input_error.h"
 #include "planner/lowering/step_graph.h"
 #include "tests/backend/drift.h"

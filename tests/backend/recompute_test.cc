@@ -1,15 +1,15 @@
-// backend/recompute.h (recomputed, LeanKernels): a kernel that keeps only its inputs
+// backend/model/recompute.h (recomputed, LeanKernels): a kernel that keeps only its inputs
 // computes the values and gradients of its operators recorded directly, bit for bit, and holds
 // fewer bytes between its forward and its backward.
-#include "backend/recompute.h"
+#include "backend/model/recompute.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
-#include "backend/model.h"
-#include "backend/plan_ops.h"
-#include "backend/state.h"
+#include "backend/model/model.h"
+#include "backend/model/plan_ops.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/state.h"
 #include "costmodel/model_spec.h"
 
 namespace oom::backend {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/model.h"
-#include "backend/state.h"
+#include "backend/model/model.h"
+#include "backend/runtime/state.h"
 
 namespace oom::backend::testing {
 

@@ -1,10 +1,10 @@
-// What a run without --plan executes: the default plan (backend/plan_runtime.h default_run_plan,
+// What a run without --plan executes: the default plan (backend/train/plan_runtime.h default_run_plan,
 // the Base Local preset) through the graph runner matches the plain in-memory trainer (autograd
 // over the whole model + torch::optim::AdamW) for every model family's layer kinds: the first
 // step's loss and gradients within 1e-5 relative, later steps within the bounds measured on two
 // instruction sets (tests/backend/drift.h). Also gradient accumulation as the plan's sub-batches,
-// BF16 working weights, the update queue and the clipping rule (backend/runtime.h).
-#include "backend/runtime.h"
+// BF16 working weights, the update queue and the clipping rule (backend/runtime/runtime.h).
+#include "backend/runtime/runtime.h"
 
 #include <gtest/gtest.h>
 
@@ -17,11 +17,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "backend/data.h"
-#include "backend/job_queue.h"
-#include "backend/model.h"
-#include "backend/plain_trainer.h"
-#include "backend/plan_runtime.h"
+#include "backend/data/data.h"
+#include "backend/model/model.h"
+#include "backend/runtime/job_queue.h"
+#include "backend/train/plain_trainer.h"
+#include "backend/train/plan_runtime.h"
 #include "costmodel/input_error.h"
 #include "tests/backend/drift.h"
 #include "tests/backend/reference_ops.h"

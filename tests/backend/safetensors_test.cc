@@ -1,5 +1,5 @@
-// backend/safetensors.h: round trip, BF16 reading, and one clear error per kind of bad file.
-#include "backend/safetensors.h"
+// backend/io/safetensors.h: round trip, BF16 reading, and one clear error per kind of bad file.
+#include "backend/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/state.h"
+#include "backend/runtime/state.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {

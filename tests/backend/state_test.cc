@@ -1,5 +1,5 @@
-// backend/state.h: host buffers, the NUMA hook, publishing working copies, the CPU window.
-#include "backend/state.h"
+// backend/runtime/state.h: host buffers, the NUMA hook, publishing working copies, the CPU window.
+#include "backend/runtime/state.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,7 +1,7 @@
-// backend/train.h and `oom train`: bit-exact resume (bytes, and token files with a schedule and
+// backend/train/train.h and `oom train`: bit-exact resume (bytes, and token files with a schedule and
 // accumulation), --json output, the step log, the reference trainer, learning on the shipped
 // corpus, the working precision, MFU's peak, and clear errors for bad input with nothing overwritten.
-#include "backend/train.h"
+#include "backend/train/train.h"
 
 #include <gtest/gtest.h>
 
@@ -15,10 +15,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/checkpoint.h"
-#include "backend/data.h"
+#include "backend/data/data.h"
 #include "backend/io/token_file.h"
-#include "backend/threads.h"
+#include "backend/runtime/threads.h"
+#include "backend/train/checkpoint.h"
 #include "cli/cli.h"
 #include "costmodel/hardware_spec.h"
 #include "costmodel/input_error.h"

@@ -1,4 +1,4 @@
-// CPU AdamW (backend/adamw.h) against torch::optim::AdamW on the same buffers, and against a
+// CPU AdamW (backend/optim/adamw.h) against torch::optim::AdamW on the same buffers, and against a
 // STREAM-like triad measured in the same run. AdamW moves 28 bytes per parameter per step with
 // FP32 gradients (reads p, g, m, v; writes p, m, v), so its bound is DRAM bandwidth:
 // params/s ≤ triad_Bps / 28. The program ends with both ratios.
@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "backend/adamw.h"
-#include "backend/threads.h"
+#include "backend/optim/adamw.h"
+#include "backend/runtime/threads.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {

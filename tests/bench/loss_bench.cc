@@ -1,5 +1,5 @@
 // The vocabulary projection and loss: peak host memory and time of one forward + backward, the
-// backend's token-chunked loss (chunked_cross_entropy, backend/model.h) against the full-logits
+// backend's token-chunked loss (chunked_cross_entropy, backend/model/model.h) against the full-logits
 // reference (linear → cross_entropy over a [T, V] FP32 logits tensor), at T = 4096 tokens and a
 // 151,936-entry vocabulary (Qwen3's). Each run forks a child process and reports the growth of its
 // peak resident set (VmHWM) over its resident set after the inputs exist, so the two variants do
@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "backend/model.h"
+#include "backend/model/model.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // The device memory of plans the plan search chooses under GPU budgets, measured against the
-// prediction: tiny models on a CPU standing in for the GPU (backend/device_memory.h), BF16 working
+// prediction: tiny models on a CPU standing in for the GPU (backend/runtime/device_memory.h), BF16 working
 // weights as the memory model assumes, no CUDA context and no caching allocator (M_0 = 0, ε = 0),
 // so the budget bounds the bytes the device's tensors hold. Each benchmark chooses the plan for a
 // budget of `percent` % of the unconstrained plan's predicted peak (FLAT's schedules offered: on one
@@ -10,9 +10,9 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
-#include "backend/plan_runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/state.h"
+#include "backend/train/plan_runtime.h"
 #include "planner/calibration/calibration.h"
 #include "planner/search/plan_search.h"
 #include "tests/common/emulated_device_peak.h"

@@ -9,10 +9,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "backend/plain_trainer.h"
-#include "backend/plan_runtime.h"
-#include "backend/runtime.h"
-#include "backend/threads.h"
+#include "backend/runtime/runtime.h"
+#include "backend/runtime/threads.h"
+#include "backend/train/plain_trainer.h"
+#include "backend/train/plan_runtime.h"
 #include "tests/bench/bench_ratios.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The device peak of a plan run by the CPU backend standing in for a GPU (backend/device_memory.h):
+// The device peak of a plan run by the CPU backend standing in for a GPU (backend/runtime/device_memory.h):
 // the most the device side holds over two BF16 steps of seeded random tokens. Shared by the
 // backend's memory tests and its memory benchmark (both link LibTorch).
 #pragma once
@@ -8,9 +8,9 @@
 
 #include <torch/torch.h>
 
-#include "backend/device_memory.h"
-#include "backend/plan_runtime.h"
-#include "backend/state.h"
+#include "backend/runtime/device_memory.h"
+#include "backend/runtime/state.h"
+#include "backend/train/plan_runtime.h"
 
 namespace oom::test_support {
 

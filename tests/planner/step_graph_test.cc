@@ -590,7 +590,7 @@ TEST(Lower, HeadGradientSumOverLogitsBlocksIsPriced) {
   EXPECT_EQ(head_backward_optimizer_bytes(64), gradient_bytes(p.lm_head + p.final_norm) + 4 * (p.lm_head + p.final_norm));
 }
 
-// The loss keeps only each token's log-sum-exp (backend/model.cc ChunkedCrossEntropy, and
+// The loss keeps only each token's log-sum-exp (backend/model/model.cc ChunkedCrossEntropy, and
 // plan_ops::ring_backward under Ring-DTP): its backward computes each block's logits again before
 // dL/dx and dL/dW, three products of the forward's size, and writes and caps those logits again.
 TEST(Lower, LossBackwardRecomputesTheLogits) {
