@@ -26,12 +26,15 @@
 #include "cli/cli.h"
 #include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"
+#include "tests/backend/torchrun_nodes.h"
 #include "traces/stage_key.h"
 
 namespace oom::backend {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::last_json_line;
+using testing::read_text;
 
 constexpr double kTol = 1e-5;
 // Operators per stage kind, measured against predicted (the bound).
@@ -41,42 +44,16 @@ constexpr double kOperatorTol = 0.2;
 // reduce-scatters are priced by their bytes and parameters, not counted.
 const std::set<std::string> kCountedKinds = {"gemm", "attention", "gdn", "expert_gemm", "elementwise", "all_to_all", "all_gather"};
 
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] == '{') last = line;
-  }
-  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
-}
-
 // One run of `o` (model tiny-moe, its plan) on two torchrun nodes of two ranks, traced, then the
 // diff against the prediction, and the first step against autograd.
 void expect_traced_as_predicted(const std::string& tag, const TrainOptions& o, const fs::path& dir) {
-  const std::string torchrun = OOM_TORCHRUN;
-  if (!fs::exists(torchrun)) {
-    if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
-      FAIL() << "torchrun not found at " << torchrun << " (scripts/install-deps.sh installs torch into .venv)";
-    }
-    GTEST_SKIP() << "torchrun not found at " << torchrun;
-  }
+  if (!testing::have_torchrun()) GTEST_SKIP() << "torchrun not found at " << OOM_TORCHRUN;
   const std::string measured = (dir / "measured.json").string();
   const std::string args = fmt::format(" train --model {} --plan {} --steps 1 --seq {} --batch {} --lr 3e-3 --clip 1e9 --seed {} "
                                        "--device cpu --json --trace {}",
                                        o.model, o.plan, o.seq, o.batch, o.seed, measured);
   const int port = 20000 + static_cast<int>((getpid() * 3 + static_cast<int>(tag.size()) * 977) % 20000);
-  const auto node_cmd = [&](int node) {
-    return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python {3}{4} "
-                       "> {5}/out{1} 2> {5}/err{1}",
-                       torchrun, node, port, OOM_BINARY, args, dir.string());
-  };
-  const std::string script = node_cmd(1) + " & p=$!; " + node_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
-  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
+  const int status = testing::run_two_torchrun_nodes(args, dir, port);
   ASSERT_EQ(status, 0) << read_text(dir / "err0") << read_text(dir / "err1");
   const auto j = last_json_line(read_text(dir / "out0"));
   ASSERT_FALSE(j.is_null()) << read_text(dir / "out0");

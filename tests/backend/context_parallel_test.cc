@@ -40,11 +40,14 @@
 #include "tests/backend/ep_threads.h"
 #include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"
+#include "tests/backend/torchrun_nodes.h"
 #include "traces/stage_key.h"
 
 namespace oom::backend {
 namespace {
 
+using testing::last_json_line;
+using testing::read_text;
 using testing::rel_l2;
 namespace fs = std::filesystem;
 
@@ -169,36 +172,19 @@ TEST(ContextParallel, OomTrainTwoRanksOnOneSequenceMatchesPlainTrainer) {
   fs::remove_all(dir);
 }
 
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // Two torchrun launches standing for two nodes of two ranks each (the virtual environment's
 // torchrun, --nnodes 2 --node-rank N, c10d over TCP on 127.0.0.1, a host state per node), two
 // sequences of 16 tokens each over C = 2 ranks: the losses and final weights equal `oom train
 // --ranks 4` on one node bit for bit (the same arithmetic), and the plain trainer's.
 TEST(ContextParallel, TorchrunOnTwoNodesRepeatsTheOneNodeRun) {
-  const std::string torchrun = OOM_TORCHRUN;
-  if (!fs::exists(torchrun)) {
-    if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
-      FAIL() << "torchrun not found at " << torchrun << " (scripts/install-deps.sh installs torch into .venv)";
-    }
-    GTEST_SKIP() << "torchrun not found at " << torchrun;
-  }
+  if (!testing::have_torchrun()) GTEST_SKIP() << "torchrun not found at " << OOM_TORCHRUN;
   const auto dir = scratch("two-nodes");
   const auto o = small_run(2, 16, write_cp_plan(dir, 2));
   const std::string args = fmt::format(" train --model tiny-moe --plan {} --steps 2 --seq 16 --batch 2 --lr 3e-3 --clip 0.5 --seed 7 "
                                        "--gdn-chunk 8 --device cpu --json",
                                        o.plan);
   const int port = 20000 + static_cast<int>((getpid() + 4099) % 20000);
-  const auto node_cmd = [&](int node) {
-    return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python {3}{4} "
-                       "--save-weights {5}/node.safetensors > {5}/out{1} 2> {5}/err{1}",
-                       torchrun, node, port, OOM_BINARY, args, dir.string());
-  };
-  const std::string script = node_cmd(1) + " & p=$!; " + node_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
-  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
+  const int status = testing::run_two_torchrun_nodes(args + " --save-weights " + (dir / "node.safetensors").string(), dir, port);
   ASSERT_EQ(status, 0) << read_text(dir / "err0") << read_text(dir / "err1");
   // The one-node run: rank processes sharing one host state.
   dist::RanksOptions r;
@@ -208,8 +194,7 @@ TEST(ContextParallel, TorchrunOnTwoNodesRepeatsTheOneNodeRun) {
   r.timeout_s = 60;
   r.deadline_s = 120;
   const auto one = dist::train_ranks(o, r);
-  const auto out = read_text(dir / "out0");
-  const auto j = nlohmann::json::parse(out.substr(out.rfind("\n{") == std::string::npos ? out.find('{') : out.rfind("\n{") + 1));
+  const auto j = last_json_line(read_text(dir / "out0"));
   ASSERT_EQ(j["losses"].size(), 2u);
   for (std::size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(j["losses"][i].get<double>(), one.train.losses[i]) << "step " << i;
@@ -386,26 +371,11 @@ TEST(ContextParallel, MeasuredTraceHasThePredictedStages) {
   fs::remove_all(dir);
 }
 
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] == '{') last = line;
-  }
-  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
-}
-
 // `oom` with `args` as two torchrun nodes of two ranks each (launch `tag`): node 0's JSON result;
 // the launch's status must be 0.
 nlohmann::json on_two_nodes(const fs::path& dir, const std::string& args, const std::string& tag) {
   const int port = 20000 + static_cast<int>((getpid() * 13 + 7 * static_cast<int>(std::hash<std::string>{}(tag) % 1000)) % 20000);
-  const auto node_cmd = [&](int node) {
-    return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python {3}{4} "
-                       "> {5}/out{1}-{6} 2> {5}/err{1}-{6}",
-                       OOM_TORCHRUN, node, port, OOM_BINARY, args, dir.string(), tag);
-  };
-  const std::string script = node_cmd(1) + " & p=$!; " + node_cmd(0) + "; s=$?; wait $p; exit $((s | $?))";
-  const int status = std::system(("timeout 120 sh -c '" + script + "'").c_str());
+  const int status = testing::run_two_torchrun_nodes(args, dir, port, "-" + tag);
   EXPECT_EQ(status, 0) << read_text(dir / ("err0-" + tag)) << read_text(dir / ("err1-" + tag));
   return status == 0 ? last_json_line(read_text(dir / ("out0-" + tag))) : nlohmann::json();
 }
@@ -416,13 +386,7 @@ nlohmann::json on_two_nodes(const fs::path& dir, const std::string& args, const 
 // resumed third steps repeat the uninterrupted one-node run's, bit for bit (loss, gradient norm,
 // final weights), and the two-node steps repeat the one-node ones.
 void expect_resume_bit_exact(const std::string& tag, const nlohmann::json& fields) {
-  const std::string torchrun = OOM_TORCHRUN;
-  if (!fs::exists(torchrun)) {
-    if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
-      FAIL() << "torchrun not found at " << torchrun << " (scripts/install-deps.sh installs torch into .venv)";
-    }
-    GTEST_SKIP() << "torchrun not found at " << torchrun;
-  }
+  if (!testing::have_torchrun()) GTEST_SKIP() << "torchrun not found at " << OOM_TORCHRUN;
   const auto dir = scratch(tag);
   auto o = small_run(2, 16, write_cp_plan(dir, 2, fields));
   dist::RanksOptions r;

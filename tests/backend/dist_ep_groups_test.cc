@@ -27,11 +27,14 @@
 #include "tests/backend/ep_threads.h"
 #include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"
+#include "tests/backend/torchrun_nodes.h"
 
 namespace oom::backend::dist {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::last_json_line;
+using testing::read_text;
 using testing::rel_diff;
 using testing::rel_l2;
 
@@ -138,25 +141,6 @@ TEST(EpGroups, FourRanksInTwoGroupsMatchThePlainTrainer) {
   fs::remove_all(dir);
 }
 
-int run_two_launches(const std::string& first, const std::string& second) {
-  const std::string script = second + " & p=$!; " + first + "; s=$?; wait $p; exit $((s | $?))";
-  return std::system(("timeout 150 sh -c '" + script + "'").c_str());
-}
-
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] == '{') last = line;
-  }
-  return nlohmann::json::parse(last);
-}
-
 // Two nodes of two ranks, each node one EP group of two with its own host state (shard e's
 // replicas, ranks e and 2 + e, on both nodes; each node's host updates its replica's half and
 // NodeStateSync exchanges the halves after each step), run with the venv's real torchrun launched
@@ -164,13 +148,7 @@ nlohmann::json last_json_line(const std::string& out) {
 class TwoNodes : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string torchrun = OOM_TORCHRUN;
-    if (!fs::exists(torchrun)) {
-      if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
-        FAIL() << "torchrun not found at " << torchrun << " (scripts/install-deps.sh installs torch into .venv)";
-      }
-      GTEST_SKIP() << "torchrun not found at " << torchrun;
-    }
+    if (!testing::have_torchrun()) GTEST_SKIP() << "torchrun not found at " << OOM_TORCHRUN;
     dir_ = scratch(::testing::UnitTest::GetInstance()->current_test_info()->name());
     args_ = " train --model tiny-moe --plan " + write_group_plan(dir_, {{"resident_layers", {2}}, {"moe_retained_layers", {1}}}) +
             " --seq 16 --batch 4 --lr 3e-3 --clip 1e9 --seed 7 --gdn-chunk 8 --device cpu --json";
@@ -183,12 +161,7 @@ class TwoNodes : public ::testing::Test {
   // the test unless `may_fail`); each node's stderr in dir_/err<node>-<launch>.
   nlohmann::json on_two_nodes(const std::string& more, bool may_fail = false) {
     const int port = 20000 + static_cast<int>((getpid() * 7 + 101 * launch_) % 20000);
-    const auto node_cmd = [&](int node) {
-      return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python "
-                         "{3}{4}{5} > {6}/out{1}-{7} 2> {6}/err{1}-{7}",
-                         OOM_TORCHRUN, node, port, OOM_BINARY, args_, more, dir_.string(), launch_);
-    };
-    const int status = run_two_launches(node_cmd(0), node_cmd(1));
+    const int status = testing::run_two_torchrun_nodes(args_ + more, dir_, port, fmt::format("-{}", launch_), 150);
     const auto slurp = [&](const std::string& name) { return read_text(dir_ / fmt::format("{}-{}", name, launch_)); };
     if (!may_fail) {
       EXPECT_EQ(status, 0) << slurp("err0") << slurp("err1");

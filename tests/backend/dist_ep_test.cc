@@ -51,15 +51,20 @@
 #include "tests/backend/ep_threads.h"
 #include "tests/backend/plain_runs.h"
 #include "tests/backend/reference_ops.h"
+#include "tests/backend/torchrun_nodes.h"
 #include "traces/stage_key.h"
 
 namespace oom::backend::dist {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::have_torchrun;
+using testing::last_json_line;
+using testing::read_text;
 using testing::rel_diff;
 using testing::plain_run;
 using testing::rel_l2;
+using testing::run_two_launches;
 using testing::write_ep_plan;
 
 constexpr double kTol = 1e-5;
@@ -843,29 +848,10 @@ std::string run_capture(const std::string& cmd, int& status) {
   return out;
 }
 
-// The last line of `out` that is a JSON object.
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] == '{') last = line;
-  }
-  return nlohmann::json::parse(last);
-}
-
 // Launched like any PyTorch job: the virtual environment's real torchrun starts two `oom train`
 // processes, which read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and meet
 // through c10d's TCPStore. Rank 0 alone prints; its losses equal `oom train --ranks 2` loss for
 // loss (the same arithmetic: bit-equal is not required, 1e-6 relative is).
-// Whether the virtual environment's torchrun is there; under CI=true its absence is a failure.
-bool have_torchrun() {
-  if (fs::exists(OOM_TORCHRUN)) return true;
-  if (const char* ci = std::getenv("CI"); ci != nullptr && std::string(ci) == "true") {
-    ADD_FAILURE() << "torchrun not found at " << OOM_TORCHRUN << " (scripts/install-deps.sh installs torch into .venv)";
-  }
-  return false;
-}
-
 TEST(OomTrainRanks, TorchrunLaunchMatchesTheRanksLauncher) {
   const std::string torchrun = OOM_TORCHRUN;
   if (!have_torchrun()) GTEST_SKIP() << "torchrun not found at " << torchrun;
@@ -887,18 +873,6 @@ TEST(OomTrainRanks, TorchrunLaunchMatchesTheRanksLauncher) {
   }
   // One JSON result, from rank 0 only.
   EXPECT_EQ(std::count(launched.begin(), launched.end(), '{'), 1) << launched;
-}
-
-// Two launches of one job (rank or node 1 in the background, 0 in front) under a 120 s timeout: the
-// exit status is nonzero when either fails.
-int run_two_launches(const std::string& first, const std::string& second) {
-  const std::string script = second + " & p=$!; " + first + "; s=$?; wait $p; exit $((s | $?))";
-  return std::system(("timeout 120 sh -c '" + script + "'").c_str());
-}
-
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // A torchrun-style launch without torchrun: two `oom train` processes started here with PyTorch's
@@ -993,12 +967,8 @@ TEST(OomTrainRanks, TwoTorchrunNodesOfTwoRanksRepeatOneNodeAndTraceAsPredicted) 
   const std::string plan = write_ep_plan(dir, "ep.json", {{"moe_retained_layers", {1}}, {"routing_chunk_tokens", 12}});
   const std::string args = " train --model tiny-moe --plan " + plan + " --steps 2 --seq 16 --batch 4 --lr 3e-3 --device cpu --json";
   const int port = 20000 + static_cast<int>((getpid() + 4241) % 20000);
-  const auto node_cmd = [&](int node) {
-    return fmt::format("{0} --nnodes 2 --nproc-per-node 2 --node-rank {1} --master-addr 127.0.0.1 --master-port {2} --no-python "
-                       "{3}{4} --trace {5}/measured.json --save-weights {5}/nodes.safetensors > {5}/out{1} 2> {5}/err{1}",
-                       OOM_TORCHRUN, node, port, OOM_BINARY, args, dir.string());
-  };
-  const int status = run_two_launches(node_cmd(0), node_cmd(1));
+  const int status = testing::run_two_torchrun_nodes(
+      fmt::format("{0} --trace {1}/measured.json --save-weights {1}/nodes.safetensors", args, dir.string()), dir, port);
   const auto slurp = [&](const std::string& name) { return read_text(dir / name); };
   ASSERT_EQ(status, 0) << slurp("err0") << slurp("err1");
   int one_status = 0;
