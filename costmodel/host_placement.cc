@@ -1,7 +1,6 @@
 #include "costmodel/host_placement.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "costmodel/input_error.h"
 
@@ -54,14 +53,20 @@ HostPlacement place_host_memory(const std::vector<Bytes>& demand, const std::vec
   return p;
 }
 
-std::optional<HostOverflow> host_overflow(const std::vector<Bytes>& demand, const std::vector<Bytes>& capacity, int numa_per_node) {
+std::vector<Bytes> per_node_sums(const std::vector<Bytes>& bytes, int numa_per_node) {
   OOM_ASSERT(numa_per_node > 0, "a node has at least one socket");
-  const std::size_t count = std::min(demand.size(), capacity.size()), k = static_cast<std::size_t>(numa_per_node);
-  for (std::size_t first = 0; first < count; first += k) {
-    const std::size_t last = std::min(count, first + k);
-    const Bytes needed = std::accumulate(demand.begin() + static_cast<std::ptrdiff_t>(first), demand.begin() + static_cast<std::ptrdiff_t>(last), Bytes{0});
-    const Bytes have = std::accumulate(capacity.begin() + static_cast<std::ptrdiff_t>(first), capacity.begin() + static_cast<std::ptrdiff_t>(last), Bytes{0});
-    if (needed > have) return HostOverflow{static_cast<int>(first / k), needed, have};
+  const std::size_t k = static_cast<std::size_t>(numa_per_node);
+  std::vector<Bytes> out((bytes.size() + k - 1) / k, 0);
+  for (std::size_t n = 0; n < bytes.size(); ++n) out[n / k] += bytes[n];
+  return out;
+}
+
+std::optional<HostOverflow> host_overflow(const std::vector<Bytes>& demand, const std::vector<Bytes>& capacity, int numa_per_node) {
+  const std::size_t count = std::min(demand.size(), capacity.size());
+  const auto needed = per_node_sums({demand.begin(), demand.begin() + static_cast<std::ptrdiff_t>(count)}, numa_per_node);
+  const auto have = per_node_sums({capacity.begin(), capacity.begin() + static_cast<std::ptrdiff_t>(count)}, numa_per_node);
+  for (std::size_t node = 0; node < needed.size(); ++node) {
+    if (needed[node] > have[node]) return HostOverflow{static_cast<int>(node), needed[node], have[node]};
   }
   return std::nullopt;
 }

@@ -40,6 +40,9 @@ HostPlacement place_host_memory(const std::vector<Bytes>& demand, const std::vec
 
 // The host footprint of one node against its sockets together: the first node whose demand exceeds
 // its capacity in all, or nothing when every node's memory fits.
+// `bytes` (per NUMA node) summed per node of `numa_per_node` sockets.
+std::vector<Bytes> per_node_sums(const std::vector<Bytes>& bytes, int numa_per_node);
+
 struct HostOverflow {
   int node = 0;
   Bytes needed = 0, capacity = 0;

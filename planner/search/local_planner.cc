@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/host_placement.h"
 #include "costmodel/input_error.h"
 #include "costmodel/token_text.h"
 #include "planner/engine/analytic_evaluator.h"
@@ -306,24 +307,22 @@ LocalSearchResult plan_local(const PlanPricer& pricer, const LocalPlannerOptions
   // A socket's overflow spills into its node's other sockets (costmodel/host_placement.h): the
   // room is each node's, shared by the ranks on it.
   Bytes host_room = -1;
+  std::vector<Bytes> demand, budget, ranks;
+  for (const HostNumaReport& h : bare_memory.host) {
+    demand.push_back(h.total());
+    budget.push_back(budgets.numa_bytes.at(static_cast<std::size_t>(h.numa)));
+    ranks.push_back(h.ranks);
+  }
   const int per_node = std::max(1, budgets.numa_per_node);
-  for (std::size_t first = 0; first < bare_memory.host.size(); first += static_cast<std::size_t>(per_node)) {
-    Bytes budget = 0, needed = 0;
-    int ranks = 0;
-    for (std::size_t n = first; n < std::min(bare_memory.host.size(), first + static_cast<std::size_t>(per_node)); ++n) {
-      const HostNumaReport& h = bare_memory.host[n];
-      budget += budgets.numa_bytes.at(static_cast<std::size_t>(h.numa));
-      needed += h.total();
-      ranks += h.ranks;
-    }
-    if (ranks == 0) continue;
-    const auto node = first / static_cast<std::size_t>(per_node);
-    if (needed > budget) {
-      out.shortfall = BudgetShortfall{node < budgets.node_names.size() ? budgets.node_names[node] : budgets.numa_name(first), budget, needed,
+  const auto needed = per_node_sums(demand, per_node), have = per_node_sums(budget, per_node), on = per_node_sums(ranks, per_node);
+  for (std::size_t node = 0; node < needed.size(); ++node) {
+    if (on[node] == 0) continue;
+    if (needed[node] > have[node]) {
+      out.shortfall = BudgetShortfall{budgets.node_name(node), have[node], needed[node],
                                       "the Local path's canonical state and pinned pools with every boundary regenerated"};
       return out;
     }
-    const Bytes room = (budget - needed) / ranks;
+    const Bytes room = (have[node] - needed[node]) / on[node];
     host_room = host_room < 0 ? room : std::min(host_room, room);
   }
 

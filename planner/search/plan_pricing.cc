@@ -30,6 +30,10 @@ std::string Budgets::numa_name(std::size_t n) const {
   return n < numa_names.size() ? numa_names[n] : fmt::format("host NUMA node {}", n);
 }
 
+std::string Budgets::node_name(std::size_t node) const {
+  return node < node_names.size() ? node_names[node] : fmt::format("host of node {}", node);
+}
+
 Bytes PricedPlan::gpu_peak_max() const {
   return gpu_peak_bytes.empty() ? 0 : *std::max_element(gpu_peak_bytes.begin(), gpu_peak_bytes.end());
 }
@@ -64,9 +68,7 @@ std::optional<BudgetShortfall> check_budgets(const Budgets& b, Bytes gpu_peak_by
   if (gpu_peak_bytes > b.gpu_bytes) return BudgetShortfall{"GPU", b.gpu_bytes, gpu_peak_bytes, gpu_where};
   // A socket's overflow spills into its node's other sockets: a node runs out when all are full.
   if (const auto over = host_overflow(numa_peak_bytes, b.numa_bytes, b.numa_per_node)) {
-    const auto node = static_cast<std::size_t>(over->node);
-    return BudgetShortfall{node < b.node_names.size() ? b.node_names[node] : fmt::format("host of node {}", node), over->capacity,
-                           over->needed, host_where};
+    return BudgetShortfall{b.node_name(static_cast<std::size_t>(over->node)), over->capacity, over->needed, host_where};
   }
   return std::nullopt;
 }

@@ -37,6 +37,7 @@ struct Budgets {
   // and each node's name ("host NUMA nodes 0-1").
   int numa_per_node = 1;
   std::vector<std::string> node_names;
+  std::string node_name(std::size_t node) const;
 };
 Budgets workload_budgets(const WorkloadContext& ctx);
 
