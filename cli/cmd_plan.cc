@@ -3,7 +3,7 @@
 // search of planner/search/plan_search.h (Configure-then-Compare by short executions of the named
 // StepEngine, or with "torch" by real one- and two-unit runs of the LibTorch backend on this
 // machine: the backend plugin runs that form of the command, cli/backend_main.cc), or with --preset a named configuration priced as it is
-// (planner/plan/plan_presets.h: "base", the paper's Base plans). Prints the chosen plan with its
+// (planner/search/plan_presets.h: "base", the paper's Base plans). Prints the chosen plan with its
 // prediction and the best plan of the other
 // path; `-o` writes the chosen plan (Plan JSON) atomically. An infeasible workload exits 3 with one
 // line naming the budget that fails, by how much and where.
@@ -21,7 +21,7 @@
 #include "costmodel/output_path.h"
 #include "costmodel/version.h"
 #include "planner/engine/step_engine.h"
-#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_presets.h"
 #include "planner/search/plan_search.h"
 
 namespace oom::cli {

@@ -24,7 +24,7 @@
 #include "planner/calibration/calibrate.h"
 #include "planner/calibration/cross_validation.h"
 #include "planner/calibration/validation.h"
-#include "planner/engine/explain.h"
+#include "planner/calibration/explain.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "traces/records.h"

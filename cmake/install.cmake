@@ -60,7 +60,7 @@ endif()
 # targets are no imported ones).
 if(NOT SKBUILD AND NOT OOM_CARRIED_DEPS AND OOM_SIMULATOR)
   include(CMakePackageConfigHelpers)
-  set(_oom_libs oom_costmodel oom_traces oom_planner oom_experiments)
+  set(_oom_libs oom_costmodel oom_traces ${OOM_PLANNER_LAYERS} oom_planner oom_experiments)
   if(TARGET oom_sim)
     list(APPEND _oom_libs oom_sim)
   endif()

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "planner/calibration/calibration.h"
-#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_presets.h"
 #include "planner/search/ep_planner.h"
 #include "planner/search/plan_search.h"
 

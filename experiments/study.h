@@ -18,7 +18,7 @@
 // "OOM Figure 5a") and may ask for other OOM plans than the search's ("systems" of a sweep, each
 // a PlanVariant, default ["search"]): "search", "search:ep", "search:local" (the plan search over
 // both paths or one), "base", "base:ep", "base:local" (the paper's Base plans,
-// planner/plan/plan_presets.h), "ep:R23/K4" (an EP plan with 23 interleaved resident decoders and the
+// planner/search/plan_presets.h), "ep:R23/K4" (an EP plan with 23 interleaved resident decoders and the
 // last 4 MoE-retained, 64K routing chunk: Table 5's grid), "local:A", "local:B", "local:1+1",
 // "local:3+1" (the Local planner's operator splits with a named boundary policy, reference §4:
 // Table 7), "search/noflat" (the search without FLAT's schedules). A sweep's optional "routing"
@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/workload.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 #include "planner/plan/plan.h"
 #include "traces/records.h"

@@ -25,6 +25,7 @@
 #include "planner/calibration/calibration.h"
 #include "planner/calibration/validation.h"
 #include "planner/engine/step_engine.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 #include "planner/plan/plan.h"
 #include "python/plot_bridge.h"

@@ -10,7 +10,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/workload.h"
 #include "planner/lowering/step_graph.h"
-#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_presets.h"
 
 namespace oom::backend {
 

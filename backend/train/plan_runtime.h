@@ -72,7 +72,7 @@ void check_plan_for_run(const Plan& plan, const ModelSpec& model, std::int64_t b
                         const std::string& file);
 
 // The plan a run executes when it is given none (`oom train` or `oom train --ranks P` without
-// --plan, and torchrun without it): the Base preset (planner/plan/plan_presets.h) of the Local path
+// --plan, and torchrun without it): the Base preset (planner/search/plan_presets.h) of the Local path
 // on one rank, of the EP path over `ranks` ≥ 2 ranks (no resident or retained decoders, one
 // routing round up to 64K tokens, full delivery), for `model` with batch × seq tokens per step on
 // the machine the configs/hardware file `hardware` describes. Base rather than what `oom plan`

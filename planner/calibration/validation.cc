@@ -9,6 +9,7 @@
 
 #include "costmodel/input_error.h"
 #include "planner/engine/step_engine.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/memory_report.h"

@@ -7,8 +7,6 @@
 #include "costmodel/host_placement.h"
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
-#include "planner/engine/duration_model.h"
-#include "planner/engine/step_engine.h"
 #include "planner/lowering/baselines_ktft.h"
 #include "planner/lowering/baselines_megatron.h"
 
@@ -262,23 +260,10 @@ BaselineMemory baseline_static_memory(const BaselineSetup& setup, const Workload
   return out;
 }
 
-namespace {
-
-// Why system `s` cannot run the workload: every baseline system but FSDP2 runs whole sequences
-// per GPU. FSDP2 splits them with context parallelism (ring attention over each sequence's GPUs,
-// as PyTorch's context_parallel beside fully_shard does; planner/lowering/lowering_baselines.cc).
 std::string whole_sequences_only(BaselineSystem s, const Workload& w) {
   if (w.gpus_per_seq() <= 1 || s == BaselineSystem::kFsdp2Offload) return {};
   return fmt::format("{} runs whole sequences per GPU; the workload splits each of its {} sequences over {} GPUs",
                      baseline_system_name(s), w.global_batch, w.gpus_per_seq());
-}
-
-}  // namespace
-
-std::string BaselineResult::failure_cell() const {
-  if (!not_run.empty()) return "n/a";
-  if (!oom) return {};
-  return oom->space == "gpu" ? std::string("OOM(GPU)") : fmt::format("OOM(host n{})", oom->device);
 }
 
 BaselineFit configure_baseline(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& k) {
@@ -341,79 +326,6 @@ BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, 
   options.symmetric_nodes = symmetric_nodes;
   out.graph = lower_baseline(*fit.setup, ctx, options);
   return out;
-}
-
-bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const StepGraph& g, const DurationModel& durations,
-                           const WorkloadContext& ctx, const std::string& gpu_peak_at) {
-  r.trace = engine.execute(g, durations);
-  r.step_s = r.trace.step_s;
-  r.tokens_per_s = r.step_s > 0 ? static_cast<double>(ctx.workload.global_batch * ctx.workload.seq_len) / r.step_s : 0;
-  for (const Bytes b : r.trace.gpu_peak_bytes) r.gpu_peak_bytes = std::max(r.gpu_peak_bytes, b);
-  r.host_bytes_per_numa = r.trace.numa_peak_bytes;
-  for (std::size_t i = 0; i < r.trace.gpu_peak_bytes.size(); ++i) {
-    if (r.trace.gpu_peak_bytes[i] > ctx.gpu_budget_bytes()) {
-      r.oom = OutOfMemory{"gpu", static_cast<int>(i), gpu_peak_at + " (executed step)", r.trace.gpu_peak_bytes[i],
-                          ctx.gpu_budget_bytes(), ""};
-      return false;
-    }
-  }
-  return true;
-}
-
-BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                            const Calibration& calibration, const MemoryConstants& k) {
-  if (std::string why = whole_sequences_only(s, ctx.workload); !why.empty()) {
-    BaselineResult r;
-    r.system = s;
-    r.not_run = std::move(why);
-    return r;
-  }
-  if (s == BaselineSystem::kMegatronLm) return run_megatron(ctx, engines, engine, calibration, k);
-  if (s == BaselineSystem::kKtFt) return run_ktft(ctx, engines, engine, calibration, k);
-  const auto e = engines.make(engine);
-  if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
-  BaselineResult r;
-  r.system = s;
-  // One node's stages when the nodes are alike: both engines run them (StepGraph::ranks_emitted).
-  const BaselineGraph lowered = baseline_step_graph(s, ctx, k, true);
-  if (!lowered.setup) {
-    r.oom = lowered.oom;
-    return r;
-  }
-  r.setup = lowered.setup;
-  const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
-  // The executed timeline may hold more than the static estimate: check it against the budgets too.
-  const BaselineMemory mem = baseline_static_memory(*r.setup, ctx, k);
-  if (!execute_baseline_step(r, *e, lowered.graph, durations, ctx, mem.gpu_peak_at)) return r;
-  r.oom = host_out_of_memory(ctx, r.host_bytes_per_numa, mem.host_budget_per_numa, "host state, checkpoints and buffers (executed step)");
-  return r;
-}
-
-nlohmann::json baseline_result_to_json(const BaselineResult& r) {
-  nlohmann::json j;
-  j["system"] = std::string(baseline_system_name(r.system));
-  j["fits"] = r.fits();
-  j["step_s"] = r.fits() ? nlohmann::json(r.step_s) : nlohmann::json(nullptr);
-  j["tokens_per_s"] = r.fits() ? nlohmann::json(r.tokens_per_s) : nlohmann::json(nullptr);
-  j["gpu_peak_gib"] = r.setup && r.gpu_peak_bytes > 0 ? nlohmann::json(to_gib(r.gpu_peak_bytes)) : nlohmann::json(nullptr);
-  Bytes host = 0;
-  for (const Bytes b : r.host_bytes_per_numa) host += b;
-  j["host_gib"] = host > 0 ? nlohmann::json(to_gib(host)) : nlohmann::json(nullptr);
-  j["micro_batch_seqs"] = r.setup ? nlohmann::json(r.setup->micro_batch_seqs) : nlohmann::json(nullptr);
-  j["accumulation_steps"] = r.setup ? nlohmann::json(r.setup->accumulation_steps) : nlohmann::json(nullptr);
-  j["expert_units"] = r.setup ? nlohmann::json(r.setup->expert_units) : nlohmann::json(nullptr);
-  if (r.oom) {
-    j["oom"] = {{"space", r.oom->space},
-                {"device", r.oom->device},
-                {"where", r.oom->where},
-                {"needed_gib", to_gib(r.oom->needed_bytes)},
-                {"available_gib", to_gib(r.oom->available_bytes)},
-                {"message", r.oom->message()}};
-  } else {
-    j["oom"] = nullptr;
-  }
-  if (!r.not_run.empty()) j["not_run"] = r.not_run;
-  return j;
 }
 
 }  // namespace oom

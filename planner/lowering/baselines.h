@@ -47,8 +47,6 @@
 #include "costmodel/memory.h"
 #include "costmodel/params.h"
 #include "costmodel/workload.h"
-#include "planner/calibration/calibration.h"
-#include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "traces/trace.h"
 
@@ -158,6 +156,12 @@ struct OutOfMemory {
 std::optional<OutOfMemory> host_out_of_memory(const WorkloadContext& ctx, const std::vector<Bytes>& bytes,
                                               const std::vector<Bytes>& budget, const std::string& where);
 
+// Why system `s` cannot run the workload: every baseline system but FSDP2 runs whole sequences
+// per GPU. FSDP2 splits them with context parallelism (ring attention over each sequence's GPUs,
+// as PyTorch's context_parallel beside fully_shard does; planner/lowering/lowering_baselines.cc).
+// Empty when it can.
+std::string whole_sequences_only(BaselineSystem s, const Workload& w);
+
 // Chooses the largest micro-batch (a divisor of the sequences per GPU; only the whole per-GPU
 // batch when the system does not accumulate), and at it the fewest expert units
 // (expert_unit_options()), whose static GPU peak fits the workload's GPU budget and whose host
@@ -188,44 +192,5 @@ struct BaselineGraph {
 // for the analytic engine only).
 BaselineGraph baseline_step_graph(BaselineSystem s, const WorkloadContext& ctx, const MemoryConstants& constants = {},
                                   bool symmetric_nodes = false);
-
-// A baseline predicted on a workload: a step time, or out-of-memory.
-struct BaselineResult {
-  BaselineSystem system = BaselineSystem::kFsdp2Offload;
-  std::optional<BaselineSetup> setup;
-  std::optional<OutOfMemory> oom;      // set exactly when the system does not fit
-  // Why the system cannot run the workload at all (it splits no sequence over GPUs, and the
-  // workload has fewer sequences than GPUs); empty when it can. Then `oom` is unset.
-  std::string not_run;
-  Seconds step_s = 0;
-  double tokens_per_s = 0;
-  Bytes gpu_peak_bytes = 0;            // the largest GPU peak of the executed step
-  std::vector<Bytes> host_bytes_per_numa;
-  Trace trace;                         // the executed step (empty when out of memory)
-  bool fits() const { return !oom.has_value() && not_run.empty(); }
-  // Why it does not fit (the out-of-memory's line, or not_run); empty when it fits.
-  std::string failure() const { return !not_run.empty() ? not_run : oom ? oom->message() : std::string(); }
-  // A table cell for a system that does not fit: "OOM(GPU)", "OOM(host n<k>)" or "n/a".
-  std::string failure_cell() const;
-};
-
-// Configures, lowers and executes the system with the StepEngine of `engines` named `engine`,
-// pricing stages with `calibration`. A step whose executed GPU or host peak exceeds its budget is
-// reported as out-of-memory too; a workload with fewer sequences than GPUs as not run, except by
-// FSDP2 (context parallelism: ring attention over each sequence's GPUs). Throws InputError when `engines` offers no `engine`.
-BaselineResult run_baseline(BaselineSystem s, const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                            const Calibration& calibration, const MemoryConstants& constants = {});
-
-// Executes a configured baseline's step `g` into `r` (trace, step time, throughput, GPU peak, host
-// bytes per NUMA node) and sets r.oom when the executed timeline holds more than the GPU budget
-// (`gpu_peak_at`: where the static estimate puts the peak). Returns whether the step fits the GPUs.
-// run_baseline, run_megatron and run_ktft share it.
-bool execute_baseline_step(BaselineResult& r, const StepEngine& engine, const StepGraph& g, const DurationModel& durations,
-                           const WorkloadContext& ctx, const std::string& gpu_peak_at);
-
-// {"system", "fits", "step_s" | null, "tokens_per_s", "gpu_peak_gib", "host_gib", "micro_batch_seqs",
-//  "accumulation_steps", "oom": {"space", "device", "where", "needed_gib", "available_gib", "message"} | null,
-//  "not_run" (only when set)}
-nlohmann::json baseline_result_to_json(const BaselineResult& r);
 
 }  // namespace oom

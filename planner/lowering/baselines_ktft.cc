@@ -1,5 +1,5 @@
-// KT-FT: configuration, static memory, lowering, CPU expert pricing and run
-// (planner/lowering/baselines_ktft.h).
+// KT-FT: configuration, static memory and lowering (its CPU expert pricing and run:
+// planner/engine/baseline_run.h) (planner/lowering/baselines_ktft.h).
 #include "planner/lowering/baselines_ktft.h"
 
 #include <algorithm>
@@ -10,7 +10,6 @@
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
 #include "costmodel/traffic.h"
-#include "planner/engine/step_engine.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
 
@@ -394,32 +393,6 @@ StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, con
   return g;
 }
 
-KtFtDurationModel::KtFtDurationModel(HardwareSpec hardware, Calibration calibration, int ranks)
-    : CalibratedDurationModel(std::move(hardware), std::move(calibration), ranks) {}
-
-StageCost KtFtDurationModel::cost(const Stage& s, const StepGraph& g) const {
-  const Resource& r = g.resource(s.resource);
-  if (s.op != OpKind::kExpertGemm || r.kind != ResourceKind::kCpuUpdate) return CalibratedDurationModel::cost(s, g);
-  const HardwareSpec& hw = hardware();
-  double amx = 0, dram = 0;  // the node's sockets together
-  for (const NumaSpec& n : hw.numa) {
-    amx += n.amx_bf16_flops_per_s;
-    dram += n.dram_Bps;
-  }
-  const bool backward = s.phase == Phase::kBackward;
-  const double efficiency = kKtFtAmxForwardEfficiency * (backward                        ? kKtFtBackwardOverForward
-                                                         : s.phase == Phase::kRecompute ? kKtFtRecomputeOverForward
-                                                                                        : 1.0);
-  const double compute_s = static_cast<double>(s.flops) / (amx * efficiency);
-  const double dram_s = dram > 0 ? static_cast<double>(s.params * (backward ? kKtFtBackwardDramBytesPerParam : kKtFtForwardDramBytesPerParam)) / dram : 0.0;
-  const double core_s = backward ? ktft_backward_core_s(hw, s.shape.tokens, s.shape.k, s.shape.experts, s.params) : 0.0;
-  StageCost c;
-  c.fixed_s = calibration().cpu_task_overhead_s;
-  c.work = static_cast<double>(s.flops);
-  c.rate = c.exclusive_rate = c.work / (std::max(compute_s, dram_s) + core_s);
-  return c;
-}
-
 double ktft_backward_core_s(const HardwareSpec& hw, std::int64_t routes, std::int64_t hidden, std::int64_t experts, ParamCount params) {
   const auto n = static_cast<double>(hw.numa.size());
   if (n == 0 || routes <= 0 || hidden <= 0 || experts <= 0 || params <= 0) return 0.0;
@@ -430,32 +403,6 @@ double ktft_backward_core_s(const HardwareSpec& hw, std::int64_t routes, std::in
   double slowest = 0;  // each socket packs and clears its own TP slice; the pass waits for the last
   for (const NumaSpec& socket : hw.numa) slowest = std::max(slowest, cycles / (socket.amx_bf16_flops_per_s / kAmxBf16FlopsPerCoreCycle));
   return slowest;
-}
-
-BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                        const Calibration& calibration, const MemoryConstants& k) {
-  const auto e = engines.make(engine);
-  if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
-  // Rank 0's experts run on every socket of its node.
-  for (std::size_t n = 0; n < ctx.hardware.numa.size(); ++n) {
-    if (!(ctx.hardware.numa[n].amx_bf16_flops_per_s > 0)) {
-      throw InputError(ctx.hardware.name, fmt::format("numa[{}].amx_bf16_flops_per_s", n), "0",
-                       "KT-FT computes the routed experts with AMX BF16 on the CPU; this hardware names no AMX throughput");
-    }
-  }
-  BaselineResult r;
-  r.system = BaselineSystem::kKtFt;
-  const BaselineFit fit = configure_ktft(ctx, k);
-  if (!fit.setup) {
-    r.oom = fit.oom;
-    return r;
-  }
-  r.setup = fit.setup;
-  LoweringOptions options;
-  options.memory = k;
-  const KtFtDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
-  execute_baseline_step(r, *e, lower_ktft(*fit.setup, ctx, options), durations, ctx, ktft_static_memory(*fit.setup, ctx, k).gpu_peak_at);
-  return r;
 }
 
 }  // namespace oom

@@ -27,7 +27,6 @@
 #include <optional>
 #include <string>
 
-#include "planner/engine/duration_model.h"
 #include "planner/lowering/baselines.h"
 
 namespace oom {
@@ -94,26 +93,5 @@ StepGraph lower_ktft(const BaselineSetup& setup, const WorkloadContext& ctx, con
 // tokens, hidden size `hidden`, `experts` experts of `params` parameters in all (3 · H · I each).
 // 0 without routes.
 double ktft_backward_core_s(const HardwareSpec& hw, std::int64_t routes, std::int64_t hidden, std::int64_t experts, ParamCount params);
-
-// Prices KT-FT's CPU expert passes (kExpertGemm stages on a CPU update executor: rank 0's, which
-// runs every rank's experts) on all the sockets of the node at once: the slower of their FLOPs at
-// the node's AMX BF16 peak × the published forward efficiency (× the recompute's or the
-// backward's factor above) and the expert weights' DRAM traffic (the stage's `params` × the bytes
-// per parameter above) at the node's DRAM bandwidth; a backward pass adds its dW packing and its
-// gradient-buffer clear on the cores (ktft_backward_core_s; the stage's shape gives the routes,
-// `tokens`, H, `k`, and the experts). One such stage runs at a time, so nothing shares it. Every
-// other stage as the calibrated model does (a CalibratedDurationModel, so the SimGrid engine finds
-// its hardware). Thread-safe.
-class KtFtDurationModel : public CalibratedDurationModel {
- public:
-  KtFtDurationModel(HardwareSpec hardware, Calibration calibration, int ranks);
-  StageCost cost(const Stage& s, const StepGraph& g) const override;
-};
-
-// Configures, lowers and executes KT-FT with the StepEngine of `engines` named `engine`
-// (run_baseline() of BaselineSystem::kKtFt comes here). Throws InputError for an engine that
-// `engines` does not offer or hardware without AMX throughput (naming numa[n].amx_bf16_flops_per_s).
-BaselineResult run_ktft(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                        const Calibration& calibration, const MemoryConstants& constants = {});
 
 }  // namespace oom

@@ -1,4 +1,4 @@
-// Megatron-LM: configuration, static memory, lowering and run (planner/lowering/baselines_megatron.h).
+// Megatron-LM: configuration, static memory and lowering (planner/lowering/baselines_megatron.h).
 #include "planner/lowering/baselines_megatron.h"
 
 #include <algorithm>
@@ -12,8 +12,6 @@
 #include "costmodel/input_error.h"
 #include "costmodel/params.h"
 #include "costmodel/traffic.h"
-#include "planner/engine/duration_model.h"
-#include "planner/engine/step_engine.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
 
@@ -454,25 +452,6 @@ StepGraph lower_megatron(const MegatronSetup& setup, const WorkloadContext& ctx,
   StepGraph g = l.run();
   OOM_ASSERT(check_step_graph(g, false).empty(), "Megatron-LM lowering produced a malformed StepGraph");
   return g;
-}
-
-BaselineResult run_megatron(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                            const Calibration& calibration, const MemoryConstants& k) {
-  const auto e = engines.make(engine);
-  if (!e) throw InputError("", "--engine", "\"" + engine + "\"", "unknown engine");
-  BaselineResult r;
-  r.system = BaselineSystem::kMegatronLm;
-  const MegatronFit fit = configure_megatron(ctx, k);
-  if (!fit.setup) {
-    r.oom = fit.oom;
-    return r;
-  }
-  r.setup = BaselineSetup{BaselineSystem::kMegatronLm, fit.setup->micro_batch_seqs, fit.setup->accumulation_steps};
-  LoweringOptions options;
-  options.memory = k;
-  const CalibratedDurationModel durations(ctx.hardware, calibration, ctx.workload.gpus);
-  execute_baseline_step(r, *e, lower_megatron(*fit.setup, ctx, options), durations, ctx, megatron_static_memory(*fit.setup, ctx, k).gpu_peak_at);
-  return r;
 }
 
 }  // namespace oom

@@ -60,10 +60,4 @@ MegatronFit configure_megatron(const WorkloadContext& ctx, const MemoryConstants
 // One step of the setup for every rank; satisfies check_step_graph().
 StepGraph lower_megatron(const MegatronSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options = {});
 
-// Configures, lowers and executes Megatron-LM with the StepEngine of `engines` named `engine`
-// (run_baseline() of BaselineSystem::kMegatronLm comes here). The result's setup carries the
-// micro-batch and the accumulation steps. Throws InputError for an engine that `engines` does not offer.
-BaselineResult run_megatron(const WorkloadContext& ctx, const StepEngines& engines, const std::string& engine,
-                            const Calibration& calibration, const MemoryConstants& constants = {});
-
 }  // namespace oom

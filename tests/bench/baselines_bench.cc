@@ -10,6 +10,7 @@
 #include "costmodel/workload.h"
 #include "planner/calibration/calibration.h"
 #include "planner/engine/cost_report.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 
 namespace {

@@ -34,7 +34,7 @@
 #include "experiments/ablation.h"
 #include "experiments/study.h"
 #include "planner/calibration/calibration.h"
-#include "planner/engine/explain.h"
+#include "planner/calibration/explain.h"
 #include "planner/plan/plan.h"
 #include "traces/records.h"
 #include "traces/trace.h"

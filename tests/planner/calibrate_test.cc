@@ -16,7 +16,7 @@
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/cost_report.h"
 #include "planner/engine/duration_model.h"
-#include "planner/engine/explain.h"
+#include "planner/calibration/explain.h"
 #include "planner/engine/step_engine.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/plan/plan.h"

@@ -15,7 +15,7 @@
 #include "planner/engine/duration_model.h"
 #include "planner/lowering/memory_report.h"
 #include "planner/lowering/step_graph.h"
-#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_presets.h"
 #include "planner/search/ep_planner.h"
 #include "planner/search/plan_pricing.h"
 #include "tests/common/cluster_workload.h"

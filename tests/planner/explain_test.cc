@@ -1,7 +1,7 @@
-// Tests of planner/engine/explain.h: each instant of rank 0's step is charged to one mechanism in the
+// Tests of planner/calibration/explain.h: each instant of rank 0's step is charged to one mechanism in the
 // stated order (so the exposed times add up to the step), busy times are per resource, and the
 // published breakdowns ship as data that loads and meets the record it explains.
-#include "planner/engine/explain.h"
+#include "planner/calibration/explain.h"
 
 #include <cmath>
 

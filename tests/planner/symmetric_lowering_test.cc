@@ -12,6 +12,7 @@
 
 #include "planner/engine/analytic_evaluator.h"
 #include "planner/engine/duration_model.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/step_graph.h"
 #include "planner/search/ep_planner.h"

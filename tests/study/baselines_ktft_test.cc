@@ -8,6 +8,7 @@
 #include "costmodel/flops.h"
 #include "costmodel/input_error.h"
 #include "planner/calibration/calibration.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/lowering.h"
 
 namespace oom {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "planner/calibration/calibration.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/engine/analytic_evaluator.h"
 
 namespace oom {

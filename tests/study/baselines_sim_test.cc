@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "planner/engine/step_engine.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 #include "sim/simgrid_engine.h"
 

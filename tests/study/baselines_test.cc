@@ -1,4 +1,5 @@
 // planner/lowering/baselines.h: the baseline systems lowered to StepGraphs, their memory and out-of-memory.
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "planner/plan/plan_presets.h"
+#include "planner/search/plan_presets.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "planner/engine/explain.h"
+#include "planner/calibration/explain.h"
 
 #include <algorithm>
 #include <array>
@@ -9,6 +9,7 @@
 #include "costmodel/input_error.h"
 #include "costmodel/json_input.h"
 #include "planner/calibration/validation.h"
+#include "planner/engine/baseline_run.h"
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/step_graph.h"
 
