@@ -12,6 +12,7 @@
 #include "costmodel/traffic.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
+#include "planner/lowering/lowering_toolkit.h"
 
 namespace oom {
 namespace {
@@ -102,20 +103,10 @@ namespace {
 
 using PerRank = std::vector<StageId>;
 
-class KtFtLowering {
+class KtFtLowering : lowering::RankedBuilder {
  public:
   KtFtLowering(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options)
-      : s_(setup),
-        ctx_(ctx),
-        m_(ctx.model),
-        k_(options.memory),
-        params_(model_params(ctx.model)),
-        b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
-        P_(ctx.workload.gpus),
-        S_(ctx.workload.seq_len),
-        seqs_(setup.micro_batch_seqs),
-        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
-    for (int r = 0; r < P_; ++r) r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, false));
+      : RankedBuilder(ctx, options, setup.micro_batch_seqs, ctx.workload.seq_len, ctx.workload.gpus), s_(setup), params_(model_params(ctx.model)) {
     last_.assign(static_cast<std::size_t>(P_), -1);
   }
 
@@ -145,37 +136,20 @@ class KtFtLowering {
   }
 
  private:
-  const lowering::RankResources& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
-  std::int64_t tokens() const { return seqs_ * S_; }
-  Bytes boundary() const { return boundary_bytes(1, seqs_, S_, m_.hidden); }
-
-  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
-    return lowering::keyed_stage(what, op, phase, res, rank, layer, micro_);
-  }
-  static void dep(Stage& s, const PerRank& from, int r) { lowering::add_dep_once(s, from, r); }
-  void gpu_mem(const PerRank& at, Bytes bytes, bool at_end) {
-    if (bytes == 0) return;
-    for (int r = 0; r < P_; ++r) {
-      b_.graph().stages[static_cast<std::size_t>(at[static_cast<std::size_t>(r)])].memory.push_back({MemorySpace::kGpu, r, bytes, at_end});
-    }
-  }
-
   // One stage per rank on `res(r)`, after `after` (the data it needs) and the rank's previous
   // stage of the chain when `chain`.
   template <typename Res>
   PerRank each(const StageWhat& what, OpKind op, Phase phase, int layer, Res res, Flops flops, Bytes bytes, ParamCount params,
                const OpShape& shape, const PerRank& after) {
-    PerRank out(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) {
+    return each_rank([&](int r) {
       Stage st = make(what, op, phase, res(r), r, layer);
       st.flops = flops;
       st.bytes = bytes;
       st.params = params;
       st.shape = shape;
       dep(st, after, r);
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
-    }
-    return out;
+      return st;
+    });
   }
   // One stage of rank 0 on `res`, after `after` (any rank's stages).
   StageId one(const StageWhat& what, OpKind op, Phase phase, int layer, ResourceId res, Flops flops, Bytes bytes, ParamCount params,
@@ -198,14 +172,7 @@ class KtFtLowering {
     return last_;
   }
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs) {
-    return lowering::collective_stages(
-        lowering::RankGroups{P_, P_}, P_, ctx_.hardware.gpus_per_node, inputs,
-        [&](int r) {
-          Stage st = make(what, op, phase, rr(r).fabric, r, layer);
-          st.bytes = bytes;
-          return st;
-        },
-        [this](Stage s) { return b_.add(std::move(s)); });
+    return collective_over(lowering::RankGroups{P_, P_}, what, op, phase, layer, bytes, inputs);
   }
 
   // The FSDP2 delivery of a dense parameter group: the rank's FP32 shard, then the BF16 all-gather.
@@ -325,18 +292,11 @@ class KtFtLowering {
     deliver(Phase::kForward, -1, head, StagePart::kLmHead);
     ++uses_;
     const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T));
-    OpShape shape;
-    shape.tokens = T;
-    shape.k = m_.hidden;
-    shape.n = m_.vocab;
-    const Flops f = lm_head_flops(m_, T);
-    const PerRank fwd = gpu(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T));
-    gpu_mem(fwd, logits, false);
-    gpu_mem(fwd, -logits, true);
-    const PerRank bwd = gpu(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
-                            loss_backward_hbm_bytes(m_, T));
-    gpu_mem(bwd, logits, false);
-    gpu_mem(bwd, -logits, true);
+    const lowering::LossHead h = lowering::loss_head(m_, T);
+    const PerRank fwd = gpu(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, h.forward_flops, h.shape, h.forward_bytes);
+    gpu_workspace(fwd, logits);
+    const PerRank bwd = gpu(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, h.backward_flops, h.shape, h.backward_bytes);
+    gpu_workspace(bwd, logits);
   }
 
   // After the last backward: each rank's CPU Adam over its 1/P of the dense shards; rank 0's
@@ -365,19 +325,10 @@ class KtFtLowering {
   }
 
   const BaselineSetup s_;
-  const WorkloadContext& ctx_;
-  const ModelSpec& m_;
-  const MemoryConstants k_;
   const ModelParams params_;
-  StepGraphBuilder b_;
-  const int P_;
-  const std::int64_t S_, seqs_;
-  const int layers_;
-  std::vector<lowering::RankResources> r_;
   PerRank last_;
   PerRank slot_free_[2];
   int uses_ = 0;
-  int micro_ = 0;
   std::vector<PerRank> dense_grads_;
   std::vector<StageId> expert_grads_;  // rank 0's CPU expert backward stages
 };

@@ -14,6 +14,7 @@
 #include "costmodel/traffic.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
+#include "planner/lowering/lowering_toolkit.h"
 
 namespace oom {
 namespace {
@@ -171,21 +172,13 @@ namespace {
 
 using PerRank = std::vector<StageId>;
 
-class MegatronLowering {
+class MegatronLowering : lowering::RankedBuilder {
  public:
   MegatronLowering(const MegatronSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options)
-      : s_(setup),
-        ctx_(ctx),
-        m_(ctx.model),
-        k_(options.memory),
+      : RankedBuilder(ctx, options, setup.micro_batch_seqs, ctx.workload.seq_len, ctx.workload.gpus),
+        s_(setup),
         split_(split_params(model_params(ctx.model))),
-        b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
-        P_(ctx.workload.gpus),
-        t_(setup.tensor_parallel),
-        S_(ctx.workload.seq_len),
-        seqs_(setup.micro_batch_seqs),
-        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers) {
-    for (int r = 0; r < P_; ++r) r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, false));
+        t_(setup.tensor_parallel) {
     last_.assign(static_cast<std::size_t>(P_), -1);
     loads_ = ep_loads(ctx, s_.expert_parallel);
   }
@@ -211,34 +204,10 @@ class MegatronLowering {
   }
 
  private:
-  const lowering::RankResources& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
-  std::int64_t tokens() const { return seqs_ * S_; }
-  Bytes boundary() const { return boundary_bytes(1, seqs_, S_, m_.hidden); }
-
-  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
-    return lowering::keyed_stage(what, op, phase, res, rank, layer, micro_);
-  }
-  static void dep(Stage& s, const PerRank& from, int r) { lowering::add_dep_once(s, from, r); }
-  void gpu_mem(const PerRank& at, Bytes bytes, bool at_end) {
-    if (bytes == 0) return;
-    for (int r = 0; r < P_; ++r) {
-      b_.graph().stages[static_cast<std::size_t>(at[static_cast<std::size_t>(r)])].memory.push_back({MemorySpace::kGpu, r, bytes, at_end});
-    }
-  }
-
   PerRank compute(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, const OpShape& shape,
                   Bytes bytes = 0) {
-    PerRank out(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) {
-      Stage st = make(what, op, phase, rr(r).compute, r, layer);
-      st.flops = flops;
-      st.bytes = bytes;
-      st.shape = shape;
-      dep(st, last_, r);
-      out[static_cast<std::size_t>(r)] = b_.add(std::move(st));
-    }
-    last_ = out;
-    return out;
+    last_ = compute_stage(what, op, phase, layer, flops, bytes, shape, {last_});
+    return last_;
   }
 
   // A collective of each rank with the members of its group (`group_size` consecutive ranks, or
@@ -248,16 +217,8 @@ class MegatronLowering {
     const lowering::RankGroups groups = data_parallel_group      ? lowering::RankGroups{P_, t_, true}
                                         : op == OpKind::kAllToAll ? lowering::RankGroups{P_, s_.expert_parallel, false}
                                                                   : lowering::RankGroups{P_, t_, false};
-    const PerRank out = lowering::collective_stages(
-        groups, P_, ctx_.hardware.gpus_per_node, inputs,
-        [&](int r) {
-          Stage st = make(what, op, phase, rr(r).fabric, r, layer);
-          st.bytes = bytes;
-          return st;
-        },
-        [this](Stage s) { return b_.add(std::move(s)); });
-    last_ = out;
-    return out;
+    last_ = collective_over(groups, what, op, phase, layer, bytes, inputs);
+    return last_;
   }
 
   // Sequence parallelism: gather the hidden states before a sublayer, reduce-scatter after it.
@@ -387,18 +348,12 @@ class MegatronLowering {
   void head() {
     const std::int64_t T = tokens();
     const Bytes logits = megatron_loss_bytes(m_, T, t_);
-    OpShape shape;
-    shape.tokens = T;
-    shape.k = m_.hidden;
-    shape.n = m_.vocab / t_;
-    const Flops f = lm_head_flops(m_, T) / t_;
-    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, shape, loss_forward_hbm_bytes(m_, T) / t_);
-    gpu_mem(fwd, logits, false);
-    gpu_mem(fwd, -logits, true);
-    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f, shape,
-                                loss_backward_hbm_bytes(m_, T) / t_);
-    gpu_mem(bwd, logits, false);
-    gpu_mem(bwd, -logits, true);
+    const lowering::LossHead h = lowering::loss_head(m_, T, t_);  // the vocabulary-parallel head: 1/t of it
+    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, h.forward_flops, h.shape, h.forward_bytes);
+    gpu_workspace(fwd, logits);
+    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, h.backward_flops, h.shape,
+                                h.backward_bytes);
+    gpu_workspace(bwd, logits);
   }
 
   // Distributed optimizer with CPU offload, after the last micro-batch's backward.
@@ -428,18 +383,10 @@ class MegatronLowering {
   }
 
   const MegatronSetup s_;
-  const WorkloadContext& ctx_;
-  const ModelSpec& m_;
-  const MemoryConstants k_;
   const Split split_;
-  StepGraphBuilder b_;
-  const int P_, t_;
-  const std::int64_t S_, seqs_;
-  const int layers_;
-  std::vector<lowering::RankResources> r_;
+  const int t_;
   PerRank last_;
   std::vector<std::vector<double>> loads_;  // per decoder: each expert-parallel position's received load
-  int micro_ = 0;
 };
 
 }  // namespace

@@ -32,38 +32,26 @@
 #include "planner/lowering/baselines.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/lowering.h"
+#include "planner/lowering/lowering_toolkit.h"
 
 namespace oom {
 namespace {
 
 using PerRank = std::vector<StageId>;
 
-// A rank's resources; baselines have no dedicated expert-gradient stream (expert_d2h unused).
-using Ranks = lowering::RankResources;
-
-class BaselineLowering {
+class BaselineLowering : lowering::RankedBuilder {
  public:
   BaselineLowering(const BaselineSetup& setup, const WorkloadContext& ctx, const LoweringOptions& options)
-      : setup_(setup),
-        ctx_(ctx),
-        m_(ctx.model),
-        k_(options.memory),
+      : RankedBuilder(ctx, options, setup.micro_batch_seqs, ctx.workload.local_seq_len(),
+                      // Every rank runs the same schedule (no expert parallelism): one node's stages stand for
+                      // every node's when the nodes are alike (LoweringOptions::symmetric_nodes).
+                      options.symmetric_nodes && lowering::whole_nodes_alike(ctx.hardware, ctx.workload.gpus) ? ctx.hardware.gpus_per_node
+                                                                                                              : ctx.workload.gpus),
+        setup_(setup),
         t_(baseline_traits(setup.system, ctx.workload.gpus)),
         params_(model_params(ctx.model)),
-        b_(ctx.workload.gpus, ctx.hardware.host_numa_count(ctx.workload.gpus)),
-        P_(ctx.workload.gpus),
-        S_(ctx.workload.local_seq_len()),
         C_(ctx.workload.gpus_per_seq()),
-        span_(ctx.workload.seq_len),
-        seqs_(setup.micro_batch_seqs),
-        layers_(options.decoder_layers > 0 ? std::min(options.decoder_layers, ctx.model.layers) : ctx.model.layers),
-        // Every rank runs the same schedule (no expert parallelism): one node's stages stand for
-        // every node's when the nodes are alike (LoweringOptions::symmetric_nodes).
-        emit_(options.symmetric_nodes && lowering::whole_nodes_alike(ctx.hardware, ctx.workload.gpus) ? ctx.hardware.gpus_per_node
-                                                                                                       : ctx.workload.gpus) {
-    for (int r = 0; r < P_; ++r) {
-      r_.push_back(lowering::add_rank_resources(b_, ctx.hardware, r, P_, /*expert_grad_stream=*/false));
-    }
+        span_(ctx.workload.seq_len) {
     none_.assign(static_cast<std::size_t>(P_), -1);
     decoders_.last[0] = decoders_.last[1] = none_;
     experts_.last[0] = experts_.last[1] = none_;
@@ -97,49 +85,19 @@ class BaselineLowering {
  private:
   bool last_micro() const { return micro_ == setup_.accumulation_steps - 1; }
   ParamCount head_params() const { return (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm; }
-  const Ranks& rr(int r) const { return r_[static_cast<std::size_t>(r)]; }
-
-  Stage make(const StageWhat& what, OpKind op, Phase phase, ResourceId res, int rank, int layer) const {
-    return lowering::keyed_stage(what, op, phase, res, rank, layer, micro_);
-  }
-  static void dep(Stage& s, const PerRank& from, int r) { lowering::add_dep_once(s, from, r); }
   void mem(StageId s, MemorySpace space, int device, Bytes bytes, bool at_end) {
     if (bytes != 0) b_.graph().stages[static_cast<std::size_t>(s)].memory.push_back({space, device, bytes, at_end});
-  }
-  void gpu(const PerRank& s, Bytes bytes, bool at_end) {
-    for (int r = 0; r < P_; ++r) mem(s[static_cast<std::size_t>(r)], MemorySpace::kGpu, r, bytes, at_end);
-  }
-
-  // One stage per rank made by `make_stage(r)`: the emitted ranks' own, the others' their representatives'.
-  template <class Make>
-  PerRank each_rank(Make make_stage) {
-    return lowering::stages_per_rank(P_, emit_, make_stage, [this](Stage s) { return b_.add(std::move(s)); });
   }
 
   PerRank compute(const StageWhat& what, OpKind op, Phase phase, int layer, Flops flops, Bytes bytes, const OpShape& shape,
                   const std::vector<PerRank>& deps) {
-    last_compute_ = each_rank([&](int r) {
-      Stage s = make(what, op, phase, rr(r).compute, r, layer);
-      s.flops = flops;
-      s.bytes = bytes;
-      s.shape = shape;
-      for (const auto& d : deps) dep(s, d, r);
-      return s;
-    });
+    last_compute_ = compute_stage(what, op, phase, layer, flops, bytes, shape, deps);
     return last_compute_;
   }
 
   // Over every rank, or over each block of `group` consecutive ranks (a sequence's GPUs).
   PerRank collective(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const PerRank& inputs, int group = 0) {
-    // Every member waits for every member's input (gathered once, or through a join across nodes).
-    return lowering::collective_stages(
-        lowering::RankGroups{P_, group > 0 ? group : P_}, emit_, ctx_.hardware.gpus_per_node, inputs,
-        [&](int r) {
-          Stage s = make(what, op, phase, rr(r).fabric, r, layer);
-          s.bytes = bytes;
-          return s;
-        },
-        [this](Stage s) { return b_.add(std::move(s)); });
+    return collective_over(lowering::RankGroups{P_, group > 0 ? group : P_}, what, op, phase, layer, bytes, inputs);
   }
 
   PerRank copy(const StageWhat& what, OpKind op, Phase phase, int layer, Bytes bytes, const std::vector<PerRank>& deps) {
@@ -235,7 +193,7 @@ class BaselineLowering {
   };
   // Frees the ring's buffers of `core` at the end of `next`, the stage after the core.
   void free_ring(const MixingCore& core, const PerRank& next) {
-    if (!core.ring.empty()) gpu(next, -core.ring_bytes, true);
+    if (!core.ring.empty()) gpu_mem(next, -core.ring_bytes, true);
   }
   // The attention or GDN core over this rank's tokens. Under context parallelism (C_ > 1, the
   // EP path's lowering does the same, planner/lowering/lowering_layers.cc): the attention core
@@ -265,7 +223,7 @@ class BaselineLowering {
         const Bytes wire = static_cast<Bytes>(C_ - 1) * ring_kv_bytes(a, T);
         out.ring = collective(what(StagePart::kAttention, StageOp::kAllGather), OpKind::kAllGather, phase, l, wire, x, C_);
         out.ring_bytes = ring_attention_buffer_bytes(a, T, backward);
-        gpu(out.ring, out.ring_bytes, false);
+        gpu_mem(out.ring, out.ring_bytes, false);
         if (backward) {
           out.ring = collective(what(StagePart::kAttention, StageOp::kReduceScatter), OpKind::kReduceScatter, phase, l, wire, out.ring, C_);
         }
@@ -281,8 +239,7 @@ class BaselineLowering {
     if (backward) {
       // The mixing core backward's buffers (attention or GDN), held over the core's stage.
       const Bytes grads = mixing_backward_total_bytes(m_, l, seqs_, S_);
-      gpu(out.core, grads, false);
-      gpu(out.core, -grads, true);
+      gpu_workspace(out.core, grads);
     }
     if (!attention && C_ > 1) {
       PerRank arrived = out.core;
@@ -321,30 +278,25 @@ class BaselineLowering {
     const PerRank out = decoder_compute(l, Phase::kForward, {last_compute_, ready}, first);
     // The forward's activations live from its first stage to its last (checkpointing frees them).
     const Bytes act = activations(l);
-    gpu(first, act, false);
-    gpu(out, -act, true);
+    gpu_mem(first, act, false);
+    gpu_mem(out, -act, true);
     decoders_.last[slot] = out;
   }
 
   void head() {
     const ParamCount head = head_params();
     const auto [ready, slot] = deliver(Phase::kForward, -1, head, StagePart::kLmHead);
-    const std::int64_t T = seqs_ * S_;
+    const std::int64_t T = tokens();
     const Bytes logits = logits_workspace_bytes(m_, std::min(k_.loss_chunk_tokens, T));
-    OpShape shape;
-    shape.tokens = T;
-    shape.k = m_.hidden;
-    shape.n = m_.vocab;
-    const Flops f = lm_head_flops(m_, T);
-    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, f, loss_forward_hbm_bytes(m_, T), shape,
-                                {ready, last_compute_});
-    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, kMatmulBackwardRatio * f,
-                                loss_backward_hbm_bytes(m_, T), shape, {fwd});
-    gpu(fwd, logits, false);
-    gpu(fwd, -logits, true);
-    gpu(bwd, logits + t_.grad_bytes_per_param * head, false);
-    gpu(bwd, -logits, true);
-    gpu(bwd, boundary_bytes(1, seqs_, S_, m_.hidden), true);  // running gradient of the hidden states
+    const lowering::LossHead h = lowering::loss_head(m_, T);
+    const PerRank fwd = compute(what(StagePart::kLmHead, StageOp::kLoss), OpKind::kGemm, Phase::kForward, -1, h.forward_flops, h.forward_bytes,
+                                h.shape, {ready, last_compute_});
+    const PerRank bwd = compute(what(StagePart::kLmHead, StageOp::kBackward), OpKind::kGemm, Phase::kBackward, -1, h.backward_flops,
+                                h.backward_bytes, h.shape, {fwd});
+    gpu_workspace(fwd, logits);
+    gpu_mem(bwd, logits + t_.grad_bytes_per_param * head, false);
+    gpu_mem(bwd, -logits, true);
+    gpu_mem(bwd, boundary_bytes(1, seqs_, S_, m_.hidden), true);  // running gradient of the hidden states
     decoders_.last[slot] = bwd;
     // A tied head is the embedding table: its gradient, started here, is completed by the
     // embeddings' backward and leaves with it (one reduce-scatter or D2H, one update); the head's
@@ -358,7 +310,7 @@ class BaselineLowering {
     const auto [ready, slot] = deliver(Phase::kBackward, l, p);
     const Bytes boundary = boundary_bytes(1, seqs_, S_, m_.hidden);
     const PerRank load = copy(what(StagePart::kBoundary, StageOp::kH2d), OpKind::kH2d, Phase::kBackward, l, boundary, {checkpoints_.at(l)});
-    gpu(load, boundary, false);
+    gpu_mem(load, boundary, false);
     // Whole decoder: its gradient buffer is taken when the recompute starts. With expert units each
     // unit's gradient, then the outer unit's, takes its buffer when its backward starts.
     const bool apart = u.expert_units > 0;
@@ -366,7 +318,7 @@ class BaselineLowering {
     PerRank first;
     const PerRank recomputed = decoder_compute(l, Phase::kRecompute, gate, first);
     const Bytes act = activations(l);
-    gpu(first, act + (apart ? 0 : t_.grad_bytes_per_param * p), false);  // recompute activations (and the gradient buffer)
+    gpu_mem(first, act + (apart ? 0 : t_.grad_bytes_per_param * p), false);  // recompute activations (and the gradient buffer)
 
     const LayerKind kind = m_.layer_kinds[static_cast<std::size_t>(l)];
     const LayerFlops f = layer_flops(m_, l, seqs_, S_);
@@ -385,7 +337,7 @@ class BaselineLowering {
         x = compute(what(StagePart::kMoe, StageOp::kExpertsBwd).at_bucket(e), OpKind::kExpertGemm, Phase::kBackward, l,
                     kMatmulBackwardRatio * f.moe.routed_experts / U, kMemoryBackwardRatio * (t.experts / U + (e + 1 == U ? t.combine : 0)),
                     experts, with_free_gradient_buffer({x, unit_ready}));
-        gpu(x, t_.grad_bytes_per_param * u.expert_unit, false);
+        gpu_mem(x, t_.grad_bytes_per_param * u.expert_unit, false);
         experts_.last[unit_slot] = x;
         gradients(l, what(StagePart::kExperts, StageOp::kGradD2h).at_bucket(e), u.expert_unit, x);
       }
@@ -396,7 +348,7 @@ class BaselineLowering {
     x = compute(what(StagePart::kMoe, StageOp::kRouterSharedBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * (f.moe.router + f.moe.shared_expert + f.moe.dense_mlp),
                 kMemoryBackwardRatio * (m_.moe_layer(l) ? t.pre : t.pre + t.combine), dense, apart ? with_free_gradient_buffer({x}) : std::vector<PerRank>{x});
-    if (apart) gpu(x, t_.grad_bytes_per_param * p, false);  // the outer unit's gradient buffer
+    if (apart) gpu_mem(x, t_.grad_bytes_per_param * p, false);  // the outer unit's gradient buffer
     const bool attention = kind != LayerKind::kLinearAttention;
     const MixingCore core = mixing_core(l, Phase::kBackward, x);
     OpShape proj;
@@ -405,7 +357,7 @@ class BaselineLowering {
     x = compute(what(attention ? StagePart::kAttention : StagePart::kGdn, StageOp::kProjBwd), OpKind::kGemm, Phase::kBackward, l,
                 kMatmulBackwardRatio * f.mixing_projection, kMemoryBackwardRatio * mixing_hbm_bytes(m_, l, T), proj, core.after());
     free_ring(core, x);
-    gpu(x, -(act + boundary), true);
+    gpu_mem(x, -(act + boundary), true);
     for (int r = 0; r < P_; ++r) mem(x[static_cast<std::size_t>(r)], MemorySpace::kHost, rr(r).numa, -boundary, true);
     decoders_.last[slot] = x;
     gradients(l, what(apart ? StagePart::kCommon : StagePart::kLayer, StageOp::kGradD2h), p, x);
@@ -419,8 +371,8 @@ class BaselineLowering {
     const PerRank scatter = compute(what(StagePart::kEmbedding, StageOp::kScatter), OpKind::kElementwise, Phase::kBackward, -1, 0,
                                     boundary_bytes(1, seqs_, S_, m_.hidden), shape,
                                     tied ? std::vector<PerRank>{last_compute_} : with_free_gradient_buffer({last_compute_}));
-    if (!tied) gpu(scatter, t_.grad_bytes_per_param * params_.embedding, false);
-    gpu(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
+    if (!tied) gpu_mem(scatter, t_.grad_bytes_per_param * params_.embedding, false);
+    gpu_mem(scatter, -boundary_bytes(1, seqs_, S_, m_.hidden), true);
     gradients(-1, StagePart::kEmbedding, params_.embedding, scatter);
   }
 
@@ -449,7 +401,7 @@ class BaselineLowering {
     const int index = grads_sent_++;
     if (!t_.sharded_params && index >= 2) deps.push_back(slot_consumers_[static_cast<std::size_t>(index - 2)]);  // two CPU slots
     const PerRank d2h = copy(group.with(StageOp::kGradD2h), OpKind::kD2h, Phase::kBackward, layer, t_.grad_bytes_per_param * sent, deps);
-    gpu(d2h, -on_gpu, true);
+    gpu_mem(d2h, -on_gpu, true);
     // Every gradient takes its turn in the two GPU gradient buffers: the head's, each decoder's, the
     // embedding's.
     grad_drains_.push_back(d2h);
@@ -519,25 +471,14 @@ class BaselineLowering {
   };
 
   const BaselineSetup setup_;
-  const WorkloadContext& ctx_;
-  const ModelSpec& m_;
-  const MemoryConstants k_;
   const BaselineTraits t_;
   const ModelParams params_;
-  StepGraphBuilder b_;
-  const int P_;
-  // S_: the tokens of each sequence on one GPU, its piece of span_ tokens under context
-  // parallelism, where each sequence is split over C_ consecutive ranks (1: whole sequences).
-  const std::int64_t S_;
+  // S_ (RankedBuilder): the tokens of each sequence on one GPU, its piece of span_ tokens under
+  // context parallelism, where each sequence is split over C_ consecutive ranks (1: whole sequences).
   const int C_;
   const std::int64_t span_;
-  const std::int64_t seqs_;
-  const int layers_;
-  const int emit_;  // ranks whose stages are emitted: P_, or one node's
-  std::vector<Ranks> r_;
   PerRank none_, last_compute_, last_d2h_;
   Window decoders_, experts_;  // the decoders' (or outer units') window and the expert units'
-  int micro_ = 0;
   int grads_sent_ = 0;
   std::vector<PerRank> slot_consumers_;  // per gradient sent: the stage that freed its CPU slot
   std::vector<PerRank> grad_drains_;     // per gradient buffer (the head's, each decoder backward's, the embedding's): the D2H that drained it
