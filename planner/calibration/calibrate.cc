@@ -217,7 +217,7 @@ Prediction predict_detail(const Target& t, const Calibration& c, bool compute_bu
   const Lowered& l = *t.l;
   const CalibratedDurationModel model = model_of(l, c);
   Prediction out;
-  if (t.row.kind == "operator") {
+  if (t.row.kind == RecordKind::kOperator) {
     for (const StageId id : l.op_stages) out.time_s += isolated_operator_cost(model, l.graph.stage(id), l.graph, c).duration_s();
     return out;
   }
@@ -323,7 +323,7 @@ bool op_stage_matches(const std::string& op, const StageKey& k) {
 
 Lowered operator_target(const OperatorRecord& o, const HardwareSpec& hw) {
   Lowered t;
-  t.row = {o.id, "operator", false, o.time_s, 0, std::nullopt, 0};
+  t.row = {o.id, RecordKind::kOperator, false, o.time_s, 0, std::nullopt, 0};
   t.ctx.model = load_model_spec(o.model);
   t.ctx.hardware = hw;
   t.hardware = std::make_shared<const HardwareSpec>(hw);
@@ -380,7 +380,7 @@ void add_breakdown(Lowered& t, const StepRecord& r) {
 // `breakdown`: also the record's measured breakdown (FitOptions::breakdown_weight > 0).
 Lowered step_target(const StepRecord& r, bool breakdown) {
   Lowered t;
-  t.row = {r.id, "step", false, *r.measured.step_s, 0, std::nullopt, 0};
+  t.row = {r.id, RecordKind::kStep, false, *r.measured.step_s, 0, std::nullopt, 0};
   t.ctx = resolve_workload(r.workload, r.origin);
   t.hardware = std::make_shared<const HardwareSpec>(t.ctx.hardware);
   if (!r.system.empty()) {
@@ -407,6 +407,15 @@ Lowered step_target(const StepRecord& r, bool breakdown) {
 }
 
 }  // namespace
+
+std::string_view record_kind_name(RecordKind k) {
+  switch (k) {
+    case RecordKind::kStep: return "step";
+    case RecordKind::kBaseline: return "baseline";
+    case RecordKind::kOperator: return "operator";
+  }
+  return "?";
+}
 
 std::vector<std::string> FitOptions::default_held_out_ids() {
   return {"t4-b64", "long-128k", "t6-512k-replay", "g-qwen3-b32", "g-qwen3-b32-fsdp2", "op-g4-global-128k", "op-g4-moe-128k"};
@@ -537,7 +546,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     t.l = l;
     t.row = l->row;
     t.row.held_out = std::find(options.held_out_ids.begin(), options.held_out_ids.end(), t.row.id) != options.held_out_ids.end();
-    if (t.row.kind == "step") {
+    if (t.row.kind == RecordKind::kStep) {
       if (const auto a = options.compute_anchors_s.find(t.row.id); a != options.compute_anchors_s.end() && a->second > 0) {
         t.compute_anchor_s = a->second;
       }
@@ -651,7 +660,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   auto costs_of = [&](const Lowered& t, const Calibration& c) {
     const CalibratedDurationModel model = model_of(t, c);
     std::vector<StageCost> out;
-    if (t.row.kind == "operator") {
+    if (t.row.kind == RecordKind::kOperator) {
       for (const StageId id : t.op_stages) out.push_back(isolated_operator_cost(model, t.graph.stage(id), t.graph, c));
     } else {
       for (const Stage& st : t.priced) out.push_back(model.cost(st, t.graph));
@@ -695,7 +704,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
   // `settled`: settle host sharing exactly at `theta` and return each fitted target's stretch there.
   using Stretch = std::vector<std::pair<std::int32_t, double>>;
   // A step record whose host stages share the socket, DRAM or PCIe uplinks: settled, not just Eq. 3.
-  auto shares_host = [](const Target& t) { return t.row.kind == "step" && t.l->sharing && !t.l->sharing->empty(); };
+  auto shares_host = [](const Target& t) { return t.row.kind == RecordKind::kStep && t.l->sharing && !t.l->sharing->empty(); };
   auto residuals = [&](const Eigen::VectorXd& theta, int column = -1, const Eigen::VectorXd* base = nullptr,
                        bool record = false, std::vector<Stretch>* settled = nullptr) {
     const std::vector<Calibration> cals = to_calibrations(theta);
@@ -711,7 +720,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
         for (int k = 0; k < shares; ++k) r[sh + k] = (*base)[sh + k];
         continue;
       }
-      const double w = t.row.kind == "operator" ? options.operator_weight : 1.0;
+      const double w = t.row.kind == RecordKind::kOperator ? options.operator_weight : 1.0;
       const Eq3Base eq3 = column >= 0 ? Eq3Base::kResume : record ? Eq3Base::kRecord : Eq3Base::kNone;
       const Prediction pr = predict_detail(t, cals[static_cast<std::size_t>(t.l->hw)], t.compute_anchor_s.has_value(),
                                            settled != nullptr && shares_host(t) ? &(*settled)[static_cast<std::size_t>(i)] : nullptr, eq3);
@@ -852,7 +861,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
     settle_exactly();
     double moved = 0;
     for (auto& t : targets) {
-      if (t.row.kind != "step" || t.row.held_out != held_out) continue;
+      if (t.row.kind != RecordKind::kStep || t.row.held_out != held_out) continue;
       const Calibration& c = cals[static_cast<std::size_t>(t.l->hw)];
       const double before = t.engine_factor;
       t.engine_factor = 1;
@@ -933,7 +942,7 @@ CalibrationFit fit_calibration(const FitRecords& prepared, const FitOptions& opt
 nlohmann::json calibration_fit_to_json(const CalibrationFit& fit) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : fit.rows) {
-    nlohmann::json row = {{"id", r.id}, {"kind", r.kind}, {"held_out", r.held_out}, {"measured_s", r.measured_s},
+    nlohmann::json row = {{"id", r.id}, {"kind", std::string(record_kind_name(r.kind))}, {"held_out", r.held_out}, {"measured_s", r.measured_s},
                           {"predicted_s", r.predicted_s}, {"rel_error", r.rel_error()}};
     if (r.compute_anchor_s) {
       row["compute_anchor_s"] = *r.compute_anchor_s;
@@ -954,7 +963,7 @@ std::string calibration_fit_text(const CalibrationFit& fit) {
   }
   out += fmt::format("{:<22} {:<9} {:>9} {:>12} {:>12} {:>8}\n", "record", "kind", "role", "measured_s", "predicted_s", "error");
   for (const auto& r : fit.rows) {
-    out += fmt::format("{:<22} {:<9} {:>9} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", r.id, r.kind, r.held_out ? "held out" : "fit",
+    out += fmt::format("{:<22} {:<9} {:>9} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", r.id, record_kind_name(r.kind), r.held_out ? "held out" : "fit",
                        r.measured_s, r.predicted_s, 100 * r.rel_error());
   }
   for (const auto& r : fit.rows) {

@@ -124,9 +124,15 @@ double robust_residual(double e, double scale);
 // attention kernels have no GPU tile fill), and a dispatch cost per operator fitted from 5 µs.
 void use_measured_device(FitOptions& o);
 
+// What a record is to the fit and its reports: the step of a plan, the step of a baseline system,
+// or one operator timed alone. record_kind_name() spells it in JSON and tables ("step",
+// "baseline", "operator").
+enum class RecordKind { kStep, kBaseline, kOperator };
+std::string_view record_kind_name(RecordKind k);
+
 struct FitRow {
   std::string id;
-  std::string kind;  // "step" or "operator"
+  RecordKind kind = RecordKind::kStep;  // kStep or kOperator (the fit uses no baseline record)
   bool held_out = false;
   double measured_s = 0;
   double predicted_s = 0;  // with the fitted constants

@@ -100,7 +100,7 @@ namespace {
 struct Errors {
   std::vector<double> step, baseline, op, gpu_peak, host;
   void add(const CvPrediction& p) {
-    if (p.rel_error) (p.kind == "step" ? step : p.kind == "baseline" ? baseline : op).push_back(*p.rel_error);
+    if (p.rel_error) (p.kind == RecordKind::kStep ? step : p.kind == RecordKind::kBaseline ? baseline : op).push_back(*p.rel_error);
     if (p.gpu_peak_rel_error) gpu_peak.push_back(*p.gpu_peak_rel_error);
     if (p.host_rel_error) host.push_back(*p.host_rel_error);
   }
@@ -250,7 +250,7 @@ CrossValidation cross_validate(const RecordSet& records, const std::vector<Hardw
       for (const RecordPrediction& p : step_predictions[r]) {
         CvPrediction c;
         c.id = p.id;
-        c.kind = p.system.empty() ? "step" : "baseline";
+        c.kind = p.system.empty() ? RecordKind::kStep : RecordKind::kBaseline;
         c.status = p.status;
         c.reason = p.reason;
         c.measured_s = p.measured_step_s;
@@ -267,12 +267,12 @@ CrossValidation cross_validate(const RecordSet& records, const std::vector<Hardw
     }
     if (fit) {
       for (const FitRow& row : fit->rows) {
-        if (row.kind != "operator" || !ids.count(row.id)) continue;
+        if (row.kind != RecordKind::kOperator || !ids.count(row.id)) continue;
         // The fit must not have used the record it predicts.
         OOM_ASSERT(row.held_out, "a cross-validation fold fitted the record it predicts");
         CvPrediction c;
         c.id = row.id;
-        c.kind = "operator";
+        c.kind = RecordKind::kOperator;
         c.status = "ok";
         c.measured_s = row.measured_s;
         c.predicted_s = row.predicted_s;
@@ -286,7 +286,7 @@ CrossValidation cross_validate(const RecordSet& records, const std::vector<Hardw
         if (!ids.count(id) || !operator_ids.count(id)) continue;
         CvPrediction c;
         c.id = id;
-        c.kind = "operator";
+        c.kind = RecordKind::kOperator;
         c.status = "failed";
         c.reason = s.substr(std::min(s.size(), id.size() + 2));
         predicted.push_back(std::move(c));
@@ -303,7 +303,7 @@ CrossValidation cross_validate(const RecordSet& records, const std::vector<Hardw
       CvPrediction c;
       c.id = id;
       c.group = group;
-      c.kind = "step";
+      c.kind = RecordKind::kStep;
       c.status = "not_predicted";
       c.reason = result.not_predicted;
       by_id[id] = std::move(c);
@@ -368,7 +368,7 @@ nlohmann::json cross_validation_to_json(const CrossValidation& cv) {
   for (const auto& p : cv.predictions) {
     nlohmann::json j = {{"id", p.id},
                         {"group", p.group},
-                        {"kind", p.kind},
+                        {"kind", std::string(record_kind_name(p.kind))},
                         {"status", p.status},
                         {"measured_s", opt(p.measured_s)},
                         {"predicted_s", opt(p.predicted_s)},

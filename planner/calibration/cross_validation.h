@@ -58,7 +58,7 @@ struct CvOptions {
 struct CvPrediction {
   std::string id;
   std::string group;
-  std::string kind;    // "step" (a plan), "baseline" (a system record), "operator"
+  RecordKind kind = RecordKind::kStep;  // a plan's step, a baseline system's, or an operator
   std::string status;  // "ok", "oom" (baseline predicted out of memory), "failed", "not_predicted"
   std::string reason;
   std::optional<double> measured_s, predicted_s, rel_error;

@@ -457,10 +457,17 @@ TEST(FitCalibration, OperatorRecordsPriceTheMatchingStages) {
   options.max_iterations = 60;
   const CalibrationFit fit = fit_calibration(set, hw, options);
   ASSERT_EQ(fit.rows.size(), 1u);
-  EXPECT_EQ(fit.rows[0].kind, "operator");
+  EXPECT_EQ(fit.rows[0].kind, RecordKind::kOperator);
   EXPECT_LT(std::abs(fit.rows[0].rel_error()), 0.01);  // one record, attention efficiency free within its range
   ASSERT_EQ(fit.skipped.size(), 1u);
   EXPECT_NE(fit.skipped[0].find("bad"), std::string::npos);
+}
+
+// Reports spell the record kinds as they always did.
+TEST(FitCalibration, RecordKindsKeepTheirSpellings) {
+  EXPECT_EQ(record_kind_name(RecordKind::kStep), "step");
+  EXPECT_EQ(record_kind_name(RecordKind::kBaseline), "baseline");
+  EXPECT_EQ(record_kind_name(RecordKind::kOperator), "operator");
 }
 
 // A mixing sublayer's operator records price its output projection too: the lowering runs it as a

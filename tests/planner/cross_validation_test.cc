@@ -145,7 +145,7 @@ TEST(CrossValidate, ALeftOutRecordsOwnMeasurementCannotMoveItsPrediction) {
   // Every record is predicted by a fit that left it out: its group names it alone.
   for (const auto& g : a.groups) EXPECT_EQ(g.ids.size(), 1u) << g.group;
   // The offload baseline's record joins the fit like a plan record: its own fold leaves it out.
-  EXPECT_EQ(find(a, "fsdp2-b32").kind, "baseline");
+  EXPECT_EQ(find(a, "fsdp2-b32").kind, RecordKind::kBaseline);
   EXPECT_EQ(a.fits, 5);
 }
 
@@ -178,7 +178,7 @@ TEST(CrossValidate, SystemsLoweredApartArePredictedNotFailed) {
   const CrossValidation cv = cross_validate(set, load_hardware_spec("h100-sxm-node"), quick(CvGrouping::kPath));
   const CvPrediction& p = find(cv, "megatron-b32");
   EXPECT_EQ(p.status, "ok") << p.reason;
-  EXPECT_EQ(p.kind, "baseline");
+  EXPECT_EQ(p.kind, RecordKind::kBaseline);
   ASSERT_TRUE(p.predicted_s.has_value());
   EXPECT_GT(*p.predicted_s, 0);
 }
