@@ -83,13 +83,13 @@ void add_report_paper_commands(CLI::App& app, Io io, const StepEngines& engines)
       attach_published(probe, *records, a->published);
     }
     WorkEstimate estimate;
-    for (const auto& spec : specs) estimate += estimate_study(spec);
+    for (const auto& spec : specs) estimate += estimate_study(spec, study_threads());
     io.err << "estimate: " << estimate.text() << "\n";
     std::vector<PaperSection> sections;
     for (const auto& spec : specs) {
       io.err << fmt::format("{}: {}\n", spec.figure.empty() ? spec.name : spec.figure, spec.name);
       PaperSection s;
-      s.result = run_study(spec, engines, &find_plan_by_search, study_progress(io.err));
+      s.result = run_study(spec, engines, &find_plan_by_search, study_progress(io.err), study_threads());
       if (records) attach_published(s.result, *records, a->published);
       const std::string sub = file_safe(spec.name);
       std::filesystem::create_directories(a->output + "/" + sub);

@@ -1,11 +1,12 @@
 // `oom whatif [STUDY.json] [-o DIR] [--engine analytic|simgrid] [--published RECORDS.jsonl]
-// [--json] [--no-plots] [--smallest]`: the what-if study. With no study file it runs the default study
+// [--json] [--no-plots] [--smallest] [-j THREADS]`: the what-if study. With no study file it runs the default study
 // (experiments/study.h). With --published, recorded step measurements are matched to the rows
 // (experiments/published.h): predicted-vs-published columns and errors in the table and CSV,
 // published points on the plots. Prints the table, writes study.csv, study.json and the PNG
 // plots (throughput per sweep, memory) into DIR,
 // and shows a progress bar on stderr (a line per case when stderr is not a terminal). The plan
-// search is planner/search/plan_search.h's search_plan().
+// search is planner/search/plan_search.h's search_plan(). The cases run on every core (-j: how
+// many at once), the outputs the same bytes whatever the threads.
 #include <unistd.h>
 
 #include <filesystem>
@@ -36,6 +37,7 @@ namespace {
 struct WhatifArgs {
   std::string study_path, output, engine, published;
   bool json = false, no_plots = false, smallest = false;
+  int threads = 0;
 };
 
 }  // namespace
@@ -107,6 +109,8 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
                 "Recorded step measurements (JSON Lines, traces/records.h) to overlay: matched by workload and system");
   w->add_flag("--json", a->json, "Print the results as one JSON object instead of the table");
   w->add_flag("--no-plots", a->no_plots, "Write the CSV and JSON only");
+  w->add_option("-j,--threads", a->threads, "Cases run at once (default 0: one per core); the outputs are the same whatever it is")
+      ->check(CLI::Range(0, 1024));
   w->add_flag("--smallest", a->smallest, "Only each sweep's smallest workload, with every system: a quick check of a study");
   w->callback([=] {
     StudySpec spec = a->study_path.empty() ? default_study() : load_study(a->study_path);
@@ -129,9 +133,10 @@ void add_whatif_commands(CLI::App& app, Io io, const StepEngines& engines) {
       probe.spec = spec;
       attach_published(probe, *records, a->published);
     }
-    const WorkEstimate estimate = estimate_study(spec);  // before any line: it may find bad input
+    const int threads = a->threads > 0 ? a->threads : study_threads();
+    const WorkEstimate estimate = estimate_study(spec, threads);  // before any line: it may find bad input
     io.err << "estimate: " << estimate.text() << "\n";
-    StudyResult r = run_study(spec, engines, &find_plan_by_search, study_progress(io.err));
+    StudyResult r = run_study(spec, engines, &find_plan_by_search, study_progress(io.err), threads);
     if (records) attach_published(r, *records, a->published);
     std::filesystem::create_directories(dir);
     const std::string csv = study_csv(r);

@@ -4,6 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -15,6 +19,7 @@
 #include "costmodel/token_text.h"
 #include "experiments/published.h"
 #include "planner/calibration/calibration.h"
+#include "planner/calibration/validation.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/search/plan_search.h"
 
@@ -449,62 +454,126 @@ std::vector<StudyCase> expand_study(const StudySpec& s) {
 }
 
 StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const PlanFinder& find_plan,
-                      const StudyProgress& progress) {
+                      const StudyProgress& progress, int threads) {
   const auto started = std::chrono::steady_clock::now();
   StudyResult result;
   result.spec = spec;
   const std::vector<StudyCase> cases = expand_study(spec);
+  result.rows.resize(cases.size());
+  // The baselines do not depend on the OOM system: they run once per workload, on the first of its
+  // cases (a workload's systems are consecutive cases), and the others copy them.
+  std::vector<std::size_t> first_of(cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const bool same = i > 0 && cases[i - 1].workload == cases[i].workload && cases[i - 1].sweep == cases[i].sweep;
+    first_of[i] = same ? first_of[i - 1] : i;
+  }
+  // One job per case (the plan search) and one per workload (its baselines), largest first by the
+  // estimated stages of the case's graph, so that the long cases start at once; each job writes
+  // only its own row, so the rows are the same whatever the threads and the order they finish in.
+  struct Job {
+    std::size_t row = 0;
+    bool baselines = false;
+    double stages = 0;
+  };
+  std::vector<Job> jobs;
+  std::vector<WorkloadContext> contexts;
+  contexts.reserve(cases.size());
+  LoweringOptions estimate_options;
+  estimate_options.symmetric_nodes = true;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    contexts.push_back(resolve_workload(cases[i].workload, fmt::format("study {} sweep {}", spec.name, cases[i].sweep)));
+    Plan representative;
+    if (contexts[i].workload.gpus_per_seq() > 1) representative.context_parallel_gpus = contexts[i].workload.gpus_per_seq();
+    const double stages = threads > 1 ? estimate_step_graph(representative, contexts[i], estimate_options).stages : 0.0;
+    jobs.push_back({i, false, stages});
+    if (first_of[i] == i) jobs.push_back({i, true, stages});
+  }
+  if (threads > 1) std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.stages > b.stages; });
+  // An engine that allows one run at a time runs the baselines one at a time.
+  const std::unique_ptr<StepEngine> baseline_engine = engines.make(spec.engine);
+  const bool exclusive = !baseline_engine || baseline_engine->concurrency() == EngineConcurrency::kExclusive;
+  std::mutex baseline_mutex, progress_mutex;
+  std::vector<std::exception_ptr> errors(jobs.size());
+  std::vector<int> pending(cases.size(), 0);  // jobs left before a row is complete
+  for (const Job& j : jobs) ++pending[j.baselines ? j.row : j.row];
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    if (first_of[i] != i) ++pending[i];  // waits on its first case's baselines
+  }
   int done = 0;
-  for (const auto& c : cases) {
-    StudyRow row;
-    row.study_case = c;
-    const WorkloadContext ctx = resolve_workload(c.workload, fmt::format("study {} sweep {}", spec.name, c.sweep));
-    try {
-      row.plan = find_plan(ctx, c.system);
-    } catch (const InputError&) {
-      throw;
-    } catch (const InfeasibleWorkload& e) {
-      row.infeasible = e.what();
-      row.infeasible_space = e.space();
-    } catch (const std::runtime_error& e) {
-      row.infeasible = e.what();
-    }
-    // The baselines do not depend on the OOM system: run them once per workload (a workload's
-    // systems are consecutive cases).
-    if (!result.rows.empty() && result.rows.back().study_case.workload == c.workload &&
-        result.rows.back().study_case.sweep == c.sweep) {
-      row.baselines = result.rows.back().baselines;
-    } else {
-      // The constants fitted with the engine that runs the baselines (NAME.ENGINE.json first).
-      const Calibration calibration = load_calibration_for(ctx.hardware, spec.engine);
-      const StudySweep* sweep = nullptr;
-      for (const auto& w : spec.sweeps) sweep = w.name == c.sweep && !sweep ? &w : sweep;
-      for (const auto system : spec.baselines) {
-        if (sweep && sweep->baselines && std::find(sweep->baselines->begin(), sweep->baselines->end(), system) == sweep->baselines->end()) {
-          BaselineResult skipped;
-          skipped.system = system;
-          skipped.not_run = kNotInSweep;
-          row.baselines.push_back(std::move(skipped));
-          continue;
-        }
-        BaselineResult b = run_baseline(system, ctx, engines, spec.engine, calibration);
-        b.trace = Trace{};  // rows keep the numbers only
-        row.baselines.push_back(std::move(b));
-      }
-    }
+  const auto finish_row = [&](std::size_t i) {
+    // Called with progress_mutex held once every job of row i is done.
+    StudyRow& row = result.rows[i];
     const BaselineResult* best = nullptr;
     for (const auto& b : row.baselines) {
       if (b.fits() && (!best || b.tokens_per_s > best->tokens_per_s)) best = &b;
     }
     if (best) row.best_baseline = std::string(baseline_system_name(best->system));
     if (best && row.plan && best->tokens_per_s > 0) row.speedup = row.plan->tokens_per_s / best->tokens_per_s;
-    result.rows.push_back(std::move(row));
     ++done;
-    if (progress) progress(done, static_cast<int>(cases.size()), result.rows.back().label());
+    if (progress) progress(done, static_cast<int>(cases.size()), row.label());
+  };
+  const auto run_job = [&](std::size_t j) {
+    const Job& job = jobs[j];
+    const StudyCase& c = cases[job.row];
+    const WorkloadContext& ctx = contexts[job.row];
+    StudyRow& row = result.rows[job.row];
+    try {
+      if (!job.baselines) {
+        row.study_case = c;
+        try {
+          row.plan = find_plan(ctx, c.system);
+        } catch (const InputError&) {
+          throw;
+        } catch (const InfeasibleWorkload& e) {
+          row.infeasible = e.what();
+          row.infeasible_space = e.space();
+        } catch (const std::runtime_error& e) {
+          row.infeasible = e.what();
+        }
+      } else {
+        // The constants fitted with the engine that runs the baselines (NAME.ENGINE.json first).
+        const Calibration calibration = load_calibration_for(ctx.hardware, spec.engine);
+        const StudySweep* sweep = nullptr;
+        for (const auto& w : spec.sweeps) sweep = w.name == c.sweep && !sweep ? &w : sweep;
+        std::vector<BaselineResult> baselines;
+        for (const auto system : spec.baselines) {
+          if (sweep && sweep->baselines && std::find(sweep->baselines->begin(), sweep->baselines->end(), system) == sweep->baselines->end()) {
+            BaselineResult skipped;
+            skipped.system = system;
+            skipped.not_run = kNotInSweep;
+            baselines.push_back(std::move(skipped));
+            continue;
+          }
+          std::unique_lock<std::mutex> lock(baseline_mutex, std::defer_lock);
+          if (exclusive) lock.lock();
+          BaselineResult b = run_baseline(system, ctx, engines, spec.engine, calibration);
+          b.trace = Trace{};  // rows keep the numbers only
+          baselines.push_back(std::move(b));
+        }
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        for (std::size_t i = job.row; i < cases.size() && first_of[i] == job.row; ++i) {
+          result.rows[i].baselines = baselines;
+          if (i != job.row && --pending[i] == 0) finish_row(i);
+        }
+      }
+    } catch (...) {
+      errors[j] = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> lock(progress_mutex);
+    if (--pending[job.row] == 0) finish_row(job.row);
+  };
+  run_jobs(jobs.size(), std::max(1, threads), run_job);
+  // The first error in case order, as one thread running the cases in order would throw it.
+  std::optional<std::pair<std::size_t, std::exception_ptr>> first_error;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    if (errors[j] && (!first_error || jobs[j].row < first_error->first)) first_error = std::make_pair(jobs[j].row, errors[j]);
   }
+  if (first_error) std::rethrow_exception(first_error->second);
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }
+
+int study_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 WorkEstimate& WorkEstimate::operator+=(const WorkEstimate& o) {
   cases += o.cases;
@@ -518,8 +587,9 @@ std::string WorkEstimate::text() const {
   return fmt::format("{} case{}, {:.2g} stages: about {}", cases, cases == 1 ? "" : "s", stages, wall);
 }
 
-WorkEstimate estimate_study(const StudySpec& spec) {
+WorkEstimate estimate_study(const StudySpec& spec, int threads) {
   WorkEstimate e;
+  double largest = 0;
   LoweringOptions options;
   options.symmetric_nodes = true;  // as the search prices its candidates
   for (const auto& c : expand_study(spec)) {
@@ -527,9 +597,11 @@ WorkEstimate estimate_study(const StudySpec& spec) {
     Plan representative;
     if (ctx.workload.gpus_per_seq() > 1) representative.context_parallel_gpus = ctx.workload.gpus_per_seq();
     ++e.cases;
-    e.stages += estimate_step_graph(representative, ctx, options).stages;
+    const double stages = estimate_step_graph(representative, ctx, options).stages;
+    e.stages += stages;
+    largest = std::max(largest, stages);
   }
-  e.wall_s = e.stages * kSearchSecondsPerStage;
+  e.wall_s = std::max(largest, e.stages / std::max(1, threads)) * kSearchSecondsPerStage;
   return e;
 }
 

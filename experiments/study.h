@@ -33,7 +33,7 @@
 // tests swap in a fake), so this runner depends only on the baselines and the workload types.
 // A case that the plan search cannot fit is a row with its reason; a baseline that does not fit
 // is out-of-memory with where, never a number. Units: seconds, bytes (GiB in text and CSV).
-// run_study() is not thread-safe (it runs cases one after the other on the calling thread).
+// run_study() runs its cases on as many threads as it is given (one by default); see there.
 #pragma once
 
 #include <functional>
@@ -198,9 +198,17 @@ struct StudyResult {
 // named `spec.engine` and the hardware's calibration for that engine (load_calibration_for()). A
 // workload that does not resolve (unknown model, too many GPUs) throws InputError naming the
 // study's sweep and field; an engine that `engines` does not offer, InputError naming it
-// (run_baseline()).
+// (run_baseline()); with several errors, the first case's.
+// `threads`: how many cases run at once (the calling thread among them). With more than one, the
+// cases start largest first (by their estimated stages), `find_plan` must be safe to call from
+// several threads, `progress` is called under a lock as cases finish (so `done` counts up, the
+// labels in finishing order), and the baselines of an engine that allows one run at a time
+// (StepEngine::concurrency()) run one at a time. The rows, and so every output written from them,
+// are the same whatever the threads.
 StudyResult run_study(const StudySpec& spec, const StepEngines& engines, const PlanFinder& find_plan,
-                      const StudyProgress& progress = {});
+                      const StudyProgress& progress = {}, int threads = 1);
+// Threads for a study run on this machine: one per core.
+int study_threads();
 
 // What a study or an ablation will cost, told before it runs (`oom whatif`, `oom ablation`,
 // `oom report-paper` print it on stderr): its cases, the estimated stages of the graph each case
@@ -215,19 +223,21 @@ struct WorkEstimate {
   // "24 cases, 3.1e+06 stages: about 40 s" (what the commands print, after "estimate: ").
   std::string text() const;
 };
-// Wall time per estimated stage of a what-if case's representative plan: the plan search over
-// both paths with and without FLAT's schedules, and the baselines, of each case. Measured with
-// `oom whatif --no-plots` (RelWithDebInfo, on a 2-core machine under a load average of 12, so an
-// idle machine runs faster): experiments/whatif-host-budget.json, 35.0 s over 6.5e4 estimated
-// stages (5.4e-4 s each), and experiments/paper/fig5a-h100-batch.json, 20.6 s over 3.6e4
-// (5.7e-4 s each).
-inline constexpr double kSearchSecondsPerStage = 5.5e-4;
+// Time on one core per estimated stage of a what-if case's representative plan: the plan search
+// over both paths with and without FLAT's schedules, and the baselines, of each case. Measured as
+// the CPU time of `oom whatif --no-plots` with no file (the default study, RelWithDebInfo, on a
+// 2-core machine): 93.7 s over 1.2e5 estimated stages (7.8e-4 s each), rounded up so that a run
+// finishes within its estimate (tests/study/study_test.cc WorkEstimate.ASmallStudy...: the small
+// study's CPU time against it). The wall time on an idle machine is this over the threads.
+inline constexpr double kSearchSecondsPerStage = 8.5e-4;
 // Wall time per estimated stage of a case that lowers and prices one plan (an ablation case: the
 // lowering and the analytic engine): `oom ablation experiments/flat-dispatch.json --no-plots`,
 // measured alike, 1.85 s over 2.2e5 stages.
 inline constexpr double kPricingSecondsPerStage = 8.5e-6;
-// The estimate of every case of `spec` (workloads resolved as run_study resolves them).
-WorkEstimate estimate_study(const StudySpec& spec);
+// The estimate of every case of `spec` (workloads resolved as run_study resolves them), run on
+// `threads` threads: the largest case or the cases' sum over the threads, whichever is longer
+// (run_study starts the largest first).
+WorkEstimate estimate_study(const StudySpec& spec, int threads = 1);
 
 // A stated verdict of a row against the predicted one: the row's OOM system's (a stated verdict on
 // it), and on the first of its workload's rows (the sweep's first system) each stated baseline's.

@@ -1,6 +1,7 @@
 #include "planner/engine/executor.h"
 
 #include "costmodel/input_error.h"
+#include "planner/engine/work_counts.h"
 
 namespace oom {
 
@@ -15,6 +16,8 @@ Measurement GraphExecutor::run(const Plan& plan, const WorkloadContext& ctx, con
   LoweringOptions options = options_;
   options.decoder_layers = units.decoder_layers;
   const StepGraph g = lower(plan, ctx, options);
+  ++thread_work_counts().lowerings;
+  ++thread_work_counts().simulations;
   const CalibratedDurationModel durations(ctx.hardware, calibration_, ctx.workload.gpus);
   Measurement m;
   m.trace = engine_->execute(g, durations);

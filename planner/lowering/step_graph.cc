@@ -75,16 +75,24 @@ ResourceId StepGraphBuilder::add_resource(ResourceKind kind, std::string name, i
   return g_.resources.back().id;
 }
 
+std::size_t StepGraphBuilder::KeyHash::operator()(const StageKey& k) const {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const std::int64_t v : {std::int64_t{k.rank}, static_cast<std::int64_t>(k.phase), std::int64_t{k.micro_batch}, std::int64_t{k.decoder},
+                               static_cast<std::int64_t>(k.part), std::int64_t{k.sub_batch}, std::int64_t{k.repeat}, std::int64_t{k.chunk},
+                               std::int64_t{k.head_group}, std::int64_t{k.ring_step}, std::int64_t{k.bucket}, static_cast<std::int64_t>(k.op),
+                               std::int64_t{k.join}}) {
+    h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
+  }
+  return static_cast<std::size_t>(h);
+}
+
 StageId StepGraphBuilder::add(Stage s) {
   const auto id = static_cast<StageId>(g_.stages.size());
   OOM_ASSERT(s.resource >= 0 && static_cast<std::size_t>(s.resource) < g_.resources.size(), "stage on unknown resource");
   for (const StageId d : s.deps) OOM_ASSERT(d >= 0 && d < id, "dependency on a later or unknown stage");
   s.id = id;
+  if (const int seen = repeats_[s.key]++; seen > 0) s.key.repeat = seen;
   s.name = format_stage_key(s.key);
-  if (const int seen = repeats_[s.name]++; seen > 0) {
-    s.key.repeat = seen;
-    s.name = format_stage_key(s.key);
-  }
   s.gpu = s.key.rank;
   s.layer = s.key.decoder;
   s.phase = s.key.phase;

@@ -241,8 +241,13 @@ class StepGraphBuilder {
   StepGraph take() { return std::move(g_); }
 
  private:
+  // A key's fields mixed (the name is a function of the key: hashing the key, not its text,
+  // spares the lowering a string hash per stage).
+  struct KeyHash {
+    std::size_t operator()(const StageKey& k) const;
+  };
   StepGraph g_;
-  std::unordered_map<std::string, int> repeats_;  // stage name → times its key was added
+  std::unordered_map<StageKey, int, KeyHash> repeats_;  // stage key → times it was added
 };
 
 // Checks the invariants above (ids, dependency order, each stage in exactly its resource's order

@@ -9,6 +9,7 @@
 #include "costmodel/host_placement.h"
 #include "costmodel/input_error.h"
 #include "planner/engine/analytic_evaluator.h"
+#include "planner/engine/work_counts.h"
 #include "planner/lowering/graph_size_estimate.h"
 #include "planner/lowering/step_graph.h"
 
@@ -77,6 +78,9 @@ PlanPricer::PlanPricer(const WorkloadContext& ctx, const Calibration& calibratio
                        FlatSchedules flat)
     : ctx_(ctx), durations_(ctx.hardware, calibration, ctx.workload.gpus), constants_(constants), flat_(flat) {}
 
+PlanPricer::PlanPricer(const PlanPricer& same, FlatSchedules flat)
+    : ctx_(same.ctx_), durations_(same.durations_), constants_(same.constants_), flat_(flat), memo_(same.memo_) {}
+
 Plan PlanPricer::with_flat(Plan plan) const {
   plan.flat = applicable_flat(flat_, plan, ctx_.model, ctx_.workload);
   return plan;
@@ -90,7 +94,10 @@ LoweringOptions PlanPricer::lowering_options(int decoder_layers) const {
   return options;
 }
 
-StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const { return lower(plan, ctx_, lowering_options(decoder_layers)); }
+StepGraph PlanPricer::lower_plan(const Plan& plan, int decoder_layers) const {
+  ++thread_work_counts().lowerings;
+  return lower(plan, ctx_, lowering_options(decoder_layers));
+}
 
 bool PlanPricer::refuses(const Plan& plan, int decoder_layers) const {
   const LoweringOptions options = lowering_options(decoder_layers);
@@ -122,14 +129,30 @@ PricedPlan PlanPricer::price(const Plan& plan, int decoder_layers) const {
     p.numa_peak_bytes.assign(static_cast<std::size_t>(ctx_.hardware.host_numa_count(ctx_.workload.gpus)), std::numeric_limits<Bytes>::max());
     return p;
   }
+  ++thread_work_counts().priced;
+  Plan bare = plan;
+  bare.notes.clear();
+  const auto key = std::make_pair(plan_to_json(bare).dump(), decoder_layers);
+  {
+    const std::lock_guard<std::mutex> lock(memo_->mutex);
+    if (const auto it = memo_->priced.find(key); it != memo_->priced.end()) {
+      ++thread_work_counts().price_hits;
+      PricedPlan p = it->second;
+      p.plan = plan;
+      return p;
+    }
+  }
   const StepGraph g = lower_plan(plan, decoder_layers);
   const StageTimes t = analytic_step_times(g, durations_);
+  ++thread_work_counts().simulations;
   MemoryPeaks m = memory_peaks(g, t, /*keep_samples=*/false);
   PricedPlan p;
   p.plan = plan;
   p.step_s = t.step_s;
   p.gpu_peak_bytes = std::move(m.gpu_peak_bytes);
   p.numa_peak_bytes = std::move(m.numa_peak_bytes);
+  const std::lock_guard<std::mutex> lock(memo_->mutex);
+  memo_->priced.emplace(key, p);
   return p;
 }
 

@@ -11,6 +11,7 @@
 // Units: seconds, bytes. PlanPricer::price is const and thread-safe.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -75,10 +76,15 @@ class PlanPricer {
   // (applicable_flat); default: none.
   PlanPricer(const WorkloadContext& ctx, const Calibration& calibration, MemoryConstants constants = {},
              FlatSchedules flat = {});
+  // A pricer of `same`'s workload, calibration and constants that offers `flat` instead and shares
+  // `same`'s memo of priced plans (a plan one of them priced, the other answers without lowering
+  // it again); refusals are counted apart. `same` must outlive nothing: the memo is shared.
+  PlanPricer(const PlanPricer& same, FlatSchedules flat);
   // Lowers `plan` (the first `decoder_layers` decoders; 0 = all) and evaluates it analytically.
   // Precondition: validate_plan() accepts the plan for the workload. A plan whose graph would be
   // over the stage limit (refuses()) is not lowered: its step is infinite and its peaks the
-  // largest Bytes, so it fits no budget and a search skips it.
+  // largest Bytes, so it fits no budget and a search skips it. A plan priced before at the same
+  // depth (its notes aside) is answered from the memo: the same figures, the caller's plan.
   PricedPlan price(const Plan& plan, int decoder_layers = 0) const;
   // Whether the graph of `plan` (its first `decoder_layers` decoders) would be over the stage
   // limit (LoweringOptions::max_stages, planner/lowering/graph_size_estimate.h); counts the plans
@@ -111,6 +117,12 @@ class PlanPricer {
     std::string first;
   };
   std::shared_ptr<Refusals> refusals_ = std::make_shared<Refusals>();
+  // Priced plans by (the plan's JSON without its notes, decoder layers).
+  struct Memo {
+    std::mutex mutex;
+    std::map<std::pair<std::string, int>, PricedPlan> priced;
+  };
+  std::shared_ptr<Memo> memo_ = std::make_shared<Memo>();
   LoweringOptions lowering_options(int decoder_layers) const;
 };
 

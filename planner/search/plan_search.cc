@@ -146,7 +146,7 @@ Configured configure_and_compare(const WorkloadContext& ctx, const Calibration& 
   // Each path is configured without FLAT's schedules and with all of them (they change which
   // plans fit: a bounded dispatch, vocabulary or boundary peak leaves room for residency and
   // retention); the faster is refined schedule by schedule.
-  const PlanPricer flat_pricer(ctx, calibration, options.memory, bounded_flat_schedules());
+  const PlanPricer flat_pricer(pricer, bounded_flat_schedules());
   Configured out;
   PlanSearchResult& r = out.result;
   r.model_gpu_budget_bytes = ctx.gpu_budget_bytes();

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "costmodel/input_error.h"
+#include "planner/engine/work_counts.h"
 #include "planner/lowering/memory_report.h"
 #include "planner/search/plan_pricing.h"
 
@@ -82,6 +83,31 @@ TEST(PlanSearch, OnFourRtx4090sAt1KAndBatch1024APlanFits24GB) {
   EXPECT_LE(r.chosen.gpu_peak_bytes, Bytes{24'000'000'000});
   EXPECT_LE(static_memory(ctx, r.chosen.plan).gpu.eq2.total(), Bytes{24'000'000'000});
   EXPECT_NO_THROW(validate_plan(r.chosen.plan, ctx.model, ctx.workload, "test"));
+}
+
+// A plan priced again (by the same pricer or one sharing its memo, notes aside) is answered from
+// the memo without lowering: the same figures, the caller's plan; another depth is priced anew.
+TEST(PlanPricing, APlanPricedAgainComesFromTheMemoWithTheSameFigures) {
+  const WorkloadContext ctx = workload("h100-sxm-node", 16, 4096);
+  const PlanPricer pricer(ctx, load_calibration_for(ctx.hardware));
+  const PlanPricer flat(pricer, bounded_flat_schedules());
+  Plan p;
+  p.path = ExpertPath::kEp;
+  p.resident_layers = {0, 1};
+  const WorkCounts before = thread_work_counts();
+  const PricedPlan first = pricer.price(p);
+  p.notes = "the same plan, other notes";
+  const PricedPlan again = flat.price(p);
+  const PricedPlan shallow = pricer.price(p, 4);
+  const WorkCounts d = thread_work_counts() - before;
+  EXPECT_EQ(again.step_s, first.step_s);
+  EXPECT_EQ(again.gpu_peak_bytes, first.gpu_peak_bytes);
+  EXPECT_EQ(again.numa_peak_bytes, first.numa_peak_bytes);
+  EXPECT_EQ(again.plan.notes, p.notes);
+  EXPECT_LT(shallow.step_s, first.step_s);
+  EXPECT_EQ(d.priced, 3);
+  EXPECT_EQ(d.price_hits, 1);
+  EXPECT_EQ(d.lowerings, 2);
 }
 
 TEST(PlanSearch, OnePathOnlyHasNoAlternativesAndNoComparison) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -369,6 +370,31 @@ TEST(RunStudy, EachSystemGetsItsOwnRowAndTheBaselinesRunOncePerWorkload) {
   EXPECT_EQ(r.rows[1].label().find("["), std::string::npos) << "the default system is not named";
 }
 
+// The cases on several threads give the same rows as on one, byte for byte in the CSV and the
+// table (its last line, the wall time, aside), with the real plan search and a workload's systems
+// sharing its baselines; progress counts every case once.
+TEST(RunStudy, OutputsAreTheSameBytesWhateverTheThreads) {
+  nlohmann::json j = small_study();
+  j["sweeps"][0]["systems"] = {"search", "base", "search/noflat"};
+  const StudySpec spec = study_from_json(j, "s.json");
+  const auto table = [](const StudyResult& r) {
+    const std::string t = study_table_text(r);
+    return t.substr(0, t.rfind(" cases in "));
+  };
+  const StudyResult one = run_study(spec, StepEngines(), &find_plan_by_search);
+  for (const int threads : {2, 3}) {
+    std::vector<int> done;
+    const StudyResult many = run_study(spec, StepEngines(), &find_plan_by_search, [&](int d, int total, const std::string&) {
+      done.push_back(d);
+      EXPECT_EQ(total, 12);
+    }, threads);
+    EXPECT_EQ(done, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})) << threads << " threads";
+    EXPECT_EQ(study_csv(many), study_csv(one)) << threads << " threads";
+    EXPECT_EQ(table(many), table(one)) << threads << " threads";
+  }
+  EXPECT_NE(study_csv(one).find(",ok,"), std::string::npos) << "the search found plans";
+}
+
 // A small study stating verdicts: the plan search fits at both batches, MegaTrain runs out of host
 // memory; the sweep runs MegaTrain only.
 nlohmann::json verdict_study() {
@@ -547,6 +573,23 @@ TEST(PaperStudies, EveryFileNamesItsFigureAndItsWorkloadsResolve) {
 // case lowered with every rank's stages (`oom simulate --every-rank`, the largest graph a case can
 // make) for its representative plan and its configured baselines, stays at least ten times under
 // the default stage limit; and the estimate a study prints counts every case.
+// The estimate `oom whatif` prints is one the run keeps: the CPU time of a small study with the
+// real plan search stays within the estimate on one thread (CPU time, not wall: a loaded machine
+// stretches the wall clock, not the work), and the estimate on two threads is at least the largest
+// case's share and at most the one-thread estimate.
+TEST(WorkEstimate, ASmallStudyFinishesWithinItsEstimate) {
+  const StudySpec spec = load_study(std::string(OOM_SOURCE_DIR) + "/tests/study/data/small-study.json");
+  const WorkEstimate one = estimate_study(spec, 1), two = estimate_study(spec, 2);
+  EXPECT_LE(two.wall_s, one.wall_s);
+  EXPECT_GE(two.wall_s, one.wall_s / 2);
+  const std::clock_t started = std::clock();
+  const StudyResult r = run_study(spec, StepEngines(), &find_plan_by_search);
+  const double cpu_s = static_cast<double>(std::clock() - started) / CLOCKS_PER_SEC;
+  EXPECT_EQ(r.rows.size(), 2u);
+  EXPECT_LE(cpu_s, one.wall_s) << one.text();
+  std::cout << "small study: " << cpu_s << " s of CPU, estimated " << one.text() << "\n";
+}
+
 TEST(WorkEstimate, EveryShippedStudyWithEveryRankFitsTheDefaultLimitTenTimesOver) {
   const std::string src = OOM_SOURCE_DIR;
   std::vector<std::string> studies = paper_study_files(src + "/experiments/paper");
