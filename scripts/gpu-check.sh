@@ -71,9 +71,13 @@ oom="$build/cli/oom"
 export OOM_CONFIG_DIR="$root/configs"
 
 say() { echo "gpu-check: $*" | tee -a "$log"; }
-# lim CMD...: runs CMD within what is left of the running stage's time.
-lim() {
-  local left=$((stage_deadline - $(date +%s)))
+# lim CMD...: runs CMD within what is left of the running stage's time; cap S CMD...: within at most
+# S seconds of it (so that a hung command leaves the stage's next ones their time).
+lim() { cap 100000 "$@"; }
+cap() {
+  local left=$((stage_deadline - $(date +%s))) most=$1
+  shift
+  [ "$left" -le "$most" ] || left=$most
   [ "$left" -gt 0 ] || { echo "(no time left for: $*)"; return 124; }
   timeout --kill-after=5 "$left" "$@"
 }
@@ -152,7 +156,7 @@ train() {
 
 stage_exactness() {
   local gtest_rc=0
-  lim "$build/tests/backend/oom_gpu_tests" --gtest_output="json:$work/gpu-tests.json" || gtest_rc=$?
+  cap 60 "$build/tests/backend/oom_gpu_tests" --gtest_output="json:$work/gpu-tests.json" || gtest_rc=$?
   train fp32-cuda --device cuda --fp32 || fail "oom train --device cuda --fp32 failed"
   train fp32-cpu --device cpu || fail "oom train --device cpu failed"
   "$py" - "$work" "$gtest_rc" <<'PY' || fail "$(cat "$work/exactness.why" 2>/dev/null)"
@@ -294,8 +298,20 @@ for stage in "${order[@]}"; do
     echo "nothing built to run" > "$work/$stage.reason"
   else
     echo "== $stage" >> "$log"
-    (stage_$stage) >> "$log" 2>&1
+    (stage_$stage) > "$work/$stage.out" 2>&1
     case $? in 0) status[$stage]=passed ;; 2) status[$stage]=not_available ;; *) status[$stage]=failed ;; esac
+    cat "$work/$stage.out" >> "$log"
+    # A failure's reason ends with the first error of its output (a Python traceback's last line, a
+    # compiler's or CMake's first error), or else its last line.
+    if [ "${status[$stage]}" = failed ]; then
+      if grep -q "^Traceback" "$work/$stage.out"; then
+        detail="$(grep -v '^\s*$' "$work/$stage.out" | tail -n 1)"
+      else
+        detail="$(grep -m1 -A1 -E "error:|CMake Error|failed" "$work/$stage.out" | tr -s ' \n' ' ' ||
+                  grep -v '^\s*$' "$work/$stage.out" | tail -n 1)"
+      fi
+      [ -z "$detail" ] || echo "$(cat "$work/$stage.reason" 2>/dev/null): ${detail:0:300}" > "$work/$stage.reason"
+    fi
   fi
   seconds[$stage]=$(($(date +%s) - t0))
   say "$stage ${status[$stage]} (${seconds[$stage]} s)$([ -s "$work/$stage.reason" ] && echo ": $(cat "$work/$stage.reason")")"
