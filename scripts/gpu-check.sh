@@ -164,8 +164,9 @@ import json, os, sys
 work, gtest_rc = sys.argv[1], int(sys.argv[2])
 g, c = (json.load(open(f"{work}/fp32-{d}.json")) for d in ("cuda", "cpu"))
 rel = [abs(a - b) / abs(b) for a, b in zip(g["losses"], c["losses"])]
+gn = [abs(a - b) / abs(b) for a, b in zip(g.get("grad_norms", []), c.get("grad_norms", [])) if b]
 fig = {"train_fp32_worst_rel_loss_diff": max(rel), "train_fp32_rel_loss_diff_per_step": rel,
-       "train_tolerance": 1e-3, "cuda_tokens_per_s": g["tokens_per_s"], "cpu_tokens_per_s": c["tokens_per_s"]}
+       "train_fp32_worst_rel_grad_norm_diff": max(gn, default=None), "train_tolerance": 1e-3, "cuda_tokens_per_s": g["tokens_per_s"], "cpu_tokens_per_s": c["tokens_per_s"]}
 why = []
 if os.path.exists(f"{work}/gpu-tests.json"):
     t = json.load(open(f"{work}/gpu-tests.json"))
