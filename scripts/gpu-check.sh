@@ -33,7 +33,7 @@
 # python3), OOM_GPU_BUILD (default build-gpu), OOM_CARRIED_DEPS (default .carry), OOM_JOBS
 # (default nproc), OOM_GPU_CHECK_SECONDS (default 450).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root="$PWD"
 start=$(date +%s)
 
@@ -80,6 +80,9 @@ cap() {
   [ "$left" -le "$most" ] || left=$most
   [ "$left" -gt 0 ] || { echo "(no time left for: $*)"; return 124; }
   timeout --kill-after=5 "$left" "$@"
+  local rc=$?
+  [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || echo "(stopped after $left s: $*)" >&2
+  return "$rc"
 }
 # fail REASON: ends the running stage (a subshell) as failed.
 fail() { echo "$*" > "$work/$stage.reason"; exit 1; }
