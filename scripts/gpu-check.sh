@@ -22,10 +22,11 @@
 #               every block's gradient, asserted) and 10 steps of `oom train` (losses within 1e-3)
 #   drift       BF16 working weights against FP32 on the GPU, 10 steps of the same run: the
 #               largest relative loss difference, held to 8 BF16 roundoffs (8 × 2^-8 = 3.1e-2)
-#   plan_tiny   a plan step of tiny-moe with every split measured (`oom train --plan --trace`),
-#               predicted (`oom simulate`, analytic engine), compared stage by stage (`oom diff`)
-#   plan_slice  the same for a 2-decoder slice of Qwen3.6-35B-A3B at its real dimensions (one
-#               GDN and one full-attention decoder), on the Local path's Base plan (`oom plan`)
+#   plan_slice  a plan step of a 2-decoder slice of Qwen3.6-35B-A3B at its real dimensions (one
+#               GDN and one full-attention decoder, 1 x 4096 tokens) on the Local path's Base plan
+#               (`oom plan`): measured (`oom train --plan --trace`), predicted (`oom simulate`,
+#               analytic engine), compared stage by stage (`oom diff`)
+#   plan_tiny   the same for tiny-moe on a plan with every split
 #   syncs       host synchronisations per step, read from the measured traces (status
 #               not_available where the traces do not count them)
 # Exits 0 when every stage passed (syncs: or not_available), 1 otherwise; without a GPU, 1 at once with one line saying why.
@@ -288,7 +289,7 @@ PY
 }
 
 declare -A status seconds
-order=(bandwidth build exactness drift plan_tiny plan_slice syncs)
+order=(bandwidth build exactness drift plan_slice plan_tiny syncs)
 declare -A limit=([bandwidth]=40 [build]=280 [exactness]=120 [drift]=45 [plan_tiny]=60 [plan_slice]=150 [syncs]=10)
 for stage in "${order[@]}"; do
   t0=$(date +%s)
