@@ -8,9 +8,13 @@
 # installed them.
 #
 #   scripts/carry-deps.sh [DIR]     (default .carry; configure with -DOOM_CARRIED_DEPS=$PWD/DIR)
+#
+# Made afresh each time, in DIR.new; an existing DIR with the same contents is kept as it is, so
+# that a build against it does not recompile for new file times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir="${1:-.carry}"
+final="${1:-.carry}"
+dir="$final.new"
 rm -rf "$dir"
 mkdir -p "$dir/include"
 for d in nlohmann fmt CLI gloo; do cp -r "/usr/include/$d" "$dir/include/"; done
@@ -27,4 +31,11 @@ cp -r /usr/include/benchmark "$dir/include/"
 mkdir -p "$dir/lib"
 cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so "$dir/lib/"
 ln -s libbenchmark.so "$dir/lib/$(objdump -p "$dir/lib/libbenchmark.so" | awk '$1 == "SONAME" {print $2}')"
-echo "carry-deps: $(du -sh "$dir" | cut -f1) in $dir"
+if [ -d "$final" ] && diff -rq --no-dereference "$final" "$dir" >/dev/null 2>&1; then
+  rm -rf "$dir"
+  echo "carry-deps: $final is up to date ($(du -sh "$final" | cut -f1))"
+else
+  rm -rf "$final"
+  mv "$dir" "$final"
+  echo "carry-deps: $(du -sh "$final" | cut -f1) in $final"
+fi
