@@ -229,12 +229,12 @@ JSON
     >> "$out/diff.txt" 2>&1 || fail "oom diff failed"
   lim "$oom" diff "$work/$name-predicted.json" "$work/$name-measured.json" --summary --json > "$work/$name-diff.json" ||
     fail "oom diff --summary --json failed"
-  "$py" - "$work" "$name" <<'PY'
+  "$py" - "$work" "$name" "$work/$stage.figures.json" <<'PY'
 import json, sys
-work, name = sys.argv[1:]
+work, name, path = sys.argv[1:]
 load = lambda s: json.load(open(f"{work}/{name}-{s}.json"))
 fig = {"simulate": load("simulate"), "train": load("train"), "diff_summary": load("diff")}
-json.dump(fig, open(f"{work}/{name}.figures.json", "w"))
+json.dump(fig, open(path, "w"))
 PY
 }
 
