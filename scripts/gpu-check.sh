@@ -29,11 +29,13 @@
 #   plan_tiny   the same for tiny-moe on a plan with every split
 #   syncs       host synchronisations per step, read from the measured traces (status
 #               not_available where the traces do not count them)
-# Exits 0 when every stage passed (syncs: or not_available), 1 otherwise; without a GPU, 1 at once with one line saying why.
+# Exits 0 when every stage passed (syncs: or not_available), 1 otherwise; without a GPU, 1 at once
+# with one line saying why.
 # Environment: OOM_TORCH_PYTHON (default /opt/torch/.venv/bin/python, else .venv/bin/python, else
 # python3), OOM_GPU_BUILD (default build-gpu), OOM_CARRIED_DEPS (default .carry), OOM_JOBS
 # (default nproc), OOM_GPU_CHECK_SECONDS (default 450).
 set -uo pipefail
+out_arg="${1:+$(realpath -m "$1")}"  # relative to the caller's folder
 cd "$(dirname "$0")/.." || exit 1
 root="$PWD"
 start=$(date +%s)
@@ -57,7 +59,7 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() and to
   exit 1
 fi
 
-out="$(realpath -m "${1:-${OUT:-build-gpu/gpu-check}}")"
+out="$(realpath -m "${out_arg:-${OUT:-build-gpu/gpu-check}}")"
 build="$(realpath -m "${OOM_GPU_BUILD:-build-gpu}")"
 carried="$(realpath -m "${OOM_CARRIED_DEPS:-.carry}")"
 jobs="${OOM_JOBS:-$(nproc)}"
