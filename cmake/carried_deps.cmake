@@ -1,6 +1,7 @@
 # Header-only libraries and GoogleTest from a carried folder (scripts/carry-deps.sh), as the
 # imported targets the project links: nlohmann_json, fmt (header-only mode), CLI11, Eigen, the
-# Boost.Graph headers, Gloo's headers (for c10d), and GTest built from its sources.
+# Boost.Graph headers, Gloo's headers (for c10d), GTest built from its sources, and Google
+# Benchmark (header and shared library) where carried.
 set(_carried "${OOM_CARRIED_DEPS}")
 if(NOT EXISTS "${_carried}/include/nlohmann/json.hpp")
   message(FATAL_ERROR "OOM_CARRIED_DEPS=${_carried} holds no include/nlohmann/json.hpp (make it with scripts/carry-deps.sh)")
@@ -22,4 +23,9 @@ if(OOM_BUILD_TESTS AND EXISTS "${_carried}/googletest/CMakeLists.txt")
     add_library(GTest::gtest ALIAS gtest)
     add_library(GTest::gtest_main ALIAS gtest_main)
   endif()
+endif()
+if(EXISTS "${_carried}/lib/libbenchmark.so")
+  add_library(benchmark::benchmark SHARED IMPORTED GLOBAL)
+  set_target_properties(benchmark::benchmark PROPERTIES IMPORTED_LOCATION "${_carried}/lib/libbenchmark.so"
+                        INTERFACE_INCLUDE_DIRECTORIES "${_carried}/include")
 endif()

@@ -1,4 +1,4 @@
-// GPU exactness of the backend (scripts/gpu-check.sh, stage `tests`): the same plans through the
+// GPU exactness of the backend (scripts/gpu-check.sh, stage `exactness`): the same plans through the
 // graph runner on a CUDA device against the same plans on the CPU, from the same weights and batches. Compared are the
 // losses, the gradient norms and every block's gradient of a step (AdamW would hide a uniformly
 // scaled gradient), and the parameters after steps. TF32 is off, so the differences are float
