@@ -37,7 +37,7 @@ std::function<void()> gradient_to_host(at::Tensor& slot, const at::Tensor& grad)
 
 std::function<void()> range_to_host(at::Tensor& slot, std::int64_t a, std::int64_t n, const at::Tensor& grad,
                                     std::int64_t base) {
-  slot.narrow(0, a, n).copy_(grad.narrow(0, a - base, n), /*non_blocking=*/!grad.device().is_cpu());
+  slot.narrow(0, a, n).copy_(grad.narrow(0, a - base, n), /*non_blocking=*/true);
   return copy_done(grad.device());
 }
 
