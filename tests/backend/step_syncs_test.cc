@@ -1,9 +1,14 @@
 // backend/measure/host_syncs.h: what a CPU run counts as a host synchronisation (the calls that
 // would make the host wait for a GPU), and that a traced step of the graph runner makes none inside
-// its stages: its only syncs are the step's loss and the clipping norm it reads.
+// its stages: its only syncs are the step's loss and the clipping norm it reads. Also: a traced
+// step's stages run on the lanes the StepGraph gives them (copies on their copy engines) and start
+// after every dependency the graph states has ended.
 #include "backend/measure/host_syncs.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -127,6 +132,47 @@ TEST(HostSyncs, ATracedStepSyncsOnlyForItsLossAndTheClippingNorm) {
     // Written with the trace and read back.
     EXPECT_EQ(trace_from_json(trace_to_json(t.trace), "test"), t.trace);
   }
+}
+
+TEST(StepLanes, CopyStagesRunOnTheirLanesAfterTheDependenciesTheGraphStates) {
+  const device_memory::Emulation on(true);
+  // Without clipping: with it every update waits for the norm, which the StepGraph does not state
+  // yet (issue 67 part 4), so a reused gradient slot's update → D2H order is the runner's own.
+  const TracedStep t = traced_step(moving_plan(), 0.0);
+  const StepGraph& g = t.graph;
+  // Measured stages by name: the first start and the first end (a key may repeat).
+  std::map<std::string, std::pair<double, double>> first;
+  std::map<std::string, std::string> resource_of;
+  for (const auto& s : t.trace.stages) {
+    auto [it, fresh] = first.try_emplace(s.name, s.start_s, s.end_s);
+    if (!fresh) it->second = {std::min(it->second.first, s.start_s), std::min(it->second.second, s.end_s)};
+    resource_of.emplace(s.name, s.resource);
+  }
+  int copies = 0, lanes_checked = 0, deps_checked = 0;
+  std::map<ResourceKind, int> copy_lanes;
+  for (const Stage& s : g.stages) {
+    const auto m = first.find(s.name);
+    if (m == first.end()) continue;
+    const Resource& r = g.resource(s.resource);
+    EXPECT_EQ(resource_of.at(s.name), r.name) << s.name;
+    ++lanes_checked;
+    if (s.op == OpKind::kH2d || s.op == OpKind::kD2h) {
+      ++copies;
+      ++copy_lanes[r.kind];
+      EXPECT_TRUE(r.kind == ResourceKind::kH2d || r.kind == ResourceKind::kD2h || r.kind == ResourceKind::kExpertGradD2h) << s.name << " on " << r.name;
+    }
+    for (const StageId d : s.deps) {
+      const auto dm = first.find(g.stage(d).name);
+      if (dm == first.end()) continue;
+      EXPECT_GE(m->second.first, dm->second.second) << s.name << " starts before its dependency " << g.stage(d).name << " ends";
+      ++deps_checked;
+    }
+  }
+  EXPECT_GT(copies, 10);
+  EXPECT_GT(copy_lanes[ResourceKind::kH2d], 0);
+  EXPECT_GT(copy_lanes[ResourceKind::kD2h], 0);
+  EXPECT_GT(lanes_checked, 50);
+  EXPECT_GT(deps_checked, 50);
 }
 
 }  // namespace
