@@ -12,6 +12,7 @@ Trace merge_rank_traces(const std::vector<Trace>& ranks) {
   std::int64_t id = 0;
   for (const Trace& r : ranks) {
     if (t.engine.empty()) t.engine = r.engine;
+    t.host_syncs = std::max(t.host_syncs, r.host_syncs);  // the most any rank's driving thread made
     for (TraceStage s : r.stages) {
       s.id = id++;
       t.stages.push_back(std::move(s));

@@ -36,6 +36,7 @@ nlohmann::json trace_to_json(const Trace& t) {
                       {"start_s", s.start_s}, {"end_s", s.end_s}, {"layer", s.layer},
                       {"bytes", s.bytes}, {"flops", s.flops}});
     if (s.ops > 0) stages.back()["ops"] = s.ops;
+    if (s.syncs > 0) stages.back()["syncs"] = s.syncs;
   }
   nlohmann::json memory = nlohmann::json::array();
   for (const auto& m : t.memory) {
@@ -43,26 +44,29 @@ nlohmann::json trace_to_json(const Trace& t) {
     for (const auto& x : m.samples) samples.push_back({x.time_s, x.bytes});
     memory.push_back({{"device", m.device}, {"peak_bytes", m.peak_bytes}, {"samples", samples}});
   }
-  return {{"engine", t.engine},
-          {"step_s", t.step_s},
-          {"gpu_peak_bytes", t.gpu_peak_bytes},
-          {"numa_peak_bytes", t.numa_peak_bytes},
-          {"stages", stages},
-          {"memory", memory}};
+  nlohmann::json out = {{"engine", t.engine},
+                        {"step_s", t.step_s},
+                        {"gpu_peak_bytes", t.gpu_peak_bytes},
+                        {"numa_peak_bytes", t.numa_peak_bytes},
+                        {"stages", stages},
+                        {"memory", memory}};
+  if (t.host_syncs >= 0) out["host_syncs"] = t.host_syncs;
+  return out;
 }
 
 Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
   const JsonReader r(j, file);
-  r.reject_unknown_keys({"engine", "step_s", "gpu_peak_bytes", "numa_peak_bytes", "stages", "memory"});
+  r.reject_unknown_keys({"engine", "step_s", "gpu_peak_bytes", "numa_peak_bytes", "stages", "memory", "host_syncs"});
   Trace t;
   t.engine = r.string_or("engine", "");
   t.step_s = r.number("step_s", 0.0, kMaxTraceSeconds);
   t.gpu_peak_bytes = read_bytes_list(r, "gpu_peak_bytes");
   t.numa_peak_bytes = read_bytes_list(r, "numa_peak_bytes");
+  t.host_syncs = r.integer_or("host_syncs", -1, 0, kMaxBytes);
   const auto& stages = r.array("stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const JsonReader s(stages[i], file, fmt::format("{}[{}]", r.field("stages"), i));
-    s.reject_unknown_keys({"id", "name", "kind", "resource", "start_s", "end_s", "layer", "bytes", "flops", "ops"});
+    s.reject_unknown_keys({"id", "name", "kind", "resource", "start_s", "end_s", "layer", "bytes", "flops", "ops", "syncs"});
     TraceStage st;
     st.id = s.integer("id", 0, kMaxBytes);
     st.name = s.string("name");
@@ -78,6 +82,7 @@ Trace trace_from_json(const nlohmann::json& j, const std::string& file) {
     st.bytes = s.integer_or("bytes", 0, 0, kMaxBytes);
     st.flops = s.number_or("flops", 0.0, 0.0, 1e30);
     st.ops = s.integer_or("ops", 0, 0, kMaxBytes);
+    st.syncs = s.integer_or("syncs", 0, 0, kMaxBytes);
     t.stages.push_back(std::move(st));
   }
   if (r.has("memory")) {
@@ -139,6 +144,7 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
                       {"ts", s.start_s * 1e6}, {"dur", (s.end_s - s.start_s) * 1e6},
                       {"args", {{"id", s.id}, {"layer", s.layer}, {"bytes", s.bytes}, {"flops", s.flops}}}});
     if (s.ops > 0) events.back()["args"]["ops"] = s.ops;
+    if (s.syncs > 0) events.back()["args"]["syncs"] = s.syncs;
   }
   for (const auto& m : t.memory) {
     const int pid = pid_of.at(m.device);
@@ -148,7 +154,8 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
     }
   }
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"},
-          {"otherData", {{"engine", t.engine}, {"step_s", t.step_s}}}};
+          {"otherData", t.host_syncs >= 0 ? nlohmann::json{{"engine", t.engine}, {"step_s", t.step_s}, {"host_syncs", t.host_syncs}}
+                                          : nlohmann::json{{"engine", t.engine}, {"step_s", t.step_s}}}};
 }
 
 void finalize_trace(Trace& t) {

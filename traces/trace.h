@@ -38,6 +38,9 @@ struct TraceStage {
   // Operators the stage dispatches: predicted, the lowering's Stage::ops; measured, the ATen
   // operator calls the recording thread made during the stage (StageRecorder). 0: not counted.
   std::int64_t ops = 0;
+  // Host synchronisations the stage made (measured: backend/measure/host_syncs.h says what counts;
+  // the step keeps 0 in every stage). 0 in predictions.
+  std::int64_t syncs = 0;
   Seconds duration_s() const { return end_s - start_s; }
   bool operator==(const TraceStage&) const = default;
 };
@@ -64,6 +67,10 @@ struct Trace {
   std::vector<MemoryTimeline> memory;     // one per device, GPUs first then NUMA nodes
   std::vector<Bytes> gpu_peak_bytes;      // per GPU of the step
   std::vector<Bytes> numa_peak_bytes;     // per NUMA node of the first node
+  // Measured: the host synchronisations of the step's driving thread, in its stages and between
+  // them (the loss and the clipping norm it reads); over ranks (merge_rank_traces) the most any
+  // rank's made; −1 where not counted (predictions).
+  std::int64_t host_syncs = -1;
   bool operator==(const Trace&) const = default;
 };
 
@@ -83,7 +90,7 @@ nlohmann::json trace_to_chrome_json(const Trace& t);
 // names "M", memory counters "C") and "otherData" are free-form: nothing reads them.
 inline constexpr std::array<const char*, 3> kChromeTraceKeys = {"traceEvents", "displayTimeUnit", "otherData"};
 inline constexpr std::array<const char*, 8> kChromeStageEventKeys = {"ph", "name", "cat", "pid", "tid", "ts", "dur", "args"};
-inline constexpr std::array<const char*, 5> kChromeStageArgKeys = {"id", "layer", "bytes", "flops", "ops"};
+inline constexpr std::array<const char*, 6> kChromeStageArgKeys = {"id", "layer", "bytes", "flops", "ops", "syncs"};
 
 // Busy seconds of one resource's stages (e.g. "gpu0.compute") by direction and operator kind:
 // "forward.KIND" for forward and recompute stages, "backward.KIND" for backward ones (optimizer

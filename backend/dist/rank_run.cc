@@ -38,6 +38,10 @@
 #include "backend/train/checkpoint.h"
 #include "backend/train/plan_runtime.h"
 #include "backend/train/train.h"
+
+#ifdef OOM_BACKEND_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include "costmodel/atomic_file.h"
 #include "costmodel/input_error.h"
 #include "costmodel/model_spec.h"
@@ -55,6 +59,16 @@ using rank_job::check;
 using rank_job::field;
 using rank_job::saved_llep_routing;
 using rank_job::shared_state_path;
+
+// A rank's device, made current before any other CUDA call of the rank ("cuda:N"), so that the
+// rank's context, streams and pinned memory are its GPU's and no rank makes a context on GPU 0.
+std::string use_device(const std::string& device) {
+#ifdef OOM_BACKEND_CUDA
+  const at::Device d(device);
+  if (d.is_cuda() && d.has_index()) c10::cuda::set_device(d.index());
+#endif
+  return device;
+}
 
 }  // namespace
 
@@ -123,7 +137,7 @@ RankRun run_rank(const TrainOptions& o, const RanksOptions& r, int rank, CommOpt
   check(o, r, spec);
   if (rank < 0 || rank >= r.ranks) throw InputError("", "--rank", std::to_string(rank), "out of range");
   set_compute_threads(o.threads > 0 ? o.threads : 1);
-  const at::Device device(resolve_device(o.device, co.cuda_device));
+  const at::Device device(use_device(resolve_device(o.device, co.cuda_device)));
   co.cuda = device.is_cuda();
   if (co.cuda) co.cuda_device = device.index();
 
@@ -436,7 +450,7 @@ RanksResult train_torchrun_rank(const TrainOptions& o_in, const RanksOptions& r_
     // Every rank lowers the same plan (the default one is a function of the model, the batch and
     // the hardware its GPU stands for) and maps the state rank 0 shares under a name of this job.
     RankPlan rp;
-    rp.plan = ranks_plan(o, r.ranks, run_hardware(resolve_device(o.device, env.local_rank)));
+    rp.plan = ranks_plan(o, r.ranks, run_hardware(use_device(resolve_device(o.device, env.local_rank))));
     const char* tmp = std::getenv("TMPDIR");
     rp.shared_state = shared_state_path(fmt::format("oom-state-torchrun-{}-{}-node{}", env.master_port, env.run_id, env.group_rank),
                                         tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");

@@ -7,6 +7,8 @@
 
 #include <ATen/record_function.h>
 
+#include "backend/measure/host_syncs.h"
+
 namespace oom::backend {
 
 namespace {
@@ -33,9 +35,11 @@ void StageRecorder::count_operators(bool on) {
   if (on && operator_callback_ == 0) {
     operator_callback_ = at::addGlobalCallback(
         at::RecordFunctionCallback(count_operator).scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    host_syncs::count(true);
   } else if (!on && operator_callback_ != 0) {
     at::removeCallback(operator_callback_);
     operator_callback_ = 0;
+    host_syncs::count(false);
   }
 }
 
@@ -48,6 +52,7 @@ void StageRecorder::start_step(bool enabled) {
   device_samples_.clear();
   if (enabled_ && cb_.sync) cb_.sync();
   t0_ = Clock::now();
+  syncs_at_start_ = host_syncs::on_this_thread();
   if (enabled_) {
     host_samples_.push_back({0.0, process_rss_bytes()});
     if (cb_.device_bytes) device_samples_.push_back({0.0, cb_.device_bytes()});
@@ -56,9 +61,11 @@ void StageRecorder::start_step(bool enabled) {
 
 double StageRecorder::now_s() { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
 
-StageRecorder::Scope::Scope(StageRecorder* r, TraceStage s) : r_(r), s_(std::move(s)), ops_at_start_(operators_dispatched) {}
+StageRecorder::Scope::Scope(StageRecorder* r, TraceStage s)
+    : r_(r), s_(std::move(s)), ops_at_start_(operators_dispatched), syncs_at_start_(host_syncs::on_this_thread()) {}
 
-StageRecorder::Scope::Scope(Scope&& o) noexcept : r_(o.r_), s_(std::move(o.s_)), ops_at_start_(o.ops_at_start_) {
+StageRecorder::Scope::Scope(Scope&& o) noexcept
+    : r_(o.r_), s_(std::move(o.s_)), ops_at_start_(o.ops_at_start_), syncs_at_start_(o.syncs_at_start_) {
   o.r_ = nullptr;
 }
 
@@ -67,6 +74,7 @@ void StageRecorder::Scope::end() {
   if (r_->cb_.sync && s_.resource.rfind("gpu", 0) == 0) r_->cb_.sync();
   s_.end_s = r_->now_s();
   s_.ops = operators_dispatched - ops_at_start_;
+  s_.syncs = host_syncs::on_this_thread() - syncs_at_start_;
   r_->record(std::move(s_));
   r_ = nullptr;
 }
@@ -103,10 +111,12 @@ void StageRecorder::record(TraceStage s) {
 }
 
 Trace StageRecorder::finish() {
+  const std::int64_t syncs = host_syncs::on_this_thread() - syncs_at_start_;
   count_operators(false);
   std::lock_guard<std::mutex> lock(mu_);
   Trace t;
   t.engine = "torch";
+  t.host_syncs = syncs;
   t.stages = stages_;
   auto timeline = [](const std::string& device, std::vector<MemorySample> samples) {
     std::stable_sort(samples.begin(), samples.end(), [](const auto& a, const auto& b) { return a.time_s < b.time_s; });

@@ -18,6 +18,10 @@
 // autograd engine runs a backward on the calling thread, so a backward stage's operators count
 // too; on a GPU they run on the engine's device thread and are not counted.
 //
+// Host synchronisations (backend/measure/host_syncs.h): counted like the operators, per thread; a
+// stage keeps its thread's (TraceStage::syncs), the trace the driving thread's from start_step()
+// to finish(), which is called on the thread that started the step (Trace::host_syncs).
+//
 // Times are seconds from start_step() on a steady clock. A `sync` callback (CUDA: synchronize the
 // device) runs before every time stamp so that asynchronous device work is attributed to its
 // stage; recording therefore serializes the device streams and measures the work, not the overlap.
@@ -83,6 +87,7 @@ class StageRecorder {
     StageRecorder* r_ = nullptr;
     TraceStage s_;
     std::int64_t ops_at_start_ = 0;  // the thread's operator count when the stage started
+    std::int64_t syncs_at_start_ = 0;  // and its host synchronisations
   };
 
   // Starts the stage `key` (its name is format_stage_key(key)) on `resource`, named as the
@@ -103,6 +108,7 @@ class StageRecorder {
   bool enabled_ = false;
   std::uint64_t operator_callback_ = 0;  // the at::RecordFunction callback while a step records (0: none)
   Clock::time_point t0_{};
+  std::int64_t syncs_at_start_ = 0;  // the driving thread's host synchronisations at start_step()
   std::mutex mu_;
   std::vector<TraceStage> stages_;
   std::vector<MemorySample> host_samples_, device_samples_;

@@ -16,7 +16,7 @@ namespace oom::backend::runner {
 void Runner::boundary_d2h(const Stage& s) { host[s.layer] = to_host(act.at(s.layer), st.pinned()); }
 
 void Runner::boundary_h2d(const Stage& s) {
-  act[s.layer] = device_memory::to_device(host.at(s.layer), dev);
+  act[s.layer] = load_to_device(host.at(s.layer), dev);
   origin[s.layer] = Origin::kLoaded;
 }
 

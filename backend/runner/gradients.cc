@@ -11,26 +11,27 @@
 
 namespace oom::backend::runner {
 
-// Σ g² over the ranges of a gradient, on the device (a BlockGrad) or in one host tensor: each
-// range's norm taken in sixteenths (the FP32 copy a reduction of a BF16 range takes is a
-// sixteenth of the range's), so both reduce alike and neither copies a whole range to FP32.
+// Adds Σ g² over the ranges of a gradient, on the device (a BlockGrad) or in one host tensor, to the
+// step's sq_norm where the gradient is, without reading it back: each range's norm taken in
+// sixteenths (the FP32 copy a reduction of a BF16 range takes is a sixteenth of the range's), so
+// both reduce alike and neither copies a whole range to FP32; each norm squared in FP64.
 at::Tensor Runner::range_of(const BlockGrad& grad, std::int64_t a, std::int64_t n) { return grad.range(a, n); }
 
 at::Tensor Runner::range_of(const at::Tensor& grad, std::int64_t a, std::int64_t n) { return grad.narrow(0, a, n); }
 
 template <typename Grad>
-double Runner::sq_norm_of(const Grad& grad, const Ranges& ranges) const {
-  double sum = 0;
+void Runner::add_sq_norm(const Grad& grad, const Ranges& ranges) {
+  std::vector<at::Tensor> norms;
   for (const auto& [a, n] : ranges) {
     const std::int64_t piece = std::max<std::int64_t>(1, (n + 15) / 16);
     const at::Tensor r = range_of(grad, a, n);
     for (std::int64_t i = 0; i < n; i += piece) {
-      const double norm =
-          at::linalg_vector_norm(r.narrow(0, i, std::min(piece, n - i)), 2, at::OptionalIntArrayRef{}, false, at::kFloat).template item<double>();
-      sum += norm * norm;
+      norms.push_back(at::linalg_vector_norm(r.narrow(0, i, std::min(piece, n - i)), 2, at::OptionalIntArrayRef{}, false, at::kFloat));
     }
   }
-  return sum;
+  if (norms.empty()) return;
+  const at::Tensor sum = at::stack(norms).to(at::kDouble).square().sum();
+  sq_norm = sq_norm.defined() ? sq_norm + sum : sum;  // a host sum (0-dim) adds to a device one as a scalar
 }
 
 // The host buffer of gradient `index` of a kind, in block coordinates (at least `numel` long).
@@ -64,7 +65,7 @@ void Runner::send_gradient(StagePart part, int layer, int bucket, const BlockGra
   const int b = block_of(part, layer);
   const Ranges ranges = bucket_ranges(part, layer, bucket);
   const GradKey key{part, layer, bucket};
-  if (cfg.max_grad_norm > 0) sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+  if (cfg.max_grad_norm > 0) add_sq_norm(grad, ranges);
   capture(b, ranges, grad);
   const int kind = part == StagePart::kExperts ? 1 : 0;
   const int index = grads_sent[static_cast<std::size_t>(kind)]++;
@@ -240,7 +241,7 @@ void Runner::gpu_adamw(const Stage& s) {
     publish_ranges(b, ranges);
   };
   if (cfg.max_grad_norm > 0) {
-    sq_norm[static_cast<std::size_t>(b)] += sq_norm_of(grad, ranges);
+    add_sq_norm(grad, ranges);
     deferred_device.push_back(std::move(update));
   } else {
     update();

@@ -42,7 +42,9 @@ struct GradientPipeline {
   std::map<StageId, int> jobs;                  // worker stages → job index
   std::vector<std::function<void()>> deferred;         // clipping: worker stages held for the norm
   std::vector<std::function<void()>> deferred_device;  // clipping: device updates held for the norm
-  std::vector<double> sq_norm;                  // per block: Σ g² of what this rank sent
+  // Σ g² of what this rank sent, a 0-dim FP64 tensor on the device (undefined before the first):
+  // the step reads it once, for the clipping norm, when every gradient has been sent.
+  at::Tensor sq_norm;
   double coef = 1.0;                            // the clipping coefficient of the updates
 };
 

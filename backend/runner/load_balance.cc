@@ -16,7 +16,9 @@ void Runner::count_routing(const Chunk& c, const Pass& p) {
   OOM_ASSERT(!balance_grad.defined(), "a forward routing after the load-balancing loss was summed");
   at::NoGradGuard no_grad;
   const int E = spec.moe.experts;
-  const auto counts = at::bincount(c.r.expert_ids.reshape({-1}), {}, E).to(at::kDouble);
+  // Slots per expert by an index_add (bincount's CUDA kernel reads its range back to the host).
+  const auto ids = c.r.expert_ids.reshape({-1});
+  const auto counts = at::zeros({E}, c.r.probs.options().dtype(at::kDouble)).index_add_(0, ids, at::ones({ids.numel()}, c.r.probs.options().dtype(at::kDouble)));
   const auto sums = c.r.probs.detach().to(at::kDouble).sum(0);
   const auto rows = at::full({1}, static_cast<double>(c.r.probs.size(0)), counts.options());
   const auto now = at::cat({counts, sums, rows});
@@ -35,14 +37,15 @@ const at::Tensor& Runner::load_balance_grad() {
   const int E = spec.moe.experts;
   at::Tensor t = balance_stats.defined() ? balance_stats.clone()
                                          : at::zeros({2 * E + 1}, at::TensorOptions().dtype(at::kDouble).device(dev));
+  OOM_ASSERT(dist() || balance_stats.defined(), "the load-balancing loss of a step that routed no token");
   if (dist()) group->all_reduce_sum(t);
-  const double rows = t[2 * E].item<double>();
-  OOM_ASSERT(rows > 0, "the load-balancing loss of a step that routed no token");
+  // Read on the device (no host synchronisation): rows, the tokens routed over the ranks.
+  const auto rows = t.narrow(0, 2 * E, 1);
   const auto f = t.narrow(0, 0, E) / rows;
   const auto prob = t.narrow(0, E, E) / rows;
   const double scale = spec.router_aux_loss_coef * static_cast<double>(E);
-  balance_loss = scale * (f * prob).sum().item<double>();
-  balance_grad = (f * (scale / rows)).to(at::kFloat);
+  balance_loss = scale * (f * prob).sum();
+  balance_grad = (f * scale / rows).to(at::kFloat);
   return balance_grad;
 }
 

@@ -100,8 +100,8 @@ void Runner::olse_d2h(const Stage& st_, Pass& p) {
 void Runner::olse_h2d(const Stage& st_, Pass& p) {
   Sub& s = sub_of(p, st_.key);
   const OLse& kept = olse.at(p.l).at(sub_index(st_.key));
-  s.out = device_memory::to_device(kept.out, dev);
-  if (p.kind == PassKind::kBackward) s.lse = device_memory::to_device(kept.lse, dev);
+  s.out = load_to_device(kept.out, dev);
+  if (p.kind == PassKind::kBackward) s.lse = load_to_device(kept.lse, dev);
 }
 
 // The sequences [first, first + count) of each GDN core call over `n` sequences: as many a call

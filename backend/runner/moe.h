@@ -45,7 +45,7 @@ struct DispatchLog {
 struct LoadBalance {
   at::Tensor balance_stats;    // [2E + 1] FP64 on the device: slot counts, probability sums, rows (this rank's forward)
   at::Tensor balance_grad;     // [E] FP32: d aux / d (a token's probability of expert e); undefined until summed
-  double balance_loss = 0.0;   // coef · aux, once summed
+  at::Tensor balance_loss;     // 0-dim FP64 on the device: coef · aux, once summed
 };
 
 }  // namespace oom::backend::runner

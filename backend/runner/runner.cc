@@ -193,24 +193,31 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
     tok = device_memory::to_device(tokens.narrow(0, R * B, B), dev);
     tgt = device_memory::to_device(targets.narrow(0, R * B, B), dev);
   }
-  sq_norm.assign(static_cast<std::size_t>(st.blocks()), 0.0);
+  sq_norm = at::Tensor();
   coef = 1.0;
   next_backward = spec.layers - 1;
   for (const StageId id : issue_order(g, handlers)) run_stage(id, *handlers[static_cast<std::size_t>(id)]);
   StepStats stats;
-  // Over ranks: the global mean loss, and the norm of every rank's sent slices and own experts.
-  const auto over_ranks = [&](double v) {
-    if (!dist()) return v;
-    auto t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(dev));  // the group's device
-    group->all_reduce_sum(t);
-    return t.item<double>();
+  // Over ranks: the global mean loss, and the norm of every rank's sent slices and own experts,
+  // each summed on the device and read once (the step's two host synchronisations).
+  const auto over_ranks = [&](const at::Tensor& v) {
+    at::Tensor t = v.reshape({1});
+    t = t.device() == dev ? t.clone() : t.to(dev);  // on the group's device
+    if (dist()) group->all_reduce_sum(t);
+    return t;
   };
-  stats.loss = over_ranks(loss.item<double>() / P);
-  if (balance_on()) stats.loss += (load_balance_grad(), balance_loss);  // the same on every rank
+  at::Tensor step_loss, step_sq_norm;
+  {
+    device_memory::OnDevice on_device;  // the device's tensors (a CPU standing in for one tells them apart)
+    step_loss = over_ranks(loss.detach().to(at::kDouble) / P);
+    if (balance_on()) step_loss = step_loss + (load_balance_grad(), balance_loss);  // the same on every rank
+    if (cfg.max_grad_norm > 0) {
+      step_sq_norm = over_ranks(sq_norm.defined() ? sq_norm.to(at::kDouble) : at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev)));
+    }
+  }
+  stats.loss = step_loss.item<double>();
   if (cfg.max_grad_norm > 0) {
-    double total = 0;
-    for (double v : sq_norm) total += v;
-    stats.grad_norm = std::sqrt(over_ranks(total));
+    stats.grad_norm = std::sqrt(step_sq_norm.item<double>());
     coef = clip_coefficient(stats.grad_norm, cfg.max_grad_norm);
     for (auto& update : deferred_device) update();
     for (auto& job : deferred) worker.submit(std::move(job));
@@ -219,12 +226,17 @@ StepStats Runner::run(const StepGraph& g, const at::Tensor& tokens, const at::Te
   OOM_ASSERT(passes.empty() && ready.empty() && host_grad.empty(), "every pass ended and every gradient was updated");
   if (dist() && ep()) {
     if (replica_group != nullptr) {
-      // Each EP group counted its own tokens: the step's histogram sums the groups'.
+      // Each EP group counted its own tokens: the step's histogram sums the groups' (one
+      // all-reduce and one copy back for every layer).
+      std::vector<double> flat;
+      for (const auto& layer : routed_pairs) flat.insert(flat.end(), layer.begin(), layer.end());
+      auto t = at::tensor(flat, at::TensorOptions().dtype(at::kDouble)).to(dev);
+      replica_group->all_reduce_sum(t);
+      const at::Tensor h = t.cpu().contiguous();
+      const double* summed = h.data_ptr<double>();
       for (auto& layer : routed_pairs) {
-        auto t = at::tensor(layer, at::TensorOptions().dtype(at::kDouble)).to(dev);
-        replica_group->all_reduce_sum(t);
-        const at::Tensor h = t.cpu();
-        for (std::size_t e = 0; e < layer.size(); ++e) layer[e] = h[static_cast<std::int64_t>(e)].item<double>();
+        std::copy(summed, summed + layer.size(), layer.begin());
+        summed += layer.size();
       }
     }
     step_routing = RoutingSpec{};
@@ -248,7 +260,7 @@ void Runner::clear_step() {
   deferred_device.clear();
   retained_moe.clear();
   balance_stats = balance_grad = at::Tensor();
-  balance_loss = 0.0;
+  balance_loss = at::Tensor();
   ring = Ring{};
   retained_weights.clear();
   reduced.clear();

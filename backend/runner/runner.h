@@ -216,7 +216,7 @@ struct Runner : TensorStore, OuterBlock, DispatchLog, LoadBalance, LlepPlacement
   static at::Tensor range_of(const BlockGrad& grad, std::int64_t a, std::int64_t n);
   static at::Tensor range_of(const at::Tensor& grad, std::int64_t a, std::int64_t n);
   template <typename Grad>
-  double sq_norm_of(const Grad& grad, const Ranges& ranges) const;
+  void add_sq_norm(const Grad& grad, const Ranges& ranges);
   template <typename Grad>
   void capture(int b, const Ranges& ranges, const Grad& grad);
   at::Tensor grad_buffer(int kind, int index, std::int64_t numel, const at::TensorOptions& options);

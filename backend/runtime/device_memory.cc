@@ -73,6 +73,10 @@ class MeteringAllocator final : public c10::Allocator {
     auto& held = g_use_current[static_cast<std::size_t>(use)];
     raise(g_use_peak[static_cast<std::size_t>(use)], held.fetch_add(it->second.bytes) + it->second.bytes);
   }
+  bool holds(const void* data) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sizes_.count(const_cast<void*>(data)) > 0;
+  }
   // Resets the uses' peaks to what each holds now (under the lock, so that no allocation is half
   // counted).
   void reset_use_peaks() {
@@ -143,6 +147,11 @@ std::array<Bytes, kMemoryUses> use_peak_bytes() {
 void retag(const at::Tensor& t, MemoryUse use) {
   if (!t.defined() || MeteringAllocator::instance == nullptr || !t.has_storage()) return;
   MeteringAllocator::instance->retag(t.storage().data_ptr().get(), use);
+}
+
+bool is_device(const at::Tensor& t) {
+  if (!t.defined() || MeteringAllocator::instance == nullptr || !t.has_storage() || !t.is_cpu()) return false;
+  return MeteringAllocator::instance->holds(t.storage().data_ptr().get());
 }
 
 Tagged::Tagged(MemoryUse use) : previous_(t_use) { t_use = use; }

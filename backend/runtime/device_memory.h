@@ -60,6 +60,9 @@ void reset_use_peaks();
 // device allocation): a tensor whose role is known only after it was made (a decoder's output
 // that becomes a checkpoint boundary, a gradient made by autograd).
 void retag(const at::Tensor& t, MemoryUse use);
+// Whether `t`'s data is a device allocation of the emulated device (false without emulation's
+// allocator, and for every tensor allocated outside an OnDevice scope).
+bool is_device(const at::Tensor& t);
 
 // Device allocations of this thread are counted under `use` while the scope lives (scopes nest;
 // the innermost wins; kOther outside any).

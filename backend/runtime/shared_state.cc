@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/runtime/pinned_host.h"
+
 namespace oom::backend {
 
 void share_host_state(HostState& state, const std::string& path, bool create) {
@@ -44,7 +46,13 @@ void share_host_state(HostState& state, const std::string& path, bool create) {
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED) fail("cannot map");
-  std::shared_ptr<void> mapping(base, [total](void* p) { ::munmap(p, total); });
+  // The mapping, pinned in this process when CUDA is present (each process pins its own mapping;
+  // the pinning ends before the unmapping: members end in reverse order).
+  struct Mapping {
+    std::shared_ptr<void> memory, pin;
+  };
+  auto mapping = std::make_shared<Mapping>();
+  mapping->memory = std::shared_ptr<void>(base, [total](void* p) { ::munmap(p, total); });
   std::size_t i = 0;
   for (int b = 0; b < state.blocks(); ++b) {
     for (const Buffer buf : buffers) {
@@ -55,6 +63,7 @@ void share_host_state(HostState& state, const std::string& path, bool create) {
       t = view;
     }
   }
+  if (state.pinned()) mapping->pin = pin_in_place(base, total);
 }
 
 NodeStateSync::NodeStateSync(HostState& state, RankGroup& group, at::Device device, bool leader)

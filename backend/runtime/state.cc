@@ -1,11 +1,14 @@
 #include "backend/runtime/state.h"
 
 #include <cmath>
+#include <memory>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "backend/io/safetensors.h"
 #include "backend/runtime/device_memory.h"
+#include "backend/runtime/host_copies.h"
+#include "backend/runtime/pinned_host.h"
 #include "costmodel/input_error.h"
 
 #ifdef OOM_BACKEND_CUDA
@@ -22,13 +25,48 @@ at::ScalarType working_dtype(WorkingPrecision p) {
 
 HostState::HostState(const ModelSpec& spec, StateOptions options)
     : spec_(spec), layout_(model_layout(spec)), options_(std::move(options)), pinned_(at::hasCUDA()) {
+  allocate_state();
+}
+
+namespace {
+
+// A host region and its pinning: the pinning goes first (members end in reverse order).
+struct PinnedRegion {
+  std::shared_ptr<void> memory, pin;
+};
+
+}  // namespace
+
+// One region for every block's master, moments and working copy, each buffer page-aligned; the
+// NUMA hook binds each buffer's pages before anything touches them, then the region is pinned.
+void HostState::allocate_state() {
+  const std::size_t page = host_page_bytes();
+  const auto aligned = [page](std::size_t n) { return (n + page - 1) / page * page; };
+  const at::ScalarType types[] = {at::kFloat, at::kFloat, at::kFloat, working_dtype(options_.precision)};
+  const char* names[] = {"master", "exp_avg", "exp_avg_sq", "working"};
+  std::size_t total = 0;
+  for (const auto& block : layout_.blocks) {
+    for (const at::ScalarType t : types) total += aligned(static_cast<std::size_t>(block.numel) * at::elementSize(t));
+  }
+  auto region = std::make_shared<PinnedRegion>();
+  region->memory = map_host_region(total);
+  char* cursor = static_cast<char*>(region->memory.get());
+  std::vector<at::Tensor>* lists[] = {&master_, &m_, &v_, &working_};
   for (int b = 0; b < blocks(); ++b) {
-    master_.push_back(alloc(b, "master", at::kFloat));
-    m_.push_back(alloc(b, "exp_avg", at::kFloat).zero_());
-    v_.push_back(alloc(b, "exp_avg_sq", at::kFloat).zero_());
-    working_.push_back(alloc(b, "working", working_dtype(options_.precision)));
+    const std::int64_t numel = layout_.blocks[static_cast<std::size_t>(b)].numel;
+    for (int k = 0; k < 4; ++k) {
+      auto t = at::from_blob(cursor, {numel}, [region](void*) {}, at::TensorOptions().dtype(types[k]));
+      if (options_.numa_hook) options_.numa_hook(b, names[k], cursor, static_cast<std::size_t>(t.nbytes()));
+      lists[k]->push_back(t);
+      cursor += aligned(static_cast<std::size_t>(t.nbytes()));
+    }
     grad_.emplace_back();
   }
+  for (int b = 0; b < blocks(); ++b) {
+    m_[idx(b)].zero_();
+    v_[idx(b)].zero_();
+  }
+  if (pinned_) region->pin = pin_in_place(region->memory.get(), total);
 }
 
 at::Tensor& HostState::grad_slot(int block) {
@@ -43,10 +81,13 @@ std::size_t HostState::idx(int block) const {
 }
 
 at::Tensor HostState::alloc(int block, const std::string& what, at::ScalarType type) {
-  device_memory::OnHost on_host;
-  auto t = at::empty({layout_.blocks[static_cast<std::size_t>(block)].numel},
-                     at::TensorOptions().dtype(type).pinned_memory(pinned_));
-  if (options_.numa_hook) options_.numa_hook(block, what, t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
+  const std::int64_t numel = layout_.blocks[static_cast<std::size_t>(block)].numel;
+  const std::size_t bytes = static_cast<std::size_t>(numel) * at::elementSize(type);
+  auto region = std::make_shared<PinnedRegion>();
+  region->memory = map_host_region(bytes);
+  auto t = at::from_blob(region->memory.get(), {numel}, [region](void*) {}, at::TensorOptions().dtype(type));
+  if (options_.numa_hook) options_.numa_hook(block, what, t.data_ptr(), bytes);
+  if (pinned_) region->pin = pin_in_place(region->memory.get(), bytes);
   return t;
 }
 
@@ -139,7 +180,7 @@ ParamWindow::ParamWindow(HostState& state, at::Device device, std::int64_t trans
       s.ready = std::make_shared<at::cuda::CUDAEvent>();
       s.free = std::make_shared<at::cuda::CUDAEvent>();
     }
-    copy_stream_ = std::make_shared<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
+    copy_stream_ = h2d_lane(device_);  // the device's H2D lane (backend/runtime/host_copies.h)
   }
 #endif
 }

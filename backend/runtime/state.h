@@ -1,16 +1,20 @@
 // Host canonical training state and the per-layer parameter window.
 //
 // HostState holds, for every block of the ModelLayout (outer block + one per decoder layer), the
-// FP32 master weights and the two FP32 Adam moments as flat host buffers (pinned when CUDA is
-// present, so transfers are asynchronous), the working copy the compute device reads (FP32 or BF16,
+// FP32 master weights and the two FP32 Adam moments as flat host buffers, the working copy the compute device reads (FP32 or BF16,
 // republished from the master after each update) and a gradient slot the device's gradients land
-// in (allocated at first use). A NUMA hook is called once per buffer after allocation so a caller can bind its pages
-// (e.g. mbind to the socket whose CPU threads run AdamW on that layer).
+// in (allocated at first use). The masters, moments and working copies are one host allocation,
+// each buffer page-aligned in it, pinned in place when CUDA is present (backend/runtime/pinned_host.h:
+// the bytes the state needs, not the caching host allocator's power of two) so transfers are
+// asynchronous. A NUMA hook is called once per buffer after allocation and before its pages are
+// touched or pinned, so a caller can bind them (e.g. mbind to the socket whose CPU threads run
+// AdamW on that layer).
 //
 // ParamWindow streams working weights to the compute device through two slots: prefetch(ℓ+1)
 // starts the copy while layer ℓ computes; acquire(ℓ) waits for it. On a CPU compute device the
 // host working copy already is the compute copy, so the window hands it out without copying.
-// On CUDA the copies run on a side stream ordered by events against the compute stream.
+// On CUDA the copies run on the device's H2D lane (backend/runtime/host_copies.h) ordered by events
+// against the compute stream.
 // Thread-safety: a HostState block may be updated by one thread while others use other blocks;
 // a ParamWindow belongs to the thread that drives the step.
 #pragma once
@@ -73,6 +77,7 @@ class HostState {
  private:
   std::size_t idx(int block) const;
   at::Tensor alloc(int block, const std::string& what, at::ScalarType type);
+  void allocate_state();
 
   ModelSpec spec_;
   ModelLayout layout_;

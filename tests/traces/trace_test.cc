@@ -26,6 +26,8 @@ Trace sample() {
               stage(2, "g0.fwd.L0.attn.proj", "gemm", "gpu0.compute", 0.1, 0.3, 0, 1e12),
               stage(3, "g0.opt.L0.layer.cpu_adamw", "cpu_adamw", "numa0.cpu_update.r0", 0.3, 0.5, 12, 0)};
   t.stages[1].ops = 213;  // operators the stage dispatched (kept through JSON and the Chrome export)
+  t.stages[1].syncs = 1;  // and the host synchronisations it made
+  t.host_syncs = 3;       // the step's: its stages' and the loss and norm read between them
   t.memory = {{"gpu0", {{0.0, 10}, {0.1, 1010}, {0.3, 10}}, 1010}, {"numa0", {{0.0, 5}}, 5}};
   t.gpu_peak_bytes = {1010};
   t.numa_peak_bytes = {5};
@@ -120,7 +122,7 @@ TEST(Trace, ChromeExportWritesTheKeysItsReaderKnows) {
     arg_keys.merge(keys(e["args"]));
   }
   EXPECT_EQ(event_keys, known(kChromeStageEventKeys));
-  EXPECT_EQ(arg_keys, known(kChromeStageArgKeys));  // the sample's stage 2 counts its operators
+  EXPECT_EQ(arg_keys, known(kChromeStageArgKeys));  // the sample's stage 2 counts its operators and syncs
 }
 
 TEST(Trace, FinalizeSortsStagesAndSetsStepAndPeaks) {
@@ -147,6 +149,7 @@ TEST(MergeRankTraces, KeepsEveryStageAndEachDevicesTimeline) {
   finalize_trace(r1);
   const Trace m = merge_rank_traces({r0, r1});
   EXPECT_EQ(m.engine, "analytic");
+  EXPECT_EQ(m.host_syncs, 3);  // the most any rank made (the second rank's trace counted none)
   ASSERT_EQ(m.stages.size(), 5u);
   std::set<std::int64_t> ids;
   for (const auto& s : m.stages) ids.insert(s.id);
