@@ -6,7 +6,14 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
+#include <set>
+#include <string>
+#include <string_view>
 
+#include <ATen/record_function.h>
+
+#include "backend/model/plan_ops.h"
 #include "backend/runtime/state.h"
 #include "tests/backend/reference_ops.h"
 
@@ -88,6 +95,142 @@ TEST(AttentionCore, SlidingWindowIgnoresKeysOutsideTheWindow) {
   const auto b = attention_core(q, k, v, 4, 8);
   EXPECT_TRUE(at::equal(a.out.narrow(2, 13, 17), b.out.narrow(2, 13, 17)));
   EXPECT_FALSE(at::equal(a.out.narrow(2, 0, 10), b.out.narrow(2, 0, 10)));
+}
+
+// The ATen operators f dispatches on this thread, by name, except those the grouped GEMM runs
+// inside itself (its CPU form reads its offsets on the host and runs group by group; the CUDA
+// one reads them on the device).
+thread_local std::set<std::string>* recorded_ops = nullptr;
+thread_local int inside_grouped_mm = 0;
+bool is_grouped_mm(const at::RecordFunction& fn) { return std::string_view(fn.name()).find("rouped") != std::string_view::npos; }
+std::set<std::string> ops_of(const std::function<void()>& f) {
+  std::set<std::string> names;
+  recorded_ops = &names;
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            if (recorded_ops != nullptr && inside_grouped_mm == 0) recorded_ops->insert(fn.name());
+            if (is_grouped_mm(fn)) ++inside_grouped_mm;
+            return nullptr;
+          },
+          [](const at::RecordFunction& fn, at::ObserverContext*) {
+            if (is_grouped_mm(fn)) --inside_grouped_mm;
+          })
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  f();
+  at::removeCallback(handle);
+  recorded_ops = nullptr;
+  return names;
+}
+
+// Every path of the core runs the CPU flash kernel (the kernel the GPU runs is its CUDA form):
+// full and sliding-window attention, GQA (4 query heads over 2 KV heads), latent attention's
+// narrower V, and queries that start inside the sequence (a context-parallel piece). Forward, LSE
+// and the gradients of q, k, v against the dense FP32 softmax within 1e-5 relative; the backward
+// from the kept O and LSE (plan_ops::attention_core_backward) equals autograd's within 1e-5.
+TEST(AttentionCore, RunsTheFlashKernelOnEveryPathWithinTolOfTheDenseSoftmax) {
+  torch::manual_seed(11);
+  const std::int64_t B = 2, Stot = 40, d = 16;
+  for (std::int64_t window : {0, 8}) {
+    for (std::int64_t query0 : {0, 13}) {
+      for (std::int64_t dv : {16, 8}) {
+        const std::string tag = "window " + std::to_string(window) + " query0 " + std::to_string(query0) + " dv " + std::to_string(dv);
+        const std::int64_t S = Stot - query0, Hkv = dv == d ? 2 : 4;
+        auto q_all = torch::randn({B, 4, Stot, d}).requires_grad_(true);
+        auto k = torch::randn({B, Hkv, Stot, d}).requires_grad_(true);
+        auto v = torch::randn({B, Hkv, Stot, dv}).requires_grad_(true);
+        const auto q = q_all.narrow(2, query0, S);
+        AttentionOutput got;
+        at::Tensor probe;
+        std::vector<at::Tensor> g1;
+        const auto ops = ops_of([&] {
+          got = attention_core(q, k, v, window, /*query_block=*/16, 0.0, query0);
+          probe = torch::randn_like(got.out);
+          g1 = grads_of(got.out, {q_all, k, v}, probe);
+        });
+        EXPECT_TRUE(ops.count("aten::_scaled_dot_product_flash_attention_for_cpu")) << tag;
+        EXPECT_TRUE(ops.count("aten::_scaled_dot_product_flash_attention_for_cpu_backward")) << tag;
+        EXPECT_FALSE(ops.count("aten::softmax") || ops.count("aten::_softmax")) << tag;
+        const auto ref_all = testing::reference_attention(q_all, k, v, window);
+        const auto ref_out = ref_all.out.narrow(2, query0, S);
+        EXPECT_LE(rel_diff(got.out, ref_out), kTol) << tag;
+        EXPECT_LE(rel_diff(got.lse, ref_all.lse.narrow(2, query0, S)), kTol) << tag;
+        const auto g2 = grads_of(ref_out, {q_all, k, v}, probe);
+        for (std::size_t i = 0; i < 3; ++i) EXPECT_LE(rel_diff(g1[i], g2[i]), kTol) << tag << " grad " << i;
+        const auto kept = plan_ops::attention_core_backward(q.detach(), k.detach(), v.detach(), got.out.detach(), got.lse.detach(),
+                                                            probe, window, 16, 0.0, query0);
+        EXPECT_LE(rel_diff(kept.dq, g1[0].narrow(2, query0, S)), kTol) << tag;
+        EXPECT_LE(rel_diff(kept.dk, g1[1]), kTol) << tag;
+        EXPECT_LE(rel_diff(kept.dv, g1[2]), kTol) << tag;
+      }
+    }
+  }
+}
+
+// The routed experts run as grouped GEMMs with the experts' row counts on the device (no
+// operator outside the grouped GEMM reads a tensor on the host), from the block's banks or from each expert's own
+// leaf, and match one plain gated MLP per expert (index_select, linear, index_add) within 1e-5
+// relative, forward and the gradients of the tokens, the routing weights and every expert weight.
+TEST(RoutedExperts, RunAsGroupedGemmsWithinTolOfOneMlpPerExpert) {
+  for (const char* name : {"tiny-moe", "tiny-moe-gemma"}) {
+    const ModelSpec spec = load_model_spec(name);
+    auto w = layer_weights(spec, 0);
+    torch::manual_seed(9);
+    auto x = torch::randn({37, spec.hidden}).requires_grad_(true);
+    Routing r = route(x.detach(), w.views["router"], spec.moe);
+    r.weights = r.weights.detach().requires_grad_(true);
+    const auto probe = torch::randn({37, spec.hidden});
+
+    auto ref = torch::zeros_like(x);
+    for (int e = 0; e < spec.moe.experts; ++e) {
+      const auto rows = (r.expert_ids == e).nonzero();  // [n, 2]: token, slot
+      if (rows.size(0) == 0) continue;
+      const auto tok = rows.select(1, 0);
+      const auto y = gated_mlp(x.index_select(0, tok), w.views["experts.gate"][e], w.views["experts.up"][e],
+                               w.views["experts.down"][e], spec.activation);
+      ref = ref.index_add(0, tok, y * r.weights.index({tok, rows.select(1, 1)}).unsqueeze(1));
+    }
+    const auto g_ref = grads_of(ref, {x, r.weights, w.flat}, probe);
+
+    at::Tensor got;
+    std::vector<at::Tensor> g;
+    const auto ops = ops_of([&] {
+      got = routed_experts(x, r, w.views, spec);
+      g = grads_of(got, {x, r.weights, w.flat}, probe);
+    });
+    EXPECT_TRUE(ops.count("aten::_grouped_mm")) << name;
+    EXPECT_FALSE(ops.count("aten::_local_scalar_dense") || ops.count("aten::item")) << name;
+    EXPECT_LE(rel_diff(got, ref), kTol) << name;
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_LE(rel_diff(g[i], g_ref[i]), kTol) << name << " grad " << i;
+
+    // Each expert its own leaf: views of one block (the graph runner's leaves), whose bank the
+    // grouped GEMMs read in place, or tensors of their own, stacked. The same values and gradients.
+    for (const bool views : {true, false}) {
+      const std::string tag = std::string(name) + (views ? " leaves over one block" : " leaves of their own");
+      const auto block = w.flat.detach().clone();
+      const BlockWeights block_w = block_views(*w.layout, block);
+      BlockWeights own = w.views;
+      std::vector<at::Tensor> leaves;
+      for (const char* bank : {"experts.gate", "experts.up", "experts.down"}) {
+        for (int e = 0; e < spec.moe.experts; ++e) {
+          const auto t = views ? block_w[bank].select(0, e).detach() : w.views[bank][e].detach().clone();
+          leaves.push_back(t.requires_grad_(true));
+          own.experts[bank].push_back(leaves.back());
+        }
+      }
+      const auto got_own = routed_experts(x, r, own, spec);
+      EXPECT_LE(rel_diff(got_own, ref), kTol) << tag;
+      const auto g_own = grads_of(got_own, leaves, probe);
+      const auto E = static_cast<std::size_t>(spec.moe.experts);
+      for (std::size_t b = 0; b < 3; ++b) {
+        const ParamEntry& entry = w.layout->at(b == 0 ? "experts.gate" : b == 1 ? "experts.up" : "experts.down");
+        const auto bank_grad = g_ref[2].narrow(0, entry.offset, entry.numel());
+        const auto own_grad = at::stack(std::vector<at::Tensor>(g_own.begin() + static_cast<std::ptrdiff_t>(b * E),
+                                                                g_own.begin() + static_cast<std::ptrdiff_t>((b + 1) * E)));
+        EXPECT_LE(rel_diff(own_grad.reshape({-1}), bank_grad), kTol) << tag << " bank " << b;
+      }
+    }
+  }
 }
 
 TEST(GdnChunk, WyFormMatchesTokenByTokenRecurrenceAndHandsStateAcrossChunks) {
