@@ -88,12 +88,6 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
     ++t_depth;
     return std::make_unique<Counted>();
   }
-  // The grouped GEMM's CUDA kernel reads its offsets on the device; its CPU form reads each
-  // group's end with item(): what it calls is not counted.
-  if (std::string_view(fn.name()) == "aten::_grouped_mm") {
-    ++t_depth;
-    return std::make_unique<Counted>();
-  }
   if (!is_sync(fn)) return nullptr;
   ++t_syncs;
   ++t_depth;

@@ -27,8 +27,6 @@
 //   4. Explicit waits of the driving thread (an event's or a stream's synchronize) that runtime
 //      code notes with note_host_sync(); the recorder's own synchronisation, which serialises a
 //      traced step's timing on a GPU, is the measurement's and is not counted.
-// Not counted: what `aten::_grouped_mm` calls. Its CUDA kernel reads the groups' offsets on the
-// device; its CPU form reads each group's end with item(), which a GPU run never does.
 // Thread-safety: counts are per thread; counting starts and stops process-wide.
 #pragma once
 

@@ -185,9 +185,7 @@ at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWei
   const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
   if (grouped_mm_fits(x2, w["experts.gate"])) {
     // Each expert's rows end at offs[e], the running count of its pairs, kept on the device.
-    // (Counted by an index_add: bincount's CUDA kernel reads its range back to the host.)
-    const auto counts = at::zeros({m.experts}, flat_ids.options()).index_add_(0, flat_ids, at::ones_like(flat_ids));
-    const auto offs = counts.cumsum(0).to(at::kInt);
+    const auto offs = at::bincount(flat_ids, {}, m.experts).cumsum(0).to(at::kInt);
     const auto ys = grouped_gated_mlp(x2.index_select(0, tokens_sorted), expert_bank(w, "experts.gate"), expert_bank(w, "experts.up"),
                                       expert_bank(w, "experts.down"), offs, spec.activation);
     return lean_index_add(at::zeros_like(x2), tokens_sorted, ys * weights_sorted.unsqueeze(1).to(ys.scalar_type()));
