@@ -108,92 +108,16 @@ at::Tensor router_aux_loss(const RouterStats& stats, int experts) {
   return (stats.slot_counts / rows * (stats.prob_sums / rows)).sum() * static_cast<double>(experts);
 }
 
-namespace {
-
-// at::_grouped_mm reads its operands' rows at 16-byte aligned strides.
-constexpr std::int64_t kGroupedMmAlignBytes = 16;
-
-// The grouped GEMM takes these operands: rows it can read, one dtype, and on CUDA BF16 (its
-// Hopper kernel's dtype; an FP32 run on a GPU, the exactness check's, runs expert by expert).
-bool grouped_mm_fits(const at::Tensor& x2, const at::Tensor& gate_bank) {
-  const auto e = x2.element_size();
-  return x2.size(1) * e % kGroupedMmAlignBytes == 0 && gate_bank.size(1) * e % kGroupedMmAlignBytes == 0 &&
-         gate_bank.scalar_type() == x2.scalar_type() && (!x2.is_cuda() || x2.scalar_type() == at::kBFloat16);
-}
-
-// The experts' own tensors [rows, cols] each as their bank [E, rows, cols]: where they lie one
-// after another in one buffer (the graph runner's leaves over a flat block), the bank aliases that
-// buffer, no copy; its gradient is split back to the experts (each gets its rows of one bank-size
-// gradient, as the grouped GEMM's weight gradient is one).
-class BankOfExperts : public torch::autograd::Function<BankOfExperts> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, at::TensorList experts) {
-    const auto& first = experts.front();
-    auto bank = at::empty({0}, first.options());
-    bank.set_(first.storage(), first.storage_offset(), {static_cast<std::int64_t>(experts.size()), first.size(0), first.size(1)},
-              {first.numel(), first.stride(0), first.stride(1)});
-    return bank;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/, torch::autograd::variable_list grad) {
-    const auto parts = grad[0].unbind(0);
-    return {parts.begin(), parts.end()};
-  }
-};
-
-bool one_after_another(const std::vector<at::Tensor>& experts) {
-  const auto& first = experts.front();
-  if (!first.is_contiguous()) return false;
-  for (std::size_t e = 0; e < experts.size(); ++e) {
-    const auto& x = experts[e];
-    if (!x.is_contiguous() || !x.is_same_size(first) || !x.storage().is_alias_of(first.storage()) ||
-        x.storage_offset() != first.storage_offset() + static_cast<std::int64_t>(e) * first.numel()) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Bank `name` [E, rows, cols]: the block's tensor, or its experts' own tensors as one (their
-// gradients flow back to each).
-at::Tensor expert_bank(const BlockWeights& w, const std::string& name) {
-  const auto bank = w.experts.find(name);
-  if (bank == w.experts.end()) return w[name];
-  return one_after_another(bank->second) ? BankOfExperts::apply(at::TensorList(bank->second)) : at::stack(bank->second);
-}
-
-// gated_mlp of every expert's rows of xs [N, h] (sorted by expert, expert e's rows ending at
-// offs[e]) as three grouped GEMMs over the banks [E, I, h], [E, I, h], [E, h, I].
-at::Tensor grouped_gated_mlp(const at::Tensor& xs, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
-                             const at::Tensor& offs, const std::string& activation) {
-  const auto g = at::_grouped_mm(xs, gate.transpose(1, 2), offs);
-  const auto u = at::_grouped_mm(xs, up.transpose(1, 2), offs);
-  const auto gated = lean_kernel(
-      [activation](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{gated_activation(in[0], in[1], activation)}; },
-      {g, u})[0];
-  return at::_grouped_mm(gated, down.transpose(1, 2), offs);
-}
-
-}  // namespace
-
 at::Tensor routed_experts(const at::Tensor& x2, const Routing& r, const BlockWeights& w, const ModelSpec& spec) {
   const MoeSpec& m = spec.moe;
-  // Dispatch: the (token, slot) pairs sorted by expert.
-  const auto flat_ids = r.expert_ids.reshape({-1});
-  if (flat_ids.numel() == 0) return at::zeros_like(x2);
-  const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
-  const auto tokens_sorted = at::div(order, m.top_k, "floor");
-  const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
-  if (grouped_mm_fits(x2, w["experts.gate"])) {
-    // Each expert's rows end at offs[e], the running count of its pairs, kept on the device.
-    const auto offs = at::bincount(flat_ids, {}, m.experts).cumsum(0).to(at::kInt);
-    const auto ys = grouped_gated_mlp(x2.index_select(0, tokens_sorted), expert_bank(w, "experts.gate"), expert_bank(w, "experts.up"),
-                                      expert_bank(w, "experts.down"), offs, spec.activation);
-    return lean_index_add(at::zeros_like(x2), tokens_sorted, ys * weights_sorted.unsqueeze(1).to(ys.scalar_type()));
-  }
-  // Widths the grouped GEMM cannot read: one expert at a time, its rows counted on the host.
   auto out = at::zeros_like(x2);
+  // Dispatch: the (token, slot) pairs of each expert, sorted by expert, one gather per expert.
+  const auto flat_ids = r.expert_ids.reshape({-1});
+  const auto order = std::get<1>(at::sort(flat_ids, /*stable=*/true, 0, false));
   const auto counts = at::bincount(flat_ids, {}, m.experts).to(at::kCPU);
   const auto* count = counts.data_ptr<std::int64_t>();
+  const auto tokens_sorted = at::div(order, m.top_k, "floor");
+  const auto weights_sorted = r.weights.reshape({-1}).index_select(0, order);
   std::int64_t start = 0;
   for (int e = 0; e < m.experts; ++e) {
     const auto n = count[e];

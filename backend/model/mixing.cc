@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <torch/torch.h>
 
-#include "backend/model/attention_kernel.h"
 #include "costmodel/input_error.h"
 
 namespace oom::backend {
@@ -148,19 +148,32 @@ AttentionOutput attention_core(const at::Tensor& q_in, const at::Tensor& k_in, c
   const auto group = H / k_in.size(1);
   OOM_ASSERT(group * k_in.size(1) == H, "query heads must be a multiple of KV heads");
   OOM_ASSERT(k_in.size(2) >= query0 + S, "the keys reach the last query");
-  const auto dtype = attention_kernel::compute_dtype(q_in);
-  const auto q = q_in.to(dtype);
-  const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(dtype);
-  const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(dtype);
+  const auto q = q_in.to(at::kFloat);
+  const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
+  const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
   const double scale = scale_in > 0 ? scale_in : 1.0 / std::sqrt(static_cast<double>(d));
+  const auto block = std::max<std::int64_t>(1, query_block);
+  const auto idx_opts = q.options().dtype(at::kLong);
   std::vector<at::Tensor> outs, lses;
-  for (const auto& c : attention_kernel::plan_calls(S, query0, window, query_block)) {
-    const auto r = attention_kernel::forward(q.narrow(2, c.q_begin, c.q_end - c.q_begin), k.narrow(2, c.k_begin, c.k_end - c.k_begin),
-                                             v.narrow(2, c.k_begin, c.k_end - c.k_begin), query0 + c.q_begin, c.k_begin, window, scale);
-    outs.push_back(r.out);
-    lses.push_back(r.lse);
+  for (std::int64_t b0 = 0; b0 < S; b0 += block) {
+    const auto b1 = std::min(S, b0 + block);
+    const auto s0 = query0 + b0, s1 = query0 + b1;  // the block's places in the sequence
+    const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
+    // Queries s0..s1 over keys lo..s1 → {O block, LSE block}.
+    const RecomputeFn attend = [=](const std::vector<at::Tensor>& x) -> std::vector<at::Tensor> {
+      const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
+      const auto kj = at::arange(lo, s1, idx_opts).unsqueeze(0);
+      auto allowed = kj <= qi;
+      if (window > 0) allowed = allowed & (qi - kj < window);
+      const auto scores = at::matmul(x[0], x[1].transpose(-1, -2)).mul(scale).masked_fill(allowed.logical_not(),
+                                                                                        -std::numeric_limits<float>::infinity());
+      const auto lse = at::logsumexp(scores, {-1});                  // [B, H, blk]
+      return {at::matmul(at::exp(scores - lse.unsqueeze(-1)), x[2]), lse};  // [B, H, blk, d]
+    };
+    const auto r = lean_kernel(attend, {q.narrow(2, b0, b1 - b0), k.narrow(2, lo, s1 - lo), v.narrow(2, lo, s1 - lo)});
+    outs.push_back(r[0]);
+    lses.push_back(r[1]);
   }
-  if (outs.size() == 1) return {outs[0], lses[0]};
   return {at::cat(outs, 2), at::cat(lses, 2)};
 }
 
@@ -199,17 +212,6 @@ at::Tensor attention_mixing(const at::Tensor& x, const BlockWeights& w, const Mo
   return at::linear(o.reshape({B, S, H * d}), w["attn.o_proj"]);
 }
 
-namespace {
-
-// A product of the GDN chunk form: on CUDA in BF16 (the tensor-core GEMMs of a chunked GDN kernel)
-// returned in FP32, elsewhere FP32 as it is. The decays, the triangular solve and the state stay FP32.
-at::Tensor chunk_mm(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.is_cuda()) return at::matmul(a, b);
-  return at::matmul(a.to(at::kBFloat16), b.to(at::kBFloat16)).to(at::kFloat);
-}
-
-}  // namespace
-
 at::Tensor gdn_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                      const at::Tensor& beta, at::Tensor& state) {
   const auto C = q.size(2);
@@ -218,19 +220,19 @@ at::Tensor gdn_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const auto decay = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).tril().exp().tril();           // Γ_ij, i ≥ j
   const auto kb = k * beta.unsqueeze(-1);
   const auto vb = v * beta.unsqueeze(-1);
-  const auto strict = (chunk_mm(kb, k.transpose(-1, -2)) * decay).tril(-1);             // L
+  const auto strict = (at::matmul(kb, k.transpose(-1, -2)) * decay).tril(-1);             // L
   const auto eye = at::eye(C, opts).expand_as(strict);
   // T = (I + L)⁻¹ by a unit lower-triangular solve (the UT transform of the WY form).
   const auto T = at::linalg_solve_triangular(strict + eye, eye, /*upper=*/false, /*left=*/true,
                                              /*unitriangular=*/true);
-  const auto u = chunk_mm(T, vb);                                                        // [B, H, C, dv]
-  const auto wk = chunk_mm(T, kb * gc.exp().unsqueeze(-1));                             // [B, H, C, dk]
-  const auto v_new = u - chunk_mm(wk, state);
-  const auto intra = (chunk_mm(q, k.transpose(-1, -2)) * decay).tril();
-  const auto out = chunk_mm(q * gc.exp().unsqueeze(-1), state) + chunk_mm(intra, v_new);
+  const auto u = at::matmul(T, vb);                                                        // [B, H, C, dv]
+  const auto wk = at::matmul(T, kb * gc.exp().unsqueeze(-1));                             // [B, H, C, dk]
+  const auto v_new = u - at::matmul(wk, state);
+  const auto intra = (at::matmul(q, k.transpose(-1, -2)) * decay).tril();
+  const auto out = at::matmul(q * gc.exp().unsqueeze(-1), state) + at::matmul(intra, v_new);
   const auto g_last = gc.narrow(-1, C - 1, 1);                                            // [B, H, 1]
   const auto k_decayed = k * (g_last - gc).exp().unsqueeze(-1);
-  state = state * g_last.exp().unsqueeze(-1) + chunk_mm(k_decayed.transpose(-1, -2), v_new);
+  state = state * g_last.exp().unsqueeze(-1) + at::matmul(k_decayed.transpose(-1, -2), v_new);
   return out;
 }
 

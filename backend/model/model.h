@@ -7,9 +7,8 @@
 // (named views into a flat block buffer, or separate leaf tensors for the plain trainer), so the
 // streamed runtime and the plain in-memory trainer run the very same arithmetic. Activations are
 // [batch B, sequence S, hidden h]; tokens are int64 [B, S]. Weights may be FP32 or BF16; the
-// attention core computes in FP32 (BF16 on CUDA: attention_kernel.h), the GDN recurrence in FP32
-// (its chunk products in BF16 on CUDA, the state FP32) and the loss in FP32. Positions restart at
-// 0 in each sequence. Stateless and thread-compatible: concurrent calls on different tensors are safe.
+// attention core, the GDN recurrence and the loss compute in FP32. Positions restart at 0 in each
+// sequence. Stateless and thread-compatible: concurrent calls on different tensors are safe.
 #pragma once
 
 #include <cstdint>
@@ -98,18 +97,17 @@ LatentQkv latent_qkv(const at::Tensor& x, const BlockWeights& w, const ModelSpec
 at::Tensor latent_rope(const at::Tensor& x, const ModelSpec& spec, const at::Tensor& positions = {});
 
 struct AttentionOutput {
-  at::Tensor out;  // [B, H, S, d_v] in the kernel's dtype: FP32, BF16 on CUDA (attention_kernel.h)
+  at::Tensor out;  // [B, H, S, d] FP32
   at::Tensor lse;  // [B, H, S] FP32: log Σ_j exp(q·k_j·scale) over the keys each query sees
 };
-// Causal softmax attention of q [B, H, S, d] over k, v [B, Hkv, S, d] (H a multiple of Hkv, K/V
-// expanded to H heads for the kernel); window_tokens > 0 restricts query i to keys j with
-// i − j < window. Runs PyTorch's fused kernels (attention_kernel.h): one causal call over the
-// sequence, or with a window one call per query block of `query_block` rows over the keys inside
-// its window. Scores are q·k·scale; scale 0 means 1/√d. Autograd keeps what the kernel's backward
-// reads (q, k, v, O and the LSE) and differentiates through it; the LSE carries no gradient.
+// Causal softmax attention of q [B, H, S, d] over k, v [B, Hkv, S, d] (H a multiple of Hkv);
+// window_tokens > 0 restricts query i to keys j with i − j < window. Computed in query blocks
+// that only visit the keys inside the window. Scores are q·k·scale; scale 0 means 1/√d. Under
+// LeanKernels, autograd keeps only each block's q, k, v and recomputes its scores in the backward,
+// as flash attention does; otherwise it keeps every block's FP32 scores and probabilities.
 // query0 > 0: the queries are the sequence's tokens query0 … query0 + S − 1 and k, v hold its keys
 // from token 0 on (at least query0 + S of them; context parallelism's pieces over the whole
-// sequence's K/V), one call per query block.
+// sequence's K/V).
 AttentionOutput attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                std::int64_t window_tokens, std::int64_t query_block, double scale = 0.0,
                                std::int64_t query0 = 0);
@@ -120,10 +118,9 @@ struct GdnState {
   at::Tensor recurrent;
   at::Tensor conv_context;
 };
-// One chunk of the gated delta rule in its WY (UT-transform) form (its products in BF16 on CUDA,
-// the state FP32). q, k [B, H, C, dk] (already L2-normalized, q scaled), v [B, H, C, dv],
-// g [B, H, C] log decays (≤ 0), beta [B, H, C]; state [B, H, dk, dv]. Returns the outputs
-// [B, H, C, dv] and replaces `state` by the chunk's end state.
+// One chunk of the gated delta rule in its WY (UT-transform) form. q, k [B, H, C, dk] (already
+// L2-normalized, q scaled), v [B, H, C, dv], g [B, H, C] log decays (≤ 0), beta [B, H, C];
+// state [B, H, dk, dv]. Returns the outputs [B, H, C, dv] and replaces `state` by the chunk's end state.
 at::Tensor gdn_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                      const at::Tensor& beta, at::Tensor& state);
 
@@ -176,10 +173,6 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tens
 at::Tensor gated_activation(const at::Tensor& g, const at::Tensor& u, const std::string& activation);
 bool is_gelu(const std::string& activation);
 // Routed experts of the tokens x2d [T, h] under routing r (dispatch, expert MLPs, weighted combine) → [T, h].
-// The experts' MLPs are three grouped GEMMs (at::_grouped_mm) over the rows sorted by expert, their
-// counts kept on the device: no host synchronization. Widths whose rows the grouped GEMM cannot
-// read (h or I · element size not a multiple of 16 bytes), or FP32 on CUDA, run one expert at a
-// time instead, their counts read on the host.
 at::Tensor routed_experts(const at::Tensor& x2d, const Routing& r, const BlockWeights& w, const ModelSpec& spec);
 // Routed experts + shared expert (gated where the layer has shared.expert_gate) + dense MLP, each
 // where the layer's weights have it, on the normalized input x [B, S, h] → [B, S, h].

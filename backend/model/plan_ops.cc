@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 
-#include "backend/model/attention_kernel.h"
 #include "backend/runtime/device_memory.h"
 #include "costmodel/input_error.h"
 #include "costmodel/memory.h"
@@ -76,38 +75,43 @@ AttentionGrads attention_core_backward(const at::Tensor& q_in, const at::Tensor&
                                        std::int64_t window, std::int64_t query_block, double scale_in, std::int64_t query0) {
   const auto B = q_in.size(0), H = q_in.size(1), S = q_in.size(2), d = q_in.size(3), Hkv = k_in.size(1), Sk = k_in.size(2);
   const auto group = H / Hkv;
-  const auto dtype = attention_kernel::compute_dtype(q_in);
-  const auto q = q_in.to(dtype);
-  const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(dtype);
-  const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(dtype);
-  const auto out = out_in.to(dtype), dout = dout_in.to(dtype);
+  const auto q = q_in.to(at::kFloat);
+  const auto k = (group == 1 ? k_in : k_in.repeat_interleave(group, 1)).to(at::kFloat);
+  const auto v = (group == 1 ? v_in : v_in.repeat_interleave(group, 1)).to(at::kFloat);
   const auto lse = lse_in.to(at::kFloat);
   const double scale = scale_in > 0 ? scale_in : 1.0 / std::sqrt(static_cast<double>(d));
-  // The forward's kernel calls (model.h attention_core), each differentiated by the kernel's own
-  // backward from its kept O and LSE; K/V gradients of overlapping windows summed in FP32.
-  const auto calls = attention_kernel::plan_calls(S, query0, window, query_block);
-  at::Tensor dq, dk, dv;
-  if (calls.size() == 1 && calls[0].k_begin == 0 && calls[0].k_end == Sk) {
-    auto g = attention_kernel::backward(dout, q, k, v, out, lse, query0, 0, window, scale);
-    dq = g[0], dk = g[1], dv = g[2];
-  } else {
-    const auto f32 = q.options().dtype(at::kFloat);
-    dq = at::empty({B, H, S, d}, q.options());
-    dk = at::zeros({B, H, Sk, d}, f32);
-    dv = at::zeros({B, H, Sk, v.size(3)}, f32);
-    for (const auto& c : calls) {
-      const auto n = c.q_end - c.q_begin, m = c.k_end - c.k_begin;
-      const auto g = attention_kernel::backward(dout.narrow(2, c.q_begin, n), q.narrow(2, c.q_begin, n), k.narrow(2, c.k_begin, m),
-                                                v.narrow(2, c.k_begin, m), out.narrow(2, c.q_begin, n), lse.narrow(2, c.q_begin, n),
-                                                query0 + c.q_begin, c.k_begin, window, scale);
-      dq.narrow(2, c.q_begin, n).copy_(g[0]);
-      dk.narrow(2, c.k_begin, m).add_(g[1]);
-      dv.narrow(2, c.k_begin, m).add_(g[2]);
+  const auto block = std::max<std::int64_t>(1, query_block);
+  const auto idx_opts = q.options().dtype(at::kLong);
+  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  // Tiles of `block` queries × `block` keys, as a flash backward's thread blocks: the score-sized
+  // temporaries (P, dP, dS) of one tile at a time, not of a query block over all its keys.
+  for (std::int64_t b0 = 0; b0 < S; b0 += block) {
+    const auto b1 = std::min(S, b0 + block);
+    const auto s0 = query0 + b0, s1 = query0 + b1;  // the block's places in the sequence
+    const auto lo = window > 0 ? std::max<std::int64_t>(0, s0 - window + 1) : 0;
+    const auto qb = q.narrow(2, b0, b1 - b0);
+    // O and dO in FP32 a query block at a time (O is kept in the activations' dtype).
+    const auto dob = dout_in.narrow(2, b0, b1 - b0).to(at::kFloat);
+    const auto lse_b = lse.narrow(2, b0, b1 - b0).unsqueeze(-1);
+    const auto D_b = (dob * out_in.narrow(2, b0, b1 - b0).to(at::kFloat)).sum(-1, /*keepdim=*/true);  // D = Σ dO ⊙ O
+    const auto qi = at::arange(s0, s1, idx_opts).unsqueeze(1);
+    auto dq_b = dq.narrow(2, b0, b1 - b0);
+    for (std::int64_t k0 = lo; k0 < s1; k0 += block) {
+      const auto k1 = std::min(s1, k0 + block);
+      const auto kb = k.narrow(2, k0, k1 - k0), vb = v.narrow(2, k0, k1 - k0);
+      const auto kj = at::arange(k0, k1, idx_opts).unsqueeze(0);
+      auto allowed = kj <= qi;
+      if (window > 0) allowed = allowed & (qi - kj < window);
+      const auto p = at::exp(at::matmul(qb, kb.transpose(-1, -2)).mul_(scale).sub_(lse_b)).masked_fill_(allowed.logical_not(), 0.0);
+      dv.narrow(2, k0, k1 - k0).add_(at::matmul(p.transpose(-1, -2), dob));
+      const auto ds = at::matmul(dob, vb.transpose(-1, -2)).sub_(D_b).mul_(p).mul_(scale);
+      dq_b.add_(at::matmul(ds, kb));
+      dk.narrow(2, k0, k1 - k0).add_(at::matmul(ds.transpose(-1, -2), qb));
     }
   }
   if (group > 1) {
-    dk = dk.to(at::kFloat).view({B, Hkv, group, Sk, d}).sum(2);
-    dv = dv.to(at::kFloat).view({B, Hkv, group, Sk, v.size(3)}).sum(2);
+    dk = dk.view({B, Hkv, group, Sk, d}).sum(2);
+    dv = dv.view({B, Hkv, group, Sk, d}).sum(2);
   }
   return {dq.to(q_in.scalar_type()), dk.to(k_in.scalar_type()), dv.to(v_in.scalar_type())};
 }

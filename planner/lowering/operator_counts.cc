@@ -35,20 +35,6 @@ CoreCalls core_calls(const OperatorRun& run, const OpShape& shape) {
   return {2, std::max<std::int64_t>(1, piece / 2)};
 }
 
-// The attention core's kernel calls over `queries` queries (backend/model/attention_kernel.h):
-// one causal call over the sequence, or with a window or under context parallelism one per
-// query block, each with a mask but a first block its window covers whole.
-struct KernelCalls {
-  double plain = 0, masked = 0;
-};
-KernelCalls kernel_calls(const AttentionSpec& a, const OperatorRun& run, std::int64_t queries) {
-  const double qb = static_cast<double>(blocks(queries, kQueryBlock));
-  if (run.context_ranks > 1) return {0, qb};
-  if (a.window_tokens <= 0) return {1, 0};
-  const double covered = a.window_tokens >= std::min(queries, kQueryBlock) ? 1 : 0;
-  return {covered, qb - covered};
-}
-
 // A MoE stage over EP ranks (backend/runner/moe.cc) with `hit` of the rank's experts receiving
 // rows and `peers` ranks in its EP group; `shared`, `dense`: 1 with a shared expert, with Gemma
 // 4's dense MLP and norms around the branches. The owner runs its experts without autograd, one
@@ -92,10 +78,6 @@ std::int64_t backend_operators(const ModelSpec& m, int layer, StagePart part, St
       const AttentionSpec& a = m.attention(kind);
       const double qk = a.qk_norm ? 1 : 0;
       const double g = gemma ? 1 : 0;
-      // The stage's query heads over fewer KV heads: K/V expanded to them for the kernel.
-      const std::int64_t q_heads = std::max(1, shape.heads), kv_in_call = std::max<std::int64_t>(1, q_heads * a.kv_heads / std::max(1, a.heads));
-      const double expanded = q_heads > kv_in_call ? 1 : 0;
-      const bool grouped = shape.heads > 0 && shape.heads < a.heads;
       switch (op) {
         case StageOp::kProj:
           // Norm, Q/K/V projections, RoPE; the weights' preparation once per decoder pass.
@@ -107,23 +89,14 @@ std::int64_t backend_operators(const ModelSpec& m, int layer, StagePart part, St
         case StageOp::kCoreRefwd: {
           // Under context parallelism the two chunks' outputs and LSEs are concatenated.
           const CoreCalls c = core_calls(run, shape);
-          const KernelCalls k = kernel_calls(a, run, c.queries);
-          const double window = a.window_tokens > 0 ? 3 : 0;
-          const double per = 22 * expanded + 30 * k.plain + (53 + window) * k.masked + (k.plain + k.masked > 1 ? 2 : 0);
-          n = c.calls * (6 + per) + (c.calls > 1 ? 1 : 0);
+          const double qb = static_cast<double>(blocks(c.queries, kQueryBlock));
+          n = c.calls * (34 + (96 + (a.window_tokens > 0 ? 3 : 0)) * qb) + (c.calls > 1 ? 1 : 0);
           break;
         }
         case StageOp::kCoreBwd: {
           // Under context parallelism the chunks' inputs are cut out, their K/V gradients summed.
-          // One head group: autograd through the kernels' backward; several: the kernels'
-          // backward from the kept O and LSE (plan_ops::attention_core_backward), the group's
-          // K/V gradients accumulated around it.
           const CoreCalls c = core_calls(run, shape);
-          const KernelCalls k = kernel_calls(a, run, c.queries);
-          const double more = k.plain + k.masked - 1, window = a.window_tokens > 0 ? 3 : 0, mask = k.masked > 0 ? 3 : 0;
-          const double per = grouped ? 104 + 37 * expanded + (104 + window) * more + mask
-                                     : 70 + 33 * expanded + (78 + window) * more + mask;
-          n = c.calls * per + (c.calls > 1 ? 17 : 0);
+          n = c.calls * (36 + 240 * static_cast<double>(blocks(c.queries, kQueryBlock))) + (c.calls > 1 ? 17 : 0);
           break;
         }
         case StageOp::kOut: n = (fwd ? 22 : 28) + 23 * g; break;
@@ -158,7 +131,6 @@ std::int64_t backend_operators(const ModelSpec& m, int layer, StagePart part, St
       const double shared = m.moe.shared_expert_intermediate > 0 ? 1 : 0;
       const double dense = gemma ? 1 : 0;  // Gemma 4's dense MLP beside the experts, with its own norms
       const double hit = experts_hit(shape.experts, m.moe.experts, shape.tokens);
-      const double bank = static_cast<double>(shape.experts > 0 ? shape.experts : m.moe.experts);
       if (run.experts_over_ranks && m.moe_layer(layer) && op != StageOp::kRouterShared && op != StageOp::kRouterSharedBwd) {
         n = ep_operators(op, run, hit, static_cast<double>(m.moe.experts / std::max<std::int64_t>(1, shape.experts)), shared, dense);
         break;
@@ -166,10 +138,8 @@ std::int64_t backend_operators(const ModelSpec& m, int layer, StagePart part, St
       switch (op) {
         case StageOp::kRouterShared: n = (replay ? 48 : 46) + 55 * shared + 84 * dense; break;
         case StageOp::kRouterSharedBwd: n = 105 + 200 * shared + 364 * dense; break;
-        // The routed experts' three grouped GEMMs (backend/model/ffn.cc), which the CPU runs group
-        // by group: a fixed count per expert of the bank, whatever the tokens.
-        case StageOp::kExperts: n = replay ? 73 + 42 * bank : 77 + (40 + (gelu ? 9 : 0)) * bank; break;
-        case StageOp::kExpertsBwd: n = 185 + (96 + (gelu ? 55 : 0)) * bank; break;
+        case StageOp::kExperts: n = replay ? 31 + 46 * hit : 41 + (52 + (gelu ? 10 : 0)) * hit; break;
+        case StageOp::kExpertsBwd: n = 74 + (135 + (gelu ? 55 : 0)) * hit; break;
         case StageOp::kCombine: n = 10; break;
         default: break;
       }

@@ -4,13 +4,11 @@
 // model's step is mostly dispatch: the stages of a tiny MoE issue 20 to 10,000 ATen calls each,
 // and a call costs microseconds whatever its FLOPs (backend/README.md). The counts follow the
 // backend's kernels (backend/model/, backend/runner/): a fixed number per stage and pass for
-// each part, plus what its loops repeat: the attention core's flash-kernel calls, one over the
-// sequence or with a window one per 64-query block (under context parallelism per block, twice,
-// once per zig-zag chunk of the piece), the GDN core per 32-token kernel chunk (under context
-// parallelism in the stage that runs the sequence's chain, per chunk of the piece), the routed
-// experts per expert of the bank on the Local path (three grouped GEMMs, which the CPU runs
-// group by group, and the experts' own gradient leaves) and over EP ranks per expert that
-// receives tokens (the owner's kernels on the rows it received, one expert after another, the
+// each part, plus what its loops repeat: the attention core per 64-query block
+// (under context parallelism twice, once per zig-zag chunk of the piece), the GDN core per 32-token
+// kernel chunk (under context parallelism in the stage that runs the sequence's chain, per chunk of
+// the piece), the routed experts per expert that receives tokens (on the Local path the rank's
+// autograd over every expert; over EP ranks the owner's kernels on the rows it received, the
 // all-to-alls' bookkeeping per EP-group peer and per owned expert, a combine after the return).
 // The numbers are the backend's own, counted with `oom train --plan P --trace` (TraceStage::ops,
 // nested calls included) on the four tiny models, over four EP ranks too, and on tiny-moe with

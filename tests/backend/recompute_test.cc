@@ -92,31 +92,17 @@ void expect_same_arithmetic_holding_less(Forward forward, Scalar scalar, const s
   EXPECT_LT(lean * 2, plain) << "lean " << lean << " B, plain " << plain << " B";
 }
 
-// The attention core is the flash kernel in either mode: between its forward and backward it holds
-// what the kernel keeps, its K/V expanded to the query heads, O and the LSE (the queries are the
-// caller's), the same bytes with and without LeanKernels; the norms around it hold less when lean.
-TEST(LeanKernels, AttentionCoreHoldsWhatTheFlashKernelKeepsAndNormsHoldLess) {
+TEST(LeanKernels, AttentionCoreAndNormsAreTheSameArithmeticHoldingLess) {
   const device_memory::Emulation on(true);
   torch::manual_seed(5);
-  const std::int64_t B = 2, H = 4, S = 64, d = 16;
-  auto q = torch::randn({B, H, S, d}).requires_grad_(true);
-  auto k = torch::randn({B, 2, S, d}).requires_grad_(true);
-  auto v = torch::randn({B, 2, S, d}).requires_grad_(true);
-  auto w = torch::randn({d}).requires_grad_(true);
-  const auto probe = torch::randn({B, H, S, d});
-  const auto [core_plain, core_lean] = same_arithmetic_held(
-      [&] {
-        const auto r = attention_core(q, k, v, /*window=*/0, /*query_block=*/32);
-        return std::vector<at::Tensor>{r.out, r.lse};
-      },
-      [&](const std::vector<at::Tensor>& out) { return (out[0] * probe).sum(); }, {q, k, v});
-  const Bytes kv = 2 * B * H * S * d * 4, o = B * H * S * d * 4, lse = B * H * S * 4;
-  EXPECT_EQ(core_plain, kv + o + lse);
-  EXPECT_EQ(core_lean, core_plain);
-  const auto [plain, lean] = same_arithmetic_held(
+  auto q = torch::randn({2, 4, 64, 16}).requires_grad_(true);
+  auto k = torch::randn({2, 2, 64, 16}).requires_grad_(true);
+  auto v = torch::randn({2, 2, 64, 16}).requires_grad_(true);
+  auto w = torch::randn({16}).requires_grad_(true);
+  const auto probe = torch::randn({2, 4, 64, 16});
+  expect_same_arithmetic_holding_less(
       [&] { return std::vector<at::Tensor>{rms_norm(attention_core(rms_norm(q, w), k, v, /*window=*/0, /*query_block=*/32).out, w)}; },
       [&](const std::vector<at::Tensor>& out) { return (out[0] * probe).sum(); }, {q, k, v, w});
-  EXPECT_LT(lean, plain);
 }
 
 TEST(LeanKernels, GdnChunksAreTheSameArithmeticHoldingLess) {

@@ -265,8 +265,7 @@ TEST(LowerLocal, WeightCopiesGoInTransferChunks) {
 // Compute stages carry the operators the backend dispatches for them (Stage::ops): every stage
 // with arithmetic has some; a decoder's weights are prepared once per pass (its first sub-batch's
 // projection); the replay before a backward runs under autograd (more than the forward); the
-// attention core runs one kernel call, with a window one per 64-query block; an expert stage pays
-// per expert of its bank (the CPU runs the grouped GEMMs group by group), whatever its tokens.
+// attention core repeats per 64-query block; an expert stage pays per expert that gets tokens.
 TEST(LowerLocal, ComputeStagesCarryTheBackendsOperators) {
   Workload w;
   w.model = "tiny-moe";
@@ -295,15 +294,13 @@ TEST(LowerLocal, ComputeStagesCarryTheBackendsOperators) {
   EXPECT_EQ(split.at("g0.fwd.L1.attn.sb0.proj"), plain.at("g0.fwd.L1.attn.proj"));
   EXPECT_LT(split.at("g0.fwd.L1.attn.sb1.proj"), split.at("g0.fwd.L1.attn.sb0.proj"));
   plan.split = {};
-  plan.split.moe_chunk_tokens = 2;  // 2 tokens, 4 assignments: the grouped GEMMs still run every expert's group
+  plan.split.moe_chunk_tokens = 2;  // 2 tokens, 4 assignments: at most 4 of the 8 experts
   const auto [chunked, chunked_total] = ops_of(lower(plan, ctx));
-  EXPECT_EQ(chunked.at("g0.fwd.L1.moe.c0.experts"), plain.at("g0.fwd.L1.moe.c0.experts"));
+  EXPECT_LT(chunked.at("g0.fwd.L1.moe.c0.experts"), plain.at("g0.fwd.L1.moe.c0.experts"));
   w.seq_len = 128;
   plan.split = {};
   const auto [longer, longer_total] = ops_of(lower(plan, resolve_workload(w, "test")));
-  // A sliding window runs a kernel call per query block; full attention one call whatever the length.
-  EXPECT_GT(longer.at("g0.fwd.L1.attn.h0.core"), plain.at("g0.fwd.L1.attn.h0.core"));
-  EXPECT_EQ(longer.at("g0.fwd.L3.attn.h0.core"), plain.at("g0.fwd.L3.attn.h0.core"));
+  EXPECT_GT(longer.at("g0.fwd.L3.attn.h0.core"), plain.at("g0.fwd.L3.attn.h0.core"));
   EXPECT_EQ(longer.at("g0.fwd.L1.moe.c0.experts"), plain.at("g0.fwd.L1.moe.c0.experts"));
 }
 
