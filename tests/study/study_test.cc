@@ -586,7 +586,9 @@ TEST(WorkEstimate, ASmallStudyFinishesWithinItsEstimate) {
   const StudyResult r = run_study(spec, StepEngines(), &find_plan_by_search);
   const double cpu_s = static_cast<double>(std::clock() - started) / CLOCKS_PER_SEC;
   EXPECT_EQ(r.rows.size(), 2u);
+#if !defined(__SANITIZE_ADDRESS__)  // the estimate is an optimised build's; a sanitizer's runs ~30x longer
   EXPECT_LE(cpu_s, one.wall_s) << one.text();
+#endif
   std::cout << "small study: " << cpu_s << " s of CPU, estimated " << one.text() << "\n";
 }
 
